@@ -1,0 +1,5 @@
+import sys
+
+from pipeforge.cli import main
+
+sys.exit(main())

@@ -1,0 +1,57 @@
+"""The ``pipeforge`` command: arguments in, library calls, printing and exit codes out.
+
+Each subcommand lives in ``pipeforge/commands/<name>.py`` with ``register(subparsers)``
+that adds its parser and sets ``handler`` to a function ``(args) -> int``.
+Exit codes (a contract): 0 success or valid, 1 invalid schedule, 2 bad input or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from pipeforge.errors import PipeforgeError, VerificationError
+
+COMMANDS = ("verify", "fmt", "convert", "library", "new", "simulate", "show", "optimize", "codegen", "run")
+
+EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's own usage errors exit 2 already; keep the text short
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="pipeforge", description="Formally checked pipeline-parallel schedules.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"pipeforge.commands.{name}")
+        except ModuleNotFoundError as missing:
+            if missing.name != f"pipeforge.commands.{name}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except VerificationError as error:
+        print(error.render(), file=sys.stderr)
+        return EXIT_INVALID
+    except PipeforgeError as error:
+        print(error.render(), file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per subcommand of ``pipeforge``; shared argument helpers in ``common``."""

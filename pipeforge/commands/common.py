@@ -1,0 +1,53 @@
+"""Arguments shared by several subcommands, and loading a schedule from what the user named."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from pipeforge.errors import UsageError
+
+
+def add_input_arguments(parser: argparse.ArgumentParser) -> None:
+    """PATH, -D NAME=VALUE, --schedule NAME, and the CSV inference overrides."""
+    parser.add_argument("path", metavar="PATH", help="a .pipe file, a torch schedule CSV, or a library schedule name")
+    parser.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE",
+                        help="override a schedule parameter (repeatable)")
+    parser.add_argument("--schedule", metavar="NAME", help="which schedule of a file holding several")
+    parser.add_argument("--stages", type=int, help="CSV input: number of stages (inferred by default)")
+    parser.add_argument("--microbatches", type=int, help="CSV input: number of microbatches (inferred by default)")
+    parser.add_argument("--placement", help="CSV input: loop or v (inferred by default)")
+
+
+def parse_defines(items: list[str]) -> dict[str, int]:
+    defines: dict[str, int] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        name = name.strip()
+        if not eq or not name.isidentifier():
+            raise UsageError(f"-D {item!r}: expected NAME=VALUE, like -D P=8")
+        try:
+            defines[name] = int(value.strip(), 10)
+        except ValueError:
+            raise UsageError(f"-D {item!r}: the value of {name!r} must be an integer, got {value.strip()!r}") from None
+    return defines
+
+
+def load_input(args: argparse.Namespace):
+    """The Schedule that PATH and the flags name."""
+    from pipeforge.load import load
+
+    return load(
+        args.path,
+        defines=parse_defines(args.defines),
+        schedule=args.schedule,
+        stages=args.stages,
+        microbatches=args.microbatches,
+        placement=args.placement,
+    )
+
+
+def print_json(obj: object) -> None:
+    json.dump(obj, sys.stdout, indent=2, sort_keys=False)
+    sys.stdout.write("\n")

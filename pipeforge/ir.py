@@ -1,0 +1,370 @@
+"""The intermediate representation: actions, steps, placements, schedules.
+
+Everything here is an immutable value. Passes take a ``Schedule`` and return a
+new one (``dataclasses.replace``). Source spans ride along for error reports
+but are left out of equality, so two schedules that say the same thing compare
+equal wherever they were written.
+
+Text forms follow torch.distributed.pipelining:
+
+- an action is ``{stage}{KIND}{microbatch}``: ``2F0``, ``1I3``, ``0SEND_F1``,
+  ``3REDUCE_GRAD`` (no microbatch); an action of chain 1 of a bidirectional
+  schedule carries ``@1``: ``2F0@1``;
+- a step is one action, an overlap ``(0F7;7B3)`` (compute issued together),
+  a communication group ``[0SEND_F1 0RECV_B0]`` (posted together, as one
+  ``batch_isend_irecv``), or an idle slot ``_``.
+
+Direction of communication (torch's convention): ``sSEND_Fm`` sends stage s's
+output to stage s+1; ``sRECV_Fm`` receives stage s's input from stage s-1;
+``sSEND_Bm`` sends stage s's input gradient to stage s-1; ``sRECV_Bm``
+receives stage s's output gradient from stage s+1.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from pipeforge.errors import Span
+
+
+class ActionKind(str, Enum):
+    F = "F"
+    B = "B"
+    I = "I"  # noqa: E741 (the domain's name: backward for inputs)
+    W = "W"
+    SEND_F = "SEND_F"
+    RECV_F = "RECV_F"
+    SEND_B = "SEND_B"
+    RECV_B = "RECV_B"
+    REDUCE_GRAD = "REDUCE_GRAD"
+    UNSHARD = "UNSHARD"
+    RESHARD = "RESHARD"
+
+    @property
+    def is_compute(self) -> bool:
+        return self in COMPUTE_KINDS
+
+    @property
+    def is_comm(self) -> bool:
+        return self in COMM_KINDS
+
+    @property
+    def is_backward(self) -> bool:
+        """Carries the gradient towards stage 0 (B or I)."""
+        return self in (ActionKind.B, ActionKind.I)
+
+    @property
+    def has_microbatch(self) -> bool:
+        return self not in STAGE_ONLY_KINDS
+
+
+COMPUTE_KINDS = frozenset({ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W})
+COMM_KINDS = frozenset({ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B})
+STAGE_ONLY_KINDS = frozenset({ActionKind.REDUCE_GRAD, ActionKind.UNSHARD, ActionKind.RESHARD})
+
+_KIND_ALTERNATION = "|".join(
+    sorted((kind.value for kind in ActionKind), key=len, reverse=True)
+)
+ACTION_RE = re.compile(rf"(?P<stage>\d+)(?P<kind>{_KIND_ALTERNATION})(?P<mb>\d*)(?:@(?P<chain>\d+))?")
+
+
+@dataclass(frozen=True, order=True)
+class Action:
+    """One thing a rank does to one stage (and, except REDUCE_GRAD/UNSHARD/RESHARD, one microbatch)."""
+
+    stage: int
+    kind: ActionKind
+    microbatch: int | None = None
+    chain: int = 0
+
+    def __str__(self) -> str:
+        mb = "" if self.microbatch is None else str(self.microbatch)
+        chain = f"@{self.chain}" if self.chain else ""
+        return f"{self.stage}{self.kind.value}{mb}{chain}"
+
+    def __repr__(self) -> str:
+        return f"Action({self})"
+
+    @property
+    def is_compute(self) -> bool:
+        return self.kind.is_compute
+
+    @property
+    def is_comm(self) -> bool:
+        return self.kind.is_comm
+
+    def peer_stage(self) -> int:
+        """The stage at the other end of a communication action."""
+        if self.kind in (ActionKind.SEND_F, ActionKind.RECV_B):
+            return self.stage + 1
+        if self.kind in (ActionKind.RECV_F, ActionKind.SEND_B):
+            return self.stage - 1
+        raise ValueError(f"{self} is not a communication action")
+
+
+def parse_action(text: str) -> Action:
+    """Parse one torch action token strictly (``2F0``, ``0SEND_F1``, ``1REDUCE_GRAD``, ``2F0@1``).
+
+    Raises ``ValueError`` naming what is wrong; callers attach the location.
+    Unlike torch's regex this refuses trailing text (``0BW3``) and a compute or
+    communication action without a microbatch (``0F``).
+    """
+    match = ACTION_RE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not an action: expected STAGE KIND MICROBATCH, like '2F0' or '0SEND_F1'")
+    kind = ActionKind(match["kind"])
+    mb = int(match["mb"]) if match["mb"] else None
+    chain = int(match["chain"]) if match["chain"] else 0
+    if kind.has_microbatch and mb is None:
+        raise ValueError(f"{text!r} needs a microbatch index after {kind.value!r}, like '{match['stage']}{kind.value}0'")
+    if not kind.has_microbatch and mb is not None:
+        raise ValueError(f"{text!r}: {kind.value} takes no microbatch index")
+    return Action(int(match["stage"]), kind, mb, chain)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One slot of a rank's program.
+
+    ``actions`` is empty for an idle slot, one action for a plain step, several
+    compute actions for an overlap step, or communication actions for a group.
+    A lone communication action is a group of one. ``overlap`` marks a
+    parenthesised step even when it holds one action.
+    """
+
+    actions: tuple[Action, ...] = ()
+    overlap: bool = False
+    span: Span | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        kinds = {action.is_comm for action in self.actions}
+        if len(kinds) > 1:
+            raise ValueError(f"step {self} mixes communication and compute actions")
+        if self.overlap and any(not a.is_compute for a in self.actions):
+            raise ValueError(f"overlap step {self} may hold only compute actions (F, B, I, W)")
+        if len(self.actions) > 1 and not self.overlap and not self.is_group:
+            raise ValueError(f"step {self} holds several actions: write an overlap '(..;..)' or a group '[.. ..]'")
+
+    @property
+    def is_idle(self) -> bool:
+        return not self.actions
+
+    @property
+    def is_group(self) -> bool:
+        return bool(self.actions) and self.actions[0].is_comm
+
+    @property
+    def is_compute(self) -> bool:
+        return bool(self.actions) and self.actions[0].is_compute
+
+    def __str__(self) -> str:
+        if not self.actions:
+            return "_"
+        if self.overlap:
+            return "(" + ";".join(map(str, self.actions)) + ")"
+        if self.is_group and len(self.actions) > 1:
+            return "[" + " ".join(map(str, self.actions)) + "]"
+        return str(self.actions[0])
+
+    def __repr__(self) -> str:
+        return f"Step({self})"
+
+
+IDLE = Step()
+
+
+def step_of(*actions: Action, overlap: bool = False, span: Span | None = None) -> Step:
+    return Step(tuple(actions), overlap, span)
+
+
+def parse_step(text: str) -> Step:
+    """Parse a step token: ``2F0``, ``(0F7;7B3)``, ``[0SEND_F1 0RECV_B0]`` or ``_``."""
+    text = text.strip()
+    if text == "_":
+        return IDLE
+    if text.startswith("(") and text.endswith(")"):
+        parts = [p for p in text[1:-1].split(";") if p.strip()]
+        return Step(tuple(parse_action(p) for p in parts), overlap=True)
+    if text.startswith("[") and text.endswith("]"):
+        return Step(tuple(parse_action(p) for p in text[1:-1].split()))
+    return Step((parse_action(text),))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which rank runs each stage: ``stage_to_rank[s]`` for one chain."""
+
+    stage_to_rank: tuple[int, ...]
+
+    @staticmethod
+    def loop(stages: int, ranks: int) -> Placement:
+        """Stage s on rank s % ranks (torch's interleaved / looped placement)."""
+        return Placement(tuple(s % ranks for s in range(stages)))
+
+    @staticmethod
+    def v(stages: int, ranks: int) -> Placement:
+        """The V shape: down 0..P-1, then back up P-1..0, and so on (ZBV, DualPipeV)."""
+        def rank_of(s: int) -> int:
+            lap, offset = divmod(s, ranks)
+            return offset if lap % 2 == 0 else ranks - 1 - offset
+
+        return Placement(tuple(rank_of(s) for s in range(stages)))
+
+    @staticmethod
+    def from_rank_stages(rank_stages: dict[int, list[int]], stages: int) -> Placement:
+        mapping = [-1] * stages
+        for rank, owned in rank_stages.items():
+            for stage in owned:
+                mapping[stage] = rank
+        return Placement(tuple(mapping))
+
+    def rank_of(self, stage: int) -> int:
+        return self.stage_to_rank[stage]
+
+    def stages_on(self, rank: int) -> tuple[int, ...]:
+        return tuple(s for s, r in enumerate(self.stage_to_rank) if r == rank)
+
+    def style(self, ranks: int) -> str:
+        """``loop``, ``v`` or ``explicit``: how the canonical printer writes it."""
+        stages = len(self.stage_to_rank)
+        if self == Placement.loop(stages, ranks):
+            return "loop"
+        if self == Placement.v(stages, ranks):
+            return "v"
+        return "explicit"
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Durations of compute actions and the latency of a cross-rank edge.
+
+    ``B`` defaults to ``I + W``. ``per_stage`` overrides one kind on one stage:
+    entries ``(stage, kind, value)`` with kind one of F, B, I, W.
+    """
+
+    F: float = 1.0
+    I: float = 1.0  # noqa: E741
+    W: float = 1.0
+    B: float | None = None
+    comm: float = 0.0
+    per_stage: tuple[tuple[int, str, float], ...] = ()
+
+    def duration(self, kind: ActionKind, stage: int) -> float:
+        for s, k, value in self.per_stage:
+            if s == stage and k == kind.value:
+                return value
+        if kind is ActionKind.B:
+            return self.B if self.B is not None else self.duration(ActionKind.I, stage) + self.duration(ActionKind.W, stage)
+        if kind in (ActionKind.F, ActionKind.I, ActionKind.W):
+            return getattr(self, kind.value)
+        return 0.0
+
+
+@dataclass(frozen=True)
+class MemorySpec:
+    """Activation memory, in units of one microbatch's activations on one stage (M_B).
+
+    F adds 1; I releases ``1 - weights``; W releases ``weights``; B releases 1.
+    ``limit`` (None: unlimited) caps what a rank may hold at any time.
+    """
+
+    limit: float | None = None
+    weights: float = 0.5
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A whole pipeline schedule: who runs what, in which order.
+
+    ``placements`` has one entry per chain (one for ordinary schedules, two for
+    bidirectional ones such as Chimera, whose chain 1 runs the same stages as
+    chain 0 in the opposite direction). ``programs[r]`` is rank r's steps in order.
+    ``params`` records the parameter values it was elaborated with.
+    """
+
+    name: str
+    ranks: int
+    stages: int
+    microbatches: int
+    placements: tuple[Placement, ...]
+    programs: tuple[tuple[Step, ...], ...]
+    costs: CostModel | None = None
+    memory: MemorySpec | None = None
+    params: tuple[tuple[str, int], ...] = ()
+    source: str | None = field(default=None, compare=False)
+
+    @property
+    def placement(self) -> Placement:
+        return self.placements[0]
+
+    @property
+    def chains(self) -> int:
+        return len(self.placements)
+
+    def rank_of(self, stage: int, chain: int = 0) -> int:
+        return self.placements[chain].rank_of(stage)
+
+    def stages_on(self, rank: int, chain: int = 0) -> tuple[int, ...]:
+        return self.placements[chain].stages_on(rank)
+
+    def peer_rank(self, action: Action) -> int:
+        """The rank at the other end of a communication action."""
+        return self.rank_of(action.peer_stage(), action.chain)
+
+    def steps(self) -> Iterator[tuple[int, int, Step]]:
+        """Every (rank, index, step), rank by rank."""
+        for rank, program in enumerate(self.programs):
+            for index, step in enumerate(program):
+                yield rank, index, step
+
+    def actions(self) -> Iterator[tuple[int, int, Action]]:
+        """Every (rank, step index, action)."""
+        for rank, index, step in self.steps():
+            for action in step.actions:
+                yield rank, index, action
+
+    @property
+    def is_lowered(self) -> bool:
+        """True when communication is written out (by ``lower`` or by hand)."""
+        return any(step.is_group for _, _, step in self.steps())
+
+    def compute_only(self) -> Schedule:
+        """The same schedule with communication, REDUCE_GRAD and idle slots dropped."""
+        programs = tuple(
+            tuple(step for step in program if step.is_compute) for program in self.programs
+        )
+        return replace_programs(self, programs)
+
+    def action_count(self) -> int:
+        return sum(len(step.actions) for _, _, step in self.steps())
+
+
+def replace_programs(schedule: Schedule, programs: tuple[tuple[Step, ...], ...]) -> Schedule:
+    return replace(schedule, programs=programs)
+
+
+def programs_from_tokens(rows: list[list[str]]) -> tuple[tuple[Step, ...], ...]:
+    """Per-rank programs from step tokens (a convenience for tests and interop)."""
+    return tuple(tuple(parse_step(token) for token in row) for row in rows)
+
+
+def format_grid(schedule: Schedule, marks: dict[tuple[int, int], str] | None = None) -> str:
+    """The step × rank grid torch prints in its errors, with optional marks on (rank, step)."""
+    marks = marks or {}
+    columns = [
+        [f"{step}{marks.get((rank, i), '')}" for i, step in enumerate(program)]
+        for rank, program in enumerate(schedule.programs)
+    ]
+    height = max((len(c) for c in columns), default=0)
+    label_width = len(f"Step {max(height - 1, 0)}")
+    widths = [max([len(f"Rank {r}")] + [len(cell) for cell in col]) for r, col in enumerate(columns)]
+    header = " " * (label_width + 2) + " ".join(f"{f'Rank {r}':<{w}}" for r, w in enumerate(widths))
+    rows = [header]
+    for i in range(height):
+        cells = [(col[i] if i < len(col) else "") for col in columns]
+        label = f"Step {i}".ljust(label_width)
+        rows.append(f"{label}: " + " ".join(f"{c:<{w}}" for c, w in zip(cells, widths)).rstrip())
+    return "\n".join(rows) + "\n"

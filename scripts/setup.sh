@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Creates .venv (once) with torch's pinned CPU wheel and pipeforge in editable mode.
+# Sourced by scripts/demo and scripts/test; safe to run again.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${PIPEFORGE_VENV:-$ROOT/.venv}"
+if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV"
+fi
+stamp="$VENV/.pipeforge-installed"
+if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
+    "$VENV/bin/python" -m pip install --quiet --upgrade pip
+    # torch first and pinned: an unpinned resolve would fetch a multi-GB CUDA build.
+    "$VENV/bin/python" -m pip install --quiet "torch==2.13.0"
+    "$VENV/bin/python" -m pip install --quiet -e "$ROOT[dev]"
+    touch "$stamp"
+fi
+export PATH="$VENV/bin:$PATH"
