@@ -9,7 +9,6 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 stamp="$VENV/.pipeforge-installed"
 if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
-    "$VENV/bin/python" -m pip install --quiet --upgrade pip
     # torch first and pinned: an unpinned resolve would fetch a multi-GB CUDA build.
     "$VENV/bin/python" -m pip install --quiet "torch==2.13.0"
     "$VENV/bin/python" -m pip install --quiet -e "$ROOT[dev]"
