@@ -1,0 +1,89 @@
+"""``pipeforge convert IN OUT``: .pipe, torch CSV and Chrome trace, by the output's suffix.
+
+- ``OUT.csv``: torch CSV (``--format compute_only`` or ``compute_comms``; by
+  default ``compute_comms`` when the input spells out communication, else
+  ``compute_only``);
+- ``OUT.pipe``: canonical ``.pipe`` source (``pipeforge.lang.printer``);
+- ``OUT.json``: a Chrome/Perfetto trace (``pipeforge.interop.trace``).
+
+The output is written atomically: on any error nothing is left at OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+from pipeforge.commands.common import add_input_arguments, load_input
+from pipeforge.errors import UsageError
+from pipeforge.ir import Schedule
+
+SUFFIXES = (".csv", ".pipe", ".json")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("convert", help="convert between .pipe, torch CSV and Chrome trace .json",
+                                   description=__doc__.split("\n\n")[0])
+    add_input_arguments(parser)
+    parser.add_argument("out", metavar="OUT", help="the output: OUT.csv, OUT.pipe or OUT.json")
+    parser.add_argument("--format", choices=("compute_only", "compute_comms"),
+                        help="torch CSV form to write (default: compute_comms if the input has communication)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    suffix = Path(args.out).suffix
+    if suffix not in SUFFIXES:
+        raise UsageError(f"{args.out!r}: the output must end in .csv, .pipe or .json, not {suffix or 'nothing'!r}")
+    if args.format and suffix != ".csv":
+        raise UsageError(f"--format applies to a .csv output, not {suffix!r}")
+    schedule = load_input(args)
+    try:
+        if suffix == ".json":
+            write_trace_atomically(schedule, args.out)
+        else:
+            write_atomically(args.out, render(schedule, suffix, args.format))
+    except OSError as error:
+        raise UsageError(f"cannot write {args.out!r}: {error.strerror or error}") from None
+    return 0
+
+
+def render(schedule: Schedule, suffix: str, format: str | None) -> str:
+    if suffix == ".csv":
+        from pipeforge.interop.torch_csv import has_runtime_actions, to_csv_text
+
+        chosen = format or ("compute_comms" if has_runtime_actions(schedule) else "compute_only")
+        return to_csv_text(schedule, chosen)
+    try:
+        from pipeforge.lang.printer import print_schedule
+    except ImportError as missing:
+        raise UsageError(f".pipe output is not available in this installation ({missing})") from None
+    return print_schedule(schedule)
+
+
+def write_atomically(path: str, text: str) -> None:
+    target = Path(path)
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8", newline="") as file:
+            file.write(text)
+        os.replace(temporary, target)
+    finally:
+        Path(temporary).unlink(missing_ok=True)
+
+
+def write_trace_atomically(schedule: Schedule, path: str) -> None:
+    try:
+        from pipeforge.interop.trace import write_trace
+    except ImportError as missing:
+        raise UsageError(f"Chrome trace export is not available in this installation ({missing})") from None
+    target = Path(path)
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".json")
+    os.close(handle)
+    try:
+        write_trace(schedule, temporary)
+        os.replace(temporary, target)
+    finally:
+        Path(temporary).unlink(missing_ok=True)

@@ -1,0 +1,306 @@
+"""torch.distributed.pipelining's schedule CSV, read into the IR and written back.
+
+torch writes one row per rank, one action string per cell (``2F0``,
+``0SEND_F1``, ``3REDUCE_GRAD``, ``(0F7;7B3)OVERLAP_F_B``), an empty cell for an
+idle slot (a ``None`` action). Two forms exist: ``compute_only`` (F, B, I, W,
+overlaps, idle cells) and ``compute_comms`` (the lowered runtime form, with
+sends, receives, REDUCE_GRAD, UNSHARD and RESHARD, no idle cells).
+
+Reading is strict where torch's regex is lenient: ``0BW3``, ``0F``, ``F0`` and
+trailing text are refused with ``file:line:col`` (line = rank + 1, col = the
+cell's column) and a caret. Stages, microbatches and the placement are inferred
+from the cells unless stated, and checked against the cells when stated.
+
+torch has no group notation: a communication group ``[a b]`` is written as
+consecutive cells, and each cell reads back as a group of one. torch has no
+chains either, so a bidirectional schedule cannot be exported.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeforge.errors import PipeforgeError, PipeSyntaxError, SemanticError, Span, UsageError, remember_source
+from pipeforge.ir import IDLE, Action, Placement, Schedule, Step, parse_action
+
+OVERLAP_SUFFIX = "OVERLAP_F_B"
+FORMATS = ("compute_only", "compute_comms")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One CSV cell: its text and where it sits (1-based line and column)."""
+
+    text: str
+    line: int
+    col: int
+
+    def span(self, file: str, offset: int = 0, width: int | None = None) -> Span:
+        width = len(self.text) - offset if width is None else width
+        col = self.col + offset
+        return Span(file, self.line, col, self.line, col + max(width, 1))
+
+
+# ---------------------------------------------------------------- reading
+
+
+def read_csv(
+    path: str | os.PathLike,
+    *,
+    stages: int | None = None,
+    microbatches: int | None = None,
+    placement: str | None = None,
+) -> Schedule:
+    """Read a torch schedule CSV file into a Schedule (see ``read_csv_text``)."""
+    file = str(path)
+    try:
+        text = Path(file).read_text(encoding="utf-8")
+    except OSError as error:
+        raise UsageError(f"cannot read {file!r}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise PipeSyntaxError(f"{file!r} is not UTF-8 text; expected a torch schedule CSV") from None
+    return read_csv_text(text, filename=file, stages=stages, microbatches=microbatches, placement=placement)
+
+
+def read_csv_text(
+    text: str,
+    filename: str = "<csv>",
+    *,
+    stages: int | None = None,
+    microbatches: int | None = None,
+    placement: str | None = None,
+) -> Schedule:
+    """Parse torch CSV text: one row per rank; infer or check stages, microbatches, placement."""
+    remember_source(filename, text)
+    rows = split_rows(text)
+    if not rows:
+        raise SemanticError(f"{filename}: the CSV holds no rows; expected one row of actions per rank")
+    programs = tuple(tuple(parse_cell(cell, filename) for cell in row) for row in rows)
+    located = located_actions(programs, rows, filename)
+    n_stages = infer_count("stages", stages, located, lambda a: a.stage, filename)
+    n_microbatches = infer_count(
+        "microbatches", microbatches, [(a, s) for a, s in located if a.microbatch is not None],
+        lambda a: a.microbatch, filename,
+    )
+    stage_placement = resolve_placement(placement, located, n_stages, len(rows), filename)
+    return Schedule(
+        name=schedule_name(filename),
+        ranks=len(rows),
+        stages=n_stages,
+        microbatches=n_microbatches,
+        placements=(stage_placement,),
+        programs=programs,
+        source=text,
+    )
+
+
+def split_rows(text: str) -> list[list[Cell]]:
+    """The cells of each line with their columns (torch's cells hold no commas or quotes)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        line = line.removesuffix("\r")
+        rows.append(split_line(line, number) if line else [])
+    return rows
+
+
+def split_line(line: str, number: int) -> list[Cell]:
+    cells, col = [], 1
+    for piece in line.split(","):
+        cells.append(Cell(piece, number, col))
+        col += len(piece) + 1
+    return cells
+
+
+def parse_cell(cell: Cell, file: str) -> Step:
+    """One cell as a step: '' -> idle, '(..;..)OVERLAP_F_B' -> overlap, else one action."""
+    stripped = cell.text.strip()
+    if not stripped:
+        return IDLE
+    lead = len(cell.text) - len(cell.text.lstrip())
+    if stripped.startswith("("):
+        return parse_overlap(cell, stripped, lead, file)
+    action = parse_token(stripped, cell.span(file, lead, len(stripped)))
+    return Step((action,), span=cell.span(file, lead, len(stripped)))
+
+
+def parse_overlap(cell: Cell, text: str, lead: int, file: str) -> Step:
+    whole = cell.span(file, lead, len(text))
+    close = text.find(")")
+    if close < 0:
+        raise PipeSyntaxError(f"{text!r}: an overlap cell needs ')' then {OVERLAP_SUFFIX}, like '(0F7;7B3)OVERLAP_F_B'", whole)
+    suffix = text[close + 1:]
+    if suffix != OVERLAP_SUFFIX:
+        where = cell.span(file, lead + close + 1, max(len(suffix), 1))
+        raise PipeSyntaxError(f"{text!r}: expected {OVERLAP_SUFFIX!r} after ')', found {suffix!r}", where)
+    actions, offset = [], lead + 1
+    for part in text[1:close].split(";"):
+        inner = len(part) - len(part.lstrip())
+        action = parse_token(part.strip(), cell.span(file, offset + inner, max(len(part.strip()), 1)))
+        if not action.is_compute:
+            raise PipeSyntaxError(f"{text!r}: an overlap holds only F, B, I, W actions, not {str(action)!r}",
+                                  cell.span(file, offset + inner, len(part.strip())))
+        actions.append(action)
+        offset += len(part) + 1
+    return Step(tuple(actions), overlap=True, span=whole)
+
+
+def parse_token(token: str, span: Span) -> Action:
+    try:
+        action = parse_action(token)
+    except ValueError as error:
+        raise PipeSyntaxError(str(error), span) from None
+    if "@" in token:
+        raise PipeSyntaxError(f"{token!r}: torch CSV has no chains; write the action without '@'", span)
+    return action
+
+
+def located_actions(programs, rows: list[list[Cell]], file: str) -> list[tuple[Action, Span]]:
+    """Every action with the span of its cell (the sub-action's cell for overlaps)."""
+    located = []
+    for program, row in zip(programs, rows):
+        for step, cell in zip(program, row):
+            located.extend((action, step.span or cell.span(file)) for action in step.actions)
+    return located
+
+
+def infer_count(what: str, stated: int | None, located, index_of, file: str) -> int:
+    """``stated`` checked against the largest index in the cells, or that index + 1."""
+    if stated is not None and stated < 1:
+        raise UsageError(f"--{what} must be at least 1, got {stated}")
+    if not located:
+        if stated is None:
+            raise SemanticError(f"{file}: no cell names any {what}; state --{what}")
+        return stated
+    action, span = max(located, key=lambda item: index_of(item[0]))
+    largest = index_of(action)
+    if stated is None:
+        return largest + 1
+    if largest >= stated:
+        noun = "stage" if what == "stages" else "microbatch"
+        raise SemanticError(f"{str(action)!r} names {noun} {largest}, but --{what} {stated} allows "
+                            f"0..{stated - 1}", span)
+    return stated
+
+
+def resolve_placement(stated: str | None, located, stages: int, ranks: int, file: str) -> Placement:
+    """The placement the cells imply, or the stated one checked against the cells."""
+    owners = observed_owners(located, file)
+    if stated is None:
+        return inferred_placement(owners, stages, file)
+    if stated not in ("loop", "v"):
+        raise UsageError(f"--placement {stated!r}: expected 'loop' or 'v' (leave it out to infer the placement)")
+    placement = Placement.loop(stages, ranks) if stated == "loop" else Placement.v(stages, ranks)
+    for stage, (rank, span, action) in sorted(owners.items()):
+        expected = placement.rank_of(stage)
+        if rank != expected:
+            raise SemanticError(f"{str(action)!r} is on rank {rank}, but placement {stated} puts stage {stage} "
+                                f"on rank {expected}", span)
+    return placement
+
+
+def observed_owners(located, file: str) -> dict[int, tuple[int, Span, Action]]:
+    """stage -> (rank, first cell, action): the row of the first cell naming the stage."""
+    owners: dict[int, tuple[int, Span, Action]] = {}
+    for action, span in located:
+        rank = span.line - 1
+        first = owners.setdefault(action.stage, (rank, span, action))
+        if first[0] != rank:
+            raise SemanticError(
+                f"stage {action.stage} appears on two ranks: {str(first[2])!r} on rank {first[0]} at {first[1]} "
+                f"and {str(action)!r} on rank {rank} at {span}; a stage runs on one rank",
+                span,
+                notes=(f"first seen at {first[1]}",),
+            )
+    return owners
+
+
+def inferred_placement(owners, stages: int, file: str) -> Placement:
+    absent = [s for s in range(stages) if s not in owners]
+    if absent:
+        raise SemanticError(f"{file}: stage {absent[0]} appears in no cell, so its rank is unknown; "
+                            f"state --placement loop or v")
+    return Placement(tuple(owners[s][0] for s in range(stages)))
+
+
+def schedule_name(filename: str) -> str:
+    name = re.sub(r"\W", "_", Path(filename).stem) or "schedule"
+    return name if not name[0].isdigit() else f"s_{name}"
+
+
+# ---------------------------------------------------------------- writing
+
+
+def write_csv(schedule: Schedule, path: str | os.PathLike, format: str = "compute_only") -> None:
+    """Write ``to_csv_text`` to ``path`` atomically (a temporary file, then a rename)."""
+    text = to_csv_text(schedule, format)
+    target = Path(path)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(text, encoding="utf-8", newline="")
+        os.replace(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def to_csv_text(schedule: Schedule, format: str = "compute_only") -> str:
+    """The schedule as torch CSV text, written as torch's ``_dump_csv`` writes it.
+
+    ``compute_only`` keeps compute steps and idle cells and drops communication,
+    REDUCE_GRAD, UNSHARD and RESHARD. ``compute_comms`` writes every action, a
+    group as consecutive cells, and no idle cells; a schedule without written
+    communication is lowered first (``pipeforge.passes.lower``).
+    """
+    if format not in FORMATS:
+        raise UsageError(f"format {format!r}: expected 'compute_only' or 'compute_comms'")
+    refuse_chains(schedule)
+    if format == "compute_comms" and not has_runtime_actions(schedule):
+        from pipeforge.passes.lower import lower
+
+        schedule = lower(schedule)
+    rows = [program_cells(program, format) for program in schedule.programs]
+    out = io.StringIO()
+    writer = csv.writer(out)
+    for row in rows:
+        writer.writerow(row)
+    return out.getvalue()
+
+
+def refuse_chains(schedule: Schedule) -> None:
+    for rank, index, action in schedule.actions():
+        if action.chain:
+            raise PipeforgeError(
+                f"torch CSV has no chains; {str(action)!r} (rank {rank}, step {index}) belongs to chain "
+                f"{action.chain} of the bidirectional schedule {schedule.name!r}. Export it as .pipe or .json instead"
+            )
+    if schedule.chains > 1:
+        raise PipeforgeError(f"torch CSV has no chains; {schedule.name!r} declares {schedule.chains}")
+
+
+def has_runtime_actions(schedule: Schedule) -> bool:
+    """True when the schedule already spells out communication or stage-only actions."""
+    return any(not action.is_compute for _, _, action in schedule.actions())
+
+
+def program_cells(program: tuple[Step, ...], format: str) -> list[str]:
+    cells: list[str] = []
+    for step in program:
+        cells.extend(step_cells(step, format))
+    return cells
+
+
+def step_cells(step: Step, format: str) -> list[str]:
+    if step.is_idle:
+        return [""] if format == "compute_only" else []
+    if step.overlap:
+        return ["(" + ";".join(map(str, step.actions)) + ")" + OVERLAP_SUFFIX]
+    if step.is_compute:
+        return [str(step.actions[0])]
+    return [str(action) for action in step.actions] if format == "compute_comms" else []
