@@ -52,9 +52,9 @@ def run(args: argparse.Namespace) -> int:
 
 def render(schedule: Schedule, suffix: str, format: str | None) -> str:
     if suffix == ".csv":
-        from pipeforge.interop.torch_csv import has_runtime_actions, to_csv_text
+        from pipeforge.interop.torch_csv import has_communication, to_csv_text
 
-        chosen = format or ("compute_comms" if has_runtime_actions(schedule) else "compute_only")
+        chosen = format or ("compute_comms" if has_communication(schedule) else "compute_only")
         return to_csv_text(schedule, chosen)
     try:
         from pipeforge.lang.printer import print_schedule

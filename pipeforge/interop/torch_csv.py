@@ -253,23 +253,26 @@ def write_csv(schedule: Schedule, path: str | os.PathLike, format: str = "comput
 def to_csv_text(schedule: Schedule, format: str = "compute_only") -> str:
     """The schedule as torch CSV text, written as torch's ``_dump_csv`` writes it.
 
-    ``compute_only`` keeps compute steps and idle cells and drops communication,
-    REDUCE_GRAD, UNSHARD and RESHARD. ``compute_comms`` writes every action, a
-    group as consecutive cells, and no idle cells; a schedule without written
+    ``compute_only`` writes compute steps and idle cells. Of a schedule with
+    written communication it is the schedule before lowering: sends, receives,
+    REDUCE_GRAD, UNSHARD and RESHARD are dropped. Of a schedule without, stage-only
+    actions stay where they are written (torch's single-stage schedules end each
+    row with REDUCE_GRAD). ``compute_comms`` writes every action, a group as
+    consecutive cells, and no idle cells; a schedule without written
     communication is lowered first (``pipeforge.passes.lower``).
     """
     if format not in FORMATS:
         raise UsageError(f"format {format!r}: expected 'compute_only' or 'compute_comms'")
     refuse_chains(schedule)
-    if format == "compute_comms" and not has_runtime_actions(schedule):
+    if format == "compute_comms" and not has_communication(schedule):
         from pipeforge.passes.lower import lower
 
         schedule = lower(schedule)
-    rows = [program_cells(program, format) for program in schedule.programs]
+    keep_stage_only = format == "compute_comms" or not has_communication(schedule)
     out = io.StringIO()
     writer = csv.writer(out)
-    for row in rows:
-        writer.writerow(row)
+    for program in schedule.programs:
+        writer.writerow(program_cells(program, format, keep_stage_only))
     return out.getvalue()
 
 
@@ -284,23 +287,25 @@ def refuse_chains(schedule: Schedule) -> None:
         raise PipeforgeError(f"torch CSV has no chains; {schedule.name!r} declares {schedule.chains}")
 
 
-def has_runtime_actions(schedule: Schedule) -> bool:
-    """True when the schedule already spells out communication or stage-only actions."""
-    return any(not action.is_compute for _, _, action in schedule.actions())
+def has_communication(schedule: Schedule) -> bool:
+    """True when the schedule spells out sends and receives."""
+    return any(action.is_comm for _, _, action in schedule.actions())
 
 
-def program_cells(program: tuple[Step, ...], format: str) -> list[str]:
+def program_cells(program: tuple[Step, ...], format: str, keep_stage_only: bool) -> list[str]:
     cells: list[str] = []
     for step in program:
-        cells.extend(step_cells(step, format))
+        cells.extend(step_cells(step, format, keep_stage_only))
     return cells
 
 
-def step_cells(step: Step, format: str) -> list[str]:
+def step_cells(step: Step, format: str, keep_stage_only: bool) -> list[str]:
     if step.is_idle:
         return [""] if format == "compute_only" else []
     if step.overlap:
         return ["(" + ";".join(map(str, step.actions)) + ")" + OVERLAP_SUFFIX]
     if step.is_compute:
         return [str(step.actions[0])]
-    return [str(action) for action in step.actions] if format == "compute_comms" else []
+    if step.is_group:
+        return [str(action) for action in step.actions] if format == "compute_comms" else []
+    return [str(action) for action in step.actions] if keep_stage_only else []
