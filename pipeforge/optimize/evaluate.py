@@ -1,0 +1,204 @@
+"""The optimizer's own fast evaluator: a compute order in, makespan, bubble rate and memory out.
+
+The search strategies try thousands of candidate orders, so they work on a
+compiled form: every compute action gets an integer id, with its rank, its
+duration, its memory delta and its data dependencies (each with the latency of
+the edge: ``comm`` across ranks, 0 on one rank). An *order* is, per rank, the
+tuple of ids that rank runs, one action a step.
+
+Timing is as-soon-as-possible in program order, as ``pipeforge.sim`` defines it:
+an action starts when the previous action on its rank has ended and each of its
+dependencies has ended plus the edge latency. Metrics follow DESIGN.md (the
+Zero Bubble paper's bubble rate: ``1 - mean(busy) / max(span)``). An order that
+cannot run to the end (a rank waits forever) evaluates to ``None``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Placement, Schedule, Step, replace_programs
+
+F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
+TOLERANCE = 1e-9
+
+Order = tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What every candidate shares: shape, placement, costs and the memory rule."""
+
+    ranks: int
+    stages: int
+    microbatches: int
+    placements: tuple[Placement, ...]
+    costs: CostModel
+    memory_limit: float | None
+    weights: float
+
+    @staticmethod
+    def of(schedule: Schedule, costs: CostModel | None = None, memory_limit: float | None = None) -> Problem:
+        memory = schedule.memory or MemorySpec()
+        limit = memory_limit if memory_limit is not None else memory.limit
+        return Problem(
+            ranks=schedule.ranks, stages=schedule.stages, microbatches=schedule.microbatches,
+            placements=schedule.placements, costs=costs or schedule.costs or CostModel(),
+            memory_limit=limit, weights=memory.weights,
+        )
+
+    def rank_of(self, action: Action) -> int:
+        return self.placements[action.chain].rank_of(action.stage)
+
+    def duration(self, action: Action) -> float:
+        return self.costs.duration(action.kind, action.stage)
+
+    def memory_delta(self, action: Action) -> float:
+        return {F: 1.0, B: -1.0, I: self.weights - 1.0, W: -self.weights}[action.kind]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The metrics of one order, per DESIGN.md."""
+
+    makespan: float
+    bubble_rate: float
+    spans: tuple[float, ...]
+    busy: tuple[float, ...]
+    peak_memory: tuple[float, ...]
+
+    @property
+    def max_span(self) -> float:
+        return max(self.spans)
+
+    def key(self) -> tuple[float, float, float]:
+        """What the searches minimize: the worst span, then the total span, then the makespan."""
+        return (round(self.max_span, 9), round(sum(self.spans), 9), round(self.makespan, 9))
+
+    def fits(self, limit: float | None) -> bool:
+        return limit is None or max(self.peak_memory, default=0.0) <= limit + TOLERANCE
+
+
+class Graph:
+    """The compiled action set: ids, ranks, durations, memory deltas, dependencies."""
+
+    def __init__(self, problem: Problem, actions: list[Action]):
+        self.problem = problem
+        self.actions = sorted(set(actions))
+        self.index = {action: i for i, action in enumerate(self.actions)}
+        self.rank = [problem.rank_of(a) for a in self.actions]
+        self.duration = [problem.duration(a) for a in self.actions]
+        self.delta = [problem.memory_delta(a) for a in self.actions]
+        self.deps = [self._dependencies(a) for a in self.actions]
+
+    def _dependencies(self, action: Action) -> tuple[tuple[int, float], ...]:
+        found = [self._edge(pred, action) for pred in data_predecessors(action, self.problem.stages, self.index)]
+        return tuple(found)
+
+    def _edge(self, pred: Action, action: Action) -> tuple[int, float]:
+        same_rank = self.problem.rank_of(pred) == self.problem.rank_of(action)
+        return self.index[pred], 0.0 if same_rank else self.problem.costs.comm
+
+    def ids(self, actions: tuple[Action, ...]) -> tuple[int, ...]:
+        return tuple(self.index[a] for a in actions)
+
+    def order_of(self, schedule: Schedule) -> Order:
+        """The schedule's compute steps as an order (one action a step; overlap steps are flattened)."""
+        return tuple(
+            tuple(self.index[a] for step in program if step.is_compute for a in step.actions)
+            for program in schedule.programs
+        )
+
+
+def data_predecessors(action: Action, stages: int, present: dict[Action, int]) -> list[Action]:
+    """The compute actions ``action`` needs (DESIGN.md, formal model rule 2), among those present."""
+    s, m, c = action.stage, action.microbatch, action.chain
+    if action.kind is F:
+        return [Action(s - 1, F, m, c)] if s > 0 else []
+    if action.kind is W:
+        return [Action(s, I, m, c)]
+    needs = [Action(s, F, m, c)]
+    if s < stages - 1:
+        later = Action(s + 1, B, m, c)
+        needs.append(later if later in present else Action(s + 1, I, m, c))
+    return needs
+
+
+def compute_actions(schedule: Schedule) -> list[Action]:
+    return [a for _, _, a in schedule.actions() if a.is_compute]
+
+
+def simulate_order(graph: Graph, order: Order) -> tuple[list[float], list[float]] | None:
+    """ASAP start and end of every action id, or None when some rank can never finish."""
+    n = len(graph.actions)
+    start, end = [0.0] * n, [-1.0] * n
+    pos, clock = [0] * len(order), [0.0] * len(order)
+    duration, deps = graph.duration, graph.deps
+    progress = True
+    while progress:
+        progress = False
+        for r, seq in enumerate(order):
+            p, t = pos[r], clock[r]
+            while p < len(seq):
+                a = seq[p]
+                ready = t
+                for d, latency in deps[a]:
+                    e = end[d]
+                    if e < 0.0:
+                        ready = -1.0
+                        break
+                    if e + latency > ready:
+                        ready = e + latency
+                if ready < 0.0:
+                    break
+                start[a], t = ready, ready + duration[a]
+                end[a] = t
+                p += 1
+            if p != pos[r]:
+                pos[r], clock[r], progress = p, t, True
+    if any(p < len(seq) for p, seq in zip(pos, order)):
+        return None
+    return start, end
+
+
+def peak_memory(graph: Graph, sequence: tuple[int, ...]) -> float:
+    """The most a rank holds after any step, in program order (units of M_B)."""
+    held = peak = 0.0
+    for a in sequence:
+        held += graph.delta[a]
+        peak = max(peak, held)
+    return peak
+
+
+def evaluate(graph: Graph, order: Order) -> Evaluation | None:
+    """The metrics of ``order``, or None when it deadlocks."""
+    timing = simulate_order(graph, order)
+    if timing is None:
+        return None
+    start, end = timing
+    spans, busy = [], []
+    for seq in order:
+        spans.append(end[seq[-1]] - start[seq[0]] if seq else 0.0)
+        busy.append(sum(graph.duration[a] for a in seq))
+    makespan = max(end, default=0.0)
+    worst = max(spans, default=0.0)
+    bubble = 1.0 - (sum(busy) / len(busy)) / worst if worst > 0 else 0.0
+    peaks = tuple(peak_memory(graph, seq) for seq in order)
+    return Evaluation(makespan, bubble, tuple(spans), tuple(busy), peaks)
+
+
+def is_complete(graph: Graph, order: Order) -> bool:
+    """Every action exactly once, each on its own rank."""
+    seen = [a for seq in order for a in seq]
+    if sorted(seen) != list(range(len(graph.actions))):
+        return False
+    return all(graph.rank[a] == r for r, seq in enumerate(order) for a in seq)
+
+
+def schedule_of(schedule: Schedule, graph: Graph, order: Order, name: str | None = None) -> Schedule:
+    """The input schedule with its programs replaced by ``order`` (one compute action a step)."""
+    programs = tuple(tuple(Step((graph.actions[a],)) for a in seq) for seq in order)
+    problem = graph.problem
+    memory = MemorySpec(problem.memory_limit, problem.weights) if problem.memory_limit is not None else schedule.memory
+    result = replace_programs(schedule, programs)
+    return replace(result, name=name or result.name, costs=problem.costs, memory=memory, source=None)

@@ -1,0 +1,234 @@
+"""The Zero Bubble paper's automatic scheduler (ZB-1p / ZB-2p), one stage per rank.
+
+Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), section 3.1, as
+sail-sg/zero-bubble-pipeline-parallelism describes it. The schedule is built one
+microbatch round at a time, with every rank's clock kept as it goes:
+
+- round 0 (warm-up): one F on every rank, then on each rank as many extra F as
+  fit in memory and in the time until the first I comes back from the rank
+  below (``bubble_before_first_i`` lets the last of them overrun that time);
+  the extra counts decrease from rank to rank; then the first I, last rank first;
+- every later round: ranks decide whether to run one more F (with
+  ``prioritize_i``, a rank already two F ahead of the next holds back when the
+  F would delay the I that comes back from that rank), then each rank runs one
+  I, last rank first;
+- before each F and each I, W are run to make room in memory and to fill the
+  wait for the incoming activation or gradient (``fill_small_gaps``: also when
+  the wait is small beside the worst bubble so far);
+- the remaining W at the end.
+
+The paper tries every combination of its three knobs (eight settings) and keeps
+the order with the smallest worst span by simulation; so does
+``zero_bubble_orders`` (the caller simulates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeforge.ir import Action, ActionKind
+from pipeforge.optimize.evaluate import Problem
+
+F, I, W = ActionKind.F, ActionKind.I, ActionKind.W
+TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class Knobs:
+    bubble_before_first_i: bool
+    prioritize_i: bool
+    fill_small_gaps: bool
+
+
+KNOB_SETTINGS = tuple(
+    Knobs(a, b, c) for a in (True, False) for b in (True, False) for c in (True, False)
+)
+
+
+class DoesNotFit(Exception):
+    """This knob setting cannot respect the memory limit."""
+
+
+def supports(problem: Problem) -> bool:
+    """The heuristic needs one chain and one stage a rank in loop order (stage s on rank s)."""
+    return (
+        len(problem.placements) == 1
+        and problem.stages == problem.ranks
+        and problem.placements[0].stage_to_rank == tuple(range(problem.ranks))
+        and (problem.memory_limit is None or problem.memory_limit >= 1.0)
+    )
+
+
+def zero_bubble_orders(problem: Problem) -> list[tuple[Knobs, tuple[tuple[Action, ...], ...]]]:
+    """The per-rank orders of every knob setting that fits in memory."""
+    found = []
+    for knobs in KNOB_SETTINGS:
+        try:
+            found.append((knobs, _RoundBuilder(problem, knobs).build()))
+        except DoesNotFit:
+            continue
+    return found
+
+
+class _RoundBuilder:
+    """The state of one run of the heuristic: per rank clock, counts, memory and bubble."""
+
+    def __init__(self, problem: Problem, knobs: Knobs):
+        self.knobs = knobs
+        self.p, self.m = problem.stages, problem.microbatches
+        self.comm = problem.costs.comm
+        self.cost = {k: [problem.costs.duration(k, s) for s in range(self.p)] for k in (F, I, W)}
+        self.grow = {F: 1.0, I: problem.weights - 1.0, W: -problem.weights}
+        limit = problem.memory_limit
+        self.limit = limit if limit is not None else float(self.m) + 1.0
+        self.done = {k: [0] * self.p for k in (F, I, W)}
+        self.held = [0.0] * self.p
+        self.clock = [0.0] * self.p
+        self.bubble = [0.0] * self.p
+        self.finish: dict[tuple[ActionKind, int, int], float] = {}
+        self.programs: list[list[Action]] = [[] for _ in range(self.p)]
+
+    def build(self) -> tuple[tuple[Action, ...], ...]:
+        self.warm_up()
+        for _ in range(1, self.m):
+            self.steady_round()
+        for j in range(self.p):
+            while self.done[W][j] < self.m:
+                self.put(j, W)
+        return tuple(tuple(program) for program in self.programs)
+
+    # -- the primitive: append one action to rank j, keeping clocks ------------
+
+    def put(self, j: int, kind: ActionKind) -> None:
+        mb = self.done[kind][j]
+        if self.held[j] + self.grow[kind] > self.limit + TOLERANCE:
+            raise DoesNotFit
+        cost = self.cost[kind][j]
+        no_wait = self.clock[j] + cost
+        end = max(no_wait, self.arrival(j, kind, mb) + cost)
+        if self.done[F][j] > 0:
+            self.bubble[j] += end - no_wait
+        self.clock[j] = end
+        self.finish[(kind, j, mb)] = end
+        self.held[j] += self.grow[kind]
+        self.done[kind][j] += 1
+        self.programs[j].append(Action(j, kind, mb))
+
+    def arrival(self, j: int, kind: ActionKind, mb: int) -> float:
+        """When the input of ``kind`` on rank j for ``mb`` arrives from the neighbour (0 if local)."""
+        if kind is F and j > 0:
+            return self.needed((F, j - 1, mb)) + self.comm
+        if kind is I and j < self.p - 1:
+            return self.needed((I, j + 1, mb)) + self.comm
+        if kind is I:
+            return self.needed((F, j, mb))
+        return 0.0
+
+    def needed(self, key: tuple[ActionKind, int, int]) -> float:
+        if key not in self.finish:
+            raise DoesNotFit
+        return self.finish[key]
+
+    def worst_bubble(self) -> float:
+        return max(self.bubble)
+
+    def pending_w(self, j: int) -> bool:
+        return self.done[W][j] < self.done[I][j]
+
+    # -- round 0 ---------------------------------------------------------------
+
+    def warm_up(self) -> None:
+        for j in range(self.p):
+            self.put(j, F)
+        extra = self.extra_warm_up()
+        for j in range(self.p):
+            for _ in range(extra[j]):
+                self.put(j, F)
+        for j in reversed(range(self.p)):
+            self.put(j, I)
+
+    def extra_warm_up(self) -> list[int]:
+        """How many more F each rank runs before its first I: as many as fit before it comes back."""
+        extra = [0] * self.p
+        back = self.finish[(F, self.p - 1, 0)] + self.cost[I][self.p - 1]
+        for j in reversed(range(self.p - 1)):
+            held, clock = self.held[j], self.clock[j]
+            while self.done[F][j] + extra[j] < self.m and held + 1.0 <= self.limit + TOLERANCE:
+                if self.stop_warm_up(clock, back, j):
+                    break
+                held, clock = held + 1.0, clock + self.cost[F][j]
+                extra[j] += 1
+            back = max(clock, back + self.comm) + self.cost[I][j]
+        for j in range(1, self.p):
+            while extra[j] > 0 and extra[j] >= extra[j - 1] and self.done[F][j] + extra[j] < self.m:
+                extra[j] -= 1
+        return extra
+
+    def stop_warm_up(self, clock: float, back: float, j: int) -> bool:
+        if self.knobs.bubble_before_first_i:
+            return clock + self.cost[F][j] > back + self.comm
+        return clock >= back + self.comm
+
+    # -- rounds 1 .. m-1 -------------------------------------------------------
+
+    def steady_round(self) -> None:
+        wants = [self.wants_forward(j) for j in range(self.p)]
+        for j in reversed(range(self.p - 1)):
+            wants[j] = wants[j] and wants[j + 1]
+        for j in range(self.p):
+            if wants[j]:
+                self.forward_with_fill(j)
+        for j in reversed(range(self.p)):
+            self.backward_with_fill(j)
+
+    def wants_forward(self, j: int) -> bool:
+        if self.done[F][j] >= self.m:
+            return False
+        if j + 1 >= self.p or not self.knobs.prioritize_i or self.done[F][j] < self.done[F][j + 1] + 2:
+            return True
+        comes_back = self.clock[j + 1] + self.cost[F][j + 1] + self.cost[I][j + 1] + self.comm
+        if self.clock[j] >= comes_back:
+            return False
+        if self.clock[j] + self.cost[F][j] + self.w_cost_to_fit(j, 1.0) <= comes_back:
+            return True
+        return comes_back - self.clock[j] > self.worst_bubble() - self.bubble[j]
+
+    def w_cost_to_fit(self, j: int, grow: float) -> float:
+        """The time the W needed to make room for ``grow`` more on rank j would take."""
+        held, cost, count = self.held[j] + grow, 0.0, 0
+        while held > self.limit + TOLERANCE and self.done[W][j] + count < self.done[I][j]:
+            held += self.grow[W]
+            cost += self.cost[W][j]
+            count += 1
+        return cost
+
+    def forward_with_fill(self, j: int) -> None:
+        self.make_room(j, F)
+        if j > 0:
+            self.fill_wait(j, self.needed((F, j - 1, self.done[F][j])) + self.comm)
+        self.put(j, F)
+
+    def backward_with_fill(self, j: int) -> None:
+        self.make_room(j, I)
+        if j + 1 < self.p:
+            self.fill_wait(j, self.needed((I, j + 1, self.done[I][j])) + self.comm)
+        if j == 0 and self.done[F][j] == self.m:
+            while self.pending_w(j):
+                self.put(j, W)
+        self.put(j, I)
+
+    def make_room(self, j: int, kind: ActionKind) -> None:
+        while self.held[j] + self.grow[kind] > self.limit + TOLERANCE:
+            if not self.pending_w(j):
+                raise DoesNotFit
+            self.put(j, W)
+
+    def fill_wait(self, j: int, ready: float) -> None:
+        """Run W while they end before ``ready``; then maybe one more into the rest of the wait."""
+        while self.pending_w(j) and self.clock[j] + self.cost[W][j] <= ready:
+            self.put(j, W)
+        if not self.pending_w(j) or self.clock[j] >= ready:
+            return
+        small = ready - self.clock[j] <= self.worst_bubble() - self.bubble[j]
+        if not small or self.knobs.fill_small_gaps:
+            self.put(j, W)
