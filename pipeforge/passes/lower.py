@@ -1,0 +1,307 @@
+"""lower: insert send/receive groups and REDUCE_GRAD into a compute-only schedule.
+
+The compute order is executed globally in lockstep rounds: in each round every
+rank whose next compute step has all its inputs runs it. After a round, each
+rank posts one communication group holding the sends of what it produced in
+that round and the receives of what others produced for it. Every group of
+round k is matched only with groups of round k on other ranks, and on each
+ordered pair of ranks sends and receives are listed in the same canonical order,
+so NCCL's tag-less FIFO matching pairs them correctly and the rounds fire one
+after another under rendezvous: a consistent compute order never deadlocks.
+
+If the rounds get stuck (the compute order itself has a wait cycle), the rest of
+each program is lowered lazily: a receive right before the compute that needs it,
+a send after the compute that produces it (delayed where needed so each rank
+pair stays FIFO-consistent). The result then deadlocks in ``verify`` with a wait
+cycle that maps back onto the compute steps of the cycle.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from pipeforge.ir import Action, ActionKind, Schedule, Step, replace_programs
+
+Position = tuple[int, int]  # (rank, step index in the input program, idle slots counted)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One cross-rank edge: ``send`` on the producer's rank, ``recv`` on the consumer's."""
+
+    send: Action
+    recv: Action
+    producer: Position
+    consumer: Position
+
+    @property
+    def src(self) -> int:
+        return self.producer[0]
+
+    @property
+    def dst(self) -> int:
+        return self.consumer[0]
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A lowered schedule and, for each of its steps, the input step it serves."""
+
+    schedule: Schedule
+    origins: tuple[tuple[int, ...], ...]
+
+
+def lower(schedule: Schedule) -> Schedule:
+    """Compute-only in, lowered out (already-lowered input is returned unchanged)."""
+    return lower_with_origins(schedule).schedule
+
+
+def lower_with_origins(schedule: Schedule) -> Lowered:
+    if schedule.is_lowered:
+        origins = tuple(tuple(range(len(program))) for program in schedule.programs)
+        return Lowered(schedule, origins)
+    graph = DependencyGraph.of(schedule)
+    rounds = run_rounds(schedule, graph)
+    writer = ProgramWriter(schedule)
+    emit_rounds(writer, schedule, graph, rounds)
+    emit_remainder(writer, schedule, graph, rounds)
+    return Lowered(replace_programs(schedule, writer.programs()), writer.origins())
+
+
+# --- the dependency graph of the compute actions -------------------------------------------
+
+
+@dataclass(frozen=True)
+class DependencyGraph:
+    """Where each compute action first occurs, what it needs, and the cross-rank edges."""
+
+    position: dict[Action, Position]
+    needs: dict[Position, tuple[Position, ...]]  # step -> producer steps it waits for
+    transfers: tuple[Transfer, ...]
+
+    @staticmethod
+    def of(schedule: Schedule) -> DependencyGraph:
+        position: dict[Action, Position] = {}
+        for rank, index, action in schedule.actions():
+            if action.is_compute:
+                position.setdefault(action, (rank, index))
+        needs: dict[Position, list[Position]] = defaultdict(list)
+        transfers: list[Transfer] = []
+        for action, here in position.items():
+            for producer, carried in inputs_of(action, schedule.stages):
+                there = position.get(producer)
+                if there is None or there == here:
+                    continue  # absent (reported as missing) or in the same overlap step (an order error)
+                if there[0] == here[0]:
+                    needs[here].append(there)
+                elif carried:
+                    needs[here].append(there)
+                    transfers.append(transfer_for(producer, action, there, here))
+        frozen = {step: tuple(producers) for step, producers in needs.items()}
+        return DependencyGraph(position, frozen, tuple(transfers))
+
+
+def inputs_of(action: Action, stages: int) -> list[tuple[Action, bool]]:
+    """The actions ``action`` consumes, each with whether the edge may cross ranks."""
+    s, m, c = action.stage, action.microbatch, action.chain
+    kind = action.kind
+    if kind is ActionKind.F:
+        return [(Action(s - 1, ActionKind.F, m, c), True)] if s > 0 else []
+    if kind is ActionKind.W:
+        return [(Action(s, ActionKind.I, m, c), False)]
+    found = [(Action(s, ActionKind.F, m, c), False)]
+    if s < stages - 1:
+        found.append((Action(s + 1, ActionKind.B, m, c), True))
+        found.append((Action(s + 1, ActionKind.I, m, c), True))
+    return found
+
+
+def transfer_for(producer: Action, consumer: Action, there: Position, here: Position) -> Transfer:
+    m, c = producer.microbatch, producer.chain
+    if producer.kind is ActionKind.F:
+        send = Action(producer.stage, ActionKind.SEND_F, m, c)
+        recv = Action(consumer.stage, ActionKind.RECV_F, m, c)
+    else:
+        send = Action(producer.stage, ActionKind.SEND_B, m, c)
+        recv = Action(consumer.stage, ActionKind.RECV_B, m, c)
+    return Transfer(send, recv, there, here)
+
+
+# --- lockstep rounds -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """The executed prefix: round of each executed step, and where each rank got stuck."""
+
+    executed: dict[Position, int]
+    order: tuple[tuple[tuple[int, int], ...], ...]  # per rank: (round, step index) in order
+    stuck_at: tuple[int, ...]  # per rank: first step index not executed (len(program) if done)
+    count: int
+
+
+def run_rounds(schedule: Schedule, graph: DependencyGraph) -> Rounds:
+    cursor = [next_compute(program, 0) for program in schedule.programs]
+    executed: dict[Position, int] = {}
+    order: list[list[tuple[int, int]]] = [[] for _ in schedule.programs]
+    round_no = 0
+    while True:
+        ran = []
+        for rank, program in enumerate(schedule.programs):
+            index = cursor[rank]
+            if index < len(program) and ready(graph.needs.get((rank, index), ()), executed, round_no):
+                ran.append((rank, index))
+        if not ran:
+            break
+        for rank, index in ran:
+            executed[(rank, index)] = round_no
+            order[rank].append((round_no, index))
+            cursor[rank] = next_compute(schedule.programs[rank], index + 1)
+        round_no += 1
+    return Rounds(executed, tuple(map(tuple, order)), tuple(cursor), round_no)
+
+
+def next_compute(program: tuple[Step, ...], start: int) -> int:
+    index = start
+    while index < len(program) and not program[index].is_compute:
+        index += 1
+    return index
+
+
+def ready(producers: tuple[Position, ...], executed: dict[Position, int], round_no: int) -> bool:
+    """Every producer ran in an earlier round (and, on this rank, earlier in program order)."""
+    return all(executed.get(p, round_no) < round_no for p in producers)
+
+
+# --- writing the lowered programs ----------------------------------------------------------
+
+
+class ProgramWriter:
+    """Accumulates each rank's lowered steps with the input step each one serves."""
+
+    def __init__(self, schedule: Schedule):
+        self.schedule = schedule
+        self.steps: list[list[Step]] = [[] for _ in schedule.programs]
+        self.served: list[list[int]] = [[] for _ in schedule.programs]
+        self.reduce_after = last_backwards(schedule)
+
+    def copy(self, rank: int, index: int) -> None:
+        self.steps[rank].append(self.schedule.programs[rank][index])
+        self.served[rank].append(index)
+
+    def group(self, rank: int, actions: list[Action], serves: int) -> None:
+        if not actions:
+            return
+        span = self.schedule.programs[rank][serves].span
+        self.steps[rank].append(Step(tuple(actions), span=span))
+        self.served[rank].append(serves)
+
+    def reduce_grads(self, rank: int, index: int) -> None:
+        span = self.schedule.programs[rank][index].span
+        for stage in self.reduce_after.get((rank, index), ()):
+            self.steps[rank].append(Step((Action(stage, ActionKind.REDUCE_GRAD),), span=span))
+            self.served[rank].append(index)
+
+    def passthrough(self, rank: int, start: int, stop: int) -> None:
+        """Copy the non-compute, non-idle steps (a written REDUCE_GRAD, UNSHARD, ...) in [start, stop)."""
+        program = self.schedule.programs[rank]
+        for index in range(start, stop):
+            if not program[index].is_idle and not program[index].is_compute:
+                self.copy(rank, index)
+
+    def programs(self) -> tuple[tuple[Step, ...], ...]:
+        return tuple(map(tuple, self.steps))
+
+    def origins(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(map(tuple, self.served))
+
+
+def last_backwards(schedule: Schedule) -> dict[Position, list[int]]:
+    """For each step, the stages whose last B/W on its rank it holds (REDUCE_GRAD goes after it)."""
+    last: dict[tuple[int, int], int] = {}
+    written: set[tuple[int, int]] = set()
+    for rank, index, action in schedule.actions():
+        if action.kind in (ActionKind.B, ActionKind.W):
+            last[(rank, action.stage)] = index
+        elif action.kind is ActionKind.REDUCE_GRAD:
+            written.add((rank, action.stage))
+    after: dict[Position, list[int]] = defaultdict(list)
+    for (rank, stage), index in sorted(last.items()):
+        if (rank, stage) not in written:
+            after[(rank, index)].append(stage)
+    return after
+
+
+def emit_rounds(writer: ProgramWriter, schedule: Schedule, graph: DependencyGraph, rounds: Rounds) -> None:
+    groups = round_groups(graph, rounds)
+    for rank, program in enumerate(schedule.programs):
+        done = 0
+        by_round = dict(rounds.order[rank])
+        for round_no in range(rounds.count):
+            index = by_round.get(round_no)
+            if index is not None:
+                writer.passthrough(rank, done, index)
+                writer.copy(rank, index)
+                done = index + 1
+            serves = index if index is not None else min(next_compute(program, done), len(program) - 1)
+            writer.group(rank, groups.get((rank, round_no), []), serves)
+            if index is not None:
+                writer.reduce_grads(rank, index)
+        if rounds.stuck_at[rank] >= len(program):
+            writer.passthrough(rank, done, len(program))
+
+
+def round_groups(graph: DependencyGraph, rounds: Rounds) -> dict[tuple[int, int], list[Action]]:
+    """(rank, round) -> the group posted after that round: sends, then receives, FIFO-consistent."""
+    sends: dict[tuple[int, int], list[Transfer]] = defaultdict(list)
+    recvs: dict[tuple[int, int], list[Transfer]] = defaultdict(list)
+    for transfer in graph.transfers:
+        round_no = rounds.executed.get(transfer.producer)
+        if round_no is None:
+            continue
+        sends[(transfer.src, round_no)].append(transfer)
+        recvs[(transfer.dst, round_no)].append(transfer)
+    groups: dict[tuple[int, int], list[Action]] = defaultdict(list)
+    for key, items in sends.items():
+        groups[key].extend(t.send for t in sorted(items, key=lambda t: (t.dst, t.send)))
+    for key, items in recvs.items():
+        groups[key].extend(t.recv for t in sorted(items, key=lambda t: (t.src, t.send)))
+    return groups
+
+
+# --- the stuck remainder -------------------------------------------------------------------
+
+
+def emit_remainder(writer: ProgramWriter, schedule: Schedule, graph: DependencyGraph, rounds: Rounds) -> None:
+    """Lower what the rounds could not run: receives just in time, sends in FIFO order."""
+    pending = [t for t in graph.transfers if t.producer not in rounds.executed]
+    recv_before: dict[Position, list[Transfer]] = defaultdict(list)
+    send_after: dict[Position, list[tuple[int, int, Transfer]]] = defaultdict(list)
+    for (src, dst), lane in lanes(pending).items():
+        posted_after = -1
+        for seq, transfer in enumerate(lane):
+            recv_before[transfer.consumer].append(transfer)
+            posted_after = max(posted_after, transfer.producer[1])
+            send_after[(src, posted_after)].append((dst, seq, transfer))
+    for rank, program in enumerate(schedule.programs):
+        if rounds.stuck_at[rank] >= len(program):
+            continue
+        resume = rounds.order[rank][-1][1] + 1 if rounds.order[rank] else 0
+        for index in range(resume, len(program)):
+            if program[index].is_idle:
+                continue
+            incoming = sorted(recv_before.get((rank, index), []), key=lambda t: (t.src, t.send))
+            writer.group(rank, [t.recv for t in incoming], index)
+            writer.copy(rank, index)
+            outgoing = sorted(send_after.get((rank, index), []), key=lambda item: item[:2])
+            writer.group(rank, [t.send for _, _, t in outgoing], index)
+            writer.reduce_grads(rank, index)
+
+
+def lanes(transfers: list[Transfer]) -> dict[tuple[int, int], list[Transfer]]:
+    """Transfers per ordered rank pair, in the order the consumer needs them."""
+    by_pair: dict[tuple[int, int], list[Transfer]] = defaultdict(list)
+    for transfer in transfers:
+        by_pair[(transfer.src, transfer.dst)].append(transfer)
+    return {pair: sorted(items, key=lambda t: (t.consumer[1], t.send)) for pair, items in by_pair.items()}
