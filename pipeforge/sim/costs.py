@@ -1,0 +1,65 @@
+"""Cost models: resolving the one to use, reading ``--cost`` text, and fast duration lookups."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+from pipeforge.errors import UsageError
+from pipeforge.ir import ActionKind, CostModel, Schedule
+
+COST_FIELDS = ("F", "I", "W", "B", "comm")
+_COMPUTE = (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W)
+
+
+def resolve_costs(schedule: Schedule, costs: CostModel | None) -> CostModel:
+    """The cost model a simulation uses: the one given, else the schedule's, else unit costs."""
+    if costs is not None:
+        return costs
+    return schedule.costs if schedule.costs is not None else CostModel()
+
+
+def parse_cost_flag(text: str, base: CostModel | None = None) -> CostModel:
+    """``F=1,I=1,W=1,B=2,comm=0.1`` over ``base`` (unit costs if None), field by field.
+
+    Raises ``UsageError`` naming the bad item. Every value must be a finite number
+    >= 0; compute durations must be > 0 (a zero-length compute makes bounds vacuous).
+    """
+    model = base if base is not None else CostModel()
+    if not text.strip():
+        raise UsageError("--cost: expected NAME=VALUE items like F=1,I=1,W=1,comm=0")
+    changes: dict[str, float] = {}
+    for item in text.split(","):
+        name, value = _parse_cost_item(item)
+        changes[name] = value
+    return replace(model, **changes)
+
+
+def _parse_cost_item(item: str) -> tuple[str, float]:
+    name, eq, raw = item.partition("=")
+    name = name.strip()
+    if not eq or not name:
+        raise UsageError(f"--cost item {item.strip()!r}: expected NAME=VALUE, like F=1.5")
+    if name not in COST_FIELDS:
+        raise UsageError(f"--cost item {item.strip()!r}: unknown cost {name!r}; expected one of {', '.join(COST_FIELDS)}")
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise UsageError(f"--cost item {item.strip()!r}: {raw.strip()!r} is not a number") from None
+    if not value == value or value in (float("inf"), float("-inf")) or value < 0:
+        raise UsageError(f"--cost item {item.strip()!r}: a cost must be a finite number >= 0")
+    if name != "comm" and value == 0:
+        raise UsageError(f"--cost item {item.strip()!r}: a compute duration must be > 0")
+    return name, value
+
+
+def duration_table(costs: CostModel, stages: int) -> dict[tuple[ActionKind, int], float]:
+    """``(kind, stage) -> duration`` for every compute kind and stage (lookups in the hot loop)."""
+    return {(kind, stage): costs.duration(kind, stage) for kind in _COMPUTE for stage in range(stages)}
+
+
+def costs_to_json(costs: CostModel) -> dict:
+    out = {f.name: getattr(costs, f.name) for f in fields(costs) if f.name != "per_stage"}
+    out["B"] = costs.B if costs.B is not None else costs.I + costs.W
+    if costs.per_stage:
+        out["per_stage"] = [list(entry) for entry in costs.per_stage]
+    return out
