@@ -1,0 +1,202 @@
+"""Exact search for small instances: a z3 model of every order, bisection on the worst span.
+
+Why this is the second module that imports z3 (STYLE.md keeps z3 in
+``pipeforge/verify/model.py``): the verifier asks z3 whether *one given* order
+can run; here z3 *chooses* the order, which is a different model (a Boolean
+per pair of actions on a rank, a start time per action, an objective) with a
+different life cycle (many incremental checks under a deadline). z3 is already
+a dependency; CP-SAT or a MILP solver would scale further but would add one.
+
+The model, for every compute action ``a`` with duration ``d(a)``:
+
+- ``start(a) >= 0``; for each data dependency ``p -> a``:
+  ``start(a) >= start(p) + d(p) + latency`` (``comm`` across ranks);
+- no overlap on a rank: for each pair, a Boolean ``before(a, b)`` and
+  ``start(b) >= start(a) + d(a)`` or the reverse;
+- memory, in program order: after each F, what the rank holds (1 per F before
+  it, minus what the I and W before it release) stays within the limit;
+- ASAP timing (``asap=True``): each action starts exactly when the last of its
+  inputs or its predecessor on the rank has ended, so the model's spans are
+  those ``pipeforge.sim`` reports for the chosen order;
+- ``span(r) = end of r's last action - start of r's first``; ``Z >= span(r)``.
+
+The search asks "is there an order with Z <= target?" by bisection between a
+proven lower bound and the best order found: "unsat" raises the lower bound,
+"sat" yields a better order. The answer is optimal when the two meet, else the
+best order with the proven bound and the gap.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+
+import z3
+
+from pipeforge.optimize.evaluate import Graph, Order, evaluate
+
+RELATIVE_TOLERANCE = 1e-7
+
+
+@dataclass(frozen=True)
+class ExactResult:
+    order: Order
+    lower_bound: float
+    upper_bound: float
+    optimal: bool
+    checks: int
+
+    @property
+    def gap(self) -> float:
+        return (self.upper_bound - self.lower_bound) / self.upper_bound if self.upper_bound > 0 else 0.0
+
+
+def _real(value: float) -> z3.ArithRef:
+    return z3.RealVal(str(value))
+
+
+def _reachability(graph: Graph) -> list[set[int]]:
+    """For each action, every action that must come before it (transitive data dependencies)."""
+    ancestors: list[set[int] | None] = [None] * len(graph.actions)
+
+    def visit(a: int) -> set[int]:
+        found = ancestors[a]
+        if found is None:
+            found = set()
+            for d, _ in graph.deps[a]:
+                found.add(d)
+                found |= visit(d)
+            ancestors[a] = found
+        return found
+
+    for a in range(len(graph.actions)):
+        visit(a)
+    return [found or set() for found in ancestors]
+
+
+class _Model:
+    def __init__(self, graph: Graph, asap: bool):
+        self.graph = graph
+        self.solver = z3.Solver()
+        n = len(graph.actions)
+        self.start = [z3.Real(f"s{a}") for a in range(n)]
+        self.ancestors = _reachability(graph)
+        self.before: dict[tuple[int, int], z3.BoolRef] = {}
+        self.by_rank = [[a for a in range(n) if graph.rank[a] == r] for r in range(graph.problem.ranks)]
+        self.objective = z3.Real("Z")
+        self._data_dependencies()
+        for actions in self.by_rank:
+            self._no_overlap(actions)
+            self._memory(actions)
+            self._span(actions)
+        if asap:
+            for a in range(n):
+                self._asap(a)
+
+    def end(self, a: int) -> z3.ArithRef:
+        return self.start[a] + _real(self.graph.duration[a])
+
+    def precedes(self, a: int, b: int) -> z3.BoolRef:
+        if (a, b) in self.before:
+            return self.before[(a, b)]
+        return z3.Not(self.before[(b, a)])
+
+    def _data_dependencies(self) -> None:
+        for a, deps in enumerate(self.graph.deps):
+            self.solver.add(self.start[a] >= 0)
+            for d, latency in deps:
+                self.solver.add(self.start[a] >= self.end(d) + _real(latency))
+
+    def _no_overlap(self, actions: list[int]) -> None:
+        for i, a in enumerate(actions):
+            for b in actions[i + 1:]:
+                flag = z3.Bool(f"o{a}_{b}")
+                self.before[(a, b)] = flag
+                if a in self.ancestors[b]:
+                    self.solver.add(flag)
+                elif b in self.ancestors[a]:
+                    self.solver.add(z3.Not(flag))
+                self.solver.add(z3.Implies(flag, self.start[b] >= self.end(a)))
+                self.solver.add(z3.Implies(z3.Not(flag), self.start[a] >= self.end(b)))
+
+    def _memory(self, actions: list[int]) -> None:
+        limit = self.graph.problem.memory_limit
+        if limit is None:
+            return
+        delta = self.graph.delta
+        for b in actions:
+            if delta[b] <= 0:
+                continue
+            held = [z3.If(self.precedes(a, b), _real(delta[a]), _real(0.0)) for a in actions if a != b]
+            self.solver.add(z3.Sum(held + [_real(delta[b])]) <= _real(limit))
+
+    def _span(self, actions: list[int]) -> None:
+        if not actions:
+            return
+        first, last = z3.Real(f"first{actions[0]}"), z3.Real(f"last{actions[0]}")
+        for a in actions:
+            self.solver.add(first <= self.start[a], last >= self.end(a))
+        self.solver.add(self.objective >= last - first)
+
+    def _asap(self, b: int) -> None:
+        options = [self.start[b] == self.end(d) + _real(latency) for d, latency in self.graph.deps[b]]
+        if not self.graph.deps[b]:
+            options.append(self.start[b] == 0)
+        rank_actions = self.by_rank[self.graph.rank[b]]
+        options += [z3.And(self.precedes(a, b), self.start[b] == self.end(a)) for a in rank_actions if a != b]
+        self.solver.add(z3.Or(options))
+
+    def order_from_model(self) -> Order:
+        model = self.solver.model()
+
+        def when(a: int) -> Fraction:
+            value = model.eval(self.start[a], model_completion=True)
+            return Fraction(value.numerator_as_long(), value.denominator_as_long())
+
+        return tuple(tuple(sorted(actions, key=when)) for actions in self.by_rank)
+
+
+def solve_exact(graph: Graph, incumbent: Order, lower_bound: float, *, time_limit: float,
+                asap: bool = True) -> ExactResult:
+    """The best order of ``graph`` within ``time_limit`` seconds, with a proven bound on the worst span.
+
+    ``incumbent`` is a valid order (its span is the first upper bound) and
+    ``lower_bound`` a proven bound to start the bisection from.
+    """
+    deadline = time.monotonic() + time_limit
+    best = evaluate(graph, incumbent)
+    if best is None:
+        raise ValueError("the incumbent order does not run")
+    model = _Model(graph, asap)
+    low, high, order, checks = lower_bound, best.max_span, incumbent, 0
+    while high - low > RELATIVE_TOLERANCE * high:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        target = high * (1 - RELATIVE_TOLERANCE) if high - low < 1e-3 * high else (low + high) / 2
+        answer = _check(model, target, remaining)
+        checks += 1
+        if answer == z3.unsat:
+            low = target
+        elif answer == z3.sat:
+            better = _improvement(graph, model.order_from_model(), high)
+            if better is None:
+                break
+            order, high = better
+        else:
+            break
+    return ExactResult(order, min(low, high), high, high - low <= RELATIVE_TOLERANCE * high, checks)
+
+
+def _check(model: _Model, target: float, seconds: float) -> z3.CheckSatResult:
+    model.solver.set("timeout", max(1, int(seconds * 1000)))
+    return model.solver.check(model.objective <= _real(target))
+
+
+def _improvement(graph: Graph, found: Order, high: float) -> tuple[Order, float] | None:
+    """``found`` and its span if it runs, fits and beats ``high`` (the model's answer is re-simulated)."""
+    result = evaluate(graph, found)
+    if result is None or not result.fits(graph.problem.memory_limit) or result.max_span >= high:
+        return None
+    return found, result.max_span
