@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 
 from pipeforge.errors import UsageError
-from pipeforge.ir import ActionKind, CostModel, Schedule
+from pipeforge.ir import ActionKind, CostModel, MemorySpec, Schedule
 
 COST_FIELDS = ("F", "I", "W", "B", "comm")
 _COMPUTE = (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W)
@@ -63,3 +63,19 @@ def costs_to_json(costs: CostModel) -> dict:
     if costs.per_stage:
         out["per_stage"] = [list(entry) for entry in costs.per_stage]
     return out
+
+
+def costs_for(schedule: Schedule, flag: str | None) -> CostModel:
+    """The schedule's cost model (or unit costs) with a ``--cost`` flag's fields laid over it."""
+    base = resolve_costs(schedule, None)
+    return parse_cost_flag(flag, base) if flag is not None else base
+
+
+def memory_for(schedule: Schedule, limit: float | None) -> MemorySpec:
+    """The schedule's memory spec (or the default) with ``--memory-limit`` laid over it."""
+    base = schedule.memory or MemorySpec()
+    if limit is None:
+        return base
+    if not limit > 0 or limit == float("inf"):
+        raise UsageError(f"--memory-limit {limit!r}: expected a positive number of M_B (one microbatch's activations)")
+    return replace(base, limit=limit)

@@ -355,7 +355,7 @@ def _stuck_error(run: _Run, stuck: list[int]) -> VerificationError:
             waits = f"{_key_text(key)}, which no rank runs"
         else:
             m_rank, m_step = maker
-            waits = f"{_step_text(m_step)} (rank {m_rank} step {m_step.index}, not reached)"
+            waits = f"{_step_text(m_step)} (rank {m_rank} step {m_step.index}, not yet run)"
         lines.append(f"rank {rank} step {step.index} ({_step_text(step)}) waits for {waits}")
     first = run.programs[stuck[0]][run.pointer[stuck[0]]]
     message = "the compute order cannot finish: " + "; ".join(lines)

@@ -1,0 +1,76 @@
+"""``pipeforge simulate``: makespan, bubble rate, bounds and memory of a schedule on a cost model."""
+
+from __future__ import annotations
+
+import argparse
+
+from pipeforge.commands.common import add_input_arguments, load_input, print_json
+
+COST_HELP = "override costs field by field: F=1,I=1,W=1,B=2,comm=0 (B defaults to I+W)"
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("simulate", help="simulate a schedule on a cost model",
+                                   description="Run the compute order on a cost model and report the "
+                                               "makespan, bubble rate, lower bounds and peak memory.")
+    add_input_arguments(parser)
+    add_cost_arguments(parser)
+    parser.add_argument("--width", type=int, default=100, help="columns of the text grid (default 100)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(handler=run)
+
+
+def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cost", metavar="F=1,I=1,W=1,comm=0", help=COST_HELP)
+    parser.add_argument("--memory-limit", type=float, metavar="X",
+                        help="activation memory limit per rank, in M_B (one microbatch on one stage)")
+
+
+def simulate_input(args: argparse.Namespace):
+    """Load what the arguments name and simulate it with their cost and memory overrides."""
+    from pipeforge.sim import simulate
+    from pipeforge.sim.costs import costs_for, memory_for
+
+    schedule = load_input(args)
+    costs = costs_for(schedule, args.cost)
+    memory = memory_for(schedule, getattr(args, "memory_limit", None))
+    return simulate(schedule, costs, memory=memory)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeforge.render.grid import render_text
+
+    timeline = simulate_input(args)
+    if args.json:
+        print_json(timeline.to_json())
+        return 0
+    print(summary(timeline))
+    print()
+    print(render_text(timeline, width=max(args.width, 10)), end="")
+    return 0
+
+
+def summary(timeline) -> str:
+    """The human report: figures of merit beside their bounds."""
+    costs = timeline.to_json()["costs"]
+    cost_text = " ".join(f"{k}={costs[k]:g}" for k in ("F", "I", "W", "B", "comm"))
+    bounds = timeline.bounds
+    lines = [
+        f"schedule {timeline.name}: {timeline.ranks} ranks, {timeline.stages} stages, "
+        f"{timeline.microbatches} microbatches; costs {cost_text}",
+        f"makespan     {timeline.makespan:<10g} lower bound {timeline.lower_bound:g} ({bounds.binding}); "
+        f"gap {100 * timeline.gap:.2f}%",
+        f"bubble rate  {f'{100 * timeline.bubble_rate:.2f}%':<10} lower bound {100 * timeline.bubble_lower_bound:.2f}%; "
+        f"gap {100 * (timeline.bubble_rate - timeline.bubble_lower_bound):.2f} points",
+        "peak memory  " + "  ".join(f"r{r}: {peak:g}" for r, peak in enumerate(timeline.peak_memory))
+        + _limit_text(timeline),
+    ]
+    return "\n".join(lines)
+
+
+def _limit_text(timeline) -> str:
+    limit = timeline.memory.limit
+    if limit is None:
+        return f"  (M_B; weights {timeline.memory.weights:g}, no limit)"
+    verdict = "within" if timeline.within_memory_limit else "OVER"
+    return f"  (M_B; limit {limit:g}: {verdict})"
