@@ -1,1 +1,82 @@
-"""lang"""
+"""The .pipe language: parse (lark), elaborate (parameters, loops) into a Schedule, print back.
+
+    load_file(path, defines={"P": 8}, schedule=None) -> Schedule
+    load_text(text, defines=None, schedule=None, filename="<string>") -> Schedule
+    schedule_names(text_or_path) -> list[str]
+    parameters(path_or_text, schedule=None) -> list[(name, default)]
+    printer.print_schedule(schedule) -> str   (canonical .pipe text of any IR)
+
+The language is described in docs/language.md. A file is parsed and compiled
+once (cached by its text); elaborating it again with other defines is cheap.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pipeforge.errors import UsageError, remember_source
+from pipeforge.ir import Schedule
+from pipeforge.lang.elaborate import CompiledSchedule, compile_file, elaborate, pick
+from pipeforge.lang.parse import parse_text
+
+__all__ = ["load_file", "load_text", "schedule_names", "parameters", "compile_text", "CompiledSchedule"]
+
+
+def load_text(text: str, *, defines: dict[str, int] | None = None, schedule: str | None = None,
+              filename: str = "<string>") -> Schedule:
+    """Elaborate the schedule ``schedule`` (or the only one) of ``text``."""
+    compiled = pick(compile_text(text, filename), schedule, filename)
+    return elaborate(compiled, defines)
+
+
+def load_file(path: str | Path, *, defines: dict[str, int] | None = None, schedule: str | None = None) -> Schedule:
+    """Elaborate a schedule of the .pipe file at ``path``."""
+    return load_text(_read(path), defines=defines, schedule=schedule, filename=str(path))
+
+
+def schedule_names(text_or_path: str | Path) -> list[str]:
+    """The names of the schedules a file (or a text) holds, in order."""
+    text, filename = _text_and_name(text_or_path)
+    return [s.name for s in compile_text(text, filename)]
+
+
+def parameters(path_or_text: str | Path, schedule: str | None = None) -> list[tuple[str, int]]:
+    """The parameters of a schedule and their defaults, in order."""
+    text, filename = _text_and_name(path_or_text)
+    return list(pick(compile_text(text, filename), schedule, filename).params)
+
+
+def compile_text(text: str, filename: str = "<string>") -> tuple[CompiledSchedule, ...]:
+    """Every schedule of ``text``, parsed and compiled (cached: same text, same result)."""
+    remember_source(filename, text)
+    return _compile_cached(text, filename)
+
+
+@lru_cache(maxsize=64)
+def _compile_cached(text: str, filename: str) -> tuple[CompiledSchedule, ...]:
+    try:
+        return compile_file(parse_text(text, filename), filename, text)
+    except RecursionError:
+        from pipeforge.errors import PipeSyntaxError, Span
+
+        raise PipeSyntaxError("the text nests too deeply to compile", Span(filename, 1, 1)) from None
+
+
+def _read(path: str | Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"no such file: {str(path)!r}") from None
+    except IsADirectoryError:
+        raise UsageError(f"{str(path)!r} is a directory, not a .pipe file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"cannot read {str(path)!r}: {error}") from None
+
+
+def _text_and_name(text_or_path: str | Path) -> tuple[str, str]:
+    if isinstance(text_or_path, Path):
+        return _read(text_or_path), str(text_or_path)
+    if "\n" not in text_or_path and "{" not in text_or_path:
+        return _read(text_or_path), text_or_path
+    return text_or_path, "<string>"

@@ -1,0 +1,131 @@
+"""The mutable state of one elaboration: declarations so far, rank programs, limits.
+
+Compiled statements (``statements.py``) are closures ``(Elaboration, env) -> None``
+that read and extend this state. It lives only while one schedule is being
+elaborated; the result is the immutable ``Schedule`` that ``finish`` builds.
+"""
+
+from __future__ import annotations
+
+from pipeforge.errors import SemanticError, Span
+from pipeforge.ir import Action, CostModel, MemorySpec, Placement, Schedule, Step
+from pipeforge.lang.programs import RankProgram
+
+# Bounds that keep a mistyped number from exhausting memory or time.
+MAX_COUNT = 1_000_000
+LOOP_FUEL = 20_000_000
+
+
+class Elaboration:
+    """Everything a schedule's statements have declared and emitted so far."""
+
+    def __init__(self, name: str, file: str, text: str | None, params: tuple[tuple[str, int], ...]) -> None:
+        self.name = name
+        self.file = file
+        self.text = text
+        self.params = params
+        self.ranks: int | None = None
+        self.stages: int | None = None
+        self.microbatches: int | None = None
+        self.placements: tuple[Placement, ...] | None = None
+        self.costs: CostModel | None = None
+        self.memory: MemorySpec | None = None
+        self.declared: dict[str, Span] = {}
+        self.rank_spans: dict[int, Span] = {}
+        self.programs: dict[int, RankProgram] = {}
+        self.program: RankProgram | None = None
+        self.sink: list[Step] | None = None
+        self.chain = 0
+        self.fuel = LOOP_FUEL
+
+    # -- declarations -------------------------------------------------------
+
+    def declare(self, what: str, span: Span) -> None:
+        """Note that ``what`` is declared at ``span``; refuse a second declaration."""
+        first = self.declared.get(what)
+        if first is not None:
+            raise SemanticError(f"{what!r} is declared twice", span, notes=(f"first declared at {first}",))
+        if self.program is not None:
+            raise SemanticError(f"{what!r} cannot be declared inside a rank block", span)
+        self.declared[what] = span
+
+    def require_declared(self, names: tuple[str, ...], span: Span, user: str) -> None:
+        missing = [name for name in names if name not in self.declared]
+        if missing:
+            listed = " and ".join(repr(name) for name in missing)
+            raise SemanticError(f"{user} needs {listed} declared before it", span)
+
+    def parameter_text(self) -> str:
+        return ", ".join(f"{name} = {value}" for name, value in self.params)
+
+    # -- rank programs ------------------------------------------------------
+
+    def open_rank(self, rank: int, span: Span) -> RankProgram:
+        if self.program is not None:
+            raise SemanticError("rank blocks cannot nest: this one is inside the block of rank "
+                                f"{self.program.rank}", span)
+        if not 0 <= rank < self.ranks:
+            raise SemanticError(f"rank {rank} is out of range: this schedule has ranks 0..{self.ranks - 1}", span)
+        first = self.rank_spans.get(rank)
+        if first is not None:
+            raise SemanticError(f"rank {rank} is given twice: a rank's steps must come from one rank block",
+                                span, notes=(f"its first block is at {first}",))
+        self.rank_spans[rank] = span
+        program = self.programs[rank] = RankProgram(rank)
+        self.program, self.sink = program, program.steps
+        return program
+
+    def close_rank(self) -> None:
+        self.program, self.sink = None, None
+
+    def outside_rank(self, what: str, span: Span) -> SemanticError:
+        return SemanticError(f"{what} outside a rank block: actions belong inside 'rank r {{ ... }}'", span)
+
+    def spend(self, iterations: int, span: Span) -> None:
+        self.fuel -= iterations
+        if self.fuel < 0:
+            raise SemanticError(f"this schedule is too large to elaborate (more than {LOOP_FUEL} loop "
+                                "iterations in all)", span)
+
+    # -- checking actions ---------------------------------------------------
+
+    def check_stage(self, stage: int, span: Span) -> int:
+        if 0 <= stage < self.stages:
+            return stage
+        raise SemanticError(f"stage {stage} is out of range: this schedule has stages 0..{self.stages - 1}", span)
+
+    def check_microbatch(self, microbatch: int, span: Span) -> int:
+        if 0 <= microbatch < self.microbatches:
+            return microbatch
+        raise SemanticError(f"microbatch {microbatch} is out of range: this schedule has microbatches "
+                            f"0..{self.microbatches - 1}", span)
+
+    def check_chain(self, chain: int, span: Span) -> int:
+        if 0 <= chain < len(self.placements):
+            return chain
+        chains = len(self.placements)
+        have = "one chain (0)" if chains == 1 else f"chains 0..{chains - 1}"
+        raise SemanticError(f"chain {chain} is out of range: this schedule has {have}; "
+                            "give 'stages N placement A, B' for a second chain", span)
+
+    def check_action(self, action: Action, span: Span) -> None:
+        """Range checks for an action written as a torch token."""
+        self.check_stage(action.stage, span)
+        if action.microbatch is not None:
+            self.check_microbatch(action.microbatch, span)
+        self.check_chain(action.chain, span)
+
+    # -- the result ---------------------------------------------------------
+
+    def finish(self, span: Span) -> Schedule:
+        for what in ("ranks", "stages", "microbatches"):
+            if what not in self.declared:
+                raise SemanticError(f"schedule {self.name!r} never declares {what!r}", span)
+        programs = tuple(
+            tuple(self.programs[rank].steps) if rank in self.programs else () for rank in range(self.ranks)
+        )
+        return Schedule(
+            name=self.name, ranks=self.ranks, stages=self.stages, microbatches=self.microbatches,
+            placements=self.placements, programs=programs, costs=self.costs, memory=self.memory,
+            params=self.params, source=self.text,
+        )

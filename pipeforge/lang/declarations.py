@@ -1,0 +1,197 @@
+"""Schedule-level statements: ranks, stages and placements, microbatches, require, costs, memory.
+
+Each ``build_*`` takes a lark tree and returns a closure ``(Elaboration, env) -> None``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from lark import Tree
+
+from pipeforge.errors import SemanticError, Span
+from pipeforge.ir import CostModel, MemorySpec, Placement
+from pipeforge.lang.context import MAX_COUNT, Elaboration
+from pipeforge.lang.exprs import compile_expr, require_int, require_number, span_of
+
+Exec = Callable[[Elaboration, dict], None]
+PlacementBuilder = Callable[[Elaboration, dict, int], Placement]
+
+
+def positive_count(value: object, span: Span, what: str) -> int:
+    count = require_int(value, span, f"the number of {what}")
+    if count <= 0:
+        raise SemanticError(f"the number of {what} must be positive, got {count}", span)
+    if count > MAX_COUNT:
+        raise SemanticError(f"the number of {what} must be at most {MAX_COUNT}, got {count}", span)
+    return count
+
+
+def build_ranks(tree: Tree, file: str) -> Exec:
+    count = compile_expr(tree.children[0], file)
+    span, count_span = span_of(tree, file), span_of(tree.children[0], file)
+
+    def declare_ranks(ctx: Elaboration, env: dict) -> None:
+        ctx.declare("ranks", span)
+        ctx.ranks = positive_count(count(env), count_span, "ranks")
+
+    return declare_ranks
+
+
+def build_microbatches(tree: Tree, file: str) -> Exec:
+    count = compile_expr(tree.children[0], file)
+    span, count_span = span_of(tree, file), span_of(tree.children[0], file)
+
+    def declare_microbatches(ctx: Elaboration, env: dict) -> None:
+        ctx.declare("microbatches", span)
+        ctx.microbatches = positive_count(count(env), count_span, "microbatches")
+
+    return declare_microbatches
+
+
+def build_stages(tree: Tree, file: str) -> Exec:
+    count = compile_expr(tree.children[0], file)
+    placements = [_build_placement(child, file) for child in tree.children[1:]]
+    span, count_span = span_of(tree, file), span_of(tree.children[0], file)
+
+    def declare_stages(ctx: Elaboration, env: dict) -> None:
+        ctx.declare("stages", span)
+        ctx.require_declared(("ranks",), span, "'stages'")
+        ctx.stages = stages = positive_count(count(env), count_span, "stages")
+        ctx.placements = tuple(build(ctx, env, stages) for build in placements)
+
+    return declare_stages
+
+
+def reverse_placement(stages: int, ranks: int) -> Placement:
+    """Stage s on rank P-1-(s % P): the loop placement mirrored (the second chain of Chimera, DualPipe)."""
+    return Placement(tuple(ranks - 1 - s % ranks for s in range(stages)))
+
+
+def _build_placement(tree: Tree, file: str) -> PlacementBuilder:
+    if tree.data == "place_loop":
+        return lambda ctx, env, stages: Placement.loop(stages, ctx.ranks)
+    if tree.data == "place_v":
+        return lambda ctx, env, stages: Placement.v(stages, ctx.ranks)
+    if tree.data == "place_reverse":
+        return lambda ctx, env, stages: reverse_placement(stages, ctx.ranks)
+    return _build_explicit_placement(tree, file)
+
+
+def _build_explicit_placement(tree: Tree, file: str) -> PlacementBuilder:
+    entries = [
+        (compile_expr(entry.children[0], file), span_of(entry.children[0], file),
+         [(compile_expr(s, file), span_of(s, file)) for s in entry.children[1:] if s is not None])
+        for entry in tree.children if entry is not None
+    ]
+    span = span_of(tree, file)
+
+    def explicit(ctx: Elaboration, env: dict, stages: int) -> Placement:
+        mapping: list[int | None] = [None] * stages
+        for rank_of, rank_span, owned in entries:
+            rank = require_int(rank_of(env), rank_span, "a rank")
+            if not 0 <= rank < ctx.ranks:
+                raise SemanticError(f"the placement names rank {rank}, but this schedule has ranks "
+                                    f"0..{ctx.ranks - 1}", rank_span)
+            for stage_of, stage_span in owned:
+                _assign(mapping, require_int(stage_of(env), stage_span, "a stage"), rank, stage_span)
+        missing = [s for s, r in enumerate(mapping) if r is None]
+        if missing:
+            raise SemanticError(f"the placement gives no rank to stage(s) {', '.join(map(str, missing))}", span)
+        return Placement(tuple(mapping))
+
+    return explicit
+
+
+def _assign(mapping: list[int | None], stage: int, rank: int, span: Span) -> None:
+    if not 0 <= stage < len(mapping):
+        raise SemanticError(f"the placement names stage {stage}, but this schedule has stages "
+                            f"0..{len(mapping) - 1}", span)
+    if mapping[stage] is not None:
+        raise SemanticError(f"the placement gives stage {stage} twice (to rank {mapping[stage]} and rank {rank})",
+                            span)
+    mapping[stage] = rank
+
+
+def build_require(tree: Tree, file: str) -> Exec:
+    condition = compile_expr(tree.children[0], file)
+    message = str(tree.children[1])[1:-1] if tree.children[1] is not None else "requirement not met"
+    span = span_of(tree, file)
+
+    def check_requirement(ctx: Elaboration, env: dict) -> None:
+        if condition(env):
+            return
+        values = f" ({ctx.parameter_text()})" if ctx.params else ""
+        raise SemanticError(f"requirement failed: {message}{values}", span)
+
+    return check_requirement
+
+
+_COST_KEYS = ("F", "I", "W", "B", "comm")
+
+
+def build_costs(tree: Tree, file: str) -> Exec:
+    entries = [_build_cost_entry(entry, file) for entry in tree.children]
+    span = span_of(tree, file)
+
+    def declare_costs(ctx: Elaboration, env: dict) -> None:
+        ctx.declare("costs", span)
+        fields: dict[str, float] = {}
+        per_stage: list[tuple[int, str, float]] = []
+        for entry in entries:
+            entry(ctx, env, fields, per_stage)
+        ctx.costs = CostModel(**fields, per_stage=tuple(per_stage))
+
+    return declare_costs
+
+
+def _build_cost_entry(tree: Tree, file: str):
+    key_tree, index_tree, value_tree = tree.children
+    key = str(key_tree.children[0])
+    key_span = span_of(key_tree, file)
+    if key not in _COST_KEYS:
+        raise SemanticError(f"unknown cost {key!r}: costs are {', '.join(_COST_KEYS)}", key_span)
+    if index_tree is not None and key == "comm":
+        raise SemanticError("'comm' has no per-stage form; per-stage costs are F[s], B[s], I[s], W[s]", key_span)
+    value = compile_expr(value_tree, file)
+    value_span = span_of(value_tree, file)
+    index = compile_expr(index_tree, file) if index_tree is not None else None
+    index_span = span_of(index_tree, file) if index_tree is not None else None
+
+    def set_cost(ctx: Elaboration, env: dict, fields: dict, per_stage: list) -> None:
+        number = require_number(value(env), value_span, f"the cost {key}")
+        if index is None:
+            fields[key] = number
+            return
+        stage = ctx.check_stage(require_int(index(env), index_span, "a stage"), index_span)
+        per_stage.append((stage, key, number))
+
+    return set_cost
+
+
+def build_memory(tree: Tree, file: str) -> Exec:
+    entries = []
+    for entry in tree.children:
+        key = str(entry.children[0])
+        if key not in ("limit", "weights"):
+            raise SemanticError(f"unknown memory setting {key!r}: settings are limit, weights",
+                                span_of(entry.children[0], file))
+        entries.append((key, compile_expr(entry.children[1], file), span_of(entry.children[1], file)))
+    span = span_of(tree, file)
+
+    def declare_memory(ctx: Elaboration, env: dict) -> None:
+        ctx.declare("memory", span)
+        fields = {key: require_number(value(env), value_span, f"the memory {key}")
+                  for key, value, value_span in entries}
+        _check_memory(fields, {key: s for key, _, s in entries})
+        ctx.memory = MemorySpec(**fields)
+
+    return declare_memory
+
+
+def _check_memory(fields: dict[str, float], spans: dict[str, Span]) -> None:
+    if "limit" in fields and not fields["limit"] > 0:
+        raise SemanticError(f"the memory limit must be positive, got {fields['limit']!r}", spans["limit"])
+    if "weights" in fields and not 0.0 <= fields["weights"] <= 1.0:
+        raise SemanticError(f"weights is a fraction of one microbatch's activations: between 0 and 1, "
+                            f"got {fields['weights']!r}", spans["weights"])

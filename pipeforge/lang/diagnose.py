@@ -1,0 +1,240 @@
+"""Friendly syntax errors: what was found, what was expected, and the usual mistake behind it.
+
+Two sources of advice: rules that read the parser's stack at the failure (an
+unclosed '{', a missing ',' inside a call, '=' where '==' was meant), and
+lark's ``match_examples`` for mistakes that leave the parser in a state of its
+own (a float parameter default, ``else if``, a loop without ``in``).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from lark import Token, Tree
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+
+from pipeforge.errors import PipeSyntaxError, Span
+
+_NAMED = {
+    "INT": "an integer", "FLOAT": "a number", "NAME": "a name", "STRING": "a string",
+    "ACTION_TOKEN": "a torch action like 2F0", "$END": "the end of the file",
+}
+_STATEMENT_STARTS = {
+    "RANKS", "STAGES", "MICROBATCHES", "REQUIRE", "COSTS", "MEMORY", "LET", "FOR", "IF", "RANK", "CHAIN",
+    "F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "REDUCE_GRAD", "UNSHARD", "RESHARD",
+    "OVERLAP", "GROUP", "IDLE", "UNDERSCORE", "ACTION_TOKEN", "LPAR", "LSQB",
+}
+_OPERATORS = {"PLUS", "MINUS", "STAR", "PERCENT", "OR", "AND", "LESSTHAN", "MORETHAN"}
+_EXPRESSION_STARTS = {"INT", "FLOAT", "NAME", "MINUS", "LPAR", "MIN", "MAX", "NOT"}
+_CALLERS = {"action_name", "MIN", "MAX"}
+
+_EXAMPLES = {
+    "a parameter default must be an integer literal, like 'P = 4'": [
+        "schedule s(P = 4.5) {}", "schedule s(P = x) {}", "schedule s(P = 2 * 3) {}", "schedule s(P) {}",
+        "schedule s(P = ) {}", "schedule s(P = -x) {}",
+    ],
+    "'else if' is written 'elif'": ["schedule s() { if 1 { } else if 2 { } }"],
+    "a loop is written 'for NAME in A .. B { ... }'": [
+        "schedule s() { for m 0 .. 4 { } }", "schedule s() { for 3 in 0 .. 4 { } }",
+    ],
+    "expected a placement after 'placement': loop, v, reverse, or { rank: [stages], ... }": [
+        "schedule s() { stages 4 placement }", "schedule s() { stages 4 placement 3 }",
+        "schedule s() { stages 4 placement x }",
+    ],
+    "'let' binds a name with '=': let NAME = EXPR": [
+        "schedule s() { let x == 3 }", "schedule s() { let x 3 }", "schedule s() { let 3 = 4 }",
+    ],
+    "'require' takes a condition, then ',' and a message in double quotes": [
+        "schedule s() { require 1, x }", "schedule s() { require 1, 'x' }", "schedule s() { require 1, }",
+    ],
+    "a schedule is written 'schedule NAME(PARAM = DEFAULT, ...) { ... }'": [
+        "schedule { }", "schedule s { }", "schedule s() ranks 4", "x", "schedule 3() {}",
+    ],
+}
+
+
+def bad_character(error: UnexpectedCharacters, text: str, file: str) -> PipeSyntaxError:
+    char = text[error.pos_in_stream] if error.pos_in_stream < len(text) else ""
+    span = Span(file, error.line, error.column, error.line, error.column + 1)
+    if char == '"':
+        return PipeSyntaxError("unterminated string: a string must end with '\"' on the same line", span)
+    if char == "'":
+        return PipeSyntaxError("strings are written in double quotes: \"...\"", span)
+    if char == "/":
+        return PipeSyntaxError("'/' is not an operator here: integer division is '//'", span)
+    if char == "=" and text[error.pos_in_stream:error.pos_in_stream + 2] == "==":
+        return PipeSyntaxError("unexpected '=='", span)
+    expected = _expected_text(set(error.allowed or ()))
+    return PipeSyntaxError(f"unexpected character {char!r}" + (f": expected {expected}" if expected else ""), span)
+
+
+def unexpected_token(error: UnexpectedToken, text: str, file: str) -> PipeSyntaxError:
+    token = error.token
+    span = _token_span(token, file)
+    stack = _stack(error)
+    for rule in (_unclosed_brace, _assignment_in_condition, _missing_comma, _range_syntax, _stages_placement):
+        diagnosis = rule(error, stack, file)
+        if diagnosis is not None:
+            return diagnosis
+    advice = _matching_example(error)
+    found = _describe(token)
+    if advice is not None:
+        return PipeSyntaxError(f"unexpected {found}: {advice}", span)
+    return PipeSyntaxError(f"unexpected {found}: expected {_expected_text(set(error.expected))}", span,
+                           notes=_statement_note(error, token))
+
+
+def _statement_note(error: UnexpectedToken, token: Token) -> tuple[str, ...]:
+    if token.type == "NAME" and "LET" in error.expected:
+        return (f"to bind a name write 'let {token} = ...'; actions are F(s, m), B, I, W or torch tokens like 0F0",)
+    return ()
+
+
+def _token_span(token: Token, file: str) -> Span:
+    line = token.line if isinstance(getattr(token, "line", None), int) else 1
+    col = token.column if isinstance(getattr(token, "column", None), int) else 1
+    end_col = getattr(token, "end_column", None)
+    if token.type == "$END" or not isinstance(end_col, int) or getattr(token, "end_line", line) != line:
+        end_col = col + max(len(str(token)), 1)
+    return Span(file, line, col, line, end_col)
+
+
+def _stack(error: UnexpectedToken) -> list:
+    parser = getattr(error, "interactive_parser", None)
+    if parser is None:
+        return []
+    return list(parser.parser_state.value_stack)
+
+
+def _symbol(item: object) -> str:
+    if isinstance(item, Token):
+        return item.type
+    if isinstance(item, Tree):
+        return item.data
+    return ""
+
+
+def _unclosed_brace(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
+    if "RBRACE" not in error.expected or error.token.type not in ("$END", "SCHEDULE"):
+        return None
+    braces = [item for item in stack if isinstance(item, Token) and item.type == "LBRACE"]
+    if not braces:
+        return None
+    brace = braces[-1]
+    where = "the end of the file" if error.token.type == "$END" else f"'schedule' at line {error.token.line}"
+    return PipeSyntaxError(f"this '{{' is never closed: expected '}}' before {where}",
+                           Span(file, brace.line, brace.column, brace.line, brace.column + 1))
+
+
+def _assignment_in_condition(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
+    if error.token.type != "EQUAL":
+        return None
+    starts = {_symbol(item) for item in stack[-4:]}
+    if starts & {"REQUIRE", "IF", "ELIF"} or _term("==") in error.expected or _after_expression(stack):
+        return PipeSyntaxError("'=' is not a comparison: write '==' to compare (a name is bound with 'let')",
+                               _token_span(error.token, file))
+    return None
+
+
+def _after_expression(stack: list) -> bool:
+    symbols = [_symbol(item) for item in stack]
+    return any(s in ("REQUIRE", "IF", "ELIF", "RANK", "FOR") for s in symbols[-3:])
+
+
+def _missing_comma(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
+    if error.token.type not in _EXPRESSION_STARTS - {"MINUS"} or "COMMA" not in error.expected:
+        return None
+    opener = _innermost_open(stack)
+    if opener is None:
+        return None
+    what = {"call": "arguments", "list": "stages", "params": "parameters"}[opener]
+    return PipeSyntaxError(f"missing ',' between {what}: unexpected {_describe(error.token)}",
+                           _token_span(error.token, file))
+
+
+def _innermost_open(stack: list) -> str | None:
+    """What the innermost unclosed bracket of the stack opens: a call, a stage list, or parameters."""
+    symbols = [_symbol(item) for item in stack]
+    for index in range(len(symbols) - 1, -1, -1):
+        symbol = symbols[index]
+        if symbol == "LSQB":
+            return "list" if "COLON" in symbols[:index] else None
+        if symbol != "LPAR":
+            continue
+        before = symbols[index - 1] if index else ""
+        if before in _CALLERS or (before in ("int_", "name") and index >= 2 and symbols[index - 2] == "AT"):
+            return "call"
+        if before == "NAME" and index >= 2 and symbols[index - 2] == "SCHEDULE":
+            return "params"
+        return None
+    return None
+
+
+def _range_syntax(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
+    if _term("..") not in error.expected:
+        return None
+    found = _describe(error.token)
+    return PipeSyntaxError(f"unexpected {found}: a range is written 'A .. B' (from A up to, not including, B)",
+                           _token_span(error.token, file))
+
+
+def _stages_placement(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
+    if "PLACEMENT" not in error.expected:
+        return None
+    return PipeSyntaxError(f"unexpected {_describe(error.token)}: 'stages N' needs a placement: "
+                           "'stages N placement loop' (or v, reverse, { rank: [stages], ... })",
+                           _token_span(error.token, file))
+
+
+def _matching_example(error: UnexpectedToken) -> str | None:
+    from pipeforge.lang.parse import parser
+
+    try:
+        return error.match_examples(parser().parse, _EXAMPLES, use_accepts=False)
+    except (UnexpectedInput, AssertionError):
+        return None
+
+
+@cache
+def _terminal_texts() -> dict[str, str]:
+    from pipeforge.lang.parse import parser
+
+    texts = dict(_NAMED)
+    for terminal in parser().terminals:
+        if terminal.name not in texts and terminal.pattern.type == "str":
+            texts[terminal.name] = repr(terminal.pattern.value)
+    return texts
+
+
+def _term(value: str) -> str:
+    """The lark name of the anonymous terminal spelled ``value`` (such as '..')."""
+    for name, text in _terminal_texts().items():
+        if text == repr(value):
+            return name
+    return value
+
+
+def _describe(token: Token) -> str:
+    if token.type == "$END":
+        return "end of file"
+    if token.type in _NAMED:
+        return f"{_NAMED[token.type]} {str(token)!r}"
+    return _terminal_texts().get(token.type, repr(str(token)))
+
+
+def _expected_text(names: set[str]) -> str:
+    texts = _terminal_texts()
+    parts: list[str] = []
+    if len(names & _STATEMENT_STARTS) >= 8:
+        names = names - _STATEMENT_STARTS
+        parts.append("a statement")
+    if {"INT", "NAME"} <= names:
+        names = names - _EXPRESSION_STARTS
+        parts.append("an expression")
+    if len(names & _OPERATORS) >= 4:
+        names = names - _OPERATORS - {_term(op) for op in ("==", "!=", "<=", ">=", "//")}
+        parts.append("an operator")
+    parts.extend(sorted(texts.get(name, name) for name in names))
+    if len(parts) > 1:
+        return ", ".join(parts[:-1]) + " or " + parts[-1]
+    return parts[0] if parts else "something else"

@@ -1,0 +1,51 @@
+"""The lark parser of .pipe files, and its errors turned into PipeSyntaxError.
+
+The grammar (``grammar/pipe.lark``) is loaded once: LALR with the contextual
+lexer and ``propagate_positions`` so every tree knows its span. Lark's
+exceptions stop here: ``parse_text`` raises only ``PipeSyntaxError``, whose
+message says what was expected, with friendly wording for common mistakes
+(see ``diagnose.py``).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from lark import Lark, Tree
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+
+from pipeforge.errors import PipeSyntaxError, Span
+from pipeforge.resources import grammar_file
+
+
+@cache
+def parser() -> Lark:
+    return Lark(
+        grammar_file().read_text(encoding="utf-8"),
+        parser="lalr",
+        lexer="contextual",
+        propagate_positions=True,
+        maybe_placeholders=True,
+        cache=False,
+    )
+
+
+def parse_text(text: str, file: str) -> Tree:
+    """The syntax tree of ``text``; a PipeSyntaxError with a span when it is not in the language."""
+    try:
+        return parser().parse(text)
+    except UnexpectedInput as error:
+        raise to_syntax_error(error, text, file) from None
+    except RecursionError:
+        raise PipeSyntaxError("the text nests too deeply to parse", Span(file, 1, 1)) from None
+
+
+def to_syntax_error(error: UnexpectedInput, text: str, file: str) -> PipeSyntaxError:
+    from pipeforge.lang import diagnose
+
+    if isinstance(error, UnexpectedCharacters):
+        return diagnose.bad_character(error, text, file)
+    if isinstance(error, UnexpectedToken):
+        return diagnose.unexpected_token(error, text, file)
+    line, col = getattr(error, "line", 1), getattr(error, "column", 1)
+    return PipeSyntaxError("unexpected end of file", Span(file, line if line != "?" else 1, col if col != "?" else 1))

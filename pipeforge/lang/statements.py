@@ -1,0 +1,286 @@
+"""Statements compiled into closures ``(Elaboration, env) -> None``.
+
+Control flow (let, for, if, rank and chain blocks) and everything that emits a
+step (action calls, overlap and group blocks, idle, torch tokens). Each step
+carries the span of the call or token that produced it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from lark import Token, Tree
+
+from pipeforge.errors import PipeSyntaxError, SemanticError, Span
+from pipeforge.ir import Action, ActionKind, Step, parse_action
+from pipeforge.lang import declarations
+from pipeforge.lang.context import Elaboration
+from pipeforge.lang.exprs import compile_expr, require_int, span_of
+
+Exec = Callable[[Elaboration, dict], None]
+
+
+def compile_body(tree: Tree, file: str) -> Exec:
+    """One closure running the statements of a ``{ ... }`` body in order."""
+    statements = tuple(compile_statement(child, file) for child in tree.children)
+    if len(statements) == 1:
+        return statements[0]
+
+    def run_body(ctx: Elaboration, env: dict) -> None:
+        for statement in statements:
+            statement(ctx, env)
+
+    return run_body
+
+
+def compile_statement(tree: Tree, file: str) -> Exec:
+    return _BUILDERS[tree.data](tree, file)
+
+
+def _let(tree: Tree, file: str) -> Exec:
+    name = str(tree.children[0])
+    value = compile_expr(tree.children[1], file)
+
+    def bind(ctx: Elaboration, env: dict) -> None:
+        env[name] = value(env)
+
+    return bind
+
+
+def _for(tree: Tree, file: str) -> Exec:
+    name_token, start_tree, stop_tree, step_tree, body_tree = tree.children
+    name = str(name_token)
+    start, stop = compile_expr(start_tree, file), compile_expr(stop_tree, file)
+    step = compile_expr(step_tree, file) if step_tree is not None else None
+    spans = [span_of(t, file) for t in (start_tree, stop_tree, step_tree or tree)]
+    body = compile_body(body_tree, file)
+    span = span_of(tree, file)
+
+    def loop(ctx: Elaboration, env: dict) -> None:
+        first = require_int(start(env), spans[0], "the start of a range")
+        last = require_int(stop(env), spans[1], "the end of a range")
+        stride = 1 if step is None else require_int(step(env), spans[2], "the step of a range")
+        if stride == 0:
+            raise SemanticError("the step of a range must not be 0", spans[2])
+        values = range(first, last, stride)
+        ctx.spend(len(values), span)
+        for value in values:
+            scope = dict(env)
+            scope[name] = value
+            body(ctx, scope)
+
+    return loop
+
+
+def _if(tree: Tree, file: str) -> Exec:
+    children = tree.children
+    branches = [(compile_expr(children[0], file), compile_body(children[1], file))]
+    for clause in children[2:-1]:
+        branches.append((compile_expr(clause.children[0], file), compile_body(clause.children[1], file)))
+    otherwise = compile_body(children[-1], file) if children[-1] is not None else None
+
+    def choose(ctx: Elaboration, env: dict) -> None:
+        for condition, body in branches:
+            if condition(env):
+                body(ctx, dict(env))
+                return
+        if otherwise is not None:
+            otherwise(ctx, dict(env))
+
+    return choose
+
+
+def _rank_block(tree: Tree, file: str) -> Exec:
+    target, body_tree = tree.children
+    body = compile_body(body_tree, file)
+    span = span_of(tree, file)
+    header = Span(file, span.line, span.col, target.meta.end_line, target.meta.end_column)
+    binder = str(target.children[0]) if target.data == "name" else None
+    rank_of = compile_expr(target, file)
+    rank_span = span_of(target, file)
+
+    def run_rank(ctx: Elaboration, env: dict, rank: int) -> None:
+        ctx.open_rank(rank, header)
+        scope = dict(env)
+        if binder is not None:
+            scope[binder] = rank
+        body(ctx, scope)
+        ctx.close_rank()
+
+    def rank_block(ctx: Elaboration, env: dict) -> None:
+        ctx.require_declared(("ranks", "stages", "microbatches"), header, "a rank block")
+        if binder is not None and binder not in env:
+            ctx.spend(ctx.ranks, span)
+            for rank in range(ctx.ranks):
+                run_rank(ctx, env, rank)
+            return
+        run_rank(ctx, env, require_int(rank_of(env), rank_span, "a rank"))
+
+    return rank_block
+
+
+def _chain_block(tree: Tree, file: str) -> Exec:
+    chain_of = compile_expr(tree.children[0], file)
+    chain_span = span_of(tree.children[0], file)
+    body = compile_body(tree.children[1], file)
+
+    def on_chain(ctx: Elaboration, env: dict) -> None:
+        ctx.require_declared(("stages",), chain_span, "a chain block")
+        outer = ctx.chain
+        ctx.chain = ctx.check_chain(require_int(chain_of(env), chain_span, "a chain"), chain_span)
+        body(ctx, dict(env))
+        ctx.chain = outer
+
+    return on_chain
+
+
+def _idle(tree: Tree, file: str) -> Exec:
+    step = Step((), False, span_of(tree, file))
+
+    def emit_idle(ctx: Elaboration, env: dict) -> None:
+        if ctx.sink is None:
+            raise ctx.outside_rank("an idle slot", step.span)
+        ctx.sink.append(step)
+
+    return emit_idle
+
+
+def _tokens(tree: Tree, file: str) -> Exec:
+    """A torch token step: ``2F0``, ``(0F7;7B3)`` or ``[0SEND_F1 0RECV_B0]``, checked once."""
+    actions = tuple(_token_action(token, file) for token in tree.children)
+    spans = tuple(span_of(token, file) for token in tree.children)
+    span = span_of(tree, file)
+    try:
+        step = Step(actions, tree.data == "token_overlap", span)
+    except ValueError as error:
+        raise PipeSyntaxError(str(error), span) from None
+    compute = tuple(a for a in actions if a.is_compute)
+
+    def emit_tokens(ctx: Elaboration, env: dict) -> None:
+        if ctx.sink is None:
+            raise ctx.outside_rank(f"the step {step}", span)
+        for action, action_span in zip(actions, spans):
+            ctx.check_action(action, action_span)
+        for action in compute:
+            ctx.program.record(action)
+        ctx.sink.append(step)
+
+    return emit_tokens
+
+
+def _token_action(token: Token, file: str) -> Action:
+    try:
+        return parse_action(str(token))
+    except ValueError as error:
+        raise PipeSyntaxError(str(error), span_of(token, file)) from None
+
+
+def _collect(kind: str, accepts: Callable[[Step], bool], shape: str) -> Callable[[Tree, str], Exec]:
+    """``overlap { ... }`` or ``group { ... }``: the body's steps fused into one step."""
+
+    def build(tree: Tree, file: str) -> Exec:
+        body = compile_body(tree.children[0], file)
+        span = span_of(tree, file)
+        header = Span(file, span.line, span.col, span.line, span.col + len(kind))
+
+        def fuse(ctx: Elaboration, env: dict) -> None:
+            if ctx.sink is None:
+                raise ctx.outside_rank(f"an {kind} block", header)
+            outer, ctx.sink = ctx.sink, []
+            body(ctx, dict(env))
+            inner, ctx.sink = ctx.sink, outer
+            ctx.sink.append(_fused(kind, inner, accepts, shape, header, span))
+
+        return fuse
+
+    return build
+
+
+def _fused(kind: str, steps: list[Step], accepts, shape: str, header: Span, span: Span) -> Step:
+    if not steps:
+        raise SemanticError(f"this {kind} block holds no action", header)
+    for step in steps:
+        if not accepts(step):
+            raise SemanticError(f"{step} cannot be part of an {kind} block: it holds {shape}", step.span or header)
+    actions = tuple(action for step in steps for action in step.actions)
+    return Step(actions, kind == "overlap", span)
+
+
+_COMPUTE_ARITY = "F(stage) or F(stage, microbatch)"
+
+
+def _action_call(tree: Tree, file: str) -> Exec:
+    name_tree, chain_tree, *arg_trees = tree.children
+    kind = ActionKind(str(name_tree.children[0]))
+    args = [arg for arg in arg_trees if arg is not None]
+    span = span_of(tree, file)
+    _check_arity(kind, len(args), span)
+    stage_of, stage_span = compile_expr(args[0], file), span_of(args[0], file)
+    microbatch_of = compile_expr(args[1], file) if len(args) > 1 else None
+    microbatch_span = span_of(args[1], file) if len(args) > 1 else span
+    chain_of = compile_expr(chain_tree, file) if chain_tree is not None else None
+    chain_span = span_of(chain_tree, file) if chain_tree is not None else span
+    takes_microbatch = kind.has_microbatch
+    is_compute = kind.is_compute
+
+    def emit_action(ctx: Elaboration, env: dict) -> None:
+        program = ctx.program
+        if program is None:
+            raise ctx.outside_rank(f"{kind.value}(...)", span)
+        stage = ctx.check_stage(require_int(stage_of(env), stage_span, "a stage"), stage_span)
+        chain = ctx.chain if chain_of is None else ctx.check_chain(
+            require_int(chain_of(env), chain_span, "a chain"), chain_span)
+        microbatch = None
+        if microbatch_of is not None:
+            microbatch = ctx.check_microbatch(require_int(microbatch_of(env), microbatch_span, "a microbatch"),
+                                              microbatch_span)
+        elif takes_microbatch:
+            microbatch = program.implicit_microbatch(kind, stage, chain, ctx.microbatches, span)
+        action = Action(stage, kind, microbatch, chain)
+        if is_compute:
+            program.record(action)
+        ctx.sink.append(Step((action,), False, span))
+
+    return emit_action
+
+
+def _check_arity(kind: ActionKind, count: int, span: Span) -> None:
+    if kind.is_compute:
+        expected, usage = (1, 2), f"{kind.value}(stage) or {kind.value}(stage, microbatch)"
+    elif kind.has_microbatch:
+        expected, usage = (2,), f"{kind.value}(stage, microbatch)"
+    else:
+        expected, usage = (1,), f"{kind.value}(stage)"
+    if count not in expected:
+        raise SemanticError(f"{kind.value} takes {' or '.join(map(str, expected))} argument(s), got {count}: "
+                            f"write {usage}", span)
+
+
+def _is_compute_step(step: Step) -> bool:
+    return step.is_compute
+
+
+def _is_comm_step(step: Step) -> bool:
+    return step.is_group
+
+
+_BUILDERS: dict[str, Callable[[Tree, str], Exec]] = {
+    "ranks_decl": declarations.build_ranks,
+    "stages_decl": declarations.build_stages,
+    "microbatches_decl": declarations.build_microbatches,
+    "require": declarations.build_require,
+    "costs": declarations.build_costs,
+    "memory": declarations.build_memory,
+    "let": _let,
+    "for_loop": _for,
+    "if_chain": _if,
+    "rank_block": _rank_block,
+    "chain_block": _chain_block,
+    "action_call": _action_call,
+    "overlap": _collect("overlap", _is_compute_step, "no compute action"),
+    "group": _collect("group", _is_comm_step, "no communication action"),
+    "idle": _idle,
+    "token_single": _tokens,
+    "token_overlap": _tokens,
+    "token_group": _tokens,
+}
