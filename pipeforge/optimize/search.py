@@ -1,0 +1,265 @@
+"""``optimize``: run the strategies, keep the best order, verify it, report before and after.
+
+Strategies (``strategy=``):
+
+- ``greedy``: the Zero Bubble automatic scheduler (``greedy.py``), best of its
+  eight knob settings; needs one stage a rank in loop placement;
+- ``local``: local search (``local.py``) from the input's own order;
+- ``exact``: z3 (``exact.py``) from the best of the input and the greedy order,
+  within the time limit, with a proven bound;
+- ``auto``: greedy where it applies, local search from the best order so far,
+  then exact search when the instance is small (at most ``EXACT_AUTO_ACTIONS``).
+
+Whatever runs, the result is never worse than the input: if no order beats
+the input's worst span (then total span, then makespan) within the memory
+limit, the input is returned unchanged. A new order is verified by
+``pipeforge.verify`` (memory limit included) before it is returned; if it does
+not verify, ``VerificationError`` is raised and nothing is returned.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pipeforge.errors import UsageError, VerificationError
+from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule
+from pipeforge.optimize.bounds import bubble_of_span, span_lower_bound
+from pipeforge.optimize.evaluate import (
+    Evaluation, Graph, Order, Problem, compute_actions, evaluate, is_complete, schedule_of,
+)
+
+STRATEGIES = ("auto", "greedy", "local", "exact")
+EXACT_AUTO_ACTIONS = 48
+Progress = Callable[[float, str], None]
+
+
+@dataclass(frozen=True)
+class Metrics:
+    bubble_rate: float
+    makespan: float
+    peak_memory: tuple[float, ...]
+    max_span: float
+
+    def to_json(self) -> dict:
+        return {"bubble_rate": self.bubble_rate, "makespan": self.makespan,
+                "peak_memory": list(self.peak_memory), "max_span": self.max_span}
+
+
+@dataclass(frozen=True)
+class OptimizeResult:
+    """The optimized schedule (compute only), the figures before and after, the bound and the gap.
+
+    ``bound`` is a proven lower bound on the bubble rate of any order of the
+    same work; ``gap`` is ``(after span - bound span) / after span`` on the
+    worst span (0 means proven optimal).
+    """
+
+    schedule: Schedule
+    before: Metrics
+    after: Metrics
+    bound: float
+    span_bound: float
+    gap: float
+    optimal: bool
+    improved: bool
+    found_by: str
+    strategy: str
+    seconds: float
+
+    def to_json(self) -> dict:
+        return {
+            "schedule": self.schedule.name, "strategy": self.strategy, "found_by": self.found_by,
+            "improved": self.improved, "optimal": self.optimal,
+            "before": self.before.to_json(), "after": self.after.to_json(),
+            "bound": {"bubble_rate": self.bound, "max_span": self.span_bound},
+            "gap": self.gap, "seconds": self.seconds,
+        }
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    graph: Graph
+    order: Order
+    evaluation: Evaluation
+    found_by: str
+
+
+def metrics_of(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> Metrics:
+    """The figures ``pipeforge.sim`` reports for ``schedule``."""
+    from pipeforge.sim import simulate
+
+    timeline = simulate(schedule, costs, memory=memory)
+    spans = [s.span for s in timeline.rank_stats]
+    return Metrics(timeline.bubble_rate, timeline.makespan, timeline.peak_memory, max(spans, default=0.0))
+
+
+def split_actions(actions: list[Action]) -> list[Action]:
+    """The same work with every B split into I and W (the Zero Bubble split)."""
+    out: list[Action] = []
+    for a in actions:
+        if a.kind is ActionKind.B:
+            out += [Action(a.stage, ActionKind.I, a.microbatch, a.chain), Action(a.stage, ActionKind.W, a.microbatch, a.chain)]
+        else:
+            out.append(a)
+    return out
+
+
+def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit: float | None = None,
+             strategy: str = "auto", time_limit: float = 10.0, progress: Progress | None = None) -> OptimizeResult:
+    """A schedule at least as good as ``schedule`` under ``costs`` and ``memory_limit`` (see the module doc)."""
+    if strategy not in STRATEGIES:
+        raise UsageError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
+    if time_limit <= 0:
+        raise UsageError(f"the time limit must be positive, got {time_limit!r}")
+    started = time.monotonic()
+    deadline = started + time_limit
+    compute = schedule.compute_only()
+    problem = Problem.of(compute, costs, memory_limit)
+    memory = MemorySpec(problem.memory_limit, problem.weights)
+    before = metrics_of(compute, problem.costs, memory)
+    source = _input_candidate(problem, compute)
+    split = Graph(problem, split_actions(compute_actions(compute)))
+    run = _Run(problem, split, deadline, progress)
+    best, exact_bound = run.strategies(strategy, source)
+    span_bound = max(span_lower_bound(split), exact_bound)
+    input_offered = source is not None and source.evaluation.fits(problem.memory_limit)
+    return _result(schedule, compute, problem, memory, before, best, input_offered, span_bound, strategy, started)
+
+
+class _Run:
+    """One optimization: the candidates found so far and the time left."""
+
+    def __init__(self, problem: Problem, split: Graph, deadline: float, progress: Progress | None):
+        self.problem, self.split, self.deadline, self.progress = problem, split, deadline, progress
+        self.best: _Candidate | None = None
+
+    def left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+    def tell(self, fraction: float, message: str) -> None:
+        if self.progress is not None:
+            self.progress(fraction, message)
+
+    def offer(self, candidate: _Candidate | None) -> None:
+        if candidate is None or not candidate.evaluation.fits(self.problem.memory_limit):
+            return
+        if self.best is None or candidate.evaluation.key() < self.best.evaluation.key():
+            self.best = candidate
+
+    def strategies(self, strategy: str, source: _Candidate | None) -> tuple[_Candidate | None, float]:
+        self.offer(source)
+        if strategy in ("auto", "greedy", "exact"):
+            self.greedy(required=strategy == "greedy")
+        if strategy in ("auto", "local"):
+            start = source if strategy == "local" else self.best
+            self.local(start, self.left() if strategy == "local" else self.left() / 2)
+        small = len(self.split.actions) <= EXACT_AUTO_ACTIONS
+        if strategy == "exact" or (strategy == "auto" and small):
+            return self.best, self.exact()
+        return self.best, 0.0
+
+    def greedy(self, required: bool) -> None:
+        from pipeforge.optimize.greedy import supports, zero_bubble_orders
+
+        if not supports(self.problem):
+            if required:
+                raise UsageError("the greedy (Zero Bubble) strategy needs one stage a rank in loop placement "
+                                 "and a memory limit of at least 1; try --strategy local")
+            return
+        self.tell(0.0, "greedy: the Zero Bubble scheduler's eight settings")
+        for knobs, per_rank in zero_bubble_orders(self.problem):
+            order = tuple(self.split.ids(actions) for actions in per_rank)
+            evaluation = evaluate(self.split, order)
+            if evaluation is not None:
+                self.offer(_Candidate(self.split, order, evaluation, "greedy"))
+
+    def local(self, start: _Candidate | None, seconds: float) -> None:
+        from pipeforge.optimize.local import local_search
+
+        if start is None or seconds <= 0:
+            return
+        self.tell(0.1, "local search")
+        found = local_search(start.graph, start.order, time_limit=seconds, progress=self.progress)
+        self.offer(_Candidate(start.graph, found.order, found.evaluation, "local"))
+
+    def exact(self) -> float:
+        """Run z3 from the best order so far on the split work; returns its proven span bound."""
+        from pipeforge.optimize.exact import solve_exact
+
+        incumbent = self.best if self.best is not None and self.best.graph is self.split else None
+        if incumbent is None or self.left() <= 0:
+            return 0.0
+        self.tell(0.5, "exact search (z3)")
+        small = len(self.split.actions) <= EXACT_AUTO_ACTIONS
+        found = solve_exact(self.split, incumbent.order, span_lower_bound(self.split),
+                            time_limit=self.left(), asap=small)
+        evaluation = evaluate(self.split, found.order)
+        self.offer(_Candidate(self.split, found.order, evaluation, "exact"))
+        return found.lower_bound
+
+
+def _input_candidate(problem: Problem, compute: Schedule) -> _Candidate | None:
+    """The input as a candidate (None if it has overlap steps, which an order cannot express)."""
+    if any(step.overlap or len(step.actions) != 1 for _, _, step in compute.steps()):
+        return None
+    graph = Graph(problem, compute_actions(compute))
+    order = graph.order_of(compute)
+    evaluation = evaluate(graph, order)
+    return None if evaluation is None else _Candidate(graph, order, evaluation, "input")
+
+
+def _result(schedule: Schedule, compute: Schedule, problem: Problem, memory: MemorySpec, before: Metrics,
+            best: _Candidate | None, input_offered: bool, span_bound: float, strategy: str,
+            started: float) -> OptimizeResult:
+    within = problem.memory_limit is None or max(before.peak_memory, default=0.0) <= problem.memory_limit + 1e-9
+    if best is None or not _beats_input(best, before, within, input_offered):
+        if not within:
+            raise VerificationError(f"no order of {schedule.name!r} within the memory limit "
+                                    f"{problem.memory_limit:g} was found (the input holds {max(before.peak_memory):g})")
+        result, after, found_by = schedule, before, "input"
+    else:
+        result = schedule_of(compute, best.graph, best.order, name=schedule.name)
+        _verify(result, problem.memory_limit, best)
+        after, found_by = metrics_of(result, problem.costs, memory), best.found_by
+    span_bound = min(span_bound, after.max_span)
+    gap = (after.max_span - span_bound) / after.max_span if after.max_span > 0 else 0.0
+    bound = bubble_of_span(Graph(problem, split_actions(compute_actions(compute))), span_bound)
+    return OptimizeResult(result, before, after, bound, span_bound, gap, gap <= 1e-6, result is not schedule,
+                          found_by, strategy, time.monotonic() - started)
+
+
+def _beats_input(best: _Candidate, before: Metrics, within: bool, input_offered: bool) -> bool:
+    """Strictly better than the input: offer() replaced the input's own candidate only for a
+    strictly smaller key; an input an order cannot express (overlap steps) is beaten on worst span."""
+    if best.found_by == "input":
+        return False
+    if input_offered or not within:
+        return True
+    return best.evaluation.max_span < before.max_span - 1e-9
+
+
+def _verify(result: Schedule, memory_limit: float | None, candidate: _Candidate) -> None:
+    """Refuse to return an order that is incomplete, stuck or over the memory limit.
+
+    Two independent checks: the optimizer's own (every action once on its rank,
+    the ASAP run finishes, the program-order memory fits) and ``pipeforge.verify``
+    (the z3 model) where that module is installed.
+    """
+    graph, order = candidate.graph, candidate.order
+    evaluation = evaluate(graph, order)
+    if not is_complete(graph, order) or evaluation is None or not evaluation.fits(memory_limit):
+        raise VerificationError(f"the optimized order of {result.name!r} is incomplete, stuck or over the memory limit")
+    try:
+        from pipeforge.verify import verify
+    except ImportError:
+        return
+    report = verify(result, memory_limit=memory_limit)
+    if not report.valid:
+        first = report.violations[0] if report.violations else None
+        detail = f": {first.message}" if first is not None else ""
+        raise VerificationError(f"the optimized schedule does not verify{detail}", report)
+
+
+__all__ = ["Metrics", "OptimizeResult", "STRATEGIES", "optimize"]
