@@ -1,0 +1,195 @@
+"""The check behind ``pipeforge run``: a generated pipeline against the same model unpipelined.
+
+Every rank builds the whole float64 model from one seed, keeps the stages it
+runs for the pipeline, and also runs the unpipelined model (all stages in one
+process, microbatch after microbatch, gradients accumulated and divided by the
+microbatch count, as torch's ``schedule.step`` defines them). After each of
+``steps`` SGD steps it compares losses, merged outputs and every parameter's
+gradient of its stages, then the parameters after the steps, and an eval pass.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeforge.runtime import models
+from pipeforge.runtime.microbatch import merge_chunks, split_value
+
+RELATIVE_TOLERANCE = 1e-5
+
+
+@dataclass(frozen=True)
+class CheckJob:
+    module_path: str
+    model: str = "mlp"
+    steps: int = 2
+    rows_per_microbatch: int = 2
+    scale_grads: bool = True
+    eval: bool = True
+    timeout: float = 30.0
+    seed: int = 0
+    learning_rate: float = 0.1
+
+
+@dataclass
+class Differences:
+    """The largest absolute and relative differences seen, and where."""
+
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    worst: str = ""
+    compared: int = 0
+    missing: list[str] = field(default_factory=list)
+
+    def add(self, what: str, got: Any, want: Any) -> None:
+        if got is None or want is None:
+            if got is not want:
+                self.missing.append(what)
+            return
+        for index, (g, w) in enumerate(zip(_tensors(got), _tensors(want))):
+            self._add_tensor(f"{what}[{index}]" if index else what, g, w)
+
+    def _add_tensor(self, what: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        self.compared += 1
+        if got.shape != want.shape:
+            self.missing.append(f"{what}: shape {list(got.shape)} != {list(want.shape)}")
+            return
+        diff = (got.detach().double().cpu() - want.detach().double().cpu()).abs().max().item() if got.numel() else 0.0
+        scale = max(want.detach().abs().max().item() if want.numel() else 0.0, 1e-12)
+        if diff > self.max_abs:
+            self.max_abs, self.worst = diff, what
+        self.max_rel = max(self.max_rel, diff / scale)
+
+    @property
+    def match(self) -> bool:
+        return not self.missing and self.max_rel <= RELATIVE_TOLERANCE
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return [t for item in value for t in _tensors(item)]
+
+
+def load_module(path: str):
+    """Import a generated module from its file (a unique name per path)."""
+    name = f"pipeforge_generated_{abs(hash(str(Path(path).resolve())))}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_rank(rank: int, nproc: int, job: CheckJob, group=None) -> dict:
+    """Run ``job`` on this rank; returns the differences it saw (JSON-ready)."""
+    generated = load_module(job.module_path)
+    info = generated.SCHEDULE
+    full = models.build_stages(job.model, info.stages, job.seed)
+    held = sorted({stage for stage, _ in info.held(rank)})
+    mine = {stage: copy.deepcopy(full[stage]) for stage in held}
+    pipe = generated.make_pipeline(mine, loss_fn=models.loss_fn, group=group, scale_grads=job.scale_grads,
+                                   timeout=job.timeout)
+    reference = Reference(full, info.microbatches, job.scale_grads)
+    optimizer = torch.optim.SGD([p for m in mine.values() for p in m.parameters()], lr=job.learning_rate)
+    diffs = Differences()
+    for step in range(job.steps):
+        x, y = models.make_batch(info.stages, info.microbatches * job.rows_per_microbatch, job.seed + step)
+        losses: list = []
+        out = pipe.step(*((x,) if pipe.holds_first else ()), target=y if pipe.holds_last else None, losses=losses)
+        want_losses, want_out = reference.step(x, y)
+        _compare_results(diffs, f"step {step}", pipe, losses, out, want_losses, want_out)
+        for stage, module in mine.items():
+            _compare_grads(diffs, f"step {step} stage {stage}", module, reference.stages[stage])
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        reference.sgd(job.learning_rate)
+    for stage, module in mine.items():
+        for (name, got), want in zip(module.named_parameters(), reference.stages[stage].parameters()):
+            diffs.add(f"parameter {name} of stage {stage} after {job.steps} steps", got, want)
+    if job.eval:
+        x, y = models.make_batch(info.stages, info.microbatches * job.rows_per_microbatch, job.seed + 1000)
+        losses = []
+        out = pipe.eval(*((x,) if pipe.holds_first else ()), target=y if pipe.holds_last else None, losses=losses)
+        want_losses, want_out = reference.eval(x, y)
+        _compare_results(diffs, "eval", pipe, losses, out, want_losses, want_out)
+    return {"rank": rank, "max_abs_diff": diffs.max_abs, "max_rel_diff": diffs.max_rel, "worst": diffs.worst,
+            "compared": diffs.compared, "missing": diffs.missing[:5], "match": diffs.match}
+
+
+def _compare_results(diffs: Differences, what: str, pipe, losses: list, out: Any, want_losses, want_out) -> None:
+    if not pipe.holds_last:
+        return
+    done = [mb for mb, loss in enumerate(losses) if loss is not None]
+    if not done:
+        diffs.missing.append(f"{what}: no losses on the rank holding the last stage")
+    for mb in done:
+        diffs.add(f"{what} loss of microbatch {mb}", losses[mb], want_losses[mb])
+    diffs.add(f"{what} outputs", out, merge_chunks([want_out[mb] for mb in done]))
+
+
+def _compare_grads(diffs: Differences, what: str, module: torch.nn.Module, want: torch.nn.Module) -> None:
+    for (name, got), expected in zip(module.named_parameters(), want.parameters()):
+        diffs.add(f"{what} grad of {name}", got.grad, expected.grad)
+
+
+class Reference:
+    """The unpipelined model: microbatches in order, gradients accumulated, then scaled."""
+
+    def __init__(self, stages: list[torch.nn.Module], microbatches: int, scale_grads: bool):
+        self.stages = [copy.deepcopy(s) for s in stages]
+        self.microbatches = microbatches
+        self.scale_grads = scale_grads
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list, list]:
+        losses, outputs = [], []
+        for xm, ym in zip(split_value(x, self.microbatches), split_value(y, self.microbatches)):
+            out = models.run_stages(self.stages, xm)
+            loss = models.loss_fn(out, ym)
+            loss.backward()
+            losses.append(loss.detach())
+            outputs.append(out.detach())
+        if self.scale_grads:
+            for p in self.parameters():
+                if p.grad is not None:
+                    p.grad.div_(self.microbatches)
+        return losses, outputs
+
+    def eval(self, x: torch.Tensor, y: torch.Tensor) -> tuple[list, list]:
+        with torch.no_grad():
+            outs = [models.run_stages(self.stages, xm) for xm in split_value(x, self.microbatches)]
+            losses = [models.loss_fn(o, ym) for o, ym in zip(outs, split_value(y, self.microbatches))]
+        return losses, outs
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [p for s in self.stages for p in s.parameters()]
+
+    def sgd(self, learning_rate: float) -> None:
+        optimizer = torch.optim.SGD(self.parameters(), lr=learning_rate)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def check_jobs(rank: int, nproc: int, jobs: list[CheckJob]) -> list[dict]:
+    """Several jobs on one process group (a worker for ``launch.spawn``)."""
+    return [check_rank(rank, nproc, job) for job in jobs]
+
+
+def summarize(reports: list[dict]) -> dict:
+    """One verdict from every rank's report."""
+    return {
+        "match": all(r["match"] for r in reports),
+        "max_abs_diff": max((r["max_abs_diff"] for r in reports), default=0.0),
+        "max_rel_diff": max((r["max_rel_diff"] for r in reports), default=0.0),
+        "worst": max(reports, key=lambda r: r["max_abs_diff"])["worst"] if reports else "",
+        "missing": [m for r in reports for m in r["missing"]][:5],
+    }

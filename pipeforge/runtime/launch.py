@@ -1,0 +1,119 @@
+"""Run a function on N local processes joined in one gloo group on 127.0.0.1.
+
+``spawn(worker, nproc, payload, timeout=...)`` starts the processes (the
+``spawn`` start method), initializes ``torch.distributed`` in each with a TCP
+store on a free port of 127.0.0.1 and the given timeout, calls
+``worker(rank, nproc, payload)``, and returns every rank's ``Outcome``. A rank
+that does not report within the deadline is killed (only the processes started
+here, by their handles) and reported as timed out: nothing hangs.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+LOCALHOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    rank: int
+    ok: bool
+    value: Any = None
+    error: str = ""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOCALHOST, 0))
+        return sock.getsockname()[1]
+
+
+def init_group(rank: int, nproc: int, port: int, backend: str, timeout: float) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, init_method=f"tcp://{LOCALHOST}:{port}", rank=rank, world_size=nproc,
+                            timeout=timedelta(seconds=timeout))
+
+
+def _child(rank: int, nproc: int, port: int, backend: str, timeout: float, worker: Callable, payload: Any,
+           results) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        init_group(rank, nproc, port, backend, timeout)
+        if backend == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        value = worker(rank, nproc, payload)
+        results.put(Outcome(rank, True, value))
+    except BaseException as error:  # noqa: BLE001 (reported to the parent, which decides)
+        results.put(Outcome(rank, False, error=_describe(error)))
+        results.close()
+        results.join_thread()
+        os._exit(1)  # peers may be gone: skip destroy_process_group, which could wait for them
+    _shutdown()
+
+
+def _shutdown() -> None:
+    import torch.distributed as dist
+
+    try:
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 (a peer already gone: nothing left to tidy)
+        pass
+
+
+def _describe(error: BaseException) -> str:
+    from pipeforge.runtime.p2p import PipelineError
+
+    if isinstance(error, PipelineError):
+        return f"PipelineError: {error}"
+    return "".join(traceback.format_exception(error)).strip()
+
+
+def spawn(worker: Callable[[int, int, Any], Any], nproc: int, payload: Any = None, *, timeout: float = 60.0,
+          backend: str = "gloo", deadline: float | None = None) -> list[Outcome]:
+    """Run ``worker`` on ``nproc`` local ranks; ``deadline`` (seconds) bounds the whole run."""
+    import torch.multiprocessing as mp
+
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    port = free_port()
+    processes = [
+        context.Process(target=_child, args=(rank, nproc, port, backend, timeout, worker, payload, results), daemon=True)
+        for rank in range(nproc)
+    ]
+    for process in processes:
+        process.start()
+    outcomes = _collect(results, processes, time.monotonic() + (deadline or timeout * 2 + 30))
+    for process in processes:
+        process.join(timeout=5)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    return [outcomes.get(r, Outcome(r, False, error="did not report before the deadline")) for r in range(nproc)]
+
+
+def _collect(results, processes: list, deadline: float) -> dict[int, Outcome]:
+    outcomes: dict[int, Outcome] = {}
+    while len(outcomes) < len(processes) and time.monotonic() < deadline:
+        try:
+            outcome = results.get(timeout=0.2)
+            outcomes[outcome.rank] = outcome
+        except queue.Empty:
+            if all(not p.is_alive() for p in processes) and results.empty():
+                break
+    for rank, process in enumerate(processes):
+        if rank not in outcomes and process.exitcode not in (None, 0):
+            outcomes[rank] = Outcome(rank, False, error=f"process exited with code {process.exitcode}")
+    return outcomes

@@ -1,0 +1,146 @@
+"""Point-to-point transport between the ranks of one pipeline group.
+
+A communication group of the schedule is posted as one ``batch_isend_irecv``
+and waited where its data is used. Waits carry a timeout, and every failure
+(a dead peer, a timeout, a tensor of another shape) becomes a ``PipelineError``
+that names the rank, the schedule's communication and the peers involved.
+
+Activation shapes travel once: the first time a forward activation crosses a
+pair of ranks, a small int64 header (count, then dtype code, ndim and dims of
+each tensor) goes first, in a batch with the same peers as the data; afterwards
+both sides use the cached shapes and buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+DTYPES = (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16,
+    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+)
+HEADER_LENGTH = 64
+
+
+class PipelineError(RuntimeError):
+    """A pipeline could not run: a peer died or timed out, or shapes or modules do not fit."""
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @staticmethod
+    def of(tensor: torch.Tensor) -> TensorMeta:
+        return TensorMeta(tuple(tensor.shape), tensor.dtype)
+
+    def empty(self, device: torch.device) -> torch.Tensor:
+        return torch.empty(self.shape, dtype=self.dtype, device=device)
+
+
+def encode_header(metas: Sequence[TensorMeta], device: torch.device) -> torch.Tensor:
+    """The shapes and dtypes of an activation as a fixed-length int64 tensor."""
+    words = [len(metas)]
+    for meta in metas:
+        if meta.dtype not in DTYPES:
+            raise PipelineError(f"activations of dtype {meta.dtype} cannot be sent (supported: {DTYPES})")
+        words += [DTYPES.index(meta.dtype), len(meta.shape), *meta.shape]
+    if len(words) > HEADER_LENGTH:
+        raise PipelineError(f"an activation of {len(metas)} tensors is too large to describe in {HEADER_LENGTH} words")
+    words += [0] * (HEADER_LENGTH - len(words))
+    return torch.tensor(words, dtype=torch.int64, device=device)
+
+
+def decode_header(header: torch.Tensor) -> tuple[TensorMeta, ...]:
+    words = header.tolist()
+    count, position, metas = words[0], 1, []
+    for _ in range(count):
+        dtype, ndim = DTYPES[words[position]], words[position + 1]
+        shape = tuple(words[position + 2: position + 2 + ndim])
+        metas.append(TensorMeta(shape, dtype))
+        position += 2 + ndim
+    return tuple(metas)
+
+
+def empty_header(device: torch.device) -> torch.Tensor:
+    return torch.zeros(HEADER_LENGTH, dtype=torch.int64, device=device)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One tensor to send to, or receive from, a peer (a group rank)."""
+
+    send: bool
+    tensor: torch.Tensor
+    peer: int
+
+
+class Posted:
+    """The works of one posted batch; ``wait`` once, where the data is needed."""
+
+    def __init__(self, works: list, transfers: list[Transfer], label: str, rank: int, timeout: timedelta | None):
+        self._works = works
+        self._transfers = transfers  # keeps the tensors alive until the batch completes
+        self.label = label
+        self._rank = rank
+        self._timeout = timeout
+        self.done = False
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        try:
+            for work in self._works:
+                if self._timeout is None:
+                    work.wait()
+                else:
+                    work.wait(self._timeout)
+        except Exception as error:  # noqa: BLE001 (torch raises plain RuntimeError/DistBackendError)
+            raise self._failure(error) from error
+        self.done = True
+        self._works, self._transfers = [], []
+
+    def _failure(self, error: Exception) -> PipelineError:
+        peers = sorted({t.peer for t in self._transfers})
+        limit = f" within {self._timeout.total_seconds():g} s" if self._timeout else ""
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return PipelineError(
+            f"rank {self._rank}: {self.label} with rank(s) {', '.join(map(str, peers))} did not complete{limit}: "
+            f"{first_line}. A peer rank may have died or hung, or sent a tensor of another shape."
+        )
+
+
+class Transport:
+    """Posts batches of transfers on one process group (ranks are group ranks)."""
+
+    def __init__(self, group, rank: int, timeout: timedelta | None, device: torch.device):
+        self.group = group
+        self.rank = rank
+        self.timeout = timeout
+        self.device = device
+
+    def global_rank(self, peer: int) -> int:
+        if self.group is None:
+            return peer
+        return dist.get_global_rank(self.group, peer)
+
+    def post(self, transfers: list[Transfer], label: str) -> Posted:
+        ops = [
+            dist.P2POp(dist.isend if t.send else dist.irecv, t.tensor, self.global_rank(t.peer), self.group)
+            for t in transfers
+        ]
+        try:
+            works = dist.batch_isend_irecv(ops) if ops else []
+        except Exception as error:  # noqa: BLE001
+            raise PipelineError(f"rank {self.rank}: posting {label} failed: {error}") from error
+        return Posted(list(works), transfers, label, self.rank, self.timeout)
+
+    def exchange(self, transfers: list[Transfer], label: str) -> None:
+        """Post and wait at once (headers, gradient sums across chains)."""
+        self.post(transfers, label).wait()

@@ -1,0 +1,167 @@
+"""One stage replica on one rank: forward, full backward, and backward split into I and W.
+
+Each stage's autograd graph is its own: the activation a stage receives (from a
+peer or from the previous stage on the same rank) is detached into a leaf, so
+backward stops at the stage boundary and hands the input gradient on.
+
+- ``B`` (full backward) runs one ``torch.autograd.backward`` that accumulates
+  the parameters' ``.grad`` and yields the input gradient.
+- ``I`` computes only the input gradient (``torch.autograd.grad`` with respect to
+  the inputs, keeping the graph); parameters are untouched.
+- ``W`` computes the parameters' gradients from the kept graph and the same
+  output gradients (``torch.autograd.grad`` with respect to the parameters) and
+  accumulates them into ``.grad``; the graph is released.
+
+W walks the stage's graph again rather than reusing the intermediate gradients
+I computed (torch's ``stage_backward_weight`` keeps those); it costs extra
+compute on W, never correctness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from pipeforge.runtime.microbatch import as_tuple
+from pipeforge.runtime.p2p import PipelineError
+
+
+@dataclass
+class MicrobatchState:
+    """What a stage keeps for one microbatch between its forward and its backward."""
+
+    inputs: tuple[Any, ...]
+    output: Any
+    roots: tuple[torch.Tensor, ...] = ()
+    root_grads: tuple[torch.Tensor | None, ...] = ()
+    input_done: bool = False
+
+
+@dataclass
+class StageRunner:
+    module: torch.nn.Module
+    stage: int
+    chain: int
+    is_first: bool
+    is_last: bool
+    loss_fn: Callable | None = None
+    states: dict[int, MicrobatchState] = field(default_factory=dict)
+    losses: dict[int, torch.Tensor] = field(default_factory=dict)
+    outputs: dict[int, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"stage {self.stage}" + (f" (chain {self.chain})" if self.chain else "")
+
+    def forward(self, mb: int, args: tuple[Any, ...], target: Any, training: bool) -> Any:
+        if not self.is_first:
+            args = tuple(_as_leaf(a, training) for a in args)
+        with torch.set_grad_enabled(training):
+            output = self.module(*args)
+            loss = self._loss(output, target) if self.is_last else None
+        if self.is_last:
+            self.outputs[mb] = _detached(output)
+            if loss is not None:
+                self.losses[mb] = loss.detach()
+        if training:
+            roots = (loss,) if self.is_last else tuple(t for t in as_tuple(output) if _has_graph(t))
+            self.states[mb] = MicrobatchState(args, output, roots)
+        return output
+
+    def _loss(self, output: Any, target: Any) -> torch.Tensor | None:
+        if self.loss_fn is None:
+            return None
+        loss = self.loss_fn(output, target)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise PipelineError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}")
+        return loss
+
+    def output_metas(self, mb: int) -> tuple[torch.Tensor, ...]:
+        """The output tensors of microbatch ``mb`` whose gradients a later stage sends back."""
+        return tuple(t for t in as_tuple(self.states[mb].output) if _is_float(t))
+
+    def _set_output_grads(self, mb: int, grads: tuple[torch.Tensor | None, ...] | None) -> MicrobatchState:
+        state = self._state(mb)
+        if self.is_last:
+            state.root_grads = (None,)  # the scalar loss: gradient one
+            return state
+        floats = [t for t in as_tuple(state.output) if _is_float(t)]
+        by_id = {id(t): g for t, g in zip(floats, grads or ())}
+        # an output no later stage used gets a zero gradient
+        state.root_grads = tuple(
+            by_id[id(t)] if by_id.get(id(t)) is not None else torch.zeros_like(t) for t in state.roots
+        )
+        return state
+
+    def backward(self, mb: int, grads: tuple | None) -> tuple[torch.Tensor | None, ...]:
+        """Full backward (B): parameters' grads accumulated, input grads returned."""
+        state = self._set_output_grads(mb, grads)
+        del self.states[mb]
+        if state.roots:
+            torch.autograd.backward(state.roots, state.root_grads)
+        return tuple(a.grad if _is_float(a) and not self.is_first else None for a in state.inputs)
+
+    def backward_input(self, mb: int, grads: tuple | None) -> tuple[torch.Tensor | None, ...]:
+        """Backward for inputs (I): parameters untouched, graph kept for W."""
+        state = self._set_output_grads(mb, grads)
+        state.input_done = True
+        wanted = [a for a in state.inputs if isinstance(a, torch.Tensor) and a.requires_grad]
+        if self.is_first or not wanted or not state.roots:
+            return tuple(None for _ in state.inputs)
+        found = torch.autograd.grad(state.roots, wanted, state.root_grads,
+                                    retain_graph=True, allow_unused=True)
+        by_id = {id(a): g for a, g in zip(wanted, found)}
+        return tuple(by_id.get(id(a)) for a in state.inputs)
+
+    def backward_weight(self, mb: int) -> None:
+        """Backward for weights (W): accumulate the parameters' grads of microbatch ``mb``."""
+        state = self._state(mb)
+        if not state.input_done:
+            raise PipelineError(f"{self.name}: W of microbatch {mb} before its I")
+        del self.states[mb]
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        if not params or not state.roots:
+            return
+        found = torch.autograd.grad(state.roots, params, state.root_grads, allow_unused=True)
+        for param, grad in zip(params, found):
+            if grad is None:
+                continue
+            if param.grad is None:
+                param.grad = grad
+            else:
+                param.grad += grad
+
+    def _state(self, mb: int) -> MicrobatchState:
+        state = self.states.get(mb)
+        if state is None:
+            raise PipelineError(f"{self.name}: backward of microbatch {mb} without its forward")
+        return state
+
+    def reset(self) -> None:
+        self.states.clear()
+        self.losses.clear()
+        self.outputs.clear()
+
+
+def _is_float(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_floating_point()
+
+
+def _has_graph(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.requires_grad
+
+
+def _as_leaf(value: Any, training: bool) -> Any:
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.detach().requires_grad_(training and value.is_floating_point())
+
+
+def _detached(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_detached(v) for v in value)
+    return value
