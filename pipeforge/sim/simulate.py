@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import NamedTuple
 
@@ -115,10 +115,16 @@ class Timeline:
 
     @cached_property
     def bounds(self):
-        """Lower bounds (pipeforge.sim.bounds.Bounds), computed on first use."""
+        """Lower bounds (pipeforge.sim.bounds.Bounds), computed on first use.
+
+        The memory bound is left out when this schedule itself breaks the limit.
+        """
         from pipeforge.sim.bounds import compute_bounds
 
-        return compute_bounds(self.schedule, self.costs, self.memory, busy=[s.busy for s in self.rank_stats])
+        memory = self.memory
+        if self.within_memory_limit is False:  # the memory bound speaks only of orders within the limit
+            memory = replace(memory, limit=None)
+        return compute_bounds(self.schedule, self.costs, memory, busy=[s.busy for s in self.rank_stats])
 
     @property
     def makespan(self) -> float:

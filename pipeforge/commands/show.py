@@ -1,0 +1,70 @@
+"""``pipeforge show PATH -o OUT``: the simulated timeline as a picture, a grid, or a trace.
+
+The output's suffix picks the form: ``.svg``, ``.png`` (needs the ``png`` extra),
+``.html`` (self-contained, with tooltips), ``.txt`` (the terminal grid) or
+``.json`` (a Chrome/Perfetto trace). Files are written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipeforge.commands.simulate import add_cost_arguments, simulate_input
+from pipeforge.commands.common import add_input_arguments
+from pipeforge.errors import UsageError
+
+SUFFIXES = (".svg", ".png", ".html", ".txt", ".json")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("show", help="draw a schedule's simulated timeline",
+                                   description="Simulate a schedule and draw its timeline as SVG, PNG, "
+                                               "HTML, a text grid, or a Chrome trace (.json).")
+    add_input_arguments(parser)
+    add_cost_arguments(parser)
+    parser.add_argument("-o", "--output", required=True, metavar="OUT",
+                        help="OUT.svg, OUT.png, OUT.html, OUT.txt or OUT.json (Chrome trace)")
+    parser.add_argument("--title", help="the picture's title (default: name, bubble rate, makespan, memory)")
+    parser.add_argument("--width", type=int, default=None,
+                        help="time-axis width: pixels for pictures (default 1000), columns for .txt (default 100)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    suffix = Path(args.output).suffix.lower()
+    if suffix not in SUFFIXES:
+        raise UsageError(f"-o {args.output!r}: the output must end in {', '.join(SUFFIXES)}, "
+                         f"not {suffix or 'nothing'!r}")
+    timeline = simulate_input(args)
+    write_picture(timeline, args.output, suffix, title=args.title, width=args.width)
+    return 0
+
+
+def write_picture(timeline, path: str, suffix: str, *, title: str | None = None, width: int | None = None) -> None:
+    from pipeforge.render.files import write_atomically
+
+    if suffix == ".png":
+        from pipeforge.render.png import render_png
+
+        render_png(timeline, path, title=title)
+    elif suffix == ".json":
+        from pipeforge.interop.trace import write_trace
+
+        write_trace(timeline, path)
+    else:
+        write_atomically(path, _text_picture(timeline, suffix, title, width))
+
+
+def _text_picture(timeline, suffix: str, title: str | None, width: int | None) -> str:
+    if suffix == ".txt":
+        from pipeforge.render.grid import render_text
+
+        return render_text(timeline, width=width or 100)
+    if suffix == ".html":
+        from pipeforge.render.html import render_html
+
+        return render_html(timeline, title=title)
+    from pipeforge.render.svg import render_svg
+
+    return render_svg(timeline, title=title, width=float(width or 1000))

@@ -1,0 +1,169 @@
+"""A Timeline as an SVG picture in the style of the pipeline papers' figures.
+
+One row per rank, time left to right; one box per action coloured by kind
+(F blue, B green, I teal, W purple; the second chain of a bidirectional
+schedule in deeper shades), the microbatch number inside where it fits, gaps
+(communication and bubbles) left as the pale row background. A time axis runs
+under the rows; the title carries the schedule's name, bubble rate, makespan
+and peak memory; a legend names the kinds present.
+
+Each action's ``<rect>`` has ``class="action KIND"``, ``data-*`` attributes
+(action, rank, start, end, duration) and a ``<title>`` tooltip; the HTML
+renderer builds on these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from xml.sax.saxutils import escape, quoteattr
+
+from pipeforge.render.grid import nice_step
+from pipeforge.sim.simulate import Timeline
+
+# (fill, text colour) by (kind, chain): chain 0 light as in the papers, chain 1 deeper.
+PALETTE = {
+    ("F", 0): ("#a8c8f0", "#10243f"), ("F", 1): ("#3f6fb5", "#ffffff"),
+    ("B", 0): ("#9edbb0", "#0f3319"), ("B", 1): ("#2f8f55", "#ffffff"),
+    ("I", 0): ("#8fd3d0", "#0c3533"), ("I", 1): ("#23857f", "#ffffff"),
+    ("W", 0): ("#cdb4ea", "#2a1545"), ("W", 1): ("#7a52b0", "#ffffff"),
+}
+KIND_NAMES = {"F": "forward", "B": "backward", "I": "backward (inputs)", "W": "backward (weights)"}
+FONT = "font-family=\"Helvetica, Arial, sans-serif\""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Pixel geometry: where time 0 is, how wide a unit of time is, row heights."""
+
+    left: float = 64.0
+    top: float = 58.0
+    row_height: float = 26.0
+    row_gap: float = 4.0
+    plot_width: float = 1000.0
+    makespan: float = 1.0
+
+    @property
+    def scale(self) -> float:
+        return self.plot_width / self.makespan if self.makespan > 0 else 1.0
+
+    def x(self, time: float) -> float:
+        return self.left + time * self.scale
+
+    def y(self, rank: int) -> float:
+        return self.top + rank * (self.row_height + self.row_gap)
+
+    def bottom(self, ranks: int) -> float:
+        return self.y(ranks) - self.row_gap
+
+
+def render_svg(timeline: Timeline, title: str | None = None, *, width: float = 1000.0) -> str:
+    """The picture as SVG text; ``width`` is the width of the time area in pixels."""
+    layout = Layout(plot_width=max(width, 100.0), makespan=max(timeline.makespan, 1e-9))
+    total_width = layout.left + layout.plot_width + 24
+    total_height = layout.bottom(timeline.ranks) + 46
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_width:.0f}" height="{total_height:.0f}" '
+        f'viewBox="0 0 {total_width:.0f} {total_height:.0f}" {FONT} font-size="11">',
+        f'<rect class="background" x="0" y="0" width="{total_width:.0f}" height="{total_height:.0f}" fill="#ffffff"/>',
+        _title(timeline, title, layout),
+        _legend(timeline, layout),
+        *_rows(timeline, layout),
+        *_actions(timeline, layout),
+        _axis(timeline, layout),
+        "</svg>",
+    ]
+    return "\n".join(part for part in parts if part) + "\n"
+
+
+def default_title(timeline: Timeline) -> str:
+    peak = max(timeline.peak_memory, default=0.0)
+    return (f"{timeline.name}: bubble rate {100 * timeline.bubble_rate:.1f}%, "
+            f"makespan {timeline.makespan:g}, peak memory {peak:g} M_B")
+
+
+def _title(timeline: Timeline, title: str | None, layout: Layout) -> str:
+    text = title if title is not None else default_title(timeline)
+    return (f'<text class="title" x="{layout.left:.1f}" y="22" font-size="14" font-weight="bold" '
+            f'fill="#222222">{escape(text)}</text>')
+
+
+def _legend(timeline: Timeline, layout: Layout) -> str:
+    present = sorted({(a.kind.value, a.chain) for e in timeline.events for a in e.actions},
+                     key=lambda kc: ("FBIW".index(kc[0]), kc[1]))
+    items, x = [], layout.left
+    for kind, chain in present:
+        fill, _ = PALETTE[kind, min(chain, 1)]
+        label = f"{kind} {KIND_NAMES[kind]}" + (f" (chain {chain})" if timeline_has_chains(timeline) else "")
+        items.append(f'<rect class="legend" x="{x:.1f}" y="33" width="12" height="12" fill="{fill}" '
+                     f'stroke="#555555" stroke-width="0.5"/>')
+        items.append(f'<text class="legend" x="{x + 16:.1f}" y="43.5" fill="#333333">{escape(label)}</text>')
+        x += 16 + 6.0 * len(label) + 14
+    return "\n".join(items)
+
+
+def timeline_has_chains(timeline: Timeline) -> bool:
+    return any(a.chain for e in timeline.events for a in e.actions)
+
+
+def _rows(timeline: Timeline, layout: Layout) -> list[str]:
+    rows = []
+    for rank in range(timeline.ranks):
+        y = layout.y(rank)
+        rows.append(f'<rect class="row" x="{layout.left:.1f}" y="{y:.1f}" width="{layout.plot_width:.1f}" '
+                    f'height="{layout.row_height:.1f}" fill="#f2f2f2"/>')
+        rows.append(f'<text class="rank" x="{layout.left - 8:.1f}" y="{y + layout.row_height / 2 + 4:.1f}" '
+                    f'text-anchor="end" fill="#333333">rank {rank}</text>')
+    return rows
+
+
+def _actions(timeline: Timeline, layout: Layout) -> list[str]:
+    out = []
+    for event in timeline.events:
+        for action, start, end in event.action_spans():
+            out.append(_action_box(action, event.rank, start, end, layout))
+        if len(event.actions) > 1:
+            out.append(_overlap_outline(event, layout))
+    return out
+
+
+def _action_box(action, rank: int, start: float, end: float, layout: Layout) -> str:
+    kind = action.kind.value
+    fill, ink = PALETTE[kind, min(action.chain, 1)]
+    x, y = layout.x(start), layout.y(rank)
+    w = max((end - start) * layout.scale, 0.5)
+    tip = f"{action} on rank {rank}: {start:g} to {end:g} ({end - start:g})"
+    rect = (f'<rect class="action {kind}" x="{x:.2f}" y="{y:.1f}" width="{w:.2f}" height="{layout.row_height:.1f}" '
+            f'fill="{fill}" stroke="#ffffff" stroke-width="1" data-action={quoteattr(str(action))} '
+            f'data-rank="{rank}" data-start="{start:g}" data-end="{end:g}" data-duration="{end - start:g}">'
+            f'<title>{escape(tip)}</title></rect>')
+    label = str(action.microbatch)
+    if w < 6.5 * len(label) + 3:
+        return rect
+    text = (f'<text class="label" x="{x + w / 2:.2f}" y="{y + layout.row_height / 2 + 4:.1f}" '
+            f'text-anchor="middle" fill="{ink}" pointer-events="none">{escape(label)}</text>')
+    return rect + text
+
+
+def _overlap_outline(event, layout: Layout) -> str:
+    x, y = layout.x(event.start), layout.y(event.rank)
+    w = (event.end - event.start) * layout.scale
+    return (f'<rect class="overlap" x="{x:.2f}" y="{y + 1:.1f}" width="{w:.2f}" height="{layout.row_height - 2:.1f}" '
+            f'fill="none" stroke="#333333" stroke-width="1.2" stroke-dasharray="3 2" pointer-events="none"/>')
+
+
+def _axis(timeline: Timeline, layout: Layout) -> str:
+    base = layout.bottom(timeline.ranks) + 6
+    parts = [f'<line class="axis" x1="{layout.left:.1f}" y1="{base:.1f}" x2="{layout.x(layout.makespan):.1f}" '
+             f'y2="{base:.1f}" stroke="#555555" stroke-width="1"/>']
+    step = nice_step(layout.makespan, ticks=max(2, int(layout.plot_width // 70)))
+    tick = 0.0
+    while tick <= layout.makespan + 1e-9:
+        x = layout.x(tick)
+        parts.append(f'<line class="tick" x1="{x:.1f}" y1="{base:.1f}" x2="{x:.1f}" y2="{base + 4:.1f}" '
+                     f'stroke="#555555" stroke-width="1"/>')
+        parts.append(f'<text class="tick" x="{x:.1f}" y="{base + 16:.1f}" text-anchor="middle" '
+                     f'fill="#444444">{tick:g}</text>')
+        tick += step
+    parts.append(f'<text class="axis-label" x="{layout.x(layout.makespan):.1f}" y="{base + 32:.1f}" '
+                 f'text-anchor="end" fill="#444444">time (cost units)</text>')
+    return "\n".join(parts)
