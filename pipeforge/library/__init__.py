@@ -1,0 +1,96 @@
+"""The built-in schedules: one parametric ``.pipe`` file each, named by its file.
+
+``gpipe.pipe`` is the library schedule ``gpipe``. The first line of every file
+is a comment with its one-line description; its parameters and their defaults
+are those of its ``schedule NAME(P = 4, ...)`` header.
+
+    names()                          -> ['1f1b', 'chimera', ...]
+    describe('1f1b')                 -> ('One forward, ...', [('P', 4), ('M', 8)])
+    load_library_schedule('1f1b', {'P': 8})
+    source_with_defaults('1f1b', {'P': 8})   # the file, with P = 8 as its default
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+from pipeforge.errors import UsageError
+from pipeforge.ir import Schedule
+from pipeforge.resources import library_dir
+
+SUFFIX = ".pipe"
+
+
+def names() -> list[str]:
+    """Every library schedule, sorted."""
+    return sorted(file.name[: -len(SUFFIX)] for file in library_dir().glob(f"*{SUFFIX}"))
+
+
+def path(name: str) -> Path:
+    """The ``.pipe`` file of library schedule ``name``; a UsageError listing the names if there is none."""
+    if name not in names():
+        raise UsageError(f"no library schedule {name!r}; the library holds: {', '.join(names())}")
+    return library_dir() / f"{name}{SUFFIX}"
+
+
+def source(name: str) -> str:
+    return path(name).read_text(encoding="utf-8")
+
+
+def describe(name: str) -> tuple[str, list[tuple[str, int]]]:
+    """The one-line description and the parameters with their defaults."""
+    text = source(name)
+    return description_of(text), [(param, default) for param, default, _ in _parameters(name, text)]
+
+
+def description_of(text: str) -> str:
+    first = text.splitlines()[0] if text else ""
+    return first.lstrip("#").strip() if first.startswith("#") else ""
+
+
+def load_library_schedule(name: str, defines: dict[str, int] | None = None) -> Schedule:
+    """Library schedule ``name`` elaborated with ``defines`` over its defaults."""
+    from pipeforge import loads
+
+    return loads(source(name), defines=defines or {}, filename=str(path(name)))
+
+
+def source_with_defaults(name: str, defines: dict[str, int] | None = None) -> str:
+    """The schedule's source with ``defines`` written in as its new defaults.
+
+    The result elaborates, with no defines, to what ``load_library_schedule(name,
+    defines)`` gives; defines the schedule refuses (an unknown name, a failing
+    ``require``) raise the same errors as they would there.
+    """
+    defines = defines or {}
+    load_library_schedule(name, defines)  # refuse what the schedule refuses, with its own message
+    text = source(name)
+    edits = sorted(((start, end, str(defines[param])) for param, _, (start, end) in _parameters(name, text)
+                    if param in defines), reverse=True)
+    for start, end, value in edits:
+        text = text[:start] + value + text[end:]
+    return text
+
+
+def _parameters(name: str, text: str) -> tuple[tuple[str, int, tuple[int, int]], ...]:
+    """(parameter, default, (start, end) offsets of the default in ``text``) of the file's schedule."""
+    return _header_parameters(str(path(name)), text)
+
+
+@cache
+def _header_parameters(file: str, text: str) -> tuple[tuple[str, int, tuple[int, int]], ...]:
+    from pipeforge.lang.parse import parse_text
+
+    schedules = parse_text(text, file).children
+    if len(schedules) != 1:
+        raise UsageError(f"{file}: a library file holds exactly one schedule, found {len(schedules)}")
+    _, *params, _ = schedules[0].children
+    return tuple(_parameter(param) for param in params if param is not None)
+
+
+def _parameter(param) -> tuple[str, int, tuple[int, int]]:
+    name, literal = param.children
+    value = int(literal.children[0])
+    value = -value if literal.data == "negative_int" else value
+    return str(name), value, (literal.meta.start_pos, literal.meta.end_pos)
