@@ -1,0 +1,126 @@
+"""``pipeforge optimize``: a better compute order, verified, written as plain .pipe text."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pipeforge.commands.common import add_input_arguments, load_input, print_json
+from pipeforge.errors import UsageError
+
+COST_HELP = "override costs field by field: F=1,I=1,W=1,B=2,comm=0 (B defaults to I+W)"
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "optimize", help="reorder a schedule's compute to cut bubbles",
+        description="Search for a compute order with a smaller bubble rate under a cost model and a "
+                    "memory limit; verify it and write it as a plain .pipe file.")
+    add_input_arguments(parser)
+    parser.add_argument("--cost", metavar="F=1,I=1,W=1,comm=0", help=COST_HELP)
+    parser.add_argument("--memory-limit", type=float, metavar="X",
+                        help="activation memory limit per rank, in M_B (one microbatch on one stage)")
+    parser.add_argument("--strategy", choices=("auto", "greedy", "local", "exact"), default="auto",
+                        help="auto (default): greedy, then local search, then exact search when small")
+    parser.add_argument("--time-limit", type=float, default=10.0, metavar="S",
+                        help="seconds for the search (default 10)")
+    parser.add_argument("-o", "--output", required=True, metavar="OUT.pipe", help="where to write the result")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(handler=run)
+
+
+class ProgressLine:
+    """Progress on stderr once a search has run for a second: a bar on a terminal, else plain lines."""
+
+    def __init__(self, stream=None, delay: float = 1.0):
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.started, self.delay = time.monotonic(), delay
+        self.last_text, self.last_time, self.drawn = "", 0.0, False
+
+    def __call__(self, fraction: float, message: str) -> None:
+        now = time.monotonic()
+        if now - self.started < self.delay:
+            return
+        if self.tty:
+            filled = int(30 * min(max(fraction, 0.0), 1.0))
+            self.stream.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {message[:60]:<60}")
+            self.stream.flush()
+            self.drawn = True
+        elif message != self.last_text and now - self.last_time >= 1.0:
+            self.stream.write(f"optimize: {now - self.started:.1f} s: {message}\n")
+            self.last_text, self.last_time = message, now
+
+    def close(self) -> None:
+        if self.drawn:
+            self.stream.write("\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeforge.lang.printer import print_schedule
+    from pipeforge.optimize import optimize
+    from pipeforge.sim.costs import costs_for, memory_for
+
+    if args.time_limit <= 0:
+        raise UsageError(f"--time-limit {args.time_limit!r}: expected a positive number of seconds")
+    schedule = load_input(args)
+    costs = costs_for(schedule, args.cost)
+    limit = memory_for(schedule, args.memory_limit).limit
+    progress = ProgressLine()
+    try:
+        result = optimize(schedule, costs=costs, memory_limit=limit, strategy=args.strategy,
+                          time_limit=args.time_limit, progress=progress)
+    finally:
+        progress.close()
+    write_atomically(Path(args.output), print_schedule(result.schedule))
+    if args.json:
+        print_json({**result.to_json(), "output": args.output})
+        return 0
+    print(report(result, limit, args.output))
+    return 0
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: never a half-written file."""
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise UsageError(f"-o {str(path)!r}: the directory {str(directory)!r} does not exist")
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def report(result, limit: float | None, output: str) -> str:
+    """The human report: before, after and the bound side by side."""
+    before, after, schedule = result.before, result.after, result.schedule
+    verdict = "optimal" if result.optimal else f"gap {100 * result.gap:.2f}% of the span"
+    lines = [
+        f"optimize {schedule.name}: {schedule.ranks} ranks, {schedule.stages} stages, "
+        f"{schedule.microbatches} microbatches; strategy {result.strategy}, best from {result.found_by}, "
+        f"{result.seconds:.2f} s",
+        f"{'':13}{'before':>10}{'after':>10}{'bound':>10}",
+        f"{'bubble rate':13}{_pct(before.bubble_rate):>10}{_pct(after.bubble_rate):>10}{_pct(result.bound):>10}  {verdict}",
+        f"{'worst span':13}{before.max_span:>10.4g}{after.max_span:>10.4g}{result.span_bound:>10.4g}",
+        f"{'makespan':13}{before.makespan:>10.4g}{after.makespan:>10.4g}",
+        f"peak memory  before {_peaks(before.peak_memory)}; after {_peaks(after.peak_memory)}"
+        + (f" (limit {limit:g})" if limit is not None else " (no limit)"),
+        f"wrote {output}" + ("" if result.improved else " (the input: nothing better found)"),
+    ]
+    return "\n".join(lines)
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.2f}%"
+
+
+def _peaks(peaks: tuple[float, ...]) -> str:
+    return " ".join(f"{p:g}" for p in peaks)
