@@ -1,0 +1,56 @@
+"""``pipeforge new NAME``: write a library schedule out as a ``.pipe`` file to edit.
+
+``-D P=8`` becomes the file's default, so the file elaborates the same with no
+``-D``. Without ``-o`` the source goes to stdout; with it, the file is written
+atomically (a temporary file beside it, then a rename).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from pipeforge.commands.common import parse_defines
+from pipeforge.errors import UsageError
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("new", help="write a library schedule as a .pipe file",
+                                   description="Write the .pipe source of a built-in schedule, with -D "
+                                               "values as its new parameter defaults.")
+    parser.add_argument("name", metavar="NAME", help="a library schedule (see 'pipeforge library')")
+    parser.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE",
+                        help="set a parameter's default (repeatable)")
+    parser.add_argument("-o", "--output", metavar="FILE", help="where to write (default: stdout)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeforge import library
+
+    text = library.source_with_defaults(args.name, parse_defines(args.defines))
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    write_atomically(Path(args.output), text)
+    return 0
+
+
+def write_atomically(target: Path, text: str) -> None:
+    """Write ``text`` to ``target`` through a temporary file in the same folder and a rename."""
+    folder = target.parent
+    if not folder.is_dir():
+        raise UsageError(f"-o {str(target)!r}: no folder {str(folder)!r}")
+    if target.is_dir():
+        raise UsageError(f"-o {str(target)!r} is a folder; name a .pipe file")
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
