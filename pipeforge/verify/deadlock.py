@@ -1,0 +1,59 @@
+"""A deadlock as the user sees it: the wait cycle hop by hop, the z3 core, the stuck grid."""
+
+from __future__ import annotations
+
+from pipeforge.ir import Schedule, format_grid
+from pipeforge.verify.program import Program
+from pipeforge.verify.report import Hop, Violation, describe_cycle
+from pipeforge.verify.timing import Constraint, Stuck
+
+
+def deadlock_violation(program: Program, stuck: Stuck, written: Schedule,
+                       core: list[Constraint] | None) -> Violation:
+    hops = tuple(hop_of(program, wait) for wait in stuck.chain)
+    message = describe_cycle(hops)
+    if stuck.cycle_from is not None:
+        message += f" (rank {hops[stuck.cycle_from].rank} again: a cycle)"
+    first = stuck.chain[0].slot
+    return Violation(
+        "deadlock", message, first.rank, first.index,
+        str(first.span) if first.span else None, first.span,
+        cycle=hops,
+        core=tuple(describe_constraint(program, c) for c in core or ()),
+        grid=format_grid(written, stuck_marks(program, stuck)),
+    )
+
+
+def hop_of(program: Program, wait) -> Hop:
+    slot = wait.slot
+    return Hop(slot.rank, slot.index, slot.text, wait.waits_for, wait.peer, slot.span, wait.peer_finished)
+
+
+def stuck_marks(program: Program, stuck: Stuck) -> dict[tuple[int, int], str]:
+    marks = {}
+    for rank, row in enumerate(program.slots):
+        k = stuck.position[rank]
+        if k < len(row):
+            marks[(rank, row[k].index)] = "*"
+    return marks
+
+
+def place(program: Program, key: tuple[int, int]) -> str:
+    slot = program.slots[key[0]][key[1]]
+    shown = str(slot.step)
+    origin = f" serving {slot.text}" if shown != slot.text else ""
+    return f"rank {slot.rank} step {slot.index} {shown}{origin}"
+
+
+def describe_constraint(program: Program, constraint: Constraint) -> str:
+    kind = constraint[0]
+    if kind == "order":
+        _, r, k = constraint
+        return f"program order: {place(program, (r, k))} before {place(program, (r, k + 1))}"
+    if kind == "duration":
+        return f"duration >= 1 of {place(program, (constraint[1], constraint[2]))}"
+    if kind == "rendezvous":
+        return f"rendezvous: {place(program, constraint[1])} meets {place(program, constraint[2])}"
+    if kind == "buffered":
+        return f"buffered: {place(program, constraint[1])} ends after {place(program, constraint[2])} is posted"
+    return f"unmatched: {constraint[2]} at {place(program, constraint[1])} has no partner"

@@ -1,0 +1,106 @@
+"""The z3 model of a schedule's timing: the checker of record (the only module importing z3).
+
+The constraints (``timing.py`` lists them as tuples) are written as one SMT-LIB
+text and loaded with ``Solver.from_string``; this is several times faster than
+building them through z3's Python API. Two questions are asked:
+
+- ``check_certificate``: do the proposed start times and durations satisfy every
+  constraint? (``solve-eqs`` substitutes the proposal, then ``smt`` decides.)
+  The satisfying model is the certificate.
+- ``unsat_core``: given only the constraints along a wait cycle, each asserted
+  under a name, which of them are jointly unsatisfiable?
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import z3
+
+from pipeforge.verify.timing import Constraint, Timing
+
+
+@dataclass(frozen=True)
+class Certificate:
+    checked: bool  # z3 found the proposal satisfies the model
+    variables: int
+
+
+def t(rank: int, k: int) -> str:
+    return f"t{rank}_{k}"
+
+
+def d(rank: int, k: int) -> str:
+    return f"d{rank}_{k}"
+
+
+def smt_of(constraint: Constraint) -> str:
+    """One constraint as an SMT-LIB term."""
+    kind = constraint[0]
+    if kind == "order":
+        _, r, k = constraint
+        return f"(>= {t(r, k + 1)} (+ {t(r, k)} {d(r, k)}))"
+    if kind == "duration":
+        _, r, k = constraint
+        return f"(>= {d(r, k)} 1)"
+    if kind == "rendezvous":
+        _, (r, k), (q, j) = constraint
+        return f"(= {t(r, k)} {t(q, j)})"
+    if kind == "buffered":
+        _, (r, k), (q, j) = constraint
+        return f"(>= (+ {t(r, k)} {d(r, k)}) (+ {t(q, j)} 1))"
+    if kind == "unmatched":
+        (r, k) = constraint[1]
+        return f"(< {t(r, k)} {t(r, k)})"
+    raise ValueError(f"unknown constraint {constraint!r}")
+
+
+def slots_of(constraint: Constraint) -> list[tuple[int, int]]:
+    kind = constraint[0]
+    if kind == "order":
+        return [(constraint[1], constraint[2]), (constraint[1], constraint[2] + 1)]
+    if kind == "duration":
+        return [(constraint[1], constraint[2])]
+    if kind == "unmatched":
+        return [constraint[1]]
+    return [constraint[1], constraint[2]]
+
+
+def declarations(slots: set[tuple[int, int]] | list[tuple[int, int]]) -> list[str]:
+    lines = []
+    for r, k in slots:
+        lines.append(f"(declare-const {t(r, k)} Int)")
+        lines.append(f"(declare-const {d(r, k)} Int)")
+    return lines
+
+
+def certificate_text(shape: tuple[int, ...], constraints: list[Constraint], timing: Timing) -> str:
+    """The whole model with the proposed timing asserted as equalities."""
+    slots = [(r, k) for r, n in enumerate(shape) for k in range(n)]
+    lines = declarations(slots)
+    lines.extend(f"(assert {smt_of(c)})" for c in constraints)
+    for r, k in slots:
+        lines.append(f"(assert (= {t(r, k)} {timing.start[r][k]}))")
+        lines.append(f"(assert (= {d(r, k)} {timing.duration[r][k]}))")
+    return "\n".join(lines)
+
+
+def check_certificate(shape: tuple[int, ...], constraints: list[Constraint], timing: Timing) -> Certificate:
+    solver = z3.Then("solve-eqs", "smt").solver()
+    solver.from_string(certificate_text(shape, constraints, timing))
+    verdict = solver.check()
+    return Certificate(verdict == z3.sat, 2 * sum(shape))
+
+
+def unsat_core(constraints: list[Constraint]) -> list[Constraint] | None:
+    """The constraints of a minimal-ish unsatisfiable core, or None if they are satisfiable."""
+    unique = list(dict.fromkeys(constraints))
+    slots = sorted({slot for c in unique for slot in slots_of(c)})
+    lines = ["(set-option :produce-unsat-cores true)"] + declarations(slots)
+    lines.extend(f"(assert (! {smt_of(c)} :named c{i}))" for i, c in enumerate(unique))
+    solver = z3.Solver()
+    solver.from_string("\n".join(lines))
+    if solver.check() != z3.unsat:
+        return None
+    names = {str(name) for name in solver.unsat_core()}
+    return [c for i, c in enumerate(unique) if f"c{i}" in names]

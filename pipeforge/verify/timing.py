@@ -1,0 +1,275 @@
+"""The linear-time pass: run the ranks as events, propose a timing or find the wait cycle.
+
+Constraints of the timing model (docs/semantics.md "Execution") are plain tuples
+here, so the same list feeds the z3 text (``model.py``) and the core mapping:
+
+- ``("order", r, k)``: ``t[r][k+1] >= t[r][k] + d[r][k]``
+- ``("duration", r, k)``: ``d[r][k] >= 1``
+- ``("rendezvous", (r, k), (q, j))``: ``t[r][k] == t[q][j]`` (a matched send and receive)
+- ``("buffered", (r, k), (q, j))``: receive group (r, k) ends after send group (q, j) is posted:
+  ``t[r][k] + d[r][k] >= t[q][j] + 1``
+- ``("unmatched", (r, k), text)``: an op that nothing will ever meet: ``false``
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass
+
+from pipeforge.verify.matching import Op, Pairing, op_of
+from pipeforge.verify.program import Program, Slot, expected_partner
+
+Key = tuple[int, int]  # (rank, slot number)
+Constraint = tuple
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A proposed start and duration for every slot (the certificate z3 checks)."""
+
+    start: tuple[tuple[int, ...], ...]
+    duration: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class Wait:
+    """One link of a wait chain, found by the pass."""
+
+    slot: Slot
+    waits_for: str
+    peer: int
+    target: Key | None  # the partner's slot, None when nothing will ever meet the op
+    links: tuple[Constraint, ...]  # match constraints to the target (or the unmatched op)
+    peer_finished: bool
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """Where each rank stopped and the wait chain from the lowest stuck rank."""
+
+    position: tuple[int, ...]
+    chain: tuple[Wait, ...]
+    cycle_from: int | None  # index in chain where the cycle starts (None: ends at a finished rank)
+
+    def cycle_constraints(self) -> list[Constraint]:
+        """The constraints along the cycle, or the op nothing will meet when the chain has one."""
+        for wait in self.chain:
+            if wait.target is None:
+                return list(wait.links)
+        found: list[Constraint] = []
+        for wait in self.chain[self.cycle_from:]:
+            found.extend(wait.links)
+            rank, target = wait.target
+            for k in range(self.position[rank], target):
+                found.append(("order", rank, k))
+                found.append(("duration", rank, k))
+        return found
+
+
+def key_of(slot: Slot) -> Key:
+    return (slot.rank, slot.number)
+
+
+def model_constraints(program: Program, pairing: Pairing, semantics: str) -> list[Constraint]:
+    """Every constraint of the timing model."""
+    found: list[Constraint] = []
+    for rank, row in enumerate(program.slots):
+        found.extend(("duration", rank, k) for k in range(len(row)))
+        found.extend(("order", rank, k) for k in range(len(row) - 1))
+    for send, recv in pairing.matches:
+        if semantics == "rendezvous":
+            found.append(("rendezvous", key_of(send.slot), key_of(recv.slot)))
+        else:
+            found.append(("buffered", key_of(recv.slot), key_of(send.slot)))
+    for op in pairing.unmatched:
+        if semantics == "rendezvous" or not op.is_send:
+            found.append(("unmatched", key_of(op.slot), str(op.action)))
+    return found
+
+
+def run(program: Program, pairing: Pairing, semantics: str) -> Timing | Stuck:
+    runner = Rendezvous(program, pairing) if semantics == "rendezvous" else Buffered(program, pairing)
+    runner.run()
+    return runner.result()
+
+
+class Runner:
+    """Shared event loop: each rank runs until it blocks; blocked ranks are woken by others."""
+
+    def __init__(self, program: Program, pairing: Pairing):
+        self.program = program
+        self.pairing = pairing
+        self.slots = program.slots
+        self.position = [0] * len(self.slots)
+        self.ready = [0] * len(self.slots)
+        self.start = [[0] * len(row) for row in self.slots]
+        self.duration = [[1] * len(row) for row in self.slots]
+        self.queue = deque(range(len(self.slots)))
+
+    def run(self) -> None:
+        while self.queue:
+            rank = self.queue.popleft()
+            row = self.slots[rank]
+            while self.position[rank] < len(row):
+                slot = row[self.position[rank]]
+                if slot.step.is_group and not self.try_group(slot):
+                    break
+                if not slot.step.is_group:
+                    self.finish(rank, self.ready[rank], 1)
+
+    def finish(self, rank: int, start: int, duration: int) -> None:
+        k = self.position[rank]
+        self.start[rank][k] = start
+        self.duration[rank][k] = duration
+        self.ready[rank] = start + duration
+        self.position[rank] = k + 1
+        self.reached(rank)
+
+    def reached(self, rank: int) -> None:
+        """Hook: ``rank`` has just moved to a new slot."""
+
+    def try_group(self, slot: Slot) -> bool:
+        raise NotImplementedError
+
+    def ops(self, slot: Slot):
+        """(op, its partner or None) for each valid communication action of a group slot."""
+        for position, action in enumerate(slot.step.actions):
+            op = op_of(self.program, slot, action)
+            if op is not None:
+                yield op, self.pairing.partner_of((slot.rank, slot.number, position))
+
+    def at_head(self, key: Key) -> bool:
+        return self.position[key[0]] == key[1]
+
+    def finished(self, rank: int) -> bool:
+        return self.position[rank] >= len(self.slots[rank])
+
+    def result(self) -> Timing | Stuck:
+        if all(self.finished(r) for r in range(len(self.slots))):
+            return Timing(tuple(map(tuple, self.start)), tuple(map(tuple, self.duration)))
+        return self.stuck()
+
+    def stuck(self) -> Stuck:
+        rank = min(r for r in range(len(self.slots)) if not self.finished(r))
+        seen: dict[int, int] = {}
+        chain: list[Wait] = []
+        while rank not in seen:
+            seen[rank] = len(chain)
+            wait = self.blocker(self.slots[rank][self.position[rank]])
+            chain.append(wait)
+            if wait.peer_finished:
+                return Stuck(tuple(self.position), tuple(chain), None)
+            rank = wait.peer
+        return Stuck(tuple(self.position), tuple(chain), seen[rank])
+
+    def blocker(self, slot: Slot) -> Wait:
+        raise NotImplementedError
+
+    def unmatched_wait(self, slot: Slot, op: Op) -> Wait:
+        link = ("unmatched", key_of(op.slot), str(op.action))
+        return Wait(slot, str(expected_partner(op.action)), op.peer, None, (link,), self.finished(op.peer))
+
+
+class Rendezvous(Runner):
+    """Matched groups form components; a component fires when all its groups are at their ranks' heads."""
+
+    def __init__(self, program: Program, pairing: Pairing):
+        super().__init__(program, pairing)
+        self.component: dict[Key, Key] = {}
+        for send, recv in pairing.matches:
+            self.join(key_of(send.slot), key_of(recv.slot))
+        self.members: dict[Key, list[Key]] = defaultdict(list)
+        for row in self.slots:
+            for slot in row:
+                if slot.step.is_group:
+                    self.members[self.find(key_of(slot))].append(key_of(slot))
+        self.poisoned = {self.find(key_of(op.slot)) for op in pairing.unmatched}
+        self.arrived: dict[Key, int] = defaultdict(int)
+
+    def find(self, key: Key) -> Key:
+        root = key
+        while self.component.get(root, root) != root:
+            root = self.component[root]
+        while key != root:
+            key, self.component[key] = self.component.get(key, key), root
+        return root
+
+    def join(self, a: Key, b: Key) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.component[ra] = rb
+
+    def try_group(self, slot: Slot) -> bool:
+        root = self.find(key_of(slot))
+        self.arrived[root] += 1
+        members = self.members[root]
+        if root in self.poisoned or self.arrived[root] < len(members):
+            return False
+        when = max(self.ready[rank] for rank, _ in members)
+        for rank, _ in members:
+            self.finish(rank, when, 1)
+            if rank != slot.rank:
+                self.queue.append(rank)
+        return True
+
+    def blocker(self, slot: Slot) -> Wait:
+        """The first op, breadth-first through the component, whose partner is not posted."""
+        todo = deque([(slot, ())])
+        visited = {key_of(slot)}
+        while todo:
+            here, links = todo.popleft()
+            for op, partner in self.ops(here):
+                if partner is None:
+                    return self.unmatched_wait(slot, op)
+                link = ("rendezvous", key_of(here), key_of(partner.slot))
+                there = key_of(partner.slot)
+                if not self.at_head(there):
+                    return Wait(slot, str(partner.action), partner.slot.rank, there, links + (link,), False)
+                if there not in visited:
+                    visited.add(there)
+                    todo.append((partner.slot, links + (link,)))
+        raise AssertionError(f"rank {slot.rank} is stuck at {slot.text} with every partner posted")
+
+
+class Buffered(Runner):
+    """Sends complete once posted; a group completes once every receive's send is posted."""
+
+    def __init__(self, program: Program, pairing: Pairing):
+        super().__init__(program, pairing)
+        self.posted_at = [[None] * len(row) for row in self.slots]
+        self.waiting: dict[Key, list[int]] = defaultdict(list)
+        for rank in range(len(self.slots)):
+            self.reached(rank)
+
+    def reached(self, rank: int) -> None:
+        k = self.position[rank]
+        if k < len(self.slots[rank]) and self.posted_at[rank][k] is None:
+            self.posted_at[rank][k] = self.ready[rank]
+            self.queue.extend(self.waiting.pop((rank, k), ()))
+
+    def try_group(self, slot: Slot) -> bool:
+        end = self.ready[slot.rank] + 1
+        for op, partner in self.ops(slot):
+            if op.is_send:
+                continue
+            if partner is None:
+                return False
+            rank, k = key_of(partner.slot)
+            if self.position[rank] < k:
+                self.waiting[(rank, k)].append(slot.rank)
+                return False
+            end = max(end, self.posted_at[rank][k] + 1)
+        self.finish(slot.rank, self.ready[slot.rank], end - self.ready[slot.rank])
+        return True
+
+    def blocker(self, slot: Slot) -> Wait:
+        for op, partner in self.ops(slot):
+            if op.is_send:
+                continue
+            if partner is None:
+                return self.unmatched_wait(slot, op)
+            there = key_of(partner.slot)
+            if self.position[there[0]] < there[1]:
+                link = ("buffered", key_of(slot), there)
+                return Wait(slot, str(partner.action), there[0], there, (link,), False)
+        raise AssertionError(f"rank {slot.rank} is stuck at {slot.text} with every send posted")
