@@ -8,6 +8,7 @@ own (a float parameter default, ``else if``, a loop without ``in``).
 
 from __future__ import annotations
 
+import re
 from functools import cache
 
 from lark import Token, Tree
@@ -19,6 +20,7 @@ _NAMED = {
     "INT": "an integer", "FLOAT": "a number", "NAME": "a name", "STRING": "a string",
     "ACTION_TOKEN": "a torch action like 2F0", "$END": "the end of the file",
 }
+_FOUND = {"INT": "integer", "FLOAT": "number", "NAME": "name", "STRING": "string", "ACTION_TOKEN": "action"}
 _STATEMENT_STARTS = {
     "RANKS", "STAGES", "MICROBATCHES", "REQUIRE", "COSTS", "MEMORY", "LET", "FOR", "IF", "RANK", "CHAIN",
     "F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "REDUCE_GRAD", "UNSHARD", "RESHARD",
@@ -62,8 +64,8 @@ def bad_character(error: UnexpectedCharacters, text: str, file: str) -> PipeSynt
         return PipeSyntaxError("strings are written in double quotes: \"...\"", span)
     if char == "/":
         return PipeSyntaxError("'/' is not an operator here: integer division is '//'", span)
-    if char == "=" and text[error.pos_in_stream:error.pos_in_stream + 2] == "==":
-        return PipeSyntaxError("unexpected '=='", span)
+    if char == "." and re.search(r"\bschedule\s+\w+\s*\([^()]*=\s*-?\d+$", text[:error.pos_in_stream]):
+        return PipeSyntaxError("a parameter default must be an integer literal, like 'P = 4'", span)
     expected = _expected_text(set(error.allowed or ()))
     return PipeSyntaxError(f"unexpected character {char!r}" + (f": expected {expected}" if expected else ""), span)
 
@@ -72,7 +74,7 @@ def unexpected_token(error: UnexpectedToken, text: str, file: str) -> PipeSyntax
     token = error.token
     span = _token_span(token, file)
     stack = _stack(error)
-    for rule in (_unclosed_brace, _assignment_in_condition, _missing_comma, _range_syntax, _stages_placement):
+    for rule in (_unclosed_brace, _double_equals_in_let, _assignment_in_condition, _missing_comma, _range_syntax, _stages_placement):
         diagnosis = rule(error, stack, file)
         if diagnosis is not None:
             return diagnosis
@@ -124,6 +126,13 @@ def _unclosed_brace(error: UnexpectedToken, stack: list, file: str) -> PipeSynta
     where = "the end of the file" if error.token.type == "$END" else f"'schedule' at line {error.token.line}"
     return PipeSyntaxError(f"this '{{' is never closed: expected '}}' before {where}",
                            Span(file, brace.line, brace.column, brace.line, brace.column + 1))
+
+
+def _double_equals_in_let(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
+    symbols = [_symbol(item) for item in stack[-3:]]
+    if error.token.type != "EQUAL" or symbols != ["LET", "NAME", "EQUAL"]:
+        return None
+    return PipeSyntaxError("'let' binds a name with a single '=': let NAME = EXPR", _token_span(error.token, file))
 
 
 def _assignment_in_condition(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
@@ -186,13 +195,41 @@ def _stages_placement(error: UnexpectedToken, stack: list, file: str) -> PipeSyn
                            _token_span(error.token, file))
 
 
+class _Position:
+    """A parser state compared by its LALR position only, not by its stack depth.
+
+    lark's ``match_examples`` compares whole parser states, so an example would
+    match only at the nesting depth it was written at; comparing positions lets
+    one example stand for the same mistake in any block.
+    """
+
+    def __init__(self, state: object) -> None:
+        self.position = getattr(state, "position", state)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Position) and self.position == other.position
+
+    __hash__ = None
+
+
 def _matching_example(error: UnexpectedToken) -> str | None:
     from pipeforge.lang.parse import parser
 
+    def parse_example(text: str) -> None:
+        try:
+            parser().parse(text)
+        except UnexpectedInput as example_error:
+            example_error.state = _Position(example_error.state)
+            raise
+
+    original = error.state
+    error.state = _Position(original)
     try:
-        return error.match_examples(parser().parse, _EXAMPLES, use_accepts=False)
-    except (UnexpectedInput, AssertionError):
+        return error.match_examples(parse_example, _EXAMPLES, use_accepts=False)
+    except AssertionError:
         return None
+    finally:
+        error.state = original
 
 
 @cache
@@ -217,8 +254,8 @@ def _term(value: str) -> str:
 def _describe(token: Token) -> str:
     if token.type == "$END":
         return "end of file"
-    if token.type in _NAMED:
-        return f"{_NAMED[token.type]} {str(token)!r}"
+    if token.type in _FOUND:
+        return f"{_FOUND[token.type]} {str(token)!r}"
     return _terminal_texts().get(token.type, repr(str(token)))
 
 
