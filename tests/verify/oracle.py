@@ -1,0 +1,403 @@
+"""An independent oracle for ``verify``: docs/semantics.md, simulated step by step.
+
+Written apart from ``pipeforge.verify`` and ``pipeforge.passes`` (it imports
+neither) so that the two can be checked against each other. It reports which
+kinds of violation a schedule has, not where.
+
+A schedule with written communication is checked as written: structure,
+static order, NCCL FIFO matching, then execution under ``rendezvous`` or
+``buffered``. A compute-only schedule is checked the way ``verify(lower(s))``
+sees it when ``lower`` is right: structure and same-rank order on the compute
+actions, and ``deadlock`` exactly when no global execution respects program
+order and the cross-rank data dependencies.
+
+Readings of the spec where it leaves room (kept in one place, see NOTES):
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from pipeforge.ir import Action, ActionKind, Schedule, Step
+
+K = ActionKind
+NOTES = """
+- An unmatched communication op (its pair has fewer partners) blocks forever:
+  under rendezvous its group never fires; under buffered an unmatched receive
+  never completes (an unmatched send completes once posted).
+- A communication action whose stage or peer stage is out of range, or whose
+  chain is undeclared, takes part in no matching (it is unmatched).
+- Matching also pairs a rank with itself (a send and a receive whose peer is
+  the rank they are on; already a placement violation).
+- Memory: an overlap step's additions apply first, so its peak is checked
+  before its releases.
+- Same rank means the rank the action is written on.
+- REDUCE_GRAD, UNSHARD and RESHARD: placement (range and owner) and REDUCE_GRAD's
+  order are checked; repeating them is not a duplicate.
+"""
+
+
+@dataclass(frozen=True)
+class OracleResult:
+    valid: bool
+    kinds: frozenset[str]
+    details: tuple[str, ...] = ()
+
+
+def oracle(schedule: Schedule, semantics: str = "rendezvous", memory: bool = True) -> OracleResult:
+    if semantics not in ("rendezvous", "buffered"):
+        raise ValueError(f"semantics {semantics!r}")
+    world = World(schedule)
+    found: list[tuple[str, str]] = []
+    found += world.placement()
+    found += world.compute_structure()
+    if world.lowered:
+        found += world.comm_structure()
+    found += world.order()
+    if world.lowered:
+        matches, mismatches = world.matching()
+        found += mismatches
+        found += world.execute(matches, semantics)
+    else:
+        found += world.execute_compute()
+    if memory and schedule.memory is not None and schedule.memory.limit is not None:
+        found += world.memory(schedule.memory.limit, schedule.memory.weights)
+    kinds = frozenset(kind for kind, _ in found)
+    return OracleResult(not found, kinds, tuple(f"{kind}: {text}" for kind, text in found))
+
+
+def key(action: Action) -> tuple:
+    return (action.stage, action.kind, action.microbatch, action.chain)
+
+
+class World:
+    """The schedule without idle steps, and the questions the checks ask of it."""
+
+    def __init__(self, schedule: Schedule):
+        self.s = schedule
+        self.programs: list[list[tuple[int, Step]]] = [
+            [(i, step) for i, step in enumerate(program) if not step.is_idle] for program in schedule.programs
+        ]
+        self.lowered = schedule.is_lowered
+
+    # -- basic questions
+
+    def owner(self, stage: int, chain: int) -> int | None:
+        if not 0 <= chain < self.s.chains or not 0 <= stage < self.s.stages:
+            return None
+        return self.s.rank_of(stage, chain)
+
+    def in_range(self, a: Action) -> bool:
+        if not 0 <= a.chain < self.s.chains or not 0 <= a.stage < self.s.stages:
+            return False
+        if a.kind.has_microbatch and not 0 <= (a.microbatch if a.microbatch is not None else -1) < self.s.microbatches:
+            return False
+        return not a.is_comm or 0 <= a.peer_stage() < self.s.stages
+
+    def actions(self):
+        for rank, program in enumerate(self.programs):
+            for index, step in program:
+                for action in step.actions:
+                    yield rank, index, action
+
+    # -- structure
+
+    def placement(self) -> list[tuple[str, str]]:
+        found = []
+        for rank, index, a in self.actions():
+            problem = self.placement_problem(rank, a)
+            if problem:
+                found.append(("placement", f"rank {rank} step {index} {a}: {problem}"))
+        found += self.chain_placement()
+        return found
+
+    def placement_problem(self, rank: int, a: Action) -> str | None:
+        if not 0 <= a.chain < self.s.chains:
+            return "undeclared chain"
+        if not 0 <= a.stage < self.s.stages:
+            return "stage out of range"
+        if a.kind.has_microbatch and not 0 <= a.microbatch < self.s.microbatches:
+            return "microbatch out of range"
+        if self.owner(a.stage, a.chain) != rank:
+            return "rank does not own the stage"
+        if a.is_comm:
+            peer = a.peer_stage()
+            if not 0 <= peer < self.s.stages:
+                return "peer stage out of range"
+            if self.owner(peer, a.chain) == rank:
+                return "communication between stages on one rank"
+        return None
+
+    def chain_placement(self) -> list[tuple[str, str]]:
+        if self.s.chains == 1:
+            return []
+        chain_of: dict[int, int] = {}
+        for _, _, a in self.actions():
+            if a.kind is K.F and a.stage == 0:
+                chain_of.setdefault(a.microbatch, a.chain)
+        return [("placement", f"{a} is not on chain {chain_of[a.microbatch]} of its microbatch")
+                for _, _, a in self.actions()
+                if a.microbatch in chain_of and a.chain != chain_of[a.microbatch]]
+
+    def compute_structure(self) -> list[tuple[str, str]]:
+        computes = [a for _, _, a in self.actions() if a.is_compute and self.in_range(a)]
+        counts = Counter(key(a) for a in computes)
+        found = [("duplicate", f"{k} appears {n} times") for k, n in counts.items() if n > 1]
+        kinds_of: dict[tuple, set] = defaultdict(set)
+        for a in computes:
+            kinds_of[(a.stage, a.microbatch, a.chain)].add(a.kind)
+        found += [("duplicate", f"B and I/W for {k}") for k, ks in kinds_of.items() if K.B in ks and ks & {K.I, K.W}]
+        unchained: dict[tuple, set] = defaultdict(set)
+        for (stage, mb, _), ks in kinds_of.items():
+            unchained[(stage, mb)] |= ks
+        for stage in range(self.s.stages):
+            for mb in range(self.s.microbatches):
+                ks = unchained[(stage, mb)]
+                if K.F not in ks:
+                    found.append(("missing", f"F({stage},{mb})"))
+                if K.B not in ks and not {K.I, K.W} <= ks:
+                    found.append(("missing", f"backward of ({stage},{mb})"))
+                if K.W in ks and K.I not in ks:
+                    found.append(("missing", f"I({stage},{mb}) for its W"))
+        return found
+
+    def needed_comms(self) -> set[tuple[Action, int]]:
+        needed = set()
+        computes = {key(a) for _, _, a in self.actions() if a.is_compute and self.in_range(a)}
+        for stage, kind, mb, chain in computes:
+            here = self.owner(stage, chain)
+            if kind is K.F and stage + 1 < self.s.stages and self.owner(stage + 1, chain) != here:
+                needed.add((Action(stage, K.SEND_F, mb, chain), here))
+                needed.add((Action(stage + 1, K.RECV_F, mb, chain), self.owner(stage + 1, chain)))
+            if kind in (K.B, K.I) and stage > 0 and self.owner(stage - 1, chain) != here:
+                needed.add((Action(stage, K.SEND_B, mb, chain), here))
+                needed.add((Action(stage - 1, K.RECV_B, mb, chain), self.owner(stage - 1, chain)))
+        return needed
+
+    def comm_structure(self) -> list[tuple[str, str]]:
+        needed = self.needed_comms()
+        needed_actions = {a for a, _ in needed}
+        present = [(a, rank) for rank, _, a in self.actions() if a.is_comm and self.in_range(a)]
+        counts = Counter(a for a, _ in present)
+        found = [("duplicate", f"{a} appears {n} times") for a, n in counts.items() if n > 1]
+        found += [("duplicate", f"{a} is not needed") for a in counts if a not in needed_actions]
+        found += [("missing", f"{a} on rank {rank}") for a, rank in needed if (a, rank) not in set(present)]
+        return found
+
+    # -- static order
+
+    def order(self) -> list[tuple[str, str]]:
+        found = []
+        for rank, program in enumerate(self.programs):
+            seen: set[tuple] = set()
+            for index, step in program:
+                for a in step.actions:
+                    if self.in_range(a) and not self.satisfied(rank, a, seen):
+                        found.append(("order", f"rank {rank} step {index} {a}"))
+                seen |= {key(a) for a in step.actions}
+            found += self.reduce_grad_order(rank, program)
+        return found
+
+    def satisfied(self, rank: int, a: Action, seen: set[tuple]) -> bool:
+        return all(any(option in seen for option in need) for need in self.static_needs(rank, a))
+
+    def static_needs(self, rank: int, a: Action) -> list[tuple[tuple, ...]]:
+        """Each need is a tuple of alternatives (keys of actions) one of which must be earlier."""
+        s, m, c = a.stage, a.microbatch, a.chain
+        if a.kind is K.F and s > 0:
+            if self.owner(s - 1, c) == rank:
+                return [((s - 1, K.F, m, c),)]
+            return [((s, K.RECV_F, m, c),)] if self.lowered else []
+        if a.kind in (K.B, K.I):
+            needs = [((s, K.F, m, c),)]
+            if s < self.s.stages - 1:
+                if self.owner(s + 1, c) == rank:
+                    needs.append(((s + 1, K.B, m, c), (s + 1, K.I, m, c)))
+                elif self.lowered:
+                    needs.append(((s, K.RECV_B, m, c),))
+            return needs
+        if a.kind is K.W:
+            return [((s, K.I, m, c),)]
+        if a.kind is K.SEND_F:
+            return [((s, K.F, m, c),)]
+        if a.kind is K.SEND_B:
+            return [((s, K.B, m, c), (s, K.I, m, c))]
+        return []
+
+    def reduce_grad_order(self, rank: int, program) -> list[tuple[str, str]]:
+        found = []
+        for position, (index, step) in enumerate(program):
+            for a in step.actions:
+                if a.kind is not K.REDUCE_GRAD:
+                    continue
+                later = [b for _, st in program[position:] for b in st.actions
+                         if b.kind in (K.B, K.W) and b.stage == a.stage]
+                if later:
+                    found.append(("order", f"rank {rank} step {index} {a} before {later[0]}"))
+        return found
+
+    # -- matching (NCCL: per ordered pair of ranks, k-th send meets k-th receive)
+
+    def peer_rank(self, a: Action) -> int | None:
+        if not 0 <= a.chain < self.s.chains or not 0 <= a.stage < self.s.stages:
+            return None
+        peer = a.peer_stage()
+        return self.owner(peer, a.chain) if 0 <= peer < self.s.stages else None
+
+    def matching(self):
+        """(partner of each op, mismatch findings); an op is (rank, position, slot)."""
+        sends, recvs = defaultdict(list), defaultdict(list)
+        for rank, program in enumerate(self.programs):
+            for position, (_, step) in enumerate(program):
+                for slot, a in enumerate(step.actions):
+                    peer = self.peer_rank(a) if a.is_comm else None
+                    if peer is None:
+                        continue
+                    if a.kind in (K.SEND_F, K.SEND_B):
+                        sends[(rank, peer)].append(((rank, position, slot), a))
+                    else:
+                        recvs[(peer, rank)].append(((rank, position, slot), a))
+        partner, found = {}, []
+        for pair in set(sends) | set(recvs):
+            first = True
+            for (send_op, send), (recv_op, recv) in zip(sends[pair], recvs[pair]):
+                partner[send_op], partner[recv_op] = recv_op, send_op
+                if recv != expected_receive(send) and first:
+                    found.append(("mismatch", f"ranks {pair}: {send} meets {recv}"))
+                    first = False
+        return partner, found
+
+    # -- execution
+
+    def execute(self, partner: dict, semantics: str) -> list[tuple[str, str]]:
+        pc = [0] * len(self.programs)
+        fire = self.rendezvous_step if semantics == "rendezvous" else self.buffered_step
+        components = self.components(partner) if semantics == "rendezvous" else None
+        progress = True
+        while progress:
+            progress = self.run_compute(pc)
+            progress = fire(pc, partner, components) or progress
+        return self.stuck(pc)
+
+    def stuck(self, pc: list[int]) -> list[tuple[str, str]]:
+        return [("deadlock", f"rank {r} stuck at {self.programs[r][pc[r]][1]}")
+                for r in range(len(pc)) if pc[r] < len(self.programs[r])]
+
+    def current(self, pc: list[int], rank: int) -> Step | None:
+        return self.programs[rank][pc[rank]][1] if pc[rank] < len(self.programs[rank]) else None
+
+    def run_compute(self, pc: list[int]) -> bool:
+        moved = False
+        for rank in range(len(pc)):
+            while (step := self.current(pc, rank)) is not None and not step.is_group:
+                pc[rank] += 1
+                moved = True
+        return moved
+
+    def components(self, partner: dict) -> dict[tuple[int, int], frozenset]:
+        parent: dict = {}
+
+        def find(x):
+            while parent.setdefault(x, x) != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        for op, other in partner.items():
+            parent[find(op[:2])] = find(other[:2])
+        groups = [(r, p) for r, program in enumerate(self.programs) for p, (_, st) in enumerate(program) if st.is_group]
+        members = defaultdict(set)
+        for group in groups:
+            members[find(group)].add(group)
+        return {group: frozenset(members[find(group)]) for group in groups}
+
+    def fully_matched(self, group: tuple[int, int], partner: dict) -> bool:
+        rank, position = group
+        step = self.programs[rank][position][1]
+        return all((rank, position, slot) in partner for slot in range(len(step.actions)))
+
+    def rendezvous_step(self, pc, partner, components) -> bool:
+        moved = False
+        for rank in range(len(pc)):
+            if self.current(pc, rank) is None or (rank, pc[rank]) not in components:
+                continue
+            component = components[(rank, pc[rank])]
+            ready = all(pc[r] == p and self.fully_matched((r, p), partner) for r, p in component)
+            if ready:
+                for r, _ in component:
+                    pc[r] += 1
+                moved = True
+        return moved
+
+    def buffered_step(self, pc, partner, _components) -> bool:
+        moved = False
+        for rank in range(len(pc)):
+            step = self.current(pc, rank)
+            if step is None or not step.is_group:
+                continue
+            if all(self.receive_ready(rank, pc, slot, a, partner) for slot, a in enumerate(step.actions)):
+                pc[rank] += 1
+                moved = True
+        return moved
+
+    def receive_ready(self, rank, pc, slot, a: Action, partner) -> bool:
+        if a.kind not in (K.RECV_F, K.RECV_B):
+            return True
+        send_op = partner.get((rank, pc[rank], slot))
+        return send_op is not None and pc[send_op[0]] >= send_op[1]
+
+    # -- compute-only: is there a global execution respecting the cross-rank dependencies?
+
+    def execute_compute(self) -> list[tuple[str, str]]:
+        exists = {key(a) for _, _, a in self.actions() if a.is_compute}
+        done: set[tuple] = set()
+        pc = [0] * len(self.programs)
+        progress = True
+        while progress:
+            progress = False
+            for rank in range(len(pc)):
+                while (step := self.current(pc, rank)) is not None and self.may_run(rank, step, exists, done):
+                    done |= {key(a) for a in step.actions}
+                    pc[rank] += 1
+                    progress = True
+        return self.stuck(pc)
+
+    def may_run(self, rank: int, step: Step, exists: set, done: set) -> bool:
+        for a in step.actions:
+            for need in self.cross_rank_needs(rank, a):
+                present = [option for option in need if option in exists]
+                if present and not any(option in done for option in present):
+                    return False
+        return True
+
+    def cross_rank_needs(self, rank: int, a: Action) -> list[tuple[tuple, ...]]:
+        if not a.is_compute or not self.in_range(a):
+            return []
+        s, m, c = a.stage, a.microbatch, a.chain
+        if a.kind is K.F and s > 0 and self.owner(s - 1, c) != rank:
+            return [((s - 1, K.F, m, c),)]
+        if a.kind in (K.B, K.I) and s < self.s.stages - 1 and self.owner(s + 1, c) != rank:
+            return [((s + 1, K.B, m, c), (s + 1, K.I, m, c))]
+        return []
+
+    # -- memory
+
+    def memory(self, limit: float, weights: float) -> list[tuple[str, str]]:
+        release = {K.I: 1 - weights, K.W: weights, K.B: 1.0}
+        found = []
+        for rank, program in enumerate(self.programs):
+            held = 0.0
+            for index, step in program:
+                held += sum(1.0 for a in step.actions if a.kind is K.F)
+                if held > limit + 1e-9:
+                    found.append(("memory", f"rank {rank} step {index} holds {held} > {limit}"))
+                    break
+                held -= sum(release.get(a.kind, 0.0) for a in step.actions)
+        return found
+
+
+def expected_receive(send: Action) -> Action:
+    if send.kind is K.SEND_F:
+        return Action(send.stage + 1, K.RECV_F, send.microbatch, send.chain)
+    return Action(send.stage - 1, K.RECV_B, send.microbatch, send.chain)
