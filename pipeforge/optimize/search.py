@@ -116,6 +116,7 @@ def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit
     started = time.monotonic()
     deadline = started + time_limit
     compute = schedule.compute_only()
+    _require_complete(compute)
     problem = Problem.of(compute, costs, memory_limit)
     memory = MemorySpec(problem.memory_limit, problem.weights)
     before = metrics_of(compute, problem.costs, memory)
@@ -126,6 +127,24 @@ def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit
     span_bound = max(span_lower_bound(split), exact_bound)
     input_offered = source is not None and source.evaluation.fits(problem.memory_limit)
     return _result(schedule, compute, problem, memory, before, best, input_offered, span_bound, strategy, started)
+
+
+def _require_complete(compute: Schedule) -> None:
+    """Every (stage, microbatch, chain) once forward and once backward (B, or I and W), on its rank."""
+    seen: dict[tuple[int, int, int], list[ActionKind]] = {}
+    for rank, _, action in compute.actions():
+        if compute.rank_of(action.stage, action.chain) != rank:
+            raise VerificationError(f"{action} runs on rank {rank}, which does not own stage {action.stage}")
+        seen.setdefault((action.stage, action.microbatch, action.chain), []).append(action.kind)
+    for chain in range(compute.chains):
+        for stage in range(compute.stages):
+            for mb in range(compute.microbatches):
+                kinds = sorted(k.value for k in seen.pop((stage, mb, chain), []))
+                if kinds not in (["B", "F"], ["F", "I", "W"]) and (kinds or compute.chains == 1):
+                    raise VerificationError(f"stage {stage}, microbatch {mb}: expected F and B (or F, I and W), "
+                                            f"found {' '.join(kinds) or 'nothing'}; optimize needs a complete schedule")
+    if seen:
+        raise VerificationError(f"actions outside the schedule's stages or microbatches: {sorted(seen)[:3]}")
 
 
 class _Run:

@@ -1,0 +1,93 @@
+"""Exact search and the proven bounds against brute-force enumeration of every order."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opt_instances import brute_force_best_span, costs_strategy, one_f_one_b, split_work
+
+from pipeforge.ir import CostModel, Placement
+from pipeforge.optimize.bounds import bubble_lower_bound, busy_per_rank, span_lower_bound
+from pipeforge.optimize.evaluate import Graph, Problem, evaluate
+from pipeforge.optimize.exact import solve_exact
+from pipeforge.optimize.greedy import zero_bubble_orders
+
+ZB_COSTS = CostModel(F=18.522, I=18.086, W=9.337, comm=0.601)
+
+
+def problem(p, m, limit, costs=CostModel(), weights=0.5):
+    return Problem(p, p, m, (Placement.loop(p, p),), costs, limit, weights)
+
+
+def poor_order(graph):
+    """1F1B with B split (no W moved into gaps) when it fits the limit, else the greedy order."""
+    order = tuple(graph.ids(a) for a in one_f_one_b(graph.problem.ranks, graph.problem.microbatches, split=True))
+    return order if evaluate(graph, order).fits(graph.problem.memory_limit) else greedy_order(graph)
+
+
+def greedy_order(graph):
+    orders = [tuple(graph.ids(a) for a in per_rank) for _, per_rank in zero_bubble_orders(graph.problem)]
+    return min(orders, key=lambda o: evaluate(graph, o).key())
+
+
+CASES = [
+    (2, 2, None, CostModel()),
+    (2, 2, 1.0, CostModel()),
+    (2, 2, 1.5, CostModel(F=1, I=2, W=1, comm=0.5)),
+    (2, 2, 2.0, CostModel(F=2, I=1, W=0.5, comm=1.0)),
+    (3, 2, 1.5, CostModel(F=1, I=1, W=1, comm=0.25)),
+    (3, 2, None, CostModel(F=1, I=2, W=2, comm=0.0)),
+]
+
+
+@pytest.mark.parametrize(("p", "m", "limit", "costs"), CASES)
+def test_exact_proves_the_brute_force_optimum(p, m, limit, costs):
+    prob = problem(p, m, limit, costs)
+    graph = Graph(prob, split_work(p, m))
+    brute = brute_force_best_span(prob)
+    # Start from a weak bound (busy time) so the solver has to do the proving.
+    result = solve_exact(graph, poor_order(graph), max(busy_per_rank(graph)), time_limit=60)
+    assert result.optimal
+    assert result.upper_bound == pytest.approx(brute)
+    assert evaluate(graph, result.order).max_span == pytest.approx(brute)
+    assert result.lower_bound <= brute + 1e-9
+
+
+@pytest.mark.parametrize(("p", "m", "limit", "costs"), CASES[:4])
+def test_exact_without_asap_timing_still_bounds_from_below(p, m, limit, costs):
+    prob = problem(p, m, limit, costs)
+    graph = Graph(prob, split_work(p, m))
+    result = solve_exact(graph, greedy_order(graph), max(busy_per_rank(graph)), time_limit=60, asap=False)
+    assert result.lower_bound <= brute_force_best_span(prob) + 1e-9
+
+
+@settings(max_examples=25, deadline=None)
+@given(p=st.integers(1, 3), m=st.integers(1, 2), costs=costs_strategy,
+       limit=st.sampled_from([None, 1.0, 1.5, 2.0, 3.0]), weights=st.sampled_from([0.5, 0.25]))
+def test_round_trip_bound_never_exceeds_the_optimum(p, m, costs, limit, weights):
+    prob = problem(p, m, limit, costs, weights)
+    brute = brute_force_best_span(prob)
+    assert brute is not None
+    assert span_lower_bound(Graph(prob, split_work(p, m))) <= brute + 1e-9
+
+
+def test_the_bound_proves_zb_1p_optimal_at_p8():
+    # Round-trip bound on rank 0 at 1p memory equals the ZB-1p span (Zero Bubble paper, Table 5).
+    for m, paper in ((24, 0.1585), (32, 0.1242)):
+        prob = problem(8, m, 8.0, ZB_COSTS)
+        graph = Graph(prob, split_work(8, m))
+        best = evaluate(graph, greedy_order(graph))
+        assert bubble_lower_bound(graph) == pytest.approx(best.bubble_rate)
+        assert best.bubble_rate <= paper + 5e-5
+
+
+def test_exact_respects_the_time_limit_and_keeps_a_valid_order():
+    prob = problem(4, 6, 2.0, CostModel(comm=0.1))
+    graph = Graph(prob, split_work(4, 6))
+    start = greedy_order(graph)
+    result = solve_exact(graph, start, max(busy_per_rank(graph)), time_limit=1.0)
+    evaluation = evaluate(graph, result.order)
+    assert evaluation is not None and evaluation.fits(2.0)
+    assert result.upper_bound <= evaluate(graph, start).max_span
+    assert result.lower_bound <= result.upper_bound

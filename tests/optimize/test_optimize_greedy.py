@@ -1,0 +1,70 @@
+"""The Zero Bubble automatic scheduler: known results and properties of every knob setting."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opt_instances import costs_strategy, split_work
+
+from pipeforge.ir import CostModel, Placement
+from pipeforge.optimize.evaluate import Graph, Problem, evaluate, is_complete
+from pipeforge.optimize.greedy import KNOB_SETTINGS, supports, zero_bubble_orders
+
+ZB_COSTS = CostModel(F=18.522, I=18.086, W=9.337, comm=0.601)
+
+
+def problem(p, m, limit, costs=CostModel(), weights=0.5):
+    return Problem(p, p, m, (Placement.loop(p, p),), costs, limit, weights)
+
+
+def best_evaluation(prob):
+    graph = Graph(prob, split_work(prob.ranks, prob.microbatches))
+    found = []
+    for _, per_rank in zero_bubble_orders(prob):
+        order = tuple(graph.ids(actions) for actions in per_rank)
+        found.append((graph, order, evaluate(graph, order)))
+    return found, min((e for _, _, e in found if e is not None), key=lambda e: e.key())
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (3, 6), (4, 8), (4, 12), (8, 16)])
+def test_unit_costs_at_limit_p_reach_zb_h1(p, m):
+    # ZB-H1: 1F1B's memory, bubble (P - 1)(F + I - W) against 1F1B's (P - 1)(F + B).
+    _, best = best_evaluation(problem(p, m, float(p)))
+    busy = 3.0 * m
+    assert best.max_span == pytest.approx(busy + (p - 1))
+    assert best.bubble_rate == pytest.approx(1 - busy / (busy + p - 1))
+    assert max(best.peak_memory) <= p
+
+
+@pytest.mark.parametrize(("m", "limit", "paper"), [
+    (24, 8, 0.1585), (32, 8, 0.1242), (24, 16, 0.0433), (32, 16, 0.0039),
+])
+def test_zero_bubble_paper_table_5(m, limit, paper):
+    _, best = best_evaluation(problem(8, m, float(limit), ZB_COSTS))
+    assert best.bubble_rate <= paper + 5e-5
+    assert max(best.peak_memory) <= limit
+
+
+def test_there_are_eight_settings():
+    assert len(set(KNOB_SETTINGS)) == 8
+
+
+@pytest.mark.parametrize(("placement", "limit", "ok"), [
+    (Placement.loop(4, 4), 4.0, True), (Placement.loop(8, 4), 4.0, False),
+    (Placement.v(8, 4), 4.0, False), (Placement.loop(4, 4), 0.5, False), (Placement.loop(4, 4), None, True),
+])
+def test_supports_one_stage_a_rank_in_loop_order(placement, limit, ok):
+    stages = len(placement.stage_to_rank)
+    assert supports(Problem(4, stages, 8, (placement,), CostModel(), limit, 0.5)) is ok
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(1, 5), m=st.integers(1, 9), costs=costs_strategy,
+       limit=st.sampled_from([None, 1.0, 1.5, 2.0, 3.0, 6.0]), weights=st.sampled_from([0.5, 0.3]))
+def test_every_setting_gives_a_complete_order_that_runs_and_fits(p, m, costs, limit, weights):
+    found, _ = best_evaluation(problem(p, m, limit, costs, weights)) if limit is None or limit >= 1 else ([], None)
+    for graph, order, evaluation in found:
+        assert is_complete(graph, order)
+        assert evaluation is not None
+        assert evaluation.fits(limit)
