@@ -160,6 +160,8 @@ def _build_cost_entry(tree: Tree, file: str):
 
     def set_cost(ctx: Elaboration, env: dict, fields: dict, per_stage: list) -> None:
         number = require_number(value(env), value_span, f"the cost {key}")
+        if not number >= 0:
+            raise SemanticError(f"the cost {key} must not be negative, got {number!r}", value_span)
         if index is None:
             fields[key] = number
             return

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from lark import Tree
 
-from pipeforge.errors import PipeforgeError, SemanticError, Span, UsageError
+from pipeforge.errors import PipeforgeError, PipeSyntaxError, SemanticError, Span, UsageError
 from pipeforge.ir import Schedule
 from pipeforge.lang.context import Elaboration
 from pipeforge.lang.exprs import span_of
@@ -84,7 +84,8 @@ def pick(schedules: tuple[CompiledSchedule, ...], name: str | None, file: str) -
     """The schedule called ``name``, or the only one; a UsageError listing the names otherwise."""
     names = ", ".join(s.name for s in schedules)
     if not schedules:
-        raise UsageError(f"{file} holds no schedule: expected 'schedule NAME(PARAMS) {{ ... }}'")
+        raise PipeSyntaxError("this file holds no schedule: expected 'schedule NAME(PARAMS) { ... }'",
+                              Span(file, 1, 1))
     if name is None:
         if len(schedules) > 1:
             raise UsageError(f"{file} holds several schedules ({names}): pick one with --schedule NAME")

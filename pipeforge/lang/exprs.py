@@ -47,7 +47,10 @@ def require_int(value: object, span: Span, what: str) -> int:
 
 def require_number(value: object, span: Span, what: str) -> float:
     if type(value) in (int, float):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            raise SemanticError(f"{what} is too large a number", span) from None
     raise SemanticError(f"{what} must be a number, got {describe(value)}", span)
 
 
@@ -82,6 +85,8 @@ def _arithmetic(op: Callable[[object, object], object]) -> Callable[[Tree, str],
                 return op(a, b)
             except TypeError:
                 raise SemanticError(f"cannot combine {describe(a)} and {describe(b)} here", span) from None
+            except OverflowError:
+                raise SemanticError("the result is too large a number", span) from None
 
         return apply
 
@@ -102,6 +107,8 @@ def _division(op: Callable[[object, object], object], symbol: str) -> Callable[[
                 return op(a, b)
             except TypeError:
                 raise SemanticError(f"cannot combine {describe(a)} and {describe(b)} with {symbol!r}", span) from None
+            except OverflowError:
+                raise SemanticError("the result is too large a number", span) from None
 
         return apply
 
@@ -116,7 +123,7 @@ def _compare(op: Callable[[object, object], bool]) -> Callable[[Tree, str], Eval
         def apply(env: Env) -> bool:
             try:
                 return op(left(env), right(env))
-            except TypeError:
+            except (TypeError, OverflowError):
                 raise SemanticError("these values cannot be compared", span) from None
 
         return apply

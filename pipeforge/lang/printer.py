@@ -14,7 +14,7 @@ import re
 from pipeforge.ir import CostModel, MemorySpec, Placement, Schedule, Step
 from pipeforge.lang.declarations import reverse_placement
 
-_LINE_WIDTH = 96
+_LINE_WIDTH = 88
 _INDENT = "    "
 _RESERVED = frozenset({
     "schedule", "ranks", "stages", "placement", "microbatches", "require", "costs", "memory", "let", "for",

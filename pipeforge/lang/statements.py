@@ -63,13 +63,20 @@ def _for(tree: Tree, file: str) -> Exec:
         if stride == 0:
             raise SemanticError("the step of a range must not be 0", spans[2])
         values = range(first, last, stride)
-        ctx.spend(len(values), span)
+        ctx.spend(iteration_count(values), span)
         for value in values:
             scope = dict(env)
             scope[name] = value
             body(ctx, scope)
 
     return loop
+
+
+def iteration_count(values: range) -> int:
+    try:
+        return len(values)
+    except OverflowError:  # more than sys.maxsize: beyond any budget
+        return 1 << 62
 
 
 def _if(tree: Tree, file: str) -> Exec:
