@@ -112,11 +112,15 @@ class RankContext:
             self._runner(stage, chain).backward_weight(mb)
 
     def reduce_grad(self, stage: int, chain: int = 0) -> None:
-        """The stage's gradients are complete (summed across chains and scaled after the program)."""
-        runner = self._runner(stage, chain)
-        if self.training and runner.states:
-            raise PipelineError(f"rank {self.rank}: REDUCE_GRAD of {runner.name} with backward still pending "
-                                f"for microbatches {sorted(runner.states)}")
+        """The stage's gradients are complete on this rank (every replica of it here: REDUCE_GRAD
+        names a stage, not a chain). They are summed across chains and scaled after the program."""
+        replicas = [r for (s, _), r in self.runners.items() if s == stage]
+        if not replicas:
+            raise PipelineError(f"rank {self.rank} holds no replica of stage {stage}")
+        pending = sorted(m for r in replicas for m in r.states)
+        if self.training and pending:
+            raise PipelineError(f"rank {self.rank}: REDUCE_GRAD of stage {stage} with backward still pending "
+                                f"for microbatches {pending}")
 
     @contextmanager
     def overlap(self) -> Iterator[None]:

@@ -1,7 +1,8 @@
 """Run a function on N local processes joined in one gloo group on 127.0.0.1.
 
 ``spawn(worker, nproc, payload, timeout=...)`` starts the processes (the
-``spawn`` start method), initializes ``torch.distributed`` in each with a TCP
+``forkserver`` start method: one server imports torch once, every rank is a
+fresh fork of it, so a run costs one torch import, not N), initializes ``torch.distributed`` in each with a TCP
 store on a free port of 127.0.0.1 and the given timeout, calls
 ``worker(rank, nproc, payload)``, and returns every rank's ``Outcome``. A rank
 that does not report within the deadline is killed (only the processes started
@@ -10,6 +11,7 @@ here, by their handles) and reported as timed out: nothing hangs.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import queue
 import socket
@@ -21,6 +23,8 @@ from datetime import timedelta
 from typing import Any
 
 LOCALHOST = "127.0.0.1"
+# torch.autograd imports symbolic_shapes (sympy) on the first backward with explicit gradients
+PRELOAD = ["torch", "torch.distributed", "torch.fx.experimental.symbolic_shapes", "pipeforge.runtime.check"]
 
 
 @dataclass(frozen=True)
@@ -84,9 +88,8 @@ def _describe(error: BaseException) -> str:
 def spawn(worker: Callable[[int, int, Any], Any], nproc: int, payload: Any = None, *, timeout: float = 60.0,
           backend: str = "gloo", deadline: float | None = None) -> list[Outcome]:
     """Run ``worker`` on ``nproc`` local ranks; ``deadline`` (seconds) bounds the whole run."""
-    import torch.multiprocessing as mp
-
-    context = mp.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
     results = context.Queue()
     port = free_port()
     processes = [
