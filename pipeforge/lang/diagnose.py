@@ -74,7 +74,7 @@ def unexpected_token(error: UnexpectedToken, text: str, file: str) -> PipeSyntax
     token = error.token
     span = _token_span(token, file)
     stack = _stack(error)
-    for rule in (_unclosed_brace, _double_equals_in_let, _assignment_in_condition, _missing_comma, _range_syntax, _stages_placement):
+    for rule in (_unclosed_brace, _stray_closer, _double_equals_in_let, _assignment_in_condition, _missing_comma, _range_syntax, _stages_placement):
         diagnosis = rule(error, stack, file)
         if diagnosis is not None:
             return diagnosis
@@ -126,6 +126,20 @@ def _unclosed_brace(error: UnexpectedToken, stack: list, file: str) -> PipeSynta
     where = "the end of the file" if error.token.type == "$END" else f"'schedule' at line {error.token.line}"
     return PipeSyntaxError(f"this '{{' is never closed: expected '}}' before {where}",
                            Span(file, brace.line, brace.column, brace.line, brace.column + 1))
+
+
+_OPENERS = {"RPAR": "LPAR", "RSQB": "LSQB", "RBRACE": "LBRACE"}
+
+
+def _stray_closer(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
+    opener = _OPENERS.get(error.token.type)
+    if opener is None:
+        return None
+    symbols = [_symbol(item) for item in stack]
+    if symbols.count(opener) > symbols.count(error.token.type):
+        return None
+    return PipeSyntaxError(f"unexpected {_describe(error.token)}: it closes nothing, no "
+                           f"{_terminal_texts()[opener]} is open here", _token_span(error.token, file))
 
 
 def _double_equals_in_let(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
