@@ -117,7 +117,7 @@ class Bounds:
                 "memory_limit": self.memory_limit, "ranks": [b.to_json() for b in self.per_rank]}
 
 
-@dataclass
+@dataclass(slots=True)
 class _Node:
     rank: int
     duration: float
@@ -127,12 +127,15 @@ class _Node:
 
 def compute_bounds(schedule: Schedule, costs: CostModel, memory: MemorySpec, *, busy: list[float]) -> Bounds:
     """Bounds for ``schedule``'s actions; ``busy[r]`` is rank r's total compute time."""
-    nodes, by_stage = _dependency_nodes(schedule, costs)
-    comm = costs.comm
-    _earliest_starts(nodes, by_stage, schedule.stages, comm)
-    _remaining_after(nodes, by_stage, schedule.stages, comm)
-    critical = max((n.est + n.duration + n.down for n in nodes.values()), default=0.0)
-    per_rank = _rank_bounds(schedule, nodes, memory, busy)
+    from pipeforge.sim.simulate import gc_paused
+
+    with gc_paused():
+        nodes, by_stage = _dependency_nodes(schedule, costs)
+        comm = costs.comm
+        _earliest_starts(nodes, by_stage, schedule.stages, comm)
+        _remaining_after(nodes, by_stage, schedule.stages, comm)
+        critical = max((n.est + n.duration + n.down for n in nodes.values()), default=0.0)
+        per_rank = _rank_bounds(schedule, nodes, memory, busy)
     mean_busy = sum(busy) / len(busy) if busy else 0.0
     return Bounds(critical, memory.limit, per_rank, mean_busy)
 
