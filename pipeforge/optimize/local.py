@@ -2,10 +2,11 @@
 
 A move takes the action at position ``p`` of a rank and reinserts it at ``q``
 (|p - q| <= ``window``): a W moved into an earlier or later gap, an F pulled
-into the warm-up, two adjacent independent steps swapped (|p - q| = 1). A move
+into the warm-up, two adjacent independent steps swapped (|p - q| = 1); or it
+exchanges the actions at ``p`` and ``q`` (an I and a W trading places). A move
 is kept when the order still runs (no rank waits forever, which also rejects
 any move that breaks a dependency on the rank), still fits the memory limit,
-and lowers the key (worst span, then total span, then makespan).
+and lowers the key (worst span, total span, makespan, then the sum of all ends).
 
 Evaluation is cheap where it can be: the memory prefix of the one changed rank
 is checked first (O(steps of that rank)); the timing is re-simulated only from
@@ -15,11 +16,14 @@ the first changed step on, since nothing that starts earlier can depend on it
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeforge.optimize.evaluate import TOLERANCE, Evaluation, Graph, Order, evaluate, simulate_order
+from bisect import bisect_left
+
+from pipeforge.optimize.evaluate import TOLERANCE, Evaluation, Graph, Order, Timing, metrics, simulate_order
 
 Progress = Callable[[float, str], None]
 
@@ -37,6 +41,13 @@ def relocate(sequence: tuple[int, ...], p: int, q: int) -> tuple[int, ...]:
     items = list(sequence)
     item = items.pop(p)
     items.insert(q, item)
+    return tuple(items)
+
+
+def exchange(sequence: tuple[int, ...], p: int, q: int) -> tuple[int, ...]:
+    """``sequence`` with the items at ``p`` and ``q`` swapped."""
+    items = list(sequence)
+    items[p], items[q] = items[q], items[p]
     return tuple(items)
 
 
@@ -67,25 +78,40 @@ class _Searcher:
         self.graph, self.window, self.deadline, self.progress = graph, window, deadline, progress
         self.limit = graph.problem.memory_limit
         self.order = order
-        self.best = evaluate(graph, order)
-        if self.best is None:
+        timing = simulate_order(graph, order)
+        if timing is None:
             raise ValueError("local search needs an order that runs")
+        self.accept(order, timing, metrics(graph, order, timing))
         self.moves = 0
         self.started = time.monotonic()
 
     def out_of_time(self) -> bool:
         return time.monotonic() >= self.deadline
 
-    def try_move(self, r: int, p: int, q: int) -> bool:
-        seq = relocate(self.order[r], p, q)
+    def accept(self, order: Order, timing: Timing, evaluation: Evaluation) -> None:
+        self.order, self.timing, self.best = order, timing, evaluation
+        self.starts = [[timing.start[a] for a in seq] for seq in order]
+
+    def kept_before(self, r: int, lo: int) -> list[int]:
+        """Per rank, how many leading actions started before the first changed one (they keep their times)."""
+        t0 = self.starts[r][lo]
+        kept = [bisect_left(starts, t0) for starts in self.starts]
+        kept[r] = lo
+        return kept
+
+    def try_move(self, r: int, p: int, q: int, move=relocate) -> bool:
+        seq = move(self.order[r], p, q)
         lo, hi = min(p, q), max(p, q)
         if not same_rank_order_ok(self.graph, seq, lo, hi) or not fits_memory(self.graph, seq, self.limit):
             return False
         candidate = self.order[:r] + (seq,) + self.order[r + 1:]
-        result = evaluate(self.graph, candidate)
-        if result is None or not result.fits(self.limit) or result.key() >= self.best.key():
+        timing = simulate_order(self.graph, candidate, (self.timing, self.kept_before(r, lo)))
+        if timing is None:
             return False
-        self.order, self.best = candidate, result
+        result = metrics(self.graph, candidate, timing)
+        if not result.fits(self.limit) or result.key() >= self.best.key():
+            return False
+        self.accept(candidate, timing, result)
         self.moves += 1
         return True
 
@@ -105,7 +131,38 @@ class _Searcher:
         for q in range(max(0, p - self.window), min(n, p + self.window + 1)):
             if q != p and self.try_move(r, p, q):
                 return True
+        for q in range(p + 2, min(n, p + self.window + 1)):
+            if self.try_move(r, p, q, exchange):
+                return True
         return False
+
+    def descend(self) -> int:
+        """Sweeps until none improves (or time runs out); returns how many ran."""
+        sweeps = 0
+        while not self.out_of_time():
+            sweeps += 1
+            improved = self.sweep()
+            self.report(sweeps)
+            if not improved:
+                break
+        return sweeps
+
+    def kick(self, order: Order, rng: random.Random, size: int = 3) -> None:
+        """Restart from ``order`` moved by ``size`` random valid relocations."""
+        for _ in range(size * 20):
+            if size == 0:
+                break
+            r = rng.randrange(len(order))
+            n = len(order[r])
+            if n < 2:
+                continue
+            p, q = rng.randrange(n), rng.randrange(n)
+            seq = relocate(order[r], p, q)
+            candidate = order[:r] + (seq,) + order[r + 1:]
+            if p != q and fits_memory(self.graph, seq, self.limit) and simulate_order(self.graph, candidate):
+                order, size = candidate, size - 1
+        timing = simulate_order(self.graph, order)
+        self.accept(order, timing, metrics(self.graph, order, timing))
 
     def report(self, sweeps: int) -> None:
         if self.progress is None:
@@ -115,18 +172,31 @@ class _Searcher:
         self.progress(fraction, f"local search sweep {sweeps}: bubble {self.best.bubble_rate:.4f}")
 
 
-def local_search(graph: Graph, order: Order, *, time_limit: float = 10.0, window: int = 8,
-                 progress: Progress | None = None) -> LocalSearchResult:
-    """Improve ``order`` by single-action relocations until none helps or time runs out."""
+def local_search(graph: Graph, order: Order, *, time_limit: float = 10.0, window: int = 8, kicks: int = 20,
+                 seed: int = 0, target: float | None = None, progress: Progress | None = None) -> LocalSearchResult:
+    """Improve ``order`` by moves until none helps, then kick and descend again (iterated local search).
+
+    A kick applies a few random valid moves to the best order so far, whatever
+    they cost; the descent from there is kept only if it ends better. It stops
+    after ``kicks`` kicks in a row without gain, at the time limit, or when the
+    worst span reaches ``target`` (a proven lower bound). Deterministic for a ``seed``.
+    """
     searcher = _Searcher(graph, order, window, time.monotonic() + time_limit, progress)
-    sweeps = 0
-    while not searcher.out_of_time():
-        sweeps += 1
-        improved = searcher.sweep()
-        searcher.report(sweeps)
-        if not improved:
-            break
-    return LocalSearchResult(searcher.order, searcher.best, searcher.moves, sweeps)
+    rng = random.Random(seed)
+    sweeps = searcher.descend()
+    best_order, best, failures = searcher.order, searcher.best, 0
+    while failures < kicks and not searcher.out_of_time() and not _reached(best, target):
+        searcher.kick(best_order, rng)
+        sweeps += searcher.descend()
+        if searcher.best.key() < best.key():
+            best_order, best, failures = searcher.order, searcher.best, 0
+        else:
+            failures += 1
+    return LocalSearchResult(best_order, best, searcher.moves, sweeps)
 
 
-__all__ = ["LocalSearchResult", "local_search", "relocate", "fits_memory", "simulate_order"]
+def _reached(best: Evaluation, target: float | None) -> bool:
+    return target is not None and best.max_span <= target + TOLERANCE
+
+
+__all__ = ["LocalSearchResult", "local_search", "relocate", "exchange", "fits_memory"]
