@@ -118,7 +118,7 @@ def step_view(step: Step, locations: bool) -> StepView:
     else:
         form = "call"
     span = step.span if locations else None
-    return StepView(form, calls, span.file if span else None, _int(span.line) if span else None)
+    return StepView(form, calls, Path(span.file).name if span else None, _int(span.line) if span else None)
 
 
 def rank_view(rank: int, program: tuple[Step, ...], locations: bool) -> RankView:
@@ -212,9 +212,7 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 def _report_text(report: object) -> str:
-    violations = getattr(report, "violations", ()) or ()
-    lines = []
-    for violation in violations:
-        where = getattr(violation, "location", None) or "?"
-        lines.append(f"  {where}: {getattr(violation, 'kind', 'violation')}: {getattr(violation, 'message', violation)}")
-    return "\n".join(lines) or f"  {report}"
+    render = getattr(report, "render", None)
+    if callable(render):
+        return render()
+    return "\n".join(f"  {v}" for v in getattr(report, "violations", ())) or f"  {report}"

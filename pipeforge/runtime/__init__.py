@@ -1,11 +1,29 @@
 """What generated pipeline modules import: the rank context, the Pipeline, transport and microbatches.
 
 A generated module calls ``build_pipeline`` from its ``make_pipeline``; its rank
-functions call the methods of ``RankContext``.
+functions call the methods of ``RankContext``. The names load lazily so that
+``pipeforge.runtime.launch`` (which only starts processes) never imports torch
+in the parent process.
 """
 
-from pipeforge.runtime.context import Comm, RankContext, ScheduleInfo
-from pipeforge.runtime.p2p import PipelineError
-from pipeforge.runtime.pipeline import Pipeline, build_pipeline
+from __future__ import annotations
 
-__all__ = ["Comm", "Pipeline", "PipelineError", "RankContext", "ScheduleInfo", "build_pipeline"]
+import importlib
+
+_EXPORTS = {
+    "Comm": "pipeforge.runtime.context",
+    "RankContext": "pipeforge.runtime.context",
+    "ScheduleInfo": "pipeforge.runtime.context",
+    "PipelineError": "pipeforge.runtime.p2p",
+    "Pipeline": "pipeforge.runtime.pipeline",
+    "build_pipeline": "pipeforge.runtime.pipeline",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pipeforge.runtime' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from pipeforge.runtime import models
+from pipeforge.runtime.launch import summarize
 from pipeforge.runtime.microbatch import merge_chunks, split_value
 
 RELATIVE_TOLERANCE = 1e-5
@@ -183,17 +185,31 @@ def sgd(parameters: list[torch.nn.Parameter], learning_rate: float) -> None:
             param.grad = None
 
 
+def check_job_fields(rank: int, nproc: int, fields: dict) -> dict:
+    """One job given as a dict of ``CheckJob`` fields (the parent need not import torch to build it)."""
+    return check_rank(rank, nproc, CheckJob(**fields))
+
+
 def check_jobs(rank: int, nproc: int, jobs: list[CheckJob]) -> list[dict]:
     """Several jobs on one process group (a worker for ``launch.spawn``)."""
     return [check_rank(rank, nproc, job) for job in jobs]
 
 
-def summarize(reports: list[dict]) -> dict:
-    """One verdict from every rank's report."""
-    return {
-        "match": all(r["match"] for r in reports),
-        "max_abs_diff": max((r["max_abs_diff"] for r in reports), default=0.0),
-        "max_rel_diff": max((r["max_rel_diff"] for r in reports), default=0.0),
-        "worst": max(reports, key=lambda r: r["max_abs_diff"])["worst"] if reports else "",
-        "missing": [m for r in reports for m in r["missing"]][:5],
-    }
+def run_check_from_environment(module_path: str, *, steps: int = 2, model: str = "mlp", backend: str = "gloo",
+                               timeout: float = 300.0) -> dict | None:
+    """Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR set): check, then gather; rank 0 gets the verdict."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        report = check_rank(dist.get_rank(), dist.get_world_size(), CheckJob(module_path, model=model, steps=steps,
+                                                                             timeout=timeout))
+        reports = [None] * dist.get_world_size()
+        dist.all_gather_object(reports, report)
+        return summarize(reports) if dist.get_rank() == 0 else None
+    finally:
+        dist.destroy_process_group()

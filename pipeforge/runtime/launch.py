@@ -11,6 +11,7 @@ here, by their handles) and reported as timed out: nothing hangs.
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import queue
@@ -48,12 +49,21 @@ def init_group(rank: int, nproc: int, port: int, backend: str, timeout: float) -
                             timeout=timedelta(seconds=timeout))
 
 
-def _child(rank: int, nproc: int, port: int, backend: str, timeout: float, worker: Callable, payload: Any,
+def resolve(worker: str | Callable) -> Callable:
+    """A worker named ``"package.module:function"`` (so the parent need not import it) or the function."""
+    if callable(worker):
+        return worker
+    module, _, name = worker.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _child(rank: int, nproc: int, port: int, backend: str, timeout: float, worker: str | Callable, payload: Any,
            results) -> None:
     import torch
 
     torch.set_num_threads(1)
     try:
+        worker = resolve(worker)
         init_group(rank, nproc, port, backend, timeout)
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -85,9 +95,12 @@ def _describe(error: BaseException) -> str:
     return "".join(traceback.format_exception(error)).strip()
 
 
-def spawn(worker: Callable[[int, int, Any], Any], nproc: int, payload: Any = None, *, timeout: float = 60.0,
+def spawn(worker: str | Callable[[int, int, Any], Any], nproc: int, payload: Any = None, *, timeout: float = 60.0,
           backend: str = "gloo", deadline: float | None = None) -> list[Outcome]:
-    """Run ``worker`` on ``nproc`` local ranks; ``deadline`` (seconds) bounds the whole run."""
+    """Run ``worker(rank, nproc, payload)`` on ``nproc`` local ranks; ``deadline`` (seconds) bounds the run.
+
+    Name the worker ``"module:function"`` to keep torch out of the parent process.
+    """
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
     results = context.Queue()
@@ -120,3 +133,26 @@ def _collect(results, processes: list, deadline: float) -> dict[int, Outcome]:
         if rank not in outcomes and process.exitcode not in (None, 0):
             outcomes[rank] = Outcome(rank, False, error=f"process exited with code {process.exitcode}")
     return outcomes
+
+
+def run_check(module_path: str, nproc: int, *, steps: int = 2, model: str = "mlp", backend: str = "gloo",
+              timeout: float = 30.0) -> dict:
+    """``pipeforge run``'s check on ``nproc`` local processes: the verdict, with each failed rank's error."""
+    job = {"module_path": module_path, "model": model, "steps": steps, "timeout": timeout}
+    outcomes = spawn("pipeforge.runtime.check:check_job_fields", nproc, job, timeout=timeout, backend=backend,
+                     deadline=timeout * (steps + 2) + 30)
+    failed = [o for o in outcomes if not o.ok]
+    if failed:
+        return {"match": False, "max_abs_diff": float("inf"), "errors": {o.rank: o.error for o in failed}}
+    return summarize([o.value for o in outcomes])
+
+
+def summarize(reports: list[dict]) -> dict:
+    """One verdict from every rank's report."""
+    return {
+        "match": all(r["match"] for r in reports),
+        "max_abs_diff": max((r["max_abs_diff"] for r in reports), default=0.0),
+        "max_rel_diff": max((r["max_rel_diff"] for r in reports), default=0.0),
+        "worst": max(reports, key=lambda r: r["max_abs_diff"])["worst"] if reports else "",
+        "missing": [m for r in reports for m in r["missing"]][:5],
+    }

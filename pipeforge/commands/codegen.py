@@ -1,0 +1,34 @@
+"""``pipeforge codegen``: write the per-rank PyTorch module of a verified schedule."""
+
+from __future__ import annotations
+
+import argparse
+
+from pipeforge.commands.common import add_input_arguments, load_input, print_json
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "codegen", help="write a PyTorch module that runs the schedule",
+        description="Lower (if compute-only) and verify the schedule, then write OUTDIR/<schedule>.py: one "
+                    "function per rank and make_pipeline(stage_modules, ...). Refuses a schedule that does "
+                    "not verify.")
+    add_input_arguments(parser)
+    parser.add_argument("-o", "--output", dest="out_dir", required=True, metavar="OUTDIR",
+                        help="folder to write the module into (created if missing)")
+    parser.add_argument("--no-locations", action="store_true",
+                        help="leave the .pipe file:line comments out (stable golden files)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeforge.codegen import codegen
+
+    schedule = load_input(args)
+    path = codegen(schedule, args.out_dir, locations=not args.no_locations)
+    if args.json:
+        print_json({"schedule": schedule.name, "module": str(path), "ranks": schedule.ranks})
+    else:
+        print(f"wrote {path} (schedule {schedule.name!r}, {schedule.ranks} ranks)")
+    return 0

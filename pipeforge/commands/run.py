@@ -1,0 +1,100 @@
+"""``pipeforge run``: train a small model with the generated pipeline and check it against no pipeline."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+import time
+
+from pipeforge.commands.common import add_input_arguments, load_input, print_json
+from pipeforge.errors import UsageError
+
+EXIT_MATCH, EXIT_MISMATCH = 0, 1
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "run", help="run the schedule on local processes and compare with the unpipelined model",
+        description="Generate the schedule's module, run STEPS SGD steps of a small float64 model on NPROC "
+                    "local processes (gloo on 127.0.0.1, or NCCL), and compare losses, outputs, every "
+                    "gradient and the parameters with the same model trained without pipelining.")
+    add_input_arguments(parser)
+    parser.add_argument("--nproc", type=int, help="number of processes (default: the schedule's ranks)")
+    parser.add_argument("--steps", type=int, default=2, help="training steps (default 2)")
+    parser.add_argument("--model", choices=("mlp", "tuple"), default="mlp",
+                        help="mlp: stages change the width; tuple: activations are pairs of tensors")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                        help="seconds any rank may wait for a peer before failing (default 30)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--print-torchrun", action="store_true",
+                        help="print the torchrun line that runs this check on several machines, and exit")
+    parser.add_argument("--from-env", action="store_true", help=argparse.SUPPRESS)  # set by --print-torchrun
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeforge.codegen import codegen
+
+    schedule = load_input(args)
+    nproc = args.nproc if args.nproc is not None else schedule.ranks
+    if nproc != schedule.ranks:
+        raise UsageError(f"schedule {schedule.name!r} has {schedule.ranks} ranks but --nproc is {nproc}; "
+                         f"pass -D P={nproc} or --nproc {schedule.ranks}")
+    if args.steps < 1:
+        raise UsageError("--steps must be at least 1")
+    if args.print_torchrun:
+        print(torchrun_line(args, nproc))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="pipeforge-run-") as out_dir:
+        module = str(codegen(schedule, out_dir))
+        started = time.monotonic()
+        verdict = _check(args, module, nproc)
+        seconds = time.monotonic() - started
+    if verdict is None:  # a torchrun rank other than 0
+        return 0
+    return _report(args, schedule.name, nproc, verdict, seconds)
+
+
+def _check(args: argparse.Namespace, module: str, nproc: int) -> dict | None:
+    if args.from_env:
+        from pipeforge.runtime.check import run_check_from_environment
+
+        return run_check_from_environment(module, steps=args.steps, model=args.model, backend=args.backend,
+                                          timeout=args.timeout)
+    from pipeforge.runtime.launch import run_check
+
+    return run_check(module, nproc, steps=args.steps, model=args.model, backend=args.backend, timeout=args.timeout)
+
+
+def _report(args: argparse.Namespace, name: str, nproc: int, verdict: dict, seconds: float) -> int:
+    result = {"match": verdict["match"], "max_abs_diff": verdict["max_abs_diff"], "steps": args.steps,
+              "nproc": nproc, "backend": args.backend}
+    if args.json:
+        print_json(result)
+    else:
+        status = "match" if verdict["match"] else "MISMATCH"
+        print(f"{name}: {status} on {nproc} processes ({args.backend}), {args.steps} steps of the {args.model} "
+              f"model in {seconds:.1f} s: max |pipelined - unpipelined| = {verdict['max_abs_diff']:.3g}")
+    if not verdict["match"]:
+        for rank, error in sorted(verdict.get("errors", {}).items()):
+            print(f"rank {rank}: {error.strip().splitlines()[-1]}", file=sys.stderr)
+        if verdict.get("worst"):
+            print(f"largest difference: {verdict['worst']}", file=sys.stderr)
+        for missing in verdict.get("missing", []):
+            print(f"missing: {missing}", file=sys.stderr)
+    return EXIT_MATCH if verdict["match"] else EXIT_MISMATCH
+
+
+def torchrun_line(args: argparse.Namespace, nproc: int) -> str:
+    """torchrun for NODES machines; the same line runs on each with its own NODE_RANK."""
+    launcher = ("torchrun --nnodes=$NODES --nproc-per-node=$NPROC_PER_NODE --node-rank=$NODE_RANK "
+                "--master-addr=$MASTER_ADDR --master-port=29500")
+    command = ["-m", "pipeforge", "run", args.path, *(f"-D{d}" for d in args.defines)]
+    if args.schedule:
+        command += ["--schedule", args.schedule]
+    command += ["--nproc", str(nproc), "--steps", str(args.steps), "--model", args.model,
+                "--backend", args.backend, "--timeout", f"{args.timeout:g}", "--from-env"]
+    return f"# on each of NODES machines, with NODES * NPROC_PER_NODE = {nproc}:\n{launcher} {shlex.join(command)}"
