@@ -1,0 +1,59 @@
+"""``pipeforge simulate`` through the command line: human report, JSON contract, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeforge.cli import main
+
+
+@pytest.fixture
+def csv_1f1b(tmp_path):
+    path = tmp_path / "two.csv"
+    path.write_text("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n", encoding="utf-8")
+    return str(path)
+
+
+def test_json_is_one_object_with_the_contract_fields(csv_1f1b, capsys):
+    assert main(["simulate", csv_1f1b, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["makespan"] == 9.0
+    assert document["peak_memory"] == [2.0, 1.0]
+    assert document["lower_bound"] == 9.0
+    assert [r["busy"] for r in document["ranks"]] == [6.0, 6.0]
+
+
+def test_cost_flag_overrides_and_comm_shifts(csv_1f1b, capsys):
+    assert main(["simulate", csv_1f1b, "--json", "--cost", "comm=0.5"]) == 0
+    assert json.loads(capsys.readouterr().out)["makespan"] == 10.0
+
+
+def test_human_report_has_figures_bounds_memory_and_grid(csv_1f1b, capsys):
+    assert main(["simulate", csv_1f1b, "--width", "40"]) == 0
+    out = capsys.readouterr().out
+    for text in ("makespan     9", "lower bound 9", "bubble rate  33.33%", "r0: 2  r1: 1", "rank 0 |F0", "rank 1 |"):
+        assert text in out
+
+
+def test_library_schedule_with_defines(capsys):
+    assert main(["simulate", "zb-h1", "-D", "P=4", "-D", "M=8", "--json", "--memory-limit", "4"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["bubble_rate"] == pytest.approx(3 / 27)
+    assert document["memory"]["within_limit"] is True
+    assert document["bounds"]["memory"] == pytest.approx(27)
+
+
+@pytest.mark.parametrize("flags", [["--cost", "F=x"], ["--cost", "Q=1"], ["--memory-limit", "0"]])
+def test_bad_flags_exit_2_with_a_message(csv_1f1b, capsys, flags):
+    assert main(["simulate", csv_1f1b, *flags]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "error:" in captured.err
+
+
+def test_inconsistent_order_exits_1(tmp_path, capsys):
+    path = tmp_path / "bad.csv"
+    path.write_text("0B0,0F0\n1F0,1B0\n", encoding="utf-8")
+    assert main(["simulate", str(path), "--microbatches", "1"]) == 1
+    assert "cannot finish" in capsys.readouterr().err
