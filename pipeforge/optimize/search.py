@@ -123,8 +123,7 @@ def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit
     source = _input_candidate(problem, compute)
     split = Graph(problem, split_actions(compute_actions(compute)))
     run = _Run(problem, split, deadline, progress)
-    best, exact_bound = run.strategies(strategy, source)
-    span_bound = max(span_lower_bound(split), exact_bound)
+    best, span_bound = run.strategies(strategy, source)
     input_offered = source is not None and source.evaluation.fits(problem.memory_limit)
     return _result(schedule, compute, problem, memory, before, best, input_offered, span_bound, strategy, started)
 
@@ -168,16 +167,21 @@ class _Run:
             self.best = candidate
 
     def strategies(self, strategy: str, source: _Candidate | None) -> tuple[_Candidate | None, float]:
+        """Run what ``strategy`` asks for, stopping early once the proven bound is reached."""
         self.offer(source)
+        bound = span_lower_bound(self.split)
         if strategy in ("auto", "greedy", "exact"):
             self.greedy(required=strategy == "greedy")
-        if strategy in ("auto", "local"):
+        if strategy == "local" or (strategy == "auto" and not self.reached(bound)):
             start = source if strategy == "local" else self.best
-            self.local(start, self.left() if strategy == "local" else self.left() / 2)
+            self.local(start, self.left() if strategy == "local" else self.left() / 2, bound)
         small = len(self.split.actions) <= EXACT_AUTO_ACTIONS
-        if strategy == "exact" or (strategy == "auto" and small):
-            return self.best, self.exact()
-        return self.best, 0.0
+        if strategy == "exact" or (strategy == "auto" and small and not self.reached(bound)):
+            return self.best, max(bound, self.exact(bound))
+        return self.best, bound
+
+    def reached(self, bound: float) -> bool:
+        return self.best is not None and self.best.evaluation.max_span <= bound + 1e-9
 
     def greedy(self, required: bool) -> None:
         from pipeforge.optimize.greedy import supports, zero_bubble_orders
@@ -194,16 +198,16 @@ class _Run:
             if evaluation is not None:
                 self.offer(_Candidate(self.split, order, evaluation, "greedy"))
 
-    def local(self, start: _Candidate | None, seconds: float) -> None:
+    def local(self, start: _Candidate | None, seconds: float, bound: float) -> None:
         from pipeforge.optimize.local import local_search
 
         if start is None or seconds <= 0:
             return
         self.tell(0.1, "local search")
-        found = local_search(start.graph, start.order, time_limit=seconds, progress=self.progress)
+        found = local_search(start.graph, start.order, time_limit=seconds, target=bound, progress=self.progress)
         self.offer(_Candidate(start.graph, found.order, found.evaluation, "local"))
 
-    def exact(self) -> float:
+    def exact(self, bound: float) -> float:
         """Run z3 from the best order so far on the split work; returns its proven span bound."""
         from pipeforge.optimize.exact import solve_exact
 
@@ -212,8 +216,7 @@ class _Run:
             return 0.0
         self.tell(0.5, "exact search (z3)")
         small = len(self.split.actions) <= EXACT_AUTO_ACTIONS
-        found = solve_exact(self.split, incumbent.order, span_lower_bound(self.split),
-                            time_limit=self.left(), asap=small)
+        found = solve_exact(self.split, incumbent.order, bound, time_limit=self.left(), asap=small)
         evaluation = evaluate(self.split, found.order)
         self.offer(_Candidate(self.split, found.order, evaluation, "exact"))
         return found.lower_bound

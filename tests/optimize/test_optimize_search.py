@@ -1,0 +1,122 @@
+"""optimize(): never worse than the input, never invalid, never over the memory limit."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opt_instances import costs_strategy, fused_work, make_schedule, one_f_one_b, random_programs, split_work
+
+import pipeforge
+from pipeforge.errors import UsageError, VerificationError
+from pipeforge.ir import Action, ActionKind, CostModel, Placement, Step
+from pipeforge.optimize import optimize
+from pipeforge.sim import simulate
+
+ZB_COSTS = CostModel(F=18.522, I=18.086, W=9.337, comm=0.601)
+
+
+def check_result(schedule, result, limit):
+    """What every result must satisfy, checked independently of the optimizer."""
+    timeline = simulate(result.schedule, result.schedule.costs or schedule.costs)
+    assert result.after.bubble_rate == pytest.approx(timeline.bubble_rate)
+    assert result.after.max_span <= result.before.max_span + 1e-9
+    assert result.bound <= result.after.bubble_rate + 1e-9
+    if limit is not None:
+        assert max(result.after.peak_memory) <= limit + 1e-9
+    assert sorted(str(a) for _, _, a in result.schedule.actions()) == sorted(
+        str(a) for _, _, a in result.schedule.actions())  # well formed
+    if result.improved:
+        verify = pytest.importorskip("pipeforge.verify").verify
+        assert verify(result.schedule, memory_limit=limit).valid
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=st.integers(1, 4), m=st.integers(1, 5), costs=costs_strategy, seed=st.integers(0, 10**6),
+       split=st.booleans(), limit=st.sampled_from([None, 1.0, 1.5, 2.0, 4.0]),
+       strategy=st.sampled_from(["auto", "greedy", "local"]))
+def test_never_worse_never_invalid(p, m, costs, seed, split, limit, strategy):
+    work = split_work(p, m) if split else fused_work(p, m)
+    schedule = make_schedule(p, m, random_programs(p, work, seed), costs)
+    timeline = simulate(schedule, costs)
+    try:
+        result = optimize(schedule, costs=costs, memory_limit=limit, strategy=strategy, time_limit=2.0)
+    except VerificationError:
+        # Only allowed when the input itself is over the limit and no order within it was found.
+        assert limit is not None and max(timeline.peak_memory) > limit
+        return
+    check_result(schedule, result, limit)
+    if not result.improved:
+        assert result.schedule is schedule
+
+
+@pytest.mark.parametrize(("p", "m", "limit", "expected"), [
+    (4, 8, 4.0, 1 - 24 / 27),    # 1F1B -> ZB-H1 at 1F1B's memory
+    (2, 2, None, 1 - 6 / 7),
+    (3, 6, 3.0, 1 - 18 / 20),
+])
+def test_one_f_one_b_becomes_zb_h1(p, m, limit, expected):
+    schedule = make_schedule(p, m, one_f_one_b(p, m), CostModel())
+    result = optimize(schedule, memory_limit=limit)
+    assert result.improved and result.optimal
+    assert result.after.bubble_rate == pytest.approx(expected)
+    assert result.bound == pytest.approx(expected)
+    check_result(schedule, result, limit)
+
+
+def test_an_optimal_input_comes_back_unchanged():
+    schedule = make_schedule(3, 6, one_f_one_b(3, 6), CostModel())
+    first = optimize(schedule, memory_limit=3.0).schedule
+    second = optimize(first, memory_limit=3.0)
+    assert not second.improved and second.schedule is first and second.found_by == "input"
+
+
+def test_zb_paper_1p_is_proven_optimal():
+    schedule = make_schedule(8, 24, one_f_one_b(8, 24), ZB_COSTS)
+    result = optimize(schedule, memory_limit=8.0, strategy="auto", time_limit=5.0)
+    assert result.optimal and result.gap == pytest.approx(0.0, abs=1e-9)
+    assert result.after.bubble_rate == pytest.approx(0.1585, abs=5e-5)
+
+
+def test_exact_strategy_reports_a_bound_and_a_gap():
+    schedule = make_schedule(4, 4, one_f_one_b(4, 4), CostModel(comm=0.1))
+    result = optimize(schedule, memory_limit=2.0, strategy="exact", time_limit=3.0)
+    assert 0.0 <= result.gap <= 1.0
+    assert result.bound <= result.after.bubble_rate + 1e-9
+    check_result(schedule, result, 2.0)
+
+
+@pytest.mark.parametrize(("kwargs", "error"), [
+    ({"strategy": "simulated-annealing"}, UsageError),
+    ({"time_limit": 0}, UsageError),
+    ({"memory_limit": 0.5}, VerificationError),  # not even one forward fits
+])
+def test_bad_requests(kwargs, error):
+    with pytest.raises(error):
+        optimize(make_schedule(2, 2, one_f_one_b(2, 2)), **kwargs)
+
+
+def test_greedy_refuses_a_placement_it_cannot_build():
+    schedule = pipeforge.load("interleaved-1f1b")
+    with pytest.raises(UsageError, match="one stage a rank"):
+        optimize(schedule, strategy="greedy")
+
+
+def test_local_search_on_an_interleaved_schedule_is_never_worse():
+    schedule = pipeforge.load("interleaved-1f1b")
+    result = optimize(schedule, strategy="local", time_limit=3.0)
+    check_result(schedule, result, None)
+
+
+def test_an_incomplete_schedule_is_refused():
+    programs = one_f_one_b(2, 2)
+    schedule = make_schedule(2, 2, (programs[0][:-1], programs[1]))
+    with pytest.raises(VerificationError, match="microbatch"):
+        optimize(schedule)
+
+
+def test_progress_is_reported():
+    seen = []
+    schedule = make_schedule(3, 6, one_f_one_b(3, 6, split=True), CostModel())
+    optimize(schedule, strategy="local", time_limit=1.0, progress=lambda f, m: seen.append((f, m)))
+    assert seen and all(0.0 <= f <= 1.0 for f, _ in seen)
