@@ -1,0 +1,98 @@
+"""``pipeforge optimize`` through the command line: report, JSON, the written file, errors."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+import pipeforge
+from pipeforge.cli import main
+from pipeforge.commands.optimize import ProgressLine, write_atomically
+from pipeforge.sim import simulate
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_writes_a_plain_pipe_that_loads_back(tmp_path, capsys):
+    out = tmp_path / "zb.pipe"
+    code, text, _ = run_cli(capsys, "optimize", "1f1b", "-D", "P=4", "-D", "M=8", "--memory-limit", "4",
+                            "-o", str(out))
+    assert code == 0
+    assert "bubble rate" in text and "27.27%" in text and "11.11%" in text and "optimal" in text
+    loaded = pipeforge.load(str(out))
+    timeline = simulate(loaded)
+    assert timeline.bubble_rate == pytest.approx(1 - 24 / 27)
+    assert max(timeline.peak_memory) <= 4
+
+
+def test_json_is_one_object(tmp_path, capsys):
+    out = tmp_path / "o.pipe"
+    code, text, _ = run_cli(capsys, "optimize", "1f1b", "-D", "P=3", "-D", "M=6", "--cost",
+                            "F=1,I=1,W=1,comm=0.5", "--strategy", "greedy", "-o", str(out), "--json")
+    assert code == 0
+    data = json.loads(text)
+    assert data["improved"] is True and data["found_by"] == "greedy" and data["output"] == str(out)
+    assert data["after"]["bubble_rate"] < data["before"]["bubble_rate"]
+    assert data["bound"]["bubble_rate"] <= data["after"]["bubble_rate"] + 1e-9
+    assert 0.0 <= data["gap"] <= 1.0
+    assert out.exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["--time-limit", "0"],
+    ["--strategy", "greedy", "--memory-limit", "-1"],
+    ["--cost", "F=x"],
+])
+def test_usage_errors_exit_2_and_write_nothing(tmp_path, capsys, argv):
+    out = tmp_path / "never.pipe"
+    code, text, err = run_cli(capsys, "optimize", "1f1b", "-D", "P=2", "-D", "M=2", "-o", str(out), *argv)
+    assert code == 2 and text == "" and "error" in err
+    assert not out.exists()
+
+
+def test_greedy_on_an_interleaved_schedule_is_a_usage_error(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "optimize", "interleaved-1f1b", "--strategy", "greedy", "-o",
+                           str(tmp_path / "x.pipe"))
+    assert code == 2 and "one stage a rank" in err
+
+
+def test_impossible_memory_limit_exits_1(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "optimize", "1f1b", "-D", "P=2", "-D", "M=2", "--memory-limit", "0.5",
+                           "-o", str(tmp_path / "x.pipe"))
+    assert code == 1 and "memory limit" in err
+
+
+def test_atomic_write_leaves_no_half_file(tmp_path):
+    target = tmp_path / "a.pipe"
+    write_atomically(target, "schedule a() {}\n")
+    assert target.read_text() == "schedule a() {}\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.pipe"]
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty):
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self):
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_progress_waits_a_second_then_draws(tty):
+    stream = _Stream(tty)
+    progress = ProgressLine(stream, delay=0.0)
+    progress(0.5, "local search")
+    progress.close()
+    text = stream.getvalue()
+    assert "local search" in text
+    assert ("[" in text and "\r" in text) if tty else text.startswith("optimize:")
+    quiet = _Stream(tty)
+    ProgressLine(quiet, delay=60.0)(0.5, "local search")
+    assert quiet.getvalue() == ""
