@@ -79,28 +79,53 @@ def _build_placement(tree: Tree, file: str) -> PlacementBuilder:
 
 
 def _build_explicit_placement(tree: Tree, file: str) -> PlacementBuilder:
-    entries = [
-        (compile_expr(entry.children[0], file), span_of(entry.children[0], file),
-         [(compile_expr(s, file), span_of(s, file)) for s in entry.children[1:] if s is not None])
-        for entry in tree.children if entry is not None
-    ]
+    items = [_build_placement_item(item, file) for item in tree.children if item is not None]
     span = span_of(tree, file)
 
     def explicit(ctx: Elaboration, env: dict, stages: int) -> Placement:
         mapping: list[int | None] = [None] * stages
-        for rank_of, rank_span, owned in entries:
-            rank = require_int(rank_of(env), rank_span, "a rank")
-            if not 0 <= rank < ctx.ranks:
-                raise SemanticError(f"the placement names rank {rank}, but this schedule has ranks "
-                                    f"0..{ctx.ranks - 1}", rank_span)
-            for stage_of, stage_span in owned:
-                _assign(mapping, require_int(stage_of(env), stage_span, "a stage"), rank, stage_span)
+        for item in items:
+            for rank, rank_span, owned in item(ctx, env):
+                _check_rank(ctx, rank, rank_span)
+                for stage, stage_span in owned:
+                    _assign(mapping, stage, rank, stage_span)
         missing = [s for s, r in enumerate(mapping) if r is None]
         if missing:
             raise SemanticError(f"the placement gives no rank to stage(s) {', '.join(map(str, missing))}", span)
         return Placement(tuple(mapping))
 
     return explicit
+
+
+def _build_placement_item(tree: Tree, file: str):
+    """``rank: [stages]`` or ``for NAME in A .. B: [stages]``: a function yielding (rank, span, stages)."""
+    if tree.data == "place_entry":
+        rank_of, rank_span = compile_expr(tree.children[0], file), span_of(tree.children[0], file)
+        stages_of = _build_stage_list(tree.children[1], file)
+        return lambda ctx, env: [(require_int(rank_of(env), rank_span, "a rank"), rank_span, stages_of(env))]
+    name = str(tree.children[0])
+    start, stop = (compile_expr(t, file) for t in tree.children[1:3])
+    spans = [span_of(t, file) for t in tree.children[:3]]
+    stages_of = _build_stage_list(tree.children[3], file)
+
+    def each_rank(ctx: Elaboration, env: dict):
+        first = require_int(start(env), spans[1], "the start of a range")
+        last = require_int(stop(env), spans[2], "the end of a range")
+        ctx.spend(max(0, min(last - first, MAX_COUNT + 1)), spans[0])
+        for rank in range(first, last):
+            yield rank, spans[0], stages_of({**env, name: rank})
+
+    return each_rank
+
+
+def _build_stage_list(tree: Tree, file: str):
+    stages = [(compile_expr(s, file), span_of(s, file)) for s in tree.children if s is not None]
+    return lambda env: [(require_int(stage_of(env), s_span, "a stage"), s_span) for stage_of, s_span in stages]
+
+
+def _check_rank(ctx: Elaboration, rank: int, span: Span) -> None:
+    if not 0 <= rank < ctx.ranks:
+        raise SemanticError(f"the placement names rank {rank}, but this schedule has ranks 0..{ctx.ranks - 1}", span)
 
 
 def _assign(mapping: list[int | None], stage: int, rank: int, span: Span) -> None:
