@@ -367,8 +367,10 @@ def duplicate_action(draw, programs, schedule) -> None:
 
 def reorder_receive(draw, programs, schedule) -> None:
     r, i, k = draw(st.sampled_from(action_positions(programs, lambda a: a.kind in (K.RECV_F, K.RECV_B))))
+    alone = len(programs[r][i].actions) == 1
     action = take(programs, r, i, k)
-    programs[r].insert(draw(st.integers(0, len(programs[r]))), Step((action,)))
+    places = [p for p in range(len(programs[r]) + 1) if not (alone and p == i)] or [i]
+    programs[r].insert(draw(st.sampled_from(places)), Step((action,)))
 
 
 def regroup(draw, programs, schedule) -> None:
