@@ -4,8 +4,10 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from pipeforge.errors import SemanticError, UsageError
+from pipeforge.errors import SemanticError, Span, UsageError
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Placement, Step, programs_from_tokens
 from pipeforge.lang import load_file, load_text, parameters, schedule_names
 
@@ -158,3 +160,60 @@ def test_a_stage_on_another_rank_is_not_an_elaboration_error():
 def test_require_reports_the_parameter_values():
     with pytest.raises(SemanticError, match=r"requirement failed: too few \(P = 2, M = 1\)"):
         load_text(HEAD + ' require M >= P, "too few"\n}', defines={"M": 1})
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 8).flatmap(lambda p: st.tuples(st.just(p), st.integers(p, 32))))
+def test_1f1b_for_any_parameters(params):
+    ranks, microbatches = params
+    schedule = load_file(PROGRAMS / "one_f_one_b.pipe", defines={"P": ranks, "M": microbatches})
+    assert schedule.programs == programs_from_tokens(one_f_one_b_by_hand(ranks, microbatches))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from("FBIW"), max_size=24))
+def test_implicit_microbatches_follow_the_explicit_bookkeeping(kinds):
+    """Each implicit call names what a direct model of 'lowest not done' / 'oldest awaiting W' predicts."""
+    forwarded, backwarded, awaiting_w, expected, body = set(), set(), [], [], []
+    for kind in kinds:
+        if kind == "F":
+            chosen = min((m for m in range(8) if m not in forwarded), default=None)
+            forwarded.add(chosen)
+        elif kind in "BI":
+            chosen = min((m for m in range(8) if m not in backwarded), default=None)
+            backwarded.add(chosen)
+            if kind == "I":
+                awaiting_w.append(chosen)
+        else:
+            chosen = awaiting_w.pop(0) if awaiting_w else None
+        if chosen is None:
+            break
+        expected.append(f"0{kind}{chosen}")
+        body.append(f"{kind}(0)")
+    text = f"schedule s() {{ ranks 1 stages 1 placement loop microbatches 8 rank 0 {{ {' '.join(body)} }} }}"
+    assert load_text(text).programs == programs_from_tokens([expected])
+
+
+def test_token_errors_point_at_the_token_inside_a_group():
+    with pytest.raises(SemanticError) as caught:
+        load_text(HEAD + " rank 0 { [0SEND_F1 0RECV_B9] }\n}", filename="g.pipe")
+    assert caught.value.span == Span("g.pipe", 5, 21, 5, 29)
+    assert "microbatch 9 is out of range" in caught.value.message
+
+
+def test_a_directory_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="is a directory"):
+        load_file(tmp_path)
+
+
+def test_schedule_level_blocks_scope_their_names():
+    with pytest.raises(SemanticError, match="undefined name 'x'"):
+        load_text(HEAD + " if P > 0 { let x = 1 }\n rank 0 { F(0, x) }\n}")
+
+
+def test_budget_stops_runaway_loops(monkeypatch):
+    from pipeforge.lang import context
+
+    monkeypatch.setattr(context, "LOOP_FUEL", 1000)
+    with pytest.raises(SemanticError, match="too large to elaborate"):
+        load_text(HEAD + " for i in 0 .. 100 { for j in 0 .. 100 { } }\n}")
