@@ -152,16 +152,11 @@ def _double_equals_in_let(error: UnexpectedToken, stack: list, file: str) -> Pip
 def _assignment_in_condition(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
     if error.token.type != "EQUAL":
         return None
-    starts = {_symbol(item) for item in stack[-4:]}
-    if starts & {"REQUIRE", "IF", "ELIF"} or _term("==") in error.expected or _after_expression(stack):
-        return PipeSyntaxError("'=' is not a comparison: write '==' to compare (a name is bound with 'let')",
-                               _token_span(error.token, file))
-    return None
-
-
-def _after_expression(stack: list) -> bool:
-    symbols = [_symbol(item) for item in stack]
-    return any(s in ("REQUIRE", "IF", "ELIF", "RANK", "FOR") for s in symbols[-3:])
+    in_condition = any(_symbol(item) in ("REQUIRE", "IF", "ELIF") for item in stack[-4:])
+    if not in_condition and _term("==") not in error.expected:
+        return None
+    return PipeSyntaxError("'=' is not a comparison: write '==' to compare (a name is bound with 'let')",
+                           _token_span(error.token, file))
 
 
 def _missing_comma(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
