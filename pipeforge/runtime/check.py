@@ -93,7 +93,11 @@ def load_module(path: str):
 
 
 def check_rank(rank: int, nproc: int, job: CheckJob, group=None) -> dict:
-    """Run ``job`` on this rank; returns the differences it saw (JSON-ready)."""
+    """Run ``job`` on this rank (its rank in ``group`` when one is given); returns the differences seen."""
+    if group is not None:
+        import torch.distributed as dist
+
+        rank = dist.get_rank(group)
     generated = load_module(job.module_path)
     info = generated.SCHEDULE
     full = models.build_stages(job.model, info.stages, job.seed)

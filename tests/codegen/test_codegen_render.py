@@ -1,0 +1,238 @@
+"""Codegen: what reaches the module is identifiers and literals only; modules compile, are stable, written atomically."""
+
+from __future__ import annotations
+
+import ast
+import os
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pipeforge
+from pipeforge.codegen import Ident, codegen, finalize, generate, module_name, render_module, write_atomically
+from pipeforge.errors import CodegenError, Span, VerificationError
+from pipeforge.ir import Placement, Schedule, parse_step, programs_from_tokens
+
+# Lowered 1F1B on 2 ranks, 2 microbatches, communication written out.
+LOWERED_ROWS = [
+    ["0F0", "0SEND_F0", "0F1", "0SEND_F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1"],
+    ["1RECV_F0", "1F0", "1B0", "1SEND_B0", "1RECV_F1", "1F1", "1B1", "1SEND_B1"],
+]
+
+
+def lowered(name: str = "tiny", file: str = "tiny.pipe") -> Schedule:
+    programs = tuple(
+        tuple(replace(step, span=Span(file, 10 + i, 5)) for i, step in enumerate(program))
+        for program in programs_from_tokens(LOWERED_ROWS)
+    )
+    return Schedule(name, 2, 2, 2, (Placement.loop(2, 2),), programs, params=(("P", 2), ("M", 2)))
+
+
+def top_level_imports(text: str) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            names.add(f"{node.module}:{','.join(a.name for a in node.names)}")
+    return names
+
+
+def defined_names(text: str) -> list[str]:
+    tree = ast.parse(text)
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+    return names
+
+
+EXPECTED_NAMES = ["SCHEDULE", "PARAMS", "rank_0", "rank_1", "PROGRAMS", "make_pipeline"]
+
+
+# -- the finalize hook and identifiers -----------------------------------------------
+
+@pytest.mark.parametrize("value, text", [
+    (Ident("forward"), "forward"),
+    (3, "3"),
+    (-1, "-1"),
+    (2.5, "2.5"),
+    (True, "True"),
+    (None, "None"),
+    ("x; import os", "'x; import os'"),
+    ("a'b\"c\n", "'a\\'b\"c\\n'"),
+])
+def test_finalize_lets_identifiers_through_and_quotes_literals(value, text):
+    assert finalize(value) == text
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), b"bytes", (1, 2), [1], {"a": 1}, object()])
+def test_finalize_refuses_everything_else(value):
+    with pytest.raises(CodegenError):
+        finalize(value)
+
+
+@pytest.mark.parametrize("text", ["x; import os", "1abc", "class", "a b", "", "rank-0", "x\ny"])
+def test_ident_refuses_non_identifiers_and_keywords(text):
+    with pytest.raises(CodegenError):
+        Ident(text)
+
+
+@pytest.mark.parametrize("name, stem", [
+    ("one_f_one_b", "one_f_one_b"),
+    ("x; import os", "x__import_os"),
+    ("1f1b", "schedule_1f1b"),
+    ("class", "schedule_class"),
+    ("../../etc/passwd", "etc_passwd"),
+    ("", "schedule"),
+])
+def test_module_name_is_a_safe_file_stem(name, stem):
+    assert module_name(replace(lowered(), name=name)) == stem
+
+
+# -- rendering ---------------------------------------------------------------------------
+
+def test_module_structure_and_imports():
+    text = render_module(lowered())
+    assert defined_names(text) == EXPECTED_NAMES
+    assert top_level_imports(text) == {"torch", "pipeforge:runtime"}
+    assert "ctx.post(ctx.send_f(0, 0))  # 'tiny.pipe':11" in text
+    assert "    ctx.backward(1, 1)  # 'tiny.pipe':16\n" in text
+
+
+def test_locations_can_be_left_out():
+    text = render_module(lowered(), locations=False)
+    assert "tiny.pipe" not in text
+    assert "    ctx.forward(0, 0)\n" in text
+
+
+def test_same_input_gives_identical_text():
+    assert render_module(lowered()) == render_module(lowered())
+
+
+def test_overlap_and_chain_render_as_calls():
+    rows = [["(0F1;0B0)"], ["1F0@1", "1REDUCE_GRAD"]]
+    schedule = Schedule("o", 2, 2, 2, (Placement.loop(2, 2), Placement((1, 0))), programs_from_tokens(rows))
+    text = render_module(schedule, locations=False)
+    assert "    with ctx.overlap():\n        ctx.forward(0, 1)\n        ctx.backward(0, 0)\n" in text
+    assert "    ctx.forward(1, 0, chain=1)\n    ctx.reduce_grad(1)\n" in text
+
+
+def test_an_empty_program_gets_pass():
+    schedule = Schedule("e", 2, 1, 1, (Placement((0,)),), programs_from_tokens([["0F0", "0B0"], []]))
+    text = render_module(schedule, locations=False)
+    assert "def rank_1(ctx: runtime.RankContext) -> None:\n    pass\n" in text
+
+
+def test_unsupported_actions_are_refused():
+    schedule = replace(lowered(), programs=(lowered().programs[0] + (parse_step("0UNSHARD"),), lowered().programs[1]))
+    with pytest.raises(CodegenError, match="UNSHARD"):
+        render_module(schedule)
+
+
+INJECTIONS = [
+    "x; import os",
+    "x'); import os; print('",
+    'x"""; import os; """',
+    "x\nimport os\n",
+    "x\r\nimport os",
+    "x\\\nimport os",
+    "# \nimport os",
+    "\x00\u2028import os",
+]
+
+
+@pytest.mark.parametrize("payload", INJECTIONS)
+def test_injected_names_and_locations_never_become_code(payload):
+    schedule = lowered(name=payload, file=payload)
+    text = render_module(schedule)
+    assert top_level_imports(text) == {"torch", "pipeforge:runtime"}
+    assert defined_names(text) == EXPECTED_NAMES
+    namespace: dict = {}
+    exec(compile(text, "<generated>", "exec"), namespace)  # runs only literals and defs
+    assert namespace["SCHEDULE"].name == payload
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.text(max_size=30), file=st.text(max_size=30), line=st.integers(0, 10**6))
+def test_any_name_or_span_text_stays_a_literal(name, file, line):
+    schedule = lowered(name=name)
+    programs = tuple(tuple(replace(s, span=Span(file, line, 1)) for s in p) for p in schedule.programs)
+    text = render_module(replace(schedule, programs=programs))
+    assert defined_names(text) == EXPECTED_NAMES
+    assert top_level_imports(text) == {"torch", "pipeforge:runtime"}
+
+
+def test_a_non_integer_in_the_schedule_is_refused():
+    with pytest.raises(CodegenError, match="integer"):
+        render_module(replace(lowered(), microbatches="2; import os"))
+
+
+# -- verification and writing ---------------------------------------------------------------
+
+def test_a_schedule_that_does_not_verify_is_refused_with_the_report(tmp_path):
+    # rank 1 runs B before F of microbatch 0: an order violation
+    rows = [["0F0", "0B0"], ["1B0", "1F0"]]
+    schedule = Schedule("broken", 2, 2, 1, (Placement.loop(2, 2),), programs_from_tokens(rows))
+    with pytest.raises(VerificationError) as raised:
+        codegen(schedule, tmp_path)
+    assert raised.value.report is not None and not raised.value.report.valid
+    assert "does not verify" in str(raised.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_deadlocking_lowered_schedule_is_refused():
+    rows = [["0F0", "0RECV_B0", "0SEND_F0", "0B0"], ["1RECV_F0", "1F0", "1B0", "1SEND_B0"]]
+    schedule = Schedule("deadlock", 2, 2, 1, (Placement.loop(2, 2),), programs_from_tokens(rows))
+    with pytest.raises(VerificationError) as raised:
+        generate(schedule)
+    kinds = {v.kind for v in raised.value.report.violations}
+    assert "deadlock" in kinds
+
+
+def test_codegen_lowers_verifies_and_writes_a_library_schedule(tmp_path):
+    schedule = pipeforge.load("1f1b", defines={"P": 2, "M": 3})
+    path = codegen(schedule, tmp_path)
+    assert path == tmp_path / "one_f_one_b.py"
+    text = path.read_text()
+    compile(text, str(path), "exec")
+    assert "'1f1b.pipe':" in text
+    assert [p.name for p in tmp_path.iterdir()] == ["one_f_one_b.py"]
+
+
+def test_write_is_atomic_and_leaves_no_partial_file(tmp_path, monkeypatch):
+    target = tmp_path / "m.py"
+    write_atomically(target, "OLD = 1\n")
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError):
+        write_atomically(target, "NEW = 2\n")
+    assert target.read_text() == "OLD = 1\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["m.py"]
+
+
+def test_golden_1f1b_module(goldens):
+    text = generate(pipeforge.load("1f1b", defines={"P": 2, "M": 3}), locations=False)
+    goldens.check("one_f_one_b_P2_M3.py.txt", text)
+
+
+def test_golden_dualpipev_module(goldens):
+    text = generate(pipeforge.load("dualpipev", defines={"P": 2, "M": 4}), locations=False)
+    goldens.check("dualpipev_P2_M4.py.txt", text)
+
+
+def test_every_step_of_the_lowered_schedule_appears_in_order():
+    schedule = pipeforge.lower(pipeforge.load("interleaved-1f1b", defines={"P": 2, "M": 4}))
+    text = render_module(schedule, locations=False)
+    tree = ast.parse(text)
+    for rank, program in enumerate(schedule.programs):
+        function = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == f"rank_{rank}")
+        assert len(function.body) == sum(1 for step in program if not step.is_idle)
+
