@@ -4,6 +4,7 @@
     load_text(text, defines=None, schedule=None, filename="<string>") -> Schedule
     schedule_names(text_or_path) -> list[str]
     parameters(path_or_text, schedule=None) -> list[(name, default)]
+    default_offsets(text, schedule=None) -> list[(name, default, (start, end))]
     printer.print_schedule(schedule) -> str   (canonical .pipe text of any IR)
 
 The language is described in docs/language.md. A file is parsed and compiled
@@ -20,7 +21,8 @@ from pipeforge.ir import Schedule
 from pipeforge.lang.elaborate import CompiledSchedule, compile_file, elaborate, pick
 from pipeforge.lang.parse import parse_text
 
-__all__ = ["load_file", "load_text", "schedule_names", "parameters", "compile_text", "CompiledSchedule"]
+__all__ = ["load_file", "load_text", "schedule_names", "parameters", "default_offsets", "compile_text",
+           "CompiledSchedule"]
 
 
 def load_text(text: str, *, defines: dict[str, int] | None = None, schedule: str | None = None,
@@ -45,6 +47,20 @@ def parameters(path_or_text: str | Path, schedule: str | None = None) -> list[tu
     """The parameters of a schedule and their defaults, in order."""
     text, filename = _text_and_name(path_or_text)
     return list(pick(compile_text(text, filename), schedule, filename).params)
+
+
+def default_offsets(text: str, schedule: str | None = None,
+                    filename: str = "<string>") -> list[tuple[str, int, tuple[int, int]]]:
+    """Each parameter with its default and the character offsets of that default in ``text``.
+
+    For tools that rewrite defaults in place (``pipeforge new -D``) without
+    reprinting the rest of the source.
+    """
+    chosen = pick(compile_text(text, filename), schedule, filename)
+    tree = next(node for node in parse_text(text, filename).children if str(node.children[0]) == chosen.name)
+    literals = [param.children[1] for param in tree.children[1:-1] if param is not None]
+    return [(name, default, (literal.meta.start_pos, literal.meta.end_pos))
+            for (name, default), literal in zip(chosen.params, literals)]
 
 
 def compile_text(text: str, filename: str = "<string>") -> tuple[CompiledSchedule, ...]:

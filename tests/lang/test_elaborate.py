@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from pipeforge.errors import SemanticError, Span, UsageError
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Placement, Step, programs_from_tokens
-from pipeforge.lang import load_file, load_text, parameters, schedule_names
+from pipeforge.lang import default_offsets, load_file, load_text, parameters, schedule_names
 
 PROGRAMS = Path(__file__).parent / "programs"
 HEAD = "schedule s(P = 2, M = 3) {\n ranks P\n stages P placement loop\n microbatches M\n"
@@ -217,3 +217,10 @@ def test_budget_stops_runaway_loops(monkeypatch):
     monkeypatch.setattr(context, "LOOP_FUEL", 1000)
     with pytest.raises(SemanticError, match="too large to elaborate"):
         load_text(HEAD + " for i in 0 .. 100 { for j in 0 .. 100 { } }\n}")
+
+
+def test_default_offsets_locate_each_default():
+    text = "schedule a(X = 1) { }\nschedule b(P = 4, M = -12) { }"
+    offsets = default_offsets(text, "b")
+    assert [(name, value, text[start:end]) for name, value, (start, end) in offsets] == [
+        ("P", 4, "4"), ("M", -12, "-12")]
