@@ -20,28 +20,23 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from pipeforge.ir import Action, ActionKind, Schedule, Step, replace_programs
 
 Position = tuple[int, int]  # (rank, step index in the input program, idle slots counted)
+Key = tuple  # an action as (stage, kind text, microbatch, chain): hashes and compares in C
+KINDS = {kind.value: kind for kind in ActionKind}
+COMPUTE = frozenset({"F", "B", "I", "W"})
 
 
-@dataclass(frozen=True)
-class Transfer:
+class Transfer(NamedTuple):
     """One cross-rank edge: ``send`` on the producer's rank, ``recv`` on the consumer's."""
 
-    send: Action
-    recv: Action
+    send: Key
+    recv: Key
     producer: Position
     consumer: Position
-
-    @property
-    def src(self) -> int:
-        return self.producer[0]
-
-    @property
-    def dst(self) -> int:
-        return self.consumer[0]
 
 
 @dataclass(frozen=True)
@@ -69,6 +64,10 @@ def lower_with_origins(schedule: Schedule) -> Lowered:
     return Lowered(replace_programs(schedule, writer.programs()), writer.origins())
 
 
+def action_of(key: Key) -> Action:
+    return Action(key[0], KINDS[key[1]], key[2], key[3])
+
+
 # --- the dependency graph of the compute actions -------------------------------------------
 
 
@@ -76,20 +75,18 @@ def lower_with_origins(schedule: Schedule) -> Lowered:
 class DependencyGraph:
     """Where each compute action first occurs, what it needs, and the cross-rank edges."""
 
-    position: dict[Action, Position]
+    position: dict[Key, Position]
     needs: dict[Position, tuple[Position, ...]]  # step -> producer steps it waits for
     transfers: tuple[Transfer, ...]
 
     @staticmethod
     def of(schedule: Schedule) -> DependencyGraph:
-        position: dict[Action, Position] = {}
-        for rank, index, action in schedule.actions():
-            if action.is_compute:
-                position.setdefault(action, (rank, index))
+        position = compute_positions(schedule)
+        last = schedule.stages - 1
         needs: dict[Position, list[Position]] = defaultdict(list)
         transfers: list[Transfer] = []
-        for action, here in position.items():
-            for producer, carried in inputs_of(action, schedule.stages):
+        for key, here in position.items():
+            for producer, carried, send, recv in inputs_of(key, last):
                 there = position.get(producer)
                 if there is None or there == here:
                     continue  # absent (reported as missing) or in the same overlap step (an order error)
@@ -97,35 +94,36 @@ class DependencyGraph:
                     needs[here].append(there)
                 elif carried:
                     needs[here].append(there)
-                    transfers.append(transfer_for(producer, action, there, here))
+                    transfers.append(Transfer(send, recv, there, here))
         frozen = {step: tuple(producers) for step, producers in needs.items()}
         return DependencyGraph(position, frozen, tuple(transfers))
 
 
-def inputs_of(action: Action, stages: int) -> list[tuple[Action, bool]]:
-    """The actions ``action`` consumes, each with whether the edge may cross ranks."""
-    s, m, c = action.stage, action.microbatch, action.chain
-    kind = action.kind
-    if kind is ActionKind.F:
-        return [(Action(s - 1, ActionKind.F, m, c), True)] if s > 0 else []
-    if kind is ActionKind.W:
-        return [(Action(s, ActionKind.I, m, c), False)]
-    found = [(Action(s, ActionKind.F, m, c), False)]
-    if s < stages - 1:
-        found.append((Action(s + 1, ActionKind.B, m, c), True))
-        found.append((Action(s + 1, ActionKind.I, m, c), True))
+def compute_positions(schedule: Schedule) -> dict[Key, Position]:
+    """Where each compute action first occurs."""
+    position: dict[Key, Position] = {}
+    for rank, program in enumerate(schedule.programs):
+        for index, step in enumerate(program):
+            for a in step.actions:
+                key = (a.stage, a.kind._value_, a.microbatch, a.chain)
+                if key[1] in COMPUTE and key not in position:
+                    position[key] = (rank, index)
+    return position
+
+
+def inputs_of(key: Key, last: int) -> list[tuple[Key, bool, Key | None, Key | None]]:
+    """What ``key`` consumes: (producer, may cross ranks, send, receive carrying it)."""
+    s, kind, m, c = key
+    if kind == "F":
+        return [((s - 1, "F", m, c), True, (s - 1, "SEND_F", m, c), (s, "RECV_F", m, c))] if s > 0 else []
+    if kind == "W":
+        return [((s, "I", m, c), False, None, None)]
+    found = [((s, "F", m, c), False, None, None)]
+    if s < last:
+        send, recv = (s + 1, "SEND_B", m, c), (s, "RECV_B", m, c)
+        found.append(((s + 1, "B", m, c), True, send, recv))
+        found.append(((s + 1, "I", m, c), True, send, recv))
     return found
-
-
-def transfer_for(producer: Action, consumer: Action, there: Position, here: Position) -> Transfer:
-    m, c = producer.microbatch, producer.chain
-    if producer.kind is ActionKind.F:
-        send = Action(producer.stage, ActionKind.SEND_F, m, c)
-        recv = Action(consumer.stage, ActionKind.RECV_F, m, c)
-    else:
-        send = Action(producer.stage, ActionKind.SEND_B, m, c)
-        recv = Action(consumer.stage, ActionKind.RECV_B, m, c)
-    return Transfer(send, recv, there, here)
 
 
 # --- lockstep rounds -----------------------------------------------------------------------
@@ -190,16 +188,19 @@ class ProgramWriter:
         self.steps[rank].append(self.schedule.programs[rank][index])
         self.served[rank].append(index)
 
-    def group(self, rank: int, actions: list[Action], serves: int) -> None:
-        if not actions:
+    def group(self, rank: int, keys: list[Key], serves: int) -> None:
+        if not keys:
             return
         span = self.schedule.programs[rank][serves].span
-        self.steps[rank].append(Step(tuple(actions), span=span))
+        self.steps[rank].append(Step(tuple(map(action_of, keys)), span=span))
         self.served[rank].append(serves)
 
     def reduce_grads(self, rank: int, index: int) -> None:
+        stages = self.reduce_after.get((rank, index))
+        if not stages:
+            return
         span = self.schedule.programs[rank][index].span
-        for stage in self.reduce_after.get((rank, index), ()):
+        for stage in stages:
             self.steps[rank].append(Step((Action(stage, ActionKind.REDUCE_GRAD),), span=span))
             self.served[rank].append(index)
 
@@ -235,10 +236,13 @@ def last_backwards(schedule: Schedule) -> dict[Position, list[int]]:
 
 def emit_rounds(writer: ProgramWriter, schedule: Schedule, graph: DependencyGraph, rounds: Rounds) -> None:
     groups = round_groups(graph, rounds)
+    busy: dict[int, set[int]] = defaultdict(set)  # rank -> rounds with a group to post
+    for rank, round_no in groups:
+        busy[rank].add(round_no)
     for rank, program in enumerate(schedule.programs):
         done = 0
         by_round = dict(rounds.order[rank])
-        for round_no in range(rounds.count):
+        for round_no in sorted(busy[rank].union(by_round)):
             index = by_round.get(round_no)
             if index is not None:
                 writer.passthrough(rank, done, index)
@@ -252,7 +256,7 @@ def emit_rounds(writer: ProgramWriter, schedule: Schedule, graph: DependencyGrap
             writer.passthrough(rank, done, len(program))
 
 
-def round_groups(graph: DependencyGraph, rounds: Rounds) -> dict[tuple[int, int], list[Action]]:
+def round_groups(graph: DependencyGraph, rounds: Rounds) -> dict[tuple[int, int], list[Key]]:
     """(rank, round) -> the group posted after that round: sends, then receives, FIFO-consistent."""
     sends: dict[tuple[int, int], list[Transfer]] = defaultdict(list)
     recvs: dict[tuple[int, int], list[Transfer]] = defaultdict(list)
@@ -260,13 +264,13 @@ def round_groups(graph: DependencyGraph, rounds: Rounds) -> dict[tuple[int, int]
         round_no = rounds.executed.get(transfer.producer)
         if round_no is None:
             continue
-        sends[(transfer.src, round_no)].append(transfer)
-        recvs[(transfer.dst, round_no)].append(transfer)
-    groups: dict[tuple[int, int], list[Action]] = defaultdict(list)
-    for key, items in sends.items():
-        groups[key].extend(t.send for t in sorted(items, key=lambda t: (t.dst, t.send)))
-    for key, items in recvs.items():
-        groups[key].extend(t.recv for t in sorted(items, key=lambda t: (t.src, t.send)))
+        sends[(transfer.producer[0], round_no)].append(transfer)
+        recvs[(transfer.consumer[0], round_no)].append(transfer)
+    groups: dict[tuple[int, int], list[Key]] = defaultdict(list)
+    for where, items in sends.items():
+        groups[where].extend(t.send for t in sorted(items, key=lambda t: (t.consumer[0], t.send)))
+    for where, items in recvs.items():
+        groups[where].extend(t.recv for t in sorted(items, key=lambda t: (t.producer[0], t.send)))
     return groups
 
 
@@ -291,7 +295,7 @@ def emit_remainder(writer: ProgramWriter, schedule: Schedule, graph: DependencyG
         for index in range(resume, len(program)):
             if program[index].is_idle:
                 continue
-            incoming = sorted(recv_before.get((rank, index), []), key=lambda t: (t.src, t.send))
+            incoming = sorted(recv_before.get((rank, index), []), key=lambda t: (t.producer[0], t.send))
             writer.group(rank, [t.recv for t in incoming], index)
             writer.copy(rank, index)
             outgoing = sorted(send_after.get((rank, index), []), key=lambda item: item[:2])
@@ -303,5 +307,5 @@ def lanes(transfers: list[Transfer]) -> dict[tuple[int, int], list[Transfer]]:
     """Transfers per ordered rank pair, in the order the consumer needs them."""
     by_pair: dict[tuple[int, int], list[Transfer]] = defaultdict(list)
     for transfer in transfers:
-        by_pair[(transfer.src, transfer.dst)].append(transfer)
+        by_pair[(transfer.producer[0], transfer.consumer[0])].append(transfer)
     return {pair: sorted(items, key=lambda t: (t.consumer[1], t.send)) for pair, items in by_pair.items()}

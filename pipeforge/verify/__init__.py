@@ -10,6 +10,8 @@ unsatisfiable (the unsat core names them).
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from time import perf_counter
 
 from pipeforge.errors import UsageError
@@ -20,7 +22,7 @@ from pipeforge.verify.matching import check_matching, check_memory, pair_ops
 from pipeforge.verify.program import Program
 from pipeforge.verify.report import KINDS, Hop, Report, Stats, Violation
 from pipeforge.verify.structure import check_structure
-from pipeforge.verify.timing import Stuck, model_constraints, run
+from pipeforge.verify.timing import Stuck, group_slots, model_constraints, run
 
 SEMANTICS = ("rendezvous", "buffered")
 
@@ -32,6 +34,24 @@ def verify(schedule: Schedule, *, semantics: str = "rendezvous", memory_limit: f
     """Check ``schedule``; a compute-only one is checked as ``lower`` makes it."""
     if semantics not in SEMANTICS:
         raise UsageError(f"semantics {semantics!r}: expected one of {', '.join(SEMANTICS)}")
+    with collector_paused():
+        return verify_schedule(schedule, semantics, memory_limit, certify)
+
+
+@contextmanager
+def collector_paused():
+    """Pause Python's cyclic garbage collector: the passes allocate many small acyclic values,
+    and collections triggered by them cost more than the passes themselves."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def verify_schedule(schedule: Schedule, semantics: str, memory_limit: float | None, certify: bool) -> Report:
     started = perf_counter()
     lowered = lower_with_origins(schedule)
     program = Program.of(lowered.schedule, lowered.origins, schedule)
@@ -57,8 +77,7 @@ def verify(schedule: Schedule, *, semantics: str = "rendezvous", memory_limit: f
 def check_timing(program: Program, pairing, semantics: str, timing) -> bool:
     from pipeforge.verify.model import check_certificate
 
-    shape = tuple(len(row) for row in program.slots)
-    certificate = check_certificate(shape, model_constraints(program, pairing, semantics), timing)
+    certificate = check_certificate(group_slots(program), model_constraints(program, pairing, semantics), timing)
     if not certificate.checked:
         raise RuntimeError("internal error: z3 rejected the timing the event pass proposed")
     return True

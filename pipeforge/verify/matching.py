@@ -5,22 +5,25 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from pipeforge.verify.program import Program, Slot, expected_partner, violation_at
-from pipeforge.ir import Action, ActionKind
+from typing import NamedTuple
+
+from pipeforge.verify.program import Key, Program, Slot, partner_key, text_of, violation_at
 from pipeforge.verify.report import Violation
 
+SENDS = frozenset({"SEND_F", "SEND_B"})
 
-@dataclass(frozen=True)
-class Op:
+
+class Op(NamedTuple):
     """One send or receive at a slot, with the rank at its other end."""
 
     slot: Slot
-    action: Action
+    key: Key
     peer: int
+    is_send: bool
 
     @property
-    def is_send(self) -> bool:
-        return self.action.kind in (ActionKind.SEND_F, ActionKind.SEND_B)
+    def text(self) -> str:
+        return text_of(self.key)
 
 
 @dataclass(frozen=True)
@@ -29,43 +32,48 @@ class Pairing:
 
     matches: tuple[tuple[Op, Op], ...]  # (send, recv)
     unmatched: tuple[Op, ...]
-    partner: dict[tuple[int, int, int], Op]  # (rank, slot number, position in the group) -> partner op
-
-    def partner_of(self, op_key: tuple[int, int, int]) -> Op | None:
-        return self.partner.get(op_key)
+    ops: dict[tuple[int, int], list[tuple[Op, Op | None]]]  # group slot -> (op, partner) in written order
 
 
 def pair_ops(program: Program) -> Pairing:
-    sends: dict[tuple[int, int], list[tuple[Op, int]]] = defaultdict(list)
-    recvs: dict[tuple[int, int], list[tuple[Op, int]]] = defaultdict(list)
+    lanes: dict[tuple[int, int, bool], list[Op]] = defaultdict(list)
+    ops: dict[tuple[int, int], list[Op]] = {}
     for row in program.slots:
         for slot in row:
-            for position, action in enumerate(slot.step.actions):
-                op = op_of(program, slot, action)
+            if not slot.group:
+                continue
+            mine = ops[(slot.rank, slot.number)] = []
+            for key in slot.acts:
+                op = op_of(program, slot, key)
                 if op is None:
                     continue
-                lane = (slot.rank, op.peer) if op.is_send else (op.peer, slot.rank)
-                (sends if op.is_send else recvs)[lane].append((op, position))
+                mine.append(op)
+                lanes[(slot.rank, op.peer, True) if op.is_send else (op.peer, slot.rank, False)].append(op)
     matches, unmatched, partner = [], [], {}
-    for lane in sorted(set(sends) | set(recvs)):
-        out, into = sends.get(lane, []), recvs.get(lane, [])
-        for (send, ps), (recv, pr) in zip(out, into):
+    for src, dst, is_send in sorted(lanes):
+        if not is_send:
+            if (src, dst, True) not in lanes:
+                unmatched.extend(lanes[(src, dst, False)])
+            continue
+        out, into = lanes[(src, dst, True)], lanes.get((src, dst, False), [])
+        for send, recv in zip(out, into):
             matches.append((send, recv))
-            partner[(send.slot.rank, send.slot.number, ps)] = recv
-            partner[(recv.slot.rank, recv.slot.number, pr)] = send
+            partner[id(send)] = recv
+            partner[id(recv)] = send
         longer = out if len(out) > len(into) else into
-        unmatched.extend(op for op, _ in longer[min(len(out), len(into)):])
-    return Pairing(tuple(matches), tuple(unmatched), partner)
+        unmatched.extend(longer[min(len(out), len(into)):])
+    with_partners = {where: [(op, partner.get(id(op))) for op in mine] for where, mine in ops.items()}
+    return Pairing(tuple(matches), tuple(unmatched), with_partners)
 
 
-def op_of(program: Program, slot: Slot, action: Action) -> Op | None:
+def op_of(program: Program, slot: Slot, key: Key) -> Op | None:
     """The op of a communication action, or None when its peer is unknown or itself (a placement error)."""
-    if not action.is_comm or not program.in_range(action):
+    if key in program.out_of_range:
         return None
-    peer = program.peer_rank(action)
+    peer = program.peer_rank(key)
     if peer is None or peer == slot.rank:
         return None
-    return Op(slot, action, peer)
+    return Op(slot, key, peer, key[1] in SENDS)
 
 
 def check_matching(pairing: Pairing) -> list[Violation]:
@@ -74,12 +82,12 @@ def check_matching(pairing: Pairing) -> list[Violation]:
     reported: set[tuple[int, int]] = set()
     for send, recv in pairing.matches:
         lane = (send.slot.rank, recv.slot.rank)
-        if lane in reported or expected_partner(send.action) == recv.action:
+        if lane in reported or partner_key(send.key) == recv.key:
             continue
         reported.add(lane)
-        message = (f"{send.action} on rank {send.slot.rank} step {send.slot.index} meets {recv.action} on rank "
+        message = (f"{send.text} on rank {send.slot.rank} step {send.slot.index} meets {recv.text} on rank "
                    f"{recv.slot.rank} step {recv.slot.index} (NCCL pairs the k-th send with the k-th receive); "
-                   f"it needs {expected_partner(send.action)}")
+                   f"it needs {text_of(partner_key(send.key))}")
         found.append(violation_at("mismatch", message, send.slot))
     return found
 
@@ -88,16 +96,17 @@ def check_memory(program: Program, limit: float | None, weights: float) -> list[
     """The first step on each rank whose additions take the held activations over ``limit``."""
     if limit is None:
         return []
-    release = {ActionKind.B: 1.0, ActionKind.I: 1.0 - weights, ActionKind.W: weights}
+    release = {"B": 1.0, "I": 1.0 - weights, "W": weights}
     found = []
     for row in program.slots:
         held = 0.0
         for slot in row:
-            actions = slot.step.actions if slot.step.is_compute else ()
-            held += sum(1.0 for a in actions if a.kind is ActionKind.F)
+            if slot.group:
+                continue
+            held += sum(1.0 for key in slot.acts if key[1] == "F")
             if held > limit + 1e-9:
                 found.append(violation_at("memory", f"rank {slot.rank} holds {held:g} microbatches of "
                                           f"activations at {slot.text}, over the limit {limit:g}", slot))
                 break
-            held -= sum(release.get(a.kind, 0.0) for a in actions)
+            held -= sum(release.get(key[1], 0.0) for key in slot.acts)
     return found

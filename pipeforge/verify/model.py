@@ -49,6 +49,12 @@ def smt_of(constraint: Constraint) -> str:
     if kind == "buffered":
         _, (r, k), (q, j) = constraint
         return f"(>= (+ {t(r, k)} {d(r, k)}) (+ {t(q, j)} 1))"
+    if kind == "gap":
+        _, r, k, j = constraint
+        return f"(>= {t(r, j)} (+ {t(r, k)} {j - k}))"
+    if kind == "released":
+        _, (r, j), (q, i), n = constraint
+        return f"(>= {t(r, j)} (+ {t(q, i)} {n}))"
     if kind == "unmatched":
         (r, k) = constraint[1]
         return f"(< {t(r, k)} {t(r, k)})"
@@ -66,30 +72,30 @@ def slots_of(constraint: Constraint) -> list[tuple[int, int]]:
     return [constraint[1], constraint[2]]
 
 
-def declarations(slots: set[tuple[int, int]] | list[tuple[int, int]]) -> list[str]:
+def declarations(slots, durations: bool = True) -> list[str]:
     lines = []
     for r, k in slots:
         lines.append(f"(declare-const {t(r, k)} Int)")
-        lines.append(f"(declare-const {d(r, k)} Int)")
+        if durations:
+            lines.append(f"(declare-const {d(r, k)} Int)")
     return lines
 
 
-def certificate_text(shape: tuple[int, ...], constraints: list[Constraint], timing: Timing) -> str:
-    """The whole model with the proposed timing asserted as equalities."""
-    slots = [(r, k) for r, n in enumerate(shape) for k in range(n)]
-    lines = declarations(slots)
-    lines.extend(f"(assert {smt_of(c)})" for c in constraints)
-    for r, k in slots:
-        lines.append(f"(assert (= {t(r, k)} {timing.start[r][k]}))")
-        lines.append(f"(assert (= {d(r, k)} {timing.duration[r][k]}))")
+def certificate_text(groups: list[list[int]], constraints: list[Constraint], timing: Timing) -> str:
+    """The folded model (start times of group slots) with the proposed timing asserted as equalities."""
+    slots = [(r, k) for r, numbers in enumerate(groups) for k in numbers]
+    lines = declarations(slots, durations=False)
+    lines.append("(assert (and true " + " ".join(smt_of(c) for c in constraints) + "))")
+    start = timing.start
+    lines.append("(assert (and true " + " ".join(f"(= {t(r, k)} {start[r][k]})" for r, k in slots) + "))")
     return "\n".join(lines)
 
 
-def check_certificate(shape: tuple[int, ...], constraints: list[Constraint], timing: Timing) -> Certificate:
+def check_certificate(groups: list[list[int]], constraints: list[Constraint], timing: Timing) -> Certificate:
     solver = z3.Then("solve-eqs", "smt").solver()
-    solver.from_string(certificate_text(shape, constraints, timing))
+    solver.from_string(certificate_text(groups, constraints, timing))
     verdict = solver.check()
-    return Certificate(verdict == z3.sat, 2 * sum(shape))
+    return Certificate(verdict == z3.sat, sum(map(len, groups)))
 
 
 def unsat_core(constraints: list[Constraint]) -> list[Constraint] | None:

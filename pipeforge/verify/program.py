@@ -2,23 +2,54 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from pipeforge.errors import Span
 from pipeforge.ir import Action, ActionKind, Schedule, Step
 from pipeforge.verify.report import Violation
 
 
-@dataclass(frozen=True)
-class Slot:
-    """A non-idle step of one rank: ``number`` orders it, ``index`` is what reports name."""
+Key = tuple  # (stage, kind text, microbatch or None, chain): an action as a plain tuple
+COMPUTE = frozenset({"F", "B", "I", "W"})
+COMM = frozenset({"SEND_F", "RECV_F", "SEND_B", "RECV_B"})
+PEER_OFFSET = {"SEND_F": 1, "RECV_B": 1, "RECV_F": -1, "SEND_B": -1}
+PARTNER = {"SEND_F": "RECV_F", "RECV_F": "SEND_F", "SEND_B": "RECV_B", "RECV_B": "SEND_B"}
+
+
+def action_of(key: Key) -> Action:
+    return Action(key[0], ActionKind(key[1]), key[2], key[3])
+
+
+def text_of(key: Key) -> str:
+    stage, kind, mb, chain = key
+    return f"{stage}{kind}{'' if mb is None else mb}{f'@{chain}' if chain else ''}"
+
+
+def partner_key(key: Key) -> Key:
+    """The action the other rank must post to meet the communication action ``key``."""
+    stage, kind, mb, chain = key
+    return (stage + PEER_OFFSET[kind], PARTNER[kind], mb, chain)
+
+
+class Slot(NamedTuple):
+    """A non-idle step of one rank: ``number`` orders it, ``index`` is what reports name.
+
+    ``shown`` is the step the user wrote there (the compute step a lowered group serves).
+    """
 
     rank: int
     number: int
     index: int
     step: Step
-    text: str
-    span: Span | None = field(default=None, compare=False)
+    shown: Step
+    span: Span | None
+    acts: tuple[Key, ...]  # the step's actions as keys (cheap to hash and compare)
+    group: bool
+
+    @property
+    def text(self) -> str:
+        return str(self.shown)
 
 
 @dataclass(frozen=True)
@@ -28,6 +59,8 @@ class Program:
     schedule: Schedule
     slots: tuple[tuple[Slot, ...], ...]
     as_written: bool  # communication written by the user (else inserted by lower)
+    owners: tuple[tuple[int, ...], ...]  # per chain: stage -> rank
+    out_of_range: frozenset  # action keys whose stage, microbatch or chain does not exist
 
     @staticmethod
     def of(checked: Schedule, origins: tuple[tuple[int, ...], ...], written: Schedule) -> Program:
@@ -40,46 +73,44 @@ class Program:
                     continue
                 index = origins[rank][position]
                 shown = step if as_written else written.programs[rank][index]
-                row.append(Slot(rank, len(row), index, step, str(shown), step.span))
+                acts = tuple((a.stage, a.kind._value_, a.microbatch, a.chain) for a in step.actions)
+                row.append(Slot(rank, len(row), index, step, shown, step.span, acts, acts[0][1] in COMM))
             slots.append(tuple(row))
-        return Program(checked, tuple(slots), as_written)
+        owners = tuple(p.stage_to_rank for p in checked.placements)
+        bad = frozenset(key for row in slots for slot in row for key in slot.acts if not in_range(checked, key))
+        return Program(checked, tuple(slots), as_written, owners, bad)
 
     def actions(self):
-        """Every (slot, action) in rank order, then program order, then written order."""
+        """Every (slot, action key) in rank order, then program order, then written order."""
         for row in self.slots:
             for slot in row:
-                for action in slot.step.actions:
-                    yield slot, action
+                for key in slot.acts:
+                    yield slot, key
 
     def rank_of(self, stage: int, chain: int = 0) -> int | None:
         """The rank owning ``stage`` in ``chain``, or None when either is out of range."""
-        placements = self.schedule.placements
-        if not 0 <= chain < len(placements) or not 0 <= stage < len(placements[chain].stage_to_rank):
+        owners = self.owners
+        if not 0 <= chain < len(owners) or not 0 <= stage < len(owners[chain]):
             return None
-        return placements[chain].rank_of(stage)
+        return owners[chain][stage]
 
-    def in_range(self, action: Action) -> bool:
-        sched = self.schedule
-        if not 0 <= action.chain < sched.chains or not 0 <= action.stage < sched.stages:
-            return False
-        return action.microbatch is None or 0 <= action.microbatch < sched.microbatches
+    def in_range(self, key: Key) -> bool:
+        return key not in self.out_of_range
 
-    def peer_rank(self, action: Action) -> int | None:
-        return self.rank_of(action.peer_stage(), action.chain)
+    def peer_rank(self, key: Key) -> int | None:
+        return self.rank_of(key[0] + PEER_OFFSET[key[1]], key[3])
 
     def step_count(self) -> int:
         return sum(len(row) for row in self.slots)
 
 
+def in_range(sched: Schedule, key: Key) -> bool:
+    stage, _, mb, chain = key
+    if not 0 <= chain < len(sched.placements) or not 0 <= stage < sched.stages:
+        return False
+    return mb is None or 0 <= mb < sched.microbatches
+
+
 def violation_at(kind: str, message: str, slot: Slot) -> Violation:
     location = str(slot.span) if slot.span else None
     return Violation(kind, message, slot.rank, slot.index, location, slot.span)
-
-
-def expected_partner(action: Action) -> Action:
-    """The action the other rank must post to meet ``action``."""
-    partner_kind = {
-        ActionKind.SEND_F: ActionKind.RECV_F, ActionKind.RECV_F: ActionKind.SEND_F,
-        ActionKind.SEND_B: ActionKind.RECV_B, ActionKind.RECV_B: ActionKind.SEND_B,
-    }[action.kind]
-    return Action(action.peer_stage(), partner_kind, action.microbatch, action.chain)

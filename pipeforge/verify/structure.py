@@ -1,15 +1,15 @@
-"""Static checks, plain Python: placement, duplicate, missing and order (docs/semantics.md)."""
+"""Static checks, plain Python: placement, duplicate, missing and order (docs/semantics.md).
+
+Actions are handled as key tuples ``(stage, kind, microbatch, chain)`` (see program.py):
+they hash and compare in C, which keeps these passes linear and quick.
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
-
-from pipeforge.ir import Action, ActionKind
-from pipeforge.verify.program import Program, Slot, violation_at
+from pipeforge.verify.program import COMM, COMPUTE, PEER_OFFSET, Key, Program, Slot, text_of, violation_at
 from pipeforge.verify.report import Violation
 
-F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
-SEND_F, RECV_F, SEND_B, RECV_B = ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B
+BACKWARD_FAMILY = {"B": {"I", "W"}, "I": {"B"}, "W": {"B"}}
 
 
 def check_structure(program: Program) -> list[Violation]:
@@ -29,48 +29,62 @@ def check_structure(program: Program) -> list[Violation]:
 def microbatch_chains(program: Program) -> dict[int, int]:
     """Each microbatch's chain: the chain of its first F on stage 0."""
     chains: dict[int, int] = {}
-    for _, action in program.actions():
-        if action.kind is F and action.stage == 0 and action.microbatch is not None:
-            chains.setdefault(action.microbatch, action.chain)
+    if program.schedule.chains > 1:
+        for _, (stage, kind, mb, chain) in program.actions():
+            if kind == "F" and stage == 0 and mb is not None:
+                chains.setdefault(mb, chain)
     return chains
 
 
 def check_placement(program: Program, chains: dict[int, int]) -> list[Violation]:
     found = []
-    for slot, action in program.actions():
-        reason = placement_problem(program, slot, action, chains)
+    for slot, key in program.actions():
+        reason = placement_problem(program, slot, key, chains)
         if reason:
             found.append(violation_at("placement", reason, slot))
     return found
 
 
-def placement_problem(program: Program, slot: Slot, action: Action, chains: dict[int, int]) -> str | None:
+def placement_problem(program: Program, slot: Slot, key: Key, chains: dict[int, int]) -> str | None:
     sched = program.schedule
-    if not 0 <= action.chain < sched.chains:
-        return f"{action}: chain {action.chain} is outside the declared chains 0..{sched.chains - 1}"
-    if not 0 <= action.stage < sched.stages:
-        return f"{action}: stage {action.stage} is outside 0..{sched.stages - 1}"
-    if action.microbatch is not None and not 0 <= action.microbatch < sched.microbatches:
-        return f"{action}: microbatch {action.microbatch} is outside 0..{sched.microbatches - 1}"
-    if not (action.is_compute or action.is_comm):
+    stage, kind, mb, chain = key
+    if key not in program.out_of_range and kind in COMPUTE:
+        return compute_placement_problem(program, slot, key, chains)
+    if not 0 <= chain < sched.chains:
+        return f"{text_of(key)}: chain {chain} is outside the declared chains 0..{sched.chains - 1}"
+    if not 0 <= stage < sched.stages:
+        return f"{text_of(key)}: stage {stage} is outside 0..{sched.stages - 1}"
+    if mb is not None and not 0 <= mb < sched.microbatches:
+        return f"{text_of(key)}: microbatch {mb} is outside 0..{sched.microbatches - 1}"
+    if kind not in COMPUTE and kind not in COMM:
         return None
-    owner = program.rank_of(action.stage, action.chain)
+    owner = program.owners[chain][stage]
     if owner != slot.rank:
-        return f"{action} is on rank {slot.rank}, but stage {action.stage} (chain {action.chain}) is placed on rank {owner}"
-    chain = chains.get(action.microbatch)
-    if chain is not None and chain != action.chain:
-        return f"{action}: microbatch {action.microbatch} belongs to chain {chain} (its F on stage 0)"
-    if action.is_comm:
-        return comm_placement_problem(program, slot, action)
+        return f"{text_of(key)} is on rank {slot.rank}, but stage {stage} (chain {chain}) is placed on rank {owner}"
+    if chains and chains.get(mb, chain) != chain:
+        return f"{text_of(key)}: microbatch {mb} belongs to chain {chains[mb]} (its F on stage 0)"
+    if kind in COMM:
+        return comm_placement_problem(program, slot, key)
     return None
 
 
-def comm_placement_problem(program: Program, slot: Slot, action: Action) -> str | None:
-    peer_stage = action.peer_stage()
+def compute_placement_problem(program: Program, slot: Slot, key: Key, chains: dict[int, int]) -> str | None:
+    """The common case, kept short: an in-range compute action."""
+    stage, _, mb, chain = key
+    owner = program.owners[chain][stage]
+    if owner != slot.rank:
+        return f"{text_of(key)} is on rank {slot.rank}, but stage {stage} (chain {chain}) is placed on rank {owner}"
+    if chains and chains.get(mb, chain) != chain:
+        return f"{text_of(key)}: microbatch {mb} belongs to chain {chains[mb]} (its F on stage 0)"
+    return None
+
+
+def comm_placement_problem(program: Program, slot: Slot, key: Key) -> str | None:
+    peer_stage = key[0] + PEER_OFFSET[key[1]]
     if not 0 <= peer_stage < program.schedule.stages:
-        return f"{action}: its peer stage {peer_stage} does not exist"
-    if program.peer_rank(action) == slot.rank:
-        return f"{action} communicates between stages {action.stage} and {peer_stage}, both on rank {slot.rank}"
+        return f"{text_of(key)}: its peer stage {peer_stage} does not exist"
+    if program.peer_rank(key) == slot.rank:
+        return f"{text_of(key)} communicates between stages {key[0]} and {peer_stage}, both on rank {slot.rank}"
     return None
 
 
@@ -79,29 +93,31 @@ def comm_placement_problem(program: Program, slot: Slot, action: Action) -> str 
 
 def check_duplicates(program: Program) -> list[Violation]:
     found = []
-    first: dict[Action, Slot] = {}
-    backward: dict[tuple, set[ActionKind]] = defaultdict(set)
-    for slot, action in program.actions():
-        if not (action.is_compute or action.is_comm) or not program.in_range(action):
+    first: dict[Key, Slot] = {}
+    backward: dict[tuple, set[str]] = {}
+    bad = program.out_of_range
+    for slot, key in program.actions():
+        kind = key[1]
+        if (kind not in COMPUTE and kind not in COMM) or key in bad:
             continue
-        if action in first:
-            earlier = first[action]
-            found.append(violation_at("duplicate", f"{action} again (first at rank {earlier.rank} step {earlier.index})", slot))
+        if key in first:
+            earlier = first[key]
+            found.append(violation_at("duplicate", f"{text_of(key)} again (first at rank {earlier.rank} "
+                                      f"step {earlier.index})", slot))
             continue
-        first[action] = slot
-        if action.kind in (B, I, W):
-            key = (action.stage, action.microbatch, action.chain)
-            clash = backward[key] & ({I, W} if action.kind is B else {B})
-            backward[key].add(action.kind)
-            if clash:
-                other = "I or W" if action.kind is B else "B"
-                found.append(violation_at("duplicate", f"{action}: stage {action.stage} microbatch "
-                                          f"{action.microbatch} already has {other}", slot))
+        first[key] = slot
+        if kind in BACKWARD_FAMILY:
+            kinds = backward.setdefault((key[0], key[2], key[3]), set())
+            if kinds & BACKWARD_FAMILY[kind]:
+                other = "I or W" if kind == "B" else "B"
+                found.append(violation_at("duplicate", f"{text_of(key)}: stage {key[0]} microbatch {key[2]} "
+                                          f"already has {other}", slot))
+            kinds.add(kind)
     return found
 
 
-def present_compute(program: Program) -> set[Action]:
-    return {a for _, a in program.actions() if a.is_compute and program.in_range(a)}
+def present_compute(program: Program) -> set[Key]:
+    return {key for _, key in program.actions() if key[1] in COMPUTE} - program.out_of_range
 
 
 def check_missing(program: Program, chains: dict[int, int]) -> list[Violation]:
@@ -117,54 +133,57 @@ def check_missing(program: Program, chains: dict[int, int]) -> list[Violation]:
     return found
 
 
-def missing_of(present: set[Action], stage: int, mb: int, chain: int) -> list[str]:
-    def has(kind: ActionKind) -> bool:
-        return Action(stage, kind, mb, chain) in present
+def missing_of(present: set[Key], stage: int, mb: int, chain: int) -> list[str]:
+    has_f, has_b = (stage, "F", mb, chain) in present, (stage, "B", mb, chain) in present
+    if has_f and has_b:
+        return []
+    has_i, has_w = (stage, "I", mb, chain) in present, (stage, "W", mb, chain) in present
 
-    label = f"{stage}{{}}{mb}" + (f"@{chain}" if chain else "")
-    what = []
-    if not has(F):
-        what.append(f"no forward {label.format('F')}")
-    if has(B):
+    def name(kind: str) -> str:
+        return text_of((stage, kind, mb, chain))
+
+    what = [] if has_f else [f"no forward {name('F')}"]
+    if has_b:
         return what
-    if not has(I) and not has(W):
-        what.append(f"no backward ({label.format('B')}, or {label.format('I')} and {label.format('W')})")
-    elif not has(W):
-        what.append(f"{label.format('I')} without {label.format('W')}")
-    elif not has(I):
-        what.append(f"{label.format('W')} without {label.format('I')}")
+    if not has_i and not has_w:
+        what.append(f"no backward ({name('B')}, or {name('I')} and {name('W')})")
+    elif not has_w:
+        what.append(f"{name('I')} without {name('W')}")
+    elif not has_i:
+        what.append(f"{name('W')} without {name('I')}")
     return what
 
 
-def needed_comms(program: Program) -> dict[Action, int | None]:
+def needed_comms(program: Program) -> dict[Key, int | None]:
     """Every send and receive the cross-rank edges of the present compute actions need, with its rank."""
-    sched = program.schedule
-    needed: dict[Action, int | None] = {}
-    for action in present_compute(program):
-        s, m, c = action.stage, action.microbatch, action.chain
-        here = program.rank_of(s, c)
-        if action.kind is F and s + 1 < sched.stages and program.rank_of(s + 1, c) != here:
-            needed[Action(s, SEND_F, m, c)] = here
-            needed[Action(s + 1, RECV_F, m, c)] = program.rank_of(s + 1, c)
-        if action.kind in (B, I) and s > 0 and program.rank_of(s - 1, c) != here:
-            needed[Action(s, SEND_B, m, c)] = here
-            needed[Action(s - 1, RECV_B, m, c)] = program.rank_of(s - 1, c)
+    last = program.schedule.stages - 1
+    needed: dict[Key, int | None] = {}
+    for s, kind, m, c in present_compute(program):
+        owners = program.owners[c]
+        if kind == "F" and s < last and owners[s + 1] != owners[s]:
+            needed[(s, "SEND_F", m, c)] = owners[s]
+            needed[(s + 1, "RECV_F", m, c)] = owners[s + 1]
+        elif kind in ("B", "I") and s > 0 and owners[s - 1] != owners[s]:
+            needed[(s, "SEND_B", m, c)] = owners[s]
+            needed[(s - 1, "RECV_B", m, c)] = owners[s - 1]
     return needed
 
 
 def check_needed_comms(program: Program) -> list[Violation]:
     needed = needed_comms(program)
     found = []
-    present: set[Action] = set()
-    for slot, action in program.actions():
-        if not action.is_comm or not program.in_range(action):
+    present: set[Key] = set()
+    bad = program.out_of_range
+    for slot, key in program.actions():
+        if key[1] not in COMM or key in bad:
             continue
-        if action not in needed and action not in present:
-            found.append(violation_at("duplicate", f"{action} is not needed: no cross-rank edge carries it", slot))
-        present.add(action)
-    for action, rank in sorted(needed.items()):
-        if action not in present:
-            found.append(Violation("missing", f"{action} is needed on rank {rank} and never posted", rank))
+        if key not in needed and key not in present:
+            found.append(violation_at("duplicate", f"{text_of(key)} is not needed: no cross-rank edge carries it",
+                                      slot))
+        present.add(key)
+    for key in sorted(needed.keys() - present, key=lambda k: (needed[k], k[0], k[1], k[2], k[3])):
+        rank = needed[key]
+        found.append(Violation("missing", f"{text_of(key)} is needed on rank {rank} and never posted", rank))
     return found
 
 
@@ -179,55 +198,52 @@ def check_order(program: Program) -> list[Violation]:
 
 
 def check_rank_order(program: Program, row: tuple[Slot, ...]) -> list[Violation]:
-    done: set[Action] = set()
+    done: set[Key] = set()
     last_grad = last_gradient_slot(row)
     found = []
+    bad = program.out_of_range
     for slot in row:
-        for action in slot.step.actions:
-            if not program.in_range(action):
+        for key in slot.acts:
+            if key in bad:
                 continue
-            for need in unmet_needs(program, slot.rank, action, done):
-                found.append(violation_at("order", f"{action} needs {need} earlier on rank {slot.rank}", slot))
-            if action.kind is ActionKind.REDUCE_GRAD and last_grad.get(action.stage, -1) >= slot.number:
-                found.append(violation_at("order", f"{action} comes before the last B/W of stage "
-                                          f"{action.stage} on rank {slot.rank}", slot))
-        done.update(slot.step.actions)
+            for need in needs_of(program, slot.rank, key):
+                if not any(option in done for option in need):
+                    text = " or ".join(map(text_of, need))
+                    found.append(violation_at("order", f"{text_of(key)} needs {text} earlier on rank {slot.rank}",
+                                              slot))
+            if key[1] == "REDUCE_GRAD" and last_grad.get(key[0], -1) >= slot.number:
+                found.append(violation_at("order", f"{text_of(key)} comes before the last B/W of stage "
+                                          f"{key[0]} on rank {slot.rank}", slot))
+        done.update(slot.acts)
     return found
 
 
 def last_gradient_slot(row: tuple[Slot, ...]) -> dict[int, int]:
     last: dict[int, int] = {}
     for slot in row:
-        for action in slot.step.actions:
-            if action.kind in (B, W):
-                last[action.stage] = slot.number
+        for stage, kind, _, _ in slot.acts:
+            if kind == "B" or kind == "W":
+                last[stage] = slot.number
     return last
 
 
-def unmet_needs(program: Program, rank: int, action: Action, done: set[Action]) -> list[str]:
-    """What ``action`` on ``rank`` needs strictly earlier and has not got (as text)."""
-    alternatives = needs_of(program, rank, action)
-    return [" or ".join(map(str, options)) for options in alternatives if not any(o in done for o in options)]
-
-
-def needs_of(program: Program, rank: int, action: Action) -> list[tuple[Action, ...]]:
-    """Each need is a tuple of alternatives, any one of which satisfies it."""
-    s, m, c, kind = action.stage, action.microbatch, action.chain, action.kind
-    last = program.schedule.stages - 1
-    if kind is F:
+def needs_of(program: Program, rank: int, key: Key) -> tuple[tuple[Key, ...], ...]:
+    """What ``key`` on ``rank`` needs strictly earlier: each need is a tuple of alternatives."""
+    s, kind, m, c = key
+    if kind == "F":
         if s == 0:
-            return []
-        return [(Action(s - 1, F, m, c),) if program.rank_of(s - 1, c) == rank else (Action(s, RECV_F, m, c),)]
-    if kind in (B, I):
-        needs = [(Action(s, F, m, c),)]
-        if s < last:
-            same = program.rank_of(s + 1, c) == rank
-            needs.append((Action(s + 1, B, m, c), Action(s + 1, I, m, c)) if same else (Action(s, RECV_B, m, c),))
-        return needs
-    if kind is W:
-        return [(Action(s, I, m, c),)]
-    if kind is SEND_F:
-        return [(Action(s, F, m, c),)]
-    if kind is SEND_B:
-        return [(Action(s, B, m, c), Action(s, I, m, c))]
-    return []
+            return ()
+        return (((s - 1, "F", m, c),) if program.owners[c][s - 1] == rank else ((s, "RECV_F", m, c),),)
+    if kind == "B" or kind == "I":
+        if s == program.schedule.stages - 1:
+            return (((s, "F", m, c),),)
+        if program.owners[c][s + 1] == rank:
+            return (((s, "F", m, c),), ((s + 1, "B", m, c), (s + 1, "I", m, c)))
+        return (((s, "F", m, c),), ((s, "RECV_B", m, c),))
+    if kind == "W":
+        return (((s, "I", m, c),),)
+    if kind == "SEND_F":
+        return (((s, "F", m, c),),)
+    if kind == "SEND_B":
+        return (((s, "B", m, c), (s, "I", m, c)),)
+    return ()

@@ -9,6 +9,16 @@ here, so the same list feeds the z3 text (``model.py``) and the core mapping:
 - ``("buffered", (r, k), (q, j))``: receive group (r, k) ends after send group (q, j) is posted:
   ``t[r][k] + d[r][k] >= t[q][j] + 1``
 - ``("unmatched", (r, k), text)``: an op that nothing will ever meet: ``false``
+
+The certificate is checked on the same model with the durations eliminated and
+the compute steps between two groups folded away (``model_constraints``); both
+steps are exact (every compute step may take exactly 1, and a duration only
+bounds the next step's start), so it is satisfiable exactly when the full model is:
+
+- ``("gap", r, k, j)``: consecutive group slots k < j of rank r: ``t[r][j] >= t[r][k] + (j - k)``
+- ``("rendezvous", ...)`` as above; ``("unmatched", ...)`` as above
+- ``("released", (r, j), (q, i), n)``: buffered: the receive group n slots before group j
+  ends after send group (q, i) is posted: ``t[r][j] >= t[q][i] + n``
 """
 
 from __future__ import annotations
@@ -16,8 +26,8 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
-from pipeforge.verify.matching import Op, Pairing, op_of
-from pipeforge.verify.program import Program, Slot, expected_partner
+from pipeforge.verify.matching import Op, Pairing
+from pipeforge.verify.program import Program, Slot, partner_key, text_of
 
 Key = tuple[int, int]  # (rank, slot number)
 Constraint = tuple
@@ -70,20 +80,30 @@ def key_of(slot: Slot) -> Key:
     return (slot.rank, slot.number)
 
 
+def group_slots(program: Program) -> list[list[int]]:
+    return [[slot.number for slot in row if slot.group] for row in program.slots]
+
+
 def model_constraints(program: Program, pairing: Pairing, semantics: str) -> list[Constraint]:
-    """Every constraint of the timing model."""
+    """The folded timing model over group slots (the certificate is checked against these)."""
+    groups = group_slots(program)
+    following: dict[Key, int] = {}
     found: list[Constraint] = []
-    for rank, row in enumerate(program.slots):
-        found.extend(("duration", rank, k) for k in range(len(row)))
-        found.extend(("order", rank, k) for k in range(len(row) - 1))
+    for rank, numbers in enumerate(groups):
+        for k, j in zip(numbers, numbers[1:]):
+            found.append(("gap", rank, k, j))
+            following[(rank, k)] = j
     for send, recv in pairing.matches:
         if semantics == "rendezvous":
             found.append(("rendezvous", key_of(send.slot), key_of(recv.slot)))
-        else:
-            found.append(("buffered", key_of(recv.slot), key_of(send.slot)))
+            continue
+        rank, k = key_of(recv.slot)
+        if (rank, k) in following:
+            j = following[(rank, k)]
+            found.append(("released", (rank, j), key_of(send.slot), j - k))
     for op in pairing.unmatched:
         if semantics == "rendezvous" or not op.is_send:
-            found.append(("unmatched", key_of(op.slot), str(op.action)))
+            found.append(("unmatched", key_of(op.slot), op.text))
     return found
 
 
@@ -112,10 +132,10 @@ class Runner:
             row = self.slots[rank]
             while self.position[rank] < len(row):
                 slot = row[self.position[rank]]
-                if slot.step.is_group and not self.try_group(slot):
-                    break
-                if not slot.step.is_group:
+                if not slot.group:
                     self.finish(rank, self.ready[rank], 1)
+                elif not self.try_group(slot):
+                    break
 
     def finish(self, rank: int, start: int, duration: int) -> None:
         k = self.position[rank]
@@ -131,12 +151,9 @@ class Runner:
     def try_group(self, slot: Slot) -> bool:
         raise NotImplementedError
 
-    def ops(self, slot: Slot):
+    def ops(self, slot: Slot) -> list[tuple[Op, Op | None]]:
         """(op, its partner or None) for each valid communication action of a group slot."""
-        for position, action in enumerate(slot.step.actions):
-            op = op_of(self.program, slot, action)
-            if op is not None:
-                yield op, self.pairing.partner_of((slot.rank, slot.number, position))
+        return self.pairing.ops.get((slot.rank, slot.number), [])
 
     def at_head(self, key: Key) -> bool:
         return self.position[key[0]] == key[1]
@@ -166,8 +183,8 @@ class Runner:
         raise NotImplementedError
 
     def unmatched_wait(self, slot: Slot, op: Op) -> Wait:
-        link = ("unmatched", key_of(op.slot), str(op.action))
-        return Wait(slot, str(expected_partner(op.action)), op.peer, None, (link,), self.finished(op.peer))
+        link = ("unmatched", key_of(op.slot), op.text)
+        return Wait(slot, text_of(partner_key(op.key)), op.peer, None, (link,), self.finished(op.peer))
 
 
 class Rendezvous(Runner):
@@ -181,18 +198,19 @@ class Rendezvous(Runner):
         self.members: dict[Key, list[Key]] = defaultdict(list)
         for row in self.slots:
             for slot in row:
-                if slot.step.is_group:
+                if slot.group:
                     self.members[self.find(key_of(slot))].append(key_of(slot))
         self.poisoned = {self.find(key_of(op.slot)) for op in pairing.unmatched}
         self.arrived: dict[Key, int] = defaultdict(int)
 
     def find(self, key: Key) -> Key:
-        root = key
-        while self.component.get(root, root) != root:
-            root = self.component[root]
-        while key != root:
-            key, self.component[key] = self.component.get(key, key), root
-        return root
+        parent = self.component
+        while key in parent:
+            up = parent[key]
+            if up in parent:
+                parent[key] = parent[up]  # path halving
+            key = up
+        return key
 
     def join(self, a: Key, b: Key) -> None:
         ra, rb = self.find(a), self.find(b)
@@ -224,7 +242,7 @@ class Rendezvous(Runner):
                 link = ("rendezvous", key_of(here), key_of(partner.slot))
                 there = key_of(partner.slot)
                 if not self.at_head(there):
-                    return Wait(slot, str(partner.action), partner.slot.rank, there, links + (link,), False)
+                    return Wait(slot, partner.text, partner.slot.rank, there, links + (link,), False)
                 if there not in visited:
                     visited.add(there)
                     todo.append((partner.slot, links + (link,)))
@@ -271,5 +289,5 @@ class Buffered(Runner):
             there = key_of(partner.slot)
             if self.position[there[0]] < there[1]:
                 link = ("buffered", key_of(slot), there)
-                return Wait(slot, str(partner.action), there[0], there, (link,), False)
+                return Wait(slot, partner.text, there[0], there, (link,), False)
         raise AssertionError(f"rank {slot.rank} is stuck at {slot.text} with every send posted")
