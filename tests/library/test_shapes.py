@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from pipeforge import library
-from pipeforge.ir import ActionKind, Schedule
+from pipeforge.ir import ActionKind, CostModel, Schedule
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 
@@ -98,7 +98,15 @@ def test_zb_h2_holds_2p_minus_1_microbatches():
             assert [peak_in_flight(schedule, r, (B, W)) for r in range(ranks)] == [2 * ranks - 1] * ranks
 
 
-# (closed form, the exact condition on P and M under which the simulated bubble rate equals it)
+def test_chimera_balances_activations_between_p_over_2_plus_1_and_p():
+    for ranks, microbatches in [(2, 2), (4, 4), (4, 12), (6, 6), (8, 16)]:
+        schedule = load("chimera", ranks, microbatches)
+        half = ranks // 2
+        assert [peak_in_flight(schedule, r) for r in range(ranks)] == [half + 1 + min(r, ranks - 1 - r) for r in range(ranks)]
+
+
+# (closed form, the exact condition on P and M under which the simulated bubble rate equals it);
+# Chimera's is on the cost model of its paper's drawings, F = B = 1
 BUBBLES = {
     "gpipe": (lambda P, M, V: (P - 1) / (M + P - 1), lambda P, M: True),
     "1f1b": (lambda P, M, V: (P - 1) / (M + P - 1), lambda P, M: True),
@@ -106,8 +114,9 @@ BUBBLES = {
     "zb-h1": (lambda P, M, V: (P - 1) / (3 * M + P - 1), lambda P, M: M >= P),
     "zb-h2": (lambda P, M, V: 0.0, lambda P, M: M >= 2 * P - 1),
     "zbv": (lambda P, M, V: 0.0, lambda P, M: M >= 2 * P - 1),
-    "chimera": (lambda P, M, V: (P - 2) / (2 * P - 2), lambda P, M: True),
+    "chimera": (lambda P, M, V: (P - 2) / (2 * M + P - 2), lambda P, M: True),
 }
+COSTS = {"chimera": CostModel(F=1.0, B=1.0)}
 
 
 def bubble_sizes(name: str):
@@ -126,7 +135,7 @@ def test_bubble_rate_closed_forms_hold_exactly_where_the_papers_say(name):
     form, holds = BUBBLES[name]
     for ranks, microbatches, per_rank in bubble_sizes(name):
         extra = {"V": per_rank} if per_rank else {}
-        rate = simulate(load(name, ranks, microbatches, **extra)).bubble_rate
+        rate = simulate(load(name, ranks, microbatches, **extra), COSTS.get(name)).bubble_rate
         matches = rate == pytest.approx(form(ranks, microbatches, per_rank), abs=1e-9)
         assert matches == holds(ranks, microbatches), (ranks, microbatches, per_rank, rate)
 
@@ -136,3 +145,10 @@ def test_zero_bubble_schedules_beat_1f1b_at_equal_memory_budget():
     for ranks, microbatches in [(4, 8), (8, 16), (6, 24)]:
         rates = {n: simulate(load(n, ranks, microbatches)).bubble_rate for n in ("1f1b", "zb-h1", "zb-h2", "zbv")}
         assert rates["zb-h2"] == rates["zbv"] == 0.0 < rates["zb-h1"] < rates["1f1b"]
+
+
+def test_chimera_beats_1f1b_when_f_and_b_cost_the_same():
+    simulate = pytest.importorskip("pipeforge.sim").simulate
+    for ranks, microbatches in [(4, 4), (4, 16), (8, 8), (8, 32)]:
+        rates = {n: simulate(load(n, ranks, microbatches), COSTS["chimera"]).bubble_rate for n in ("1f1b", "chimera")}
+        assert rates["chimera"] < rates["1f1b"]
