@@ -27,7 +27,7 @@ def register(subparsers) -> None:
                         help="OUT.svg, OUT.png, OUT.html, OUT.txt or OUT.json (Chrome trace)")
     parser.add_argument("--title", help="the picture's title (default: name, bubble rate, makespan, memory)")
     parser.add_argument("--width", type=int, default=None,
-                        help="time-axis width: pixels for pictures (default 1000), columns for .txt (default 100)")
+                        help="time-axis width: pixels for pictures (default: fitted), columns for .txt (default 100)")
     parser.set_defaults(handler=run)
 
 
@@ -67,4 +67,4 @@ def _text_picture(timeline, suffix: str, title: str | None, width: int | None) -
         return render_html(timeline, title=title)
     from pipeforge.render.svg import render_svg
 
-    return render_svg(timeline, title=title, width=float(width or 1000))
+    return render_svg(timeline, title=title, width=float(width) if width else None)

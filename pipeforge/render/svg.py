@@ -20,7 +20,8 @@ from xml.sax.saxutils import escape, quoteattr
 from pipeforge.render.grid import nice_step
 from pipeforge.sim.simulate import Timeline
 
-# (fill, text colour) by (kind, chain): chain 0 light as in the papers, chain 1 deeper.
+# (fill, text colour) by (kind, shade): shade 0 light as in the papers; shade 1 deeper, for a rank's
+# second stage (V and interleaved placements: odd local chunks) or for chain 1 (bidirectional schedules).
 PALETTE = {
     ("F", 0): ("#a8c8f0", "#10243f"), ("F", 1): ("#3f6fb5", "#ffffff"),
     ("B", 0): ("#9edbb0", "#0f3319"), ("B", 1): ("#2f8f55", "#ffffff"),
@@ -56,9 +57,11 @@ class Layout:
         return self.y(ranks) - self.row_gap
 
 
-def render_svg(timeline: Timeline, title: str | None = None, *, width: float = 1000.0) -> str:
-    """The picture as SVG text; ``width`` is the width of the time area in pixels."""
+def render_svg(timeline: Timeline, title: str | None = None, *, width: float | None = None) -> str:
+    """The picture as SVG text; ``width`` is the width of the time area in pixels (default: fitted)."""
+    width = width if width is not None else fitted_width(timeline)
     layout = Layout(plot_width=max(width, 100.0), makespan=max(timeline.makespan, 1e-9))
+    shades = Shades(timeline)
     total_width = layout.left + layout.plot_width + 24
     total_height = layout.bottom(timeline.ranks) + 46
     parts = [
@@ -66,9 +69,9 @@ def render_svg(timeline: Timeline, title: str | None = None, *, width: float = 1
         f'viewBox="0 0 {total_width:.0f} {total_height:.0f}" {FONT} font-size="11">',
         f'<rect class="background" x="0" y="0" width="{total_width:.0f}" height="{total_height:.0f}" fill="#ffffff"/>',
         _title(timeline, title, layout),
-        _legend(timeline, layout),
+        _legend(timeline, layout, shades),
         *_rows(timeline, layout),
-        *_actions(timeline, layout),
+        *_actions(timeline, layout, shades),
         _axis(timeline, layout),
         "</svg>",
     ]
@@ -87,22 +90,55 @@ def _title(timeline: Timeline, title: str | None, layout: Layout) -> str:
             f'fill="#222222">{escape(text)}</text>')
 
 
-def _legend(timeline: Timeline, layout: Layout) -> str:
-    present = sorted({(a.kind.value, a.chain) for e in timeline.events for a in e.actions},
-                     key=lambda kc: ("FBIW".index(kc[0]), kc[1]))
+def fitted_width(timeline: Timeline) -> float:
+    """Wide enough for a two-digit label in the shortest action, within 1000..2400 pixels."""
+    shortest = min((d for e in timeline.events for d in e.durations if d > 0), default=1.0)
+    wanted = timeline.makespan / shortest * 17.0
+    return min(max(wanted, 1000.0), 2400.0)
+
+
+class Shades:
+    """Which shade each action gets: deeper for odd local chunks and for chain 1."""
+
+    def __init__(self, timeline: Timeline):
+        stages_on: dict[int, set[int]] = {}
+        for event in timeline.events:
+            for action in event.actions:
+                if action.chain == 0:
+                    stages_on.setdefault(event.rank, set()).add(action.stage)
+        self.chunk = {(rank, stage): index for rank, stages in stages_on.items()
+                      for index, stage in enumerate(sorted(stages))}
+        self.has_chunks = any(index > 0 for index in self.chunk.values())
+        self.has_chains = any(a.chain for e in timeline.events for a in e.actions)
+
+    def of(self, rank: int, action) -> int:
+        return (action.chain + self.chunk.get((rank, action.stage), 0)) % 2
+
+    def note(self) -> str:
+        if self.has_chains and self.has_chunks:
+            return "deeper: chain 1, or a rank's second stage"
+        if self.has_chains:
+            return "deeper: chain 1"
+        return "deeper: a rank's second stage" if self.has_chunks else ""
+
+
+def _legend(timeline: Timeline, layout: Layout, shades: Shades) -> str:
+    present = sorted({(a.kind.value, shades.of(e.rank, a)) for e in timeline.events for a in e.actions},
+                     key=lambda ks: ("FBIW".index(ks[0]), ks[1]))
     items, x = [], layout.left
-    for kind, chain in present:
-        fill, _ = PALETTE[kind, min(chain, 1)]
-        label = f"{kind} {KIND_NAMES[kind]}" + (f" (chain {chain})" if timeline_has_chains(timeline) else "")
+    for kind, shade in present:
+        fill, _ = PALETTE[kind, shade]
         items.append(f'<rect class="legend" x="{x:.1f}" y="33" width="12" height="12" fill="{fill}" '
                      f'stroke="#555555" stroke-width="0.5"/>')
-        items.append(f'<text class="legend" x="{x + 16:.1f}" y="43.5" fill="#333333">{escape(label)}</text>')
-        x += 16 + 6.0 * len(label) + 14
+        x += 14
+        if shade == 0 and (kind, 1) in present:
+            continue  # the deeper square follows the light one, under one label
+        label = f"{kind} {KIND_NAMES[kind]}"
+        items.append(f'<text class="legend" x="{x + 2:.1f}" y="43.5" fill="#333333">{escape(label)}</text>')
+        x += 2 + 6.0 * len(label) + 14
+    if shades.note():
+        items.append(f'<text class="legend-note" x="{x:.1f}" y="43.5" fill="#666666">({escape(shades.note())})</text>')
     return "\n".join(items)
-
-
-def timeline_has_chains(timeline: Timeline) -> bool:
-    return any(a.chain for e in timeline.events for a in e.actions)
 
 
 def _rows(timeline: Timeline, layout: Layout) -> list[str]:
@@ -116,19 +152,19 @@ def _rows(timeline: Timeline, layout: Layout) -> list[str]:
     return rows
 
 
-def _actions(timeline: Timeline, layout: Layout) -> list[str]:
+def _actions(timeline: Timeline, layout: Layout, shades: Shades) -> list[str]:
     out = []
     for event in timeline.events:
         for action, start, end in event.action_spans():
-            out.append(_action_box(action, event.rank, start, end, layout))
+            out.append(_action_box(action, event.rank, start, end, layout, shades.of(event.rank, action)))
         if len(event.actions) > 1:
             out.append(_overlap_outline(event, layout))
     return out
 
 
-def _action_box(action, rank: int, start: float, end: float, layout: Layout) -> str:
+def _action_box(action, rank: int, start: float, end: float, layout: Layout, shade: int) -> str:
     kind = action.kind.value
-    fill, ink = PALETTE[kind, min(action.chain, 1)]
+    fill, ink = PALETTE[kind, shade]
     x, y = layout.x(start), layout.y(rank)
     w = max((end - start) * layout.scale, 0.5)
     tip = f"{action} on rank {rank}: {start:g} to {end:g} ({end - start:g})"

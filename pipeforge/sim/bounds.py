@@ -129,13 +129,17 @@ def compute_bounds(schedule: Schedule, costs: CostModel, memory: MemorySpec, *, 
     """Bounds for ``schedule``'s actions; ``busy[r]`` is rank r's total compute time."""
     from pipeforge.sim.simulate import gc_paused
 
-    with gc_paused():
-        nodes, by_stage = _dependency_nodes(schedule, costs)
-        comm = costs.comm
-        _earliest_starts(nodes, by_stage, schedule.stages, comm)
-        _remaining_after(nodes, by_stage, schedule.stages, comm)
-        critical = max((n.est + n.duration + n.down for n in nodes.values()), default=0.0)
-        per_rank = _rank_bounds(schedule, nodes, memory, busy)
+    with gc_paused():  # the graph's nodes die with _bounds_from_graph's frame, before the collector runs
+        return _bounds_from_graph(schedule, costs, memory, busy)
+
+
+def _bounds_from_graph(schedule: Schedule, costs: CostModel, memory: MemorySpec, busy: list[float]) -> Bounds:
+    nodes, by_stage = _dependency_nodes(schedule, costs)
+    comm = costs.comm
+    _earliest_starts(nodes, by_stage, schedule.stages, comm)
+    _remaining_after(nodes, by_stage, schedule.stages, comm)
+    critical = max((n.est + n.duration + n.down for n in nodes.values()), default=0.0)
+    per_rank = _rank_bounds(schedule, nodes, memory, busy)
     mean_busy = sum(busy) / len(busy) if busy else 0.0
     return Bounds(critical, memory.limit, per_rank, mean_busy)
 

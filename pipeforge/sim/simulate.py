@@ -198,8 +198,10 @@ def simulate(schedule: Schedule, costs: CostModel | None = None, *, memory: Memo
     memory = memory or schedule.memory or MemorySpec()
     with gc_paused():
         run = _run(schedule, costs, memory)
-    stats = tuple(_rank_stats(rank, run.events[rank], run.peak[rank]) for rank in range(schedule.ranks))
-    events = tuple(event for rank_events in run.events for event in rank_events)
+        by_rank, peaks = run.events, run.peak
+        del run  # free the run's ~10^5 working tuples by reference counting, before the collector sees them
+        stats = tuple(_rank_stats(rank, by_rank[rank], peaks[rank]) for rank in range(schedule.ranks))
+        events = tuple(event for rank_events in by_rank for event in rank_events)
     return Timeline(schedule.name, schedule.ranks, schedule.stages, schedule.microbatches,
                     events, costs, memory, stats, schedule)
 
