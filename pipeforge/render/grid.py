@@ -61,15 +61,19 @@ def _axis(makespan: float, width: int) -> tuple[str, str]:
     rule = ["-"] * width
     labels = [" "] * (width + 8)
     step = nice_step(makespan)
-    tick = 0.0
-    while tick <= makespan + 1e-9:
+    for tick in ticks(makespan, step):
         column = min(int(round(tick * width / makespan)), width - 1)
         rule[column] = "+"
         text = _number(tick)
         if all(c == " " for c in labels[max(column - 1, 0):column + len(text) + 1]):
             labels[column:column + len(text)] = list(text)
-        tick += step
     return "".join(rule), "".join(labels).rstrip()
+
+
+def ticks(extent: float, step: float) -> list[float]:
+    """0, step, 2 step, ... up to ``extent`` (multiplied, not summed, so no rounding drift)."""
+    count = int(math.floor(extent / step + 1e-9)) if step > 0 else 0
+    return [round(i * step, 12) for i in range(count + 1)]
 
 
 def nice_step(extent: float, ticks: int = 10) -> float:

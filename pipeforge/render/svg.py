@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from xml.sax.saxutils import escape, quoteattr
 
-from pipeforge.render.grid import nice_step
+from pipeforge.render.grid import nice_step, ticks
 from pipeforge.sim.simulate import Timeline
 
 # (fill, text colour) by (kind, shade): shade 0 light as in the papers; shade 1 deeper, for a rank's
@@ -192,14 +192,12 @@ def _axis(timeline: Timeline, layout: Layout) -> str:
     parts = [f'<line class="axis" x1="{layout.left:.1f}" y1="{base:.1f}" x2="{layout.x(layout.makespan):.1f}" '
              f'y2="{base:.1f}" stroke="#555555" stroke-width="1"/>']
     step = nice_step(layout.makespan, ticks=max(2, int(layout.plot_width // 70)))
-    tick = 0.0
-    while tick <= layout.makespan + 1e-9:
+    for tick in ticks(layout.makespan, step):
         x = layout.x(tick)
         parts.append(f'<line class="tick" x1="{x:.1f}" y1="{base:.1f}" x2="{x:.1f}" y2="{base + 4:.1f}" '
                      f'stroke="#555555" stroke-width="1"/>')
         parts.append(f'<text class="tick" x="{x:.1f}" y="{base + 16:.1f}" text-anchor="middle" '
                      f'fill="#444444">{tick:g}</text>')
-        tick += step
     parts.append(f'<text class="axis-label" x="{layout.x(layout.makespan):.1f}" y="{base + 32:.1f}" '
                  f'text-anchor="end" fill="#444444">time (cost units)</text>')
     return "\n".join(parts)

@@ -122,3 +122,20 @@ def test_png_without_cairosvg_is_a_usage_error(zb_h1, monkeypatch, tmp_path):
     with pytest.raises(UsageError, match=r"pipeforge\[png\]"):
         render_png(zb_h1, str(tmp_path / "x.png"))
     assert not (tmp_path / "x.png").exists()
+
+
+def test_an_empty_timeline_still_renders():
+    from pipeforge.ir import Schedule
+
+    timeline = simulate(Schedule("empty", 2, 2, 0, (Placement.loop(2, 2),), ((), ())))
+    assert render_text(timeline) == "(no compute actions)\n"
+    root = ET.fromstring(render_svg(timeline))
+    assert not [r for r in root.iter(f"{SVG}rect") if r.get("class", "").startswith("action")]
+    assert "<svg" in render_html(timeline)
+
+
+def test_ticks_do_not_drift():
+    from pipeforge.render.grid import ticks
+
+    assert ticks(0.3, 0.05) == [0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3]
+    assert ticks(1456.7, 200)[-1] == 1400

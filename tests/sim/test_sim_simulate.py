@@ -233,3 +233,11 @@ def test_scaling_every_cost_scales_the_makespan(schedule, factor):
     scaled = CostModel(F=factor, I=1.5 * factor, W=0.5 * factor, comm=0.25 * factor)
     assert simulate(schedule, scaled).makespan == pytest.approx(factor * simulate(schedule, base).makespan)
     assert simulate(schedule, scaled).bubble_rate == pytest.approx(simulate(schedule, base).bubble_rate)
+
+
+def test_an_empty_schedule_has_zero_figures():
+    from pipeforge.ir import Schedule
+
+    timeline = simulate(Schedule("empty", 2, 2, 0, (Placement.loop(2, 2),), ((), ())))
+    assert (timeline.makespan, timeline.bubble_rate, timeline.lower_bound) == (0.0, 0.0, 0.0)
+    assert timeline.peak_memory == (0.0, 0.0)
