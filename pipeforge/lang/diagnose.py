@@ -74,7 +74,7 @@ def unexpected_token(error: UnexpectedToken, text: str, file: str) -> PipeSyntax
     token = error.token
     span = _token_span(token, file)
     stack = _stack(error)
-    for rule in (_unclosed_brace, _stray_closer, _double_equals_in_let, _assignment_in_condition, _missing_comma, _range_syntax, _stages_placement):
+    for rule in (_unclosed_brace, _unclosed_paren, _stray_closer, _semicolon, _chain_keyword, _double_equals_in_let, _assignment_in_condition, _missing_comma, _range_syntax, _stages_placement):
         diagnosis = rule(error, stack, file)
         if diagnosis is not None:
             return diagnosis
@@ -126,6 +126,49 @@ def _unclosed_brace(error: UnexpectedToken, stack: list, file: str) -> PipeSynta
     where = "the end of the file" if error.token.type == "$END" else f"'schedule' at line {error.token.line}"
     return PipeSyntaxError(f"this '{{' is never closed: expected '}}' before {where}",
                            Span(file, brace.line, brace.column, brace.line, brace.column + 1))
+
+
+def _unclosed_paren(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
+    if "RPAR" not in error.expected or error.token.type not in ("RBRACE", "RSQB", "$END"):
+        return None
+    opened = _unclosed(stack, "LPAR", "RPAR")
+    if opened is None:
+        return None
+    return PipeSyntaxError(f"unexpected {_describe(error.token)}: expected ')' to close the '(' at "
+                           f"{file}:{opened.line}:{opened.column}", _token_span(error.token, file))
+
+
+def _unclosed(stack: list, opener: str, closer: str) -> Token | None:
+    """The innermost ``opener`` token of the stack that no ``closer`` after it matches."""
+    depth = 0
+    for item in reversed(stack):
+        symbol = _symbol(item)
+        if symbol == closer:
+            depth += 1
+        elif symbol == opener:
+            if depth == 0:
+                return item
+            depth -= 1
+    return None
+
+
+def _semicolon(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
+    if error.token.type != "SEMICOLON":
+        return None
+    return PipeSyntaxError("unexpected ';': statements are separated by spaces or new lines; ';' only joins "
+                           "the actions of an overlap token like (0F7;7B3)", _token_span(error.token, file))
+
+
+def _chain_keyword(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
+    if error.token.type != "EQUAL" or not stack:
+        return None
+    last = stack[-1]
+    if isinstance(last, Tree) and last.data == "name":
+        last = last.children[0]
+    if not isinstance(last, Token) or str(last) != "chain":
+        return None
+    return PipeSyntaxError("an action names its chain with '@': F@1(stage, microbatch), or inside 'chain 1 { ... }'",
+                           _token_span(error.token, file))
 
 
 _OPENERS = {"RPAR": "LPAR", "RSQB": "LSQB", "RBRACE": "LBRACE"}
