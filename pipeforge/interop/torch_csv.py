@@ -22,8 +22,8 @@ import csv
 import io
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from pipeforge.errors import PipeforgeError, PipeSyntaxError, SemanticError, Span, UsageError, remember_source
 from pipeforge.ir import IDLE, Action, Placement, Schedule, Step, parse_action
@@ -32,8 +32,7 @@ OVERLAP_SUFFIX = "OVERLAP_F_B"
 FORMATS = ("compute_only", "compute_comms")
 
 
-@dataclass(frozen=True)
-class Cell:
+class Cell(NamedTuple):
     """One CSV cell: its text and where it sits (1-based line and column)."""
 
     text: str
@@ -77,20 +76,17 @@ def read_csv_text(
 ) -> Schedule:
     """Parse torch CSV text: one row per rank; infer or check stages, microbatches, placement."""
     remember_source(filename, text)
-    rows = split_rows(text)
-    if not rows:
+    programs = parse_rows(text, filename)
+    if not programs:
         raise SemanticError(f"{filename}: the CSV holds no rows; expected one row of actions per rank")
-    programs = tuple(tuple(parse_cell(cell, filename) for cell in row) for row in rows)
-    located = located_actions(programs, rows, filename)
-    n_stages = infer_count("stages", stages, located, lambda a: a.stage, filename)
-    n_microbatches = infer_count(
-        "microbatches", microbatches, [(a, s) for a, s in located if a.microbatch is not None],
-        lambda a: a.microbatch, filename,
-    )
-    stage_placement = resolve_placement(placement, located, n_stages, len(rows), filename)
+    extent = Extent.of(programs)
+    n_stages = infer_count("stages", stages, extent.last_stage, lambda a: a.stage, filename)
+    n_microbatches = infer_count("microbatches", microbatches, extent.last_microbatch, lambda a: a.microbatch,
+                                 filename)
+    stage_placement = resolve_placement(placement, extent.owners, n_stages, len(programs), filename)
     return Schedule(
         name=schedule_name(filename),
-        ranks=len(rows),
+        ranks=len(programs),
         stages=n_stages,
         microbatches=n_microbatches,
         placements=(stage_placement,),
@@ -99,24 +95,29 @@ def read_csv_text(
     )
 
 
-def split_rows(text: str) -> list[list[Cell]]:
-    """The cells of each line with their columns (torch's cells hold no commas or quotes)."""
+def parse_rows(text: str, file: str) -> tuple[tuple[Step, ...], ...]:
+    """One program per line (torch's cells hold no commas or quotes, so a split is a CSV parse)."""
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
-    rows = []
-    for number, line in enumerate(lines, start=1):
-        line = line.removesuffix("\r")
-        rows.append(split_line(line, number) if line else [])
-    return rows
+    return tuple(parse_row(line.removesuffix("\r"), number, file) for number, line in enumerate(lines, start=1))
 
 
-def split_line(line: str, number: int) -> list[Cell]:
-    cells, col = [], 1
-    for piece in line.split(","):
-        cells.append(Cell(piece, number, col))
-        col += len(piece) + 1
-    return cells
+def parse_row(line: str, number: int, file: str) -> tuple[Step, ...]:
+    if not line:
+        return ()
+    steps, col = [], 1
+    for text in line.split(","):
+        if text and text[0] not in PADDING_OR_OPEN and text[-1] not in PADDING_OR_OPEN:
+            span = Span(file, number, col, number, col + len(text))  # the common case: a bare action
+            steps.append(Step((parse_token(text, span),), span=span))
+        else:
+            steps.append(parse_cell(Cell(text, number, col), file))
+        col += len(text) + 1
+    return tuple(steps)
+
+
+PADDING_OR_OPEN = frozenset(" \t(")
 
 
 def parse_cell(cell: Cell, file: str) -> Step:
@@ -125,10 +126,10 @@ def parse_cell(cell: Cell, file: str) -> Step:
     if not stripped:
         return IDLE
     lead = len(cell.text) - len(cell.text.lstrip())
-    if stripped.startswith("("):
+    if stripped[0] == "(":
         return parse_overlap(cell, stripped, lead, file)
-    action = parse_token(stripped, cell.span(file, lead, len(stripped)))
-    return Step((action,), span=cell.span(file, lead, len(stripped)))
+    span = cell.span(file, lead, len(stripped))
+    return Step((parse_token(stripped, span),), span=span)
 
 
 def parse_overlap(cell: Cell, text: str, lead: int, file: str) -> Step:
@@ -162,37 +163,61 @@ def parse_token(token: str, span: Span) -> Action:
     return action
 
 
-def located_actions(programs, rows: list[list[Cell]], file: str) -> list[tuple[Action, Span]]:
-    """Every action with the span of its cell (the sub-action's cell for overlaps)."""
-    located = []
-    for program, row in zip(programs, rows):
-        for step, cell in zip(program, row):
-            located.extend((action, step.span or cell.span(file)) for action in step.actions)
-    return located
+class Extent(NamedTuple):
+    """What the cells say about the shape: the largest stage and microbatch, and who holds each stage."""
+
+    last_stage: tuple[Action, Span] | None
+    last_microbatch: tuple[Action, Span] | None
+    owners: dict[int, tuple[int, Span, Action]]
+
+    @staticmethod
+    def of(programs) -> Extent:
+        last_stage = last_microbatch = None
+        owners: dict[int, tuple[int, Span, Action]] = {}
+        for rank, program in enumerate(programs):
+            for step in program:
+                for action in step.actions:
+                    if last_stage is None or action.stage > last_stage[0].stage:
+                        last_stage = (action, step.span)
+                    if action.microbatch is not None and (
+                            last_microbatch is None or action.microbatch > last_microbatch[0].microbatch):
+                        last_microbatch = (action, step.span)
+                    first = owners.setdefault(action.stage, (rank, step.span, action))
+                    if first[0] != rank:
+                        raise two_ranks_error(first, rank, step.span, action)
+        return Extent(last_stage, last_microbatch, owners)
 
 
-def infer_count(what: str, stated: int | None, located, index_of, file: str) -> int:
+def two_ranks_error(first: tuple[int, Span, Action], rank: int, span: Span, action: Action) -> SemanticError:
+    return SemanticError(
+        f"stage {action.stage} appears on two ranks: {str(first[2])!r} on rank {first[0]} at {first[1]} "
+        f"and {str(action)!r} on rank {rank} at {span}; a stage runs on one rank",
+        span,
+        notes=(f"first seen at {first[1]}",),
+    )
+
+
+def infer_count(what: str, stated: int | None, largest: tuple[Action, Span] | None, index_of, file: str) -> int:
     """``stated`` checked against the largest index in the cells, or that index + 1."""
     if stated is not None and stated < 1:
         raise UsageError(f"--{what} must be at least 1, got {stated}")
-    if not located:
+    if largest is None:
         if stated is None:
             raise SemanticError(f"{file}: no cell names any {what}; state --{what}")
         return stated
-    action, span = max(located, key=lambda item: index_of(item[0]))
-    largest = index_of(action)
+    action, span = largest
+    index = index_of(action)
     if stated is None:
-        return largest + 1
-    if largest >= stated:
+        return index + 1
+    if index >= stated:
         noun = "stage" if what == "stages" else "microbatch"
-        raise SemanticError(f"{str(action)!r} names {noun} {largest}, but --{what} {stated} allows "
+        raise SemanticError(f"{str(action)!r} names {noun} {index}, but --{what} {stated} allows "
                             f"0..{stated - 1}", span)
     return stated
 
 
-def resolve_placement(stated: str | None, located, stages: int, ranks: int, file: str) -> Placement:
+def resolve_placement(stated: str | None, owners, stages: int, ranks: int, file: str) -> Placement:
     """The placement the cells imply, or the stated one checked against the cells."""
-    owners = observed_owners(located, file)
     if stated is None:
         return inferred_placement(owners, stages, file)
     if stated not in ("loop", "v"):
@@ -204,22 +229,6 @@ def resolve_placement(stated: str | None, located, stages: int, ranks: int, file
             raise SemanticError(f"{str(action)!r} is on rank {rank}, but placement {stated} puts stage {stage} "
                                 f"on rank {expected}", span)
     return placement
-
-
-def observed_owners(located, file: str) -> dict[int, tuple[int, Span, Action]]:
-    """stage -> (rank, first cell, action): the row of the first cell naming the stage."""
-    owners: dict[int, tuple[int, Span, Action]] = {}
-    for action, span in located:
-        rank = span.line - 1
-        first = owners.setdefault(action.stage, (rank, span, action))
-        if first[0] != rank:
-            raise SemanticError(
-                f"stage {action.stage} appears on two ranks: {str(first[2])!r} on rank {first[0]} at {first[1]} "
-                f"and {str(action)!r} on rank {rank} at {span}; a stage runs on one rank",
-                span,
-                notes=(f"first seen at {first[1]}",),
-            )
-    return owners
 
 
 def inferred_placement(owners, stages: int, file: str) -> Placement:

@@ -33,8 +33,9 @@ NOTES = """
 - Memory: an overlap step's additions apply first, so its peak is checked
   before its releases.
 - Same rank means the rank the action is written on.
-- REDUCE_GRAD, UNSHARD and RESHARD: placement (range and owner) and REDUCE_GRAD's
-  order are checked; repeating them is not a duplicate.
+- REDUCE_GRAD, UNSHARD and RESHARD: only their stage's range is a placement
+  matter (the spec names compute and communication actions for the owner
+  rule), REDUCE_GRAD's order is checked, and repeating them is not a duplicate.
 """
 
 
@@ -119,7 +120,7 @@ class World:
             return "stage out of range"
         if a.kind.has_microbatch and not 0 <= a.microbatch < self.s.microbatches:
             return "microbatch out of range"
-        if self.owner(a.stage, a.chain) != rank:
+        if (a.is_compute or a.is_comm) and self.owner(a.stage, a.chain) != rank:
             return "rank does not own the stage"
         if a.is_comm:
             peer = a.peer_stage()
