@@ -82,49 +82,67 @@ class Evaluation:
         return limit is None or max(self.peak_memory, default=0.0) <= limit + TOLERANCE
 
 
+ActionKey = tuple[int, int, str, int]
+
+
+def action_key(action: Action) -> ActionKey:
+    """A plain tuple for ``action`` (hashing it is several times cheaper than hashing the Action,
+    whose Enum field hashes in Python); ``_value_`` is the kind's letters, read without the property."""
+    return (action.chain, action.stage, action.kind._value_, -1 if action.microbatch is None else action.microbatch)
+
+
 class Graph:
     """The compiled action set: ids, ranks, durations, memory deltas, dependencies."""
 
     def __init__(self, problem: Problem, actions: list[Action]):
         self.problem = problem
-        self.actions = sorted(set(actions))
-        self.index = {action: i for i, action in enumerate(self.actions)}
-        self.rank = [problem.rank_of(a) for a in self.actions]
-        self.duration = [problem.duration(a) for a in self.actions]
+        self.actions = sorted(set(actions), key=action_key)
+        self.index = {action_key(a): i for i, a in enumerate(self.actions)}
+        self.rank = [problem.placements[a.chain].stage_to_rank[a.stage] for a in self.actions]
+        table = {(k._value_, s): problem.costs.duration(k, s) for k in (F, B, I, W) for s in range(problem.stages)}
+        self.duration = [table[(a.kind._value_, a.stage)] for a in self.actions]
         self.delta = [problem.memory_delta(a) for a in self.actions]
-        self.deps = [self._dependencies(a) for a in self.actions]
+        self.deps = [self._dependencies(i, a) for i, a in enumerate(self.actions)]
 
-    def _dependencies(self, action: Action) -> tuple[tuple[int, float], ...]:
-        found = [self._edge(pred, action) for pred in data_predecessors(action, self.problem.stages, self.index)]
+    def _dependencies(self, i: int, action: Action) -> tuple[tuple[int, float], ...]:
+        comm, rank = self.problem.costs.comm, self.rank[i]
+        found = []
+        for key in predecessor_keys(action_key(action), self.problem.stages, self.index):
+            d = self.index[key]
+            found.append((d, 0.0 if self.rank[d] == rank else comm))
         return tuple(found)
 
-    def _edge(self, pred: Action, action: Action) -> tuple[int, float]:
-        same_rank = self.problem.rank_of(pred) == self.problem.rank_of(action)
-        return self.index[pred], 0.0 if same_rank else self.problem.costs.comm
-
     def ids(self, actions: tuple[Action, ...]) -> tuple[int, ...]:
-        return tuple(self.index[a] for a in actions)
+        return tuple(self.index[action_key(a)] for a in actions)
+
+    def ids_of_keys(self, keys: list[ActionKey]) -> tuple[int, ...]:
+        return tuple(self.index[k] for k in keys)
 
     def order_of(self, schedule: Schedule) -> Order:
         """The schedule's compute steps as an order (one action a step; overlap steps are flattened)."""
         return tuple(
-            tuple(self.index[a] for step in program if step.is_compute for a in step.actions)
+            tuple(self.index[action_key(a)] for step in program if step.is_compute for a in step.actions)
             for program in schedule.programs
         )
 
 
-def data_predecessors(action: Action, stages: int, present: dict[Action, int]) -> list[Action]:
-    """The compute actions ``action`` needs (DESIGN.md, formal model rule 2), among those present."""
-    s, m, c = action.stage, action.microbatch, action.chain
-    if action.kind is F:
-        return [Action(s - 1, F, m, c)] if s > 0 else []
-    if action.kind is W:
-        return [Action(s, I, m, c)]
-    needs = [Action(s, F, m, c)]
+def predecessor_keys(key: ActionKey, stages: int, present: dict[ActionKey, int]) -> list[ActionKey]:
+    """The compute actions an action needs (DESIGN.md, formal model rule 2), as keys."""
+    c, s, kind, m = key
+    if kind == "F":
+        return [(c, s - 1, "F", m)] if s > 0 else []
+    if kind == "W":
+        return [(c, s, "I", m)]
+    needs = [(c, s, "F", m)]
     if s < stages - 1:
-        later = Action(s + 1, B, m, c)
-        needs.append(later if later in present else Action(s + 1, I, m, c))
+        later = (c, s + 1, "B", m)
+        needs.append(later if later in present else (c, s + 1, "I", m))
     return needs
+
+
+def data_predecessors(action: Action, stages: int, present: dict[ActionKey, int]) -> list[Action]:
+    """The compute actions ``action`` needs, among those ``present`` (keyed by ``action_key``)."""
+    return [Action(s, ActionKind(kind), m, c) for c, s, kind, m in predecessor_keys(action_key(action), stages, present)]
 
 
 def compute_actions(schedule: Schedule) -> list[Action]:

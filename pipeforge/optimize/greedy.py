@@ -19,7 +19,8 @@ microbatch round at a time, with every rank's clock kept as it goes:
 
 The paper tries every combination of its three knobs (eight settings) and keeps
 the order with the smallest worst span by simulation; so does
-``zero_bubble_orders`` (the caller simulates).
+``best_zero_bubble_order``, timing each setting with the builder's own
+clocks (as-soon-as-possible in program order, the same timing as ``evaluate``).
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeforge.ir import Action, ActionKind
-from pipeforge.optimize.evaluate import Problem
+from pipeforge.optimize.evaluate import ActionKey, Problem
 
-F, I, W = ActionKind.F, ActionKind.I, ActionKind.W
+# Kinds as their letters: the builder keys dicts by kind in its hot loop, and str hashing is cheap.
+F, I, W = ActionKind.F.value, ActionKind.I.value, ActionKind.W.value
+Kind = str
 TOLERANCE = 1e-9
 
 
@@ -59,15 +62,39 @@ def supports(problem: Problem) -> bool:
     )
 
 
-def zero_bubble_orders(problem: Problem) -> list[tuple[Knobs, tuple[tuple[Action, ...], ...]]]:
-    """The per-rank orders of every knob setting that fits in memory."""
+@dataclass(frozen=True)
+class GreedyOrder:
+    """One knob setting's per-rank order and the spans its own clocks give (ASAP, as ``evaluate``)."""
+
+    knobs: Knobs
+    keys: tuple[tuple[ActionKey, ...], ...]
+    spans: tuple[float, ...]
+
+    @property
+    def programs(self) -> tuple[tuple[Action, ...], ...]:
+        return tuple(tuple(Action(s, ActionKind(k), m, c) for c, s, k, m in rank) for rank in self.keys)
+
+    def key(self) -> tuple[float, float]:
+        return (round(max(self.spans), 9), round(sum(self.spans), 9))
+
+
+def zero_bubble_orders(problem: Problem) -> list[GreedyOrder]:
+    """The orders of every knob setting that fits in memory."""
     found = []
     for knobs in KNOB_SETTINGS:
+        builder = _RoundBuilder(problem, knobs)
         try:
-            found.append((knobs, _RoundBuilder(problem, knobs).build()))
+            keys = builder.build()
         except DoesNotFit:
             continue
+        spans = tuple(end - first for end, first in zip(builder.clock, builder.first_start))
+        found.append(GreedyOrder(knobs, keys, spans))
     return found
+
+
+def best_zero_bubble_order(problem: Problem) -> GreedyOrder | None:
+    """The paper's choice: the setting with the smallest worst span (then total span)."""
+    return min(zero_bubble_orders(problem), key=GreedyOrder.key, default=None)
 
 
 class _RoundBuilder:
@@ -77,18 +104,19 @@ class _RoundBuilder:
         self.knobs = knobs
         self.p, self.m = problem.stages, problem.microbatches
         self.comm = problem.costs.comm
-        self.cost = {k: [problem.costs.duration(k, s) for s in range(self.p)] for k in (F, I, W)}
+        self.cost = {k: [problem.costs.duration(ActionKind(k), s) for s in range(self.p)] for k in (F, I, W)}
         self.grow = {F: 1.0, I: problem.weights - 1.0, W: -problem.weights}
         limit = problem.memory_limit
         self.limit = limit if limit is not None else float(self.m) + 1.0
         self.done = {k: [0] * self.p for k in (F, I, W)}
         self.held = [0.0] * self.p
         self.clock = [0.0] * self.p
+        self.first_start = [0.0] * self.p
         self.bubble = [0.0] * self.p
-        self.finish: dict[tuple[ActionKind, int, int], float] = {}
-        self.programs: list[list[Action]] = [[] for _ in range(self.p)]
+        self.finish: dict[tuple[Kind, int, int], float] = {}
+        self.programs: list[list[ActionKey]] = [[] for _ in range(self.p)]
 
-    def build(self) -> tuple[tuple[Action, ...], ...]:
+    def build(self) -> tuple[tuple[ActionKey, ...], ...]:
         self.warm_up()
         for _ in range(1, self.m):
             self.steady_round()
@@ -99,7 +127,7 @@ class _RoundBuilder:
 
     # -- the primitive: append one action to rank j, keeping clocks ------------
 
-    def put(self, j: int, kind: ActionKind) -> None:
+    def put(self, j: int, kind: Kind) -> None:
         mb = self.done[kind][j]
         if self.held[j] + self.grow[kind] > self.limit + TOLERANCE:
             raise DoesNotFit
@@ -108,23 +136,25 @@ class _RoundBuilder:
         end = max(no_wait, self.arrival(j, kind, mb) + cost)
         if self.done[F][j] > 0:
             self.bubble[j] += end - no_wait
+        else:
+            self.first_start[j] = end - cost
         self.clock[j] = end
         self.finish[(kind, j, mb)] = end
         self.held[j] += self.grow[kind]
         self.done[kind][j] += 1
-        self.programs[j].append(Action(j, kind, mb))
+        self.programs[j].append((0, j, kind, mb))
 
-    def arrival(self, j: int, kind: ActionKind, mb: int) -> float:
+    def arrival(self, j: int, kind: Kind, mb: int) -> float:
         """When the input of ``kind`` on rank j for ``mb`` arrives from the neighbour (0 if local)."""
-        if kind is F and j > 0:
+        if kind == F and j > 0:
             return self.needed((F, j - 1, mb)) + self.comm
-        if kind is I and j < self.p - 1:
+        if kind == I and j < self.p - 1:
             return self.needed((I, j + 1, mb)) + self.comm
-        if kind is I:
+        if kind == I:
             return self.needed((F, j, mb))
         return 0.0
 
-    def needed(self, key: tuple[ActionKind, int, int]) -> float:
+    def needed(self, key: tuple[Kind, int, int]) -> float:
         if key not in self.finish:
             raise DoesNotFit
         return self.finish[key]
@@ -217,7 +247,7 @@ class _RoundBuilder:
                 self.put(j, W)
         self.put(j, I)
 
-    def make_room(self, j: int, kind: ActionKind) -> None:
+    def make_room(self, j: int, kind: Kind) -> None:
         while self.held[j] + self.grow[kind] > self.limit + TOLERANCE:
             if not self.pending_w(j):
                 raise DoesNotFit

@@ -41,6 +41,16 @@ class Metrics:
     makespan: float
     peak_memory: tuple[float, ...]
     max_span: float
+    spans: tuple[float, ...] = ()
+
+    @staticmethod
+    def of(evaluation: Evaluation) -> Metrics:
+        return Metrics(evaluation.bubble_rate, evaluation.makespan, evaluation.peak_memory,
+                       evaluation.max_span, evaluation.spans)
+
+    def key(self) -> tuple[float, float, float]:
+        """Worst span, total span, makespan: ``Evaluation.key`` without its tie-breaker."""
+        return (round(self.max_span, 9), round(sum(self.spans), 9), round(self.makespan, 9))
 
     def to_json(self) -> dict:
         return {"bubble_rate": self.bubble_rate, "makespan": self.makespan,
@@ -91,8 +101,8 @@ def metrics_of(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> Metr
     from pipeforge.sim import simulate
 
     timeline = simulate(schedule, costs, memory=memory)
-    spans = [s.span for s in timeline.rank_stats]
-    return Metrics(timeline.bubble_rate, timeline.makespan, timeline.peak_memory, max(spans, default=0.0))
+    spans = tuple(s.span for s in timeline.rank_stats)
+    return Metrics(timeline.bubble_rate, timeline.makespan, timeline.peak_memory, max(spans, default=0.0), spans)
 
 
 def split_actions(actions: list[Action]) -> list[Action]:
@@ -120,12 +130,11 @@ def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit
     problem = Problem.of(compute, costs, memory_limit)
     memory = MemorySpec(problem.memory_limit, problem.weights)
     before = metrics_of(compute, problem.costs, memory)
-    source = _input_candidate(problem, compute)
+    source = _input_candidate(problem, compute) if strategy in ("auto", "local") else None
     split = Graph(problem, split_actions(compute_actions(compute)))
     run = _Run(problem, split, deadline, progress)
     best, span_bound = run.strategies(strategy, source)
-    input_offered = source is not None and source.evaluation.fits(problem.memory_limit)
-    return _result(schedule, compute, problem, memory, before, best, input_offered, span_bound, strategy, started)
+    return _result(schedule, compute, split, before, best, span_bound, strategy, started)
 
 
 def _require_complete(compute: Schedule) -> None:
@@ -184,7 +193,7 @@ class _Run:
         return self.best is not None and self.best.evaluation.max_span <= bound + 1e-9
 
     def greedy(self, required: bool) -> None:
-        from pipeforge.optimize.greedy import supports, zero_bubble_orders
+        from pipeforge.optimize.greedy import best_zero_bubble_order, supports
 
         if not supports(self.problem):
             if required:
@@ -192,11 +201,13 @@ class _Run:
                                  "and a memory limit of at least 1; try --strategy local")
             return
         self.tell(0.0, "greedy: the Zero Bubble scheduler's eight settings")
-        for knobs, per_rank in zero_bubble_orders(self.problem):
-            order = tuple(self.split.ids(actions) for actions in per_rank)
-            evaluation = evaluate(self.split, order)
-            if evaluation is not None:
-                self.offer(_Candidate(self.split, order, evaluation, "greedy"))
+        found = best_zero_bubble_order(self.problem)
+        if found is None:
+            return
+        order = tuple(self.split.ids_of_keys(keys) for keys in found.keys)
+        evaluation = evaluate(self.split, order)
+        if evaluation is not None:
+            self.offer(_Candidate(self.split, order, evaluation, "greedy"))
 
     def local(self, start: _Candidate | None, seconds: float, bound: float) -> None:
         from pipeforge.optimize.local import local_search
@@ -232,11 +243,11 @@ def _input_candidate(problem: Problem, compute: Schedule) -> _Candidate | None:
     return None if evaluation is None else _Candidate(graph, order, evaluation, "input")
 
 
-def _result(schedule: Schedule, compute: Schedule, problem: Problem, memory: MemorySpec, before: Metrics,
-            best: _Candidate | None, input_offered: bool, span_bound: float, strategy: str,
-            started: float) -> OptimizeResult:
+def _result(schedule: Schedule, compute: Schedule, split: Graph, before: Metrics, best: _Candidate | None,
+            span_bound: float, strategy: str, started: float) -> OptimizeResult:
+    problem = split.problem
     within = problem.memory_limit is None or max(before.peak_memory, default=0.0) <= problem.memory_limit + 1e-9
-    if best is None or not _beats_input(best, before, within, input_offered):
+    if best is None or not _beats_input(best, before, within):
         if not within:
             raise VerificationError(f"no order of {schedule.name!r} within the memory limit "
                                     f"{problem.memory_limit:g} was found (the input holds {max(before.peak_memory):g})")
@@ -244,22 +255,20 @@ def _result(schedule: Schedule, compute: Schedule, problem: Problem, memory: Mem
     else:
         result = schedule_of(compute, best.graph, best.order, name=schedule.name)
         _verify(result, problem.memory_limit, best)
-        after, found_by = metrics_of(result, problem.costs, memory), best.found_by
+        after, found_by = Metrics.of(best.evaluation), best.found_by
     span_bound = min(span_bound, after.max_span)
     gap = (after.max_span - span_bound) / after.max_span if after.max_span > 0 else 0.0
-    bound = bubble_of_span(Graph(problem, split_actions(compute_actions(compute))), span_bound)
+    bound = bubble_of_span(split, span_bound)
     return OptimizeResult(result, before, after, bound, span_bound, gap, gap <= 1e-6, result is not schedule,
                           found_by, strategy, time.monotonic() - started)
 
 
-def _beats_input(best: _Candidate, before: Metrics, within: bool, input_offered: bool) -> bool:
-    """Strictly better than the input: offer() replaced the input's own candidate only for a
-    strictly smaller key; an input an order cannot express (overlap steps) is beaten on worst span."""
+def _beats_input(best: _Candidate, before: Metrics, within: bool) -> bool:
+    """Strictly better than the input on worst span, then total span, then makespan (any order
+    within the limit beats an input over it)."""
     if best.found_by == "input":
         return False
-    if input_offered or not within:
-        return True
-    return best.evaluation.max_span < before.max_span - 1e-9
+    return not within or best.evaluation.key()[:3] < before.key()
 
 
 def _verify(result: Schedule, memory_limit: float | None, candidate: _Candidate) -> None:

@@ -8,7 +8,7 @@ import random
 from hypothesis import strategies as st
 
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Placement, Schedule, Step
-from pipeforge.optimize.evaluate import Graph, Problem, data_predecessors, evaluate
+from pipeforge.optimize.evaluate import Graph, Problem, action_key, data_predecessors, evaluate
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 
@@ -24,7 +24,7 @@ def fused_work(p: int, m: int) -> list[Action]:
 def random_programs(p: int, actions: list[Action], seed: int) -> tuple[tuple[Action, ...], ...]:
     """A random linear extension of the dependencies, dealt to the ranks: always runs."""
     rng = random.Random(seed)
-    present = {a: i for i, a in enumerate(actions)}
+    present = {action_key(a): i for i, a in enumerate(actions)}
     done: set[Action] = set()
     programs: list[list[Action]] = [[] for _ in range(p)]
     left = set(actions)

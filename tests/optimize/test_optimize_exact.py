@@ -27,7 +27,7 @@ def poor_order(graph):
 
 
 def greedy_order(graph):
-    orders = [tuple(graph.ids(a) for a in per_rank) for _, per_rank in zero_bubble_orders(graph.problem)]
+    orders = [tuple(graph.ids(a) for a in g.programs) for g in zero_bubble_orders(graph.problem)]
     return min(orders, key=lambda o: evaluate(graph, o).key())
 
 

@@ -21,9 +21,12 @@ def problem(p, m, limit, costs=CostModel(), weights=0.5):
 def best_evaluation(prob):
     graph = Graph(prob, split_work(prob.ranks, prob.microbatches))
     found = []
-    for _, per_rank in zero_bubble_orders(prob):
-        order = tuple(graph.ids(actions) for actions in per_rank)
-        found.append((graph, order, evaluate(graph, order)))
+    for greedy in zero_bubble_orders(prob):
+        order = tuple(graph.ids(actions) for actions in greedy.programs)
+        evaluation = evaluate(graph, order)
+        assert evaluation is not None
+        assert greedy.spans == pytest.approx(evaluation.spans)  # the builder's clocks are ASAP timing
+        found.append((graph, order, evaluation))
     return found, min((e for _, _, e in found if e is not None), key=lambda e: e.key())
 
 

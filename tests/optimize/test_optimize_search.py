@@ -20,12 +20,11 @@ def check_result(schedule, result, limit):
     """What every result must satisfy, checked independently of the optimizer."""
     timeline = simulate(result.schedule, result.schedule.costs or schedule.costs)
     assert result.after.bubble_rate == pytest.approx(timeline.bubble_rate)
-    assert result.after.max_span <= result.before.max_span + 1e-9
+    if limit is None or max(result.before.peak_memory) <= limit + 1e-9:
+        assert result.after.max_span <= result.before.max_span + 1e-9
     assert result.bound <= result.after.bubble_rate + 1e-9
     if limit is not None:
         assert max(result.after.peak_memory) <= limit + 1e-9
-    assert sorted(str(a) for _, _, a in result.schedule.actions()) == sorted(
-        str(a) for _, _, a in result.schedule.actions())  # well formed
     if result.improved:
         verify = pytest.importorskip("pipeforge.verify").verify
         assert verify(result.schedule, memory_limit=limit).valid
