@@ -13,6 +13,7 @@ both sides use the cached shapes and buffers.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -107,13 +108,19 @@ class Posted:
         self._works, self._transfers = [], []
 
     def _failure(self, error: Exception) -> PipelineError:
-        peers = sorted({t.peer for t in self._transfers})
-        limit = f" within {self._timeout.total_seconds():g} s" if self._timeout else ""
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        peers = ", ".join(str(p) for p in sorted({t.peer for t in self._transfers}))
+        limit = f" (waits limited to {self._timeout.total_seconds():g} s)" if self._timeout else ""
         return PipelineError(
-            f"rank {self._rank}: {self.label} with rank(s) {', '.join(map(str, peers))} did not complete{limit}: "
-            f"{first_line}. A peer rank may have died or hung, or sent a tensor of another shape."
+            f"rank {self._rank}: {self.label} with rank(s) {peers} failed{limit}: {backend_reason(error)}. "
+            "A peer rank may have died or hung, or sent a tensor of another shape."
         )
+
+
+def backend_reason(error: Exception) -> str:
+    """The first sentence of a backend's error, without its source location (``[.../pair.cc:553]``)."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    text = re.sub(r"^\[[^\]]*\]\s*", "", text)
+    return text.split(". This is typically")[0].rstrip(". ")
 
 
 class Transport:
@@ -138,7 +145,7 @@ class Transport:
         try:
             works = dist.batch_isend_irecv(ops) if ops else []
         except Exception as error:  # noqa: BLE001
-            raise PipelineError(f"rank {self.rank}: posting {label} failed: {error}") from error
+            raise PipelineError(f"rank {self.rank}: posting {label} failed: {backend_reason(error)}") from error
         return Posted(list(works), transfers, label, self.rank, self.timeout)
 
     def exchange(self, transfers: list[Transfer], label: str) -> None:
