@@ -152,3 +152,22 @@ def test_chimera_beats_1f1b_when_f_and_b_cost_the_same():
     for ranks, microbatches in [(4, 4), (4, 16), (8, 8), (8, 32)]:
         rates = {n: simulate(load(n, ranks, microbatches), COSTS["chimera"]).bubble_rate for n in ("1f1b", "chimera")}
         assert rates["chimera"] < rates["1f1b"]
+
+
+def test_v_min_holds_about_a_third_of_1f1b_activations_with_a_packed_steady_state():
+    sim = pytest.importorskip("pipeforge.sim")
+    from pipeforge.ir import MemorySpec
+
+    no_weights = MemorySpec(weights=0.0)  # I frees the activations, as the V-Min paper counts them
+    for ranks in range(2, 9):
+        overheads = set()
+        for microbatches in (ranks, 2 * ranks, 4 * ranks):
+            timeline = sim.simulate(load("v-min", ranks, microbatches), memory=no_weights)
+            # a V stage holds half a rank's layers: two of its activations make one of 1F1B's
+            assert max(timeline.peak_memory) / 2 <= ranks // 3 + 1
+            one_f_one_b = sim.simulate(load("1f1b", ranks, microbatches))
+            assert timeline.bubble_rate < one_f_one_b.bubble_rate
+            busy = 6 * microbatches
+            overheads.add(round(timeline.bubble_rate * busy / (1 - timeline.bubble_rate), 6))
+        # the repeated blocks never meet: the idle time is the warm-up and cool-down's, whatever M
+        assert len(overheads) == 1, (ranks, overheads)
