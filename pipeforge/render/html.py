@@ -52,7 +52,7 @@ def render_html(timeline: Timeline, title: str | None = None) -> str:
         f"<style>{STYLE}</style>",
         "</head>",
         "<body>",
-        f"<h2>{escape(heading)}</h2>",
+        f"<h2>{escape(timeline.name)}: simulated timeline</h2>",
         _summary_table(timeline),
         f'<div class="picture">{render_svg(timeline, title=heading)}</div>',
         _rank_table(timeline),

@@ -160,9 +160,16 @@ class Timeline:
             return None
         return all(peak <= self.memory.limit + 1e-9 for peak in self.peak_memory)
 
-    def events_on(self, rank: int) -> Iterator[Event]:
+    @cached_property
+    def events_by_rank(self) -> tuple[tuple[Event, ...], ...]:
+        by_rank: list[list[Event]] = [[] for _ in range(self.ranks)]
+        for event in self.events:
+            by_rank[event.rank].append(event)
+        return tuple(tuple(events) for events in by_rank)
+
+    def events_on(self, rank: int) -> tuple[Event, ...]:
         """Rank ``rank``'s events in program order."""
-        return (e for e in self.events if e.rank == rank)
+        return self.events_by_rank[rank]
 
     def to_json(self) -> dict:
         return {
