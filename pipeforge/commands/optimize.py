@@ -23,7 +23,8 @@ def register(subparsers) -> None:
     add_input_arguments(parser)
     parser.add_argument("--cost", metavar="F=1,I=1,W=1,comm=0", help=COST_HELP)
     parser.add_argument("--memory-limit", type=float, metavar="X",
-                        help="activation memory limit per rank, in M_B (one microbatch on one stage)")
+                        help="activation memory limit per rank, in M_B (one microbatch on one stage); "
+                             "default: the schedule's own limit, else the input's peak")
     parser.add_argument("--strategy", choices=("auto", "greedy", "local", "exact"), default="auto",
                         help="auto (default): greedy, then local search, then exact search when small")
     parser.add_argument("--time-limit", type=float, default=10.0, metavar="S",
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json({**result.to_json(), "output": args.output})
         return 0
-    print(report(result, limit, args.output))
+    print(report(result, args.output))
     return 0
 
 
@@ -99,9 +100,9 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def report(result, limit: float | None, output: str) -> str:
+def report(result, output: str) -> str:
     """The human report: before, after and the bound side by side."""
-    before, after, schedule = result.before, result.after, result.schedule
+    before, after, schedule, limit = result.before, result.after, result.schedule, result.memory_limit
     verdict = "optimal" if result.optimal else f"gap {100 * result.gap:.2f}% of the span"
     lines = [
         f"optimize {schedule.name}: {schedule.ranks} ranks, {schedule.stages} stages, "

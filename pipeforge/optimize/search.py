@@ -10,6 +10,10 @@ Strategies (``strategy=``):
 - ``auto``: greedy where it applies, local search from the best order so far,
   then exact search when the instance is small (at most ``EXACT_AUTO_ACTIONS``).
 
+The memory limit is ``memory_limit``, else the schedule's own, else the
+input's peak: an optimized schedule never holds more activations than the
+input did unless a limit says it may.
+
 Whatever runs, the result is never worse than the input: if no order beats
 the input's worst span (then total span, then makespan) within the memory
 limit, the input is returned unchanged. A new order is verified by
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeforge.errors import UsageError, VerificationError
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule
@@ -77,11 +81,12 @@ class OptimizeResult:
     found_by: str
     strategy: str
     seconds: float
+    memory_limit: float | None = None
 
     def to_json(self) -> dict:
         return {
             "schedule": self.schedule.name, "strategy": self.strategy, "found_by": self.found_by,
-            "improved": self.improved, "optimal": self.optimal,
+            "improved": self.improved, "optimal": self.optimal, "memory_limit": self.memory_limit,
             "before": self.before.to_json(), "after": self.after.to_json(),
             "bound": {"bubble_rate": self.bound, "max_span": self.span_bound},
             "gap": self.gap, "seconds": self.seconds,
@@ -128,8 +133,9 @@ def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit
     compute = schedule.compute_only()
     _require_complete(compute)
     problem = Problem.of(compute, costs, memory_limit)
-    memory = MemorySpec(problem.memory_limit, problem.weights)
-    before = metrics_of(compute, problem.costs, memory)
+    before = metrics_of(compute, problem.costs, MemorySpec(problem.memory_limit, problem.weights))
+    if problem.memory_limit is None:
+        problem = replace(problem, memory_limit=max(before.peak_memory, default=0.0))
     source = _input_candidate(problem, compute) if strategy in ("auto", "local") else None
     split = Graph(problem, split_actions(compute_actions(compute)))
     run = _Run(problem, split, deadline, progress)
@@ -260,7 +266,7 @@ def _result(schedule: Schedule, compute: Schedule, split: Graph, before: Metrics
     gap = (after.max_span - span_bound) / after.max_span if after.max_span > 0 else 0.0
     bound = bubble_of_span(split, span_bound)
     return OptimizeResult(result, before, after, bound, span_bound, gap, gap <= 1e-6, result is not schedule,
-                          found_by, strategy, time.monotonic() - started)
+                          found_by, strategy, time.monotonic() - started, problem.memory_limit)
 
 
 def _beats_input(best: _Candidate, before: Metrics, within: bool) -> bool:
