@@ -1,0 +1,86 @@
+"""``pipeforge codegen`` and ``pipeforge run`` through the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from pipeforge.cli import main
+from pipeforge.commands import run as run_command
+
+BROKEN = """\
+schedule broken(P = 2, M = 1) {
+    ranks P
+    stages P placement loop
+    microbatches M
+    rank 0 { F(0, 0) B(0, 0) }
+    rank 1 { B(1, 0) F(1, 0) }
+}
+"""
+
+
+def test_codegen_writes_the_module(tmp_path, capsys):
+    assert main(["codegen", "gpipe", "-D", "P=2", "-D", "M=2", "-o", str(tmp_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out == {"schedule": out["schedule"], "module": str(tmp_path / f"{out['schedule']}.py"), "ranks": 2}
+    text = (tmp_path / f"{out['schedule']}.py").read_text()
+    assert "def make_pipeline(" in text and "'gpipe.pipe':" in text
+
+
+def test_codegen_without_locations_matches_the_golden(tmp_path, goldens, capsys):
+    assert main(["codegen", "1f1b", "-D", "P=2", "-D", "M=3", "-o", str(tmp_path), "--no-locations"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    goldens.check("one_f_one_b_P2_M3.py.txt", (tmp_path / "one_f_one_b.py").read_text())
+
+
+def test_codegen_refuses_an_invalid_schedule_with_exit_1(tmp_path, capsys):
+    source = tmp_path / "broken.pipe"
+    source.write_text(BROKEN)
+    assert main(["codegen", str(source), "-o", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "does not verify" in err and "broken.pipe:6" in err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_run_with_the_wrong_process_count_is_a_usage_error(capsys):
+    assert main(["run", "1f1b", "-D", "P=2", "--nproc", "3"]) == 2
+    assert "--nproc" in capsys.readouterr().err
+
+
+def test_print_torchrun(capsys):
+    assert main(["run", "1f1b", "-D", "P=4", "-D", "M=8", "--print-torchrun"]) == 0
+    out = capsys.readouterr().out
+    assert "torchrun --nnodes=$NODES --nproc-per-node=$NPROC_PER_NODE" in out
+    assert "-m pipeforge run 1f1b -DP=4 -DM=8 --nproc 4" in out and "--from-env" in out
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_run_json_on_four_processes(capsys):
+    assert main(["run", "1f1b", "-D", "P=4", "-D", "M=8", "--json", "--steps", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out == {"match": True, "max_abs_diff": 0.0, "steps": 2, "nproc": 4, "backend": "gloo"}
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_run_text_with_tuple_activations(capsys):
+    assert main(["run", "zbv", "-D", "P=2", "-D", "M=4", "--model", "tuple"]) == 0
+    assert "match on 2 processes (gloo)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("verdict, code, stderr", [
+    ({"match": True, "max_abs_diff": 0.0}, 0, ""),
+    ({"match": False, "max_abs_diff": 0.5, "worst": "step 0 stage 1 grad of linear.weight", "missing": []}, 1,
+     "largest difference: step 0 stage 1 grad of linear.weight"),
+    ({"match": False, "max_abs_diff": float("inf"), "errors": {1: "Traceback\nPipelineError: rank 1: boom"}}, 1,
+     "rank 1: PipelineError: rank 1: boom"),
+])
+def test_run_exit_codes_and_reports(verdict, code, stderr, capsys):
+    args = argparse.Namespace(json=True, steps=2, backend="gloo", model="mlp")
+    assert run_command._report(args, "s", 2, verdict, 1.0) == code
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["match"] is verdict["match"]
+    assert stderr in captured.err
