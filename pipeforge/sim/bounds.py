@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pipeforge.ir import ActionKind, CostModel, MemorySpec, Schedule
 from pipeforge.sim.costs import duration_table
 
-_F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
+_F, _W = ActionKind.F, ActionKind.W
 
 
 @dataclass(frozen=True)
