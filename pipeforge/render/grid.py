@@ -49,7 +49,7 @@ def _rank_row(timeline: Timeline, rank: int, scale: float, width: int) -> str:
 def _draw_box(cells: list[str], first: int, last: int, action) -> None:
     size = last - first
     label = action_label(action)
-    if size >= len(label) + 1 or (size == len(label) and last == len(cells)):
+    if size >= len(label):  # "F1F2" still reads as two boxes: every label starts with its kind letter
         text = label.ljust(size)
     else:
         text = action.kind.value * size

@@ -5,6 +5,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pipeforge
 from pipeforge.errors import UsageError
@@ -13,7 +15,7 @@ from pipeforge.render.grid import nice_step, render_text
 from pipeforge.render.html import render_html
 from pipeforge.render.svg import render_svg
 from pipeforge.sim import simulate
-from sim_orders import one_f_one_b, schedule_of
+from sim_orders import one_f_one_b, random_consistent, schedule_of
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -139,3 +141,27 @@ def test_ticks_do_not_drift():
 
     assert ticks(0.3, 0.05) == [0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3]
     assert ticks(1456.7, 200)[-1] == 1400
+
+
+def test_grid_and_svg_goldens(goldens):
+    timeline = simulate(one_f_one_b(4, 8), CostModel(F=1, I=1, W=1, comm=0.25))
+    goldens.check("1f1b_4x8_comm.txt", render_text(timeline, width=100))
+    goldens.check("1f1b_2x3.svg", render_svg(simulate(one_f_one_b(2, 3))))
+
+
+orders = st.builds(random_consistent, seed=st.integers(0, 10_000), ranks=st.integers(1, 4), stages=st.just(4),
+                   microbatches=st.integers(1, 5), split=st.booleans(), placement=st.sampled_from(["loop", "v"]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(orders)
+def test_every_picture_of_a_random_order_shows_every_action(schedule):
+    from pipeforge.interop.trace import trace_events
+
+    timeline = simulate(schedule, CostModel(F=1, I=1.5, W=0.5, comm=0.1))
+    count = action_count(timeline)
+    root = ET.fromstring(render_svg(timeline))
+    assert len([r for r in root.iter(f"{SVG}rect") if r.get("class", "").startswith("action")]) == count
+    assert len([e for e in trace_events(timeline) if e["ph"] == "X"]) == count
+    rows = [line for line in render_text(timeline, width=60).splitlines() if line.startswith("rank")]
+    assert len(rows) == schedule.ranks
