@@ -240,37 +240,47 @@ def emit_rounds(writer: ProgramWriter, schedule: Schedule, graph: DependencyGrap
     for rank, round_no in groups:
         busy[rank].add(round_no)
     for rank, program in enumerate(schedule.programs):
+        steps, served = writer.steps[rank], writer.served[rank]
         done = 0
         by_round = dict(rounds.order[rank])
         for round_no in sorted(busy[rank].union(by_round)):
             index = by_round.get(round_no)
             if index is not None:
-                writer.passthrough(rank, done, index)
-                writer.copy(rank, index)
+                if index > done:
+                    writer.passthrough(rank, done, index)
+                steps.append(program[index])
+                served.append(index)
                 done = index + 1
-            serves = index if index is not None else min(next_compute(program, done), len(program) - 1)
-            writer.group(rank, groups.get((rank, round_no), []), serves)
-            if index is not None:
+            keys = groups.get((rank, round_no))
+            if keys:
+                serves = index if index is not None else min(next_compute(program, done), len(program) - 1)
+                steps.append(Step(tuple(map(action_of, keys)), span=program[serves].span))
+                served.append(serves)
+            if index is not None and (rank, index) in writer.reduce_after:
                 writer.reduce_grads(rank, index)
         if rounds.stuck_at[rank] >= len(program):
             writer.passthrough(rank, done, len(program))
 
 
 def round_groups(graph: DependencyGraph, rounds: Rounds) -> dict[tuple[int, int], list[Key]]:
-    """(rank, round) -> the group posted after that round: sends, then receives, FIFO-consistent."""
-    sends: dict[tuple[int, int], list[Transfer]] = defaultdict(list)
-    recvs: dict[tuple[int, int], list[Transfer]] = defaultdict(list)
-    for transfer in graph.transfers:
-        round_no = rounds.executed.get(transfer.producer)
-        if round_no is None:
-            continue
-        sends[(transfer.producer[0], round_no)].append(transfer)
-        recvs[(transfer.consumer[0], round_no)].append(transfer)
+    """(rank, round) -> the group posted after that round: sends, then receives, FIFO-consistent.
+
+    Within a group sends are ordered by (peer rank, send) and receives by (peer rank, send):
+    on every ordered rank pair both ends list one round's transfers in the same order.
+    """
+    sends: dict[tuple[int, int], list[tuple]] = defaultdict(list)
+    recvs: dict[tuple[int, int], list[tuple]] = defaultdict(list)
+    executed = rounds.executed
+    for send, recv, producer, consumer in graph.transfers:
+        round_no = executed.get(producer)
+        if round_no is not None:
+            sends[(producer[0], round_no)].append((consumer[0], send, send))
+            recvs[(consumer[0], round_no)].append((producer[0], send, recv))
     groups: dict[tuple[int, int], list[Key]] = defaultdict(list)
-    for where, items in sends.items():
-        groups[where].extend(t.send for t in sorted(items, key=lambda t: (t.consumer[0], t.send)))
-    for where, items in recvs.items():
-        groups[where].extend(t.recv for t in sorted(items, key=lambda t: (t.producer[0], t.send)))
+    for table in (sends, recvs):
+        for where, items in table.items():
+            items.sort()
+            groups[where].extend(item[2] for item in items)
     return groups
 
 

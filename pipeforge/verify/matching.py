@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from typing import NamedTuple
 
-from pipeforge.verify.program import Key, Program, Slot, partner_key, text_of, violation_at
+from pipeforge.verify.program import PEER_OFFSET, Key, Program, Slot, partner_key, text_of, violation_at
 from pipeforge.verify.report import Violation
 
 SENDS = frozenset({"SEND_F", "SEND_B"})
@@ -70,10 +70,12 @@ def op_of(program: Program, slot: Slot, key: Key) -> Op | None:
     """The op of a communication action, or None when its peer is unknown or itself (a placement error)."""
     if key in program.out_of_range:
         return None
-    peer = program.peer_rank(key)
-    if peer is None or peer == slot.rank:
+    stage, kind, _, chain = key
+    peer_stage = stage + PEER_OFFSET[kind]
+    owners = program.owners[chain]
+    if not 0 <= peer_stage < len(owners) or owners[peer_stage] == slot.rank:
         return None
-    return Op(slot, key, peer, key[1] in SENDS)
+    return Op(slot, key, owners[peer_stage], kind in SENDS)
 
 
 def check_matching(pairing: Pairing) -> list[Violation]:

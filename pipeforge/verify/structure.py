@@ -38,10 +38,15 @@ def microbatch_chains(program: Program) -> dict[int, int]:
 
 def check_placement(program: Program, chains: dict[int, int]) -> list[Violation]:
     found = []
-    for slot, key in program.actions():
-        reason = placement_problem(program, slot, key, chains)
-        if reason:
-            found.append(violation_at("placement", reason, slot))
+    owners, bad = program.owners, program.out_of_range
+    for row in program.slots:
+        for slot in row:
+            for key in slot.acts:
+                if key[1] in COMPUTE and key not in bad and owners[key[3]][key[0]] == slot.rank and not chains:
+                    continue  # the common case: a compute action where it belongs
+                reason = placement_problem(program, slot, key, chains)
+                if reason:
+                    found.append(violation_at("placement", reason, slot))
     return found
 
 

@@ -127,15 +127,22 @@ class Runner:
         self.queue = deque(range(len(self.slots)))
 
     def run(self) -> None:
+        slots, position, ready, start = self.slots, self.position, self.ready, self.start
         while self.queue:
             rank = self.queue.popleft()
-            row = self.slots[rank]
-            while self.position[rank] < len(row):
-                slot = row[self.position[rank]]
-                if not slot.group:
-                    self.finish(rank, self.ready[rank], 1)
-                elif not self.try_group(slot):
+            row, k, now, starts = slots[rank], position[rank], ready[rank], start[rank]
+            while k < len(row):
+                if not row[k].group:  # compute and stage-only steps never block: duration 1
+                    starts[k] = now
+                    now += 1
+                    k += 1
+                    continue
+                position[rank], ready[rank] = k, now
+                self.arrive(rank)
+                if not self.try_group(row[k]):
                     break
+                k, now = position[rank], ready[rank]
+            position[rank], ready[rank] = k, now
 
     def finish(self, rank: int, start: int, duration: int) -> None:
         k = self.position[rank]
@@ -143,10 +150,9 @@ class Runner:
         self.duration[rank][k] = duration
         self.ready[rank] = start + duration
         self.position[rank] = k + 1
-        self.reached(rank)
 
-    def reached(self, rank: int) -> None:
-        """Hook: ``rank`` has just moved to a new slot."""
+    def arrive(self, rank: int) -> None:
+        """Hook: ``rank`` has reached the group slot at its position."""
 
     def try_group(self, slot: Slot) -> bool:
         raise NotImplementedError
@@ -256,12 +262,10 @@ class Buffered(Runner):
         super().__init__(program, pairing)
         self.posted_at = [[None] * len(row) for row in self.slots]
         self.waiting: dict[Key, list[int]] = defaultdict(list)
-        for rank in range(len(self.slots)):
-            self.reached(rank)
 
-    def reached(self, rank: int) -> None:
+    def arrive(self, rank: int) -> None:
         k = self.position[rank]
-        if k < len(self.slots[rank]) and self.posted_at[rank][k] is None:
+        if self.posted_at[rank][k] is None:
             self.posted_at[rank][k] = self.ready[rank]
             self.queue.extend(self.waiting.pop((rank, k), ()))
 
