@@ -379,9 +379,12 @@ def _stuck_error(run: _Run, stuck: list[int]) -> VerificationError:
             m_rank, m_step, m_action = maker
             waits = f"{m_action} (rank {m_rank} step {m_step.index}, not yet run)"
         lines.append(f"rank {rank} step {step.index} ({_step_text(step)}) waits for {waits}")
-    first = run.programs[stuck[0]][run.pointer[stuck[0]]]
+    steps = [run.programs[rank][run.pointer[rank]] for rank in stuck]
     message = "the compute order cannot finish: " + "; ".join(lines)
-    return VerificationError(message, span=first.span)
+    error = VerificationError(message, span=steps[0].span)
+    error.notes = tuple(f"rank {rank} is stuck at {step.span} ({_step_text(step)})"
+                        for rank, step in zip(stuck[1:], steps[1:]) if step.span is not None)
+    return error
 
 
 def _step_text(step: _CompiledStep) -> str:

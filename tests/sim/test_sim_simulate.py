@@ -241,3 +241,21 @@ def test_an_empty_schedule_has_zero_figures():
     timeline = simulate(Schedule("empty", 2, 2, 0, (Placement.loop(2, 2),), ((), ())))
     assert (timeline.makespan, timeline.bubble_rate, timeline.lower_bound) == (0.0, 0.0, 0.0)
     assert timeline.peak_memory == (0.0, 0.0)
+
+
+def test_a_stuck_pipe_file_is_reported_at_its_source_lines():
+    text = (
+        "schedule bad(P = 2, M = 1) {\n"
+        "    ranks P\n"
+        "    stages P placement loop\n"
+        "    microbatches M\n"
+        "    rank 0 { B(0, 0) F(0, 0) }\n"
+        "    rank 1 { F(1, 0) B(1, 0) }\n"
+        "}\n"
+    )
+    with pytest.raises(VerificationError) as raised:
+        simulate(pipeforge.loads(text, filename="bad.pipe"))
+    report = raised.value.render()
+    assert report.startswith("bad.pipe:5:14: error: the compute order cannot finish")
+    assert "        rank 0 { B(0, 0) F(0, 0) }\n                 ^^^^^^^\n" in report
+    assert "note: rank 1 is stuck at bad.pipe:6:14 (1F0)" in report
