@@ -1,0 +1,189 @@
+"""Generated 1F1B and interleaved 1F1B modules against torch's own schedules, side by side.
+
+    .venv/bin/python benchmarks/bench_runtime.py                # gloo on CPU, 2 and 4 processes
+    python benchmarks/bench_runtime.py --backend nccl --nproc 2  # one process per GPU
+
+For each process count, the same float32 MLP stages and the same microbatches
+run through (a) the module ``pipeforge codegen`` writes for the library
+schedule and (b) torch's ``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` with
+real ``PipelineStage`` objects. Steps alternate between the two, each after a
+barrier; the reported time of a step is the slowest rank's, and the table shows
+medians. The ``tiny`` model (width 4) measures per-step overhead (Python and
+message latency); the ``wide`` model measures a step with real compute.
+Gradients of the first step are compared between the two; any difference above
+1e-4 (relative) is a mismatch and the script exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pipeforge  # noqa: E402
+from pipeforge.codegen import codegen  # noqa: E402
+from pipeforge.runtime.launch import spawn  # noqa: E402
+
+SCHEDULES = {"1f1b": ("1f1b", "Schedule1F1B", 1), "interleaved-1f1b": ("interleaved-1f1b", "ScheduleInterleaved1F1B", 2)}
+MODELS = {"tiny": 4, "wide": None}  # None: --width
+
+
+def build_stages(stages: int, width: int, seed: int):
+    import torch
+
+    torch.manual_seed(seed)
+    return [torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh()) for _ in range(stages)]
+
+
+def loss_fn(output, target):
+    import torch
+
+    return torch.nn.functional.mse_loss(output, target)
+
+
+def torch_schedule(class_name: str, modules: dict, stages: int, microbatches: int, device, group):
+    from torch.distributed.pipelining import PipelineStage, schedules
+
+    pipeline_stages = [PipelineStage(m, s, stages, device, group=group) for s, m in sorted(modules.items())]
+    cls = getattr(schedules, class_name)
+    if issubclass(cls, schedules.PipelineScheduleSingle):
+        return cls(pipeline_stages[0], microbatches, loss_fn=loss_fn)
+    return cls(pipeline_stages, microbatches, loss_fn=loss_fn)
+
+
+def timed_step(step, device) -> float:
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
+def grads_of(modules: dict) -> list:
+    return [p.grad.detach().clone() for _, m in sorted(modules.items()) for p in m.parameters()]
+
+
+def max_relative_difference(ours: list, theirs: list) -> float:
+    worst = 0.0
+    for a, b in zip(ours, theirs):
+        scale = max(b.abs().max().item(), 1e-12)
+        worst = max(worst, (a - b).abs().max().item() / scale)
+    return worst
+
+
+def bench_worker(rank: int, nproc: int, config: dict) -> dict:
+    import copy
+
+    import torch
+    import torch.distributed as dist
+
+    from pipeforge.runtime.check import load_module
+
+    device = torch.device("cuda", torch.cuda.current_device()) if config["backend"] == "nccl" else torch.device("cpu")
+    results = {}
+    for schedule_key, path in config["modules"].items():
+        generated = load_module(path)
+        info = generated.SCHEDULE
+        held = sorted({s for s, _ in info.held(rank)})
+        for model_key, width in config["widths"].items():
+            full = build_stages(info.stages, width, seed=0)
+            theirs = {s: full[s].to(device) for s in held}
+            ours = {s: copy.deepcopy(theirs[s]) for s in held}
+            pipe = generated.make_pipeline(ours, loss_fn=loss_fn, timeout=config["timeout"])
+            reference = torch_schedule(SCHEDULES[schedule_key][1], theirs, info.stages, info.microbatches,
+                                       device, None)
+            rows = config["rows"]
+            x = torch.randn(rows, width, generator=torch.Generator().manual_seed(1)).to(device)
+            y = torch.randn(rows, width, generator=torch.Generator().manual_seed(2)).to(device)
+            args = (x,) if pipe.holds_first else ()
+            target = y if pipe.holds_last else None
+            times = {"pipeforge": [], "torch": []}
+            mismatch = 0.0
+            for step in range(config["warmup"] + config["steps"]):
+                ours_time = timed_step(lambda: pipe.step(*args, target=target), device)
+                theirs_time = timed_step(lambda: reference.step(*args, target=target), device)
+                if step == 0:
+                    mismatch = max_relative_difference(grads_of(ours), grads_of(theirs))
+                for modules in (ours, theirs):
+                    for module in modules.values():
+                        module.zero_grad(set_to_none=True)
+                if step >= config["warmup"]:
+                    times["pipeforge"].append(ours_time)
+                    times["torch"].append(theirs_time)
+            results[(schedule_key, model_key)] = {"times": times, "mismatch": mismatch}
+    gathered = [None] * nproc
+    dist.all_gather_object(gathered, results)
+    return _slowest_rank(gathered) if rank == 0 else {}
+
+
+def _slowest_rank(per_rank: list[dict]) -> dict:
+    """Per configuration: the median over steps of the slowest rank's time, and the worst mismatch."""
+    summary = {}
+    for key in per_rank[0]:
+        row = {}
+        for side in ("pipeforge", "torch"):
+            steps = zip(*(r[key]["times"][side] for r in per_rank))
+            row[side] = statistics.median(max(step) for step in steps)
+        row["mismatch"] = max(r[key]["mismatch"] for r in per_rank)
+        summary[key] = row
+    return summary
+
+
+def generate_modules(nproc: int, microbatches: int, out_dir: Path) -> dict[str, str]:
+    modules = {}
+    for key, (library_name, _, _) in SCHEDULES.items():
+        schedule = pipeforge.load(library_name, defines={"P": nproc, "M": microbatches})
+        modules[key] = str(codegen(schedule, out_dir / f"{key}-{nproc}"))
+    return modules
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--rows", type=int, default=64, help="batch rows (split into microbatches)")
+    parser.add_argument("--width", type=int, default=256, help="width of the wide model")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    widths = {key: value or args.width for key, value in MODELS.items()}
+    print(f"{'schedule':<18} {'model':<6} {'procs':>5} {'pipeforge ms':>13} {'torch ms':>9} {'ratio':>6} "
+          f"{'grad diff':>9}")
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="pipeforge-bench-") as out_dir:
+        for nproc in args.nproc:
+            config = {"modules": generate_modules(nproc, args.microbatches, Path(out_dir)), "widths": widths,
+                      "backend": args.backend, "rows": args.rows, "steps": args.steps, "warmup": args.warmup,
+                      "timeout": args.timeout}
+            outcomes = spawn(bench_worker, nproc, config, timeout=args.timeout, backend=args.backend,
+                             deadline=args.timeout * 4 + 60)
+            if not all(o.ok for o in outcomes):
+                print("\n".join(f"rank {o.rank}: {o.error}" for o in outcomes if not o.ok), file=sys.stderr)
+                return 1
+            for (schedule_key, model_key), row in outcomes[0].value.items():
+                ratio = row["pipeforge"] / row["torch"]
+                print(f"{schedule_key:<18} {model_key:<6} {nproc:>5} {row['pipeforge'] * 1e3:>13.2f} "
+                      f"{row['torch'] * 1e3:>9.2f} {ratio:>6.2f} {row['mismatch']:>9.1e}")
+                failed |= row["mismatch"] > 1e-4
+    print("ratio = pipeforge / torch step time (median of the slowest rank; <= 1.0 is the target); "
+          "the tiny model's step time is the per-step overhead")
+    if failed:
+        print("MISMATCH: pipeforge's gradients differ from torch's", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
