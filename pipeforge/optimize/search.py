@@ -3,7 +3,9 @@
 Strategies (``strategy=``):
 
 - ``greedy``: the Zero Bubble automatic scheduler (``greedy.py``), best of its
-  eight knob settings; needs one stage a rank in loop placement;
+  eight knob settings, where the placement is one stage a rank in loop order;
+  list scheduling (``list_schedule.py``) for other placements (V, interleaved)
+  and for small instances of any; needs one chain;
 - ``local``: local search (``local.py``) from the input's own order;
 - ``exact``: z3 (``exact.py``) from the best of the input and the greedy order,
   within the time limit, with a proven bound;
@@ -36,6 +38,7 @@ from pipeforge.optimize.evaluate import (
 
 STRATEGIES = ("auto", "greedy", "local", "exact")
 EXACT_AUTO_ACTIONS = 48
+LIST_SCHEDULE_ACTIONS = 3000
 Progress = Callable[[float, str], None]
 
 
@@ -199,21 +202,30 @@ class _Run:
         return self.best is not None and self.best.evaluation.max_span <= bound + 1e-9
 
     def greedy(self, required: bool) -> None:
-        from pipeforge.optimize.greedy import best_zero_bubble_order, supports
+        """The Zero Bubble scheduler where it applies; list scheduling for other placements and small cases."""
+        from pipeforge.optimize import greedy, list_schedule
 
-        if not supports(self.problem):
-            if required:
-                raise UsageError("the greedy (Zero Bubble) strategy needs one stage a rank in loop placement "
-                                 "and a memory limit of at least 1; try --strategy local")
-            return
-        self.tell(0.0, "greedy: the Zero Bubble scheduler's eight settings")
-        found = best_zero_bubble_order(self.problem)
-        if found is None:
-            return
-        order = tuple(self.split.ids_of_keys(keys) for keys in found.keys)
+        zero_bubble = greedy.supports(self.problem)
+        listed = list_schedule.supports(self.problem) and (
+            not zero_bubble or len(self.split.actions) <= LIST_SCHEDULE_ACTIONS)
+        if required and not (zero_bubble or listed):
+            raise UsageError("the greedy strategies need a schedule with one chain (not a bidirectional one); "
+                             "try --strategy local")
+        if zero_bubble:
+            self.tell(0.0, "greedy: the Zero Bubble scheduler's eight settings")
+            found = greedy.best_zero_bubble_order(self.problem)
+            if found is not None:
+                self.offer_keys(found.keys, "greedy")
+        if listed:
+            self.tell(0.05, "greedy: list scheduling")
+            for _, keys in list_schedule.list_schedule_orders(self.problem):
+                self.offer_keys(keys, "list")
+
+    def offer_keys(self, keys, found_by: str) -> None:
+        order = tuple(self.split.ids_of_keys(rank_keys) for rank_keys in keys)
         evaluation = evaluate(self.split, order)
         if evaluation is not None:
-            self.offer(_Candidate(self.split, order, evaluation, "greedy"))
+            self.offer(_Candidate(self.split, order, evaluation, found_by))
 
     def local(self, start: _Candidate | None, seconds: float, bound: float) -> None:
         from pipeforge.optimize.local import local_search

@@ -56,10 +56,9 @@ def test_usage_errors_exit_2_and_write_nothing(tmp_path, capsys, argv):
     assert not out.exists()
 
 
-def test_greedy_on_an_interleaved_schedule_is_a_usage_error(tmp_path, capsys):
-    code, _, err = run_cli(capsys, "optimize", "interleaved-1f1b", "--strategy", "greedy", "-o",
-                           str(tmp_path / "x.pipe"))
-    assert code == 2 and "one stage a rank" in err
+def test_greedy_on_a_bidirectional_schedule_is_a_usage_error(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "optimize", "chimera", "--strategy", "greedy", "-o", str(tmp_path / "x.pipe"))
+    assert code == 2 and "one chain" in err
 
 
 def test_impossible_memory_limit_exits_1(tmp_path, capsys):

@@ -16,9 +16,9 @@ from pipeforge.sim import simulate
 ZB_COSTS = CostModel(F=18.522, I=18.086, W=9.337, comm=0.601)
 
 
-def check_result(schedule, result, limit):
+def check_result(schedule, result, limit, costs=None):
     """What every result must satisfy, checked independently of the optimizer."""
-    timeline = simulate(result.schedule, result.schedule.costs or schedule.costs)
+    timeline = simulate(result.schedule, costs or result.schedule.costs or schedule.costs)
     assert result.after.bubble_rate == pytest.approx(timeline.bubble_rate)
     if limit is None or max(result.before.peak_memory) <= limit + 1e-9:
         assert result.after.max_span <= result.before.max_span + 1e-9
@@ -44,7 +44,7 @@ def test_never_worse_never_invalid(p, m, costs, seed, split, limit, strategy):
         # Only allowed when the input itself is over the limit and no order within it was found.
         assert limit is not None and max(timeline.peak_memory) > limit
         return
-    check_result(schedule, result, limit)
+    check_result(schedule, result, limit, costs)
     if not result.improved:
         assert result.schedule is schedule
 
@@ -95,10 +95,17 @@ def test_bad_requests(kwargs, error):
         optimize(make_schedule(2, 2, one_f_one_b(2, 2)), **kwargs)
 
 
-def test_greedy_refuses_a_placement_it_cannot_build():
-    schedule = pipeforge.load("interleaved-1f1b")
-    with pytest.raises(UsageError, match="one stage a rank"):
+def test_greedy_refuses_a_bidirectional_schedule():
+    schedule = pipeforge.load("chimera")
+    with pytest.raises(UsageError, match="one chain"):
         optimize(schedule, strategy="greedy")
+
+
+@pytest.mark.parametrize("name", ["interleaved-1f1b", "zbv", "looped-bfs"])
+def test_greedy_list_scheduling_on_other_placements(name):
+    schedule = pipeforge.load(name)
+    result = optimize(schedule, costs=ZB_COSTS, strategy="greedy")
+    check_result(schedule, result, result.memory_limit, ZB_COSTS)
 
 
 def test_local_search_on_an_interleaved_schedule_is_never_worse():

@@ -1,0 +1,164 @@
+"""Greedy list scheduling for any placement (V, interleaved, loop): the rank that can start first
+runs its most urgent ready action.
+
+Time advances as in ``evaluate`` (ASAP, ``comm`` on cross-rank edges). At each
+step every rank proposes the action it would start next: among the actions
+whose inputs have arrived by the time it could start, the first by priority;
+the rank whose proposal starts earliest runs it. Priorities (``Rules``):
+
+- ``backward_first``: an I before an F when both are ready (the Zero Bubble
+  rule: gradients flow back as soon as they can), else F first;
+- ``late_stage_first``: among a rank's stages, the one nearer the loss first
+  (depth first, as in ZB-V and interleaved 1F1B), else the earlier;
+- W runs only when nothing else is ready (it fills the waits) or when an F is
+  ready but the memory limit leaves no room for it;
+- ``fair_memory``: each of a rank's stages may hold at most its share of the
+  rank's limit, so the stages early in the pipeline cannot fill the memory
+  that the stages near the loss need to make progress (V placements).
+
+Each stage runs its F, I and W in microbatch order. Every combination of the
+rules is tried; the caller keeps the best by simulation. A combination that
+gets stuck (memory full, no W to run, nothing arriving) is dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeforge.ir import ActionKind
+from pipeforge.optimize.evaluate import TOLERANCE, ActionKey, Problem
+
+F, I, W = ActionKind.F.value, ActionKind.I.value, ActionKind.W.value
+NEVER = float("inf")
+
+
+@dataclass(frozen=True)
+class Rules:
+    backward_first: bool
+    late_stage_first: bool
+    fair_memory: bool
+
+
+RULES = tuple(Rules(b, s, f) for b in (True, False) for s in (True, False) for f in (True, False))
+
+
+class Stuck(Exception):
+    """No rank can start anything: the memory limit blocks every forward and no W is left to free it."""
+
+
+def supports(problem: Problem) -> bool:
+    """One chain (a bidirectional schedule's microbatches are split between chains by the input)."""
+    return len(problem.placements) == 1
+
+
+def list_schedule_orders(problem: Problem) -> list[tuple[Rules, tuple[tuple[ActionKey, ...], ...]]]:
+    """The per-rank orders (as action keys) of every rule combination that does not get stuck."""
+    found = []
+    for rules in RULES:
+        try:
+            found.append((rules, _ListScheduler(problem, rules).run()))
+        except Stuck:
+            continue
+    return found
+
+
+class _ListScheduler:
+    def __init__(self, problem: Problem, rules: Rules):
+        self.problem, self.rules = problem, rules
+        self.m, self.comm = problem.microbatches, problem.costs.comm
+        self.limit = problem.memory_limit if problem.memory_limit is not None else NEVER
+        self.grow = {F: 1.0, I: problem.weights - 1.0, W: -problem.weights}
+        self.lanes = [(c, s) for c, placement in enumerate(problem.placements) for s in range(problem.stages)]
+        self.rank_of = {(c, s): problem.placements[c].stage_to_rank[s] for c, s in self.lanes}
+        self.cost = {(k, s): problem.costs.duration(ActionKind(k), s) for k in (F, I, W)
+                     for s in range(problem.stages)}
+        self.next = {(k, lane): 0 for k in (F, I, W) for lane in self.lanes}
+        self.end: dict[ActionKey, float] = {}
+        self.free = [0.0] * problem.ranks
+        self.held = [0.0] * problem.ranks
+        self.lane_held = {lane: 0.0 for lane in self.lanes}
+        self.programs: list[list[ActionKey]] = [[] for _ in range(problem.ranks)]
+        order = sorted(self.lanes, key=lambda lane: lane[1], reverse=rules.late_stage_first)
+        self.rank_lanes = [[lane for lane in order if self.rank_of[lane] == r] for r in range(problem.ranks)]
+
+    def run(self) -> tuple[tuple[ActionKey, ...], ...]:
+        total = 3 * self.m * self.problem.stages
+        for _ in range(total):
+            start, rank, key = min(self.proposal(r) for r in range(self.problem.ranks))
+            if start == NEVER:
+                raise Stuck
+            self.commit(rank, key, start)
+        return tuple(tuple(program) for program in self.programs)
+
+    def proposal(self, r: int) -> tuple[float, int, ActionKey | None]:
+        options = [(ready, key) for key, ready in self.candidates(r)]
+        if not options:
+            return (NEVER, r, None)
+        at = max(self.free[r], min(ready for ready, _ in options))
+        ready_now = [key for ready, key in options if ready <= at + TOLERANCE]
+        return (at, r, self.choose(r, ready_now))
+
+    def candidates(self, r: int):
+        """(key, ready time) of each stage's next F, I and W on rank r whose inputs are made."""
+        for c, s in self.rank_lanes[r]:
+            for kind in (F, I, W):
+                mb = self.next[(kind, (c, s))]
+                if mb >= self.m:
+                    continue
+                key = (c, s, kind, mb)
+                ready = self.ready_time(key, r)
+                if ready is not None and (kind != F or self.may_forward(r, (c, s))):
+                    yield key, ready
+
+    def may_forward(self, r: int, lane: tuple[int, int]) -> bool:
+        """An F may be proposed when it fits (or a W could make room) and its stage is within its share."""
+        if self.rules.fair_memory and self.limit != NEVER:
+            share = self.limit / len(self.rank_lanes[r])
+            if self.lane_held[lane] + 1.0 > share + TOLERANCE:
+                return False
+        return self.held[r] + 1.0 <= self.limit + TOLERANCE or self.has_w(r)
+
+    def ready_time(self, key: ActionKey, r: int) -> float | None:
+        c, s, kind, mb = key
+        needs = []
+        if kind == F and s > 0:
+            needs.append((c, s - 1, F, mb))
+        elif kind == I:
+            needs.append((c, s, F, mb))
+            if s < self.problem.stages - 1:
+                needs.append((c, s + 1, I, mb))
+        elif kind == W:
+            needs.append((c, s, I, mb))
+        ready = 0.0
+        for need in needs:
+            done = self.end.get(need)
+            if done is None:
+                return None
+            latency = 0.0 if self.rank_of[(need[0], need[1])] == r else self.comm
+            ready = max(ready, done + latency)
+        return ready
+
+    def has_w(self, r: int) -> bool:
+        return any(self.next[(W, lane)] < self.next[(I, lane)] for lane in self.rank_lanes[r])
+
+    def choose(self, r: int, ready: list[ActionKey]) -> ActionKey:
+        fits = self.held[r] + 1.0 <= self.limit + TOLERANCE
+        by_kind = {kind: [key for key in ready if key[2] == kind] for kind in (F, I, W)}
+        if by_kind[F] and not fits:
+            by_kind[F] = []
+            if by_kind[W] and not by_kind[I]:
+                return by_kind[W][0]
+        first, second = (I, F) if self.rules.backward_first else (F, I)
+        for kind in (first, second, W):
+            if by_kind[kind]:
+                return by_kind[kind][0]
+        return ready[0]
+
+    def commit(self, r: int, key: ActionKey, start: float) -> None:
+        c, s, kind, mb = key
+        self.end[key] = start + self.cost[(kind, s)]
+        self.free[r] = self.end[key]
+        self.held[r] += self.grow[kind]
+        self.lane_held[(c, s)] += self.grow[kind]
+        self.next[(kind, (c, s))] = mb + 1
+        self.programs[r].append(key)
