@@ -15,6 +15,8 @@ import pipeforge
 from pipeforge import library
 from pipeforge.errors import SemanticError
 from pipeforge.ir import ActionKind, Schedule
+from pipeforge.lang.printer import print_schedule
+from pipeforge.verify import verify
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 
@@ -69,9 +71,6 @@ def completeness_problems(schedule: Schedule) -> list[str]:
 
 
 def check(schedule: Schedule) -> None:
-    from pipeforge.lang.printer import print_schedule
-    from pipeforge.verify import verify
-
     assert completeness_problems(schedule) == []
     report = verify(schedule, certify=False)
     assert report.valid, [v.message for v in report.violations]
@@ -92,8 +91,6 @@ def test_library_schedule_over_the_grid(name, defines):
 @pytest.mark.parametrize("name", library.names())
 def test_defaults_elaborate_and_certify(name):
     schedule = library.load_library_schedule(name)
-    from pipeforge.verify import verify
-
     check(schedule)
     assert verify(schedule).certified
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from pipeforge import library
-from pipeforge.ir import ActionKind, CostModel, Schedule
+from pipeforge.ir import ActionKind, CostModel, MemorySpec, Schedule
+from pipeforge.sim import simulate
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 
@@ -131,7 +132,6 @@ def bubble_sizes(name: str):
 
 @pytest.mark.parametrize("name", sorted(BUBBLES))
 def test_bubble_rate_closed_forms_hold_exactly_where_the_papers_say(name):
-    simulate = pytest.importorskip("pipeforge.sim").simulate
     form, holds = BUBBLES[name]
     for ranks, microbatches, per_rank in bubble_sizes(name):
         extra = {"V": per_rank} if per_rank else {}
@@ -141,31 +141,26 @@ def test_bubble_rate_closed_forms_hold_exactly_where_the_papers_say(name):
 
 
 def test_zero_bubble_schedules_beat_1f1b_at_equal_memory_budget():
-    simulate = pytest.importorskip("pipeforge.sim").simulate
     for ranks, microbatches in [(4, 8), (8, 16), (6, 24)]:
         rates = {n: simulate(load(n, ranks, microbatches)).bubble_rate for n in ("1f1b", "zb-h1", "zb-h2", "zbv")}
         assert rates["zb-h2"] == rates["zbv"] == 0.0 < rates["zb-h1"] < rates["1f1b"]
 
 
 def test_chimera_beats_1f1b_when_f_and_b_cost_the_same():
-    simulate = pytest.importorskip("pipeforge.sim").simulate
     for ranks, microbatches in [(4, 4), (4, 16), (8, 8), (8, 32)]:
         rates = {n: simulate(load(n, ranks, microbatches), COSTS["chimera"]).bubble_rate for n in ("1f1b", "chimera")}
         assert rates["chimera"] < rates["1f1b"]
 
 
 def test_v_min_holds_about_a_third_of_1f1b_activations_with_a_packed_steady_state():
-    sim = pytest.importorskip("pipeforge.sim")
-    from pipeforge.ir import MemorySpec
-
     no_weights = MemorySpec(weights=0.0)  # I frees the activations, as the V-Min paper counts them
     for ranks in range(2, 9):
         overheads = set()
         for microbatches in (ranks, 2 * ranks, 4 * ranks):
-            timeline = sim.simulate(load("v-min", ranks, microbatches), memory=no_weights)
+            timeline = simulate(load("v-min", ranks, microbatches), memory=no_weights)
             # a V stage holds half a rank's layers: two of its activations make one of 1F1B's
             assert max(timeline.peak_memory) / 2 <= ranks // 3 + 1
-            one_f_one_b = sim.simulate(load("1f1b", ranks, microbatches))
+            one_f_one_b = simulate(load("1f1b", ranks, microbatches))
             assert timeline.bubble_rate < one_f_one_b.bubble_rate
             busy = 6 * microbatches
             overheads.add(round(timeline.bubble_rate * busy / (1 - timeline.bubble_rate), 6))

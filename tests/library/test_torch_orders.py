@@ -14,6 +14,7 @@ from torch_orders import TORCH_TWINS, compute_programs, torch_cases, torch_progr
 
 from pipeforge import library
 from pipeforge.ir import Action, ActionKind, Step
+from pipeforge.verify import verify
 
 CASES = [(name, *case) for name in TORCH_TWINS for case in torch_cases(name)]
 
@@ -69,7 +70,6 @@ def test_last_rank_of_1f1b_is_correct_where_torch_is_not(ranks, microbatches):
 
 @pytest.mark.parametrize("ranks,microbatches", [(2, 2), (4, 8), (8, 16)])
 def test_torch_1f1b_order_fails_verification(ranks, microbatches):
-    verify = pytest.importorskip("pipeforge.verify").verify
     report = verify(torch_schedule("Schedule1F1B", ranks, microbatches, 1))
     assert not report.valid
     kinds = {violation.kind for violation in report.violations}
@@ -81,7 +81,6 @@ def test_torch_1f1b_order_fails_verification(ranks, microbatches):
     case for case in CASES if case[0] != "1f1b" and case[1] * case[2] * case[3] <= 4096
 ])
 def test_torch_orders_the_library_matches_are_valid(name, ranks, microbatches, per_rank):
-    verify = pytest.importorskip("pipeforge.verify").verify
     torch_or_skip(name, ranks, microbatches, per_rank)
     schedule = library.load_library_schedule(name, library_defines(name, ranks, microbatches, per_rank))
     report = verify(schedule, certify=False)
