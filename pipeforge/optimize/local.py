@@ -84,6 +84,7 @@ class _Searcher:
         self.accept(order, timing, metrics(graph, order, timing))
         self.moves = 0
         self.started = time.monotonic()
+        self.record: Evaluation | None = None  # the best of earlier descents (for progress)
 
     def out_of_time(self) -> bool:
         return time.monotonic() >= self.deadline
@@ -169,7 +170,8 @@ class _Searcher:
             return
         budget = max(self.deadline - self.started, 1e-9)
         fraction = min(1.0, (time.monotonic() - self.started) / budget)
-        self.progress(fraction, f"local search sweep {sweeps}: bubble {self.best.bubble_rate:.4f}")
+        record = self.best if self.record is None or self.best.key() < self.record.key() else self.record
+        self.progress(fraction, f"local search sweep {sweeps}: best bubble {record.bubble_rate:.4f}")
 
 
 def local_search(graph: Graph, order: Order, *, time_limit: float = 10.0, window: int = 8, kicks: int = 20,
@@ -185,11 +187,13 @@ def local_search(graph: Graph, order: Order, *, time_limit: float = 10.0, window
     rng = random.Random(seed)
     sweeps = searcher.descend()
     best_order, best, failures = searcher.order, searcher.best, 0
+    searcher.record = best
     while failures < kicks and not searcher.out_of_time() and not _reached(best, target):
         searcher.kick(best_order, rng)
         sweeps += searcher.descend()
         if searcher.best.key() < best.key():
             best_order, best, failures = searcher.order, searcher.best, 0
+    searcher.record = best
         else:
             failures += 1
     return LocalSearchResult(best_order, best, searcher.moves, sweeps)
