@@ -4,7 +4,9 @@ The schedule: interleaved 1F1B at 32 ranks x 128 microbatches x 2 stages per ran
 (16,384 compute actions), written parametrically in benchmarks/interleaved_1f1b.pipe.
 
 - pipeforge: lark parse + compile (cold, grammar loaded), elaborate again with the
-  compiled closures (warm), and read the 32-row torch CSV (pipeforge.interop.torch_csv);
+  compiled closures (warm), load the canonical explicit form (`pipeforge fmt`
+  output, every step a torch token), and read the 32-row torch CSV
+  (pipeforge.interop.torch_csv);
 - torch: ScheduleInterleaved1F1B computing its pipeline_order, and torch's own
   _load_csv reading the same CSV (the base PipelineScheduleMulti path: parse the
   cells and validate; the runtime subclass would also lower it).
@@ -30,6 +32,7 @@ from pipeforge.ir import parse_step  # noqa: E402
 from pipeforge.lang import compile_text, load_text  # noqa: E402
 from pipeforge.lang.elaborate import elaborate  # noqa: E402
 from pipeforge.lang.parse import parser  # noqa: E402
+from pipeforge.lang.printer import print_schedule  # noqa: E402
 from tests.torch_stages import build_torch_schedule, dump_torch_csv  # noqa: E402
 
 PROGRAM = Path(__file__).parent / "interleaved_1f1b.pipe"
@@ -54,7 +57,9 @@ def pipeforge_times(text: str, defines: dict[str, int], repeat: int) -> dict[str
     cold = best_of(repeat, lambda: load_text(text, defines=defines, filename=f"bench{next(counter)}.pipe"))
     compiled = compile_text(text, "bench.pipe")[0]
     warm = best_of(repeat, lambda: elaborate(compiled, defines))
-    return {"grammar": grammar, "cold": cold, "warm": warm}
+    canonical = print_schedule(elaborate(compiled, defines))
+    explicit = best_of(repeat, lambda: load_text(canonical, filename=f"canonical{next(counter)}.pipe"))
+    return {"grammar": grammar, "cold": cold, "warm": warm, "explicit": explicit}
 
 
 def torch_build_time(ranks: int, microbatches: int, per_rank: int, repeat: int) -> float:
@@ -96,18 +101,19 @@ def main() -> None:
 
     print(f"interleaved 1F1B, P={ranks} M={microbatches} V={per_rank}: {actions} actions, best of {args.repeat}")
     print(f"  same compute order as torch: {same_order_as_torch(text, defines, ranks, microbatches, per_rank)}")
-    print(f"  {'what':<46} {'pipeforge':>10} {'torch':>10} {'torch/ours':>11}")
-    print(f"  {'grammar load (once per process)':<46} {ours['grammar']:>9.3f}s {'':>10} {'':>11}")
+    print(f"  {'what':<58} {'pipeforge':>10} {'torch':>10} {'torch/ours':>11}")
+    print(f"  {'grammar load (once per process)':<58} {ours['grammar']:>9.3f}s {'':>10} {'':>11}")
     row("parse+elaborate .pipe vs torch building order", ours["cold"], torch_build)
     row("elaborate again (compiled) vs torch building", ours["warm"], torch_build)
+    row("load the canonical .pipe (explicit tokens) vs _load_csv", ours["explicit"], csv["torch"])
     if csv["ours"] is None:
-        print(f"  {'read 32-row CSV (torch _load_csv)':<46} {'absent':>10} {csv['torch']:>9.3f}s")
+        print(f"  {'read 32-row CSV (torch _load_csv)':<58} {'absent':>10} {csv['torch']:>9.3f}s")
     else:
         row(f"read the {ranks}-row CSV: read_csv vs torch _load_csv", csv["ours"], csv["torch"])
 
 
 def row(label: str, ours: float, theirs: float) -> None:
-    print(f"  {label:<46} {ours:>9.3f}s {theirs:>9.3f}s {theirs / ours:>10.2f}x")
+    print(f"  {label:<58} {ours:>9.3f}s {theirs:>9.3f}s {theirs / ours:>10.2f}x")
 
 
 if __name__ == "__main__":

@@ -18,13 +18,14 @@ from pipeforge.errors import PipeSyntaxError, Span
 
 _NAMED = {
     "INT": "an integer", "FLOAT": "a number", "NAME": "a name", "STRING": "a string",
-    "ACTION_TOKEN": "a torch action like 2F0", "$END": "the end of the file",
+    "ACTION_TOKEN": "a torch action like 2F0", "STEP_RUN": "torch steps like 0F0", "$END": "the end of the file",
 }
-_FOUND = {"INT": "integer", "FLOAT": "number", "NAME": "name", "STRING": "string", "ACTION_TOKEN": "action"}
+_FOUND = {"INT": "integer", "FLOAT": "number", "NAME": "name", "STRING": "string", "ACTION_TOKEN": "action",
+          "STEP_RUN": "steps"}
 _STATEMENT_STARTS = {
     "RANKS", "STAGES", "MICROBATCHES", "REQUIRE", "COSTS", "MEMORY", "LET", "FOR", "IF", "RANK", "CHAIN",
     "F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "REDUCE_GRAD", "UNSHARD", "RESHARD",
-    "OVERLAP", "GROUP", "IDLE", "UNDERSCORE", "ACTION_TOKEN", "LPAR", "LSQB",
+    "OVERLAP", "GROUP", "IDLE", "UNDERSCORE", "ACTION_TOKEN", "STEP_RUN", "LPAR", "LSQB",
 }
 _OPERATORS = {"PLUS", "MINUS", "STAR", "PERCENT", "OR", "AND", "LESSTHAN", "MORETHAN"}
 _EXPRESSION_STARTS = {"INT", "FLOAT", "NAME", "MINUS", "LPAR", "MIN", "MAX", "NOT"}

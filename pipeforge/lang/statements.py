@@ -1,19 +1,19 @@
 """Statements compiled into closures ``(Elaboration, env) -> None``.
 
 Control flow (let, for, if, rank and chain blocks) and everything that emits a
-step (action calls, overlap and group blocks, idle, torch tokens). Each step
-carries the span of the call or token that produced it.
+step (action calls, overlap and group blocks, idle; torch tokens are in
+``tokens.py``). Each step carries the span of the call or token that produced it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from lark import Token, Tree
+from lark import Tree
 
-from pipeforge.errors import PipeSyntaxError, SemanticError, Span
-from pipeforge.ir import Action, ActionKind, Step, parse_action
-from pipeforge.lang import declarations
+from pipeforge.errors import SemanticError, Span
+from pipeforge.ir import Action, ActionKind, Step
+from pipeforge.lang import declarations, tokens
 from pipeforge.lang.context import Elaboration
 from pipeforge.lang.exprs import compile_expr, require_int, span_of
 
@@ -152,36 +152,6 @@ def _idle(tree: Tree, file: str) -> Exec:
     return emit_idle
 
 
-def _tokens(tree: Tree, file: str) -> Exec:
-    """A torch token step: ``2F0``, ``(0F7;7B3)`` or ``[0SEND_F1 0RECV_B0]``, checked once."""
-    actions = tuple(_token_action(token, file) for token in tree.children)
-    spans = tuple(span_of(token, file) for token in tree.children)
-    span = span_of(tree, file)
-    try:
-        step = Step(actions, tree.data == "token_overlap", span)
-    except ValueError as error:
-        raise PipeSyntaxError(str(error), span) from None
-    compute = tuple(a for a in actions if a.is_compute)
-
-    def emit_tokens(ctx: Elaboration, env: dict) -> None:
-        if ctx.sink is None:
-            raise ctx.outside_rank(f"the step {step}", span)
-        for action, action_span in zip(actions, spans):
-            ctx.check_action(action, action_span)
-        for action in compute:
-            ctx.program.record(action)
-        ctx.sink.append(step)
-
-    return emit_tokens
-
-
-def _token_action(token: Token, file: str) -> Action:
-    try:
-        return parse_action(str(token))
-    except ValueError as error:
-        raise PipeSyntaxError(str(error), span_of(token, file)) from None
-
-
 def _collect(kind: str, accepts: Callable[[Step], bool], shape: str) -> Callable[[Tree, str], Exec]:
     """``overlap { ... }`` or ``group { ... }``: the body's steps fused into one step."""
 
@@ -287,7 +257,8 @@ _BUILDERS: dict[str, Callable[[Tree, str], Exec]] = {
     "overlap": _collect("overlap", _is_compute_step, "no compute action"),
     "group": _collect("group", _is_comm_step, "no communication action"),
     "idle": _idle,
-    "token_single": _tokens,
-    "token_overlap": _tokens,
-    "token_group": _tokens,
+    "token_run": tokens.compile_run,
+    "token_single": tokens.compile_bracketed,
+    "token_overlap": tokens.compile_bracketed,
+    "token_group": tokens.compile_bracketed,
 }

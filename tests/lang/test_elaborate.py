@@ -224,3 +224,29 @@ def test_default_offsets_locate_each_default():
     offsets = default_offsets(text, "b")
     assert [(name, value, text[start:end]) for name, value, (start, end) in offsets] == [
         ("P", 4, "4"), ("M", -12, "-12")]
+
+
+def test_runs_of_tokens_keep_a_span_per_step():
+    text = HEAD + " rank 0 {\n  0F0 ( 0F1 ; 1B0 )\n  [0SEND_F0  0RECV_B0] _\n  0W1\n }\n}"
+    schedule = load_text(text, filename="r.pipe")
+    spans = [(s.span.line, s.span.col, s.span.end_line, s.span.end_col) for s in schedule.programs[0]]
+    assert spans == [(6, 3, 6, 6), (6, 7, 6, 20), (7, 3, 7, 23), (7, 24, 7, 25), (8, 3, 8, 6)]
+    assert [str(step) for step in schedule.programs[0]] == ["0F0", "(0F1;1B0)", "[0SEND_F0 0RECV_B0]", "_", "0W1"]
+
+
+def test_an_error_deep_in_a_run_points_at_its_action():
+    with pytest.raises(SemanticError) as caught:
+        load_text(HEAD + " rank 0 {\n  0F0 0F1\n  [0SEND_F0 7RECV_B0]\n }\n}", filename="r.pipe")
+    assert caught.value.span == Span("r.pipe", 7, 13, 7, 21)
+    assert "stage 7 is out of range" in caught.value.message
+
+
+@pytest.mark.parametrize("text, message", [
+    ("(0F0;)", "expected a torch action"), ("[0F0 0SEND_F0]", "mixes communication and compute"),
+    ("(0F0;0SEND_F1)", "mixes communication and compute"), ("(0SEND_F1)", "may hold only compute actions"), ("0F0 0F", "needs a microbatch index"),
+])
+def test_malformed_token_steps_are_syntax_errors(text, message):
+    from pipeforge.errors import PipeSyntaxError
+
+    with pytest.raises(PipeSyntaxError, match=re.escape(message)):
+        load_text(HEAD + f" rank 0 {{ {text} }}\n}}")
