@@ -162,7 +162,7 @@ def _collect(kind: str, accepts: Callable[[Step], bool], shape: str) -> Callable
 
         def fuse(ctx: Elaboration, env: dict) -> None:
             if ctx.sink is None:
-                raise ctx.outside_rank(f"an {kind} block", header)
+                raise ctx.outside_rank(f"{_article(kind)} {kind} block", header)
             outer, ctx.sink = ctx.sink, []
             body(ctx, dict(env))
             inner, ctx.sink = ctx.sink, outer
@@ -173,17 +173,19 @@ def _collect(kind: str, accepts: Callable[[Step], bool], shape: str) -> Callable
     return build
 
 
+def _article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
 def _fused(kind: str, steps: list[Step], accepts, shape: str, header: Span, span: Span) -> Step:
     if not steps:
         raise SemanticError(f"this {kind} block holds no action", header)
     for step in steps:
         if not accepts(step):
-            raise SemanticError(f"{step} cannot be part of an {kind} block: it holds {shape}", step.span or header)
+            raise SemanticError(f"{step} cannot be part of {_article(kind)} {kind} block: it holds {shape}",
+                                step.span or header)
     actions = tuple(action for step in steps for action in step.actions)
     return Step(actions, kind == "overlap", span)
-
-
-_COMPUTE_ARITY = "F(stage) or F(stage, microbatch)"
 
 
 def _action_call(tree: Tree, file: str) -> Exec:
