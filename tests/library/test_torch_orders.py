@@ -10,7 +10,7 @@ correct 1F1B instead, and torch's order is shown to fail verification.
 from __future__ import annotations
 
 import pytest
-from torch_orders import TORCH_TWINS, compute_programs, torch_cases, torch_programs, torch_schedule
+from torch_orders import TORCH_TEST_CASES, TORCH_TWINS, compute_programs, torch_cases, torch_programs, torch_schedule
 
 from pipeforge import library
 from pipeforge.ir import Action, ActionKind, Step
@@ -85,3 +85,13 @@ def test_torch_orders_the_library_matches_are_valid(name, ranks, microbatches, p
     schedule = library.load_library_schedule(name, library_defines(name, ranks, microbatches, per_rank))
     report = verify(schedule, certify=False)
     assert report.valid, [v.message for v in report.violations]
+
+
+@pytest.mark.parametrize("ranks,microbatches", sorted({(p, m) for _, m, p in TORCH_TEST_CASES}))
+def test_zb_h1_is_torch_zero_bubble_with_one_stage_per_rank(ranks, microbatches):
+    # ZB1P with V = 1 is ZB-H1: 1F1B's warm-up, rank r's W passes held back r steps
+    try:
+        theirs = torch_programs("ScheduleInterleavedZeroBubble", ranks, microbatches, 1)
+    except ValueError as refused:
+        pytest.skip(f"torch refuses P={ranks} M={microbatches}: {refused}")
+    assert compute_programs(library.load_library_schedule("zb-h1", {"P": ranks, "M": microbatches})) == theirs
