@@ -193,7 +193,7 @@ def local_search(graph: Graph, order: Order, *, time_limit: float = 10.0, window
         sweeps += searcher.descend()
         if searcher.best.key() < best.key():
             best_order, best, failures = searcher.order, searcher.best, 0
-    searcher.record = best
+            searcher.record = best
         else:
             failures += 1
     return LocalSearchResult(best_order, best, searcher.moves, sweeps)
