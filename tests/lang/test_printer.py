@@ -10,7 +10,8 @@ from pipeforge.ir import (
     IDLE, Action, ActionKind, CostModel, MemorySpec, Placement, Schedule, Step, programs_from_tokens,
 )
 from pipeforge.lang import load_file, load_text
-from pipeforge.lang.printer import identifier, print_schedule
+from pipeforge.lang.declarations import reverse_placement
+from pipeforge.lang.printer import identifier, placement_text, print_schedule
 from pipeforge.resources import library_dir
 
 PROGRAMS = Path(__file__).parent / "programs"
@@ -51,6 +52,7 @@ def schedules(draw) -> Schedule:
 def placement(stages: int, ranks: int) -> st.SearchStrategy[Placement]:
     return st.one_of(
         st.just(Placement.loop(stages, ranks)), st.just(Placement.v(stages, ranks)),
+        st.just(reverse_placement(stages, ranks)),
         st.lists(st.integers(0, ranks - 1), min_size=stages, max_size=stages).map(lambda r: Placement(tuple(r))),
     )
 
@@ -112,3 +114,12 @@ def test_identifier_makes_names_parseable(name, expected):
 def test_long_programs_wrap():
     schedule = load_file(PROGRAMS / "one_f_one_b.pipe", defines={"P": 2, "M": 64})
     assert max(len(line) for line in print_schedule(schedule).splitlines()) <= 100
+
+
+@pytest.mark.parametrize("placement, text", [
+    (Placement((0, 1, 2, 0, 1, 2)), "loop"), (Placement((0, 1, 2, 2, 1, 0)), "v"),
+    (Placement((2, 1, 0, 2, 1, 0)), "reverse"), (Placement((0, 0, 1, 1, 2, 2)), "{ 0: [0, 1], 1: [2, 3], 2: [4, 5] }"),
+    (Placement((1, 1, 1, 1, 1, 1)), "{ 1: [0, 1, 2, 3, 4, 5] }"),
+])
+def test_placement_text(placement, text):
+    assert placement_text(placement, 3) == text
