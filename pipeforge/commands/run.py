@@ -76,8 +76,10 @@ def _report(args: argparse.Namespace, name: str, nproc: int, verdict: dict, seco
         print_json(result)
     else:
         status = "match" if verdict["match"] else "MISMATCH"
+        diff = verdict["max_abs_diff"]
+        shown = "not compared (a rank failed)" if diff is None else f"{diff:.3g}"
         print(f"{name}: {status} on {nproc} processes ({args.backend}), {args.steps} steps of the {args.model} "
-              f"model in {seconds:.1f} s: max |pipelined - unpipelined| = {verdict['max_abs_diff']:.3g}")
+              f"model in {seconds:.1f} s: max |pipelined - unpipelined| = {shown}")
     if not verdict["match"]:
         for rank, error in sorted(verdict.get("errors", {}).items()):
             print(f"rank {rank}: {error.strip().splitlines()[-1]}", file=sys.stderr)

@@ -102,7 +102,8 @@ def check_rank(rank: int, nproc: int, job: CheckJob, group=None) -> dict:
     info = generated.SCHEDULE
     full = models.build_stages(job.model, info.stages, job.seed)
     held = sorted({stage for stage, _ in info.held(rank)})
-    mine = {stage: copy.deepcopy(full[stage]) for stage in held}
+    device = _device()
+    mine = {stage: copy.deepcopy(full[stage]).to(device) for stage in held}
     pipe = generated.make_pipeline(mine, loss_fn=models.loss_fn, group=group, scale_grads=job.scale_grads,
                                    timeout=job.timeout)
     reference = Reference(full, info.microbatches, job.scale_grads)
@@ -129,6 +130,14 @@ def check_rank(rank: int, nproc: int, job: CheckJob, group=None) -> dict:
         _compare_results(diffs, "eval", pipe, losses, out, want_losses, want_out)
     return {"rank": rank, "max_abs_diff": diffs.max_abs, "max_rel_diff": diffs.max_rel, "worst": diffs.worst,
             "compared": diffs.compared, "missing": diffs.missing[:5], "match": diffs.match}
+
+
+def _device() -> torch.device:
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _compare_results(diffs: Differences, what: str, pipe, losses: list, out: Any, want_losses, want_out) -> None:

@@ -64,9 +64,9 @@ def _child(rank: int, nproc: int, port: int, backend: str, timeout: float, worke
     torch.set_num_threads(1)
     try:
         worker = resolve(worker)
-        init_group(rank, nproc, port, backend, timeout)
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
+        init_group(rank, nproc, port, backend, timeout)
         value = worker(rank, nproc, payload)
         results.put(Outcome(rank, True, value))
     except BaseException as error:  # noqa: BLE001 (reported to the parent, which decides)
@@ -143,7 +143,8 @@ def run_check(module_path: str, nproc: int, *, steps: int = 2, model: str = "mlp
                      deadline=timeout * (steps + 2) + 30)
     failed = [o for o in outcomes if not o.ok]
     if failed:
-        return {"match": False, "max_abs_diff": float("inf"), "errors": {o.rank: o.error for o in failed}}
+        # null, not infinity: the JSON stays strict when nothing could be compared
+        return {"match": False, "max_abs_diff": None, "errors": {o.rank: o.error for o in failed}}
     return summarize([o.value for o in outcomes])
 
 

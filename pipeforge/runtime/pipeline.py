@@ -81,7 +81,7 @@ class Pipeline:
         if self.holds_first:
             ctx.inputs = self._split_inputs(inputs)
         if self.holds_last and target is not None:
-            ctx.targets = split_value(target, self.info.microbatches)
+            ctx.targets = split_value(_to_device(target, self.transport.device), self.info.microbatches)
         with torch.set_grad_enabled(training):
             self._program(ctx)
         ctx.finish()
@@ -90,7 +90,7 @@ class Pipeline:
     def _split_inputs(self, inputs: tuple) -> list[tuple]:
         if not inputs:
             raise PipelineError(f"rank {self.rank} holds stage 0: pass the batch to step()/eval()")
-        inputs = tuple(t.to(self.transport.device) if isinstance(t, torch.Tensor) else t for t in inputs)
+        inputs = tuple(_to_device(t, self.transport.device) for t in inputs)
         chunks = split_args(inputs, self.info.microbatches)
         shapes = tuple(tuple(TensorMeta.of(t) for t in chunk if isinstance(t, torch.Tensor)) for chunk in chunks)
         if self._input_shapes is not None and shapes != self._input_shapes:
@@ -158,6 +158,14 @@ class Pipeline:
             _add_flat(module, incoming)
 
 
+def _to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_device(v, device) for v in value)
+    return value
+
+
 def _params(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in module.parameters() if p.requires_grad]
 
@@ -199,6 +207,10 @@ def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_m
     device = torch.device(device) if device is not None else _default_device(group)
     runners = _runners(info, rank, stage_modules, loss_fn)
     wait = timedelta(seconds=timeout) if timeout is not None else None
+    if dist.get_backend(group) == "nccl":
+        # every rank joins one collective first, so NCCL creates the group's communicator together
+        # (a batch_isend_irecv that only some ranks enter first is undefined behaviour in NCCL)
+        dist.all_reduce(torch.zeros(1, device=device), group=group)
     transport = Transport(group, rank, wait, device)
     return Pipeline(info, programs[rank], runners, transport, scale_grads=scale_grads)
 
