@@ -8,7 +8,18 @@ are those of its ``schedule NAME(P = 4, ...)`` header.
     describe('1f1b')                 -> ('One forward, ...', [('P', 4), ('M', 8)])
     load_library_schedule('1f1b', {'P': 8})
     source_with_defaults('1f1b', {'P': 8})   # the file, with P = 8 as its default
-"""
+
+What the tests (tests/library/) hold them to:
+
+- gpipe, interleaved-1f1b, looped-bfs, interleaved-zb, zbv, dualpipev issue exactly
+  the compute order of their torch 2.13 twins on every case of torch's own tests;
+  1f1b does too except on the last rank, where torch's Schedule1F1B never forwards
+  microbatch 0 and forwards a microbatch M that does not exist (it fails verify);
+  zb-h1 is torch's ScheduleInterleavedZeroBubble with one stage per rank.
+- Bubble rates on F = I = W = 1, B = 2, comm = 0: gpipe and 1f1b (P-1)/(M+P-1);
+  interleaved-1f1b (P-1)/(VM+P-1) iff M >= P; zb-h1 (P-1)/(3M+P-1) iff M >= P;
+  zb-h2 and zbv 0 iff M >= 2P-1; chimera (P-2)/(2M+P-2) on F = B = 1.
+
 
 from __future__ import annotations
 
