@@ -68,9 +68,10 @@ class Metrics:
 class OptimizeResult:
     """The optimized schedule (compute only), the figures before and after, the bound and the gap.
 
-    ``bound`` is a proven lower bound on the bubble rate of any order of the
-    same work; ``gap`` is ``(after span - bound span) / after span`` on the
-    worst span (0 means proven optimal).
+    ``span_bound`` is a proven lower bound on the worst span of any order of
+    the same work within the memory limit (B split into I and W allowed), and
+    ``bound`` the bubble rate it implies (exact when B costs I + W, the
+    default); ``gap`` is ``(after span - span_bound) / after span`` (0: optimal).
     """
 
     schedule: Schedule
@@ -293,17 +294,14 @@ def _verify(result: Schedule, memory_limit: float | None, candidate: _Candidate)
     """Refuse to return an order that is incomplete, stuck or over the memory limit.
 
     Two independent checks: the optimizer's own (every action once on its rank,
-    the ASAP run finishes, the program-order memory fits) and ``pipeforge.verify``
-    (the z3 model) where that module is installed.
+    the ASAP run finishes, the program-order memory fits) and ``pipeforge.verify``.
     """
+    from pipeforge.verify import verify
+
     graph, order = candidate.graph, candidate.order
     evaluation = evaluate(graph, order)
     if not is_complete(graph, order) or evaluation is None or not evaluation.fits(memory_limit):
         raise VerificationError(f"the optimized order of {result.name!r} is incomplete, stuck or over the memory limit")
-    try:
-        from pipeforge.verify import verify
-    except ImportError:
-        return
     report = verify(result, memory_limit=memory_limit)
     if not report.valid:
         first = report.violations[0] if report.violations else None
