@@ -18,7 +18,8 @@ What the tests (tests/library/) hold them to:
   zb-h1 is torch's ScheduleInterleavedZeroBubble with one stage per rank.
 - Bubble rates on F = I = W = 1, B = 2, comm = 0: gpipe and 1f1b (P-1)/(M+P-1);
   interleaved-1f1b (P-1)/(VM+P-1) iff M >= P; zb-h1 (P-1)/(3M+P-1) iff M >= P;
-  zb-h2 and zbv 0 iff M >= 2P-1; chimera (P-2)/(2M+P-2) on F = B = 1.
+  zb-h2 and zbv 0 iff M >= 2P-1; chimera (P-2)/(2M+P-2) on F = B = 1; v-min below
+  1f1b's, with at most P // 3 + 1 of 1F1B's microbatch activations when I frees them.
 """
 
 from __future__ import annotations
