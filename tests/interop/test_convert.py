@@ -37,7 +37,6 @@ def test_dualpipev_comms_to_compute_only_is_torchs_compute_only(tmp_path):
 
 
 def test_dualpipev_through_pipe_and_back(dualpipev, tmp_path):
-    pytest.importorskip("pipeforge.lang.printer")  # the language engineer's printer (lands separately)
     form, source = dualpipev
     pipe, back = tmp_path / "dualpipev.pipe", tmp_path / "back.csv"
     assert main(["convert", str(source), str(pipe)]) == 0
@@ -46,7 +45,6 @@ def test_dualpipev_through_pipe_and_back(dualpipev, tmp_path):
 
 
 def test_csv_to_chrome_trace(dualpipev, tmp_path):
-    pytest.importorskip("pipeforge.interop.trace")  # the simulation engineer's trace writer (lands separately)
     _, source = dualpipev
     out = tmp_path / "trace.json"
     assert main(["convert", str(source), str(out)]) == 0

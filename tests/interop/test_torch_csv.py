@@ -9,8 +9,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+import pipeforge.testing as pt
 from pipeforge.errors import PipeforgeError, PipeSyntaxError, SemanticError, UsageError
-from pipeforge.interop.torch_csv import read_csv, read_csv_text, to_csv_text, write_csv
+from pipeforge.interop.torch_csv import has_communication, read_csv, read_csv_text, to_csv_text, write_csv
 from pipeforge.ir import Action, ActionKind, Placement, Schedule, Step, parse_step
 from torch_stages import dump_torch_csv, read_cells
 
@@ -255,3 +256,23 @@ def test_torch_dumps_round_trip_byte_for_byte(tmp_path, name, ranks, microbatche
     assert schedule.ranks == ranks and schedule.stages == ranks * per_rank
     assert cells_of(to_csv_text(schedule, form)) == read_cells(path)
     assert to_csv_text(schedule, form) == path.read_bytes().decode()
+
+
+def flattened(programs) -> list[list[str]]:
+    """Each program as one token per action (torch writes a group as consecutive cells)."""
+    return [[str(a) if not step.overlap else str(step) for step in program
+             for a in (step.actions if not step.overlap else step.actions[:1])] for program in programs]
+
+
+@settings(max_examples=60, deadline=None)
+@given(pt.schedules(max_ranks=4, comms="random"))
+def test_drawn_schedules_survive_csv(schedule):
+    from pipeforge.passes.lower import lower
+
+    talks = has_communication(schedule)
+    comms = read_csv_text(to_csv_text(schedule, "compute_comms"), "drawn.csv")
+    assert (comms.stages, comms.microbatches, comms.placement) == (schedule.stages, schedule.microbatches,
+                                                                    schedule.placement)
+    assert flattened(comms.programs) == flattened((schedule if talks else lower(schedule)).programs)
+    compute = read_csv_text(to_csv_text(schedule, "compute_only"), "drawn.csv")
+    assert compute.programs == (schedule.compute_only() if talks else schedule).programs
