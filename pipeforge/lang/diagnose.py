@@ -313,6 +313,7 @@ def _describe(token: Token) -> str:
 
 
 def _expected_text(names: set[str]) -> str:
+    """What the parser would have taken, in words; operators only when nothing else would do."""
     texts = _terminal_texts()
     parts: list[str] = []
     if len(names & _STATEMENT_STARTS) >= 8:
@@ -321,8 +322,11 @@ def _expected_text(names: set[str]) -> str:
     if {"INT", "NAME"} <= names:
         names = names - _EXPRESSION_STARTS
         parts.append("an expression")
-    if len(names & _OPERATORS) >= 4:
-        names = names - _OPERATORS - {_term(op) for op in ("==", "!=", "<=", ">=", "//")}
+    operators = names & (_OPERATORS | {_term(op) for op in ("==", "!=", "<=", ">=", "//")})
+    if operators and (parts or names - operators):
+        names = names - operators
+    elif len(operators) >= 4:
+        names = names - operators
         parts.append("an operator")
     parts.extend(sorted(texts.get(name, name) for name in names))
     if len(parts) > 1:
