@@ -145,6 +145,12 @@ CASES = [
     # the same with both sends first: rendezvous deadlocks, buffered completes
     (2, [["0F0", "0F1", "0SEND_F0", "0SEND_F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1"],
          ["1RECV_F0", "1F0", "1B0", "1SEND_B0", "1RECV_F1", "1F1", "1B1", "1SEND_B1"]], {"deadlock"}, set()),
+    # one group receiving both: its component holds two groups of rank 0, so rendezvous never fires it
+    (2, [["0F0", "0F1", "0SEND_F0", "0SEND_F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1"],
+         ["[1RECV_F0 1RECV_F1]", "1F0", "1B0", "1SEND_B0", "1F1", "1B1", "1SEND_B1"]], {"deadlock"}, set()),
+    # a send twice: the second meets no receive; rendezvous waits for it forever, buffered posts it and goes on
+    (1, [["0F0", "0SEND_F0", "0SEND_F0", "0RECV_B0", "0B0"], ["1RECV_F0", "1F0", "1B0", "1SEND_B0"]],
+     {"duplicate", "deadlock"}, {"duplicate"}),
     # receives crossed: NCCL pairs the first send with the first receive
     (2, [["0F0", "0F1", "0SEND_F0", "0SEND_F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1"],
          ["1RECV_F1", "1RECV_F0", "1F0", "1B0", "1SEND_B0", "1F1", "1B1", "1SEND_B1"]], {"mismatch"}, {"mismatch"}),
