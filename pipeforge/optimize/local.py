@@ -3,7 +3,9 @@
 A move takes the action at position ``p`` of a rank and reinserts it at ``q``
 (|p - q| <= ``window``): a W moved into an earlier or later gap, an F pulled
 into the warm-up, two adjacent independent steps swapped (|p - q| = 1); or it
-exchanges the actions at ``p`` and ``q`` (an I and a W trading places). A move
+exchanges the actions at ``p`` and ``q`` (an I and a W trading places); or,
+for each idle gap of a rank, it pulls a W from any earlier position into the
+gap (deferring it) or an F from any later position (running it earlier). A move
 is kept when the order still runs (no rank waits forever, which also rejects
 any move that breaks a dependency on the rank), still fits the memory limit,
 and lowers the key (worst span, total span, makespan, then the sum of all ends).
@@ -23,9 +25,12 @@ from dataclasses import dataclass
 
 from bisect import bisect_left
 
+from pipeforge.ir import ActionKind
 from pipeforge.optimize.evaluate import TOLERANCE, Evaluation, Graph, Order, Timing, metrics, simulate_order
 
 Progress = Callable[[float, str], None]
+F, W = ActionKind.F, ActionKind.W
+GAP_TRIES = 12
 
 
 @dataclass(frozen=True)
@@ -121,11 +126,35 @@ class _Searcher:
         improved = False
         ranks = sorted(range(len(self.order)), key=lambda r: -self.best.spans[r])
         for r in ranks:
+            improved |= self.fill_gaps(r)
             for p in range(len(self.order[r])):
                 if self.out_of_time():
                     return improved
                 improved |= self.improve_position(r, p)
         return improved
+
+    def gaps(self, r: int) -> list[int]:
+        """Positions on rank r whose action waits after the previous one ends."""
+        seq, start, end = self.order[r], self.timing.start, self.timing.end
+        return [q for q in range(1, len(seq)) if start[seq[q]] - end[seq[q - 1]] > TOLERANCE]
+
+    def fill_gaps(self, r: int) -> bool:
+        """Pull a W from anywhere earlier, or an F from later, into each idle gap of rank r."""
+        improved = False
+        for q in reversed(self.gaps(r)):
+            if self.out_of_time():
+                break
+            improved |= self.fill_gap(r, q)
+        return improved
+
+    def fill_gap(self, r: int, q: int) -> bool:
+        seq, kinds = self.order[r], self.graph.actions
+        later_w = [p for p in range(q - 1, -1, -1) if kinds[seq[p]].kind is W][:GAP_TRIES]
+        for p in later_w:
+            if self.try_move(r, p, q - 1):
+                return True
+        earlier_f = [p for p in range(q + 1, len(seq)) if kinds[seq[p]].kind is F][:GAP_TRIES]
+        return any(self.try_move(r, p, q) for p in earlier_f)
 
     def improve_position(self, r: int, p: int) -> bool:
         n = len(self.order[r])
