@@ -116,6 +116,9 @@ def report(result, output: str) -> str:
         + (f" (limit {limit:g})" if limit is not None else " (no limit)"),
         f"wrote {output}" + ("" if result.improved else " (the input: nothing better found)"),
     ]
+    if limit is not None and max(before.peak_memory, default=0.0) > limit + 1e-9:
+        lines.insert(-1, f"note: the input holds {max(before.peak_memory):g} M_B, over the limit {limit:g}; "
+                         "the result fits the limit, which can cost time")
     return "\n".join(lines)
 
 

@@ -29,6 +29,7 @@ best order with the proven bound and the gap.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -158,7 +159,7 @@ class _Model:
 
 
 def solve_exact(graph: Graph, incumbent: Order, lower_bound: float, *, time_limit: float,
-                asap: bool = True) -> ExactResult:
+                asap: bool = True, progress: Callable[[float, str], None] | None = None) -> ExactResult:
     """The best order of ``graph`` within ``time_limit`` seconds, with a proven bound on the worst span.
 
     ``incumbent`` is a valid order (its span is the first upper bound) and
@@ -186,6 +187,9 @@ def solve_exact(graph: Graph, incumbent: Order, lower_bound: float, *, time_limi
             order, high = better
         else:
             break
+        if progress is not None:
+            spent = 1.0 - max(0.0, deadline - time.monotonic()) / time_limit
+            progress(min(1.0, spent), f"exact search: worst span in [{low:.6g}, {high:.6g}]")
     return ExactResult(order, min(low, high), high, high - low <= RELATIVE_TOLERANCE * high, checks)
 
 

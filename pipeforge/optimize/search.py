@@ -246,7 +246,8 @@ class _Run:
             return 0.0
         self.tell(0.5, "exact search (z3)")
         small = len(self.split.actions) <= EXACT_AUTO_ACTIONS
-        found = solve_exact(self.split, incumbent.order, bound, time_limit=self.left(), asap=small)
+        found = solve_exact(self.split, incumbent.order, bound, time_limit=self.left(), asap=small,
+                            progress=self.progress)
         evaluation = evaluate(self.split, found.order)
         self.offer(_Candidate(self.split, found.order, evaluation, "exact"))
         return found.lower_bound
