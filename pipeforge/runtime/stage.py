@@ -6,15 +6,10 @@ backward stops at the stage boundary and hands the input gradient on.
 
 - ``B`` (full backward) runs one ``torch.autograd.backward`` that accumulates
   the parameters' ``.grad`` and yields the input gradient.
-- ``I`` computes only the input gradient (``torch.autograd.grad`` with respect to
-  the inputs, keeping the graph); parameters are untouched.
-- ``W`` computes the parameters' gradients from the kept graph and the same
-  output gradients (``torch.autograd.grad`` with respect to the parameters) and
+- ``I`` computes only the input gradient, recording on the way what W needs;
+  parameters are untouched (``pipeforge.runtime.split_backward``).
+- ``W`` computes the parameters' gradients from what I recorded and
   accumulates them into ``.grad``; the graph is released.
-
-W walks the stage's graph again rather than reusing the intermediate gradients
-I computed (torch's ``stage_backward_weight`` keeps those); it costs extra
-compute on W, never correctness.
 """
 
 from __future__ import annotations
@@ -26,6 +21,7 @@ import torch
 
 from pipeforge.runtime.microbatch import as_tuple
 from pipeforge.runtime.p2p import PipelineError
+from pipeforge.runtime.split_backward import WeightPlan, backward_input, backward_weight
 
 
 @dataclass
@@ -36,7 +32,7 @@ class MicrobatchState:
     output: Any
     roots: tuple[torch.Tensor, ...] = ()
     root_grads: tuple[torch.Tensor | None, ...] = ()
-    input_done: bool = False
+    weight_plan: WeightPlan | None = None  # left by I for W
 
 
 @dataclass
@@ -104,34 +100,29 @@ class StageRunner:
         return tuple(a.grad if _is_float(a) and not self.is_first else None for a in state.inputs)
 
     def backward_input(self, mb: int, grads: tuple | None) -> tuple[torch.Tensor | None, ...]:
-        """Backward for inputs (I): parameters untouched, graph kept for W."""
+        """Backward for inputs (I): parameters untouched; what W needs is kept."""
         state = self._set_output_grads(mb, grads)
-        state.input_done = True
-        wanted = [a for a in state.inputs if isinstance(a, torch.Tensor) and a.requires_grad]
-        if self.is_first or not wanted or not state.roots:
-            return tuple(None for _ in state.inputs)
-        found = torch.autograd.grad(state.roots, wanted, state.root_grads,
-                                    retain_graph=True, allow_unused=True)
+        wanted = [a for a in state.inputs if isinstance(a, torch.Tensor) and a.requires_grad] if not self.is_first else []
+        found, state.weight_plan = backward_input(state.roots, state.root_grads, wanted, self._params())
         by_id = {id(a): g for a, g in zip(wanted, found)}
         return tuple(by_id.get(id(a)) for a in state.inputs)
 
     def backward_weight(self, mb: int) -> None:
         """Backward for weights (W): accumulate the parameters' grads of microbatch ``mb``."""
         state = self._state(mb)
-        if not state.input_done:
+        if state.weight_plan is None:
             raise PipelineError(f"{self.name}: W of microbatch {mb} before its I")
         del self.states[mb]
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        if not params or not state.roots:
-            return
-        found = torch.autograd.grad(state.roots, params, state.root_grads, allow_unused=True)
-        for param, grad in zip(params, found):
+        for param, grad in backward_weight(state.weight_plan):
             if grad is None:
                 continue
             if param.grad is None:
                 param.grad = grad
             else:
                 param.grad += grad
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
 
     def _state(self, mb: int) -> MicrobatchState:
         state = self.states.get(mb)
