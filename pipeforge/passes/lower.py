@@ -76,7 +76,7 @@ class DependencyGraph:
     """Where each compute action first occurs, what it needs, and the cross-rank edges."""
 
     position: dict[Key, Position]
-    needs: dict[Position, tuple[Position, ...]]  # step -> producer steps it waits for
+    needs: dict[Position, tuple[Position, ...]]  # step -> producer steps on other ranks it waits for
     transfers: tuple[Transfer, ...]
 
     @staticmethod
@@ -88,11 +88,9 @@ class DependencyGraph:
         for key, here in position.items():
             for producer, carried, send, recv in inputs_of(key, last):
                 there = position.get(producer)
-                if there is None or there == here:
-                    continue  # absent (reported as missing) or in the same overlap step (an order error)
-                if there[0] == here[0]:
-                    needs[here].append(there)
-                elif carried:
+                # Only a cross-rank edge makes a rank wait: on one rank program order decides, and a
+                # producer written after its consumer is an order error, not a deadlock.
+                if carried and there is not None and there[0] != here[0]:
                     needs[here].append(there)
                     transfers.append(Transfer(send, recv, there, here))
         frozen = {step: tuple(producers) for step, producers in needs.items()}
@@ -168,7 +166,7 @@ def next_compute(program: tuple[Step, ...], start: int) -> int:
 
 
 def ready(producers: tuple[Position, ...], executed: dict[Position, int], round_no: int) -> bool:
-    """Every producer ran in an earlier round (and, on this rank, earlier in program order)."""
+    """Every producer ran in an earlier round."""
     return all(executed.get(p, round_no) < round_no for p in producers)
 
 

@@ -18,7 +18,7 @@ class Op(NamedTuple):
 
     slot: Slot
     key: Key
-    peer: int
+    peer: int | None  # None: no rank owns the peer stage
     is_send: bool
 
     @property
@@ -28,7 +28,8 @@ class Op(NamedTuple):
 
 @dataclass(frozen=True)
 class Pairing:
-    """The k-th send from a to b meets the k-th receive on b from a."""
+    """The k-th send from a to b meets the k-th receive on b from a (a may be b: a placement
+    error, matched all the same)."""
 
     matches: tuple[tuple[Op, Op], ...]  # (send, recv)
     unmatched: tuple[Op, ...]
@@ -38,6 +39,7 @@ class Pairing:
 def pair_ops(program: Program) -> Pairing:
     lanes: dict[tuple[int, int, bool], list[Op]] = defaultdict(list)
     ops: dict[tuple[int, int], list[Op]] = {}
+    unmatched: list[Op] = []
     for row in program.slots:
         for slot in row:
             if not slot.group:
@@ -45,11 +47,12 @@ def pair_ops(program: Program) -> Pairing:
             mine = ops[(slot.rank, slot.number)] = []
             for key in slot.acts:
                 op = op_of(program, slot, key)
-                if op is None:
-                    continue
                 mine.append(op)
-                lanes[(slot.rank, op.peer, True) if op.is_send else (op.peer, slot.rank, False)].append(op)
-    matches, unmatched, partner = [], [], {}
+                if op.peer is None:
+                    unmatched.append(op)
+                else:
+                    lanes[(slot.rank, op.peer, True) if op.is_send else (op.peer, slot.rank, False)].append(op)
+    matches, partner = [], {}
     for src, dst, is_send in sorted(lanes):
         if not is_send:
             if (src, dst, True) not in lanes:
@@ -66,15 +69,14 @@ def pair_ops(program: Program) -> Pairing:
     return Pairing(tuple(matches), tuple(unmatched), with_partners)
 
 
-def op_of(program: Program, slot: Slot, key: Key) -> Op | None:
-    """The op of a communication action, or None when its peer is unknown or itself (a placement error)."""
-    if key in program.out_of_range:
-        return None
+def op_of(program: Program, slot: Slot, key: Key) -> Op:
+    """The op of a communication action; ``peer`` is None when its stage, peer stage or chain
+    does not exist (a placement error): nothing can ever meet such an op."""
     stage, kind, _, chain = key
     peer_stage = stage + PEER_OFFSET[kind]
-    owners = program.owners[chain]
-    if not 0 <= peer_stage < len(owners) or owners[peer_stage] == slot.rank:
-        return None
+    owners = program.owners[chain] if 0 <= chain < len(program.owners) else ()
+    if key in program.out_of_range or not 0 <= peer_stage < len(owners):
+        return Op(slot, key, None, kind in SENDS)
     return Op(slot, key, owners[peer_stage], kind in SENDS)
 
 

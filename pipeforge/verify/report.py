@@ -18,18 +18,20 @@ class Hop:
     step: int | None
     step_text: str
     waits_for: str
-    peer: int
+    peer: int | None  # None: no rank owns the peer stage
     span: Span | None = field(default=None, compare=False)
     peer_finished: bool = False
 
+    @property
+    def source(self) -> str:
+        return "no rank (its peer stage does not exist)" if self.peer is None else f"rank {self.peer}"
+
     def describe(self, first: bool) -> str:
-        head = f"rank {self.rank} step {self.step} ({self.step_text})" if first else \
+        head = f"rank {self.rank} step {self.step} ({self.step_text}) waits" if first else \
             f"which waits at step {self.step} ({self.step_text})"
-        tail = f" for {self.waits_for} from rank {self.peer}"
-        if first:
-            tail = f" waits for {self.waits_for} from rank {self.peer}"
-        if self.peer_finished:
-            tail += f", which has finished without posting it"
+        tail = f" for {self.waits_for} from {self.source}"
+        if self.peer_finished and self.peer is not None:
+            tail += ", which has finished without posting it"
         return head + tail
 
 
@@ -76,9 +78,9 @@ class Violation:
 
 def render_hop(hop: Hop) -> str:
     where = f" at {hop.span}" if hop.span else ""
-    text = f"  rank {hop.rank} step {hop.step} ({hop.step_text}){where} waits for {hop.waits_for} from rank {hop.peer}"
-    if hop.peer_finished:
-        text += " (rank has finished)"
+    text = f"  rank {hop.rank} step {hop.step} ({hop.step_text}){where} waits for {hop.waits_for} from {hop.source}"
+    if hop.peer_finished and hop.peer is not None:
+        text += " (it has finished)"
     block = caret_block(hop.span) if hop.span else ""
     return text + ("\n" + block if block else "")
 

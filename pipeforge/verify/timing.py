@@ -47,7 +47,7 @@ class Wait:
 
     slot: Slot
     waits_for: str
-    peer: int
+    peer: int | None
     target: Key | None  # the partner's slot, None when nothing will ever meet the op
     links: tuple[Constraint, ...]  # match constraints to the target (or the unmatched op)
     peer_finished: bool
@@ -190,7 +190,8 @@ class Runner:
 
     def unmatched_wait(self, slot: Slot, op: Op) -> Wait:
         link = ("unmatched", key_of(op.slot), op.text)
-        return Wait(slot, text_of(partner_key(op.key)), op.peer, None, (link,), self.finished(op.peer))
+        ended = op.peer is None or self.finished(op.peer)
+        return Wait(slot, text_of(partner_key(op.key)), op.peer, None, (link,), ended)
 
 
 class Rendezvous(Runner):
@@ -277,10 +278,11 @@ class Buffered(Runner):
             if partner is None:
                 return False
             rank, k = key_of(partner.slot)
-            if self.position[rank] < k:
+            posted = self.posted_at[rank][k]
+            if posted is None:  # the sending rank has not reached that group yet
                 self.waiting[(rank, k)].append(slot.rank)
                 return False
-            end = max(end, self.posted_at[rank][k] + 1)
+            end = max(end, posted + 1)
         self.finish(slot.rank, self.ready[slot.rank], end - self.ready[slot.rank])
         return True
 
@@ -291,7 +293,7 @@ class Buffered(Runner):
             if partner is None:
                 return self.unmatched_wait(slot, op)
             there = key_of(partner.slot)
-            if self.position[there[0]] < there[1]:
+            if self.posted_at[there[0]][there[1]] is None:
                 link = ("buffered", key_of(slot), there)
                 return Wait(slot, partner.text, there[0], there, (link,), False)
         raise AssertionError(f"rank {slot.rank} is stuck at {slot.text} with every send posted")
