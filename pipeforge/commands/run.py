@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import tempfile
@@ -25,7 +26,8 @@ def register(subparsers) -> None:
     parser.add_argument("--steps", type=int, default=2, help="training steps (default 2)")
     parser.add_argument("--model", choices=("mlp", "tuple"), default="mlp",
                         help="mlp: stages change the width; tuple: activations are pairs of tensors")
-    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                        help="auto (default): NCCL when every rank can have its own GPU, else gloo")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
                         help="seconds any rank may wait for a peer before failing (default 30)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -48,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
     if args.print_torchrun:
         print(torchrun_line(args, nproc))
         return 0
+    from pipeforge.runtime.launch import resolve_backend
+
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", nproc)) if args.from_env else nproc
+    args.backend = resolve_backend(args.backend, local_ranks)
     with tempfile.TemporaryDirectory(prefix="pipeforge-run-") as out_dir:
         module = str(codegen(schedule, out_dir))
         started = time.monotonic()
@@ -97,6 +103,6 @@ def torchrun_line(args: argparse.Namespace, nproc: int) -> str:
     command = ["-m", "pipeforge", "run", args.path, *(f"-D{d}" for d in args.defines)]
     if args.schedule:
         command += ["--schedule", args.schedule]
-    command += ["--nproc", str(nproc), "--steps", str(args.steps), "--model", args.model,
+    command += ["--steps", str(args.steps), "--model", args.model,
                 "--backend", args.backend, "--timeout", f"{args.timeout:g}", "--from-env"]
     return f"# on each of NODES machines, with NODES * NPROC_PER_NODE = {nproc}:\n{launcher} {shlex.join(command)}"

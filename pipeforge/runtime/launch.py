@@ -42,6 +42,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def resolve_backend(requested: str, nproc: int) -> str:
+    """``auto``: NCCL when there is a GPU for every rank, else gloo (torch is imported only if a GPU may exist)."""
+    if requested != "auto":
+        return requested
+    if not any(os.path.exists(f"/dev/nvidia{i}") for i in range(64)):
+        return "gloo"
+    import torch
+
+    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= nproc else "gloo"
+
+
 def init_group(rank: int, nproc: int, port: int, backend: str, timeout: float) -> None:
     import torch.distributed as dist
 

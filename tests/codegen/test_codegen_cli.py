@@ -53,7 +53,7 @@ def test_print_torchrun(capsys):
     assert main(["run", "1f1b", "-D", "P=4", "-D", "M=8", "--print-torchrun"]) == 0
     out = capsys.readouterr().out
     assert "torchrun --nnodes=$NODES --nproc-per-node=$NPROC_PER_NODE" in out
-    assert "-m pipeforge run 1f1b -DP=4 -DM=8 --nproc 4" in out and "--from-env" in out
+    assert "-m pipeforge run 1f1b -DP=4 -DM=8 --steps 2" in out and "--from-env" in out
 
 
 @pytest.mark.distributed
