@@ -85,14 +85,17 @@ class DependencyGraph:
         last = schedule.stages - 1
         needs: dict[Position, list[Position]] = defaultdict(list)
         transfers: list[Transfer] = []
-        for key, here in position.items():
+        carried_once: set[Key] = set()
+        for key, here in sorted(position.items(), key=lambda item: item[1]):
             for producer, carried, send, recv in inputs_of(key, last):
                 there = position.get(producer)
                 # Only a cross-rank edge makes a rank wait: on one rank program order decides, and a
                 # producer written after its consumer is an order error, not a deadlock.
                 if carried and there is not None and there[0] != here[0]:
                     needs[here].append(there)
-                    transfers.append(Transfer(send, recv, there, here))
+                    if send not in carried_once and recv not in carried_once:  # B and I both written
+                        carried_once.update((send, recv))
+                        transfers.append(Transfer(send, recv, there, here))
         frozen = {step: tuple(producers) for step, producers in needs.items()}
         return DependencyGraph(position, frozen, tuple(transfers))
 

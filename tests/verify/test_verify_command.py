@@ -1,0 +1,128 @@
+"""``pipeforge verify``: exit codes 0/1/2, the JSON contract, carets and the deadlock cycle."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeforge.cli import main
+
+pytest.importorskip("pipeforge.lang")
+
+ONE_F_ONE_B = """\
+schedule one_f_one_b(P = 4, M = 8) {
+    ranks P
+    stages P placement loop
+    microbatches M
+    rank r {
+        let warmup = min(M, P - 1 - r)
+        for m in 0 .. warmup { F(r, m) }
+        for i in 0 .. M - warmup { F(r, warmup + i)  B(r, i) }
+        for i in M - warmup .. M { B(r, i) }
+    }
+}
+"""
+
+CYCLE = """\
+schedule loop_cycle() {
+    ranks 2
+    stages 4 placement loop
+    microbatches 1
+    rank 0 { F(0, 0) F(2, 0) B(2, 0) B(0, 0) }
+    rank 1 { F(3, 0) F(1, 0) B(3, 0) B(1, 0) }
+}
+"""
+
+FACING = """\
+schedule facing() {
+    ranks 2
+    stages 2 placement loop
+    microbatches 2
+    rank 0 { 0F0 0F1 0SEND_F0 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1 }
+    rank 1 { 1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1 }
+}
+"""
+
+
+@pytest.fixture
+def write(tmp_path):
+    def write_file(name: str, text: str) -> str:
+        path = tmp_path / name
+        path.write_text(text, encoding="utf-8")
+        return str(path)
+    return write_file
+
+
+def test_a_valid_schedule_exits_0_with_the_certificate_line(write, capsys):
+    assert main(["verify", write("a.pipe", ONE_F_ONE_B)]) == 0
+    assert capsys.readouterr().out.startswith("valid: certificate checked by z3 (")
+
+
+def test_parameters_reach_the_schedule(write, capsys):
+    assert main(["verify", write("a.pipe", ONE_F_ONE_B), "-D", "P=2", "-D", "M=3", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)["stats"]
+    assert (stats["ranks"], stats["microbatches"]) == (2, 3)
+
+
+def test_a_deadlock_exits_1_and_names_each_hop_with_its_location(write, capsys):
+    path = write("cycle.pipe", CYCLE)
+    assert main(["verify", path]) == 1
+    out = capsys.readouterr().out
+    assert f"{path}:5:22: deadlock: rank 0 step 1 (2F0) waits for 1SEND_F0 from rank 1, " \
+           "which waits at step 0 (3F0) for 2SEND_F0 from rank 0" in out
+    assert "rank 0 { F(0, 0) F(2, 0) B(2, 0) B(0, 0) }" in out and "^^^^^^^" in out
+    assert f"rank 1 step 0 (3F0) at {path}:6:14 waits for 2SEND_F0 from rank 0" in out
+    assert "Step 1: 2F0*" in out
+
+
+def test_json_output_is_one_object_with_the_contract_keys(write, capsys):
+    assert main(["verify", write("cycle.pipe", CYCLE), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["valid"] is False
+    assert list(report["stats"]) == ["ranks", "stages", "microbatches", "actions", "seconds"]
+    (violation,) = report["violations"]
+    assert list(violation) == ["kind", "message", "rank", "step", "location"]
+    assert (violation["kind"], violation["rank"], violation["step"]) == ("deadlock", 0, 1)
+    assert violation["location"].endswith("cycle.pipe:5:22")
+
+
+def test_semantics_flag_picks_buffered(write, capsys):
+    path = write("facing.pipe", FACING)
+    assert main(["verify", path]) == 1
+    assert main(["verify", path, "--semantics", "buffered"]) == 0
+
+
+def test_memory_limit_flag(write, capsys):
+    path = write("a.pipe", ONE_F_ONE_B)
+    assert main(["verify", path, "--memory-limit", "4"]) == 0
+    assert main(["verify", path, "--memory-limit", "3"]) == 1
+    assert "memory: rank 0 holds 4 microbatches of activations" in capsys.readouterr().out
+
+
+def test_memory_limit_flag_json(write, capsys):
+    path = write("a.pipe", ONE_F_ONE_B)
+    assert main(["verify", path, "--memory-limit", "3", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert {v["kind"] for v in report["violations"]} == {"memory"}
+    assert [v["rank"] for v in report["violations"]] == [0]
+
+
+def test_a_syntax_error_exits_2_with_a_caret(write, capsys):
+    path = write("bad.pipe", "schedule x( {\n")
+    assert main(["verify", path]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:1:13" in err and "^" in err
+
+
+def test_a_syntax_error_in_json_mode_is_a_syntax_violation_and_exit_2(write, capsys):
+    path = write("bad.pipe", "schedule x( {\n")
+    assert main(["verify", path, "--json"]) == 2
+    report = json.loads(capsys.readouterr().out)
+    assert report["valid"] is False
+    (violation,) = report["violations"]
+    assert violation["kind"] == "syntax" and violation["location"] == f"{path}:1:13"
+
+
+def test_a_missing_file_is_bad_input(capsys):
+    assert main(["verify", "no/such/file.pipe"]) == 2
