@@ -110,8 +110,16 @@ def spawn(worker: str | Callable[[int, int, Any], Any], nproc: int, payload: Any
           backend: str = "gloo", deadline: float | None = None) -> list[Outcome]:
     """Run ``worker(rank, nproc, payload)`` on ``nproc`` local ranks; ``deadline`` (seconds) bounds the run.
 
-    Name the worker ``"module:function"`` to keep torch out of the parent process.
+    Name the worker ``"module:function"`` to keep torch out of the parent process. A free port
+    taken by someone else between choosing and binding it gets one retry on another port.
     """
+    outcomes = _spawn_once(worker, nproc, payload, timeout, backend, deadline)
+    if any("address already in use" in o.error.lower() for o in outcomes):
+        outcomes = _spawn_once(worker, nproc, payload, timeout, backend, deadline)
+    return outcomes
+
+
+def _spawn_once(worker, nproc: int, payload: Any, timeout: float, backend: str, deadline: float | None) -> list[Outcome]:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
     results = context.Queue()
@@ -123,8 +131,9 @@ def spawn(worker: str | Callable[[int, int, Any], Any], nproc: int, payload: Any
     for process in processes:
         process.start()
     outcomes = _collect(results, processes, time.monotonic() + (deadline or timeout * 2 + 30))
+    grace = time.monotonic() + 3  # ranks that reported are tidying up; the rest are killed
     for process in processes:
-        process.join(timeout=5)
+        process.join(timeout=max(0.0, grace - time.monotonic()))
         if process.is_alive():
             process.kill()
             process.join()

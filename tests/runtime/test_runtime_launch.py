@@ -1,0 +1,58 @@
+"""The local launcher: every rank reports, errors come back as text, a stuck rank is killed at the deadline."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pipeforge.runtime.launch import free_port, resolve_backend, spawn, summarize
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
+
+
+def world(rank: int, nproc: int, payload: str) -> tuple:
+    import torch.distributed as dist
+
+    return rank, dist.get_world_size(), dist.get_backend(), payload
+
+
+def fail_on_one(rank: int, nproc: int, payload: None) -> int:
+    if rank == 1:
+        raise ValueError("rank one refuses")
+    return rank
+
+
+def stuck(rank: int, nproc: int, payload: None) -> None:
+    time.sleep(60)
+
+
+def test_every_rank_runs_in_one_gloo_group():
+    outcomes = spawn(world, 3, "hello", timeout=20)
+    assert [o.value for o in outcomes] == [(r, 3, "gloo", "hello") for r in range(3)]
+
+
+def test_a_worker_named_by_string():
+    outcomes = spawn("pipeforge.runtime.launch:free_port", 1, timeout=20)
+    assert outcomes[0].ok is False and "free_port() takes 0 positional arguments" in outcomes[0].error
+
+
+def test_a_failing_rank_reports_its_error():
+    outcomes = spawn(fail_on_one, 2, timeout=10, deadline=40)
+    assert outcomes[0].ok and outcomes[0].value == 0
+    assert not outcomes[1].ok and "ValueError: rank one refuses" in outcomes[1].error
+
+
+def test_a_stuck_rank_is_killed_at_the_deadline():
+    started = time.monotonic()
+    outcomes = spawn(stuck, 2, timeout=5, deadline=4)
+    assert time.monotonic() - started < 20
+    assert all(not o.ok and "deadline" in o.error for o in outcomes)
+
+
+def test_helpers():
+    assert 0 < free_port() < 65536
+    assert resolve_backend("gloo", 8) == "gloo"
+    verdict = summarize([{"match": True, "max_abs_diff": 0.0, "max_rel_diff": 0.0, "worst": "", "missing": []},
+                         {"match": False, "max_abs_diff": 1.0, "max_rel_diff": 0.5, "worst": "x", "missing": ["y"]}])
+    assert verdict == {"match": False, "max_abs_diff": 1.0, "max_rel_diff": 0.5, "worst": "x", "missing": ["y"]}
