@@ -56,7 +56,8 @@ class StageRunner:
             args = tuple(_as_leaf(a, training) for a in args)
         with torch.set_grad_enabled(training):
             output = self.module(*args)
-            loss = self._loss(output, target) if self.is_last else None
+            wants_loss = self.is_last and (training or target is not None)
+            loss = self._loss(output, target) if wants_loss else None
         if self.is_last:
             self.outputs[mb] = _detached(output)
             if loss is not None:

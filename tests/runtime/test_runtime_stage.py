@@ -87,6 +87,13 @@ def test_eval_keeps_no_graph():
     assert not stage.states and 0 in stage.losses and 0 in stage.outputs
 
 
+def test_eval_without_a_target_computes_no_loss():
+    stage = runner(models.build_stages("mlp", 2)[1], last=True)
+    with torch.no_grad():
+        out = stage.forward(0, (torch.randn(2, models.widths(2)[1], dtype=torch.float64),), None, training=False)
+    assert not stage.losses and torch.equal(stage.outputs[0], out)
+
+
 def test_loss_must_be_a_scalar():
     stage = StageRunner(models.build_stages("mlp", 1)[0], 0, 0, True, True, loss_fn=lambda out, target: out)
     with pytest.raises(PipelineError, match="scalar"):
