@@ -100,7 +100,9 @@ def bench_worker(rank: int, nproc: int, config: dict) -> dict:
             full = build_stages(info.stages, width, seed=0)
             theirs = {s: full[s].to(device) for s in held}
             ours = {s: copy.deepcopy(theirs[s]) for s in held}
-            pipe = generated.make_pipeline(ours, loss_fn=loss_fn, timeout=config["timeout"])
+            # no per-wait timeout (NCCL would then block the CPU on every wait, torch's schedules do not);
+            # the process group's timeout still bounds every wait
+            pipe = generated.make_pipeline(ours, loss_fn=loss_fn)
             reference = torch_schedule(SCHEDULES[schedule_key][1], theirs, info.stages, info.microbatches,
                                        device, None)
             rows = config["rows"]
