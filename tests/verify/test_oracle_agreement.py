@@ -100,8 +100,15 @@ def test_valid_written_communication(schedule):
 
 
 @settings(FAST, max_examples=500)
-@given(pt.mutated_schedules(**SMALL, comms="random"))
+@given(pt.mutated_schedules(**SMALL, comms="random", memory=True))
 def test_mutated_written_communication(schedule):
+    agree_both(schedule)
+
+
+@settings(FAST, max_examples=80)
+@given(pt.mutated_schedules(max_ranks=4, max_stages_per_rank=3, max_microbatches=6, max_mutations=3,
+                            comms="random", idle=True))
+def test_larger_mutated_written_communication(schedule):
     agree_both(schedule)
 
 
