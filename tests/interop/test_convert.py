@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pipeforge.cli import main
-from torch_stages import dump_torch_csv, read_cells
+from torch_stages import build_torch_schedule, dump_torch_csv, read_cells
 
 
 @pytest.fixture(params=["compute_only", "compute_comms"])
@@ -79,13 +79,24 @@ def test_malformed_cell_exits_2_with_a_caret(tmp_path, capsys):
     assert out.read_text() == "previous contents\n"
 
 
-def test_multi_chain_schedule_is_refused(tmp_path, capsys, monkeypatch):
-    from pipeforge.ir import Action, ActionKind, Placement, Schedule, Step
+@pytest.mark.parametrize("library, torch_class", [
+    ("interleaved-1f1b", "ScheduleInterleaved1F1B"), ("looped-bfs", "ScheduleLoopedBFS"),
+    ("zbv", "ScheduleZBVZeroBubble"), ("dualpipev", "ScheduleDualPipeV"),
+])
+@pytest.mark.parametrize("form", ["compute_only", "compute_comms"])
+def test_torch_loads_what_we_write(tmp_path, library, torch_class, form):
+    """A library schedule exported to CSV passes torch's own _load_csv (parse, validation, lowering)."""
+    out = tmp_path / f"{library}.csv"
+    assert main(["convert", library, str(out), "--format", form]) == 0
+    torch_schedule = build_torch_schedule(torch_class, 4, 8, 2)
+    torch_schedule._load_csv(str(out), format=form)
+    loaded = torch_schedule.pipeline_order if form == "compute_only" else torch_schedule.pipeline_order_with_comms
+    assert [["" if a is None else str(a) for a in loaded[rank]] for rank in sorted(loaded)] == read_cells(out)
 
-    chimera = Schedule("chimera", 2, 2, 1, (Placement((0, 1)), Placement((1, 0))),
-                       ((Step((Action(0, ActionKind.F, 0),)),), (Step((Action(0, ActionKind.F, 0, 1),)),)))
-    monkeypatch.setattr("pipeforge.commands.convert.load_input", lambda args: chimera)
-    out = tmp_path / "c.csv"
-    assert main(["convert", "chimera.pipe", str(out)]) == 2
-    assert "torch CSV has no chains; '0F0@1' (rank 1, step 0)" in capsys.readouterr().err
+
+def test_bidirectional_library_schedule_is_refused(tmp_path, capsys):
+    out = tmp_path / "chimera.csv"
+    assert main(["convert", "chimera", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "error: torch CSV has no chains; '" in err and "belongs to chain 1 of the bidirectional schedule" in err
     assert not out.exists()
