@@ -12,9 +12,10 @@
 # NCCL runs one rank per GPU. With one GPU the script first tries two ranks on
 # it (NCCL normally refuses: "Duplicate GPU detected"), reports the outcome, and
 # then checks single-rank NCCL pipelines on the GPU (every stage on one rank:
-# same-rank hand-over, I/W split and the cross-chain sum of Chimera on CUDA
-# tensors) and benchmarks those against torch; multi-rank comparisons then run
-# with gloo on the machine's CPUs.
+# same-rank hand-over and the I/W split on CUDA tensors), several ranks sharing
+# the GPU with gloo moving activations through host memory (Chimera's
+# cross-chain sum included), and benchmarks single-rank NCCL against torch;
+# multi-rank ratios then come from gloo on the machine's CPUs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -74,6 +75,11 @@ elif [ "$GPUS" -eq 1 ]; then
     for spec in "1f1b -D P=1 -D M=4" "interleaved-1f1b -D P=1 -D V=4 -D M=4" "zbv -D P=1 -D M=4" \
                 "gpipe -D P=1 -D M=4"; do
         check "nccl run $spec on the GPU" 40 $PF run $spec --nproc 1 --backend nccl --model tuple --timeout 30
+    done
+    # several ranks sharing the GPU: compute on CUDA, activations through host memory (gloo)
+    for spec in "1f1b -D P=4 -D M=8" "zbv -D P=2 -D M=4" "chimera -D P=2 -D M=4" "dualpipev -D P=2 -D M=4"; do
+        check "gloo run $spec, CUDA tensors, ranks sharing the GPU" 40 $PF run $spec --backend gloo --device cuda \
+            --model tuple --timeout 30
     done
     check "bench nccl, one rank on the GPU" 60 $PY benchmarks/bench_runtime.py --backend nccl --nproc 1 \
         --width 4096 --rows 2048 --steps 8 --timeout 30

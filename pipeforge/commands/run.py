@@ -28,6 +28,9 @@ def register(subparsers) -> None:
                         help="mlp: stages change the width; tuple: activations are pairs of tensors")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                         help="auto (default): NCCL when every rank can have its own GPU, else gloo")
+    parser.add_argument("--device", choices=("cpu", "cuda"),
+                        help="where the model runs (default: CUDA under NCCL, else CPU); gloo with cuda stages "
+                             "activations through host memory, so several ranks may share one GPU")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
                         help="seconds any rank may wait for a peer before failing (default 30)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -45,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     if nproc != schedule.ranks:
         raise UsageError(f"schedule {schedule.name!r} has {schedule.ranks} ranks but --nproc is {nproc}; "
                          f"pass -D P={nproc} or --nproc {schedule.ranks}")
+    if args.device == "cpu" and args.backend == "nccl":
+        raise UsageError("--backend nccl needs --device cuda (NCCL moves GPU memory only)")
     if args.steps < 1:
         raise UsageError("--steps must be at least 1")
     if args.print_torchrun:
@@ -69,10 +74,11 @@ def _check(args: argparse.Namespace, module: str, nproc: int) -> dict | None:
         from pipeforge.runtime.check import run_check_from_environment
 
         return run_check_from_environment(module, steps=args.steps, model=args.model, backend=args.backend,
-                                          timeout=args.timeout)
+                                          timeout=args.timeout, device=args.device)
     from pipeforge.runtime.launch import run_check
 
-    return run_check(module, nproc, steps=args.steps, model=args.model, backend=args.backend, timeout=args.timeout)
+    return run_check(module, nproc, steps=args.steps, model=args.model, backend=args.backend, timeout=args.timeout,
+                     device=args.device)
 
 
 def _report(args: argparse.Namespace, name: str, nproc: int, verdict: dict, seconds: float) -> int:
@@ -105,4 +111,6 @@ def torchrun_line(args: argparse.Namespace, nproc: int) -> str:
         command += ["--schedule", args.schedule]
     command += ["--steps", str(args.steps), "--model", args.model,
                 "--backend", args.backend, "--timeout", f"{args.timeout:g}", "--from-env"]
+    if args.device:
+        command[-1:-1] = ["--device", args.device]
     return f"# on each of NODES machines, with NODES * NPROC_PER_NODE = {nproc}:\n{launcher} {shlex.join(command)}"

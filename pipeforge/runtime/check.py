@@ -38,6 +38,7 @@ class CheckJob:
     timeout: float = 30.0
     seed: int = 0
     learning_rate: float = 0.1
+    device: str | None = None  # "cpu" or "cuda"; None: what the backend implies
 
 
 @dataclass
@@ -102,10 +103,10 @@ def check_rank(rank: int, nproc: int, job: CheckJob, group=None) -> dict:
     info = generated.SCHEDULE
     full = models.build_stages(job.model, info.stages, job.seed)
     held = sorted({stage for stage, _ in info.held(rank)})
-    device = _device()
+    device = _device(job.device, rank)
     mine = {stage: copy.deepcopy(full[stage]).to(device) for stage in held}
-    pipe = generated.make_pipeline(mine, loss_fn=models.loss_fn, group=group, scale_grads=job.scale_grads,
-                                   timeout=job.timeout)
+    pipe = generated.make_pipeline(mine, loss_fn=models.loss_fn, group=group, device=device,
+                                   scale_grads=job.scale_grads, timeout=job.timeout)
     reference = Reference(full, info.microbatches, job.scale_grads)
     parameters = [p for m in mine.values() for p in m.parameters()]
     diffs = Differences()
@@ -132,11 +133,13 @@ def check_rank(rank: int, nproc: int, job: CheckJob, group=None) -> dict:
             "compared": diffs.compared, "missing": diffs.missing[:5], "match": diffs.match}
 
 
-def _device() -> torch.device:
+def _device(name: str | None, rank: int) -> torch.device:
     import torch.distributed as dist
 
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
+    if name == "cuda":  # gloo with CUDA tensors: ranks may share a GPU
+        return torch.device("cuda", rank % torch.cuda.device_count())
     return torch.device("cpu")
 
 
@@ -209,7 +212,7 @@ def check_jobs(rank: int, nproc: int, jobs: list[CheckJob]) -> list[dict]:
 
 
 def run_check_from_environment(module_path: str, *, steps: int = 2, model: str = "mlp", backend: str = "gloo",
-                               timeout: float = 300.0) -> dict | None:
+                               timeout: float = 300.0, device: str | None = None) -> dict | None:
     """Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR set): check, then gather; rank 0 gets the verdict."""
     from datetime import timedelta
 
@@ -219,8 +222,8 @@ def run_check_from_environment(module_path: str, *, steps: int = 2, model: str =
     try:
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        report = check_rank(dist.get_rank(), dist.get_world_size(), CheckJob(module_path, model=model, steps=steps,
-                                                                             timeout=timeout))
+        job = CheckJob(module_path, model=model, steps=steps, timeout=timeout, device=device)
+        report = check_rank(dist.get_rank(), dist.get_world_size(), job)
         reports = [None] * dist.get_world_size()
         dist.all_gather_object(reports, report)
         return summarize(reports) if dist.get_rank() == 0 else None

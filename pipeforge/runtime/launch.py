@@ -156,9 +156,9 @@ def _collect(results, processes: list, deadline: float) -> dict[int, Outcome]:
 
 
 def run_check(module_path: str, nproc: int, *, steps: int = 2, model: str = "mlp", backend: str = "gloo",
-              timeout: float = 30.0) -> dict:
+              timeout: float = 30.0, device: str | None = None) -> dict:
     """``pipeforge run``'s check on ``nproc`` local processes: the verdict, with each failed rank's error."""
-    job = {"module_path": module_path, "model": model, "steps": steps, "timeout": timeout}
+    job = {"module_path": module_path, "model": model, "steps": steps, "timeout": timeout, "device": device}
     outcomes = spawn("pipeforge.runtime.check:check_job_fields", nproc, job, timeout=timeout, backend=backend,
                      deadline=timeout * (steps + 2) + 30)
     failed = [o for o in outcomes if not o.ok]

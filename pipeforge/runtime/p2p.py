@@ -85,9 +85,11 @@ class Transfer:
 class Posted:
     """The works of one posted batch; ``wait`` once, where the data is needed."""
 
-    def __init__(self, works: list, transfers: list[Transfer], label: str, rank: int, timeout: timedelta | None):
+    def __init__(self, works: list, transfers: list[Transfer], label: str, rank: int, timeout: timedelta | None,
+                 arrivals: list[tuple[torch.Tensor, torch.Tensor]] = ()):
         self._works = works
         self._transfers = transfers  # keeps the tensors alive until the batch completes
+        self._arrivals = list(arrivals)  # (staging buffer, device buffer) copied once the batch completes
         self.label = label
         self._rank = rank
         self._timeout = timeout
@@ -104,8 +106,10 @@ class Posted:
                     work.wait(self._timeout)
         except Exception as error:  # noqa: BLE001 (torch raises plain RuntimeError/DistBackendError)
             raise self._failure(error) from error
+        for staged, target in self._arrivals:
+            target.copy_(staged)
         self.done = True
-        self._works, self._transfers = [], []
+        self._works, self._transfers, self._arrivals = [], [], []
 
     def _failure(self, error: Exception) -> PipelineError:
         peers = ", ".join(str(p) for p in sorted({t.peer for t in self._transfers}))
@@ -124,13 +128,19 @@ def backend_reason(error: Exception) -> str:
 
 
 class Transport:
-    """Posts batches of transfers on one process group (ranks are group ranks)."""
+    """Posts batches of transfers on one process group (ranks are group ranks).
+
+    gloo moves host memory only: with gloo and a CUDA device, tensors are staged
+    through host copies (sent from a copy, received into one and copied to the
+    device buffer when the batch completes). Several ranks can then share one GPU.
+    """
 
     def __init__(self, group, rank: int, timeout: timedelta | None, device: torch.device):
         self.group = group
         self.rank = rank
         self.timeout = timeout
         self.device = device
+        self.staged = device.type != "cpu" and dist.get_backend(group) == "gloo"
 
     def global_rank(self, peer: int) -> int:
         if self.group is None:
@@ -138,15 +148,26 @@ class Transport:
         return dist.get_global_rank(self.group, peer)
 
     def post(self, transfers: list[Transfer], label: str) -> Posted:
+        wire, arrivals = self._stage(transfers) if self.staged else (transfers, [])
         ops = [
             dist.P2POp(dist.isend if t.send else dist.irecv, t.tensor, self.global_rank(t.peer), self.group)
-            for t in transfers
+            for t in wire
         ]
         try:
             works = dist.batch_isend_irecv(ops) if ops else []
         except Exception as error:  # noqa: BLE001
             raise PipelineError(f"rank {self.rank}: posting {label} failed: {backend_reason(error)}") from error
-        return Posted(list(works), transfers, label, self.rank, self.timeout)
+        return Posted(list(works), wire, label, self.rank, self.timeout, arrivals)
+
+    @staticmethod
+    def _stage(transfers: list[Transfer]) -> tuple[list[Transfer], list[tuple[torch.Tensor, torch.Tensor]]]:
+        wire, arrivals = [], []
+        for t in transfers:
+            host = t.tensor.to("cpu") if t.send else torch.empty(t.tensor.shape, dtype=t.tensor.dtype)
+            wire.append(Transfer(t.send, host, t.peer))
+            if not t.send:
+                arrivals.append((host, t.tensor))
+        return wire, arrivals
 
     def exchange(self, transfers: list[Transfer], label: str) -> None:
         """Post and wait at once (headers, gradient sums across chains)."""
