@@ -15,6 +15,7 @@ from lark import Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 from pipeforge.errors import PipeSyntaxError, Span
+from pipeforge.lang.braces import likely_unclosed
 
 _NAMED = {
     "INT": "an integer", "FLOAT": "a number", "NAME": "a name", "STRING": "a string",
@@ -50,8 +51,8 @@ _EXAMPLES = {
     "'require' takes a condition, then ',' and a message in double quotes": [
         "schedule s() { require 1, x }", "schedule s() { require 1, 'x' }", "schedule s() { require 1, }",
     ],
-    "a schedule is written 'schedule NAME(PARAM = DEFAULT, ...) { ... }'": [
-        "schedule { }", "schedule s { }", "schedule s() ranks 4", "x", "schedule 3() {}",
+    "a schedule is written 'schedule NAME(PARAM = DEFAULT, ...) { ... }' or 'schedule NAME { ... }'": [
+        "schedule { }", "schedule s() ranks 4", "x", "schedule 3() {}",
     ],
 }
 
@@ -75,7 +76,10 @@ def unexpected_token(error: UnexpectedToken, text: str, file: str) -> PipeSyntax
     token = error.token
     span = _token_span(token, file)
     stack = _stack(error)
-    for rule in (_unclosed_brace, _unclosed_paren, _stray_closer, _semicolon, _chain_keyword, _double_equals_in_let, _assignment_in_condition, _missing_comma, _range_syntax, _stages_placement):
+    brace = _unclosed_brace(error, stack, file, text)
+    if brace is not None:
+        return brace
+    for rule in (_unclosed_paren, _stray_closer, _semicolon, _chain_keyword, _double_equals_in_let, _assignment_in_condition, _missing_comma, _range_syntax, _stages_placement):
         diagnosis = rule(error, stack, file)
         if diagnosis is not None:
             return diagnosis
@@ -117,16 +121,24 @@ def _symbol(item: object) -> str:
     return ""
 
 
-def _unclosed_brace(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
+def _unclosed_brace(error: UnexpectedToken, stack: list, file: str, text: str) -> PipeSyntaxError | None:
     if "RBRACE" not in error.expected or error.token.type not in ("$END", "SCHEDULE"):
         return None
-    braces = [item for item in stack if isinstance(item, Token) and item.type == "LBRACE"]
-    if not braces:
+    at_end = error.token.type == "$END"
+    where = "the end of the file" if at_end else f"'schedule' at line {error.token.line}"
+    suspect = likely_unclosed(text if at_end else text[:error.token.start_pos])
+    if suspect is not None:
+        line, col = suspect.line, suspect.col
+        message = (f"this '{{' is never closed: expected a '}}' at this indentation before line "
+                   f"{suspect.evidence_line}" if suspect.evidence_line is not None
+                   else f"this '{{' is never closed: expected '}}' before {where}")
+        return PipeSyntaxError(message, Span(file, line, col, line, col + 1),
+                               notes=(f"the parser reached {where} with a block still open",))
+    opened = _unclosed(stack, "LBRACE", "RBRACE")
+    if opened is None:
         return None
-    brace = braces[-1]
-    where = "the end of the file" if error.token.type == "$END" else f"'schedule' at line {error.token.line}"
     return PipeSyntaxError(f"this '{{' is never closed: expected '}}' before {where}",
-                           Span(file, brace.line, brace.column, brace.line, brace.column + 1))
+                           Span(file, opened.line, opened.column, opened.line, opened.column + 1))
 
 
 def _unclosed_paren(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:

@@ -27,7 +27,8 @@ _RESERVED = frozenset({
 def print_schedule(schedule: Schedule) -> str:
     """The canonical text of ``schedule`` (one ``schedule`` block, ending in a newline)."""
     params = ", ".join(f"{identifier(name)} = {value}" for name, value in schedule.params)
-    lines = [f"schedule {identifier(schedule.name)}({params}) {{"]
+    header = f"({params})" if params else ""
+    lines = [f"schedule {identifier(schedule.name)}{header} {{"]
     lines.append(f"{_INDENT}ranks {schedule.ranks}")
     placements = ", ".join(placement_text(p, schedule.ranks) for p in schedule.placements)
     lines.append(f"{_INDENT}stages {schedule.stages} placement {placements}")

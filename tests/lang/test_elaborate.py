@@ -250,3 +250,13 @@ def test_malformed_token_steps_are_syntax_errors(text, message):
 
     with pytest.raises(PipeSyntaxError, match=re.escape(message)):
         load_text(HEAD + f" rank 0 {{ {text} }}\n}}")
+
+
+def test_a_schedule_without_parameters():
+    text = "schedule cycle { ranks 1 stages 1 placement loop microbatches 1 rank 0 { 0F0 0B0 } }"
+    schedule = load_text(text)
+    assert schedule.params == () and parameters(text) == []
+    from pipeforge.lang.printer import print_schedule
+
+    assert print_schedule(schedule).startswith("schedule cycle {\n")
+    assert load_text(print_schedule(schedule)) == schedule
