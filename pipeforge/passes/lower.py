@@ -223,11 +223,14 @@ def last_backwards(schedule: Schedule) -> dict[Position, list[int]]:
     """For each step, the stages whose last B/W on its rank it holds (REDUCE_GRAD goes after it)."""
     last: dict[tuple[int, int], int] = {}
     written: set[tuple[int, int]] = set()
-    for rank, index, action in schedule.actions():
-        if action.kind in (ActionKind.B, ActionKind.W):
-            last[(rank, action.stage)] = index
-        elif action.kind is ActionKind.REDUCE_GRAD:
-            written.add((rank, action.stage))
+    for rank, program in enumerate(schedule.programs):
+        for index, step in enumerate(program):
+            for action in step.actions:
+                kind = action.kind._value_
+                if kind == "B" or kind == "W":
+                    last[(rank, action.stage)] = index
+                elif kind == "REDUCE_GRAD":
+                    written.add((rank, action.stage))
     after: dict[Position, list[int]] = defaultdict(list)
     for (rank, stage), index in sorted(last.items()):
         if (rank, stage) not in written:
@@ -266,23 +269,20 @@ def emit_rounds(writer: ProgramWriter, schedule: Schedule, graph: DependencyGrap
 def round_groups(graph: DependencyGraph, rounds: Rounds) -> dict[tuple[int, int], list[Key]]:
     """(rank, round) -> the group posted after that round: sends, then receives, FIFO-consistent.
 
-    Within a group sends are ordered by (peer rank, send) and receives by (peer rank, send):
-    on every ordered rank pair both ends list one round's transfers in the same order.
+    Sends and receives are appended in one pass over the transfers, so on every
+    ordered rank pair both ends list one round's transfers in the same order.
     """
-    sends: dict[tuple[int, int], list[tuple]] = defaultdict(list)
-    recvs: dict[tuple[int, int], list[tuple]] = defaultdict(list)
+    sends: dict[tuple[int, int], list[Key]] = defaultdict(list)
+    recvs: dict[tuple[int, int], list[Key]] = defaultdict(list)
     executed = rounds.executed
     for send, recv, producer, consumer in graph.transfers:
         round_no = executed.get(producer)
         if round_no is not None:
-            sends[(producer[0], round_no)].append((consumer[0], send, send))
-            recvs[(consumer[0], round_no)].append((producer[0], send, recv))
-    groups: dict[tuple[int, int], list[Key]] = defaultdict(list)
-    for table in (sends, recvs):
-        for where, items in table.items():
-            items.sort()
-            groups[where].extend(item[2] for item in items)
-    return groups
+            sends[(producer[0], round_no)].append(send)
+            recvs[(consumer[0], round_no)].append(recv)
+    for where, keys in recvs.items():
+        sends[where].extend(keys)
+    return sends
 
 
 # --- the stuck remainder -------------------------------------------------------------------

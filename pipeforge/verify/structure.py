@@ -212,7 +212,7 @@ def check_rank_order(program: Program, row: tuple[Slot, ...]) -> list[Violation]
             if key in bad:
                 continue
             for need in needs_of(program, slot.rank, key):
-                if not any(option in done for option in need):
+                if need[0] not in done and (len(need) == 1 or need[1] not in done):
                     text = " or ".join(map(text_of, need))
                     found.append(violation_at("order", f"{text_of(key)} needs {text} earlier on rank {slot.rank}",
                                               slot))
