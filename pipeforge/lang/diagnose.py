@@ -15,7 +15,7 @@ from lark import Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 from pipeforge.errors import PipeSyntaxError, Span
-from pipeforge.lang.braces import likely_unclosed
+from pipeforge.lang.braces import Brace, likely_unclosed
 
 _NAMED = {
     "INT": "an integer", "FLOAT": "a number", "NAME": "a name", "STRING": "a string",
@@ -79,7 +79,7 @@ def unexpected_token(error: UnexpectedToken, text: str, file: str) -> PipeSyntax
     brace = _unclosed_brace(error, stack, file, text)
     if brace is not None:
         return brace
-    for rule in (_unclosed_paren, _stray_closer, _semicolon, _chain_keyword, _double_equals_in_let, _assignment_in_condition, _missing_comma, _range_syntax, _stages_placement):
+    for rule in _stack_rules():
         diagnosis = rule(error, stack, file)
         if diagnosis is not None:
             return diagnosis
@@ -127,18 +127,17 @@ def _unclosed_brace(error: UnexpectedToken, stack: list, file: str, text: str) -
     at_end = error.token.type == "$END"
     where = "the end of the file" if at_end else f"'schedule' at line {error.token.line}"
     suspect = likely_unclosed(text if at_end else text[:error.token.start_pos])
-    if suspect is not None:
-        line, col = suspect.line, suspect.col
-        message = (f"this '{{' is never closed: expected a '}}' at this indentation before line "
-                   f"{suspect.evidence_line}" if suspect.evidence_line is not None
-                   else f"this '{{' is never closed: expected '}}' before {where}")
-        return PipeSyntaxError(message, Span(file, line, col, line, col + 1),
-                               notes=(f"the parser reached {where} with a block still open",))
-    opened = _unclosed(stack, "LBRACE", "RBRACE")
-    if opened is None:
-        return None
-    return PipeSyntaxError(f"this '{{' is never closed: expected '}}' before {where}",
-                           Span(file, opened.line, opened.column, opened.line, opened.column + 1))
+    if suspect is None:
+        opened = _unclosed(stack, "LBRACE", "RBRACE")
+        if opened is None:
+            return None
+        suspect = Brace(opened.line, opened.column, None)
+    span = Span(file, suspect.line, suspect.col, suspect.line, suspect.col + 1)
+    if suspect.evidence_line is None:
+        return PipeSyntaxError(f"this '{{' is never closed: expected '}}' before {where}", span)
+    return PipeSyntaxError(f"this '{{' is never closed: expected a '}}' at this indentation before line "
+                           f"{suspect.evidence_line}", span,
+                           notes=(f"the parser reached {where} with a block still open",))
 
 
 def _unclosed_paren(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
@@ -258,6 +257,12 @@ def _stages_placement(error: UnexpectedToken, stack: list, file: str) -> PipeSyn
     return PipeSyntaxError(f"unexpected {_describe(error.token)}: 'stages N' needs a placement: "
                            "'stages N placement loop' (or v, reverse, { rank: [stages], ... })",
                            _token_span(error.token, file))
+
+
+def _stack_rules():
+    """Diagnoses read from the parser's stack, tried in order before the generic message."""
+    return (_unclosed_paren, _stray_closer, _semicolon, _chain_keyword, _double_equals_in_let,
+            _assignment_in_condition, _missing_comma, _range_syntax, _stages_placement)
 
 
 class _Position:
