@@ -32,9 +32,8 @@ def _braces(text: str) -> list[tuple[str, int]]:
             index = length if index < 0 else index
             continue
         if char == '"':
-            end = text.find('"', index + 1)
-            newline = text.find("\n", index + 1)
-            index = length if end < 0 else (newline if 0 <= newline < end else end)
+            stops = [stop for stop in (text.find('"', index + 1), text.find("\n", index + 1)) if stop >= 0]
+            index = min(stops) if stops else length
         elif char in "{}":
             found.append((char, index))
         index += 1
