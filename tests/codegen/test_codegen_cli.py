@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -30,9 +31,18 @@ def test_codegen_writes_the_module(tmp_path, capsys):
 
 
 def test_codegen_without_locations_matches_the_golden(tmp_path, goldens, capsys):
-    assert main(["codegen", "1f1b", "-D", "P=2", "-D", "M=3", "-o", str(tmp_path), "--no-locations"]) == 0
+    source = Path(__file__).parent / "programs" / "lowered_1f1b.pipe"
+    assert main(["codegen", str(source), "-o", str(tmp_path), "--no-locations"]) == 0
     assert "wrote" in capsys.readouterr().out
-    goldens.check("one_f_one_b_P2_M3.py.txt", (tmp_path / "one_f_one_b.py").read_text())
+    goldens.check("lowered_1f1b.py.txt", (tmp_path / "lowered_1f1b.py").read_text())
+
+
+def test_codegen_with_locations_names_the_pipe_lines(tmp_path):
+    source = Path(__file__).parent / "programs" / "lowered_1f1b.pipe"
+    assert main(["codegen", str(source), "-o", str(tmp_path)]) == 0
+    text = (tmp_path / "lowered_1f1b.py").read_text()
+    assert "    ctx.forward(0, 0)  # 'lowered_1f1b.pipe':8\n" in text
+    assert "    ctx.post(ctx.send_b(1, 2))  # 'lowered_1f1b.pipe':19\n" in text
 
 
 def test_codegen_refuses_an_invalid_schedule_with_exit_1(tmp_path, capsys):
