@@ -86,7 +86,7 @@ class DependencyGraph:
         needs: dict[Position, list[Position]] = defaultdict(list)
         transfers: list[Transfer] = []
         carried_once: set[Key] = set()
-        for key, here in sorted(position.items(), key=lambda item: item[1]):
+        for key, here in position.items():  # in program order: rank, then step
             for producer, carried, send, recv in inputs_of(key, last):
                 there = position.get(producer)
                 # Only a cross-rank edge makes a rank wait: on one rank program order decides, and a

@@ -66,19 +66,23 @@ class Program:
     def of(checked: Schedule, origins: tuple[tuple[int, ...], ...], written: Schedule) -> Program:
         as_written = checked is written
         slots = []
+        bad: set[Key] = set()
+        stages, microbatches, chains = range(checked.stages), range(checked.microbatches), range(checked.chains)
         for rank, program in enumerate(checked.programs):
             row = []
+            shown_steps = program if as_written else written.programs[rank]
             for position, step in enumerate(program):
-                if step.is_idle:
-                    continue
+                if not step.actions:
+                    continue  # an idle slot means nothing
                 index = origins[rank][position]
-                shown = step if as_written else written.programs[rank][index]
-                acts = tuple((a.stage, a.kind._value_, a.microbatch, a.chain) for a in step.actions)
-                row.append(Slot(rank, len(row), index, step, shown, step.span, acts, acts[0][1] in COMM))
+                acts = tuple([(a.stage, a.kind._value_, a.microbatch, a.chain) for a in step.actions])
+                for key in acts:
+                    if key[0] not in stages or key[3] not in chains or (key[2] is not None and key[2] not in microbatches):
+                        bad.add(key)
+                row.append(Slot(rank, len(row), index, step, shown_steps[index], step.span, acts, acts[0][1] in COMM))
             slots.append(tuple(row))
         owners = tuple(p.stage_to_rank for p in checked.placements)
-        bad = frozenset(key for row in slots for slot in row for key in slot.acts if not in_range(checked, key))
-        return Program(checked, tuple(slots), as_written, owners, bad)
+        return Program(checked, tuple(slots), as_written, owners, frozenset(bad))
 
     def actions(self):
         """Every (slot, action key) in rank order, then program order, then written order."""

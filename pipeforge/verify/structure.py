@@ -42,12 +42,23 @@ def check_placement(program: Program, chains: dict[int, int]) -> list[Violation]
     for row in program.slots:
         for slot in row:
             for key in slot.acts:
-                if key[1] in COMPUTE and key not in bad and owners[key[3]][key[0]] == slot.rank and not chains:
-                    continue  # the common case: a compute action where it belongs
+                if key not in bad and not chains and well_placed(owners[key[3]], slot.rank, key):
+                    continue  # the common case
                 reason = placement_problem(program, slot, key, chains)
                 if reason:
                     found.append(violation_at("placement", reason, slot))
     return found
+
+
+def well_placed(owners: tuple[int, ...], rank: int, key: Key) -> bool:
+    """An in-range compute or communication action on its stage's rank (and a peer elsewhere)."""
+    stage, kind = key[0], key[1]
+    if kind in COMPUTE:
+        return owners[stage] == rank
+    if kind not in COMM or owners[stage] != rank:
+        return False
+    peer_stage = stage + PEER_OFFSET[kind]
+    return 0 <= peer_stage < len(owners) and owners[peer_stage] != rank
 
 
 def placement_problem(program: Program, slot: Slot, key: Key, chains: dict[int, int]) -> str | None:
