@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import pipeforge.testing as pt
 from pipeforge.ir import Action, ActionKind, Placement, Schedule, format_grid, programs_from_tokens
@@ -216,4 +217,31 @@ def test_torch_schedules(tmp_path, name, ranks, microbatches, per_rank, form):
 
     schedule = read_csv(dump_torch_csv(name, ranks, microbatches, per_rank, tmp_path / "t.csv", form))
     assert oracle(schedule).valid == (name != "Schedule1F1B")
+    agree_both(schedule)
+
+
+# ------------------------------------------------------------------ the built-in library, whole and broken
+
+def library_schedules() -> list[Schedule]:
+    import pipeforge
+    from pipeforge.library import names
+    from pipeforge.passes.lower import lower
+
+    small = [pipeforge.load(name, defines={"P": 2, "M": 4}) for name in names()]
+    return small + [lower(schedule) for schedule in small]
+
+
+LIBRARY = library_schedules()
+
+
+@pytest.mark.parametrize("schedule", LIBRARY, ids=lambda s: f"{s.name}{'-lowered' if s.is_lowered else ''}")
+def test_library_schedules(schedule):
+    assert oracle(schedule).valid
+    agree_both(schedule)
+
+
+@settings(FAST, max_examples=300)
+@given(st.sampled_from(LIBRARY).flatmap(pt.mutations))
+def test_mutated_library_schedules(schedule):
+    """Chimera brings two chains; others bring memory limits, overlaps and V placements."""
     agree_both(schedule)
