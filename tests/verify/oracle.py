@@ -11,7 +11,7 @@ sees it when ``lower`` is right: structure and same-rank order on the compute
 actions, and ``deadlock`` exactly when no global execution respects program
 order and the cross-rank data dependencies.
 
-Readings of the spec where it leaves room (kept in one place, see NOTES):
+Where the spec leaves room, the reading taken is listed in ``NOTES`` below.
 """
 
 from __future__ import annotations
