@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from pipeforge.ir import Action, ActionKind, Schedule, Step
+from pipeforge.ir import Action, ActionKind, MemorySpec, Schedule, Step
 
 K = ActionKind
 NOTES = """
@@ -46,7 +46,9 @@ class OracleResult:
     details: tuple[str, ...] = ()
 
 
-def oracle(schedule: Schedule, semantics: str = "rendezvous", memory: bool = True) -> OracleResult:
+def oracle(schedule: Schedule, semantics: str = "rendezvous", memory: bool = True,
+           memory_limit: float | None = None) -> OracleResult:
+    """What docs/semantics.md says of ``schedule``; ``memory_limit`` overrides the schedule's own limit."""
     if semantics not in ("rendezvous", "buffered"):
         raise ValueError(f"semantics {semantics!r}")
     world = World(schedule)
@@ -62,8 +64,10 @@ def oracle(schedule: Schedule, semantics: str = "rendezvous", memory: bool = Tru
         found += world.execute(matches, semantics)
     else:
         found += world.execute_compute()
-    if memory and schedule.memory is not None and schedule.memory.limit is not None:
-        found += world.memory(schedule.memory.limit, schedule.memory.weights)
+    spec = schedule.memory or MemorySpec()
+    limit = memory_limit if memory_limit is not None else spec.limit
+    if memory and limit is not None:
+        found += world.memory(limit, spec.weights)
     kinds = frozenset(kind for kind, _ in found)
     return OracleResult(not found, kinds, tuple(f"{kind}: {text}" for kind, text in found))
 

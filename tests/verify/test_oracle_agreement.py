@@ -132,6 +132,15 @@ def test_mutated_lowered(schedule):
     agree_both(schedule)
 
 
+@settings(FAST, max_examples=100)
+@given(pt.mutated_schedules(**SMALL, comms="random", kinds=("swap_steps", "move_action")),
+       st.sampled_from([1.0, 1.5, 2.0, 3.0]))
+def test_memory_limit_option(schedule, limit):
+    report = verify_module.verify(schedule, memory_limit=limit)
+    expected = oracle(schedule, memory_limit=limit)
+    assert ("memory" in {v.kind for v in report.violations}) == ("memory" in expected.kinds), format_grid(schedule)
+
+
 # ------------------------------------------------------------------ hand-written cases
 
 def two_rank(rows: list[list[str]], stages: int = 2, microbatches: int = 1) -> Schedule:
