@@ -40,7 +40,23 @@ def run(args: argparse.Namespace) -> int:
         print_json(report.to_json())
     else:
         print(report.render(), file=sys.stdout)
+        hint = csv_deadlock_hint(args, schedule, report)
+        if hint:
+            print(hint, file=sys.stdout)
     return EXIT_VALID if report.valid else EXIT_INVALID
+
+
+def csv_deadlock_hint(args: argparse.Namespace, schedule, report) -> str | None:
+    """A torch CSV has no groups: each cell is its own batch, which rendezvous may find deadlocked."""
+    from pipeforge.verify import verify
+
+    if not str(args.path).endswith(".csv") or args.semantics != "rendezvous" or report.kinds() != {"deadlock"}:
+        return None
+    if not verify(schedule, semantics="buffered", memory_limit=args.memory_limit, certify=False).valid:
+        return None
+    return ("note: valid under --semantics buffered. A torch CSV has no group notation, so each cell is "
+            "read as its own group; torch's runtime posts each cell as its own batch and waits only at the "
+            "compute that needs a receive, which buffered semantics models.")
 
 
 def syntax_report(error: PipeSyntaxError) -> dict:

@@ -4,10 +4,10 @@ The compute order is executed globally in lockstep rounds: in each round every
 rank whose next compute step has all its inputs runs it. After a round, each
 rank posts one communication group holding the sends of what it produced in
 that round and the receives of what others produced for it. Every group of
-round k is matched only with groups of round k on other ranks, and on each
-ordered pair of ranks sends and receives are listed in the same canonical order,
-so NCCL's tag-less FIFO matching pairs them correctly and the rounds fire one
-after another under rendezvous: a consistent compute order never deadlocks.
+round k is matched only with groups of round k on other ranks, and all groups
+list their ops in one global order, so NCCL's tag-less FIFO matching pairs them
+correctly and the rounds fire one after another under rendezvous: a consistent
+compute order never deadlocks (not even with each op posted alone).
 
 If the rounds get stuck (the compute order itself has a wait cycle), the rest of
 each program is lowered lazily: a receive right before the compute that needs it,
@@ -267,22 +267,21 @@ def emit_rounds(writer: ProgramWriter, schedule: Schedule, graph: DependencyGrap
 
 
 def round_groups(graph: DependencyGraph, rounds: Rounds) -> dict[tuple[int, int], list[Key]]:
-    """(rank, round) -> the group posted after that round: sends, then receives, FIFO-consistent.
+    """(rank, round) -> the group posted after that round.
 
-    Sends and receives are appended in one pass over the transfers, so on every
-    ordered rank pair both ends list one round's transfers in the same order.
+    Every group lists its sends and receives in one global order (that of the
+    transfers), so on each ordered rank pair both ends list one round's transfers
+    alike (FIFO-consistent), and even split into groups of one (a torch CSV has
+    no groups) the ops meet pair by pair in that global order without deadlock.
     """
-    sends: dict[tuple[int, int], list[Key]] = defaultdict(list)
-    recvs: dict[tuple[int, int], list[Key]] = defaultdict(list)
+    groups: dict[tuple[int, int], list[Key]] = defaultdict(list)
     executed = rounds.executed
     for send, recv, producer, consumer in graph.transfers:
         round_no = executed.get(producer)
         if round_no is not None:
-            sends[(producer[0], round_no)].append(send)
-            recvs[(consumer[0], round_no)].append(recv)
-    for where, keys in recvs.items():
-        sends[where].extend(keys)
-    return sends
+            groups[(producer[0], round_no)].append(send)
+            groups[(consumer[0], round_no)].append(recv)
+    return groups
 
 
 # --- the stuck remainder -------------------------------------------------------------------

@@ -59,7 +59,7 @@ class Violation:
                 "step": self.step, "location": self.location}
 
     def render(self) -> str:
-        place = self.location or (f"rank {self.rank} step {self.step}" if self.rank is not None else "")
+        place = self.location or where(self.rank, self.step)
         parts = [f"{place}: {self.kind}: {self.message}" if place else f"{self.kind}: {self.message}"]
         if self.span:
             block = caret_block(self.span)
@@ -74,6 +74,12 @@ class Violation:
         if self.grid:
             parts.append("  (* marks where each rank is stuck)\n" + indent(self.grid))
         return "\n".join(parts)
+
+
+def where(rank: int | None, step: int | None) -> str:
+    if rank is None:
+        return ""
+    return f"rank {rank}" if step is None else f"rank {rank} step {step}"
 
 
 def render_hop(hop: Hop) -> str:
