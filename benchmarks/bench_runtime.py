@@ -56,18 +56,19 @@ def torch_schedule(class_name: str, modules: dict, stages: int, microbatches: in
     return cls(pipeline_stages, microbatches, loss_fn=loss_fn)
 
 
-def timed_step(step, device) -> float:
+def timed_step(step, device) -> tuple[float, float]:
+    """Wall time and this process's CPU time (all its threads) of one step."""
     import torch
     import torch.distributed as dist
 
     dist.barrier()
     if device.type == "cuda":
         torch.cuda.synchronize()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     step()
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return time.perf_counter() - started
+    return time.perf_counter() - started, time.process_time() - cpu_started
 
 
 def grads_of(modules: dict) -> list:
@@ -111,10 +112,11 @@ def bench_worker(rank: int, nproc: int, config: dict) -> dict:
             args = (x,) if pipe.holds_first else ()
             target = y if pipe.holds_last else None
             times = {"pipeforge": [], "torch": []}
+            cpu = {"pipeforge": [], "torch": []}
             mismatch = 0.0
             for step in range(config["warmup"] + config["steps"]):
-                ours_time = timed_step(lambda: pipe.step(*args, target=target), device)
-                theirs_time = timed_step(lambda: reference.step(*args, target=target), device)
+                ours_time, ours_cpu = timed_step(lambda: pipe.step(*args, target=target), device)
+                theirs_time, theirs_cpu = timed_step(lambda: reference.step(*args, target=target), device)
                 if step == 0:
                     mismatch = max_relative_difference(grads_of(ours), grads_of(theirs))
                 for modules in (ours, theirs):
@@ -123,23 +125,37 @@ def bench_worker(rank: int, nproc: int, config: dict) -> dict:
                 if step >= config["warmup"]:
                     times["pipeforge"].append(ours_time)
                     times["torch"].append(theirs_time)
-            results[(schedule_key, model_key)] = {"times": times, "mismatch": mismatch}
+                    cpu["pipeforge"].append(ours_cpu)
+                    cpu["torch"].append(theirs_cpu)
+            results[(schedule_key, model_key)] = {"times": times, "cpu": cpu, "mismatch": mismatch}
     gathered = [None] * nproc
     dist.all_gather_object(gathered, results)
     return _slowest_rank(gathered) if rank == 0 else {}
 
 
 def _slowest_rank(per_rank: list[dict]) -> dict:
-    """Per configuration: the median over steps of the slowest rank's time, and the worst mismatch."""
+    """Per configuration: the slowest rank's time of every step; medians, and the median of the
+    per-step ratios (steps alternate between the two, so a pair shares the machine's load)."""
     summary = {}
     for key in per_rank[0]:
-        row = {}
-        for side in ("pipeforge", "torch"):
-            steps = zip(*(r[key]["times"][side] for r in per_rank))
-            row[side] = statistics.median(max(step) for step in steps)
-        row["mismatch"] = max(r[key]["mismatch"] for r in per_rank)
-        summary[key] = row
+        slowest = {side: [max(step) for step in zip(*(r[key]["times"][side] for r in per_rank))]
+                   for side in ("pipeforge", "torch")}
+        summary[key] = {
+            "pipeforge": statistics.median(slowest["pipeforge"]),
+            "torch": statistics.median(slowest["torch"]),
+            "ratio": statistics.median(a / b for a, b in zip(slowest["pipeforge"], slowest["torch"])),
+            "cpu_ratio": _cpu_ratio(per_rank, key),
+            "mismatch": max(r[key]["mismatch"] for r in per_rank),
+        }
     return summary
+
+
+def _cpu_ratio(per_rank: list[dict], key) -> float:
+    """CPU time of a step summed over the ranks, pipeforge / torch (median over steps): the work each
+    runtime spends, including its Python, which the machine's other load disturbs far less than wall time."""
+    totals = {side: [sum(step) for step in zip(*(r[key]["cpu"][side] for r in per_rank))]
+              for side in ("pipeforge", "torch")}
+    return statistics.median(a / b for a, b in zip(totals["pipeforge"], totals["torch"]) if b > 0)
 
 
 def generate_modules(nproc: int, microbatches: int, out_dir: Path) -> dict[str, str]:
@@ -163,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     widths = {key: value or args.width for key, value in MODELS.items()}
     print(f"{'schedule':<18} {'model':<6} {'procs':>5} {'pipeforge ms':>13} {'torch ms':>9} {'ratio':>6} "
-          f"{'grad diff':>9}")
+          f"{'cpu ratio':>9} {'grad diff':>9}")
     failed = False
     with tempfile.TemporaryDirectory(prefix="pipeforge-bench-") as out_dir:
         for nproc in args.nproc:
@@ -176,12 +192,13 @@ def main(argv: list[str] | None = None) -> int:
                 print("\n".join(f"rank {o.rank}: {o.error}" for o in outcomes if not o.ok), file=sys.stderr)
                 return 1
             for (schedule_key, model_key), row in outcomes[0].value.items():
-                ratio = row["pipeforge"] / row["torch"]
+                ratio = row["ratio"]
                 print(f"{schedule_key:<18} {model_key:<6} {nproc:>5} {row['pipeforge'] * 1e3:>13.2f} "
-                      f"{row['torch'] * 1e3:>9.2f} {ratio:>6.2f} {row['mismatch']:>9.1e}")
+                      f"{row['torch'] * 1e3:>9.2f} {ratio:>6.2f} {row['cpu_ratio']:>9.2f} {row['mismatch']:>9.1e}")
                 failed |= row["mismatch"] > 1e-4
-    print("ratio = pipeforge / torch step time (median of the slowest rank; <= 1.0 is the target); "
-          "the tiny model's step time is the per-step overhead")
+    print("times: median over steps of the slowest rank; ratio: median over steps of pipeforge / torch "
+          "(<= 1.0 is the target); cpu ratio: the same for CPU time summed over ranks; the tiny model's "
+          "step time is the per-step overhead")
     if failed:
         print("MISMATCH: pipeforge's gradients differ from torch's", file=sys.stderr)
     return 1 if failed else 0
