@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 import pipeforge
+import pipeforge.runtime.models
 from pipeforge.codegen import codegen
 from pipeforge.library import names
 from pipeforge.runtime.launch import spawn, summarize
@@ -118,3 +119,36 @@ def test_a_pipeline_in_a_sub_group_composes_with_data_parallel(tmp_path):
     verdict = summarize([o.value for o in outcomes])
     assert verdict["match"] and verdict["max_abs_diff"] == 0.0, verdict
     assert [o.value["rank"] for o in outcomes] == [0, 1, 0, 1]
+
+
+def step_and_eval_results(rank: int, nproc: int, path: str) -> dict:
+    """What step() and eval() return on each rank, with and without outputs and losses."""
+    from pipeforge.runtime import models
+    from pipeforge.runtime.check import load_module
+
+    generated = load_module(path)
+    info = generated.SCHEDULE
+    full = models.build_stages("mlp", info.stages, seed=0)
+    pipe = generated.make_pipeline({s: full[s] for s in sorted({s for s, _ in info.held(rank)})},
+                                   loss_fn=models.loss_fn, timeout=20)
+    x, y = models.make_batch(info.stages, 9, seed=0)  # 9 rows in 4 microbatches: sizes 3, 2, 2, 2
+    args, target = ((x,) if pipe.holds_first else ()), (y if pipe.holds_last else None)
+    losses: list = []
+    quiet = pipe.step(*args, target=target, losses=losses, return_outputs=False)
+    outputs = pipe.step(*args, target=target)
+    evaluated = pipe.eval(*args)
+    eval_losses: list = []
+    pipe.eval(*args, target=target, losses=eval_losses)
+    shape = None if outputs is None else tuple(outputs.shape)
+    return {"quiet": quiet, "losses": len(losses), "shape": shape,
+            "eval_shape": None if evaluated is None else tuple(evaluated.shape), "eval_losses": len(eval_losses)}
+
+
+def test_step_and_eval_return_what_torch_returns(tmp_path):
+    path = str(codegen(pipeforge.load("1f1b", defines={"P": 2, "M": 4}), tmp_path))
+    outcomes = spawn(step_and_eval_results, 2, path, timeout=20, deadline=60)
+    assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
+    first, last = outcomes[0].value, outcomes[1].value
+    assert first == {"quiet": None, "losses": 0, "shape": None, "eval_shape": None, "eval_losses": 0}
+    width = pipeforge.runtime.models.widths(2)[-1]
+    assert last == {"quiet": None, "losses": 4, "shape": (9, width), "eval_shape": (9, width), "eval_losses": 4}
