@@ -94,3 +94,15 @@ def test_run_exit_codes_and_reports(verdict, code, stderr, capsys):
     captured = capsys.readouterr()
     assert json.loads(captured.out)["match"] is verdict["match"]
     assert stderr in captured.err
+
+
+def test_a_crafted_file_name_stays_inside_comments(tmp_path):
+    import ast
+
+    source = tmp_path / "x'; import os\n#\"q.pipe"
+    source.write_text((Path(__file__).parent / "programs" / "lowered_1f1b.pipe").read_text())
+    assert main(["codegen", str(source), "-o", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "lowered_1f1b.py").read_text()
+    imports = [n for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert [ast.unparse(n) for n in imports] == ["import torch", "from pipeforge import runtime"]
+    assert "  # 'x\\'; import os\\n#\"q.pipe':8\n" in text
