@@ -136,7 +136,7 @@ def check_rank(rank: int, nproc: int, job: CheckJob, group=None) -> dict:
 def _device(name: str | None, rank: int) -> torch.device:
     import torch.distributed as dist
 
-    if dist.get_backend() == "nccl":
+    if "nccl" in str(dist.get_backend()):
         return torch.device("cuda", torch.cuda.current_device())
     if name == "cuda":  # gloo with CUDA tensors: ranks may share a GPU
         return torch.device("cuda", rank % torch.cuda.device_count())

@@ -207,7 +207,7 @@ def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_m
     device = torch.device(device) if device is not None else _default_device(group)
     runners = _runners(info, rank, stage_modules, loss_fn)
     wait = timedelta(seconds=timeout) if timeout is not None else None
-    if dist.get_backend(group) == "nccl":
+    if _has_nccl(group) and device.type == "cuda":
         # every rank joins one collective first, so NCCL creates the group's communicator together
         # (a batch_isend_irecv that only some ranks enter first is undefined behaviour in NCCL)
         dist.all_reduce(torch.zeros(1, device=device), group=group)
@@ -215,8 +215,14 @@ def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_m
     return Pipeline(info, programs[rank], runners, transport, scale_grads=scale_grads)
 
 
+def _has_nccl(group) -> bool:
+    """NCCL alone, or NCCL for CUDA in a mixed group (``cpu:gloo,cuda:nccl``, torch's default)."""
+    return "nccl" in str(dist.get_backend(group))
+
+
 def _default_device(group) -> torch.device:
-    if dist.get_backend(group) == "nccl":
+    """The device follows the backend: the current CUDA device under NCCL, else the CPU."""
+    if _has_nccl(group) and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
