@@ -36,6 +36,8 @@ RankProgram = Callable[[RankContext], None]
 
 
 class Pipeline:
+    """One rank's side of a generated schedule: its program, its stage replicas and its transport."""
+
     def __init__(self, info: ScheduleInfo, program: RankProgram, runners: dict[tuple[int, int], StageRunner],
                  transport: Transport, *, scale_grads: bool = True):
         self.info = info
