@@ -90,7 +90,7 @@ class StepView:
 
 @dataclass(frozen=True)
 class RankView:
-    function: Ident
+    rank: int
     steps: tuple[StepView, ...]
 
 
@@ -123,7 +123,7 @@ def step_view(step: Step, locations: bool) -> StepView:
 
 def rank_view(rank: int, program: tuple[Step, ...], locations: bool) -> RankView:
     steps = tuple(step_view(step, locations) for step in program if not step.is_idle)
-    return RankView(Ident(f"rank_{_int(rank)}"), steps)
+    return RankView(_int(rank), steps)
 
 
 def _int(value: object) -> int:
@@ -136,12 +136,12 @@ def _ints(values: tuple) -> tuple[int, ...]:
     return tuple(_int(v) for v in values)
 
 
-def _call_args(call: Call) -> tuple:
-    """The arguments of a call as values the template prints one by one."""
-    return call.args
+def rank_function(rank: int) -> Ident:
+    """The name of rank ``rank``'s function in the module."""
+    return Ident(f"rank_{_int(rank)}")
 
 
-FILTERS = {"call_args": _call_args}
+FILTERS = {"rank_function": rank_function}
 
 
 # -- rendering and writing ----------------------------------------------------------
