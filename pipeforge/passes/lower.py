@@ -258,7 +258,7 @@ def emit_rounds(writer: ProgramWriter, schedule: Schedule, graph: DependencyGrap
             keys = groups.get((rank, round_no))
             if keys:
                 serves = index if index is not None else min(next_compute(program, done), len(program) - 1)
-                steps.append(Step(tuple(map(action_of, keys)), span=program[serves].span))
+                steps.append(Step(tuple(map(action_of, keys)), False, program[serves].span))
                 served.append(serves)
             if index is not None and (rank, index) in writer.reduce_after:
                 writer.reduce_grads(rank, index)

@@ -33,7 +33,12 @@ class Pairing:
 
     matches: tuple[tuple[Op, Op], ...]  # (send, recv)
     unmatched: tuple[Op, ...]
-    ops: dict[tuple[int, int], list[tuple[Op, Op | None]]]  # group slot -> (op, partner) in written order
+    ops: dict[tuple[int, int], list[Op]]  # group slot -> its ops in written order
+    partner: dict[int, Op]  # id(op) -> the op it meets
+
+    def ops_of(self, where: tuple[int, int]) -> list[tuple[Op, Op | None]]:
+        """(op, its partner or None) for each op of the group slot ``where``."""
+        return [(op, self.partner.get(id(op))) for op in self.ops.get(where, ())]
 
 
 def pair_ops(program: Program) -> Pairing:
@@ -50,8 +55,10 @@ def pair_ops(program: Program) -> Pairing:
                 mine.append(op)
                 if op.peer is None:
                     unmatched.append(op)
+                elif op.is_send:
+                    lanes[(slot.rank, op.peer, True)].append(op)
                 else:
-                    lanes[(slot.rank, op.peer, True) if op.is_send else (op.peer, slot.rank, False)].append(op)
+                    lanes[(op.peer, slot.rank, False)].append(op)
     matches, partner = [], {}
     for src, dst, is_send in sorted(lanes):
         if not is_send:
@@ -65,8 +72,7 @@ def pair_ops(program: Program) -> Pairing:
             partner[id(recv)] = send
         longer = out if len(out) > len(into) else into
         unmatched.extend(longer[min(len(out), len(into)):])
-    with_partners = {where: [(op, partner.get(id(op))) for op in mine] for where, mine in ops.items()}
-    return Pairing(tuple(matches), tuple(unmatched), with_partners)
+    return Pairing(tuple(matches), tuple(unmatched), ops, partner)
 
 
 def op_of(program: Program, slot: Slot, key: Key) -> Op:

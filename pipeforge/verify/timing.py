@@ -159,7 +159,7 @@ class Runner:
 
     def ops(self, slot: Slot) -> list[tuple[Op, Op | None]]:
         """(op, its partner or None) for each valid communication action of a group slot."""
-        return self.pairing.ops.get((slot.rank, slot.number), [])
+        return self.pairing.ops_of((slot.rank, slot.number))
 
     def at_head(self, key: Key) -> bool:
         return self.position[key[0]] == key[1]
@@ -194,41 +194,50 @@ class Runner:
         return Wait(slot, text_of(partner_key(op.key)), op.peer, None, (link,), ended)
 
 
+def components(pairing: Pairing) -> dict[Key, list[Key]]:
+    """Group slots joined by matches: each maps to the one shared list of its component's members."""
+    members: dict[Key, list[Key]] = {}
+    for send, recv in pairing.matches:
+        a, b = key_of(send.slot), key_of(recv.slot)
+        la, lb = members.get(a), members.get(b)
+        if la is None and lb is None:
+            members[a] = members[b] = [a] if a == b else [a, b]
+        elif la is None:
+            lb.append(a)
+            members[a] = lb
+        elif lb is None:
+            la.append(b)
+            members[b] = la
+        elif la is not lb:
+            big, small = (la, lb) if len(la) >= len(lb) else (lb, la)
+            big.extend(small)
+            for key in small:
+                members[key] = big
+    return members
+
+
 class Rendezvous(Runner):
     """Matched groups form components; a component fires when all its groups are at their ranks' heads."""
 
     def __init__(self, program: Program, pairing: Pairing):
         super().__init__(program, pairing)
-        self.component: dict[Key, Key] = {}
-        for send, recv in pairing.matches:
-            self.join(key_of(send.slot), key_of(recv.slot))
-        self.members: dict[Key, list[Key]] = defaultdict(list)
-        for row in self.slots:
-            for slot in row:
-                if slot.group:
-                    self.members[self.find(key_of(slot))].append(key_of(slot))
-        self.poisoned = {self.find(key_of(op.slot)) for op in pairing.unmatched}
-        self.arrived: dict[Key, int] = defaultdict(int)
-
-    def find(self, key: Key) -> Key:
-        parent = self.component
-        while key in parent:
-            up = parent[key]
-            if up in parent:
-                parent[key] = parent[up]  # path halving
-            key = up
-        return key
-
-    def join(self, a: Key, b: Key) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.component[ra] = rb
+        self.members = components(pairing)
+        # groups holding an op nothing will meet never fire (nor does their component)
+        self.poisoned_keys = {key_of(op.slot) for op in pairing.unmatched}
+        self.poisoned = {id(self.members[key]) for key in self.poisoned_keys if key in self.members}
+        self.arrived: dict[int, int] = defaultdict(int)
 
     def try_group(self, slot: Slot) -> bool:
-        root = self.find(key_of(slot))
-        self.arrived[root] += 1
-        members = self.members[root]
-        if root in self.poisoned or self.arrived[root] < len(members):
+        key = key_of(slot)
+        members = self.members.get(key)
+        if members is None:  # a group matched with nothing
+            if key in self.poisoned_keys:
+                return False
+            self.finish(slot.rank, self.ready[slot.rank], 1)
+            return True
+        label = id(members)
+        self.arrived[label] += 1
+        if label in self.poisoned or self.arrived[label] < len(members):
             return False
         when = max(self.ready[rank] for rank, _ in members)
         for rank, _ in members:
