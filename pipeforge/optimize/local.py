@@ -1,4 +1,4 @@
-"""Local search over compute orders: relocate one action on its rank, keep it when it helps.
+"""Local search over compute orders: move actions on their rank, keep a move when it helps.
 
 A move takes the action at position ``p`` of a rank and reinserts it at ``q``
 (|p - q| <= ``window``): a W moved into an earlier or later gap, an F pulled
@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import random
 import time
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
-
-from bisect import bisect_left
 
 from pipeforge.ir import ActionKind
 from pipeforge.optimize.evaluate import TOLERANCE, Evaluation, Graph, Order, Timing, metrics, simulate_order
