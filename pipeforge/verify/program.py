@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from pipeforge.errors import Span
-from pipeforge.ir import Action, ActionKind, Schedule, Step
+from pipeforge.ir import Schedule, Step
 from pipeforge.verify.report import Violation
 
 
@@ -15,10 +15,6 @@ COMPUTE = frozenset({"F", "B", "I", "W"})
 COMM = frozenset({"SEND_F", "RECV_F", "SEND_B", "RECV_B"})
 PEER_OFFSET = {"SEND_F": 1, "RECV_B": 1, "RECV_F": -1, "SEND_B": -1}
 PARTNER = {"SEND_F": "RECV_F", "RECV_F": "SEND_F", "SEND_B": "RECV_B", "RECV_B": "SEND_B"}
-
-
-def action_of(key: Key) -> Action:
-    return Action(key[0], ActionKind(key[1]), key[2], key[3])
 
 
 def text_of(key: Key) -> str:
@@ -98,21 +94,11 @@ class Program:
             return None
         return owners[chain][stage]
 
-    def in_range(self, key: Key) -> bool:
-        return key not in self.out_of_range
-
     def peer_rank(self, key: Key) -> int | None:
         return self.rank_of(key[0] + PEER_OFFSET[key[1]], key[3])
 
     def step_count(self) -> int:
         return sum(len(row) for row in self.slots)
-
-
-def in_range(sched: Schedule, key: Key) -> bool:
-    stage, _, mb, chain = key
-    if not 0 <= chain < len(sched.placements) or not 0 <= stage < sched.stages:
-        return False
-    return mb is None or 0 <= mb < sched.microbatches
 
 
 def violation_at(kind: str, message: str, slot: Slot) -> Violation:
