@@ -26,7 +26,8 @@ def deadlock_violation(program: Program, stuck: Stuck, written: Schedule,
 
 def hop_of(program: Program, wait) -> Hop:
     slot = wait.slot
-    return Hop(slot.rank, slot.index, slot.text, wait.waits_for, wait.peer, slot.span, wait.peer_finished)
+    peer_step = program.slots[wait.target[0]][wait.target[1]].index if wait.target else None
+    return Hop(slot.rank, slot.index, slot.text, wait.waits_for, wait.peer, slot.span, wait.peer_finished, peer_step)
 
 
 def stuck_marks(program: Program, stuck: Stuck) -> dict[tuple[int, int], str]:

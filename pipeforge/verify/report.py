@@ -21,6 +21,7 @@ class Hop:
     peer: int | None  # None: no rank owns the peer stage
     span: Span | None = field(default=None, compare=False)
     peer_finished: bool = False
+    peer_step: int | None = None  # where the awaited op is, when it is known
 
     @property
     def source(self) -> str:
@@ -30,6 +31,9 @@ class Hop:
         head = f"rank {self.rank} step {self.step} ({self.step_text}) waits" if first else \
             f"which waits at step {self.step} ({self.step_text})"
         tail = f" for {self.waits_for} from {self.source}"
+        if self.peer == self.rank and self.peer_step is not None:
+            tail = (f" for {self.waits_for}, which its own rank posts only later, at step {self.peer_step} "
+                    f"(one rendezvous would need two steps of rank {self.rank} at once)")
         if self.peer_finished and self.peer is not None:
             tail += ", which has finished without posting it"
         return head + tail

@@ -95,11 +95,8 @@ def test_a_violation_carries_the_location_of_its_step():
 
 # --- deadlocks: the cycle hop by hop, the z3 core, both semantics -----------------------------
 
-FACING_SENDS = [["0F0", "[0SEND_F0]", "[0RECV_B0]", "0B0"], ["1RECV_F0", "1F0", "[1SEND_B0]", "[1RECV_F0]"]]
-
-
 def facing_sends() -> Schedule:
-    # rank 0 sends F0 then waits for B0; rank 1 sends B1... written as two blocking sends facing each other
+    # rank 0 blocks in 0SEND_F1 while rank 1 blocks in 0SEND_B0's partner 1SEND_B0: two sends facing
     rows = [["0F0", "0F1", "0SEND_F0", "0SEND_F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1"],
             ["1RECV_F0", "1F0", "1B0", "1SEND_B0", "1RECV_F1", "1F1", "1B1", "1SEND_B1"]]
     return schedule_of(rows, microbatches=2)
@@ -133,6 +130,14 @@ def test_torch_validate_schedule_accepts_a_cross_rank_cycle_that_verify_rejects(
     assert any(line.startswith("rendezvous:") for line in deadlock.core)
     assert "3F0*" in deadlock.grid and "2F0*" in deadlock.grid
     assert verify(schedule_of(rows, stages=4), semantics="buffered").kinds() == {"deadlock"}
+
+
+def test_a_rendezvous_needing_two_steps_of_one_rank_says_so():
+    rows = [["0F0", "[0SEND_F0 0RECV_B0]", "0B0"], ["1RECV_F0", "1F0", "1B0", "1SEND_B0"]]
+    report = verify(schedule_of(rows))
+    assert report.kinds() == {"deadlock"}
+    assert "which its own rank posts only later, at step 3" in report.violations[0].message
+    assert verify(schedule_of(rows), semantics="buffered").valid
 
 
 def test_an_unmatched_receive_ends_the_chain_at_a_finished_rank():
