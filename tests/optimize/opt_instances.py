@@ -21,27 +21,34 @@ def fused_work(p: int, m: int) -> list[Action]:
     return [Action(s, k, mb) for s in range(p) for mb in range(m) for k in (F, B)]
 
 
-def random_programs(p: int, actions: list[Action], seed: int) -> tuple[tuple[Action, ...], ...]:
-    """A random linear extension of the dependencies, dealt to the ranks: always runs."""
+def random_programs(p: int, actions: list[Action], seed: int,
+                    placement: Placement | None = None) -> tuple[tuple[Action, ...], ...]:
+    """A random linear extension of the dependencies, dealt to the ranks: always runs.
+
+    ``p`` is the number of ranks; ``placement`` (default: stage s on rank s) maps stages to ranks.
+    """
     rng = random.Random(seed)
+    stages = 1 + max(a.stage for a in actions)
+    placement = placement or Placement.loop(stages, stages)
     present = {action_key(a): i for i, a in enumerate(actions)}
     done: set[Action] = set()
     programs: list[list[Action]] = [[] for _ in range(p)]
     left = set(actions)
     while left:
-        ready = sorted(a for a in left if all(d in done for d in data_predecessors(a, p, present)))
+        ready = sorted(a for a in left if all(d in done for d in data_predecessors(a, stages, present)))
         pick = rng.choice(ready)
-        programs[pick.stage].append(pick)
+        programs[placement.rank_of(pick.stage)].append(pick)
         done.add(pick)
         left.discard(pick)
     return tuple(tuple(program) for program in programs)
 
 
 def make_schedule(p: int, m: int, programs, costs: CostModel | None = None,
-                  limit: float | None = None, name: str = "random") -> Schedule:
+                  limit: float | None = None, name: str = "random", placement: Placement | None = None) -> Schedule:
     steps = tuple(tuple(Step((a,)) for a in program) for program in programs)
     memory = MemorySpec(limit) if limit is not None else None
-    return Schedule(name, p, p, m, (Placement.loop(p, p),), steps, costs, memory)
+    placement = placement or Placement.loop(p, p)
+    return Schedule(name, p, len(placement.stage_to_rank), m, (placement,), steps, costs, memory)
 
 
 def one_f_one_b(p: int, m: int, split: bool = False) -> tuple[tuple[Action, ...], ...]:

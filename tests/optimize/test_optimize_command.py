@@ -95,3 +95,15 @@ def test_progress_waits_a_second_then_draws(tty):
     quiet = _Stream(tty)
     ProgressLine(quiet, delay=60.0)(0.5, "local search")
     assert quiet.getvalue() == ""
+
+
+def test_a_search_longer_than_a_second_reports_progress_on_stderr(tmp_path):
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "pipeforge", "optimize", "interleaved-1f1b", "-D", "M=16", "--strategy", "local",
+               "--time-limit", "2.5", "-o", str(tmp_path / "o.pipe")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "optimize:" in done.stderr and "local search" in done.stderr
+    assert "\r" not in done.stderr  # not a terminal: plain lines, no bar

@@ -49,6 +49,21 @@ def test_never_worse_never_invalid(p, m, costs, seed, split, limit, strategy):
         assert result.schedule is schedule
 
 
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=st.integers(1, 3), laps=st.integers(1, 2), shape=st.sampled_from(["loop", "v"]), m=st.integers(1, 4),
+       costs=costs_strategy, seed=st.integers(0, 10**6), limit=st.sampled_from([None, 2.0, 4.0]))
+def test_never_worse_never_invalid_on_v_and_interleaved_placements(p, laps, shape, m, costs, seed, limit):
+    placement = getattr(Placement, shape)(p * laps, p)
+    work = [Action(s, k, mb) for s in range(p * laps) for mb in range(m) for k in (ActionKind.F, ActionKind.B)]
+    schedule = make_schedule(p, m, random_programs(p, work, seed, placement), costs, placement=placement)
+    try:
+        result = optimize(schedule, costs=costs, memory_limit=limit, time_limit=1.0)
+    except VerificationError:
+        assert limit is not None and max(simulate(schedule, costs).peak_memory) > limit
+        return
+    check_result(schedule, result, result.memory_limit, costs)
+
+
 @pytest.mark.parametrize(("p", "m", "limit", "expected"), [
     (4, 8, 4.0, 1 - 24 / 27),    # 1F1B -> ZB-H1 at 1F1B's memory
     (2, 2, None, 1 - 6 / 7),
