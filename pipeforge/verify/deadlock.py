@@ -20,8 +20,21 @@ def deadlock_violation(program: Program, stuck: Stuck, written: Schedule,
         str(first.span) if first.span else None, first.span,
         cycle=hops,
         core=tuple(describe_constraint(program, c) for c in core or ()),
-        grid=format_grid(written, stuck_marks(program, stuck)),
+        grid=stuck_grid(written, stuck_marks(program, stuck)),
     )
+
+
+def stuck_grid(written: Schedule, marks: dict[tuple[int, int], str], context: int = 3) -> str:
+    """The rank x step grid with the stuck steps marked, cut to the rows around them."""
+    lines = format_grid(written, marks).rstrip("\n").split("\n")
+    steps = [step for _, step in marks] or [0]
+    first, last = max(min(steps) - context, 0), min(max(steps) + context, len(lines) - 2)
+    rows = lines[1 + first:2 + last]
+    if first > 0:
+        rows.insert(0, f"... ({first} steps above)")
+    if last < len(lines) - 2:
+        rows.append(f"... ({len(lines) - 2 - last} steps below)")
+    return "\n".join([lines[0]] + rows) + "\n"
 
 
 def hop_of(program: Program, wait) -> Hop:
