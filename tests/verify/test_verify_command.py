@@ -126,3 +126,15 @@ def test_a_syntax_error_in_json_mode_is_a_syntax_violation_and_exit_2(write, cap
 
 def test_a_missing_file_is_bad_input(capsys):
     assert main(["verify", "no/such/file.pipe"]) == 2
+
+
+def test_torch_csv_of_the_buggy_1f1b_is_invalid_and_interleaved_is_valid(tmp_path, capsys):
+    torch_stages = pytest.importorskip("tests.torch_stages")
+    buggy = torch_stages.dump_torch_csv("Schedule1F1B", 4, 8, 1, tmp_path / "1f1b.csv")
+    assert main(["verify", str(buggy), "--json"]) == 1
+    kinds = {v["kind"] for v in json.loads(capsys.readouterr().out)["violations"]}
+    assert "missing" in kinds  # microbatch 0 is never forwarded on the last rank
+    good = torch_stages.dump_torch_csv("ScheduleInterleaved1F1B", 4, 8, 2, tmp_path / "i1f1b.csv")
+    assert main(["verify", str(good)]) == 0
+    comms = torch_stages.dump_torch_csv("ScheduleInterleaved1F1B", 4, 8, 2, tmp_path / "c.csv", "compute_comms")
+    assert main(["verify", str(comms), "--semantics", "buffered"]) == 0
