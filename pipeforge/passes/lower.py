@@ -1,7 +1,9 @@
 """lower: insert send/receive groups and REDUCE_GRAD into a compute-only schedule.
 
 The compute order is executed globally in lockstep rounds: in each round every
-rank whose next compute step has all its inputs runs it. After a round, each
+rank whose next compute step has all its cross-rank inputs runs it (a same-rank
+input is a matter of program order: written late, it is an ``order`` error for
+``verify``, not a reason to wait). After a round, each
 rank posts one communication group holding the sends of what it produced in
 that round and the receives of what others produced for it. Every group of
 round k is matched only with groups of round k on other ranks, and all groups
@@ -14,6 +16,10 @@ each program is lowered lazily: a receive right before the compute that needs it
 a send after the compute that produces it (delayed where needed so each rank
 pair stays FIFO-consistent). The result then deadlocks in ``verify`` with a wait
 cycle that maps back onto the compute steps of the cycle.
+
+``REDUCE_GRAD`` of a stage follows the last B or W of that stage on each rank
+(unless the input already has one). Inserted steps carry the span of the
+compute step they serve; ``lower_with_origins`` also says which one it is.
 """
 
 from __future__ import annotations
