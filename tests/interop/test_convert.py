@@ -7,6 +7,7 @@ import json
 import pytest
 
 from pipeforge.cli import main
+from pipeforge.interop.torch_csv import read_csv
 from torch_stages import build_torch_schedule, dump_torch_csv, read_cells
 
 
@@ -100,3 +101,16 @@ def test_bidirectional_library_schedule_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "error: torch CSV has no chains; '" in err and "belongs to chain 1 of the bidirectional schedule" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("library", ["1f1b", "gpipe", "interleaved-1f1b", "interleaved-zb", "looped-bfs",
+                                     "zb-h1", "zb-h2", "zbv", "v-min", "dualpipev"])
+def test_exported_communication_reads_back_valid(tmp_path, library):
+    """torch has no groups: lowered groups become consecutive cells, and must still verify one op at a time."""
+    from pipeforge.verify import verify
+
+    out = tmp_path / f"{library}.csv"
+    assert main(["convert", library, str(out), "--format", "compute_comms"]) == 0
+    for semantics in ("rendezvous", "buffered"):
+        report = verify(read_csv(out), semantics=semantics)
+        assert report.valid, [v.message for v in report.violations]
