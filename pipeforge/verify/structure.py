@@ -151,21 +151,19 @@ def check_missing(program: Program, chains: dict[int, int]) -> list[Violation]:
 
 def missing_of(present: set[Key], stage: int, mb: int, chain: int) -> list[str]:
     has_f, has_b = (stage, "F", mb, chain) in present, (stage, "B", mb, chain) in present
-    if has_f and has_b:
-        return []
     has_i, has_w = (stage, "I", mb, chain) in present, (stage, "W", mb, chain) in present
+    if has_f and has_b and not has_w:
+        return []
 
     def name(kind: str) -> str:
         return text_of((stage, kind, mb, chain))
 
     what = [] if has_f else [f"no forward {name('F')}"]
-    if has_b:
-        return what
-    if not has_i and not has_w:
+    if not has_b and not has_i and not has_w:
         what.append(f"no backward ({name('B')}, or {name('I')} and {name('W')})")
-    elif not has_w:
+    elif not has_b and has_i and not has_w:
         what.append(f"{name('I')} without {name('W')}")
-    elif not has_i:
+    if has_w and not has_i:  # even beside a B (which is then also a duplicate)
         what.append(f"{name('W')} without {name('I')}")
     return what
 

@@ -37,6 +37,8 @@ CASES = [
      {"duplicate", "placement", "deadlock"}, (0, 4)),  # its peer stage -1 exists nowhere: it blocks
     ("missing backward", [["0F0"], ["1F0", "1B0"]], 2, 1, {"missing"}, (0, None)),
     ("missing W", [["0F0", "0I0"], ["1F0", "1B0"]], 2, 1, {"missing"}, (0, None)),
+    ("missing I: a W beside a B", [["0F0", "0B0", "0W0"], ["1F0", "1B0"]], 2, 1,
+     {"duplicate", "missing", "order"}, (0, 2)),
     ("missing receive", [["0F0", "0SEND_F0", "0RECV_B0", "0B0"], ["1F0", "1B0", "1SEND_B0"]], 2, 1,
      {"missing", "order", "deadlock"}, (1, None)),
     ("order: B before F", [["0B0", "0F0"], ["1F0", "1B0"]], 2, 1, {"order", "deadlock"}, (0, 0)),
