@@ -147,24 +147,27 @@ class Rounds:
 
 
 def run_rounds(schedule: Schedule, graph: DependencyGraph) -> Rounds:
-    cursor = [next_compute(program, 0) for program in schedule.programs]
+    steps = [[i for i, step in enumerate(program) if step.is_compute] for program in schedule.programs]
+    needs = [[graph.needs.get((rank, i), ()) for i in row] for rank, row in enumerate(steps)]
+    done = [0] * len(steps)  # per rank: how many of its compute steps ran
     executed: dict[Position, int] = {}
-    order: list[list[tuple[int, int]]] = [[] for _ in schedule.programs]
+    order: list[list[tuple[int, int]]] = [[] for _ in steps]
+    active = [rank for rank, row in enumerate(steps) if row]
     round_no = 0
-    while True:
-        ran = []
-        for rank, program in enumerate(schedule.programs):
-            index = cursor[rank]
-            if index < len(program) and ready(graph.needs.get((rank, index), ()), executed, round_no):
-                ran.append((rank, index))
+    while active:
+        ran = [rank for rank in active if ready(needs[rank][done[rank]], executed, round_no)]
         if not ran:
             break
-        for rank, index in ran:
+        for rank in ran:
+            index = steps[rank][done[rank]]
             executed[(rank, index)] = round_no
             order[rank].append((round_no, index))
-            cursor[rank] = next_compute(schedule.programs[rank], index + 1)
+            done[rank] += 1
+        active = [rank for rank in active if done[rank] < len(steps[rank])]
         round_no += 1
-    return Rounds(executed, tuple(map(tuple, order)), tuple(cursor), round_no)
+    stuck_at = tuple(row[n] if n < len(row) else len(program)
+                     for row, n, program in zip(steps, done, schedule.programs))
+    return Rounds(executed, tuple(map(tuple, order)), stuck_at, round_no)
 
 
 def next_compute(program: tuple[Step, ...], start: int) -> int:
