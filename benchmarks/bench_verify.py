@@ -70,13 +70,17 @@ def side_by_side(ranks: int, microbatches: int, per_rank: int, repeats: int) -> 
           f"(must be <= 1)")
 
 
-def alone(ranks: int, microbatches: int, per_rank: int, budget: float | None = None) -> None:
+def alone(ranks: int, microbatches: int, per_rank: int, budget: float | None = None, beside_torch: bool = False) -> None:
     order = torch_order(ranks, microbatches, per_rank)
     ours, report = time_pipeforge(as_schedule(order, ranks, microbatches, per_rank))
     steps = report.stats.steps
     verdict = "" if budget is None else f" (budget {budget:g} s: {'ok' if ours <= budget else 'OVER'})"
+    torch_text = ""
+    if beside_torch:
+        theirs = time_torch(order, ranks, per_rank)
+        torch_text = f" | torch {theirs:.2f} s, ratio {ours / theirs:.3f}"
     print(f"{ranks} ranks x {microbatches} mb x {per_rank} stages/rank: {steps} steps, "
-          f"{ours:.2f} s, {1e6 * ours / steps:.1f} us/step{verdict}")
+          f"{ours:.2f} s, {1e6 * ours / steps:.1f} us/step{verdict}{torch_text}")
 
 
 def main() -> None:
@@ -90,9 +94,9 @@ def main() -> None:
         return
     side_by_side(32, 128, 2, repeats=3)
     alone(64, 256, 2, budget=10.0)
-    print("growth with the number of steps:")
+    print("growth with the number of steps (one run each, torch beside):")
     for ranks, mbs in ((8, 32), (16, 64), (32, 128), (64, 256)):
-        alone(ranks, mbs, 2)
+        alone(ranks, mbs, 2, beside_torch=True)
 
 
 if __name__ == "__main__":
