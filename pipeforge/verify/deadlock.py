@@ -56,7 +56,8 @@ def place(program: Program, key: tuple[int, int]) -> str:
     slot = program.slots[key[0]][key[1]]
     shown = str(slot.step)
     origin = f" serving {slot.text}" if shown != slot.text else ""
-    return f"rank {slot.rank} step {slot.index} {shown}{origin}"
+    where = f" ({slot.span})" if slot.span else ""
+    return f"rank {slot.rank} step {slot.index} {shown}{origin}{where}"
 
 
 def describe_constraint(program: Program, constraint: Constraint) -> str:

@@ -219,3 +219,11 @@ def test_pipeforge_testing_valid_schedules_lower_to_valid(tmp_path):
         assert verify(schedule).valid and verify(schedule, semantics="buffered").valid
 
     check()
+
+
+def test_written_stage_only_steps_pass_through_and_are_not_doubled():
+    rows = [["0UNSHARD", "0F0", "0B0", "0REDUCE_GRAD", "0RESHARD"], ["1F0", "1B0"]]
+    lowered = lower(schedule_of(rows, 2, 2, 1))
+    assert tokens(lowered)[0] == ["0UNSHARD", "0F0", "0SEND_F0", "0RECV_B0", "0B0", "0REDUCE_GRAD", "0RESHARD"]
+    assert tokens(lowered)[1] == ["1RECV_F0", "1F0", "1B0", "1SEND_B0", "1REDUCE_GRAD"]
+    assert verify(lowered).valid
