@@ -65,6 +65,9 @@ def describe_constraint(program: Program, constraint: Constraint) -> str:
     if kind == "order":
         _, r, k = constraint
         return f"program order: {place(program, (r, k))} before {place(program, (r, k + 1))}"
+    if kind == "after":
+        _, r, k, j = constraint
+        return f"program order: {place(program, (r, j))} starts after {place(program, (r, k))} ends"
     if kind == "duration":
         return f"duration >= 1 of {place(program, (constraint[1], constraint[2]))}"
     if kind == "rendezvous":

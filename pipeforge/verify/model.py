@@ -53,6 +53,9 @@ def smt_of(constraint: Constraint, t=t, d=d) -> str:
     if kind == "buffered":
         _, (r, k), (q, j) = constraint
         return f"(>= (+ {t(r, k)} {d(r, k)}) (+ {t(q, j)} 1))"
+    if kind == "after":
+        _, r, k, j = constraint
+        return f"(>= {t(r, j)} (+ {t(r, k)} {d(r, k)} {j - k - 1}))"
     if kind == "gap":
         _, r, k, j = constraint
         return f"(>= {t(r, j)} (+ {t(r, k)} {j - k}))"
@@ -69,6 +72,8 @@ def slots_of(constraint: Constraint) -> list[tuple[int, int]]:
     kind = constraint[0]
     if kind == "order":
         return [(constraint[1], constraint[2]), (constraint[1], constraint[2] + 1)]
+    if kind in ("after", "gap"):
+        return [(constraint[1], constraint[2]), (constraint[1], constraint[3])]
     if kind == "duration":
         return [(constraint[1], constraint[2])]
     if kind == "unmatched":

@@ -9,6 +9,9 @@ here, so the same list feeds the z3 text (``model.py``) and the core mapping:
 - ``("buffered", (r, k), (q, j))``: receive group (r, k) ends after send group (q, j) is posted:
   ``t[r][k] + d[r][k] >= t[q][j] + 1``
 - ``("unmatched", (r, k), text)``: an op that nothing will ever meet: ``false``
+- ``("after", r, k, j)``: program order from slot k to a later slot j, summed (each slot
+  between lasts at least 1): ``t[r][j] >= t[r][k] + d[r][k] + (j - k - 1)``; a wait cycle
+  is stated with these, so its unsat core is a few constraints per hop
 
 The certificate is checked on the same model with the durations eliminated and
 the compute steps between two groups folded away (``model_constraints``); both
@@ -70,9 +73,8 @@ class Stuck:
         for wait in self.chain[self.cycle_from:]:
             found.extend(wait.links)
             rank, target = wait.target
-            for k in range(self.position[rank], target):
-                found.append(("order", rank, k))
-                found.append(("duration", rank, k))
+            found.append(("after", rank, self.position[rank], target))
+            found.append(("duration", rank, self.position[rank]))
         return found
 
 
