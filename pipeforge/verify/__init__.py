@@ -56,14 +56,14 @@ def verify_schedule(schedule: Schedule, semantics: str, memory_limit: float | No
     lowered = lower_with_origins(schedule)
     program = Program.of(lowered.schedule, lowered.origins, schedule)
     pairing = pair_ops(program)
-    outcome = run(program, pairing, semantics)
     violations = static_violations(program, pairing, schedule, memory_limit)
+    outcome = run(program, pairing, semantics)
     certified = False
-    if certify and not isinstance(outcome, Stuck):
-        certified = check_timing(program, pairing, semantics, outcome)
     if isinstance(outcome, Stuck):
         core = deadlock_core(outcome) if certify else None
         violations.append(deadlock_violation(program, outcome, schedule, core))
+    elif certify:
+        certified = check_timing(program, pairing, semantics, outcome)
     violations.sort(key=lambda v: KINDS.index(v.kind))
     stats = Stats(schedule.ranks, schedule.stages, schedule.microbatches, program.schedule.action_count(),
                   perf_counter() - started, program.step_count())
