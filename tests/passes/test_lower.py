@@ -134,6 +134,9 @@ def consistent_orders(draw, max_ranks: int = 4, max_microbatches: int = 4) -> Sc
     per_rank = draw(st.integers(1, 2))
     stages = ranks * per_rank
     placement = draw(st.sampled_from([Placement.loop(stages, ranks), Placement.v(stages, ranks)]))
+    # bidirectional now and then: chain 1 runs the stages the other way round (Chimera)
+    placements = (placement,) if not draw(st.booleans()) else \
+        (placement, Placement(tuple(reversed(placement.stage_to_rank))))
     microbatches = draw(st.integers(1, max_microbatches))
     rng = random.Random(draw(st.integers(0, 2**32 - 1)))
     split = {(s, m): rng.random() < 0.4 for s in range(stages) for m in range(microbatches)}
@@ -145,8 +148,9 @@ def consistent_orders(draw, max_ranks: int = 4, max_microbatches: int = 4) -> Sc
             break
         kind, s, m = rng.choice(ready)
         done.add((kind, s, m))
-        rows[placement.rank_of(s)].append(f"{s}{kind}{m}")
-    return schedule_of(rows, ranks, stages, microbatches, placement)
+        chain = m % len(placements)
+        rows[placements[chain].rank_of(s)].append(f"{s}{kind}{m}" + (f"@{chain}" if chain else ""))
+    return Schedule("t", ranks, stages, microbatches, placements, programs_from_tokens(rows))
 
 
 def all_actions(stages: int, microbatches: int, split: dict) -> list[tuple[str, int, int]]:
