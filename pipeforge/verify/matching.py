@@ -95,9 +95,10 @@ def check_matching(pairing: Pairing) -> list[Violation]:
         if lane in reported or partner_key(send.key) == recv.key:
             continue
         reported.add(lane)
+        there = f" ({recv.slot.span})" if recv.slot.span else ""
         message = (f"{send.text} on rank {send.slot.rank} step {send.slot.index} meets {recv.text} on rank "
-                   f"{recv.slot.rank} step {recv.slot.index} (NCCL pairs the k-th send with the k-th receive); "
-                   f"it needs {text_of(partner_key(send.key))}")
+                   f"{recv.slot.rank} step {recv.slot.index}{there} (NCCL pairs the k-th send with the k-th "
+                   f"receive); it needs {text_of(partner_key(send.key))}")
         found.append(violation_at("mismatch", message, send.slot))
     return found
 
