@@ -10,7 +10,8 @@ Strategies (``strategy=``):
 - ``exact``: z3 (``exact.py``) from the best of the input and the greedy order,
   within the time limit, with a proven bound;
 - ``auto``: greedy where it applies, local search from the best order so far,
-  then exact search when the instance is small (at most ``EXACT_AUTO_ACTIONS``).
+  then exact search when the instance is small (at most ``EXACT_AUTO_ACTIONS``
+  actions: local search gets a quarter of the time, exact search the rest).
 
 The memory limit is ``memory_limit``, else the schedule's own, else the
 input's peak: an optimized schedule never holds more activations than the
@@ -37,7 +38,8 @@ from pipeforge.optimize.evaluate import (
 )
 
 STRATEGIES = ("auto", "greedy", "local", "exact")
-EXACT_AUTO_ACTIONS = 48
+EXACT_AUTO_ACTIONS = 96   # auto runs exact search up to P * M * 3 = 96 (P=4, M=8)
+ASAP_ACTIONS = 48         # up to this size the z3 model also fixes ASAP timing (optimal = what sim reports)
 LIST_SCHEDULE_ACTIONS = 3000
 Progress = Callable[[float, str], None]
 
@@ -191,10 +193,11 @@ class _Run:
         bound = span_lower_bound(self.split)
         if strategy in ("auto", "greedy", "exact"):
             self.greedy(required=strategy == "greedy")
+        small = len(self.split.actions) <= EXACT_AUTO_ACTIONS
         if strategy == "local" or (strategy == "auto" and not self.reached(bound)):
             start = source if strategy == "local" else self.best
-            self.local(start, self.left() if strategy == "local" else self.left() / 2, bound)
-        small = len(self.split.actions) <= EXACT_AUTO_ACTIONS
+            share = 0.25 if strategy == "auto" and small else 1.0  # leave most of it to exact search
+            self.local(start, self.left() * share, bound)
         if strategy == "exact" or (strategy == "auto" and small and not self.reached(bound)):
             return self.best, max(bound, self.exact(bound))
         return self.best, bound
@@ -245,7 +248,7 @@ class _Run:
         if incumbent is None or self.left() <= 0:
             return 0.0
         self.tell(0.5, "exact search (z3)")
-        small = len(self.split.actions) <= EXACT_AUTO_ACTIONS
+        small = len(self.split.actions) <= ASAP_ACTIONS
         found = solve_exact(self.split, incumbent.order, bound, time_limit=self.left(), asap=small,
                             progress=self.progress)
         evaluation = evaluate(self.split, found.order)
