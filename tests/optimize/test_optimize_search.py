@@ -9,7 +9,7 @@ from opt_instances import costs_strategy, fused_work, make_schedule, one_f_one_b
 
 import pipeforge
 from pipeforge.errors import UsageError, VerificationError
-from pipeforge.ir import Action, ActionKind, CostModel, Placement, Step
+from pipeforge.ir import Action, ActionKind, CostModel, Placement
 from pipeforge.optimize import optimize
 from pipeforge.sim import simulate
 
