@@ -12,6 +12,7 @@ from pipeforge.errors import UsageError, VerificationError
 from pipeforge.ir import Action, ActionKind, CostModel, Placement
 from pipeforge.optimize import optimize
 from pipeforge.sim import simulate
+from pipeforge.verify import verify
 
 ZB_COSTS = CostModel(F=18.522, I=18.086, W=9.337, comm=0.601)
 
@@ -26,7 +27,6 @@ def check_result(schedule, result, limit, costs=None):
     if limit is not None:
         assert max(result.after.peak_memory) <= limit + 1e-9
     if result.improved:
-        verify = pytest.importorskip("pipeforge.verify").verify
         assert verify(result.schedule, memory_limit=limit).valid
 
 
