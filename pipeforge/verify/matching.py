@@ -77,11 +77,12 @@ def pair_ops(program: Program) -> Pairing:
 
 def op_of(program: Program, slot: Slot, key: Key) -> Op:
     """The op of a communication action; ``peer`` is None when its stage, peer stage or chain
-    does not exist (a placement error): nothing can ever meet such an op."""
+    does not exist (a placement error): nothing can ever meet such an op. (A microbatch out of
+    range is a placement error too, but the op is matched like any other.)"""
     stage, kind, _, chain = key
     peer_stage = stage + PEER_OFFSET[kind]
     owners = program.owners[chain] if 0 <= chain < len(program.owners) else ()
-    if key in program.out_of_range or not 0 <= peer_stage < len(owners):
+    if not 0 <= stage < len(owners) or not 0 <= peer_stage < len(owners):
         return Op(slot, key, None, kind in SENDS)
     return Op(slot, key, owners[peer_stage], kind in SENDS)
 

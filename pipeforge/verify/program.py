@@ -56,7 +56,7 @@ class Program:
     slots: tuple[tuple[Slot, ...], ...]
     as_written: bool  # communication written by the user (else inserted by lower)
     owners: tuple[tuple[int, ...], ...]  # per chain: stage -> rank
-    out_of_range: frozenset  # action keys whose stage, microbatch or chain does not exist
+    out_of_range: frozenset  # action keys whose stage, microbatch, chain or peer stage does not exist
 
     @staticmethod
     def of(checked: Schedule, origins: tuple[tuple[int, ...], ...], written: Schedule) -> Program:
@@ -75,6 +75,8 @@ class Program:
                 for key in acts:
                     if key[0] not in stages or key[3] not in chains or (key[2] is not None and key[2] not in microbatches):
                         bad.add(key)
+                    elif key[1] in PEER_OFFSET and key[0] + PEER_OFFSET[key[1]] not in stages:
+                        bad.add(key)  # a send or receive whose peer stage does not exist
                 row.append(Slot(rank, len(row), index, step, shown_steps[index], step.span, acts, acts[0][1] in COMM))
             slots.append(tuple(row))
         owners = tuple(p.stage_to_rank for p in checked.placements)

@@ -137,26 +137,28 @@ def present_compute(program: Program) -> set[Key]:
 
 
 def check_missing(program: Program, chains: dict[int, int]) -> list[Violation]:
+    """Completeness per (stage, microbatch), whatever the chains (an action on the wrong chain is
+    a placement error, not a missing one)."""
     sched = program.schedule
-    present = present_compute(program)
+    present = {(stage, kind, mb, 0) for stage, kind, mb, _ in present_compute(program)}
     found = []
     for mb in range(sched.microbatches):
         chain = chains.get(mb, 0)
         for stage in range(sched.stages):
-            for what in missing_of(present, stage, mb, chain):
+            for what in missing_of(present, stage, mb):
                 owner = program.rank_of(stage, chain)
                 found.append(Violation("missing", f"stage {stage} microbatch {mb}: {what}", owner))
     return found
 
 
-def missing_of(present: set[Key], stage: int, mb: int, chain: int) -> list[str]:
-    has_f, has_b = (stage, "F", mb, chain) in present, (stage, "B", mb, chain) in present
-    has_i, has_w = (stage, "I", mb, chain) in present, (stage, "W", mb, chain) in present
+def missing_of(present: set[Key], stage: int, mb: int) -> list[str]:
+    has_f, has_b = (stage, "F", mb, 0) in present, (stage, "B", mb, 0) in present
+    has_i, has_w = (stage, "I", mb, 0) in present, (stage, "W", mb, 0) in present
     if has_f and has_b and not has_w:
         return []
 
     def name(kind: str) -> str:
-        return text_of((stage, kind, mb, chain))
+        return text_of((stage, kind, mb, 0))
 
     what = [] if has_f else [f"no forward {name('F')}"]
     if not has_b and not has_i and not has_w:
@@ -187,6 +189,7 @@ def check_needed_comms(program: Program) -> list[Violation]:
     needed = needed_comms(program)
     found = []
     present: set[Key] = set()
+    placed: set[tuple[Key, int]] = set()
     bad = program.out_of_range
     for slot, key in program.actions():
         if key[1] not in COMM or key in bad:
@@ -195,7 +198,9 @@ def check_needed_comms(program: Program) -> list[Violation]:
             found.append(violation_at("duplicate", f"{text_of(key)} is not needed: no cross-rank edge carries it",
                                       slot))
         present.add(key)
-    for key in sorted(needed.keys() - present, key=lambda k: (needed[k], k[0], k[1], k[2], k[3])):
+        placed.add((key, slot.rank))
+    absent = [key for key, rank in needed.items() if (key, rank) not in placed]  # written elsewhere counts not
+    for key in sorted(absent, key=lambda k: (needed[k], k[0], k[1], k[2], k[3])):
         rank = needed[key]
         found.append(Violation("missing", f"{text_of(key)} is needed on rank {rank} and never posted", rank))
     return found
@@ -218,6 +223,9 @@ def check_rank_order(program: Program, row: tuple[Slot, ...]) -> list[Violation]
     bad = program.out_of_range
     for slot in row:
         for key in slot.acts:
+            if key[1] == "REDUCE_GRAD" and last_grad.get(key[0], -1) >= slot.number:
+                found.append(violation_at("order", f"{text_of(key)} comes before the last B/W of stage "
+                                          f"{key[0]} on rank {slot.rank}", slot))
             if key in bad:
                 continue
             for need in needs_of(program, slot.rank, key):
@@ -225,9 +233,6 @@ def check_rank_order(program: Program, row: tuple[Slot, ...]) -> list[Violation]
                     text = " or ".join(map(text_of, need))
                     found.append(violation_at("order", f"{text_of(key)} needs {text} earlier on rank {slot.rank}",
                                               slot))
-            if key[1] == "REDUCE_GRAD" and last_grad.get(key[0], -1) >= slot.number:
-                found.append(violation_at("order", f"{text_of(key)} comes before the last B/W of stage "
-                                          f"{key[0]} on rank {slot.rank}", slot))
         done.update(slot.acts)
     return found
 

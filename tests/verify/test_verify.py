@@ -32,9 +32,12 @@ CASES = [
     ("placement: stage out of range", [["0F0", "0B0", "5F0"], ["1F0", "1B0"]], 2, 1, {"placement"}, (0, 2)),
     ("duplicate F", [["0F0", "0F0", "0B0"], ["1F0", "1B0"]], 2, 1, {"duplicate"}, (0, 1)),
     ("duplicate: B and I", [["0F0", "0B0", "0I0", "0W0"], ["1F0", "1B0"]], 2, 1, {"duplicate"}, (0, 2)),
-    ("duplicate: a send nobody needs",
+    ("placement: a send to a stage that does not exist",
      [["0F0", "0SEND_F0", "0RECV_B0", "0B0", "0SEND_B0"], ["1RECV_F0", "1F0", "1B0", "1SEND_B0"]], 2, 1,
-     {"duplicate", "placement", "deadlock"}, (0, 4)),  # its peer stage -1 exists nowhere: it blocks
+     {"placement", "deadlock"}, (0, 4)),  # its peer stage -1 exists nowhere: nothing meets it, it blocks
+    ("duplicate: a receive written twice",
+     [["0F0", "0SEND_F0", "0RECV_B0", "0B0"], ["1RECV_F0", "1RECV_F0", "1F0", "1B0", "1SEND_B0"]], 2, 1,
+     {"duplicate", "deadlock"}, (1, 1)),
     ("missing backward", [["0F0"], ["1F0", "1B0"]], 2, 1, {"missing"}, (0, None)),
     ("missing W", [["0F0", "0I0"], ["1F0", "1B0"]], 2, 1, {"missing"}, (0, None)),
     ("missing I: a W beside a B", [["0F0", "0B0", "0W0"], ["1F0", "1B0"]], 2, 1,
