@@ -216,3 +216,8 @@ def _report_text(report: object) -> str:
     if callable(render):
         return render()
     return "\n".join(f"  {v}" for v in getattr(report, "violations", ())) or f"  {report}"
+
+
+from pipeforge._callable import make_callable  # noqa: E402
+
+make_callable(__name__)  # pipeforge.codegen(...) calls codegen()

@@ -10,3 +10,7 @@ driver that runs them and verifies the result.
 from pipeforge.optimize.search import STRATEGIES, Metrics, OptimizeResult, optimize
 
 __all__ = ["Metrics", "OptimizeResult", "STRATEGIES", "optimize"]
+
+from pipeforge._callable import make_callable  # noqa: E402
+
+make_callable(__name__)  # pipeforge.optimize(...) calls optimize()
