@@ -167,7 +167,8 @@ class Runner:
         return self.position[key[0]] == key[1]
 
     def finished(self, rank: int) -> bool:
-        return self.position[rank] >= len(self.slots[rank])
+        """Done with its program (a rank the placement names but that has no program counts as done)."""
+        return rank >= len(self.slots) or self.position[rank] >= len(self.slots[rank])
 
     def result(self) -> Timing | Stuck:
         if all(self.finished(r) for r in range(len(self.slots))):

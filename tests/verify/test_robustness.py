@@ -22,8 +22,8 @@ def soups(draw) -> Schedule:
     stages = draw(st.integers(1, 4))
     microbatches = draw(st.integers(1, 3))
     chains = draw(st.integers(1, 2))
-    placements = tuple(Placement(tuple(draw(st.integers(0, ranks - 1)) for _ in range(stages)))
-                       for _ in range(chains))
+    top = ranks if draw(st.integers(0, 9)) == 0 else ranks - 1  # now and then a rank with no program
+    placements = tuple(Placement(tuple(draw(st.integers(0, top)) for _ in range(stages))) for _ in range(chains))
     stage = st.integers(0, stages)
     mb = st.integers(0, microbatches)
     chain = st.integers(0, chains)
