@@ -19,7 +19,6 @@ import keyword
 import math
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import jinja2
 
 from pipeforge.errors import CodegenError, VerificationError
+from pipeforge.files import write_atomically
 from pipeforge.ir import Action, ActionKind, Schedule, Step
 from pipeforge.resources import templates_dir
 
@@ -194,21 +194,9 @@ def codegen(schedule: Schedule, out_dir: str | os.PathLike, *, locations: bool =
     """Write ``OUT_DIR/<schedule name>.py``; returns its path."""
     text = generate(schedule, locations=locations)
     path = Path(out_dir) / f"{module_name(schedule)}.py"
-    write_atomically(path, text)
+    write_atomically(path, text, make_dirs=True)
     return path
 
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as out:
-            out.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def _report_text(report: object) -> str:

@@ -12,12 +12,11 @@ The output is written atomically: on any error nothing is left at OUT.
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 from pathlib import Path
 
 from pipeforge.commands.common import add_input_arguments, load_input
 from pipeforge.errors import UsageError
+from pipeforge.files import write_atomically
 from pipeforge.ir import Schedule
 
 SUFFIXES = (".csv", ".pipe", ".json")
@@ -42,7 +41,9 @@ def run(args: argparse.Namespace) -> int:
     schedule = load_input(args)
     try:
         if suffix == ".json":
-            write_trace_atomically(schedule, args.out)
+            from pipeforge.interop.trace import write_trace
+
+            write_trace(schedule, args.out)
         else:
             write_atomically(args.out, render(schedule, suffix, args.format))
     except OSError as error:
@@ -62,28 +63,3 @@ def render(schedule: Schedule, suffix: str, format: str | None) -> str:
         raise UsageError(f".pipe output is not available in this installation ({missing})") from None
     return print_schedule(schedule)
 
-
-def write_atomically(path: str, text: str) -> None:
-    target = Path(path)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="") as file:
-            file.write(text)
-        os.replace(temporary, target)
-    finally:
-        Path(temporary).unlink(missing_ok=True)
-
-
-def write_trace_atomically(schedule: Schedule, path: str) -> None:
-    try:
-        from pipeforge.interop.trace import write_trace
-    except ImportError as missing:
-        raise UsageError(f"Chrome trace export is not available in this installation ({missing})") from None
-    target = Path(path)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".json")
-    os.close(handle)
-    try:
-        write_trace(schedule, temporary)
-        os.replace(temporary, target)
-    finally:
-        Path(temporary).unlink(missing_ok=True)

@@ -8,13 +8,11 @@ atomically (a temporary file beside it, then a rename).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from pipeforge.commands.common import parse_defines
-from pipeforge.errors import UsageError
+from pipeforge.files import write_atomically
 
 
 def register(subparsers) -> None:
@@ -37,20 +35,3 @@ def run(args: argparse.Namespace) -> int:
         return 0
     write_atomically(Path(args.output), text)
     return 0
-
-
-def write_atomically(target: Path, text: str) -> None:
-    """Write ``text`` to ``target`` through a temporary file in the same folder and a rename."""
-    folder = target.parent
-    if not folder.is_dir():
-        raise UsageError(f"-o {str(target)!r}: no folder {str(folder)!r}")
-    if target.is_dir():
-        raise UsageError(f"-o {str(target)!r} is a folder; name a .pipe file")
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

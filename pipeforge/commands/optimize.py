@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from pipeforge.commands.common import add_input_arguments, load_input, print_json
 from pipeforge.errors import UsageError
+from pipeforge.files import write_atomically
 
 COST_HELP = "override costs field by field: F=1,I=1,W=1,B=2,comm=0 (B defaults to I+W)"
 
@@ -84,20 +83,6 @@ def run(args: argparse.Namespace) -> int:
     print(report(result, args.output))
     return 0
 
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: never a half-written file."""
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise UsageError(f"-o {str(path)!r}: the directory {str(directory)!r} does not exist")
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def report(result, output: str) -> str:

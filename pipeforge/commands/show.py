@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def write_picture(timeline, path: str, suffix: str, *, title: str | None = None, width: int | None = None) -> None:
-    from pipeforge.render.files import write_atomically
+    from pipeforge.files import write_atomically
 
     if suffix == ".png":
         from pipeforge.render.png import render_png

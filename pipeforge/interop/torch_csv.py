@@ -249,14 +249,9 @@ def schedule_name(filename: str) -> str:
 
 def write_csv(schedule: Schedule, path: str | os.PathLike, format: str = "compute_only") -> None:
     """Write ``to_csv_text`` to ``path`` atomically (a temporary file, then a rename)."""
-    text = to_csv_text(schedule, format)
-    target = Path(path)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        temporary.write_text(text, encoding="utf-8", newline="")
-        os.replace(temporary, target)
-    finally:
-        temporary.unlink(missing_ok=True)
+    from pipeforge.files import write_atomically
+
+    write_atomically(path, to_csv_text(schedule, format))
 
 
 def to_csv_text(schedule: Schedule, format: str = "compute_only") -> str:

@@ -56,7 +56,7 @@ def trace_text(schedule_or_timeline: Schedule | Timeline, costs: CostModel | Non
 
 def write_trace(schedule_or_timeline: Schedule | Timeline, path: str, costs: CostModel | None = None) -> None:
     """Simulate (if given a Schedule, on ``costs``) and write the trace to ``path`` atomically."""
-    from pipeforge.render.files import write_atomically
+    from pipeforge.files import write_atomically
 
     write_atomically(path, trace_text(schedule_or_timeline, costs))
 

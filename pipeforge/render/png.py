@@ -17,7 +17,7 @@ def png_bytes(timeline: Timeline, *, title: str | None = None, scale: float = 2.
 
 def render_png(timeline: Timeline, path: str, *, title: str | None = None, scale: float = 2.0) -> None:
     """Write the picture to ``path`` as PNG."""
-    from pipeforge.render.files import write_atomically
+    from pipeforge.files import write_atomically
 
     write_atomically(path, png_bytes(timeline, title=title, scale=scale))
 
