@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_torchrun:
         print(torchrun_line(args, nproc))
         return 0
+    require_torch()
     from pipeforge.runtime.launch import resolve_backend
 
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", nproc)) if args.from_env else nproc
@@ -67,6 +68,15 @@ def run(args: argparse.Namespace) -> int:
     if verdict is None:  # a torchrun rank other than 0
         return 0
     return _report(args, schedule.name, nproc, verdict, seconds)
+
+
+def require_torch() -> None:
+    """Refuse early, and plainly, where torch is not installed (it is an extra)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise UsageError("'pipeforge run' needs torch: pip install torch==2.13.0 (or any torch 2.6-2.14), "
+                         "or install pipeforge with its [torch] extra")
 
 
 def _check(args: argparse.Namespace, module: str, nproc: int) -> dict | None:

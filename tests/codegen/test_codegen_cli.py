@@ -106,3 +106,16 @@ def test_a_crafted_file_name_stays_inside_comments(tmp_path):
     imports = [n for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert [ast.unparse(n) for n in imports] == ["import torch", "from pipeforge import runtime"]
     assert "  # 'x\\'; import os\\n#\"q.pipe':8\n" in text
+
+
+def test_run_without_torch_is_refused_plainly(monkeypatch, capsys):
+    import importlib.util
+
+    from pipeforge.cli import main
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else real_find_spec(name, *a))
+    assert main(["run", "1f1b", "-D", "P=2", "-D", "M=2", "--nproc", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "'pipeforge run' needs torch" in err and "Traceback" not in err
