@@ -30,6 +30,7 @@ from pipeforge.ir import IDLE, Action, Placement, Schedule, Step, parse_action
 
 OVERLAP_SUFFIX = "OVERLAP_F_B"
 FORMATS = ("compute_only", "compute_comms")
+MAX_COUNT = 1_000_000  # as the language's bound: a mistyped index must not exhaust memory or time
 
 
 class Cell(NamedTuple):
@@ -199,14 +200,18 @@ def two_ranks_error(first: tuple[int, Span, Action], rank: int, span: Span, acti
 
 def infer_count(what: str, stated: int | None, largest: tuple[Action, Span] | None, index_of, file: str) -> int:
     """``stated`` checked against the largest index in the cells, or that index + 1."""
-    if stated is not None and stated < 1:
-        raise UsageError(f"--{what} must be at least 1, got {stated}")
+    if stated is not None and not 1 <= stated <= MAX_COUNT:
+        raise UsageError(f"--{what} must be between 1 and {MAX_COUNT}, got {stated}")
     if largest is None:
         if stated is None:
             raise SemanticError(f"{file}: no cell names any {what}; state --{what}")
         return stated
     action, span = largest
     index = index_of(action)
+    if stated is None and index >= MAX_COUNT:
+        noun = "stage" if what == "stages" else "microbatch"
+        raise SemanticError(f"{str(action)!r} names {noun} {index}; the number of {what} must be at most "
+                            f"{MAX_COUNT}", span)
     if stated is None:
         return index + 1
     if index >= stated:
@@ -232,9 +237,9 @@ def resolve_placement(stated: str | None, owners, stages: int, ranks: int, file:
 
 
 def inferred_placement(owners, stages: int, file: str) -> Placement:
-    absent = [s for s in range(stages) if s not in owners]
-    if absent:
-        raise SemanticError(f"{file}: stage {absent[0]} appears in no cell, so its rank is unknown; "
+    if len(owners) < stages:
+        absent = next(s for s in range(stages) if s not in owners)
+        raise SemanticError(f"{file}: stage {absent} appears in no cell, so its rank is unknown; "
                             f"state --placement loop or v")
     return Placement(tuple(owners[s][0] for s in range(stages)))
 
