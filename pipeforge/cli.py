@@ -16,6 +16,7 @@ from pipeforge.errors import PipeforgeError, VerificationError
 COMMANDS = ("verify", "fmt", "convert", "library", "new", "simulate", "show", "optimize", "codegen", "run")
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+EXIT_BUG = 70  # sysexits EX_SOFTWARE: an internal error, neither "invalid" nor "bad input"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,6 +56,24 @@ def main(argv: list[str] | None = None) -> int:
         # `pipeforge library | head`: the reader went away; say nothing more.
         _silence_stdout()
         return EXIT_OK
+    except OSError as error:
+        if error.filename is None:
+            return _report_bug()
+        # A file the user named could not be read or written (permissions, a full disk, ...).
+        print(f"error: {error.filename!r}: {error.strerror or error}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception:
+        return _report_bug()
+
+
+def _report_bug() -> int:
+    """An internal error: keep the traceback, and say whose fault it is."""
+    import traceback
+
+    traceback.print_exc()
+    print("this is a bug in pipeforge, not in your input; please report it with the command line above",
+          file=sys.stderr)
+    return EXIT_BUG
 
 
 def _silence_stdout() -> None:

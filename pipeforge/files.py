@@ -19,17 +19,26 @@ def write_atomically(path: str | os.PathLike, data: bytes | str, *, make_dirs: b
     payload = data.encode("utf-8") if isinstance(data, str) else data
     directory = target.parent if str(target.parent) else Path(".")
     if make_dirs:
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # a file where a folder should be, no permission, ...
+            raise UsageError(f"cannot create folder {str(directory)!r}: {error.strerror or error}") from None
     if not directory.is_dir():
         raise UsageError(f"cannot write {str(path)!r}: directory {str(directory)!r} does not exist")
     if target.is_dir():
         raise UsageError(f"cannot write {str(path)!r}: it is a directory; name a file")
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    except OSError as error:
+        raise UsageError(f"cannot write {str(path)!r}: {error.strerror or error}") from None
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(payload)
         os.chmod(temporary, 0o666 & ~_umask())
         os.replace(temporary, target)
+    except OSError as error:  # disk full, a read-only target, ...
+        Path(temporary).unlink(missing_ok=True)
+        raise UsageError(f"cannot write {str(path)!r}: {error.strerror or error}") from None
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise

@@ -28,10 +28,22 @@ def parse_defines(items: list[str]) -> dict[str, int]:
         if not eq or not name.isidentifier():
             raise UsageError(f"-D {item!r}: expected NAME=VALUE, like -D P=8")
         try:
+            if not value.strip().lstrip("+-").isascii():  # int() also takes other scripts' digits
+                raise ValueError(value)
             defines[name] = int(value.strip(), 10)
         except ValueError:
             raise UsageError(f"-D {item!r}: the value of {name!r} must be an integer, got {value.strip()!r}") from None
     return defines
+
+
+def require_suffix(output: str, suffix: str) -> None:
+    """Refuse ``-o OUT`` whose extension does not name what the command writes."""
+    from pathlib import Path
+
+    found = Path(output).suffix
+    if found != suffix:
+        raise UsageError(f"-o {output!r}: the output is {suffix} source and must end in {suffix}, "
+                         f"not {found or 'nothing'!r}")
 
 
 def load_input(args: argparse.Namespace):

@@ -7,13 +7,11 @@ tokens), or writes it atomically to OUT. Exit 2 on bad input.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
-from pipeforge.commands.common import add_input_arguments, load_input
-from pipeforge.errors import UsageError
+from pipeforge.commands.common import add_input_arguments, load_input, require_suffix
+from pipeforge.files import write_atomically
 from pipeforge.lang.printer import print_schedule
 
 
@@ -26,24 +24,12 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.output is not None:
+        require_suffix(args.output, ".pipe")
     text = print_schedule(load_input(args))
     if args.output is None:
         sys.stdout.write(text)
         return 0
-    try:
-        write_atomically(Path(args.output), text)
-    except OSError as error:
-        raise UsageError(f"cannot write {args.output!r}: {error.strerror or error}") from None
+    write_atomically(Path(args.output), text)
     return 0
 
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``."""
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

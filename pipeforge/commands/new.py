@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeforge.commands.common import parse_defines
+from pipeforge.commands.common import parse_defines, require_suffix
 from pipeforge.files import write_atomically
 
 
@@ -29,6 +29,8 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipeforge import library
 
+    if args.output is not None:
+        require_suffix(args.output, ".pipe")
     text = library.source_with_defaults(args.name, parse_defines(args.defines))
     if args.output is None:
         sys.stdout.write(text)

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeforge.commands.common import add_input_arguments, load_input, print_json
+from pipeforge.commands.common import add_input_arguments, load_input, print_json, require_suffix
 from pipeforge.errors import UsageError
 from pipeforge.files import write_atomically
 
@@ -65,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     from pipeforge.optimize import optimize
     from pipeforge.sim.costs import costs_for, memory_for
 
-    if args.time_limit <= 0:
+    require_suffix(args.output, ".pipe")
+    if not 0 < args.time_limit < float("inf"):
         raise UsageError(f"--time-limit {args.time_limit!r}: expected a positive number of seconds")
     schedule = load_input(args)
     costs = costs_for(schedule, args.cost)

@@ -52,10 +52,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--backend nccl needs --device cuda (NCCL moves GPU memory only)")
     if args.steps < 1:
         raise UsageError("--steps must be at least 1")
+    if not 0 < args.timeout < float("inf"):
+        raise UsageError(f"--timeout {args.timeout:g}: expected a positive number of seconds")
     if args.print_torchrun:
         print(torchrun_line(args, nproc))
         return 0
     require_torch()
+    require_cuda(args)
     from pipeforge.runtime.launch import resolve_backend
 
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", nproc)) if args.from_env else nproc
@@ -77,6 +80,15 @@ def require_torch() -> None:
     if importlib.util.find_spec("torch") is None:
         raise UsageError("'pipeforge run' needs torch: pip install torch==2.13.0 (or any torch 2.6-2.14), "
                          "or install pipeforge with its [torch] extra")
+
+
+def require_cuda(args: argparse.Namespace) -> None:
+    """--device cuda or --backend nccl on a machine with no CUDA device: say so, not a rank's crash."""
+    import torch
+
+    if (args.device == "cuda" or args.backend == "nccl") and not torch.cuda.is_available():
+        flag = "--device cuda" if args.device == "cuda" else "--backend nccl"
+        raise UsageError(f"{flag}: torch finds no CUDA device here; leave it out to run on the CPU with gloo")
 
 
 def _check(args: argparse.Namespace, module: str, nproc: int) -> dict | None:

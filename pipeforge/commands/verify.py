@@ -35,6 +35,10 @@ def run(args: argparse.Namespace) -> int:
             raise
         print_json(syntax_report(error))
         return EXIT_BAD_INPUT
+    if args.memory_limit is not None:
+        from pipeforge.sim.costs import memory_for
+
+        memory_for(schedule, args.memory_limit)  # refuses a limit that is not a positive number
     report = verify(schedule, semantics=args.semantics, memory_limit=args.memory_limit)
     if args.json:
         print_json(report.to_json())
