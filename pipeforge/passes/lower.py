@@ -147,23 +147,36 @@ class Rounds:
 
 
 def run_rounds(schedule: Schedule, graph: DependencyGraph) -> Rounds:
+    """Lockstep rounds, event-driven: a rank is looked at again only when it ran or a producer it
+    waits for ran, so the work grows with the steps, not with ranks times rounds."""
     steps = [[i for i, step in enumerate(program) if step.is_compute] for program in schedule.programs]
     needs = [[graph.needs.get((rank, i), ()) for i in row] for rank, row in enumerate(steps)]
     done = [0] * len(steps)  # per rank: how many of its compute steps ran
     executed: dict[Position, int] = {}
     order: list[list[tuple[int, int]]] = [[] for _ in steps]
-    active = [rank for rank, row in enumerate(steps) if row]
+    waiting: dict[Position, list[int]] = defaultdict(list)  # producer -> ranks blocked on it
+    candidates = [rank for rank, row in enumerate(steps) if row]
     round_no = 0
-    while active:
-        ran = [rank for rank in active if ready(needs[rank][done[rank]], executed, round_no)]
+    while candidates:
+        ran = []
+        for rank in candidates:  # every executed entry is from an earlier round here
+            missing = next((p for p in needs[rank][done[rank]] if p not in executed), None)
+            if missing is None:
+                ran.append(rank)
+            else:
+                waiting[missing].append(rank)
         if not ran:
             break
+        woken: set[int] = set()
         for rank in ran:
             index = steps[rank][done[rank]]
             executed[(rank, index)] = round_no
             order[rank].append((round_no, index))
             done[rank] += 1
-        active = [rank for rank in active if done[rank] < len(steps[rank])]
+            if done[rank] < len(steps[rank]):
+                woken.add(rank)
+            woken.update(waiting.pop((rank, index), ()))
+        candidates = sorted(woken)
         round_no += 1
     stuck_at = tuple(row[n] if n < len(row) else len(program)
                      for row, n, program in zip(steps, done, schedule.programs))
