@@ -172,6 +172,14 @@ def test_json_is_one_object(argv, scratch, capsys):
     assert isinstance(json.loads(out), dict)
 
 
+def test_a_mistyped_count_gives_a_short_report(scratch, capsys):
+    """--stages 100000 on a 2-stage CSV: thousands of missing actions, reported briefly."""
+    code, out, err = run_cli(["verify", "good.csv", "--stages", "100000", "--placement", "loop", "--json"], capsys)
+    assert code == 1, err
+    violations = json.loads(out)["violations"]
+    assert len(violations) <= 1001 and "more missing" in violations[-1]["message"]
+
+
 def test_an_internal_error_is_a_reported_bug(scratch, capsys, monkeypatch):
     from pipeforge.commands import verify
 

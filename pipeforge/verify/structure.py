@@ -141,14 +141,22 @@ def check_missing(program: Program, chains: dict[int, int]) -> list[Violation]:
     a placement error, not a missing one)."""
     sched = program.schedule
     present = {(stage, kind, mb, 0) for stage, kind, mb, _ in present_compute(program)}
-    found = []
+    found, more = [], 0
     for mb in range(sched.microbatches):
         chain = chains.get(mb, 0)
         for stage in range(sched.stages):
             for what in missing_of(present, stage, mb):
+                if len(found) >= MAX_MISSING_REPORTED:
+                    more += 1
+                    continue
                 owner = program.rank_of(stage, chain)
                 found.append(Violation("missing", f"stage {stage} microbatch {mb}: {what}", owner))
+    if more:
+        found.append(Violation("missing", f"... and {more} more missing actions not listed"))
     return found
+
+
+MAX_MISSING_REPORTED = 1000  # a mistyped --stages 1000000 must not list millions of lines
 
 
 def missing_of(present: set[Key], stage: int, mb: int) -> list[str]:
