@@ -221,3 +221,21 @@ def test_error_output_leaves_existing_file_untouched(scratch, capsys):
     code, _, err = run_cli(["fmt", "binary.pipe", "-o", "kept.pipe"], capsys)
     assert code == 2 and "Traceback" not in err
     assert (scratch / "kept.pipe").read_text() == "old\n"
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["verify", "huge_mb.csv", "--json"], 2),
+    (["convert", "binary.pipe", "out.csv"], 2),
+    (["verify", "good.pipe", "--json"], 0),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_as_a_process(argv, expected, scratch):
+    """The real entry point: exit status, stdout JSON only, stderr without a traceback."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "pipeforge", *argv], capture_output=True, text=True, timeout=60)
+    assert done.returncode == expected, done.stderr
+    assert "Traceback" not in done.stderr
+    if "--json" in argv and done.stdout.strip():
+        assert isinstance(json.loads(done.stdout), dict)
+    assert not (scratch / "out.csv").exists()
