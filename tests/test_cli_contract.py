@@ -98,6 +98,9 @@ CASES = [
     (["run", "good.pipe", "--steps", "0"], 2, None, "--steps"),
     (["run", "good.pipe", "--timeout", "0"], 2, None, "--timeout"),
     (["run", "good.pipe", "--timeout", "-1", "--json"], 2, None, "--timeout"),
+    (["simulate", "good.pipe", "--width", "100000000"], 2, None, "--width"),
+    (["show", "good.pipe", "--width", "100000000", "-o", "wide.png"], 2, "wide.png", "--width"),
+    (["show", "good.pipe", "--width", "-3", "-o", "wide.svg"], 2, "wide.svg", "--width"),
     # outputs: wrong extension, missing folder, a folder, a file where a folder should be
     (["new", "1f1b", "-o", "new.csv"], 2, "new.csv", ".pipe"),
     (["fmt", "good.pipe", "-o", "fmt.csv"], 2, "fmt.csv", ".pipe"),

@@ -46,6 +46,15 @@ def require_suffix(output: str, suffix: str) -> None:
                          f"not {found or 'nothing'!r}")
 
 
+MAX_WIDTH = 10_000
+
+
+def check_width(width: int | None) -> None:
+    """--width: columns or pixels; a mistyped 100000000 must not write gigabytes."""
+    if width is not None and not 0 <= width <= MAX_WIDTH:
+        raise UsageError(f"--width {width}: expected 0 to {MAX_WIDTH} (columns or pixels)")
+
+
 def load_input(args: argparse.Namespace):
     """The Schedule that PATH and the flags name."""
     from pipeforge.load import load

@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from pipeforge.commands.simulate import add_cost_arguments, simulate_input
-from pipeforge.commands.common import add_input_arguments
+from pipeforge.commands.common import add_input_arguments, check_width
 from pipeforge.errors import UsageError
 
 SUFFIXES = (".svg", ".png", ".html", ".txt", ".json")
@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     if suffix not in SUFFIXES:
         raise UsageError(f"-o {args.output!r}: the output must end in {', '.join(SUFFIXES)}, "
                          f"not {suffix or 'nothing'!r}")
+    check_width(args.width)
     timeline = simulate_input(args)
     write_picture(timeline, args.output, suffix, title=args.title, width=args.width)
     return 0

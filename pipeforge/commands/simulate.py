@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeforge.commands.common import add_input_arguments, load_input, print_json
+from pipeforge.commands.common import add_input_arguments, check_width, load_input, print_json
 
 COST_HELP = "override costs field by field: F=1,I=1,W=1,B=2,comm=0 (B defaults to I+W)"
 
@@ -40,6 +40,7 @@ def simulate_input(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from pipeforge.render.grid import render_text
 
+    check_width(max(args.width, 0))  # below 10 is widened to 10, as before
     timeline = simulate_input(args)
     if args.json:
         print_json(timeline.to_json())
