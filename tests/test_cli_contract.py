@@ -96,6 +96,7 @@ CASES = [
     (["run", "good.pipe", "--nproc", "0"], 2, None, "--nproc"),
     (["run", "good.pipe", "--nproc", "100000"], 2, None, "--nproc"),
     (["run", "good.pipe", "--steps", "0"], 2, None, "--steps"),
+    (["run", "1f1b", "-D", "P=100000", "-D", "M=1", "--nproc", "100000"], 2, None, "--print-torchrun"),
     (["run", "good.pipe", "--timeout", "0"], 2, None, "--timeout"),
     (["run", "good.pipe", "--timeout", "-1", "--json"], 2, None, "--timeout"),
     (["simulate", "good.pipe", "--width", "100000000"], 2, None, "--width"),

@@ -13,6 +13,7 @@ from pipeforge.commands.common import add_input_arguments, load_input, print_jso
 from pipeforge.errors import UsageError
 
 EXIT_MATCH, EXIT_MISMATCH = 0, 1
+MAX_LOCAL_PROCESSES = 64  # each is a torch process; more would exhaust one machine's memory
 
 
 def register(subparsers) -> None:
@@ -57,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
     if args.print_torchrun:
         print(torchrun_line(args, nproc))
         return 0
+    if nproc > MAX_LOCAL_PROCESSES and not args.from_env:
+        raise UsageError(f"--nproc {nproc}: at most {MAX_LOCAL_PROCESSES} local processes; for more, "
+                         f"--print-torchrun gives the line that runs the check across machines")
     require_torch()
     require_cuda(args)
     from pipeforge.runtime.launch import resolve_backend
