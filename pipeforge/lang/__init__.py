@@ -86,13 +86,29 @@ def _compile_cached(text: str, filename: str) -> tuple[CompiledSchedule, ...]:
 
 def _read(path: str | Path) -> str:
     try:
-        return Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         raise UsageError(f"no such file: {str(path)!r}") from None
     except IsADirectoryError:
         raise UsageError(f"{str(path)!r} is a directory, not a .pipe file") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"cannot read {str(path)!r}: {error}") from None
+    except OSError as error:
+        raise UsageError(f"cannot read {str(path)!r}: {error.strerror or error}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise _not_utf8(str(path), data, error) from None
+
+
+def _not_utf8(file: str, data: bytes, error: UnicodeDecodeError):
+    """A PipeSyntaxError at the first byte that is not UTF-8."""
+    from pipeforge.errors import PipeSyntaxError, Span
+
+    prefix = data[:error.start].decode("utf-8", errors="replace")
+    line = prefix.count("\n") + 1
+    col = len(prefix) - (prefix.rfind("\n") + 1) + 1
+    remember_source(file, data.decode("utf-8", errors="replace"))
+    return PipeSyntaxError(f"not UTF-8 text (byte 0x{data[error.start]:02x}); a .pipe file is UTF-8",
+                           Span(file, line, col, line, col + 1))
 
 
 def _text_and_name(text_or_path: str | Path) -> tuple[str, str]:

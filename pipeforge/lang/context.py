@@ -14,6 +14,7 @@ from pipeforge.lang.programs import RankProgram
 # Bounds that keep a mistyped number from exhausting memory or time.
 MAX_COUNT = 1_000_000
 LOOP_FUEL = 20_000_000
+MAX_ACTIONS = 2_000_000
 
 
 class Elaboration:
@@ -37,6 +38,7 @@ class Elaboration:
         self.sink: list[Step] | None = None
         self.chain = 0
         self.fuel = LOOP_FUEL
+        self.actions_left = MAX_ACTIONS
 
     # -- declarations -------------------------------------------------------
 
@@ -86,6 +88,10 @@ class Elaboration:
         if self.fuel < 0:
             raise SemanticError(f"this schedule is too large to elaborate (more than {LOOP_FUEL} loop "
                                 "iterations in all)", span)
+
+    def too_many_actions(self, span: Span) -> SemanticError:
+        return SemanticError(f"this schedule emits more than {MAX_ACTIONS} actions; lower its parameters "
+                             f"({self.parameter_text() or 'none'})", span)
 
     # -- checking actions ---------------------------------------------------
 

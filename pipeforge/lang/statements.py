@@ -215,6 +215,9 @@ def _action_call(tree: Tree, file: str) -> Exec:
                                               microbatch_span)
         elif takes_microbatch:
             microbatch = program.implicit_microbatch(kind, stage, chain, ctx.microbatches, span)
+        ctx.actions_left -= 1
+        if ctx.actions_left < 0:
+            raise ctx.too_many_actions(span)
         action = Action(stage, kind, microbatch, chain)
         if is_compute:
             program.record(action)

@@ -110,6 +110,9 @@ def compile_run(tree: Tree, file: str) -> Exec:
         sink = ctx.sink
         if sink is None:
             raise ctx.outside_rank(f"the step {steps[0][0]}", first_span)
+        ctx.actions_left -= len(steps)
+        if ctx.actions_left < 0:
+            raise ctx.too_many_actions(first_span)
         record = ctx.program.record
         stages, microbatches, chains = ctx.stages, ctx.microbatches, len(ctx.placements)
         for step, located in steps:

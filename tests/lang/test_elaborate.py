@@ -260,3 +260,21 @@ def test_a_schedule_without_parameters():
 
     assert print_schedule(schedule).startswith("schedule cycle {\n")
     assert load_text(print_schedule(schedule)) == schedule
+
+
+def test_action_cap_stops_huge_schedules(monkeypatch):
+    from pipeforge.lang import context
+
+    monkeypatch.setattr(context, "MAX_ACTIONS", 50)
+    with pytest.raises(SemanticError, match=r"emits more than 50 actions; lower its parameters \(P = 2, M = 30\)"):
+        load_file(PROGRAMS / "one_f_one_b.pipe", defines={"P": 2, "M": 30})
+
+
+def test_not_utf8_is_a_located_syntax_error(tmp_path):
+    from pipeforge.errors import PipeSyntaxError
+
+    path = tmp_path / "bad.pipe"
+    path.write_bytes(b"schedule s() {\n  ranks 1 # caf\xe9\n}\n")
+    with pytest.raises(PipeSyntaxError, match="not UTF-8 text") as caught:
+        load_file(path)
+    assert (caught.value.span.line, caught.value.span.col) == (2, 16)
