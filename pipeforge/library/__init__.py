@@ -92,17 +92,9 @@ def _parameters(name: str, text: str) -> tuple[tuple[str, int, tuple[int, int]],
 
 @cache
 def _header_parameters(file: str, text: str) -> tuple[tuple[str, int, tuple[int, int]], ...]:
-    from pipeforge.lang.parse import parse_text
+    from pipeforge.lang import default_offsets, schedule_names
 
-    schedules = parse_text(text, file).children
-    if len(schedules) != 1:
-        raise UsageError(f"{file}: a library file holds exactly one schedule, found {len(schedules)}")
-    _, *params, _ = schedules[0].children
-    return tuple(_parameter(param) for param in params if param is not None)
-
-
-def _parameter(param) -> tuple[str, int, tuple[int, int]]:
-    name, literal = param.children
-    value = int(literal.children[0])
-    value = -value if literal.data == "negative_int" else value
-    return str(name), value, (literal.meta.start_pos, literal.meta.end_pos)
+    names = schedule_names(text)
+    if len(names) != 1:
+        raise UsageError(f"{file}: a library file holds exactly one schedule, found {len(names)}")
+    return tuple(default_offsets(text, filename=file))
