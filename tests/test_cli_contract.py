@@ -102,6 +102,7 @@ CASES = [
     (["simulate", "good.pipe", "--width", "100000000"], 2, None, "--width"),
     (["show", "good.pipe", "--width", "100000000", "-o", "wide.png"], 2, "wide.png", "--width"),
     (["show", "good.pipe", "--width", "-3", "-o", "wide.svg"], 2, "wide.svg", "--width"),
+    (["show", "1f1b", "-D", "P=1200", "-D", "M=1", "-o", "tall.png"], 2, "tall.png", "too large for a PNG"),
     # outputs: wrong extension, missing folder, a folder, a file where a folder should be
     (["new", "1f1b", "-o", "new.csv"], 2, "new.csv", ".pipe"),
     (["fmt", "good.pipe", "-o", "fmt.csv"], 2, "fmt.csv", ".pipe"),
