@@ -190,11 +190,6 @@ def next_compute(program: tuple[Step, ...], start: int) -> int:
     return index
 
 
-def ready(producers: tuple[Position, ...], executed: dict[Position, int], round_no: int) -> bool:
-    """Every producer ran in an earlier round."""
-    return all(executed.get(p, round_no) < round_no for p in producers)
-
-
 # --- writing the lowered programs ----------------------------------------------------------
 
 
