@@ -34,5 +34,7 @@ def load(
     from pipeforge.library import load_library_schedule, names
 
     if path in names():
+        if schedule is not None:
+            raise UsageError(f"--schedule picks one schedule of a .pipe file; {path!r} is a library schedule")
         return load_library_schedule(path, defines=defines)
     raise UsageError(f"{path!r} is neither a file nor a library schedule (see 'pipeforge library')")

@@ -83,6 +83,7 @@ CASES = [
     (["verify", "good.pipe", "-D", "P=1000000000"], 2, None, "at most"),
     (["verify", "good.pipe", "-D", "Q=3"], 2, None, "'Q'"),
     (["verify", "good.pipe", "--schedule", "nope"], 2, None, "nope"),
+    (["verify", "1f1b", "--schedule", "nope"], 2, None, "library schedule"),
     (["new", "1f1b", "-D", "Q=1", "-o", "new.pipe"], 2, "new.pipe", "'Q'"),
     (["new", "nope", "-o", "new.pipe"], 2, "new.pipe", "nope"),
     # --cost, --memory-limit, other numbers
