@@ -127,7 +127,7 @@ class _Node:
 
 def compute_bounds(schedule: Schedule, costs: CostModel, memory: MemorySpec, *, busy: list[float]) -> Bounds:
     """Bounds for ``schedule``'s actions; ``busy[r]`` is rank r's total compute time."""
-    from pipeforge.sim.simulate import gc_paused
+    from pipeforge._gc import gc_paused
 
     with gc_paused():  # the graph's nodes die with _bounds_from_graph's frame, before the collector runs
         return _bounds_from_graph(schedule, costs, memory, busy)

@@ -26,14 +26,12 @@ waiting for inputs that never come, the order is inconsistent and a
 
 from __future__ import annotations
 
-import gc
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import NamedTuple
 
+from pipeforge._gc import gc_paused
 from pipeforge.errors import VerificationError
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step
 from pipeforge.sim.costs import costs_to_json, duration_table, resolve_costs
@@ -331,17 +329,6 @@ class _StepCompiler:
         duration = row[s] if 0 <= s < len(row) else self.costs.duration(kind, s)
         return _CompiledStep(index, step.actions, inputs, outputs, (duration,), duration, added, released, step.span)
 
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while making ~10^5 small acyclic tuples (a third of the time)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _run(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> _Run:

@@ -10,10 +10,9 @@ unsatisfiable (the unsat core names them).
 
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
 from time import perf_counter
 
+from pipeforge._gc import gc_paused
 from pipeforge.errors import UsageError
 from pipeforge.ir import MemorySpec, Schedule
 from pipeforge.passes.lower import lower_with_origins
@@ -34,21 +33,9 @@ def verify(schedule: Schedule, *, semantics: str = "rendezvous", memory_limit: f
     """Check ``schedule``; a compute-only one is checked as ``lower`` makes it."""
     if semantics not in SEMANTICS:
         raise UsageError(f"semantics {semantics!r}: expected one of {', '.join(SEMANTICS)}")
-    with collector_paused():
+    with gc_paused():
         return verify_schedule(schedule, semantics, memory_limit, certify)
 
-
-@contextmanager
-def collector_paused():
-    """Pause Python's cyclic garbage collector: the passes allocate many small acyclic values,
-    and collections triggered by them cost more than the passes themselves."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def verify_schedule(schedule: Schedule, semantics: str, memory_limit: float | None, certify: bool) -> Report:
