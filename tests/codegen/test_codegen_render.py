@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pipeforge
-from pipeforge.codegen import Ident, codegen, finalize, generate, module_name, render_module, write_atomically
-from pipeforge.errors import CodegenError, Span, VerificationError
+from pipeforge.codegen import Ident, codegen, finalize, generate, module_name, render_module
+from pipeforge.errors import CodegenError, Span, UsageError, VerificationError
+from pipeforge.files import write_atomically
 from pipeforge.ir import Placement, Schedule, parse_step, programs_from_tokens
 
 # Lowered 1F1B on 2 ranks, 2 microbatches, communication written out.
@@ -213,7 +214,7 @@ def test_write_is_atomic_and_leaves_no_partial_file(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", broken_replace)
-    with pytest.raises(OSError):
+    with pytest.raises(UsageError, match="disk full"):  # a user-facing error, exit 2
         write_atomically(target, "NEW = 2\n")
     assert target.read_text() == "OLD = 1\n"
     assert [p.name for p in tmp_path.iterdir()] == ["m.py"]
