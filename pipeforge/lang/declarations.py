@@ -27,26 +27,24 @@ def positive_count(value: object, span: Span, what: str) -> int:
     return count
 
 
-def build_ranks(tree: Tree, file: str) -> Exec:
-    count = compile_expr(tree.children[0], file)
-    span, count_span = span_of(tree, file), span_of(tree.children[0], file)
+def _build_count(what: str):
+    """A builder for ``ranks N`` or ``microbatches N``: a positive count declared once."""
 
-    def declare_ranks(ctx: Elaboration, env: dict) -> None:
-        ctx.declare("ranks", span)
-        ctx.ranks = positive_count(count(env), count_span, "ranks")
+    def build(tree: Tree, file: str) -> Exec:
+        count = compile_expr(tree.children[0], file)
+        span, count_span = span_of(tree, file), span_of(tree.children[0], file)
 
-    return declare_ranks
+        def declare(ctx: Elaboration, env: dict) -> None:
+            ctx.declare(what, span)
+            setattr(ctx, what, positive_count(count(env), count_span, what))
+
+        return declare
+
+    return build
 
 
-def build_microbatches(tree: Tree, file: str) -> Exec:
-    count = compile_expr(tree.children[0], file)
-    span, count_span = span_of(tree, file), span_of(tree.children[0], file)
-
-    def declare_microbatches(ctx: Elaboration, env: dict) -> None:
-        ctx.declare("microbatches", span)
-        ctx.microbatches = positive_count(count(env), count_span, "microbatches")
-
-    return declare_microbatches
+build_ranks = _build_count("ranks")
+build_microbatches = _build_count("microbatches")
 
 
 def build_stages(tree: Tree, file: str) -> Exec:
