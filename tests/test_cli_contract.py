@@ -153,8 +153,12 @@ def test_bad_input_is_refused_plainly(argv, expected, absent, message, scratch, 
     code, out, err = run_cli(argv, capsys)
     assert code == expected, err
     assert_contract(argv, code, out, err)
-    assert message in err
-    assert err.strip(), "an error must say something"
+    if "--json" in argv and out.strip():  # verify --json reports an error in the text as a JSON violation
+        (violation,) = json.loads(out)["violations"]
+        assert message in violation["message"] and violation["location"]
+    else:
+        assert message in err
+        assert err.strip(), "an error must say something"
     if "--json" not in argv:
         assert not out.strip() or expected == 1, out
     if absent:

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from pipeforge.commands.common import add_input_arguments, load_input, print_json
-from pipeforge.errors import PipeSyntaxError
+from pipeforge.errors import PipeSyntaxError, SemanticError
 
 EXIT_VALID, EXIT_INVALID, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         schedule = load_input(args)
-    except PipeSyntaxError as error:
+    except (PipeSyntaxError, SemanticError) as error:  # the text is not a well-formed schedule
         if not args.json:
             raise
         print_json(syntax_report(error))
@@ -63,8 +63,9 @@ def csv_deadlock_hint(args: argparse.Namespace, schedule, report) -> str | None:
             "compute that needs a receive, which buffered semantics models.")
 
 
-def syntax_report(error: PipeSyntaxError) -> dict:
-    """The JSON a syntax error gets: not valid, one ``syntax`` violation, no statistics."""
+def syntax_report(error: PipeSyntaxError | SemanticError) -> dict:
+    """The JSON an error in the text gets (a syntax error, or one found elaborating it, such as a
+    microbatch out of range or a failed ``require``): not valid, one ``syntax`` violation, no statistics."""
     violation = {"kind": "syntax", "message": error.message, "rank": None, "step": None,
                  "location": error.location}
     stats = {"ranks": None, "stages": None, "microbatches": None, "actions": None, "seconds": 0.0}

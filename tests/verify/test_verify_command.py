@@ -124,6 +124,15 @@ def test_a_syntax_error_in_json_mode_is_a_syntax_violation_and_exit_2(write, cap
     assert violation["kind"] == "syntax" and violation["location"] == f"{path}:1:13"
 
 
+def test_an_elaboration_error_in_json_mode_is_a_located_syntax_violation(write, capsys):
+    path = write("range.pipe", "schedule x {\n ranks 1\n stages 1 placement loop\n microbatches 2\n"
+                               " rank 0 { F(0, 5) }\n}\n")
+    assert main(["verify", path, "--json"]) == 2
+    (violation,) = json.loads(capsys.readouterr().out)["violations"]
+    assert violation["kind"] == "syntax" and violation["location"].startswith(f"{path}:5:")
+    assert "microbatch" in violation["message"]
+
+
 def test_a_missing_file_is_bad_input(capsys):
     assert main(["verify", "no/such/file.pipe"]) == 2
 
