@@ -122,11 +122,18 @@ class Pipeline:
             seen.setdefault(id(runner.module), runner.module)
         return list(seen.values())
 
-    def _scale(self, divisor: int) -> None:
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """Every distinct parameter of this rank's modules: one shared by several stages counts once."""
+        seen: dict[int, torch.nn.Parameter] = {}
         for module in self.modules():
             for param in module.parameters():
-                if param.grad is not None:
-                    param.grad.div_(divisor)
+                seen.setdefault(id(param), param)
+        return list(seen.values())
+
+    def _scale(self, divisor: int) -> None:
+        for param in self.parameters():
+            if param.grad is not None:
+                param.grad.div_(divisor)
 
     def _sync_replicas(self) -> None:
         """Same-rank chain-1 replicas start every step with the chain-0 module's parameters."""

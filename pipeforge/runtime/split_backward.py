@@ -13,7 +13,13 @@ call). When a group starts from several nodes, one may lie below another; a
 pre-hook then replaces the gradient flowing into the lower node with the one I
 recorded there, so nothing is counted twice. Weights with no frontier node
 (the first stage, whose inputs need no gradient, or a weight on a branch the
-inputs never reach) get their gradients from the outputs in W.
+inputs never reach, or a weight also used on such a branch) get their
+gradients from the outputs in W.
+
+Groups and nodes are told apart by identity, never by value (two weights of one
+shape are two groups). A weight the graph never reached (an MoE expert no token
+was routed to) gets no gradient, as in a full backward; frozen weights and
+buffers are not asked for.
 """
 
 from __future__ import annotations
@@ -35,14 +41,14 @@ def grad_node(tensor: torch.Tensor) -> Node | None:
     return None
 
 
-@dataclass
+@dataclass(eq=False)
 class WeightGroup:
     params: list[torch.nn.Parameter]
     nodes: list[Node]
     grads: dict[Node, tuple] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(eq=False)
 class WeightPlan:
     """What I leaves for W: the groups with their recorded gradients, and the weights that start at the outputs."""
 
@@ -82,34 +88,44 @@ def _upwards(starts: list[Node], parents: dict[Node, list[Node]], stop: set[Node
 
 
 def _group_weights(params: list[torch.nn.Parameter], frontiers: list[set[Node]]) -> list[WeightGroup]:
-    """Weights whose frontiers share a node go together."""
-    groups: list[WeightGroup] = []
+    """Weights whose frontiers share a node go together (groups compared by identity, not value)."""
+    groups: dict[int, WeightGroup] = {}
     owner: dict[Node, WeightGroup] = {}
     for param, nodes in zip(params, frontiers):
-        merged = {id(owner[n]): owner[n] for n in nodes if n in owner}
         group = WeightGroup([param], list(nodes))
-        for other in merged.values():
+        for other in {id(owner[n]): owner[n] for n in nodes if n in owner}.values():
             group.params = other.params + group.params
             group.nodes = other.nodes + [n for n in group.nodes if n not in other.nodes]
-            groups.remove(other)
-        groups.append(group)
+            del groups[id(other)]
+        groups[id(group)] = group
         for node in group.nodes:
             owner[node] = group
-    return groups
+    return list(groups.values())
+
+
+def _frontier(node: Node | None, parents: dict[Node, list[Node]], on_input_path: set[Node],
+              root_nodes: set[Node]) -> set[Node] | None:
+    """Where W starts for one weight: its frontier nodes; empty to start at the outputs; None if unused."""
+    if node is None or (node not in parents and node not in root_nodes):
+        return None
+    reached, met = _upwards([node], parents, on_input_path)
+    if reached & root_nodes:  # a path to the outputs that avoids the inputs' path: start there
+        return set()
+    return met
 
 
 def backward_input(roots: tuple[torch.Tensor, ...], root_grads: tuple, inputs: list[torch.Tensor],
                    params: list[torch.nn.Parameter]) -> tuple[tuple, WeightPlan]:
     """Gradients of ``inputs`` (weights untouched), and the plan W needs."""
     input_nodes = [n for n in map(grad_node, inputs) if n is not None]
-    weight_nodes = {i: grad_node(p) for i, p in enumerate(params)}
-    parents = _parents([n for n in map(grad_node, roots) if n is not None])
+    root_nodes = [n for n in map(grad_node, roots) if n is not None]
+    parents = _parents(root_nodes)
     on_input_path, _ = _upwards(input_nodes, parents, set())
-    frontiers = {i: _upwards([node], parents, on_input_path)[1] if node is not None else set()
-                 for i, node in weight_nodes.items()}
-    reached = [i for i in range(len(params)) if frontiers[i]]
+    frontiers = [_frontier(grad_node(p), parents, on_input_path, set(root_nodes)) for p in params]
+    reached = [i for i, f in enumerate(frontiers) if f]
     groups = _group_weights([params[i] for i in reached], [frontiers[i] for i in reached])
-    plan = WeightPlan(groups, [p for i, p in enumerate(params) if not frontiers[i]], roots, root_grads)
+    from_outputs = [p for p, f in zip(params, frontiers) if f is not None and not f]
+    plan = WeightPlan(groups, from_outputs, roots, root_grads)
     handles = [node.register_prehook(_recorder(group, node)) for group in plan.groups for node in group.nodes]
     try:
         found = torch.autograd.grad(roots, inputs, root_grads, retain_graph=True, allow_unused=True) if inputs else ()

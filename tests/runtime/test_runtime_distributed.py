@@ -152,3 +152,38 @@ def test_step_and_eval_return_what_torch_returns(tmp_path):
     assert first == {"quiet": None, "losses": 0, "shape": None, "eval_shape": None, "eval_losses": 0}
     width = pipeforge.runtime.models.widths(2)[-1]
     assert last == {"quiet": None, "losses": 4, "shape": (9, width), "eval_shape": (9, width), "eval_losses": 4}
+
+
+def shared_parameter_grads(rank: int, nproc: int, path: str) -> dict:
+    """zbv on 2 ranks: stage 0 and stage 3 (both on rank 0) use one weight; compare with the unpipelined model."""
+    import copy
+
+    import torch
+
+    from pipeforge.runtime import models
+    from pipeforge.runtime.check import load_module
+
+    generated = load_module(path)
+    info = generated.SCHEDULE
+    torch.manual_seed(0)
+    full = [models.MlpStage(4, 4, s == info.stages - 1).double() for s in range(info.stages)]
+    full[-1].linear.weight = full[0].linear.weight
+    reference = copy.deepcopy(full)
+    x, y = models.make_batch(1, 2 * info.microbatches, seed=1)
+    x, y = x[:, :4], y[:, :4]
+    for xm, ym in zip(x.tensor_split(info.microbatches), y.tensor_split(info.microbatches)):
+        models.loss_fn(models.run_stages(reference, xm), ym).backward()
+    held = sorted({s for s, _ in info.held(rank)})
+    pipe = generated.make_pipeline({s: full[s] for s in held}, loss_fn=models.loss_fn, timeout=20)
+    pipe.step(*((x,) if pipe.holds_first else ()), target=y if pipe.holds_last else None)
+    return {s: [(p.grad - q.grad / info.microbatches).abs().max().item()
+                for p, q in zip(full[s].parameters(), reference[s].parameters())] for s in held}
+
+
+def test_a_parameter_shared_by_two_stages_on_one_rank_is_scaled_once(tmp_path):
+    path = str(codegen(pipeforge.load("zbv", defines={"P": 2, "M": 4}), tmp_path))
+    outcomes = spawn(shared_parameter_grads, 2, path, timeout=20, deadline=120)
+    assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
+    diffs = {stage: d for o in outcomes for stage, d in o.value.items()}
+    assert sorted(diffs) == [0, 1, 2, 3]
+    assert max(max(d) for d in diffs.values()) < 1e-12, diffs

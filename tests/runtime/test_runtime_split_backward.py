@@ -113,3 +113,124 @@ def test_weight_pass_runs_no_input_gradient_kernels():
     with CountMatmuls() as counter:
         backward_weight(plan)
     assert counter.count == 4  # one dW product per layer, no dX products
+
+
+# -- every layer type of the model zoo: I then W equals one full backward, bit for bit --------
+
+
+class OnAndOffThePath(nn.Module):
+    """One weight used on the inputs' path and on a branch the inputs never reach."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(5, 5)
+
+    def forward(self, x):
+        return self.linear(x) + self.linear.weight.sum() * 2.0
+
+
+class Frozen(nn.Module):
+    """A frozen layer between two trained ones, and a buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.frozen, self.b = nn.Linear(5, 5), nn.Linear(5, 5), nn.Linear(5, 5)
+        self.frozen.requires_grad_(False)
+        self.norm = nn.BatchNorm1d(5)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.frozen(self.norm(self.a(x)))))
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x):
+        return self.attention(x, x, x, need_weights=False)[0]
+
+
+def zoo_layers():
+    from tests.zoo import models as zoo
+
+    rows, seq, width = 3, zoo.SEQ, zoo.WIDTH
+    hidden = (rows, seq, width)
+    gpt_kwargs = {"padding": torch.arange(seq) >= torch.tensor([[4], [2], [1]])}
+    llama_kwargs = {"positions": torch.arange(seq) + torch.tensor([[0], [2], [1]])}
+    return {
+        "multihead-attention": (Attention, hidden, {}),
+        "transformer-encoder-layer": (lambda: nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True),
+                                      hidden, {}),
+        "gpt-block": (zoo.GptBlock, hidden, gpt_kwargs),
+        "llama-block": (zoo.LlamaBlock, hidden, llama_kwargs),
+        "moe-block": (zoo.MoeBlock, hidden, {}),
+        "moe-one-token": (zoo.TopTwoMoE, (1, 1, width), {}),  # two of four experts get no token
+        "head": (zoo.Head, hidden, {}),
+        "on-and-off-the-inputs-path": (OnAndOffThePath, (3, 5), {}),
+        "frozen-and-buffers": (Frozen, (4, 5), {}),
+        "tied-linear": (Tied, (3, 5), {}),
+    }
+
+
+def gradients(module, x, seeds, kwargs, split_backward):
+    x = x.detach().requires_grad_()
+    outs = as_outputs(module(x, **kwargs))
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not split_backward:
+        torch.autograd.backward(outs, seeds)
+        return x.grad, [p.grad for p in params]
+    (dx,), plan = backward_input(outs, seeds, [x], params)
+    assert all(p.grad is None for p in params)
+    grads = {id(p): g for p, g in backward_weight(plan)}
+    return dx, [grads.get(id(p)) for p in params]
+
+
+def same(got, want) -> bool:
+    return (got is None and want is None) or (got is not None and want is not None and torch.equal(got, want))
+
+
+@pytest.mark.parametrize("layer", sorted(zoo_layers()))
+def test_every_zoo_layer_splits_bit_for_bit(layer):
+    make, shape, kwargs = zoo_layers()[layer]
+    torch.manual_seed(0)
+    module = make().double()
+    x = torch.randn(*shape, dtype=torch.float64)
+    seeds = tuple(torch.randn_like(o) for o in as_outputs(module(x, **kwargs)))
+    want_dx, want = gradients(module, x, seeds, kwargs, split_backward=False)
+    module.zero_grad(set_to_none=True)
+    got_dx, got = gradients(module, x, seeds, kwargs, split_backward=True)
+    assert torch.equal(got_dx, want_dx)
+    assert all(same(g, w) for g, w in zip(got, want)), [
+        name for (name, p), g, w in zip(module.named_parameters(), got, want) if not same(g, w)]
+    if layer == "moe-one-token":
+        assert sum(g is None for g in got) == 2 * 3  # two unused experts, three weights each
+
+
+def test_the_first_stage_splits_an_embedding_with_integer_inputs():
+    from tests.zoo import models as zoo
+
+    stage = zoo.build("tied", 2)[0]
+    tokens, _, kwargs = zoo.batch("tied", 3, 0)
+    out = stage(tokens, **kwargs)
+    seed = torch.randn_like(out)
+    out.backward(seed)
+    want = [p.grad.clone() for p in stage.parameters()]
+    stage.zero_grad(set_to_none=True)
+    out = stage(tokens, **kwargs)
+    found, plan = backward_input((out,), (seed,), [], list(stage.parameters()))
+    got = {id(p): g for p, g in backward_weight(plan)}
+    assert found == () and all(torch.equal(got[id(p)], w) for p, w in zip(stage.parameters(), want))
+
+
+def test_weights_of_one_shape_are_told_apart_by_identity():
+    """Two weights equal in value and shape stay two weights (groups were compared by value)."""
+    layers = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)).double()
+    with torch.no_grad():
+        layers[1].weight.copy_(layers[0].weight)
+        layers[1].bias.copy_(layers[0].bias)
+    x = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+    out = layers(x)
+    _, plan = backward_input((out,), (torch.ones_like(out),), [x], list(layers.parameters()))
+    grads = backward_weight(plan)
+    assert len(grads) == 4 and len({id(p) for p, _ in grads}) == 4
