@@ -2,8 +2,17 @@
 
 The module (``templates/pipeline.py.j2``) imports only torch and
 ``pipeforge.runtime``; it holds one plain function per rank whose body is that
-rank's steps in order, each with its ``.pipe`` location as a comment (left out
-with ``locations=False`` so golden files stay stable), and ``make_pipeline``.
+rank's steps in order, and ``make_pipeline``. Each step carries a comment with
+its torch token, its ``.pipe`` location ``'file':line:col`` and the step index
+``verify`` reports for it (``# 0F1 'x.pipe':8:9 step 2``), so a verify message
+and the generated line can be matched; ``locations=False`` leaves the comments
+out so golden files stay stable.
+
+The module is named after the output: ``-o DIR/NAME.py``, or ``--name NAME``
+in ``DIR``, else the schedule's name. An existing file there is replaced only
+when it is the module of the same schedule (same name and parameters): writing
+another schedule's module over it needs ``force`` (two schedules never overwrite
+each other's module silently).
 
 Nothing from the schedule reaches the module as code except what the jinja2
 ``finalize`` hook lets through: an ``Ident`` (checked with ``str.isidentifier``
@@ -15,6 +24,7 @@ byte-identical text.
 
 from __future__ import annotations
 
+import ast
 import keyword
 import math
 import os
@@ -25,7 +35,7 @@ from pathlib import Path
 
 import jinja2
 
-from pipeforge.errors import CodegenError, VerificationError
+from pipeforge.errors import CodegenError, UsageError, VerificationError
 from pipeforge.files import write_atomically
 from pipeforge.ir import Action, ActionKind, Schedule, Step
 from pipeforge.resources import templates_dir
@@ -81,11 +91,24 @@ class Call:
 
 
 @dataclass(frozen=True)
+class TokenView:
+    """One action's torch token, ``2F0@1``, as the template spells it: ints and an identifier."""
+
+    stage: int
+    kind: Ident
+    microbatch: int | None
+    chain: int
+
+
+@dataclass(frozen=True)
 class StepView:
     form: str  # "call", "overlap" or "post"
     calls: tuple[Call, ...]
-    file: str | None
+    tokens: tuple[TokenView, ...]
+    file: str | None  # None: no comment (``locations=False``)
     line: int | None
+    col: int | None
+    index: int  # the step index verify reports: the written step this one serves
 
 
 @dataclass(frozen=True)
@@ -109,7 +132,12 @@ def call_of(action: Action) -> Call:
     return Call(Ident(method), _ints(args), _int(action.chain))
 
 
-def step_view(step: Step, locations: bool) -> StepView:
+def token_of(action: Action) -> TokenView:
+    microbatch = None if action.microbatch is None else _int(action.microbatch)
+    return TokenView(_int(action.stage), Ident(action.kind.value), microbatch, _int(action.chain))
+
+
+def step_view(step: Step, index: int, locations: bool) -> StepView:
     calls = tuple(call_of(action) for action in step.actions)
     if step.is_group:
         form = "post"
@@ -118,11 +146,12 @@ def step_view(step: Step, locations: bool) -> StepView:
     else:
         form = "call"
     span = step.span if locations else None
-    return StepView(form, calls, Path(span.file).name if span else None, _int(span.line) if span else None)
+    where = (Path(span.file).name, _int(span.line), _int(span.col)) if span else (None, None, None)
+    return StepView(form, calls, tuple(token_of(a) for a in step.actions), *where, _int(index))
 
 
-def rank_view(rank: int, program: tuple[Step, ...], locations: bool) -> RankView:
-    steps = tuple(step_view(step, locations) for step in program if not step.is_idle)
+def rank_view(rank: int, program: tuple[Step, ...], origins: tuple[int, ...], locations: bool) -> RankView:
+    steps = tuple(step_view(step, origins[i], locations) for i, step in enumerate(program) if not step.is_idle)
     return RankView(_int(rank), steps)
 
 
@@ -155,11 +184,19 @@ def module_name(schedule: Schedule) -> Ident:
     return Ident(stem)
 
 
-def render_module(schedule: Schedule, *, locations: bool = True) -> str:
-    """The module text for a lowered schedule (not verified here: see ``generate``)."""
+def render_module(schedule: Schedule, *, locations: bool = True,
+                  origins: tuple[tuple[int, ...], ...] | None = None) -> str:
+    """The module text for a lowered schedule (not verified here: see ``generate``).
+
+    ``origins[r][i]`` is the written step that lowered step ``i`` of rank ``r``
+    serves (``lower_with_origins``): the index the comments name. Without it a
+    step names its own index (the schedule is taken as written).
+    """
     if len(schedule.programs) != schedule.ranks:
         raise CodegenError(f"schedule {schedule.name!r} declares {schedule.ranks} ranks but has "
                            f"{len(schedule.programs)} programs")
+    if origins is None:
+        origins = tuple(tuple(range(len(program))) for program in schedule.programs)
     context = {
         "name": str(schedule.name),
         "ranks": _int(schedule.ranks),
@@ -167,7 +204,8 @@ def render_module(schedule: Schedule, *, locations: bool = True) -> str:
         "microbatches": _int(schedule.microbatches),
         "placements": tuple(_ints(p.stage_to_rank) for p in schedule.placements),
         "params": tuple((str(name), _int(value)) for name, value in schedule.params),
-        "programs": tuple(rank_view(r, program, locations) for r, program in enumerate(schedule.programs)),
+        "programs": tuple(rank_view(r, program, origins[r], locations)
+                          for r, program in enumerate(schedule.programs)),
     }
     text = environment().get_template(TEMPLATE).render(context)
     try:
@@ -178,25 +216,94 @@ def render_module(schedule: Schedule, *, locations: bool = True) -> str:
 
 
 def generate(schedule: Schedule, *, locations: bool = True) -> str:
-    """Lower (when compute-only), verify, and render; an invalid schedule raises ``VerificationError``."""
-    from pipeforge.passes.lower import lower
+    """Lower (when compute-only), verify, and render; an invalid schedule raises ``VerificationError``.
+
+    The schedule is verified as written, so the step indices in the comments
+    are the ones ``pipeforge verify`` reports for the same input.
+    """
+    from pipeforge.passes.lower import lower_with_origins
     from pipeforge.verify import verify
 
-    lowered = lower(schedule) if not schedule.is_lowered else schedule
-    report = verify(lowered)
+    report = verify(schedule)
     if not report.valid:
         raise VerificationError(f"schedule {schedule.name!r} does not verify; no code generated:\n"
                                 f"{_report_text(report)}", report=report)
-    return render_module(lowered, locations=locations)
+    lowered = lower_with_origins(schedule)
+    return render_module(lowered.schedule, locations=locations, origins=lowered.origins)
 
 
-def codegen(schedule: Schedule, out_dir: str | os.PathLike, *, locations: bool = True) -> Path:
-    """Write ``OUT_DIR/<schedule name>.py``; returns its path."""
+def codegen(schedule: Schedule, output: str | os.PathLike, *, locations: bool = True, name: str | None = None,
+            force: bool = False) -> Path:
+    """Write the module and return its path: ``output`` itself when it ends in ``.py``, else
+    ``output/<name or schedule name>.py``. Refuses (``UsageError``) a name that is not a Python
+    identifier, and a target file holding another schedule's module (or anything else) unless ``force``."""
+    path = module_path(schedule, output, name)
+    if not force:
+        check_replaceable(path, schedule)
     text = generate(schedule, locations=locations)
-    path = Path(out_dir) / f"{module_name(schedule)}.py"
     write_atomically(path, text, make_dirs=True)
     return path
 
+
+def module_path(schedule: Schedule, output: str | os.PathLike, name: str | None = None) -> Path:
+    """Where ``codegen`` writes: ``OUT.py`` as given, or ``OUT/<name>.py``."""
+    target = Path(output)
+    if target.suffix == ".py":
+        if name is not None and name != target.stem:
+            raise UsageError(f"--name {name!r} and -o {str(output)!r} name different modules; give one of them")
+        return target.with_name(f"{import_name(target.stem, f'-o {str(output)!r}')}.py")
+    stem = module_name(schedule) if name is None else import_name(name, "--name")
+    return target / f"{stem}.py"
+
+
+def import_name(text: str, what: str) -> Ident:
+    """A module name the user chose: it must be importable (an identifier, not a keyword)."""
+    if not text.isidentifier() or keyword.iskeyword(text):
+        raise UsageError(f"{what}: module name {text!r} is not a Python identifier (letters, digits and '_', "
+                         f"not starting with a digit, not a keyword), so it could not be imported")
+    return Ident(text)
+
+
+def check_replaceable(path: Path, schedule: Schedule) -> None:
+    """Refuse to overwrite ``path`` unless it is absent or the module of this same schedule."""
+    if not path.exists() or path.is_dir():
+        return  # a folder is refused by write_atomically
+    held = generated_schedule(path)
+    ours = (schedule.name, dict(schedule.params))
+    if held == ours:
+        return
+    what = "is not a module pipeforge wrote" if held is None else \
+        f"holds the module of schedule {held[0]!r}{_params_text(held[1])}"
+    raise UsageError(f"{str(path)!r} exists and {what}; this is schedule {schedule.name!r}"
+                     f"{_params_text(ours[1])}. Pass --name NAME (or -o DIR/NAME.py) to write beside it, "
+                     f"or --force to replace it")
+
+
+def generated_schedule(path: Path) -> tuple[str, dict] | None:
+    """``(schedule name, PARAMS)`` of a module codegen wrote, read without running it; None otherwise."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return None
+    found: dict[str, object] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            found[node.targets[0].id] = node.value
+    info, params = found.get("SCHEDULE"), found.get("PARAMS")
+    if not isinstance(info, ast.Call) or params is None:
+        return None
+    names = [k.value for k in info.keywords if k.arg == "name"]
+    try:
+        name, values = ast.literal_eval(names[0]) if names else None, ast.literal_eval(params)
+    except ValueError:
+        return None
+    if not isinstance(name, str) or not isinstance(values, dict):
+        return None
+    return name, values
+
+
+def _params_text(params: dict) -> str:
+    return f" ({', '.join(f'{k}={v}' for k, v in params.items())})" if params else ""
 
 
 def _report_text(report: object) -> str:

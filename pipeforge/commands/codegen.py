@@ -10,14 +10,20 @@ from pipeforge.commands.common import add_input_arguments, load_input, print_jso
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "codegen", help="write a PyTorch module that runs the schedule",
-        description="Lower (if compute-only) and verify the schedule, then write OUTDIR/<schedule>.py: one "
-                    "function per rank and make_pipeline(stage_modules, ...). Refuses a schedule that does "
-                    "not verify.")
+        description="Lower (if compute-only) and verify the schedule, then write OUT/<name>.py (or OUT itself "
+                    "when it ends in .py): one function per rank and make_pipeline(stage_modules, ...). "
+                    "Refuses a schedule that does not verify, and replacing a file that holds another "
+                    "schedule's module (or anything else) without --force.")
     add_input_arguments(parser)
-    parser.add_argument("-o", "--output", dest="out_dir", required=True, metavar="OUTDIR",
-                        help="folder to write the module into (created if missing)")
+    parser.add_argument("-o", "--output", dest="out_dir", required=True, metavar="OUT",
+                        help="folder to write the module into (created if missing), or the module file NAME.py")
+    parser.add_argument("--name", metavar="NAME",
+                        help="module name (a Python identifier) when OUT is a folder; default: the schedule's name")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing file even if it holds another schedule's module")
     parser.add_argument("--no-locations", action="store_true",
-                        help="leave the .pipe file:line comments out (stable golden files)")
+                        help="leave the per-step comments (torch token, .pipe file:line:col, verify's step "
+                             "index) out (stable golden files)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run)
 
@@ -26,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeforge.codegen import codegen
 
     schedule = load_input(args)
-    path = codegen(schedule, args.out_dir, locations=not args.no_locations)
+    path = codegen(schedule, args.out_dir, locations=not args.no_locations, name=args.name, force=args.force)
     if args.json:
         print_json({"schedule": schedule.name, "module": str(path), "ranks": schedule.ranks})
     else:

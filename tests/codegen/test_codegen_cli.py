@@ -41,8 +41,9 @@ def test_codegen_with_locations_names_the_pipe_lines(tmp_path):
     source = Path(__file__).parent / "programs" / "lowered_1f1b.pipe"
     assert main(["codegen", str(source), "-o", str(tmp_path)]) == 0
     text = (tmp_path / "lowered_1f1b.py").read_text()
-    assert "    ctx.forward(0, 0)  # 'lowered_1f1b.pipe':8\n" in text
-    assert "    ctx.post(ctx.send_b(1, 2))  # 'lowered_1f1b.pipe':19\n" in text
+    assert "    ctx.forward(0, 0)  # 0F0 'lowered_1f1b.pipe':8:9 step 0\n" in text
+    assert "    ctx.post(ctx.send_b(1, 2))  # 1SEND_B2 'lowered_1f1b.pipe':19:9 step 9\n" in text
+    assert "    ctx.post(  # [0SEND_F1 0RECV_B0] 'lowered_1f1b.pipe':9:13 step 3\n" in text
 
 
 def test_codegen_refuses_an_invalid_schedule_with_exit_1(tmp_path, capsys):
@@ -52,6 +53,32 @@ def test_codegen_refuses_an_invalid_schedule_with_exit_1(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "does not verify" in err and "broken.pipe:6" in err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_codegen_names_modules_and_refuses_to_overwrite_another_schedule(tmp_path, capsys):
+    source = Path(__file__).parent / "programs" / "lowered_1f1b.pipe"
+    out = tmp_path / "gen"
+    assert main(["codegen", "gpipe", "-D", "P=2", "-D", "M=3", "-o", str(out), "--name", "lowered_1f1b"]) == 0
+    before = (out / "lowered_1f1b.py").read_text()
+    capsys.readouterr()
+    assert main(["codegen", str(source), "-o", str(out)]) == 2  # same file name, another schedule
+    err = capsys.readouterr().err
+    assert "holds the module of schedule 'gpipe' (P=2, M=3)" in err and "--force" in err and "Traceback" not in err
+    assert (out / "lowered_1f1b.py").read_text() == before
+    assert main(["codegen", str(source), "-o", str(out / "hand.py")]) == 0
+    assert main(["codegen", str(source), "-o", str(out), "--force"]) == 0
+    assert "name='lowered_1f1b'" in (out / "lowered_1f1b.py").read_text()
+
+
+@pytest.mark.parametrize("flags", [["--name", "my-module"], ["--name", "for"], ["-o-placeholder", "bad name.py"]])
+def test_codegen_refuses_a_module_name_that_is_not_an_identifier(tmp_path, capsys, flags):
+    out = str(tmp_path / "gen")
+    if flags[0] == "-o-placeholder":
+        out, flags = str(tmp_path / flags[1]), []
+    assert main(["codegen", "1f1b", "-D", "P=2", "-D", "M=2", "-o", out, *flags]) == 2
+    err = capsys.readouterr().err
+    assert "is not a Python identifier" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_run_with_the_wrong_process_count_is_a_usage_error(capsys):
@@ -105,7 +132,7 @@ def test_a_crafted_file_name_stays_inside_comments(tmp_path):
     text = (tmp_path / "out" / "lowered_1f1b.py").read_text()
     imports = [n for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert [ast.unparse(n) for n in imports] == ["import torch", "from pipeforge import runtime"]
-    assert "  # 'x\\'; import os\\n#\"q.pipe':8\n" in text
+    assert "  # 0F0 'x\\'; import os\\n#\"q.pipe':8:9 step 0\n" in text
 
 
 def test_run_without_torch_is_refused_plainly(monkeypatch, capsys):

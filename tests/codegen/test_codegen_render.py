@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -102,8 +103,8 @@ def test_module_structure_and_imports():
     text = render_module(lowered())
     assert defined_names(text) == EXPECTED_NAMES
     assert top_level_imports(text) == {"torch", "pipeforge:runtime"}
-    assert "ctx.post(ctx.send_f(0, 0))  # 'tiny.pipe':11" in text
-    assert "    ctx.backward(1, 1)  # 'tiny.pipe':16\n" in text
+    assert "ctx.post(ctx.send_f(0, 0))  # 0SEND_F0 'tiny.pipe':11:5 step 1\n" in text
+    assert "    ctx.backward(1, 1)  # 1B1 'tiny.pipe':16:5 step 6\n" in text
 
 
 def test_locations_can_be_left_out():
@@ -244,3 +245,100 @@ def test_every_step_of_the_lowered_schedule_appears_in_order():
         function = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == f"rank_{rank}")
         assert len(function.body) == sum(1 for step in program if not step.is_idle)
 
+
+
+# -- comments: torch token, 'file':line:col, verify's step index ------------------------------
+
+COMMENT = re.compile(r"  # (?P<token>\S+(?: \S+)*?) (?P<file>'[^']*'):(?P<line>\d+):(?P<col>\d+) step (?P<step>\d+)$")
+
+
+def comments_by_rank(text: str) -> dict[int, list[re.Match]]:
+    """Each rank function's step comments, in order."""
+    found: dict[int, list[re.Match]] = {}
+    rank = None
+    for line in text.splitlines():
+        if line.startswith("def rank_"):
+            rank = int(line[len("def rank_"):line.index("(")])
+            found[rank] = []
+        elif rank is not None and (match := COMMENT.search(line)):
+            found[rank].append(match)
+    return found
+
+
+@pytest.mark.parametrize("name, defines", [("1f1b", {"P": 2, "M": 3}), ("zb-h1", {"P": 3, "M": 4}),
+                                           ("dualpipev", {"P": 2, "M": 4}), ("chimera", {"P": 2, "M": 2})])
+def test_comments_name_the_token_location_and_written_step(name, defines):
+    schedule = pipeforge.load(name, defines=defines)
+    lowered_program = pipeforge.lower(schedule).programs
+    comments = comments_by_rank(generate(schedule))
+    for rank, program in enumerate(lowered_program):
+        steps = [step for step in program if not step.is_idle]
+        assert [m["token"] for m in comments[rank]] == [str(step) for step in steps]
+        for match, step in zip(comments[rank], steps):
+            written = schedule.programs[rank][int(match["step"])]
+            assert (int(match["line"]), int(match["col"])) == (step.span.line, step.span.col)
+            if step.is_compute:  # a compute step is the written step itself; a group serves it
+                assert str(written) == match["token"]
+
+
+def test_the_step_verify_reports_is_the_step_the_comment_names():
+    # a valid schedule checked under a tight memory limit: verify names rank, step and action
+    schedule = pipeforge.load("zb-h1", defines={"P": 4, "M": 8})
+    report = pipeforge.verify(schedule, memory_limit=2)
+    assert report.violations
+    comments = comments_by_rank(generate(schedule))
+    for violation in report.violations:
+        token = re.search(r" at (\S+),", violation.message)[1]
+        (match,) = [m for m in comments[violation.rank] if m["step"] == str(violation.step) and m["token"] == token]
+        assert violation.location.endswith(f"{match['file'][1:-1]}:{match['line']}:{match['col']}")
+
+
+def test_an_overlap_comment_is_the_overlap_token():
+    rows = [["(0F1;0B0)"], ["1F0@1", "1REDUCE_GRAD"]]
+    programs = tuple(tuple(replace(s, span=Span("o.pipe", 3, 7)) for s in p) for p in programs_from_tokens(rows))
+    schedule = Schedule("o", 2, 2, 2, (Placement.loop(2, 2), Placement((1, 0))), programs)
+    text = render_module(schedule)
+    assert "    with ctx.overlap():  # (0F1;0B0) 'o.pipe':3:7 step 0\n        ctx.forward(0, 1)\n" in text
+    assert "    ctx.forward(1, 0, chain=1)  # 1F0@1 'o.pipe':3:7 step 0\n" in text
+
+
+# -- naming the module and never overwriting another schedule's ------------------------------
+
+def test_output_file_names_the_module(tmp_path):
+    schedule = pipeforge.load("1f1b", defines={"P": 2, "M": 3})
+    assert codegen(schedule, tmp_path / "mine.py") == tmp_path / "mine.py"
+    assert codegen(schedule, tmp_path, name="other") == tmp_path / "other.py"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.py", "other.py"]
+
+
+@pytest.mark.parametrize("output, name", [("my-mod.py", None), ("1x.py", None), ("class.py", None),
+                                          ("", "a b"), ("", "import"), ("", "x.py"), ("m.py", "n")])
+def test_a_module_name_that_cannot_be_imported_is_refused(tmp_path, output, name):
+    schedule = pipeforge.load("1f1b", defines={"P": 2, "M": 2})
+    with pytest.raises(UsageError, match="module name|name different modules"):
+        codegen(schedule, tmp_path / output, name=name)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_two_schedules_never_overwrite_each_other(tmp_path):
+    small = pipeforge.load("1f1b", defines={"P": 2, "M": 2})
+    large = pipeforge.load("1f1b", defines={"P": 2, "M": 4})
+    path = codegen(small, tmp_path)
+    first = path.read_text()
+    assert codegen(small, tmp_path) == path  # the same schedule again: regenerated
+    with pytest.raises(UsageError, match=r"holds the module of schedule 'one_f_one_b' \(P=2, M=2\).*--name"):
+        codegen(large, tmp_path)
+    assert path.read_text() == first
+    other = pipeforge.load("gpipe", defines={"P": 2, "M": 2})
+    with pytest.raises(UsageError, match="holds the module of schedule 'one_f_one_b'"):
+        codegen(other, path)
+    assert codegen(large, tmp_path, force=True) == path
+    assert "microbatches=4" in path.read_text()
+
+
+def test_a_file_pipeforge_did_not_write_is_not_replaced(tmp_path):
+    target = tmp_path / "mine.py"
+    target.write_text("print('my code')\n")
+    with pytest.raises(UsageError, match="not a module pipeforge wrote"):
+        codegen(pipeforge.load("1f1b", defines={"P": 2, "M": 2}), target)
+    assert target.read_text() == "print('my code')\n"
