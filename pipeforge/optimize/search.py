@@ -36,6 +36,7 @@ from pipeforge.optimize.bounds import bubble_of_span, span_lower_bound
 from pipeforge.optimize.evaluate import (
     Evaluation, Graph, Order, Problem, compute_actions, evaluate, is_complete, schedule_of,
 )
+from pipeforge.optimize.units import Units, integer_units
 
 STRATEGIES = ("auto", "greedy", "local", "exact")
 EXACT_AUTO_ACTIONS = 96   # auto runs exact search up to P * M * 3 = 96 (P=4, M=8)
@@ -60,6 +61,11 @@ class Metrics:
     def key(self) -> tuple[float, float, float]:
         """Worst span, total span, makespan: ``Evaluation.key`` without its tie-breaker."""
         return (round(self.max_span, 9), round(sum(self.spans), 9), round(self.makespan, 9))
+
+    def scaled(self, factor: float) -> Metrics:
+        """The same figures with every time multiplied by ``factor`` (integer units to the input's)."""
+        return replace(self, makespan=self.makespan * factor, max_span=self.max_span * factor,
+                       spans=tuple(span * factor for span in self.spans))
 
     def to_json(self) -> dict:
         return {"bubble_rate": self.bubble_rate, "makespan": self.makespan,
@@ -138,7 +144,10 @@ def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit
     deadline = started + time_limit
     compute = schedule.compute_only()
     _require_complete(compute)
-    problem = Problem.of(compute, costs, memory_limit)
+    given = Problem.of(compute, costs, memory_limit)
+    units = integer_units(given.costs)
+    # Every search times orders in exact integer units (units.py): the same result whatever the unit.
+    problem = replace(given, costs=units.costs)
     before = metrics_of(compute, problem.costs, MemorySpec(problem.memory_limit, problem.weights))
     if problem.memory_limit is None:
         problem = replace(problem, memory_limit=max(before.peak_memory, default=0.0))
@@ -146,7 +155,7 @@ def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit
     split = Graph(problem, split_actions(compute_actions(compute)))
     run = _Run(problem, split, deadline, progress)
     best, span_bound = run.strategies(strategy, source)
-    return _result(schedule, compute, split, before, best, span_bound, strategy, started)
+    return _result(schedule, compute, split, before, best, span_bound, strategy, started, units)
 
 
 def _require_complete(compute: Schedule) -> None:
@@ -267,7 +276,8 @@ def _input_candidate(problem: Problem, compute: Schedule) -> _Candidate | None:
 
 
 def _result(schedule: Schedule, compute: Schedule, split: Graph, before: Metrics, best: _Candidate | None,
-            span_bound: float, strategy: str, started: float) -> OptimizeResult:
+            span_bound: float, strategy: str, started: float, units: Units) -> OptimizeResult:
+    """The result in the input's units (``before``, ``best`` and ``span_bound`` are in integer units)."""
     problem = split.problem
     within = problem.memory_limit is None or max(before.peak_memory, default=0.0) <= problem.memory_limit + 1e-9
     if best is None or not _beats_input(best, before, within):
@@ -276,13 +286,14 @@ def _result(schedule: Schedule, compute: Schedule, split: Graph, before: Metrics
                                     f"{problem.memory_limit:g} was found (the input holds {max(before.peak_memory):g})")
         result, after, found_by = schedule, before, "input"
     else:
-        result = schedule_of(compute, best.graph, best.order, name=schedule.name)
+        result = replace(schedule_of(compute, best.graph, best.order, name=schedule.name), costs=units.given)
         _verify(result, problem.memory_limit, best)
         after, found_by = Metrics.of(best.evaluation), best.found_by
     span_bound = min(span_bound, after.max_span)
     gap = (after.max_span - span_bound) / after.max_span if after.max_span > 0 else 0.0
     bound = bubble_of_span(split, span_bound)
-    return OptimizeResult(result, before, after, bound, span_bound, gap, gap <= 1e-6, result is not schedule,
+    return OptimizeResult(result, before.scaled(units.scale), after.scaled(units.scale), bound,
+                          units.to_real(span_bound), gap, gap <= 1e-6, result is not schedule,
                           found_by, strategy, time.monotonic() - started, problem.memory_limit)
 
 
