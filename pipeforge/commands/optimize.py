@@ -88,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
 
 def report(result, output: str) -> str:
     """The human report: before, after and the bound side by side."""
+    from pipeforge.optimize.search import STOP_REASONS
+
     before, after, schedule, limit = result.before, result.after, result.schedule, result.memory_limit
     verdict = "optimal" if result.optimal else f"gap {100 * result.gap:.2f}% of the span"
     lines = [
@@ -100,6 +102,7 @@ def report(result, output: str) -> str:
         f"{'makespan':13}{before.makespan:>10.4g}{after.makespan:>10.4g}",
         f"peak memory  before {_peaks(before.peak_memory)}; after {_peaks(after.peak_memory)}"
         + (f" (limit {limit:g})" if limit is not None else " (no limit)"),
+        f"stopped: {STOP_REASONS[result.stopped]}",
         f"wrote {output}" + ("" if result.improved else " (the input: nothing better found)"),
     ]
     if limit is not None and max(before.peak_memory, default=0.0) > limit + 1e-9:
