@@ -148,8 +148,10 @@ def split_actions(actions: list[Action]) -> list[Action]:
 
 
 def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit: float | None = None,
-             strategy: str = "auto", time_limit: float = 10.0, progress: Progress | None = None) -> OptimizeResult:
-    """A schedule at least as good as ``schedule`` under ``costs`` and ``memory_limit`` (see the module doc)."""
+             strategy: str = "auto", time_limit: float = 10.0, progress: Progress | None = None,
+             weights: float | None = None) -> OptimizeResult:
+    """A schedule at least as good as ``schedule`` under ``costs`` and ``memory_limit`` (see the module doc);
+    ``weights`` (M_W / M_B) overrides the schedule's."""
     if strategy not in STRATEGIES:
         raise UsageError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
     if time_limit <= 0:
@@ -159,6 +161,8 @@ def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit
     compute = schedule.compute_only()
     _require_complete(compute)
     given = Problem.of(compute, costs, memory_limit)
+    if weights is not None:
+        given = replace(given, weights=weights)
     units = integer_units(given.costs)
     # Every search times orders in exact integer units (units.py): the same result whatever the unit.
     problem = replace(given, costs=units.costs)
