@@ -11,7 +11,8 @@ from pipeforge.commands.common import add_input_arguments, load_input, print_jso
 from pipeforge.errors import UsageError
 from pipeforge.files import write_atomically
 
-COST_HELP = "override costs field by field: F=1,I=1,W=1,B=2,comm=0 (B defaults to I+W)"
+COST_HELP = ("override costs field by field: F=1,I=1,W=1,B=2,comm=0 (B defaults to I+W); "
+             "weights=X sets M_W/M_B, the part of a microbatch's activations only W releases")
 
 
 def register(subparsers) -> None:
@@ -70,11 +71,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--time-limit {args.time_limit!r}: expected a positive number of seconds")
     schedule = load_input(args)
     costs = costs_for(schedule, args.cost)
-    limit = memory_for(schedule, args.memory_limit).limit
+    memory = memory_for(schedule, args.memory_limit, args.cost)
     progress = ProgressLine()
     try:
-        result = optimize(schedule, costs=costs, memory_limit=limit, strategy=args.strategy,
-                          time_limit=args.time_limit, progress=progress)
+        result = optimize(schedule, costs=costs, memory_limit=memory.limit, strategy=args.strategy,
+                          time_limit=args.time_limit, progress=progress, weights=memory.weights)
     finally:
         progress.close()
     write_atomically(Path(args.output), print_schedule(result.schedule))
@@ -88,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
 
 def report(result, output: str) -> str:
     """The human report: before, after and the bound side by side."""
+    from pipeforge.optimize.search import STOP_REASONS
+
     before, after, schedule, limit = result.before, result.after, result.schedule, result.memory_limit
     verdict = "optimal" if result.optimal else f"gap {100 * result.gap:.2f}% of the span"
     lines = [
@@ -100,6 +103,7 @@ def report(result, output: str) -> str:
         f"{'makespan':13}{before.makespan:>10.4g}{after.makespan:>10.4g}",
         f"peak memory  before {_peaks(before.peak_memory)}; after {_peaks(after.peak_memory)}"
         + (f" (limit {limit:g})" if limit is not None else " (no limit)"),
+        f"stopped: {STOP_REASONS[result.stopped]}",
         f"wrote {output}" + ("" if result.improved else " (the input: nothing better found)"),
     ]
     if limit is not None and max(before.peak_memory, default=0.0) > limit + 1e-9:

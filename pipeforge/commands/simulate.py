@@ -6,7 +6,8 @@ import argparse
 
 from pipeforge.commands.common import add_input_arguments, check_width, load_input, print_json
 
-COST_HELP = "override costs field by field: F=1,I=1,W=1,B=2,comm=0 (B defaults to I+W)"
+COST_HELP = ("override costs field by field: F=1,I=1,W=1,B=2,comm=0 (B defaults to I+W); "
+             "weights=X sets M_W/M_B, the part of a microbatch's activations only W releases")
 
 
 def register(subparsers) -> None:
@@ -33,7 +34,7 @@ def simulate_input(args: argparse.Namespace):
 
     schedule = load_input(args)
     costs = costs_for(schedule, args.cost)
-    memory = memory_for(schedule, getattr(args, "memory_limit", None))
+    memory = memory_for(schedule, getattr(args, "memory_limit", None), args.cost)
     return simulate(schedule, costs, memory=memory)
 
 

@@ -26,6 +26,12 @@ runs out of time, the search asks "is there an order with Z <= target?" by
 bisection between a proven lower bound and the best order found: "unsat"
 raises the lower bound, "sat" yields a better order. The answer is optimal
 when the two meet, else the best order with the proven bound and the gap.
+
+The model is written as SMT-LIB text and parsed by z3 in one call (one Python
+call per constraint took 8-24 s at P=8, M=32); the clock is read every few
+hundred constraints, so a short time limit is kept even while building.
+Models with more than ``MAX_ORDER_PAIRS`` ordering Booleans are refused
+(``TooLarge``): z3 cannot search them in any useful time.
 """
 
 from __future__ import annotations
@@ -49,14 +55,30 @@ class ExactResult:
     upper_bound: float
     optimal: bool
     checks: int
+    built: bool = True   # False: the time ran out while the model was being built
 
     @property
     def gap(self) -> float:
         return (self.upper_bound - self.lower_bound) / self.upper_bound if self.upper_bound > 0 else 0.0
 
 
-def _real(value: float) -> z3.ArithRef:
-    return z3.RealVal(str(value))
+class OutOfTime(Exception):
+    """The deadline passed while the model was being built."""
+
+
+class TooLarge(Exception):
+    """The model would be too large to build and search within any sensible time."""
+
+
+MAX_ORDER_PAIRS = 6000    # pairs of actions on one rank summed over ranks (P=4, M=8: 4 * C(24, 2) = 1104)
+CHECK_EVERY = 500         # constraints written between two looks at the clock
+
+
+def _num(value: float) -> str:
+    """A number as SMT-LIB text, exactly (the float's own rational value)."""
+    q = Fraction(value)
+    text = f"{abs(q.numerator)}.0" if q.denominator == 1 else f"(/ {abs(q.numerator)}.0 {q.denominator}.0)"
+    return f"(- {text})" if q < 0 else text
 
 
 def _reachability(graph: Graph) -> list[set[int]]:
@@ -78,77 +100,112 @@ def _reachability(graph: Graph) -> list[set[int]]:
     return [found or set() for found in ancestors]
 
 
-class _Model:
-    def __init__(self, graph: Graph, asap: bool):
-        self.graph = graph
-        self.solver = z3.Solver()
+def order_pairs(graph: Graph) -> int:
+    """How many ordering Booleans the model needs: pairs of actions on one rank."""
+    counts = [0] * graph.problem.ranks
+    for r in graph.rank:
+        counts[r] += 1
+    return sum(n * (n - 1) // 2 for n in counts)
+
+
+class _ModelText:
+    """The model as SMT-LIB 2 text, written line by line, looking at the clock as it goes.
+
+    z3 parses the text in one call (DESIGN.md: about 6x faster than one Python API call per
+    constraint).
+    """
+
+    def __init__(self, graph: Graph, asap: bool, deadline: float):
+        self.graph, self.deadline = graph, deadline
         n = len(graph.actions)
-        self.start = [z3.Real(f"s{a}") for a in range(n)]
-        self.ancestors = _reachability(graph)
-        self.before: dict[tuple[int, int], z3.BoolRef] = {}
         self.by_rank = [[a for a in range(n) if graph.rank[a] == r] for r in range(graph.problem.ranks)]
-        self.objective = z3.Real("Z")
+        self.ancestors = _reachability(graph)
+        self.before: set[tuple[int, int]] = set()
+        self.lines: list[str] = [f"(declare-const s{a} Real)" for a in range(n)] + ["(declare-const Z Real)"]
         self._data_dependencies()
-        for actions in self.by_rank:
+        for r, actions in enumerate(self.by_rank):
             self._no_overlap(actions)
             self._memory(actions)
-            self._span(actions)
+            self._span(r, actions)
         if asap:
             for a in range(n):
                 self._asap(a)
 
-    def end(self, a: int) -> z3.ArithRef:
-        return self.start[a] + _real(self.graph.duration[a])
+    def text(self) -> str:
+        return "\n".join(self.lines)
 
-    def precedes(self, a: int, b: int) -> z3.BoolRef:
-        if (a, b) in self.before:
-            return self.before[(a, b)]
-        return z3.Not(self.before[(b, a)])
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+        if len(self.lines) % CHECK_EVERY == 0 and time.monotonic() > self.deadline:
+            raise OutOfTime
+
+    def end(self, a: int) -> str:
+        return f"(+ s{a} {_num(self.graph.duration[a])})"
+
+    def precedes(self, a: int, b: int) -> str:
+        return f"o{a}_{b}" if (a, b) in self.before else f"(not o{b}_{a})"
 
     def _data_dependencies(self) -> None:
         for a, deps in enumerate(self.graph.deps):
-            self.solver.add(self.start[a] >= 0)
+            self.add(f"(assert (>= s{a} 0.0))")
             for d, latency in deps:
-                self.solver.add(self.start[a] >= self.end(d) + _real(latency))
+                self.add(f"(assert (>= s{a} (+ s{d} {_num(self.graph.duration[d] + latency)})))")
 
     def _no_overlap(self, actions: list[int]) -> None:
         for i, a in enumerate(actions):
             for b in actions[i + 1:]:
-                flag = z3.Bool(f"o{a}_{b}")
-                self.before[(a, b)] = flag
+                self.before.add((a, b))
+                flag = f"o{a}_{b}"
+                self.lines.append(f"(declare-const {flag} Bool)")
                 if a in self.ancestors[b]:
-                    self.solver.add(flag)
+                    self.add(f"(assert {flag})")
                 elif b in self.ancestors[a]:
-                    self.solver.add(z3.Not(flag))
-                self.solver.add(z3.Implies(flag, self.start[b] >= self.end(a)))
-                self.solver.add(z3.Implies(z3.Not(flag), self.start[a] >= self.end(b)))
+                    self.add(f"(assert (not {flag}))")
+                self.add(f"(assert (=> {flag} (>= s{b} {self.end(a)})))")
+                self.add(f"(assert (=> (not {flag}) (>= s{a} {self.end(b)})))")
 
     def _memory(self, actions: list[int]) -> None:
-        limit = self.graph.problem.memory_limit
+        limit, delta = self.graph.problem.memory_limit, self.graph.delta
         if limit is None:
             return
-        delta = self.graph.delta
         for b in actions:
             if delta[b] <= 0:
                 continue
-            held = [z3.If(self.precedes(a, b), _real(delta[a]), _real(0.0)) for a in actions if a != b]
-            self.solver.add(z3.Sum(held + [_real(delta[b])]) <= _real(limit))
+            held = " ".join(f"(ite {self.precedes(a, b)} {_num(delta[a])} 0.0)" for a in actions if a != b)
+            self.add(f"(assert (<= (+ {_num(delta[b])} {held}) {_num(limit)}))")
 
-    def _span(self, actions: list[int]) -> None:
+    def _span(self, r: int, actions: list[int]) -> None:
         if not actions:
             return
-        first, last = z3.Real(f"first{actions[0]}"), z3.Real(f"last{actions[0]}")
+        self.lines += [f"(declare-const first{r} Real)", f"(declare-const last{r} Real)"]
         for a in actions:
-            self.solver.add(first <= self.start[a], last >= self.end(a))
-        self.solver.add(self.objective >= last - first)
+            self.add(f"(assert (<= first{r} s{a}))")
+            self.add(f"(assert (>= last{r} {self.end(a)}))")
+        self.add(f"(assert (>= Z (- last{r} first{r})))")
 
     def _asap(self, b: int) -> None:
-        options = [self.start[b] == self.end(d) + _real(latency) for d, latency in self.graph.deps[b]]
-        if not self.graph.deps[b]:
-            options.append(self.start[b] == 0)
+        deps = self.graph.deps[b]
+        options = [f"(= s{b} (+ s{d} {_num(self.graph.duration[d] + latency)}))" for d, latency in deps]
+        if not deps:
+            options.append(f"(= s{b} 0.0)")
         rank_actions = self.by_rank[self.graph.rank[b]]
-        options += [z3.And(self.precedes(a, b), self.start[b] == self.end(a)) for a in rank_actions if a != b]
-        self.solver.add(z3.Or(options))
+        options += [f"(and {self.precedes(a, b)} (= s{b} {self.end(a)}))" for a in rank_actions if a != b]
+        self.add(f"(assert (or {' '.join(options)}))")
+
+
+class _Model:
+    """The parsed model: its assertions, a solver holding them, the start variables and Z."""
+
+    def __init__(self, graph: Graph, asap: bool, deadline: float):
+        text = _ModelText(graph, asap, deadline)
+        self.graph, self.by_rank = graph, text.by_rank
+        self.assertions = z3.parse_smt2_string(text.text())
+        if time.monotonic() > deadline:
+            raise OutOfTime
+        self.solver = z3.Solver()
+        self.solver.add(self.assertions)
+        self.start = [z3.Real(f"s{a}") for a in range(len(graph.actions))]
+        self.objective = z3.Real("Z")
 
     def order_from_model(self, model: z3.ModelRef | None = None) -> Order:
         model = model if model is not None else self.solver.model()
@@ -173,9 +230,16 @@ def solve_exact(graph: Graph, incumbent: Order, lower_bound: float, *, time_limi
     best = evaluate(graph, incumbent)
     if best is None:
         raise ValueError("the incumbent order does not run")
-    model = _Model(graph, asap)
+    pairs = order_pairs(graph)
+    if pairs > MAX_ORDER_PAIRS:
+        raise TooLarge(f"exact search needs {pairs} ordering decisions here (pairs of actions on one rank); "
+                       f"it can prove results only up to {MAX_ORDER_PAIRS} (about 4 ranks x 8 microbatches)")
+    try:
+        model = _Model(graph, asap, deadline)
+    except OutOfTime:
+        return ExactResult(incumbent, lower_bound, best.max_span, False, 0, built=False)
     search = _Bisection(graph, model, lower_bound, best.max_span, incumbent)
-    search.minimize(time_limit * 2 / 3)
+    search.minimize(max(0.0, deadline - time.monotonic()) * 2 / 3)
     while not search.closed() and search.probe(deadline - time.monotonic()):
         if progress is not None:
             spent = 1.0 - max(0.0, deadline - time.monotonic()) / time_limit
@@ -196,7 +260,7 @@ class _Bisection:
     def minimize(self, seconds: float) -> None:
         """z3's Optimize: when it finishes, its optimum is a proven bound and its model an order."""
         optimizer = z3.Optimize()
-        optimizer.add(self.model.solver.assertions())
+        optimizer.add(self.model.assertions)
         objective = optimizer.minimize(self.model.objective)
         optimizer.set("timeout", max(1, int(seconds * 1000)))
         answer = optimizer.check()
@@ -249,7 +313,7 @@ def _as_fraction(value: z3.ExprRef) -> Fraction | None:
 
 def _check(model: _Model, target: float, seconds: float) -> z3.CheckSatResult:
     model.solver.set("timeout", max(1, int(seconds * 1000)))
-    return model.solver.check(model.objective <= _real(target))
+    return model.solver.check(model.objective <= z3.RealVal(str(Fraction(target))))
 
 
 def _improvement(graph: Graph, found: Order, high: float) -> tuple[Order, float] | None:

@@ -25,10 +25,11 @@ clocks (as-soon-as-possible in program order, the same timing as ``evaluate``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeforge.ir import Action, ActionKind
 from pipeforge.optimize.evaluate import ActionKey, Problem
+from pipeforge.optimize.units import integer_units
 
 # Kinds as their letters: the builder keys dicts by kind in its hot loop, and str hashing is cheap.
 F, I, W = ActionKind.F.value, ActionKind.I.value, ActionKind.W.value
@@ -64,31 +65,39 @@ def supports(problem: Problem) -> bool:
 
 @dataclass(frozen=True)
 class GreedyOrder:
-    """One knob setting's per-rank order and the spans its own clocks give (ASAP, as ``evaluate``)."""
+    """One knob setting's per-rank order and the spans its own clocks give (ASAP, as ``evaluate``).
+
+    ``ticks`` are the spans in the exact integer units the builder works in
+    (``units.py``), ``spans`` the same in the problem's units.
+    """
 
     knobs: Knobs
     keys: tuple[tuple[ActionKey, ...], ...]
     spans: tuple[float, ...]
+    ticks: tuple[float, ...]
 
     @property
     def programs(self) -> tuple[tuple[Action, ...], ...]:
         return tuple(tuple(Action(s, ActionKind(k), m, c) for c, s, k, m in rank) for rank in self.keys)
 
     def key(self) -> tuple[float, float]:
-        return (round(max(self.spans), 9), round(sum(self.spans), 9))
+        """Worst span, then total span, compared exactly (in integer units)."""
+        return (max(self.ticks), sum(self.ticks))
 
 
 def zero_bubble_orders(problem: Problem) -> list[GreedyOrder]:
-    """The orders of every knob setting that fits in memory."""
+    """The orders of every knob setting that fits in memory (the same orders whatever the cost units)."""
+    units = integer_units(problem.costs)
+    exact = replace(problem, costs=units.costs)
     found = []
     for knobs in KNOB_SETTINGS:
-        builder = _RoundBuilder(problem, knobs)
+        builder = _RoundBuilder(exact, knobs)
         try:
             keys = builder.build()
         except DoesNotFit:
             continue
-        spans = tuple(end - first for end, first in zip(builder.clock, builder.first_start))
-        found.append(GreedyOrder(knobs, keys, spans))
+        ticks = tuple(end - first for end, first in zip(builder.clock, builder.first_start))
+        found.append(GreedyOrder(knobs, keys, tuple(map(units.to_real, ticks)), ticks))
     return found
 
 

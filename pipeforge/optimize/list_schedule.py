@@ -23,10 +23,11 @@ gets stuck (memory full, no W to run, nothing arriving) is dropped.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeforge.ir import ActionKind
 from pipeforge.optimize.evaluate import TOLERANCE, ActionKey, Problem
+from pipeforge.optimize.units import integer_units
 
 F, I, W = ActionKind.F.value, ActionKind.I.value, ActionKind.W.value
 NEVER = float("inf")
@@ -52,11 +53,13 @@ def supports(problem: Problem) -> bool:
 
 
 def list_schedule_orders(problem: Problem) -> list[tuple[Rules, tuple[tuple[ActionKey, ...], ...]]]:
-    """The per-rank orders (as action keys) of every rule combination that does not get stuck."""
+    """The per-rank orders (as action keys) of every rule combination that does not get stuck
+    (timed in exact integer units: the same orders whatever the cost units)."""
+    exact = replace(problem, costs=integer_units(problem.costs).costs)
     found = []
     for rules in RULES:
         try:
-            found.append((rules, _ListScheduler(problem, rules).run()))
+            found.append((rules, _ListScheduler(exact, rules).run()))
         except Stuck:
             continue
     return found

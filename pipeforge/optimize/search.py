@@ -13,6 +13,11 @@ Strategies (``strategy=``):
   then exact search when the instance is small (at most ``EXACT_AUTO_ACTIONS``
   actions: local search gets a quarter of the time, exact search the rest).
 
+Every strategy stops as soon as the best order reaches the proven lower bound
+(it is optimal); local search stops when its restarts stop improving; nothing
+runs past the time limit. ``OptimizeResult.stopped`` says which (``STOP_REASONS``).
+Explicit ``exact`` refuses (``UsageError``) a problem too large for its model.
+
 The memory limit is ``memory_limit``, else the schedule's own, else the
 input's peak: an optimized schedule never holds more activations than the
 input did unless a limit says it may.
@@ -36,11 +41,19 @@ from pipeforge.optimize.bounds import bubble_of_span, span_lower_bound
 from pipeforge.optimize.evaluate import (
     Evaluation, Graph, Order, Problem, compute_actions, evaluate, is_complete, schedule_of,
 )
+from pipeforge.optimize.units import Units, integer_units
 
 STRATEGIES = ("auto", "greedy", "local", "exact")
+STOP_REASONS = {
+    "bound": "the best order reaches the proven lower bound: it is optimal",
+    "stalled": "the search stopped improving before the time limit",
+    "time": "the time limit ran out",
+    "finished": "every setting of the strategy ran",
+}
 EXACT_AUTO_ACTIONS = 96   # auto runs exact search up to P * M * 3 = 96 (P=4, M=8)
 ASAP_ACTIONS = 48         # up to this size the z3 model also fixes ASAP timing (optimal = what sim reports)
 LIST_SCHEDULE_ACTIONS = 3000
+VERIFY_RESERVE, VERIFY_RESERVE_S = 0.15, 1.0  # the part of the time limit kept for verifying the result
 Progress = Callable[[float, str], None]
 
 
@@ -60,6 +73,11 @@ class Metrics:
     def key(self) -> tuple[float, float, float]:
         """Worst span, total span, makespan: ``Evaluation.key`` without its tie-breaker."""
         return (round(self.max_span, 9), round(sum(self.spans), 9), round(self.makespan, 9))
+
+    def scaled(self, factor: float) -> Metrics:
+        """The same figures with every time multiplied by ``factor`` (integer units to the input's)."""
+        return replace(self, makespan=self.makespan * factor, max_span=self.max_span * factor,
+                       spans=tuple(span * factor for span in self.spans))
 
     def to_json(self) -> dict:
         return {"bubble_rate": self.bubble_rate, "makespan": self.makespan,
@@ -88,10 +106,12 @@ class OptimizeResult:
     strategy: str
     seconds: float
     memory_limit: float | None = None
+    stopped: str = "finished"
 
     def to_json(self) -> dict:
         return {
             "schedule": self.schedule.name, "strategy": self.strategy, "found_by": self.found_by,
+            "stopped": self.stopped, "stopped_because": STOP_REASONS[self.stopped],
             "improved": self.improved, "optimal": self.optimal, "memory_limit": self.memory_limit,
             "before": self.before.to_json(), "after": self.after.to_json(),
             "bound": {"bubble_rate": self.bound, "max_span": self.span_bound},
@@ -128,25 +148,44 @@ def split_actions(actions: list[Action]) -> list[Action]:
 
 
 def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit: float | None = None,
-             strategy: str = "auto", time_limit: float = 10.0, progress: Progress | None = None) -> OptimizeResult:
-    """A schedule at least as good as ``schedule`` under ``costs`` and ``memory_limit`` (see the module doc)."""
+             strategy: str = "auto", time_limit: float = 10.0, progress: Progress | None = None,
+             weights: float | None = None) -> OptimizeResult:
+    """A schedule at least as good as ``schedule`` under ``costs`` and ``memory_limit`` (see the module doc);
+    ``weights`` (M_W / M_B) overrides the schedule's."""
     if strategy not in STRATEGIES:
         raise UsageError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
     if time_limit <= 0:
         raise UsageError(f"the time limit must be positive, got {time_limit!r}")
     started = time.monotonic()
-    deadline = started + time_limit
+    deadline = started + time_limit - min(VERIFY_RESERVE_S, VERIFY_RESERVE * time_limit)
     compute = schedule.compute_only()
     _require_complete(compute)
-    problem = Problem.of(compute, costs, memory_limit)
+    given = Problem.of(compute, costs, memory_limit)
+    if weights is not None:
+        given = replace(given, weights=weights)
+    units = integer_units(given.costs)
+    # Every search times orders in exact integer units (units.py): the same result whatever the unit.
+    problem = replace(given, costs=units.costs)
     before = metrics_of(compute, problem.costs, MemorySpec(problem.memory_limit, problem.weights))
     if problem.memory_limit is None:
         problem = replace(problem, memory_limit=max(before.peak_memory, default=0.0))
     source = _input_candidate(problem, compute) if strategy in ("auto", "local") else None
     split = Graph(problem, split_actions(compute_actions(compute)))
+    if strategy == "exact":
+        _require_exact_size(split)
     run = _Run(problem, split, deadline, progress)
     best, span_bound = run.strategies(strategy, source)
-    return _result(schedule, compute, split, before, best, span_bound, strategy, started)
+    return _result(schedule, compute, split, before, best, span_bound, strategy, started, units, run.stopped)
+
+
+def _require_exact_size(split: Graph) -> None:
+    from pipeforge.optimize.exact import MAX_ORDER_PAIRS, order_pairs
+
+    pairs = order_pairs(split)
+    if pairs > MAX_ORDER_PAIRS:
+        raise UsageError(f"--strategy exact: this schedule needs {pairs} ordering decisions (pairs of actions on "
+                         f"one rank), more than exact search can settle ({MAX_ORDER_PAIRS}, about 4 ranks x 8 "
+                         "microbatches); use --strategy auto or local")
 
 
 def _require_complete(compute: Schedule) -> None:
@@ -173,6 +212,7 @@ class _Run:
     def __init__(self, problem: Problem, split: Graph, deadline: float, progress: Progress | None):
         self.problem, self.split, self.deadline, self.progress = problem, split, deadline, progress
         self.best: _Candidate | None = None
+        self.stopped = "finished"
 
     def left(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
@@ -188,18 +228,21 @@ class _Run:
             self.best = candidate
 
     def strategies(self, strategy: str, source: _Candidate | None) -> tuple[_Candidate | None, float]:
-        """Run what ``strategy`` asks for, stopping early once the proven bound is reached."""
+        """Run what ``strategy`` asks for, stopping early once the proven bound is reached
+        (``self.stopped`` says why it stopped)."""
         self.offer(source)
         bound = span_lower_bound(self.split)
         if strategy in ("auto", "greedy", "exact"):
             self.greedy(required=strategy == "greedy")
         small = len(self.split.actions) <= EXACT_AUTO_ACTIONS
-        if strategy == "local" or (strategy == "auto" and not self.reached(bound)):
+        if strategy in ("local", "auto") and not self.reached(bound):
             start = source if strategy == "local" else self.best
             share = 0.25 if strategy == "auto" and small else 1.0  # leave most of it to exact search
             self.local(start, self.left() * share, bound)
-        if strategy == "exact" or (strategy == "auto" and small and not self.reached(bound)):
-            return self.best, max(bound, self.exact(bound))
+        if (strategy == "exact" or (strategy == "auto" and small)) and not self.reached(bound):
+            bound = max(bound, self.exact(bound))
+        if self.reached(bound):
+            self.stopped = "bound"
         return self.best, bound
 
     def reached(self, bound: float) -> bool:
@@ -239,20 +282,25 @@ class _Run:
         self.tell(0.1, "local search")
         found = local_search(start.graph, start.order, time_limit=seconds, target=bound, progress=self.progress)
         self.offer(_Candidate(start.graph, found.order, found.evaluation, "local"))
+        self.stopped = "time" if self.left() <= 0 else "stalled"
 
     def exact(self, bound: float) -> float:
         """Run z3 from the best order so far on the split work; returns its proven span bound."""
-        from pipeforge.optimize.exact import solve_exact
+        from pipeforge.optimize.exact import TooLarge, solve_exact
 
         incumbent = self.best if self.best is not None and self.best.graph is self.split else None
         if incumbent is None or self.left() <= 0:
             return 0.0
         self.tell(0.5, "exact search (z3)")
         small = len(self.split.actions) <= ASAP_ACTIONS
-        found = solve_exact(self.split, incumbent.order, bound, time_limit=self.left(), asap=small,
-                            progress=self.progress)
+        try:
+            found = solve_exact(self.split, incumbent.order, bound, time_limit=self.left(), asap=small,
+                                progress=self.progress)
+        except TooLarge:
+            return 0.0
         evaluation = evaluate(self.split, found.order)
         self.offer(_Candidate(self.split, found.order, evaluation, "exact"))
+        self.stopped = "bound" if found.optimal else "time"
         return found.lower_bound
 
 
@@ -267,7 +315,8 @@ def _input_candidate(problem: Problem, compute: Schedule) -> _Candidate | None:
 
 
 def _result(schedule: Schedule, compute: Schedule, split: Graph, before: Metrics, best: _Candidate | None,
-            span_bound: float, strategy: str, started: float) -> OptimizeResult:
+            span_bound: float, strategy: str, started: float, units: Units, stopped: str) -> OptimizeResult:
+    """The result in the input's units (``before``, ``best`` and ``span_bound`` are in integer units)."""
     problem = split.problem
     within = problem.memory_limit is None or max(before.peak_memory, default=0.0) <= problem.memory_limit + 1e-9
     if best is None or not _beats_input(best, before, within):
@@ -276,14 +325,16 @@ def _result(schedule: Schedule, compute: Schedule, split: Graph, before: Metrics
                                     f"{problem.memory_limit:g} was found (the input holds {max(before.peak_memory):g})")
         result, after, found_by = schedule, before, "input"
     else:
-        result = schedule_of(compute, best.graph, best.order, name=schedule.name)
+        result = replace(schedule_of(compute, best.graph, best.order, name=schedule.name), costs=units.given)
         _verify(result, problem.memory_limit, best)
         after, found_by = Metrics.of(best.evaluation), best.found_by
     span_bound = min(span_bound, after.max_span)
     gap = (after.max_span - span_bound) / after.max_span if after.max_span > 0 else 0.0
     bound = bubble_of_span(split, span_bound)
-    return OptimizeResult(result, before, after, bound, span_bound, gap, gap <= 1e-6, result is not schedule,
-                          found_by, strategy, time.monotonic() - started, problem.memory_limit)
+    return OptimizeResult(result, before.scaled(units.scale), after.scaled(units.scale), bound,
+                          units.to_real(span_bound), gap, gap <= 1e-6, result is not schedule,
+                          found_by, strategy, time.monotonic() - started, problem.memory_limit,
+                          "bound" if gap <= 1e-6 else stopped)
 
 
 def _beats_input(best: _Candidate, before: Metrics, within: bool) -> bool:
@@ -313,4 +364,4 @@ def _verify(result: Schedule, memory_limit: float | None, candidate: _Candidate)
         raise VerificationError(f"the optimized schedule does not verify{detail}", report)
 
 
-__all__ = ["Metrics", "OptimizeResult", "STRATEGIES", "optimize"]
+__all__ = ["Metrics", "OptimizeResult", "STOP_REASONS", "STRATEGIES", "optimize"]

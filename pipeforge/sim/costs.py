@@ -8,6 +8,7 @@ from pipeforge.errors import UsageError
 from pipeforge.ir import ActionKind, CostModel, MemorySpec, Schedule
 
 COST_FIELDS = ("F", "I", "W", "B", "comm")
+MEMORY_FIELDS = ("weights",)  # --cost weights=X sets M_W / M_B (MemorySpec.weights), not a duration
 _COMPUTE = (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W)
 
 
@@ -31,7 +32,22 @@ def parse_cost_flag(text: str, base: CostModel | None = None) -> CostModel:
     for item in text.split(","):
         name, value = _parse_cost_item(item)
         changes[name] = value
-    return replace(model, **changes)
+    return replace(model, **{k: v for k, v in changes.items() if k not in MEMORY_FIELDS})
+
+
+def weights_from_flag(text: str | None) -> float | None:
+    """``weights=X`` in a ``--cost`` flag (M_W / M_B, between 0 and 1), or None when absent."""
+    if text is None:
+        return None
+    found = None
+    for item in text.split(","):
+        name, value = _parse_cost_item(item)
+        if name != "weights":
+            continue
+        if value > 1:
+            raise UsageError(f"--cost item {item.strip()!r}: weights is M_W / M_B, a number from 0 to 1")
+        found = value
+    return found
 
 
 def _parse_cost_item(item: str) -> tuple[str, float]:
@@ -39,15 +55,16 @@ def _parse_cost_item(item: str) -> tuple[str, float]:
     name = name.strip()
     if not eq or not name:
         raise UsageError(f"--cost item {item.strip()!r}: expected NAME=VALUE, like F=1.5")
-    if name not in COST_FIELDS:
-        raise UsageError(f"--cost item {item.strip()!r}: unknown cost {name!r}; expected one of {', '.join(COST_FIELDS)}")
+    if name not in COST_FIELDS + MEMORY_FIELDS:
+        raise UsageError(f"--cost item {item.strip()!r}: unknown cost {name!r}; "
+                         f"expected one of {', '.join(COST_FIELDS + MEMORY_FIELDS)}")
     try:
         value = float(raw.strip())
     except ValueError:
         raise UsageError(f"--cost item {item.strip()!r}: {raw.strip()!r} is not a number") from None
     if not value == value or value in (float("inf"), float("-inf")) or value < 0:
         raise UsageError(f"--cost item {item.strip()!r}: a cost must be a finite number >= 0")
-    if name != "comm" and value == 0:
+    if name not in ("comm", "weights") and value == 0:
         raise UsageError(f"--cost item {item.strip()!r}: a compute duration must be > 0")
     return name, value
 
@@ -71,9 +88,12 @@ def costs_for(schedule: Schedule, flag: str | None) -> CostModel:
     return parse_cost_flag(flag, base) if flag is not None else base
 
 
-def memory_for(schedule: Schedule, limit: float | None) -> MemorySpec:
-    """The schedule's memory spec (or the default) with ``--memory-limit`` laid over it."""
+def memory_for(schedule: Schedule, limit: float | None, cost_flag: str | None = None) -> MemorySpec:
+    """The schedule's memory spec (or the default) with ``--memory-limit`` and ``--cost weights=`` laid over it."""
     base = schedule.memory or MemorySpec()
+    weights = weights_from_flag(cost_flag)
+    if weights is not None:
+        base = replace(base, weights=weights)
     if limit is None:
         return base
     if not limit > 0 or limit == float("inf"):

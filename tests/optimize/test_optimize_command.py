@@ -107,3 +107,41 @@ def test_a_search_longer_than_a_second_reports_progress_on_stderr(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "optimize:" in done.stderr and "local search" in done.stderr
     assert "\r" not in done.stderr  # not a terminal: plain lines, no bar
+
+
+def test_exact_refuses_a_schedule_too_large_for_it_with_exit_2(tmp_path, capsys):
+    out = tmp_path / "never.pipe"
+    code, text, err = run_cli(capsys, "optimize", "1f1b", "-D", "P=8", "-D", "M=32", "--strategy", "exact",
+                              "--time-limit", "2", "-o", str(out))
+    assert code == 2 and text == "" and "--strategy exact" in err and "auto or local" in err
+    assert not out.exists()
+
+
+def test_the_json_and_the_report_say_why_the_search_stopped(tmp_path, capsys):
+    out = tmp_path / "o.pipe"
+    argv = ["optimize", "1f1b", "-D", "P=4", "-D", "M=8", "--memory-limit", "4", "-o", str(out)]
+    code, text, _ = run_cli(capsys, *argv, "--json")
+    data = json.loads(text)
+    assert code == 0 and data["optimal"] and data["stopped"] == "bound"
+    assert "lower bound" in data["stopped_because"]
+    code, text, _ = run_cli(capsys, *argv)
+    assert "stopped: the best order reaches the proven lower bound" in text
+
+
+def test_cost_weights_sets_the_part_of_memory_only_w_releases(tmp_path, capsys):
+    out = tmp_path / "o.pipe"
+    peaks = {}
+    for weights in ("0.25", "0.5"):
+        code, text, _ = run_cli(capsys, "optimize", "zb-h1", "-D", "P=4", "-D", "M=8", "--strategy", "greedy",
+                                "--cost", f"F=1,I=1,W=1,weights={weights}", "-o", str(out), "--json")
+        assert code == 0
+        peaks[weights] = json.loads(text)["before"]["peak_memory"]
+        assert pipeforge.load(str(out)).memory.weights == float(weights)
+    assert peaks["0.25"] != peaks["0.5"]
+
+
+@pytest.mark.parametrize("item", ["weights=2", "weights=x", "weights=-0.5"])
+def test_bad_weights_are_usage_errors(tmp_path, capsys, item):
+    code, text, err = run_cli(capsys, "optimize", "1f1b", "-D", "P=2", "-D", "M=2", "--cost", item,
+                              "-o", str(tmp_path / "never.pipe"))
+    assert code == 2 and text == "" and "weights" in err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -141,3 +143,25 @@ def test_progress_is_reported():
     schedule = make_schedule(3, 6, one_f_one_b(3, 6, split=True), CostModel())
     optimize(schedule, strategy="local", time_limit=1.0, progress=lambda f, m: seen.append((f, m)))
     assert seen and all(0.0 <= f <= 1.0 for f, _ in seen)
+
+
+def test_exact_keeps_its_time_limit_and_says_it_ran_out():
+    # The bound at 1.5p is not reached by any order, so exact search runs until the limit.
+    schedule = pipeforge.load("1f1b", defines={"P": 4, "M": 8})
+    started = time.monotonic()
+    result = optimize(schedule, costs=ZB_COSTS, memory_limit=6.0, strategy="exact", time_limit=1.0)
+    assert time.monotonic() - started < 2.0  # the limit, plus slack for a loaded machine
+    assert result.stopped == "time" and not result.optimal
+    assert result.bound <= result.after.bubble_rate
+
+
+def test_auto_stops_at_the_bound_without_spending_the_time_limit():
+    schedule = pipeforge.load("1f1b", defines={"P": 8, "M": 24})
+    result = optimize(schedule, costs=ZB_COSTS, memory_limit=8.0, strategy="auto", time_limit=60.0)
+    assert result.stopped == "bound" and result.optimal and result.seconds < 30.0
+
+
+def test_local_search_stops_when_it_stops_improving():
+    schedule = make_schedule(3, 3, one_f_one_b(3, 3))
+    result = optimize(schedule, costs=CostModel(comm=0.3), memory_limit=3.0, strategy="local", time_limit=60.0)
+    assert result.stopped in ("stalled", "bound") and result.seconds < 30.0

@@ -1,0 +1,80 @@
+"""Costs in exact integer units, so that no search depends on the unit the costs were given in.
+
+The strategies compare times (``clock >= ready``, ``clock + F + W <= back``)
+and settle exact ties one way. In floating point a tie holds or not by a few
+units in the last place, which depend on the unit: the same profile in
+milliseconds and in microseconds gave different schedules. So every strategy
+works on an integer copy of the costs:
+
+1. every duration and the latency are divided by the largest of them, so the
+   result does not depend on the unit at all;
+2. each ratio becomes the nearest fraction with a denominator of at most
+   ``MAX_DENOMINATOR`` (a profile given to six digits in any unit is recovered
+   exactly: ``18.086 / 18.522 = 9043 / 9261`` whether it came in ms or µs), when
+   it is within 1e-12 of the ratio (float rounding is about 1e-16);
+3. all are put over their least common denominator: integers, small enough
+   (at most ``2 ** 26`` each) that sums of a whole schedule's durations stay
+   exact in a float. If the common denominator is larger than that (costs
+   with many significant digits), the ratios are rounded to ``2 ** -26``
+   instead: a relative change of about 1e-8, which only settles what is a
+   tie to that precision.
+
+The integers are those of the problem scaled by one positive factor
+(``Units.scale``): every order is timed in them exactly, and a time in them
+times ``scale`` is a time in the input's unit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+from pipeforge.ir import CostModel
+
+MAX_DENOMINATOR = 10 ** 6
+GRID = 2 ** 26
+EXACT = Fraction(1, 10 ** 12)  # a ratio this near a small fraction is that fraction (float rounding is ~1e-16)
+
+
+@dataclass(frozen=True)
+class Units:
+    """Integer costs and the factor back: ``real time = integer time * scale``; ``given`` the input's costs."""
+
+    costs: CostModel
+    scale: float
+    given: CostModel
+
+    def to_real(self, time: float) -> float:
+        return time * self.scale
+
+
+def _values(costs: CostModel) -> list[float]:
+    values = [costs.F, costs.I, costs.W, costs.comm]
+    if costs.B is not None:
+        values.append(costs.B)
+    return values + [value for _, _, value in costs.per_stage]
+
+
+def _small_fraction(ratio: float) -> Fraction:
+    """The fraction with a denominator of at most ``MAX_DENOMINATOR`` that ``ratio`` is, up to
+    rounding (else one with a huge denominator, which sends the caller to the grid)."""
+    near = Fraction(ratio).limit_denominator(MAX_DENOMINATOR)
+    return near if abs(near - Fraction(ratio)) <= EXACT else Fraction(ratio)
+
+
+def integer_units(costs: CostModel) -> Units:
+    """``costs`` scaled by one factor to exact integers (see the module doc); unchanged if all are 0."""
+    largest = max(_values(costs), default=0.0)
+    if not largest > 0:
+        return Units(costs, 1.0, costs)
+    ratios = {value: _small_fraction(value / largest) for value in _values(costs)}
+    common = math.lcm(*(ratio.denominator for ratio in ratios.values()))
+    if common > GRID:
+        ratios = {value: Fraction(round(value / largest * GRID), GRID) for value in ratios}
+        common = GRID
+    whole = {value: float(ratio * common) for value, ratio in ratios.items()}
+    per_stage = tuple((s, k, whole[v]) for s, k, v in costs.per_stage)
+    scaled = replace(costs, F=whole[costs.F], I=whole[costs.I], W=whole[costs.W], comm=whole[costs.comm],
+                     B=None if costs.B is None else whole[costs.B], per_stage=per_stage)
+    return Units(scaled, largest / common, costs)
