@@ -268,11 +268,14 @@ class MemorySpec:
     """Activation memory, in units of one microbatch's activations on one stage (M_B).
 
     F adds 1; I releases ``1 - weights``; W releases ``weights``; B releases 1.
-    ``limit`` (None: unlimited) caps what a rank may hold at any time.
+    ``unsharded``: the size of one stage's gathered parameters, which UNSHARD adds
+    and RESHARD releases (0: not counted). ``limit`` (None: unlimited) caps what a
+    rank may hold at any time.
     """
 
     limit: float | None = None
     weights: float = 0.5
+    unsharded: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -173,8 +173,12 @@ class Extent(NamedTuple):
 
     @staticmethod
     def of(programs) -> Extent:
+        """The owner of a stage is the rank of its compute actions; of a stage without any, the
+        rank of its other actions. Other actions elsewhere are left to ``verify``'s placement rules
+        (as from a .pipe file): only compute actions on two ranks leave the placement unknown."""
         last_stage = last_microbatch = None
         owners: dict[int, tuple[int, Span, Action]] = {}
+        others: dict[int, tuple[int, Span, Action]] = {}
         for rank, program in enumerate(programs):
             for step in program:
                 for action in step.actions:
@@ -183,9 +187,12 @@ class Extent(NamedTuple):
                     if action.microbatch is not None and (
                             last_microbatch is None or action.microbatch > last_microbatch[0].microbatch):
                         last_microbatch = (action, step.span)
-                    first = owners.setdefault(action.stage, (rank, step.span, action))
-                    if first[0] != rank:
+                    seen = owners if action.is_compute else others
+                    first = seen.setdefault(action.stage, (rank, step.span, action))
+                    if first[0] != rank and action.is_compute:
                         raise two_ranks_error(first, rank, step.span, action)
+        for stage, first in others.items():
+            owners.setdefault(stage, first)
         return Extent(last_stage, last_microbatch, owners)
 
 

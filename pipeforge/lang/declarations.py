@@ -198,8 +198,8 @@ def build_memory(tree: Tree, file: str) -> Exec:
     entries = []
     for entry in tree.children:
         key = str(entry.children[0])
-        if key not in ("limit", "weights"):
-            raise SemanticError(f"unknown memory setting {key!r}: settings are limit, weights",
+        if key not in ("limit", "weights", "unsharded"):
+            raise SemanticError(f"unknown memory setting {key!r}: settings are limit, weights, unsharded",
                                 span_of(entry.children[0], file))
         entries.append((key, compile_expr(entry.children[1], file), span_of(entry.children[1], file)))
     span = span_of(tree, file)
@@ -220,3 +220,6 @@ def _check_memory(fields: dict[str, float], spans: dict[str, Span]) -> None:
     if "weights" in fields and not 0.0 <= fields["weights"] <= 1.0:
         raise SemanticError(f"weights is a fraction of one microbatch's activations: between 0 and 1, "
                             f"got {fields['weights']!r}", spans["weights"])
+    if "unsharded" in fields and not 0.0 <= fields["unsharded"] < float("inf"):
+        raise SemanticError(f"unsharded is the size of one stage's gathered parameters in units of M_B: "
+                            f"finite and at least 0, got {fields['unsharded']!r}", spans["unsharded"])

@@ -83,6 +83,8 @@ def costs_text(costs: CostModel) -> str:
 def memory_text(memory: MemorySpec) -> str:
     entries = [] if memory.limit is None else [f"limit = {number(memory.limit)}"]
     entries.append(f"weights = {number(memory.weights)}")
+    if memory.unsharded:
+        entries.append(f"unsharded = {number(memory.unsharded)}")
     return "memory { " + "  ".join(entries) + " }"
 
 

@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 from pipeforge.verify.program import PEER_OFFSET, Key, Program, Slot, partner_key, text_of, violation_at
 from pipeforge.verify.report import Violation
+from pipeforge.verify.sharding import parameter_memory
 
 SENDS = frozenset({"SEND_F", "SEND_B"})
 
@@ -104,21 +105,25 @@ def check_matching(pairing: Pairing) -> list[Violation]:
     return found
 
 
-def check_memory(program: Program, limit: float | None, weights: float) -> list[Violation]:
-    """The first step on each rank whose additions take the held activations over ``limit``."""
+def check_memory(program: Program, limit: float | None, weights: float, unsharded: float = 0.0) -> list[Violation]:
+    """The first step on each rank whose additions take the held activations (and unsharded
+    parameters, see sharding.py) over ``limit``."""
     if limit is None:
         return []
-    release = {"B": 1.0, "I": 1.0 - weights, "W": weights}
+    params_added, params_released = parameter_memory(unsharded)
+    added = {"F": 1.0, **params_added}
+    release = {"B": 1.0, "I": 1.0 - weights, "W": weights, **params_released}
     found = []
     for row in program.slots:
         held = 0.0
         for slot in row:
             if slot.group:
                 continue
-            held += sum(1.0 for key in slot.acts if key[1] == "F")
+            held += sum(added.get(key[1], 0.0) for key in slot.acts)
             if held > limit + 1e-9:
-                found.append(violation_at("memory", f"rank {slot.rank} holds {held:g} microbatches of "
-                                          f"activations at {slot.text}, over the limit {limit:g}", slot))
+                what = "microbatches of activations" + (" and unsharded parameters" if unsharded else "")
+                found.append(violation_at("memory", f"rank {slot.rank} holds {held:g} {what} at {slot.text}, "
+                                          f"over the limit {limit:g}", slot))
                 break
             held -= sum(release.get(key[1], 0.0) for key in slot.acts)
     return found

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pipeforge.verify.program import COMM, COMPUTE, PEER_OFFSET, Key, Program, Slot, text_of, violation_at
 from pipeforge.verify.report import Violation
+from pipeforge.verify.sharding import check_sharding, stage_only_placement_problem
 
 BACKWARD_FAMILY = {"B": {"I", "W"}, "I": {"B"}, "W": {"B"}}
 
@@ -20,6 +21,7 @@ def check_structure(program: Program) -> list[Violation]:
     if program.as_written:
         found += check_needed_comms(program)
     found += check_order(program)
+    found += check_sharding(program)
     return found
 
 
@@ -73,7 +75,7 @@ def placement_problem(program: Program, slot: Slot, key: Key, chains: dict[int, 
     if mb is not None and not 0 <= mb < sched.microbatches:
         return f"{text_of(key)}: microbatch {mb} is outside 0..{sched.microbatches - 1}"
     if kind not in COMPUTE and kind not in COMM:
-        return None
+        return stage_only_placement_problem(program, slot, key)
     owner = program.owners[chain][stage]
     if owner != slot.rank:
         return f"{text_of(key)} is on rank {slot.rank}, but stage {stage} (chain {chain}) is placed on rank {owner}"
@@ -226,14 +228,10 @@ def check_order(program: Program) -> list[Violation]:
 
 def check_rank_order(program: Program, row: tuple[Slot, ...]) -> list[Violation]:
     done: set[Key] = set()
-    last_grad = last_gradient_slot(row)
     found = []
     bad = program.out_of_range
     for slot in row:
         for key in slot.acts:
-            if key[1] == "REDUCE_GRAD" and last_grad.get(key[0], -1) >= slot.number:
-                found.append(violation_at("order", f"{text_of(key)} comes before the last B/W of stage "
-                                          f"{key[0]} on rank {slot.rank}", slot))
             if key in bad:
                 continue
             for need in needs_of(program, slot.rank, key):
@@ -243,15 +241,6 @@ def check_rank_order(program: Program, row: tuple[Slot, ...]) -> list[Violation]
                                               slot))
         done.update(slot.acts)
     return found
-
-
-def last_gradient_slot(row: tuple[Slot, ...]) -> dict[int, int]:
-    last: dict[int, int] = {}
-    for slot in row:
-        for stage, kind, _, _ in slot.acts:
-            if kind == "B" or kind == "W":
-                last[stage] = slot.number
-    return last
 
 
 def needs_of(program: Program, rank: int, key: Key) -> tuple[tuple[Key, ...], ...]:

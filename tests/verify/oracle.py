@@ -33,9 +33,13 @@ NOTES = """
 - Memory: an overlap step's additions apply first, so its peak is checked
   before its releases.
 - Same rank means the rank the action is written on.
-- REDUCE_GRAD, UNSHARD and RESHARD: only their stage's range is a placement
-  matter (the spec names compute and communication actions for the owner
-  rule), REDUCE_GRAD's order is checked, and repeating them is not a duplicate.
+- REDUCE_GRAD, UNSHARD and RESHARD act on their stage on the rank they are on,
+  whatever their chain: placement asks whether the rank holds the stage in any
+  chain; REDUCE_GRAD's duplicates are counted per (rank, stage); the UNSHARD /
+  RESHARD alternation per (rank, stage), over every compute action of the
+  stage on that rank. Out-of-range ones take no part in these rules (but
+  REDUCE_GRAD's order is checked whatever its range).
+- Memory: UNSHARD adds ``unsharded`` like F adds 1, RESHARD releases it like B.
 """
 
 
@@ -58,6 +62,7 @@ def oracle(schedule: Schedule, semantics: str = "rendezvous", memory: bool = Tru
     if world.lowered:
         found += world.comm_structure()
     found += world.order()
+    found += world.stage_only()
     if world.lowered:
         matches, mismatches = world.matching()
         found += mismatches
@@ -67,7 +72,7 @@ def oracle(schedule: Schedule, semantics: str = "rendezvous", memory: bool = Tru
     spec = schedule.memory or MemorySpec()
     limit = memory_limit if memory_limit is not None else spec.limit
     if memory and limit is not None:
-        found += world.memory(limit, spec.weights)
+        found += world.memory(limit, spec.weights, spec.unsharded)
     kinds = frozenset(kind for kind, _ in found)
     return OracleResult(not found, kinds, tuple(f"{kind}: {text}" for kind, text in found))
 
@@ -126,6 +131,8 @@ class World:
             return "microbatch out of range"
         if (a.is_compute or a.is_comm) and self.owner(a.stage, a.chain) != rank:
             return "rank does not own the stage"
+        if not a.kind.has_microbatch and rank not in {self.owner(a.stage, c) for c in range(self.s.chains)}:
+            return "rank holds no replica of the stage"
         if a.is_comm:
             peer = a.peer_stage()
             if not 0 <= peer < self.s.stages:
@@ -240,6 +247,35 @@ class World:
                          if b.kind in (K.B, K.W) and b.stage == a.stage]
                 if later:
                     found.append(("order", f"rank {rank} step {index} {a} before {later[0]}"))
+        return found
+
+    # -- the stage-only actions: REDUCE_GRAD once per rank and stage; UNSHARD/RESHARD windows
+
+    def stage_only(self) -> list[tuple[str, str]]:
+        found = []
+        for rank, program in enumerate(self.programs):
+            actions = [(index, a) for index, step in program for a in step.actions if self.in_range(a)]
+            reduced = Counter(a.stage for _, a in actions if a.kind is K.REDUCE_GRAD)
+            found += [("duplicate", f"rank {rank}: {n} REDUCE_GRAD of stage {s}") for s, n in reduced.items() if n > 1]
+            for stage in sorted({a.stage for _, a in actions if a.kind in (K.UNSHARD, K.RESHARD)}):
+                found += self.shard_window(rank, stage, [(i, a) for i, a in actions if a.stage == stage])
+        return found
+
+    def shard_window(self, rank: int, stage: int, actions) -> list[tuple[str, str]]:
+        found, gathered = [], False
+        for index, a in actions:
+            if a.kind is K.UNSHARD:
+                if gathered:
+                    found.append(("order", f"rank {rank} step {index}: {a} while unsharded"))
+                gathered = True
+            elif a.kind is K.RESHARD:
+                if not gathered:
+                    found.append(("order", f"rank {rank} step {index}: {a} while sharded"))
+                gathered = False
+            elif a.is_compute and not gathered:
+                found.append(("order", f"rank {rank} step {index}: {a} on sharded parameters"))
+        if gathered:
+            found.append(("missing", f"rank {rank}: stage {stage} left unsharded"))
         return found
 
     # -- matching (NCCL: per ordered pair of ranks, k-th send meets k-th receive)
@@ -388,13 +424,14 @@ class World:
 
     # -- memory
 
-    def memory(self, limit: float, weights: float) -> list[tuple[str, str]]:
-        release = {K.I: 1 - weights, K.W: weights, K.B: 1.0}
+    def memory(self, limit: float, weights: float, unsharded: float = 0.0) -> list[tuple[str, str]]:
+        release = {K.I: 1 - weights, K.W: weights, K.B: 1.0, K.RESHARD: unsharded}
+        add = {K.F: 1.0, K.UNSHARD: unsharded}
         found = []
         for rank, program in enumerate(self.programs):
             held = 0.0
             for index, step in program:
-                held += sum(1.0 for a in step.actions if a.kind is K.F)
+                held += sum(add.get(a.kind, 0.0) for a in step.actions)
                 if held > limit + 1e-9:
                     found.append(("memory", f"rank {rank} step {index} holds {held} > {limit}"))
                     break

@@ -1,0 +1,114 @@
+"""defer_recv: post each receive just before the compute that needs it (torch's ``defer_pp_recv``).
+
+torch's ``_defer_recv_ops``, on each rank of a lowered schedule: a receive is taken
+out of the place (and the group) where it was posted and put back, as a step of its
+own, right before the first compute step that consumes it (``F`` of its stage and
+microbatch for ``RECV_F``; ``B`` or ``I`` for ``RECV_B``). So a pending receive no
+longer holds up unrelated work that shares the fabric (an FSDP all-gather in a
+forward pass, on some platforms). Two rules keep it deadlock-free and matched:
+
+- rank parity (pytorch/pytorch#172668): before a rank sends to a higher rank, it
+  posts the receives from that rank it has deferred; a higher rank sends first;
+- FIFO per peer (NCCL pairs the k-th send with the k-th receive of a rank pair):
+  posting a receive posts, first, every receive from the same rank deferred before
+  it. torch omits this; on torch's own schedules it changes nothing, and where it
+  would, torch's order pairs the wrong tensors.
+
+A compute-only schedule is lowered first. Sends, REDUCE_GRAD, UNSHARD and RESHARD
+stay where they are; a receive nothing consumes stays at the end of its rank.
+"""
+
+from __future__ import annotations
+
+from pipeforge.ir import Action, ActionKind, Schedule, Step, replace_programs
+
+RECV_F, RECV_B = ActionKind.RECV_F, ActionKind.RECV_B
+RECEIVES = frozenset({RECV_F, RECV_B})
+
+
+def defer_recv(schedule: Schedule) -> Schedule:
+    """``schedule`` (lowered first if compute-only) with every receive posted as late as it may be."""
+    from pipeforge.passes.lower import lower
+
+    lowered = lower(schedule)
+    programs = tuple(Deferral(rank, lowered).program(program) for rank, program in enumerate(lowered.programs))
+    return replace_programs(lowered, programs)
+
+
+class Deferral:
+    """One rank's walk over its program: receives wait in ``deferred`` until needed."""
+
+    def __init__(self, rank: int, schedule: Schedule):
+        self.rank = rank
+        self.schedule = schedule
+        self.deferred: list[tuple[Action, Step]] = []  # (receive, the step it came from), in posting order
+        self.out: list[Step] = []
+
+    def program(self, program: tuple[Step, ...]) -> tuple[Step, ...]:
+        for step in program:
+            if step.is_group:
+                self.group(step)
+            else:
+                self.other(step)
+        self.flush(lambda receive: True)
+        return tuple(self.out)
+
+    def group(self, step: Step) -> None:
+        for action in step.actions:
+            if action.kind in RECEIVES:
+                self.deferred.append((action, step))
+        sends = tuple(action for action in step.actions if action.kind not in RECEIVES)
+        if not sends:
+            return
+        for send in sends:
+            peer = self.peer(send)
+            if peer is not None and self.rank < peer:
+                self.flush(lambda receive, peer=peer: self.peer(receive) == peer)
+        self.out.append(Step(sends, span=step.span))
+
+    def other(self, step: Step) -> None:
+        if step.is_compute:
+            for action in step.actions:
+                needed = consumed_receive(action)
+                if any(receive == needed for receive, _ in self.deferred):
+                    self.flush_through(needed)
+        self.out.append(step)
+
+    def flush(self, chosen) -> None:
+        """Post the deferred receives ``chosen`` picks, in posting order."""
+        kept = []
+        for receive, origin in self.deferred:
+            if chosen(receive):
+                self.out.append(Step((receive,), span=origin.span))
+            else:
+                kept.append((receive, origin))
+        self.deferred = kept
+
+    def flush_through(self, needed: Action) -> None:
+        """Post ``needed`` and, first, the receives from the same rank deferred before it."""
+        peer = self.peer(needed)
+        cut = next(i for i, (receive, _) in enumerate(self.deferred) if receive == needed)
+        earlier = {id(entry) for entry in self.deferred[:cut + 1] if self.peer(entry[0]) == peer}
+        kept = []
+        for entry in self.deferred:
+            if id(entry) in earlier:
+                self.out.append(Step((entry[0],), span=entry[1].span))
+            else:
+                kept.append(entry)
+        self.deferred = kept
+
+    def peer(self, action: Action) -> int | None:
+        stages = self.schedule.stages
+        peer_stage = action.peer_stage()
+        if not 0 <= peer_stage < stages or not 0 <= action.chain < self.schedule.chains:
+            return None
+        return self.schedule.rank_of(peer_stage, action.chain)
+
+
+def consumed_receive(action: Action) -> Action | None:
+    """The receive that carries ``action``'s input from another rank, were there one."""
+    if action.kind is ActionKind.F:
+        return Action(action.stage, RECV_F, action.microbatch, action.chain)
+    if action.kind in (ActionKind.B, ActionKind.I):
+        return Action(action.stage, RECV_B, action.microbatch, action.chain)
+    return None

@@ -1,0 +1,136 @@
+"""The rules of the stage-only actions, plain Python (docs/semantics.md, "Parameters and gradients").
+
+``REDUCE_GRAD``, ``UNSHARD`` and ``RESHARD`` name a stage, not a microbatch: they act on
+that stage's parameters on the rank they are written on (every replica of the stage
+there, whatever its chain). So each must be on a rank holding the stage
+(``placement``); ``REDUCE_GRAD`` comes once per stage and rank (``duplicate``), after
+the last ``B`` or ``W`` of the stage there (``order``); and where a stage is
+unsharded and resharded on a rank, its ``UNSHARD``\\s and ``RESHARD``\\s alternate,
+starting with an ``UNSHARD``, every compute of the stage lies between an ``UNSHARD``
+and the next ``RESHARD`` (``order``), and the last one is a ``RESHARD`` (else
+``missing``: the parameters are left gathered).
+
+``parameter_memory`` is the memory rule: with ``memory { unsharded = X }`` an
+``UNSHARD`` holds X (in units of M_B) until its ``RESHARD``.
+"""
+
+from __future__ import annotations
+
+from pipeforge.verify.program import COMPUTE, Key, Program, Slot, text_of, violation_at
+from pipeforge.verify.report import Violation
+
+STAGE_ONLY = frozenset({"REDUCE_GRAD", "UNSHARD", "RESHARD"})
+SHARDING = frozenset({"UNSHARD", "RESHARD"})
+
+
+def holds_stage(program: Program, rank: int, stage: int) -> bool:
+    """Whether ``rank`` holds ``stage`` in some chain."""
+    return any(0 <= stage < len(owners) and owners[stage] == rank for owners in program.owners)
+
+
+def stage_only_placement_problem(program: Program, slot: Slot, key: Key) -> str | None:
+    """An in-range stage-only action on a rank that holds no replica of its stage."""
+    stage = key[0]
+    if key[1] not in STAGE_ONLY or holds_stage(program, slot.rank, stage):
+        return None
+    ranks = sorted({owners[stage] for owners in program.owners})
+    where = " and ".join(map(str, ranks))
+    return f"{text_of(key)} is on rank {slot.rank}, which holds no replica of stage {stage} (placed on rank {where})"
+
+
+def check_sharding(program: Program) -> list[Violation]:
+    """duplicate, order and missing of the stage-only actions, rank by rank."""
+    found: list[Violation] = []
+    for row in program.slots:
+        found += check_reduce_grad(program, row)
+        found += check_shard_windows(program, row)
+    return found
+
+
+# --- REDUCE_GRAD ---------------------------------------------------------------------------
+
+
+def check_reduce_grad(program: Program, row: tuple[Slot, ...]) -> list[Violation]:
+    """Once per stage on the rank, and after the stage's last B or W there (chains alike)."""
+    last_grad = last_gradient_slot(row)
+    first: dict[int, Slot] = {}
+    found = []
+    for slot in row:
+        for key in slot.acts:
+            if key[1] != "REDUCE_GRAD":
+                continue
+            stage = key[0]
+            if last_grad.get(stage, -1) >= slot.number:
+                found.append(violation_at("order", f"{text_of(key)} comes before the last B/W of stage {stage} "
+                                          f"on rank {slot.rank}", slot))
+            if key in program.out_of_range:
+                continue
+            if stage in first:
+                found.append(violation_at("duplicate", f"{text_of(key)} again on rank {slot.rank} (first at step "
+                                          f"{first[stage].index}): a stage's gradients are reduced once", slot))
+            first.setdefault(stage, slot)
+    return found
+
+
+def last_gradient_slot(row: tuple[Slot, ...]) -> dict[int, int]:
+    """Per stage, the number of the rank's last slot holding a B or W of it."""
+    last: dict[int, int] = {}
+    for slot in row:
+        for stage, kind, _, _ in slot.acts:
+            if kind == "B" or kind == "W":
+                last[stage] = slot.number
+    return last
+
+
+# --- UNSHARD / RESHARD ---------------------------------------------------------------------
+
+
+def sharded_stages(program: Program, row: tuple[Slot, ...]) -> set[int]:
+    """The stages this rank unshards or reshards (in range): the ones the window rule applies to."""
+    return {key[0] for slot in row for key in slot.acts if key[1] in SHARDING and key not in program.out_of_range}
+
+
+def check_shard_windows(program: Program, row: tuple[Slot, ...]) -> list[Violation]:
+    stages = sharded_stages(program, row)
+    if not stages:
+        return []
+    gathered: dict[int, bool] = dict.fromkeys(stages, False)
+    last_unshard: dict[int, Slot] = {}
+    found = []
+    for slot in row:
+        for key in slot.acts:
+            if key[0] not in gathered or key in program.out_of_range:
+                continue
+            problem = window_problem(key, gathered[key[0]], slot.rank)
+            if problem:
+                found.append(violation_at("order", problem, slot))
+            if key[1] == "UNSHARD":
+                gathered[key[0]] = True
+                last_unshard[key[0]] = slot
+            elif key[1] == "RESHARD":
+                gathered[key[0]] = False
+    for stage in sorted(s for s, on in gathered.items() if on):
+        slot = last_unshard[stage]
+        found.append(Violation("missing", f"no RESHARD of stage {stage} on rank {slot.rank} after its UNSHARD at "
+                               f"step {slot.index}: the parameters stay gathered", slot.rank))
+    return found
+
+
+def window_problem(key: Key, gathered: bool, rank: int) -> str | None:
+    stage, kind = key[0], key[1]
+    if kind == "UNSHARD" and gathered:
+        return f"{text_of(key)} on rank {rank}: stage {stage} is already unsharded (no RESHARD since its UNSHARD)"
+    if kind == "RESHARD" and not gathered:
+        return f"{text_of(key)} on rank {rank}: stage {stage} is not unsharded (no UNSHARD since its last RESHARD)"
+    if kind in COMPUTE and not gathered:
+        return (f"{text_of(key)} on rank {rank} computes on stage {stage} while its parameters are sharded: "
+                f"needs {stage}UNSHARD earlier, with no RESHARD between")
+    return None
+
+
+# --- memory --------------------------------------------------------------------------------
+
+
+def parameter_memory(unsharded: float) -> tuple[dict[str, float], dict[str, float]]:
+    """What the stage-only actions add to and release from a rank's held memory, by kind."""
+    return {"UNSHARD": unsharded}, {"RESHARD": unsharded}
