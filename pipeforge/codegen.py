@@ -121,6 +121,7 @@ METHODS = {
     ActionKind.F: "forward", ActionKind.B: "backward", ActionKind.I: "backward_input",
     ActionKind.W: "backward_weight", ActionKind.SEND_F: "send_f", ActionKind.RECV_F: "recv_f",
     ActionKind.SEND_B: "send_b", ActionKind.RECV_B: "recv_b", ActionKind.REDUCE_GRAD: "reduce_grad",
+    ActionKind.UNSHARD: "unshard", ActionKind.RESHARD: "reshard",
 }
 
 

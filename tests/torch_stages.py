@@ -99,3 +99,34 @@ def dump_torch_csv(schedule_class, n_ranks: int, n_microbatches: int, stages_per
 def read_cells(path: str | Path) -> list[list[str]]:
     with open(path, newline="") as file:
         return list(csv.reader(file))
+
+
+def torch_lowered_cells(compute_cells: dict[int, list[str]], stage_to_rank: dict[int, int], n_microbatches: int,
+                        max_active_stages: int | None = 3, reduce_grad: bool = True) -> dict[int, list[str]]:
+    """A compute-only order lowered by torch's own passes, as ``_prepare_schedule_with_comms`` does:
+    UNSHARD/RESHARD (``_add_unshard_reshard``, left out when ``max_active_stages`` is None),
+    REDUCE_GRAD (``_add_reduce_grad``), then sends and receives (``_add_send_recv``)."""
+    order: dict[int, list] = {}
+    for rank, row in compute_cells.items():
+        actions = [torch_schedules._Action.from_str(cell) if cell else None for cell in row]
+        if max_active_stages is not None:
+            actions = torch_schedules._add_unshard_reshard(actions, max_active_stages)
+        else:
+            actions = [a for a in actions if a is not None]
+        if reduce_grad:
+            actions = torch_schedules._add_reduce_grad(actions, n_microbatches)
+        order[rank] = actions
+    lowered = torch_schedules._add_send_recv(order, stage_to_rank=lambda s: stage_to_rank[s],
+                                             num_stages=len(stage_to_rank))
+    return cells(lowered)
+
+
+def csv_text(order: dict[int, list[str]]) -> str:
+    """Rows of cells as torch's ``_dump_csv`` writes them."""
+    import io
+
+    out = io.StringIO()
+    writer = csv.writer(out)
+    for rank in sorted(order):
+        writer.writerow(order[rank])
+    return out.getvalue()

@@ -14,6 +14,7 @@ both sides use the cached shapes and buffers.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -83,7 +84,12 @@ class Transfer:
 
 
 class Posted:
-    """The works of one posted batch; ``wait`` once, where the data is needed."""
+    """The works of one posted batch; ``wait`` once, where the data is needed.
+
+    Thread-safe: the two halves of an overlap step run on two threads by a custom
+    function may wait on one batch (gloo consumes one completion per wait, so a
+    second concurrent wait on a receive would never return).
+    """
 
     def __init__(self, works: list, transfers: list[Transfer], label: str, rank: int, timeout: timedelta | None,
                  arrivals: list[tuple[torch.Tensor, torch.Tensor]] = ()):
@@ -94,10 +100,16 @@ class Posted:
         self._rank = rank
         self._timeout = timeout
         self.done = False
+        self._lock = threading.Lock()
 
     def wait(self) -> None:
         if self.done:
             return
+        with self._lock:
+            if not self.done:
+                self._wait()
+
+    def _wait(self) -> None:
         try:
             for work in self._works:
                 if self._timeout is None:

@@ -28,6 +28,9 @@ import torch
 import torch.distributed as dist
 
 from pipeforge.runtime.context import RankContext, ScheduleInfo, ShapeCache
+from pipeforge.runtime.custom import CustomFunction, HookedRankContext, kind_name
+from pipeforge.runtime.custom import custom_functions as checked_functions
+from pipeforge.runtime.fsdp import DataParallel, data_parallel, is_sharded
 from pipeforge.runtime.microbatch import merge_chunks, split_args, split_value
 from pipeforge.runtime.p2p import PipelineError, TensorMeta, Transfer, Transport
 from pipeforge.runtime.stage import StageRunner
@@ -39,7 +42,8 @@ class Pipeline:
     """One rank's side of a generated schedule: its program, its stage replicas and its transport."""
 
     def __init__(self, info: ScheduleInfo, program: RankProgram, runners: dict[tuple[int, int], StageRunner],
-                 transport: Transport, *, scale_grads: bool = True):
+                 transport: Transport, *, scale_grads: bool = True, data_parallel: DataParallel | None = None,
+                 functions: dict[str, CustomFunction] | None = None):
         self.info = info
         self.rank = transport.rank
         self._program = program
@@ -48,6 +52,13 @@ class Pipeline:
         self.scale_grads = scale_grads
         self._caches = ShapeCache()
         self._input_shapes: tuple | None = None
+        self.data_parallel = data_parallel or DataParallel(self.rank, {})
+        self.functions = dict(functions or {})
+
+    def register_custom_function(self, kind: Any, function: CustomFunction) -> None:
+        """Run ``function(action, ctx)`` instead of the runtime's own for every action of ``kind`` (see
+        ``pipeforge.runtime.custom``); torch's ``_PipelineScheduleRuntime.register_custom_function``."""
+        self.functions.update(checked_functions({kind_name(kind): function}))
 
     @property
     def holds_first(self) -> bool:
@@ -76,8 +87,10 @@ class Pipeline:
         return self._results(ctx, losses, True)
 
     def _run(self, inputs: tuple, target: Any, training: bool) -> RankContext:
-        ctx = RankContext(self.info, self.rank, self.runners, self.transport, self._caches)
+        ctx = HookedRankContext(self.info, self.rank, self.runners, self.transport, self._caches,
+                                functions=self.functions, data_parallel=self.data_parallel)
         ctx.training = training
+        self.data_parallel.begin(training)
         for runner in self.runners.values():
             runner.reset()
         if self.holds_first:
@@ -87,6 +100,7 @@ class Pipeline:
         with torch.set_grad_enabled(training):
             self._program(ctx)
         ctx.finish()
+        self.data_parallel.end()  # waits for every gradient reduction REDUCE_GRAD started
         return ctx
 
     def _split_inputs(self, inputs: tuple) -> list[tuple]:
@@ -205,7 +219,8 @@ def _add_local(original: torch.nn.Module, replica: torch.nn.Module) -> None:
 
 def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_modules: dict[int, torch.nn.Module],
                    *, loss_fn=None, rank=None, group=None, device=None, scale_grads=True,
-                   timeout: float | None = None) -> Pipeline:
+                   timeout: float | None = None, dp_group=None, fsdp: bool = False,
+                   custom_functions: dict | None = None) -> Pipeline:
     """Wire a generated module's rank programs to this process's stage modules."""
     if not dist.is_initialized():
         raise PipelineError("torch.distributed is not initialized: call init_process_group first")
@@ -214,14 +229,26 @@ def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_m
         raise PipelineError(f"schedule {info.name!r} runs on {info.ranks} ranks, the process group has {size}")
     rank = dist.get_rank(group) if rank is None else rank
     device = torch.device(device) if device is not None else _default_device(group)
+    functions = checked_functions(custom_functions)
     runners = _runners(info, rank, stage_modules, loss_fn)
+    replicas = _data_parallel(info, rank, stage_modules, dp_group, fsdp, device)
     wait = timedelta(seconds=timeout) if timeout is not None else None
     if _has_nccl(group) and device.type == "cuda":
         # every rank joins one collective first, so NCCL creates the group's communicator together
         # (a batch_isend_irecv that only some ranks enter first is undefined behaviour in NCCL)
         dist.all_reduce(torch.zeros(1, device=device), group=group)
     transport = Transport(group, rank, wait, device)
-    return Pipeline(info, programs[rank], runners, transport, scale_grads=scale_grads)
+    return Pipeline(info, programs[rank], runners, transport, scale_grads=scale_grads, data_parallel=replicas,
+                    functions=functions)
+
+
+def _data_parallel(info: ScheduleInfo, rank: int, stage_modules: dict, dp_group, fsdp: bool, device) -> DataParallel:
+    replicated = fsdp or dp_group is not None or any(map(is_sharded, stage_modules.values()))
+    if replicated and len(info.placements) > 1:
+        raise PipelineError(f"rank {rank}: data-parallel or FSDP stages with the bidirectional schedule "
+                            f"{info.name!r} are not supported (its two replicas of a stage sum their gradients)")
+    return data_parallel(rank, stage_modules, dp_group=dp_group, fsdp=fsdp, device=device)
+
 
 
 def _has_nccl(group) -> bool:

@@ -131,10 +131,19 @@ def test_an_empty_program_gets_pass():
     assert "def rank_1(ctx: runtime.RankContext) -> None:\n    pass\n" in text
 
 
-def test_unsupported_actions_are_refused():
-    schedule = replace(lowered(), programs=(lowered().programs[0] + (parse_step("0UNSHARD"),), lowered().programs[1]))
-    with pytest.raises(CodegenError, match="UNSHARD"):
-        render_module(schedule)
+def test_unshard_and_reshard_become_runtime_calls():
+    program = (parse_step("0UNSHARD"),) + lowered().programs[0] + (parse_step("0RESHARD"),)
+    text = render_module(replace(lowered(), programs=(program, lowered().programs[1])), locations=False)
+    body = text.split("def rank_0", 1)[1].split("def rank_1", 1)[0]
+    assert body.index("ctx.unshard(0)") < body.index("ctx.forward(0, 0)")
+    assert body.rstrip().endswith("ctx.reshard(0)")
+
+
+def test_every_action_kind_has_a_runtime_call():
+    from pipeforge.codegen import METHODS
+    from pipeforge.ir import ActionKind
+
+    assert set(METHODS) == set(ActionKind)
 
 
 INJECTIONS = [

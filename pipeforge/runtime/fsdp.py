@@ -1,0 +1,283 @@
+"""Data parallelism of a rank's stages: FSDP2 unshard/reshard and gradient reduction.
+
+A pipeline rank may be one of several data-parallel replicas of its stages (the
+ranks holding the same stages in other pipelines form its ``dp_group``). Each
+stage is one of:
+
+- an FSDP2 module (``fully_shard``, passed so by the user, or sharded by
+  ``make_pipeline(fsdp=True, dp_group=...)`` with ``reshard_after_forward=False``,
+  as torchtitan does under pipelining): ``UNSHARD`` starts ``unshard(async_op=True)``
+  of every FSDP module in the stage and the stage's next compute waits on it;
+  ``RESHARD`` calls ``reshard()``; before a backward compute (B, I or W) the
+  stage is unsharded if it is not (FSDP's own hooks do it for F), and
+  microbatches accumulate unreduced gradients (torch's
+  ``set_requires_gradient_sync(False)``, ``set_is_last_backward(False)``,
+  ``set_reshard_after_backward(False)``); ``REDUCE_GRAD`` runs FSDP's
+  post-backward, which starts the reduce-scatter (averaged over the shard
+  group) and reshards, and the end of ``step()`` waits for it (FSDP's final
+  backward callback);
+- a plain module with a ``dp_group``: ``REDUCE_GRAD`` starts one asynchronous
+  all-reduce of its flattened gradients over ``dp_group``; the end of ``step()``
+  waits for it and divides by the group's size (an average, as DDP's);
+- a plain module without one: nothing to do.
+
+A stage whose ``REDUCE_GRAD`` the schedule does not hold is reduced at the end
+of ``step()`` (in stage order, the same on every replica), so a schedule with
+or without ``REDUCE_GRAD`` gives the same gradients; ``REDUCE_GRAD`` only
+decides when the reduction starts. The pipeline's own scaling by the
+microbatch count follows the reduction. At the end of ``step()`` and ``eval()``
+every FSDP stage is resharded.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from pipeforge.runtime.p2p import PipelineError
+
+
+class StageParams:
+    """A stage without data parallelism: UNSHARD, RESHARD and REDUCE_GRAD have nothing to do."""
+
+    sharded = False
+
+    def __init__(self, stage: int, module: torch.nn.Module):
+        self.stage = stage
+        self.module = module
+
+    def begin(self, training: bool) -> None:
+        pass
+
+    def unshard(self) -> None:
+        pass
+
+    def reshard(self) -> None:
+        pass
+
+    def before_compute(self, backward: bool) -> None:
+        pass
+
+    def start_reduce(self) -> None:
+        pass
+
+    def finish_reduce(self) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
+class ShardedParams(StageParams):
+    """A stage holding FSDP2 modules: unshard/reshard/reduce-scatter through FSDP's own API."""
+
+    sharded = True
+
+    def __init__(self, stage: int, module: torch.nn.Module):
+        super().__init__(stage, module)
+        self.fsdp_modules = fsdp_modules(module)
+        self.handles: list = []
+        self.unsharded = False
+        self.reducing = False
+
+    def begin(self, training: bool) -> None:
+        if training:  # microbatches accumulate unsharded gradients; REDUCE_GRAD reduces them once
+            for fsdp in self.fsdp_modules:
+                fsdp.set_requires_gradient_sync(False, recurse=False)
+                fsdp.set_is_last_backward(False)
+                fsdp.set_reshard_after_backward(False, recurse=False)
+
+    def unshard(self) -> None:
+        if self.handles or self.unsharded:
+            raise PipelineError(f"stage {self.stage}: UNSHARD while its parameters are already unsharded "
+                                "(a RESHARD must come between two UNSHARDs)")
+        self.handles = [fsdp.unshard(async_op=True) for fsdp in self.fsdp_modules]
+        self.unsharded = True
+
+    def reshard(self) -> None:
+        self._wait_unshard()
+        for fsdp in self.fsdp_modules:
+            fsdp.reshard()
+        self.unsharded = False
+
+    def before_compute(self, backward: bool) -> None:
+        self._wait_unshard()
+        if backward:  # F's pre-forward hook unshards by itself; the split backward needs the unsharded weights
+            for fsdp in self.fsdp_modules:
+                fsdp.unshard()
+
+    def start_reduce(self) -> None:
+        self._wait_unshard()
+        for fsdp in self.fsdp_modules:
+            fsdp.set_requires_gradient_sync(True, recurse=False)
+            fsdp.set_reshard_after_backward(True, recurse=False)
+            fsdp.set_is_last_backward(True)
+        for state in self._states():
+            for group in state._fsdp_param_groups:
+                group.post_backward()  # starts the reduce-scatter of this group's gradients
+        self.reducing = True
+
+    def finish_reduce(self) -> None:
+        if not self.reducing:
+            return
+        for root_state in self._roots():
+            root_state._root_post_backward_final_callback()
+        self.reducing = False
+        self.unsharded = False
+
+    def end(self) -> None:
+        self._wait_unshard()
+        for fsdp in self.fsdp_modules:
+            fsdp.reshard()
+        self.unsharded = False
+
+    def _wait_unshard(self) -> None:
+        handles, self.handles = self.handles, []
+        for handle in handles:
+            handle.wait()
+
+    def _states(self) -> list:
+        seen: dict[int, object] = {}
+        for fsdp in self.fsdp_modules:
+            state = _fully_shard().state(fsdp)
+            seen.setdefault(id(state), state)
+        return list(seen.values())
+
+    def _roots(self) -> list:
+        """The FSDP states of the outermost FSDP modules of this stage (each the root of its tree)."""
+        inner = {id(sub) for fsdp in self.fsdp_modules for sub in fsdp.modules() if sub is not fsdp}
+        return [_fully_shard().state(fsdp) for fsdp in self.fsdp_modules if id(fsdp) not in inner]
+
+
+class ReplicatedParams(StageParams):
+    """A plain stage replicated over ``group``: one asynchronous all-reduce of its gradients per step."""
+
+    def __init__(self, stage: int, module: torch.nn.Module, group):
+        super().__init__(stage, module)
+        self.group = group
+        self.pending: tuple | None = None
+
+    def start_reduce(self) -> None:
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        if not params:
+            return
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        work = dist.all_reduce(flat, group=self.group, async_op=True)
+        self.pending = (work, flat, params)
+
+    def finish_reduce(self) -> None:
+        if self.pending is None:
+            return
+        work, flat, params = self.pending
+        self.pending = None
+        work.wait()
+        flat.div_(dist.get_world_size(self.group))
+        offset = 0
+        for param in params:
+            param.grad = flat[offset: offset + param.numel()].view_as(param).clone()
+            offset += param.numel()
+
+
+@dataclass
+class DataParallel:
+    """Every stage of this rank with how its parameters are held; what UNSHARD, RESHARD, REDUCE_GRAD do."""
+
+    rank: int
+    stages: dict[int, StageParams]
+    reduced: set[int] = field(default_factory=set)
+    training: bool = True
+
+    def begin(self, training: bool) -> None:
+        self.training = training
+        self.reduced.clear()
+        for params in self.stages.values():
+            params.begin(training)
+
+    def unshard(self, stage: int) -> None:
+        self._of(stage, "UNSHARD").unshard()
+
+    def reshard(self, stage: int) -> None:
+        self._of(stage, "RESHARD").reshard()
+
+    def before_compute(self, stage: int, backward: bool) -> None:
+        self._of(stage, "a compute").before_compute(backward)
+
+    def reduce(self, stage: int) -> None:
+        """REDUCE_GRAD: start the stage's gradient reduction (once per step)."""
+        params = self._of(stage, "REDUCE_GRAD")
+        if stage in self.reduced:
+            raise PipelineError(f"rank {self.rank}: REDUCE_GRAD of stage {stage} twice in one step")
+        self.reduced.add(stage)
+        if self.training:
+            params.start_reduce()
+
+    def end(self) -> None:
+        """After the program: reduce the stages the schedule did not, wait for every reduction, reshard."""
+        if self.training:
+            for stage in sorted(set(self.stages) - self.reduced):
+                self.stages[stage].start_reduce()
+            for params in self.stages.values():
+                params.finish_reduce()
+        for params in self.stages.values():
+            params.end()
+
+    def _of(self, stage: int, what: str) -> StageParams:
+        params = self.stages.get(stage)
+        if params is None:
+            raise PipelineError(f"rank {self.rank} holds no replica of stage {stage} ({what})")
+        return params
+
+
+def data_parallel(rank: int, stage_modules: dict[int, torch.nn.Module], *, dp_group=None, fsdp: bool = False,
+                  device: torch.device | None = None) -> DataParallel:
+    """How each stage of this rank is replicated; with ``fsdp`` plain modules are sharded over ``dp_group``."""
+    if fsdp and dp_group is None:
+        raise PipelineError(f"rank {rank}: fsdp=True shards the stages over dp_group; pass dp_group=")
+    mesh = None
+    stages: dict[int, StageParams] = {}
+    for stage, module in sorted(stage_modules.items()):
+        _refuse_ddp(rank, stage, module)
+        if fsdp and not is_sharded(module):
+            mesh = mesh or _mesh(dp_group, device)
+            _fully_shard()(module, mesh=mesh, reshard_after_forward=False)
+        if is_sharded(module):
+            stages[stage] = ShardedParams(stage, module)
+        elif dp_group is not None:
+            stages[stage] = ReplicatedParams(stage, module, dp_group)
+        else:
+            stages[stage] = StageParams(stage, module)
+    return DataParallel(rank, stages)
+
+
+def fsdp_modules(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The FSDP2 modules in ``module`` (none unless FSDP was imported: it costs seconds per process)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is None:
+        return []
+    return [m for m in module.modules() if isinstance(m, fsdp.FSDPModule)]
+
+
+def is_sharded(module: torch.nn.Module) -> bool:
+    return bool(fsdp_modules(module))
+
+
+def _fully_shard():
+    from torch.distributed.fsdp import fully_shard
+
+    return fully_shard
+
+
+def _refuse_ddp(rank: int, stage: int, module: torch.nn.Module) -> None:
+    if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+        raise PipelineError(f"rank {rank}: stage {stage} is a DistributedDataParallel module; pass the plain "
+                            "module with dp_group= (its gradients are all-reduced once a step) or shard it "
+                            "with fully_shard")
+
+
+def _mesh(group, device: torch.device | None):
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh.from_group(group, device_type=(device.type if device is not None else "cpu"))
