@@ -9,15 +9,16 @@ import sys
 from pipeforge.errors import UsageError
 
 
-def add_input_arguments(parser: argparse.ArgumentParser) -> None:
-    """PATH, -D NAME=VALUE, --schedule NAME, and the CSV inference overrides."""
+def add_input_arguments(parser: argparse.ArgumentParser, placement_flag: str = "--placement") -> None:
+    """PATH, -D NAME=VALUE, --schedule NAME, and the CSV inference overrides (``placement_flag`` names the
+    CSV input's placement flag: ``optimize`` keeps ``--placement`` for the placement it may choose)."""
     parser.add_argument("path", metavar="PATH", help="a .pipe file, a torch schedule CSV, or a library schedule name")
     parser.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE",
                         help="override a schedule parameter (repeatable)")
     parser.add_argument("--schedule", metavar="NAME", help="which schedule of a file holding several")
     parser.add_argument("--stages", type=int, help="CSV input: number of stages (inferred by default)")
     parser.add_argument("--microbatches", type=int, help="CSV input: number of microbatches (inferred by default)")
-    parser.add_argument("--placement", help="CSV input: loop or v (inferred by default)")
+    parser.add_argument(placement_flag, dest="input_placement", help="CSV input: loop or v (inferred by default)")
 
 
 def parse_defines(items: list[str]) -> dict[str, int]:
@@ -65,7 +66,7 @@ def load_input(args: argparse.Namespace):
         schedule=args.schedule,
         stages=args.stages,
         microbatches=args.microbatches,
-        placement=args.placement,
+        placement=args.input_placement,
     )
 
 

@@ -20,13 +20,17 @@ def register(subparsers) -> None:
         "optimize", help="reorder a schedule's compute to cut bubbles",
         description="Search for a compute order with a smaller bubble rate under a cost model and a "
                     "memory limit; verify it and write it as a plain .pipe file.")
-    add_input_arguments(parser)
+    add_input_arguments(parser, placement_flag="--input-placement")
     parser.add_argument("--cost", metavar="F=1,I=1,W=1,comm=0", help=COST_HELP)
     parser.add_argument("--memory-limit", type=float, metavar="X",
                         help="activation memory limit per rank, in M_B (one microbatch on one stage); "
                              "default: the schedule's own limit, else the input's peak")
     parser.add_argument("--strategy", choices=("auto", "greedy", "local", "exact"), default="auto",
                         help="auto (default): greedy, then local search, then exact search when small")
+    parser.add_argument("--placement", choices=("keep", "loop", "v", "interleaved", "any"), default="keep",
+                        help="keep (default): the input's placement; loop: one stage a rank; v: two chunks a rank "
+                             "in a V; interleaved: two chunks a rank in loop order; any: the best of these. "
+                             "Splitting a stage in k chunks divides its compute and memory by k")
     parser.add_argument("--time-limit", type=float, default=10.0, metavar="S",
                         help="seconds for the search (default 10)")
     parser.add_argument("-o", "--output", required=True, metavar="OUT.pipe", help="where to write the result")
@@ -75,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     progress = ProgressLine()
     try:
         result = optimize(schedule, costs=costs, memory_limit=memory.limit, strategy=args.strategy,
-                          time_limit=args.time_limit, progress=progress, weights=memory.weights)
+                          time_limit=args.time_limit, progress=progress, weights=memory.weights,
+                          placement=args.placement)
     finally:
         progress.close()
     write_atomically(Path(args.output), print_schedule(result.schedule))
@@ -103,6 +108,9 @@ def report(result, output: str) -> str:
         f"{'makespan':13}{before.makespan:>10.4g}{after.makespan:>10.4g}",
         f"peak memory  before {_peaks(before.peak_memory)}; after {_peaks(after.peak_memory)}"
         + (f" (limit {limit:g})" if limit is not None else " (no limit)"),
+        f"placement: {result.placement}" + ("" if len(result.placements_tried) == 1
+                                            else f" (tried: {'; '.join(result.placements_tried)})"),
+        f"bound: {result.bound_of}",
         f"stopped: {STOP_REASONS[result.stopped]}",
         f"wrote {output}" + ("" if result.improved else " (the input: nothing better found)"),
     ]

@@ -36,12 +36,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from pipeforge.errors import UsageError, VerificationError
-from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule
+from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step
 from pipeforge.optimize.bounds import bubble_of_span, span_lower_bound
 from pipeforge.optimize.evaluate import (
     Evaluation, Graph, Order, Problem, compute_actions, evaluate, is_complete, schedule_of,
 )
-from pipeforge.optimize.units import Units, integer_units
+from pipeforge.optimize.placement import (
+    PLACEMENTS, Layout, chunk_costs, common_chunks, laid_out_schedule, layouts, scale_costs,
+)
+from pipeforge.optimize.units import integer_units
 
 STRATEGIES = ("auto", "greedy", "local", "exact")
 STOP_REASONS = {
@@ -107,14 +110,24 @@ class OptimizeResult:
     seconds: float
     memory_limit: float | None = None
     stopped: str = "finished"
+    placement: str = "keep (the input's)"
+    placements_tried: tuple[str, ...] = ("keep (the input's)",)
+
+    @property
+    def bound_of(self) -> str:
+        """What the bound bounds: every order of the work in each placement tried."""
+        return f"any order of the same work (B split into I and W) within the memory limit, placed " \
+               f"{' or '.join(self.placements_tried)}"
 
     def to_json(self) -> dict:
         return {
             "schedule": self.schedule.name, "strategy": self.strategy, "found_by": self.found_by,
             "stopped": self.stopped, "stopped_because": STOP_REASONS[self.stopped],
             "improved": self.improved, "optimal": self.optimal, "memory_limit": self.memory_limit,
+            "placement": {"chosen": self.placement, "tried": list(self.placements_tried),
+                          "stages": self.schedule.stages, "ranks": self.schedule.ranks},
             "before": self.before.to_json(), "after": self.after.to_json(),
-            "bound": {"bubble_rate": self.bound, "max_span": self.span_bound},
+            "bound": {"bubble_rate": self.bound, "max_span": self.span_bound, "of": self.bound_of},
             "gap": self.gap, "seconds": self.seconds,
         }
 
@@ -125,6 +138,17 @@ class _Candidate:
     order: Order
     evaluation: Evaluation
     found_by: str
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What the search found in one layout (times in integer units)."""
+
+    layout: Layout
+    split: Graph
+    best: _Candidate | None
+    span_bound: float
+    stopped: str
 
 
 def metrics_of(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> Metrics:
@@ -149,9 +173,10 @@ def split_actions(actions: list[Action]) -> list[Action]:
 
 def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit: float | None = None,
              strategy: str = "auto", time_limit: float = 10.0, progress: Progress | None = None,
-             weights: float | None = None) -> OptimizeResult:
+             weights: float | None = None, placement: str = "keep") -> OptimizeResult:
     """A schedule at least as good as ``schedule`` under ``costs`` and ``memory_limit`` (see the module doc);
-    ``weights`` (M_W / M_B) overrides the schedule's."""
+    ``weights`` (M_W / M_B) overrides the schedule's; ``placement`` (``placement.py``) lets it lay the
+    stages out anew."""
     if strategy not in STRATEGIES:
         raise UsageError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
     if time_limit <= 0:
@@ -163,19 +188,39 @@ def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit
     given = Problem.of(compute, costs, memory_limit)
     if weights is not None:
         given = replace(given, weights=weights)
+    tried = layouts(placement, given)
+    chunks = common_chunks(tried)
     units = integer_units(given.costs)
-    # Every search times orders in exact integer units (units.py): the same result whatever the unit.
-    problem = replace(given, costs=units.costs)
-    before = metrics_of(compute, problem.costs, MemorySpec(problem.memory_limit, problem.weights))
-    if problem.memory_limit is None:
-        problem = replace(problem, memory_limit=max(before.peak_memory, default=0.0))
-    source = _input_candidate(problem, compute) if strategy in ("auto", "local") else None
-    split = Graph(problem, split_actions(compute_actions(compute)))
-    if strategy == "exact":
+    # Every search times orders in exact integer units (units.py): the same result whatever the unit;
+    # times ``chunks`` so that every layout's chunk costs are integers too.
+    base = replace(given, costs=scale_costs(units.costs, chunks))
+    before = metrics_of(compute, base.costs, MemorySpec(base.memory_limit, base.weights))
+    if base.memory_limit is None:
+        base = replace(base, memory_limit=max(before.peak_memory, default=0.0))
+    outcomes = []
+    for i, layout in enumerate(tried):
+        share = time.monotonic() + max(0.0, deadline - time.monotonic()) / (len(tried) - i)
+        outcomes.append(_search_layout(compute, base, layout, strategy, share, progress))
+    result = _result(schedule, compute, before, outcomes, given, strategy, started)
+    return _in_units(result, units.scale / chunks, [layout.describe(given) for layout in tried])
+
+
+def _search_layout(compute: Schedule, base: Problem, layout: Layout, strategy: str, deadline: float,
+                   progress: Progress | None) -> _Outcome:
+    problem = layout.problem(base)
+    if layout.keeps:
+        work = split_actions(compute_actions(compute))
+        source = _input_candidate(problem, compute) if strategy in ("auto", "local") else None
+    else:
+        work = [Action(s, kind, mb) for s in range(problem.stages) for mb in range(problem.microbatches)
+                for kind in (ActionKind.F, ActionKind.I, ActionKind.W)]
+        source = None
+    split = Graph(problem, work)
+    if strategy == "exact" and layout.keeps:
         _require_exact_size(split)
     run = _Run(problem, split, deadline, progress)
     best, span_bound = run.strategies(strategy, source)
-    return _result(schedule, compute, split, before, best, span_bound, strategy, started, units, run.stopped)
+    return _Outcome(layout, split, best, span_bound, run.stopped)
 
 
 def _require_exact_size(split: Graph) -> None:
@@ -232,11 +277,11 @@ class _Run:
         (``self.stopped`` says why it stopped)."""
         self.offer(source)
         bound = span_lower_bound(self.split)
-        if strategy in ("auto", "greedy", "exact"):
+        if strategy in ("auto", "greedy", "exact") or source is None:
             self.greedy(required=strategy == "greedy")
         small = len(self.split.actions) <= EXACT_AUTO_ACTIONS
         if strategy in ("local", "auto") and not self.reached(bound):
-            start = source if strategy == "local" else self.best
+            start = source if strategy == "local" and source is not None else self.best
             share = 0.25 if strategy == "auto" and small else 1.0  # leave most of it to exact search
             self.local(start, self.left() * share, bound)
         if (strategy == "exact" or (strategy == "auto" and small)) and not self.reached(bound):
@@ -250,19 +295,23 @@ class _Run:
 
     def greedy(self, required: bool) -> None:
         """The Zero Bubble scheduler where it applies; list scheduling for other placements and small cases."""
-        from pipeforge.optimize import greedy, list_schedule
+        from pipeforge.optimize import greedy, list_schedule, v_greedy
 
-        zero_bubble = greedy.supports(self.problem)
+        zero_bubble = greedy.supports(self.problem) or v_greedy.supports(self.problem)
         listed = list_schedule.supports(self.problem) and (
             not zero_bubble or len(self.split.actions) <= LIST_SCHEDULE_ACTIONS)
         if required and not (zero_bubble or listed):
             raise UsageError("the greedy strategies need a schedule with one chain (not a bidirectional one); "
                              "try --strategy local")
-        if zero_bubble:
+        if greedy.supports(self.problem):
             self.tell(0.0, "greedy: the Zero Bubble scheduler's eight settings")
             found = greedy.best_zero_bubble_order(self.problem)
             if found is not None:
                 self.offer_keys(found.keys, "greedy")
+        if v_greedy.supports(self.problem):
+            self.tell(0.02, "greedy: the Zero Bubble V scheduler's settings")
+            for _, keys in v_greedy.zero_bubble_v_orders(self.problem):
+                self.offer_keys(keys, "greedy-v")
         if listed:
             self.tell(0.05, "greedy: list scheduling")
             for _, keys in list_schedule.list_schedule_orders(self.problem):
@@ -314,27 +363,47 @@ def _input_candidate(problem: Problem, compute: Schedule) -> _Candidate | None:
     return None if evaluation is None else _Candidate(graph, order, evaluation, "input")
 
 
-def _result(schedule: Schedule, compute: Schedule, split: Graph, before: Metrics, best: _Candidate | None,
-            span_bound: float, strategy: str, started: float, units: Units, stopped: str) -> OptimizeResult:
-    """The result in the input's units (``before``, ``best`` and ``span_bound`` are in integer units)."""
-    problem = split.problem
-    within = problem.memory_limit is None or max(before.peak_memory, default=0.0) <= problem.memory_limit + 1e-9
-    if best is None or not _beats_input(best, before, within):
+def _result(schedule: Schedule, compute: Schedule, before: Metrics, outcomes: list[_Outcome], given: Problem,
+            strategy: str, started: float) -> OptimizeResult:
+    """The best outcome as a result, still in integer units (``_in_units`` converts it)."""
+    limit = outcomes[0].split.problem.memory_limit / outcomes[0].layout.chunks
+    within = max(before.peak_memory, default=0.0) <= limit + 1e-9
+    found = [o for o in outcomes if o.best is not None]
+    chosen = min(found, key=lambda o: o.best.evaluation.key(), default=None)
+    span_bound = min(o.span_bound for o in outcomes)
+    if chosen is None or not _beats_input(chosen.best, before, within):
         if not within:
-            raise VerificationError(f"no order of {schedule.name!r} within the memory limit "
-                                    f"{problem.memory_limit:g} was found (the input holds {max(before.peak_memory):g})")
-        result, after, found_by = schedule, before, "input"
+            raise VerificationError(f"no order of {schedule.name!r} within the memory limit {limit:g} was found "
+                                    f"(the input holds {max(before.peak_memory):g})")
+        result, after, found_by, layout, stopped = schedule, before, "input", Layout("keep"), outcomes[0].stopped
     else:
-        result = replace(schedule_of(compute, best.graph, best.order, name=schedule.name), costs=units.given)
-        _verify(result, problem.memory_limit, best)
+        best, layout, stopped = chosen.best, chosen.layout, chosen.stopped
+        result = _schedule_of(schedule, compute, chosen, given.costs)
+        _verify(result, chosen.split.problem.memory_limit, best)
         after, found_by = Metrics.of(best.evaluation), best.found_by
+        after = replace(after, peak_memory=tuple(peak / layout.chunks for peak in after.peak_memory))
     span_bound = min(span_bound, after.max_span)
     gap = (after.max_span - span_bound) / after.max_span if after.max_span > 0 else 0.0
-    bound = bubble_of_span(split, span_bound)
-    return OptimizeResult(result, before.scaled(units.scale), after.scaled(units.scale), bound,
-                          units.to_real(span_bound), gap, gap <= 1e-6, result is not schedule,
-                          found_by, strategy, time.monotonic() - started, problem.memory_limit,
-                          "bound" if gap <= 1e-6 else stopped)
+    bound = bubble_of_span(outcomes[0].split, span_bound)
+    return OptimizeResult(result, before, after, bound, span_bound, gap, gap <= 1e-6, result is not schedule,
+                          found_by, strategy, time.monotonic() - started, limit,
+                          "bound" if gap <= 1e-6 else stopped, layout.describe(given))
+
+
+def _schedule_of(schedule: Schedule, compute: Schedule, outcome: _Outcome, costs: CostModel) -> Schedule:
+    """The chosen order as a schedule with the input's costs (divided into chunks where it was split)."""
+    best, layout = outcome.best, outcome.layout
+    if layout.keeps:
+        return replace(schedule_of(compute, best.graph, best.order, name=schedule.name), costs=costs)
+    programs = tuple(tuple(Step((best.graph.actions[a],)) for a in seq) for seq in best.order)
+    laid = laid_out_schedule(compute, outcome.split.problem, programs, chunk_costs(costs, layout.chunks))
+    return replace(laid, name=schedule.name)
+
+
+def _in_units(result: OptimizeResult, scale: float, tried: list[str]) -> OptimizeResult:
+    """``result`` with its times in the input's unit (they were integer units times ``1 / scale``)."""
+    return replace(result, before=result.before.scaled(scale), after=result.after.scaled(scale),
+                   span_bound=result.span_bound * scale, placements_tried=tuple(tried))
 
 
 def _beats_input(best: _Candidate, before: Metrics, within: bool) -> bool:
@@ -364,4 +433,4 @@ def _verify(result: Schedule, memory_limit: float | None, candidate: _Candidate)
         raise VerificationError(f"the optimized schedule does not verify{detail}", report)
 
 
-__all__ = ["Metrics", "OptimizeResult", "STOP_REASONS", "STRATEGIES", "optimize"]
+__all__ = ["Metrics", "OptimizeResult", "PLACEMENTS", "STOP_REASONS", "STRATEGIES", "optimize"]

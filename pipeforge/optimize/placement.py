@@ -1,0 +1,127 @@
+"""Placements the optimizer may choose (``--placement keep|loop|v|interleaved|any``).
+
+A *layout* says how the input's work is laid on the ranks: split each of the
+input's stages into ``chunks`` consecutive stages and place them ``loop``
+(stage s on rank s % P) or ``v`` (down the ranks, then back up). Splitting a
+stage into k chunks divides its F, I, W (and B) time and its activation memory
+by k and leaves a transfer's cost unchanged, as the Zero Bubble authors' V
+schedules assume. Memory limits stay in the input's units (M_B of an input
+stage): inside a k-chunk layout one chunk's activations are the unit, so the
+limit there is k times the input's, and peaks are divided by k to report them.
+
+- ``keep``: the input's own placement (default);
+- ``loop``: the input's stages in loop order (stage s on rank s % P; one a rank from 1F1B);
+- ``v``: two chunks a rank in a V (ZB-V's placement);
+- ``interleaved``: two chunks a rank in loop order (interleaved 1F1B's);
+- ``any``: each of the above that applies; the best result is kept.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from pipeforge.errors import UsageError
+from pipeforge.ir import CostModel, MemorySpec, Placement, Schedule, Step
+from pipeforge.optimize.evaluate import Problem
+
+PLACEMENTS = ("keep", "loop", "v", "interleaved", "any")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the input's stages are laid on the ranks: ``shape`` (keep, loop, v) and chunks per stage."""
+
+    shape: str
+    chunks: int = 1
+
+    @property
+    def keeps(self) -> bool:
+        return self.shape == "keep"
+
+    def placement(self, problem: Problem) -> Placement:
+        stages = problem.stages * self.chunks
+        if self.shape == "v":
+            return Placement.v(stages, problem.ranks)
+        return Placement.loop(stages, problem.ranks)
+
+    def describe(self, problem: Problem) -> str:
+        """E.g. ``v, 2 stages a rank``."""
+        if self.keeps:
+            return "keep (the input's)"
+        per_rank = problem.stages * self.chunks // problem.ranks
+        name = {"loop": "loop" if self.chunks == 1 else "interleaved", "v": "v"}[self.shape]
+        return f"{name}, {per_rank} stage{'s' if per_rank != 1 else ''} a rank"
+
+    def problem(self, base: Problem) -> Problem:
+        """``base`` laid out this way: chunk costs, the placement, the limit in chunk units."""
+        if self.keeps:
+            return base
+        limit = None if base.memory_limit is None else base.memory_limit * self.chunks
+        return replace(base, stages=base.stages * self.chunks, placements=(self.placement(base),),
+                       costs=chunk_costs(base.costs, self.chunks), memory_limit=limit)
+
+
+def layouts(choice: str, problem: Problem) -> list[Layout]:
+    """The layouts ``--placement choice`` tries for ``problem`` (``keep`` first when tried)."""
+    if choice not in PLACEMENTS:
+        raise UsageError(f"unknown placement {choice!r}; expected one of {', '.join(PLACEMENTS)}")
+    if choice == "keep":
+        return [Layout("keep")]
+    wanted = {"loop": [Layout("loop")], "v": [Layout("v", 2)], "interleaved": [Layout("loop", 2)],
+              "any": [Layout("keep"), Layout("loop"), Layout("v", 2), Layout("loop", 2)]}[choice]
+    if len(problem.placements) != 1:
+        raise UsageError(f"--placement {choice}: the schedule has {len(problem.placements)} chains; "
+                         "only one chain can be laid out anew (use --placement keep)")
+    fitting = [layout for layout in wanted if layout.keeps or _fits(layout, problem)]
+    unique = _without_repeats(fitting, problem)
+    if len(unique) < len(fitting) and choice != "any":
+        return [Layout("keep")]  # the input is already laid out this way
+    if not any(not layout.keeps for layout in unique) and choice != "any":
+        raise UsageError(f"--placement {choice}: {problem.stages} stages cannot be laid {choice} on "
+                         f"{problem.ranks} ranks (needs a whole number of stages a rank)")
+    return unique
+
+
+def _fits(layout: Layout, problem: Problem) -> bool:
+    stages = problem.stages * layout.chunks
+    return stages % problem.ranks == 0 and (layout.shape != "v" or (stages // problem.ranks) % 2 == 0)
+
+
+def _without_repeats(found: list[Layout], problem: Problem) -> list[Layout]:
+    """Drop a layout equal to the input's own (``keep`` already covers it)."""
+    kept = []
+    for layout in found:
+        same_as_input = (not layout.keeps and layout.chunks == 1
+                         and layout.placement(problem) == problem.placements[0])
+        if not same_as_input:
+            kept.append(layout)
+    return kept
+
+
+def common_chunks(found: list[Layout]) -> int:
+    """A multiple of every layout's chunk count: integer costs times this divide exactly."""
+    return math.lcm(*(layout.chunks for layout in found))
+
+
+def chunk_costs(costs: CostModel, chunks: int) -> CostModel:
+    """Each stage split in ``chunks``: stage s becomes stages s*k .. s*k+k-1, each 1/k of the compute."""
+    per_stage = tuple((s * chunks + j, kind, value / chunks)
+                      for s, kind, value in costs.per_stage for j in range(chunks))
+    return replace(costs, F=costs.F / chunks, I=costs.I / chunks, W=costs.W / chunks,
+                   B=None if costs.B is None else costs.B / chunks, per_stage=per_stage)
+
+
+def scale_costs(costs: CostModel, factor: float) -> CostModel:
+    """Every duration and the latency times ``factor``."""
+    return replace(costs, F=costs.F * factor, I=costs.I * factor, W=costs.W * factor, comm=costs.comm * factor,
+                   B=None if costs.B is None else costs.B * factor,
+                   per_stage=tuple((s, k, v * factor) for s, k, v in costs.per_stage))
+
+
+def laid_out_schedule(schedule: Schedule, problem: Problem, programs: tuple[tuple[Step, ...], ...],
+                      costs: CostModel) -> Schedule:
+    """``schedule`` with the layout's stages, placement, programs, chunk costs and limit (chunk units)."""
+    memory = MemorySpec(problem.memory_limit, problem.weights)
+    return replace(schedule, stages=problem.stages, placements=problem.placements, programs=programs,
+                   costs=costs, memory=memory, source=None, params=())
