@@ -105,7 +105,7 @@ def ours(row: Row, setting: str, strategy: str) -> tuple[Side, float, str]:
                           weights=row.weights, placement=placement)
         results.append((result, time.perf_counter() - started))
     worst = max(results, key=lambda r: r[0].after.bubble_rate)[0]
-    return Side(worst.after.bubble_rate, results[0][1]), worst.bound, f"{worst.stopped}/{worst.placement_chosen}"
+    return Side(worst.after.bubble_rate, results[0][1]), worst.bound, f"{worst.stopped}/{worst.placement}"
 
 
 def builder_seconds(row: Row, setting: str) -> float:

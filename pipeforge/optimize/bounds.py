@@ -2,27 +2,33 @@
 
 The search space is every compute order of the problem's (stage, microbatch)
 pairs with the backward split into I and W (a B is an I followed at once by
-its W, so it is covered when B = I + W). Two bounds:
+its W, so it is covered when B = I + W), for any placement, under the memory
+limit. Two bounds, per rank; the worst rank's is the bound:
 
 - ``busy``: a rank's span is at least the sum of its compute durations.
-- ``round trip`` (one stage a rank, loop placement, stage r on rank r): the
-  first I on rank r starts no earlier than one *round trip* after its first F
-  (F down to the last stage and I back, with ``comm`` on every hop); before
-  the first I the rank can run only F, at most ``floor(limit)`` of them. After
-  its last F, the rank waits one round trip (less that F) for that
-  microbatch's I; what it can run meanwhile is the I and W of microbatches it
-  still holds, and what it holds is capped by the memory limit: ``k`` with I
-  pending and ``j`` with only W pending need ``k + weights * j <= limit``.
-  When the rank cannot run every F before its first I, the two idle windows
-  are disjoint and add up.
+- ``round trip`` (any placement): a rank's first action is an F of the lowest
+  stage it holds (every other action of the rank needs one before it on the
+  rank). No I of a stage s on the rank can start before one *round trip*
+  after that first start: the longest dependency path from that F to I(s)
+  (the F down to the loss and the I back, with ``comm`` on every cross-rank
+  hop). Before the earliest of them the rank can run only F, at most
+  ``floor(limit)`` (nothing is released before an I), each no longer than its
+  longest F: the rest of that window is idle (*head*). After the rank's last
+  F, the I of that microbatch and stage waits its own round trip (less the
+  F); meanwhile the rank can run only the I and W of what it still holds,
+  capped by the limit: ``k`` with I pending and ``j`` with only W pending need
+  ``k + weights * j <= limit`` (*tail*). When the rank cannot run every F
+  before its first I, the two idle windows are disjoint and add up.
 
-At p=8, m=24, memory limit 8, the Zero Bubble paper's costs, the round-trip
-bound on rank 0 equals the span of ZB-1p: that schedule is optimal there.
+For one stage a rank in loop order this is the bound of the Zero Bubble
+setting: at p=8, m=24, memory limit 8, the paper's costs, the round-trip bound
+on rank 0 equals the span of ZB-1p, so that schedule is optimal there.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from pipeforge.ir import ActionKind
 from pipeforge.optimize.evaluate import TOLERANCE, Graph, Problem
@@ -33,60 +39,115 @@ F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 def busy_per_rank(graph: Graph) -> list[float]:
     """Each rank's least compute time: F and the cheaper of B or I + W, for each forward it runs."""
     problem, cost = graph.problem, graph.problem.costs.duration
+    per_stage = [cost(F, s) + min(cost(B, s), cost(I, s) + cost(W, s)) for s in range(problem.stages)]
     busy = [0.0] * problem.ranks
     for action, rank in zip(graph.actions, graph.rank):
         if action.kind is F:
-            s = action.stage
-            busy[rank] += cost(F, s) + min(cost(B, s), cost(I, s) + cost(W, s))
+            busy[rank] += per_stage[action.stage]
     return busy
 
 
-def round_trip(problem: Problem, r: int) -> float:
-    """From the start of F on stage r to the earliest start of I on stage r, same microbatch."""
-    cost, comm = problem.costs.duration, problem.costs.comm
-    down = sum(comm + cost(F, s) for s in range(r + 1, problem.stages))
-    up = sum(_backward(problem, s) + comm for s in range(r + 1, problem.stages))
-    return cost(F, r) + down + up
+@dataclass(frozen=True)
+class _RankShape:
+    """What the round-trip bound needs of one rank (read from microbatch 0: costs do not depend on it)."""
+
+    trip_to_i: float      # from the start of the rank's first F to the earliest start of any of its I
+    least_lag: float      # the least wait, over its stages, from the end of an F to the start of its I
+    forwards: int         # how many F the rank runs in all
+    longest_f: float
+    longest_iw: float     # the longest I + W among its stages
+    longest_w: float
 
 
-def _backward(problem: Problem, stage: int) -> float:
-    return min(problem.costs.duration(I, stage), problem.costs.duration(B, stage))
+class _Paths:
+    """Longest dependency paths among one microbatch's actions (data dependencies never cross microbatches)."""
+
+    def __init__(self, graph: Graph, mb: int):
+        self.graph = graph
+        self.members = [a for a, action in enumerate(graph.actions) if action.microbatch == mb]
+        self.children: dict[int, list[tuple[int, float]]] = {a: [] for a in self.members}
+        for a in self.members:
+            for d, latency in graph.deps[a]:
+                self.children[d].append((a, latency))
+        self.order = self._topological()
+
+    def _topological(self) -> list[int]:
+        indegree = {a: len(self.graph.deps[a]) for a in self.members}
+        ready = [a for a, n in indegree.items() if n == 0]
+        out = []
+        while ready:
+            a = ready.pop()
+            out.append(a)
+            for b, _ in self.children[a]:
+                indegree[b] -= 1
+                if indegree[b] == 0:
+                    ready.append(b)
+        return out
+
+    def from_start_of(self, source: int) -> dict[int, float]:
+        """Earliest start of every action reachable from ``source`` when ``source`` starts at 0."""
+        start = {source: 0.0}
+        for a in self.order:
+            if a not in start:
+                continue
+            for b, latency in self.children[a]:
+                start[b] = max(start.get(b, float("-inf")), start[a] + self.graph.duration[a] + latency)
+        return start
 
 
-def tail_work(problem: Problem, r: int, limit: float) -> float:
-    """The most I/W work rank r can hold ready for after its last F (memory-capped)."""
-    cost_i, cost_w = problem.costs.duration(I, r), problem.costs.duration(W, r)
-    m, weights = problem.microbatches, problem.weights
+def _rank_shape(graph: Graph, paths: _Paths, r: int) -> _RankShape | None:
+    """Rank r's round trips (None when it runs no F or no I of the microbatch)."""
+    actions, duration = graph.actions, graph.duration
+    mine = {k: [a for a in paths.members if graph.rank[a] == r and actions[a].kind is k] for k in (F, I, W)}
+    if not mine[F] or not mine[I]:
+        return None
+    lane = {(actions[a].chain, actions[a].stage, actions[a].kind): a for k in (F, I, W) for a in mine[k]}
+    first = min(mine[F], key=lambda a: (actions[a].chain, actions[a].stage))
+    from_first = paths.from_start_of(first)
+    trips = [from_first[a] for a in mine[I] if a in from_first]
+    lags, iw, w = [], [], []
+    for f in mine[F]:
+        c, stage = actions[f].chain, actions[f].stage
+        i, wa = lane.get((c, stage, I)), lane.get((c, stage, W))
+        if i is not None:
+            lags.append(paths.from_start_of(f)[i] - duration[f])
+            iw.append(duration[i] + (duration[wa] if wa is not None else 0.0))
+        w.append(duration[wa] if wa is not None else 0.0)
+    if not trips or not lags:
+        return None
+    forwards = sum(1 for a, action in enumerate(actions) if graph.rank[a] == r and action.kind is F)
+    return _RankShape(min(trips), min(lags), forwards, max(duration[a] for a in mine[F]), max(iw), max(w))
+
+
+def tail_work(shape: _RankShape, limit: float, weights: float) -> float:
+    """The most I/W work a rank can hold ready for after its last F (memory-capped)."""
     best = 0.0
-    for k in range(1, min(m, math.floor(limit + TOLERANCE)) + 1):
+    for k in range(1, min(shape.forwards, math.floor(limit + TOLERANCE)) + 1):
         room = limit - k
-        j = m - k if weights <= 0 else min(m - k, math.floor(room / weights + TOLERANCE))
-        best = max(best, (k - 1) * (cost_i + cost_w) + j * cost_w)
+        j = shape.forwards - k if weights <= 0 else min(shape.forwards - k, math.floor(room / weights + TOLERANCE))
+        best = max(best, (k - 1) * shape.longest_iw + j * shape.longest_w)
     return best
 
 
-def round_trip_idle(problem: Problem, r: int) -> float:
-    """Idle time rank r cannot avoid inside its span (0 when the shape is not one stage a rank)."""
-    limit = problem.memory_limit if problem.memory_limit is not None else float(problem.microbatches)
-    trip = round_trip(problem, r)
-    first_burst = min(problem.microbatches, math.floor(limit + TOLERANCE))
-    head = max(0.0, trip - first_burst * problem.costs.duration(F, r))
-    tail = max(0.0, trip - problem.costs.duration(F, r) - tail_work(problem, r, limit))
-    if first_burst < problem.microbatches:
+def round_trip_idle(graph: Graph, r: int, paths: _Paths | None = None) -> float:
+    """Idle time rank r cannot avoid inside its span (0 when nothing can be said)."""
+    problem = graph.problem
+    shape = _rank_shape(graph, paths or _Paths(graph, 0), r)
+    if shape is None:
+        return 0.0
+    limit = problem.memory_limit if problem.memory_limit is not None else float(shape.forwards)
+    first_burst = min(shape.forwards, math.floor(limit + TOLERANCE))
+    head = max(0.0, shape.trip_to_i - first_burst * shape.longest_f)
+    tail = max(0.0, shape.least_lag - tail_work(shape, limit, problem.weights))
+    if first_burst < shape.forwards:
         return head + tail
     return max(head, tail)
 
 
-def loop_one_stage_per_rank(problem: Problem) -> bool:
-    return len(problem.placements) == 1 and problem.placements[0].stage_to_rank == tuple(range(problem.ranks))
-
-
 def span_lower_bound(graph: Graph) -> float:
     """A proven lower bound on the worst span of any valid order of ``graph``'s forwards."""
-    problem, busy = graph.problem, busy_per_rank(graph)
-    if not loop_one_stage_per_rank(problem):
-        return max(busy)
-    return max(busy[r] + round_trip_idle(problem, r) for r in range(problem.ranks))
+    busy, paths = busy_per_rank(graph), _Paths(graph, 0)
+    return max(busy[r] + round_trip_idle(graph, r, paths) for r in range(graph.problem.ranks))
 
 
 def bubble_of_span(graph: Graph, span: float) -> float:

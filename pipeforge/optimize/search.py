@@ -55,7 +55,7 @@ STOP_REASONS = {
 }
 EXACT_AUTO_ACTIONS = 96   # auto runs exact search up to P * M * 3 = 96 (P=4, M=8)
 ASAP_ACTIONS = 48         # up to this size the z3 model also fixes ASAP timing (optimal = what sim reports)
-LIST_SCHEDULE_ACTIONS = 3000
+LIST_SCHEDULE_ACTIONS = 300  # beside a Zero Bubble builder, list scheduling runs only up to this size
 VERIFY_RESERVE, VERIFY_RESERVE_S = 0.15, 1.0  # the part of the time limit kept for verifying the result
 Progress = Callable[[float, str], None]
 
@@ -210,7 +210,7 @@ def _search_layout(compute: Schedule, base: Problem, layout: Layout, strategy: s
     problem = layout.problem(base)
     if layout.keeps:
         work = split_actions(compute_actions(compute))
-        source = _input_candidate(problem, compute) if strategy in ("auto", "local") else None
+        source = (lambda: _input_candidate(problem, compute)) if strategy in ("auto", "local") else None
     else:
         work = [Action(s, kind, mb) for s in range(problem.stages) for mb in range(problem.microbatches)
                 for kind in (ActionKind.F, ActionKind.I, ActionKind.W)]
@@ -272,14 +272,19 @@ class _Run:
         if self.best is None or candidate.evaluation.key() < self.best.evaluation.key():
             self.best = candidate
 
-    def strategies(self, strategy: str, source: _Candidate | None) -> tuple[_Candidate | None, float]:
+    def strategies(self, strategy: str, source_of: Callable[[], _Candidate | None] | None
+                   ) -> tuple[_Candidate | None, float]:
         """Run what ``strategy`` asks for, stopping early once the proven bound is reached
-        (``self.stopped`` says why it stopped)."""
+        (``self.stopped`` says why it stopped). ``source_of`` makes the input a candidate, when it
+        can be one; auto asks for it only when local search is to run."""
+        source = source_of() if source_of is not None and strategy == "local" else None
         self.offer(source)
         bound = span_lower_bound(self.split)
         if strategy in ("auto", "greedy", "exact") or source is None:
-            self.greedy(required=strategy == "greedy")
+            self.greedy(required=strategy == "greedy", bound=bound)
         small = len(self.split.actions) <= EXACT_AUTO_ACTIONS
+        if strategy == "auto" and source_of is not None and not self.reached(bound):
+            self.offer(source_of())
         if strategy in ("local", "auto") and not self.reached(bound):
             start = source if strategy == "local" and source is not None else self.best
             share = 0.25 if strategy == "auto" and small else 1.0  # leave most of it to exact search
@@ -293,7 +298,7 @@ class _Run:
     def reached(self, bound: float) -> bool:
         return self.best is not None and self.best.evaluation.max_span <= bound + 1e-9
 
-    def greedy(self, required: bool) -> None:
+    def greedy(self, required: bool, bound: float) -> None:
         """The Zero Bubble scheduler where it applies; list scheduling for other placements and small cases."""
         from pipeforge.optimize import greedy, list_schedule, v_greedy
 
@@ -312,7 +317,7 @@ class _Run:
             self.tell(0.02, "greedy: the Zero Bubble V scheduler's settings")
             for _, keys in v_greedy.zero_bubble_v_orders(self.problem):
                 self.offer_keys(keys, "greedy-v")
-        if listed:
+        if listed and not self.reached(bound):
             self.tell(0.05, "greedy: list scheduling")
             for _, keys in list_schedule.list_schedule_orders(self.problem):
                 self.offer_keys(keys, "list")

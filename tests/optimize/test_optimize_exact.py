@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from opt_instances import brute_force_best_span, costs_strategy, one_f_one_b, split_work
 
-from pipeforge.ir import CostModel, Placement
+from pipeforge.ir import Action, ActionKind, CostModel, Placement
 from pipeforge.optimize.bounds import bubble_lower_bound, busy_per_rank, span_lower_bound
 from pipeforge.optimize.evaluate import Graph, Problem, evaluate
 from pipeforge.optimize.exact import solve_exact
@@ -91,3 +91,44 @@ def test_exact_respects_the_time_limit_and_keeps_a_valid_order():
     assert evaluation is not None and evaluation.fits(2.0)
     assert result.upper_bound <= evaluate(graph, start).max_span
     assert result.lower_bound <= result.upper_bound
+
+
+def laid_out(p, m, placement, limit, costs, weights=0.5):
+    stages = len(placement.stage_to_rank)
+    prob = Problem(p, stages, m, (placement,), costs, limit, weights)
+    work = [Action(s, k, mb) for s in range(stages) for mb in range(m) for k in (ActionKind.F, ActionKind.I, ActionKind.W)]
+    return Graph(prob, work)
+
+
+def any_order(graph):
+    from pipeforge.optimize.list_schedule import list_schedule_orders
+
+    orders = [tuple(graph.ids_of_keys(list(r)) for r in keys) for _, keys in list_schedule_orders(graph.problem)]
+    return min((o for o in orders if evaluate(graph, o).fits(graph.problem.memory_limit)),
+               key=lambda o: evaluate(graph, o).key())
+
+
+@settings(max_examples=12, deadline=None)
+@given(shape=st.sampled_from(["v", "interleaved"]), m=st.integers(1, 2), costs=costs_strategy,
+       limit=st.sampled_from([2.0, 3.0, 4.0]))
+def test_the_round_trip_bound_holds_for_v_and_interleaved_placements(shape, m, costs, limit):
+    placement = Placement.v(4, 2) if shape == "v" else Placement.loop(4, 2)
+    graph = laid_out(2, m, placement, limit, costs)
+    result = solve_exact(graph, any_order(graph), max(busy_per_rank(graph)), time_limit=60)
+    assert result.optimal
+    assert span_lower_bound(graph) <= result.upper_bound + 1e-9
+
+
+@pytest.mark.parametrize(("placement", "limit"), [(Placement.v(4, 2), 4.0), (Placement.loop(3, 3), 6.0)])
+def test_exact_proves_optimality_for_a_v_placement_and_a_2p_limit(placement, limit):
+    p = max(placement.stage_to_rank) + 1
+    graph = laid_out(p, 3 if p == 2 else 2, placement, limit, CostModel(F=1, I=1, W=0.5, comm=0.25))
+    result = solve_exact(graph, any_order(graph), span_lower_bound(graph), time_limit=60)
+    assert result.optimal and result.lower_bound == pytest.approx(result.upper_bound, rel=1e-6)
+
+
+def test_the_bound_is_not_just_busy_time_for_v_and_interleaved_at_1p():
+    half = CostModel(F=ZB_COSTS.F / 2, I=ZB_COSTS.I / 2, W=ZB_COSTS.W / 2, comm=ZB_COSTS.comm)
+    for placement, at_least in ((Placement.v(16, 8), 0.005), (Placement.loop(16, 8), 0.05)):
+        graph = laid_out(8, 24, placement, 16.0, half, weights=0.366)
+        assert bubble_lower_bound(graph) >= at_least
