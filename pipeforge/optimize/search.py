@@ -380,7 +380,8 @@ def _result(schedule: Schedule, compute: Schedule, before: Metrics, outcomes: li
         if not within:
             raise VerificationError(f"no order of {schedule.name!r} within the memory limit {limit:g} was found "
                                     f"(the input holds {max(before.peak_memory):g})")
-        result, after, found_by, layout, stopped = schedule, before, "input", Layout("keep"), outcomes[0].stopped
+        result, after, found_by, layout, stopped = _with_weights(schedule, given), before, "input", Layout("keep"), \
+            outcomes[0].stopped
     else:
         best, layout, stopped = chosen.best, chosen.layout, chosen.stopped
         result = _schedule_of(schedule, compute, chosen, given.costs)
@@ -390,9 +391,15 @@ def _result(schedule: Schedule, compute: Schedule, before: Metrics, outcomes: li
     span_bound = min(span_bound, after.max_span)
     gap = (after.max_span - span_bound) / after.max_span if after.max_span > 0 else 0.0
     bound = bubble_of_span(outcomes[0].split, span_bound)
-    return OptimizeResult(result, before, after, bound, span_bound, gap, gap <= 1e-6, result is not schedule,
+    return OptimizeResult(result, before, after, bound, span_bound, gap, gap <= 1e-6, found_by != "input",
                           found_by, strategy, time.monotonic() - started, limit,
                           "bound" if gap <= 1e-6 else stopped, layout.describe(given))
+
+
+def _with_weights(schedule: Schedule, given: Problem) -> Schedule:
+    """The input, carrying the M_W / M_B it was optimized with when that is not its own."""
+    memory = schedule.memory or MemorySpec()
+    return schedule if memory.weights == given.weights else replace(schedule, memory=replace(memory, weights=given.weights))
 
 
 def _schedule_of(schedule: Schedule, compute: Schedule, outcome: _Outcome, costs: CostModel) -> Schedule:
