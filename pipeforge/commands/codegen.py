@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from pipeforge.commands.common import add_input_arguments, load_input, print_json
+from pipeforge.commands.lower import add_pass_arguments, load_with_passes
 
 
 def register(subparsers) -> None:
@@ -14,6 +15,7 @@ def register(subparsers) -> None:
                     "function per rank and make_pipeline(stage_modules, ...). Refuses a schedule that does "
                     "not verify.")
     add_input_arguments(parser)
+    add_pass_arguments(parser)
     parser.add_argument("-o", "--output", dest="out_dir", required=True, metavar="OUTDIR",
                         help="folder to write the module into (created if missing)")
     parser.add_argument("--no-locations", action="store_true",
@@ -25,7 +27,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipeforge.codegen import codegen
 
-    schedule = load_input(args)
+    schedule = load_with_passes(args)
     path = codegen(schedule, args.out_dir, locations=not args.no_locations)
     if args.json:
         print_json({"schedule": schedule.name, "module": str(path), "ranks": schedule.ranks})
