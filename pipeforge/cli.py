@@ -13,7 +13,7 @@ import sys
 
 from pipeforge.errors import PipeforgeError, VerificationError
 
-COMMANDS = ("verify", "fmt", "convert", "library", "new", "simulate", "show", "optimize", "codegen", "run")
+COMMANDS = ("verify", "fmt", "convert", "lower", "library", "new", "simulate", "show", "optimize", "codegen", "run")
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 EXIT_BUG = 70  # sysexits EX_SOFTWARE: an internal error, neither "invalid" nor "bad input"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from pipeforge.commands.common import add_input_arguments, load_input, print_json
+from pipeforge.commands.common import add_input_arguments, print_json
+from pipeforge.commands.lower import add_pass_arguments, load_with_passes
 
 
 def register(subparsers) -> None:
@@ -15,6 +16,7 @@ def register(subparsers) -> None:
                     "Refuses a schedule that does not verify, and replacing a file that holds another "
                     "schedule's module (or anything else) without --force.")
     add_input_arguments(parser)
+    add_pass_arguments(parser)
     parser.add_argument("-o", "--output", dest="out_dir", required=True, metavar="OUT",
                         help="folder to write the module into (created if missing), or the module file NAME.py")
     parser.add_argument("--name", metavar="NAME",
@@ -31,7 +33,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipeforge.codegen import codegen
 
-    schedule = load_input(args)
+    schedule = load_with_passes(args)
     path = codegen(schedule, args.out_dir, locations=not args.no_locations, name=args.name, force=args.force)
     if args.json:
         print_json({"schedule": schedule.name, "module": str(path), "ranks": schedule.ranks})

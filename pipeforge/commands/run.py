@@ -9,7 +9,8 @@ import sys
 import tempfile
 import time
 
-from pipeforge.commands.common import add_input_arguments, load_input, print_json
+from pipeforge.commands.common import add_input_arguments, print_json
+from pipeforge.commands.lower import add_pass_arguments, load_with_passes, pass_flags
 from pipeforge.errors import UsageError
 
 EXIT_MATCH, EXIT_MISMATCH = 0, 1
@@ -23,6 +24,7 @@ def register(subparsers) -> None:
                     "local processes (gloo on 127.0.0.1, or NCCL), and compare losses, outputs, every "
                     "gradient and the parameters with the same model trained without pipelining.")
     add_input_arguments(parser)
+    add_pass_arguments(parser)
     parser.add_argument("--nproc", type=int, help="number of processes (default: the schedule's ranks)")
     parser.add_argument("--steps", type=int, default=2, help="training steps (default 2)")
     parser.add_argument("--model", choices=("mlp", "tuple"), default="mlp",
@@ -44,7 +46,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipeforge.codegen import codegen
 
-    schedule = load_input(args)
+    schedule = load_with_passes(args)
     nproc = args.nproc if args.nproc is not None else schedule.ranks
     if nproc != schedule.ranks:
         raise UsageError(f"schedule {schedule.name!r} has {schedule.ranks} ranks but --nproc is {nproc}; "
@@ -135,6 +137,7 @@ def torchrun_line(args: argparse.Namespace, nproc: int) -> str:
     command = ["-m", "pipeforge", "run", args.path, *(f"-D{d}" for d in args.defines)]
     if args.schedule:
         command += ["--schedule", args.schedule]
+    command += pass_flags(args)
     command += ["--steps", str(args.steps), "--model", args.model,
                 "--backend", args.backend, "--timeout", f"{args.timeout:g}", "--from-env"]
     if args.device:

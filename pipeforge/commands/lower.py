@@ -1,0 +1,115 @@
+"""``pipeforge lower``: insert communication (and, when asked, FSDP and other passes), print or write the result.
+
+    pipeforge lower PATH [--unshard K] [--reduce-grad] [--merge-bw] [--defer-recv] [-o OUT.pipe|OUT.csv]
+
+The passes run in torch's order (``pipeforge.passes.pipeline``): merge-bw, unshard,
+reduce-grad, lower, defer-recv. The result is verified (under ``buffered``
+semantics with ``--defer-recv``, which leaves sends waiting for late receives, as
+torch's runtime allows) and written only when valid: ``.pipe`` source on stdout or
+to OUT.pipe, torch's ``compute_comms`` CSV to OUT.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pipeforge.commands.common import add_input_arguments, load_input, print_json
+from pipeforge.errors import UsageError, VerificationError
+
+SUFFIXES = (".pipe", ".csv")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("lower", help="insert communication and the optional passes, print the result",
+                                   description=__doc__.split("\n\n")[0].strip("`"))
+    add_input_arguments(parser)
+    add_pass_arguments(parser)
+    parser.add_argument("-o", "--output", metavar="OUT", help="OUT.pipe or OUT.csv (default: .pipe on stdout)")
+    parser.add_argument("--json", action="store_true",
+                        help="with -o: print one JSON object saying what was written")
+    parser.set_defaults(handler=run)
+
+
+def add_pass_arguments(parser: argparse.ArgumentParser) -> None:
+    """The optional passes, shared by lower, codegen and run."""
+    group = parser.add_argument_group("passes")
+    group.add_argument("--unshard", type=int, metavar="K",
+                       help="UNSHARD each stage's parameters before use and RESHARD after, at most K stages "
+                            "gathered per rank (torch's max_active_stages)")
+    group.add_argument("--reduce-grad", action="store_true",
+                       help="REDUCE_GRAD after each stage's last backward on each rank where it is not written "
+                            "(lowering a compute-only schedule inserts it anyway)")
+    group.add_argument("--merge-bw", action="store_true", help="an I directly followed by its W becomes one B")
+    group.add_argument("--defer-recv", action="store_true",
+                       help="post each receive just before the compute that needs it (torch's defer_pp_recv); "
+                            "valid under buffered semantics only, so codegen and run, whose runtime exchanges "
+                            "shapes in rendezvous on the first step, refuse the result")
+
+
+def pass_options(args: argparse.Namespace):
+    from pipeforge.passes.pipeline import PassOptions
+
+    if args.unshard is not None and args.unshard < 1:
+        raise UsageError(f"--unshard {args.unshard}: expected at least 1 (stages gathered at once on a rank)")
+    return PassOptions(unshard=args.unshard, reduce_grad=args.reduce_grad, merge_bw=args.merge_bw,
+                       defer_recv=args.defer_recv)
+
+
+def load_with_passes(args: argparse.Namespace):
+    """The schedule PATH names through the passes the flags ask for (not lowered here: codegen and
+    run lower and verify it, under rendezvous, the semantics their runtime gives)."""
+    from pipeforge.passes.pipeline import apply_passes
+
+    return apply_passes(load_input(args), pass_options(args))
+
+
+def pass_flags(args: argparse.Namespace) -> list[str]:
+    """The pass options as command-line flags again (for the torchrun line ``run`` prints)."""
+    flags = [] if args.unshard is None else ["--unshard", str(args.unshard)]
+    names = (("reduce_grad", "--reduce-grad"), ("merge_bw", "--merge-bw"), ("defer_recv", "--defer-recv"))
+    return flags + [flag for name, flag in names if getattr(args, name)]
+
+
+def semantics_for(options) -> str:
+    """The semantics a schedule through these passes is verified under."""
+    return "buffered" if options.defer_recv else "rendezvous"
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeforge.passes.pipeline import apply_passes
+    from pipeforge.verify import verify
+
+    suffix = Path(args.output).suffix if args.output else ".pipe"
+    if suffix not in SUFFIXES:
+        raise UsageError(f"-o {args.output!r}: the output must end in .pipe or .csv, not {suffix or 'nothing'!r}")
+    if args.json and not args.output:
+        raise UsageError("--json needs -o OUT (without it the .pipe source is what stdout holds)")
+    options = pass_options(args)
+    schedule = apply_passes(load_input(args), options, lower=True)
+    report = verify(schedule, semantics=semantics_for(options))
+    if not report.valid:
+        raise VerificationError(f"the lowered schedule {schedule.name!r} does not verify; nothing written:\n"
+                                f"{report.render()}")
+    text = render(schedule, suffix)
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    from pipeforge.files import write_atomically
+
+    write_atomically(args.output, text)
+    if args.json:
+        print_json({"schedule": schedule.name, "output": args.output, "ranks": schedule.ranks,
+                    "actions": schedule.action_count()})
+    return 0
+
+
+def render(schedule, suffix: str) -> str:
+    if suffix == ".csv":
+        from pipeforge.interop.torch_csv import to_csv_text
+
+        return to_csv_text(schedule, "compute_comms")
+    from pipeforge.lang.printer import print_schedule
+
+    return print_schedule(schedule)

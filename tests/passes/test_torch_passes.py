@@ -1,0 +1,130 @@
+"""The four passes against torch 2.13's own, on torch's schedules: the same action lists.
+
+For every torch schedule that lowers its order with these passes (the
+``_PipelineScheduleRuntime`` family) and every case of torch's tests up to 8
+ranks and 32 microbatches: ``unshard`` against ``_add_unshard_reshard`` (K = 1..4),
+``reduce_grad`` against ``_add_reduce_grad``, ``merge_bw`` against ``_merge_bw``,
+and ``defer_recv`` against ``_defer_recv_ops`` on torch's own lowered order
+(``_add_send_recv``'s output, read into the IR one action a step), wherever
+torch's result keeps each send paired with its own receive.
+
+One documented difference: torch reshards what is still gathered at the end of
+a rank in the order of a Python set; ``unshard`` takes stage order. The two
+agree whenever the stages are below 8; the tail is compared as a set and the
+exact-order count is asserted separately for those cases.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "library"))
+
+from torch.distributed.pipelining import schedules as ts  # noqa: E402
+from torch_orders import TORCH_TEST_CASES, torch_schedule  # noqa: E402
+from torch_stages import build_torch_schedule  # noqa: E402
+
+from pipeforge.interop.torch_csv import read_csv_text  # noqa: E402
+from pipeforge.ir import Schedule  # noqa: E402
+from pipeforge.passes import defer_recv, merge_bw, reduce_grad, unshard  # noqa: E402
+from pipeforge.verify import verify  # noqa: E402
+
+RUNTIME = ("ScheduleLoopedBFS", "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble",
+           "ScheduleZBVZeroBubble", "ScheduleDualPipeV")
+SPLIT_BACKWARD = ("ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV")
+FIXED_V = {"ScheduleZBVZeroBubble": 2, "ScheduleDualPipeV": 2}
+
+
+def cases(classes):
+    found = set()
+    for per_rank, microbatches, ranks in TORCH_TEST_CASES:
+        if ranks <= 8 and microbatches <= 32:
+            for name in classes:
+                found.add((name, ranks, microbatches, FIXED_V.get(name, per_rank)))
+    return sorted(found)
+
+
+def torch_or_skip(name: str, ranks: int, microbatches: int, per_rank: int):
+    try:
+        return build_torch_schedule(name, ranks, microbatches, per_rank)
+    except (ValueError, AssertionError) as refused:
+        pytest.skip(f"torch {name} refuses P={ranks} M={microbatches} V={per_rank}: {refused}")
+
+
+def cells(actions) -> list[str]:
+    """torch's actions as the step text pipeforge writes (an overlap without torch's suffix)."""
+    return [str(action).removesuffix("OVERLAP_F_B") for action in actions if action is not None]
+
+
+def ours(schedule: Schedule, rank: int) -> list[str]:
+    return [str(step) for step in schedule.programs[rank] if not step.is_idle]
+
+
+def split_tail(row: list[str]) -> tuple[list[str], list[str]]:
+    """The row without its trailing RESHARDs, and those RESHARDs."""
+    cut = len(row)
+    while cut and row[cut - 1].endswith("RESHARD"):
+        cut -= 1
+    return row[:cut], row[cut:]
+
+
+@pytest.mark.parametrize("bound", [1, 2, 3, 4])
+@pytest.mark.parametrize("name, ranks, microbatches, per_rank", cases(RUNTIME))
+def test_unshard_equals_torch(name, ranks, microbatches, per_rank, bound):
+    torch_sched = torch_or_skip(name, ranks, microbatches, per_rank)
+    mine = unshard(torch_schedule(name, ranks, microbatches, per_rank), bound)
+    for rank in range(ranks):
+        theirs = cells(ts._add_unshard_reshard(list(torch_sched.pipeline_order[rank]), bound))
+        (body, tail), (their_body, their_tail) = split_tail(ours(mine, rank)), split_tail(theirs)
+        assert body == their_body, f"rank {rank}"
+        assert sorted(tail) == sorted(their_tail), f"rank {rank}"
+        if mine.stages <= 8:
+            assert tail == their_tail, f"rank {rank}: stage order differs from torch's set order"
+
+
+@pytest.mark.parametrize("name, ranks, microbatches, per_rank", cases(RUNTIME))
+def test_reduce_grad_equals_torch(name, ranks, microbatches, per_rank):
+    torch_sched = torch_or_skip(name, ranks, microbatches, per_rank)
+    mine = reduce_grad(torch_schedule(name, ranks, microbatches, per_rank))
+    for rank in range(ranks):
+        theirs = cells(ts._add_reduce_grad(list(torch_sched.pipeline_order[rank]), microbatches))
+        assert ours(mine, rank) == theirs, f"rank {rank}"
+
+
+@pytest.mark.parametrize("name, ranks, microbatches, per_rank", cases(SPLIT_BACKWARD))
+def test_merge_bw_equals_torch(name, ranks, microbatches, per_rank):
+    torch_sched = torch_or_skip(name, ranks, microbatches, per_rank)
+    mine = merge_bw(torch_schedule(name, ranks, microbatches, per_rank))
+    for rank in range(ranks):
+        theirs = cells(ts._merge_bw(list(torch_sched.pipeline_order[rank])))
+        assert ours(mine, rank) == theirs, f"rank {rank}"
+    if name == "ScheduleZBVZeroBubble":  # its steady state runs I then W of one microbatch back to back
+        assert any(step.actions[0].kind.value == "B" for _, _, step in mine.steps() if step.actions)
+
+
+@pytest.mark.parametrize("name, ranks, microbatches, per_rank", cases(RUNTIME))
+def test_defer_recv_equals_torch_where_torch_keeps_the_pairing(name, ranks, microbatches, per_rank):
+    """Equal to torch where torch's output pairs every send with its receive; where torch's pairs a
+    send with another tensor's receive (it defers receives from one rank out of their order: on
+    the V and zero-bubble schedules), ours keeps the pairing and is valid."""
+    torch_sched = torch_or_skip(name, ranks, microbatches, per_rank)
+    lowered = torch_sched.pipeline_order_with_comms
+    stages = ranks * per_rank
+    mine = defer_recv(as_schedule(lowered, ranks, stages, microbatches))
+    theirs = ts._defer_recv_ops(lowered, stage_to_rank=lambda s: torch_sched.stage_index_to_group_rank[s])
+    torch_report = verify(as_schedule(theirs, ranks, stages, microbatches), semantics="buffered")
+    assert verify(mine, semantics="buffered").valid
+    if torch_report.valid:
+        for rank in range(ranks):
+            assert ours(mine, rank) == cells(theirs[rank]), f"rank {rank}"
+    else:
+        assert torch_report.kinds() == {"mismatch"}, torch_report.render()
+
+
+def as_schedule(order: dict[int, list], ranks: int, stages: int, microbatches: int) -> Schedule:
+    text = "".join(",".join(str(action) for action in order[rank]) + "\n" for rank in range(ranks))
+    return read_csv_text(text, "torch.csv", stages=stages, microbatches=microbatches)
