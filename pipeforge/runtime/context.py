@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 import torch
 
+from pipeforge.runtime.memory import ActivationCount
 from pipeforge.runtime.microbatch import as_tuple
 from pipeforge.runtime.p2p import (
     PipelineError, Posted, TensorMeta, Transfer, Transport, decode_header, empty_header, encode_header,
@@ -43,6 +44,12 @@ class ScheduleInfo:
 
     def rank_of(self, stage: int, chain: int = 0) -> int:
         return self.placements[chain][stage]
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        """The stages ``rank`` runs (in either chain), ascending: the keys its ``stage_modules`` needs."""
+        if not 0 <= rank < self.ranks:
+            raise PipelineError(f"rank {rank} is out of range: schedule {self.name!r} runs on ranks 0..{self.ranks - 1}")
+        return tuple(sorted({stage for stage, _ in self.held(rank)}))
 
     def held(self, rank: int) -> tuple[tuple[int, int], ...]:
         """Every (stage, chain) whose replica lives on ``rank``."""
@@ -82,6 +89,7 @@ class RankContext:
         self._outbox: dict[tuple[str, int, int, int], tuple[torch.Tensor, ...]] = {}
         self._pending: dict[tuple[str, int, int, int], tuple[Posted, tuple[torch.Tensor, ...]]] = {}
         self._sent: list[Posted] = []
+        self.activations = ActivationCount()  # what simulate's memory model counts (O(1) per action)
 
     # -- the actions a generated rank function calls -------------------------------
 
@@ -90,6 +98,8 @@ class RankContext:
         args = self._forward_input(stage, mb, chain)
         target = self.targets[mb] if runner.is_last and self.targets else None
         output = runner.forward(mb, args, target, self.training)
+        if self.training:
+            self.activations.forward()
         if runner.is_last:
             return
         if self._local(stage + 1, chain):
@@ -101,15 +111,18 @@ class RankContext:
         if self.training:
             runner = self._runner(stage, chain)
             self._hand_back(runner, runner.backward(mb, self._output_grads(runner, mb)), mb)
+            self.activations.backward()
 
     def backward_input(self, stage: int, mb: int, chain: int = 0) -> None:
         if self.training:
             runner = self._runner(stage, chain)
             self._hand_back(runner, runner.backward_input(mb, self._output_grads(runner, mb)), mb)
+            self.activations.backward_input()
 
     def backward_weight(self, stage: int, mb: int, chain: int = 0) -> None:
         if self.training:
             self._runner(stage, chain).backward_weight(mb)
+            self.activations.backward_weight()
 
     def reduce_grad(self, stage: int, chain: int = 0) -> None:
         """The stage's gradients are complete on this rank (every replica of it here: REDUCE_GRAD
@@ -125,7 +138,8 @@ class RankContext:
     @contextmanager
     def overlap(self) -> Iterator[None]:
         """An overlap step: its actions are issued back to back, none waits for another."""
-        yield
+        with self.activations.overlap():
+            yield
 
     def send_f(self, stage: int, mb: int, chain: int = 0) -> Comm:
         return Comm(SEND_F, stage, mb, chain)

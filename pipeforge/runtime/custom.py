@@ -187,8 +187,9 @@ class HookedRankContext(RankContext):
     def run_default(self, action: StageAction) -> None:
         kind, stage, mb, chain = action.kind, action.stage, action.microbatch, action.chain
         if kind == "OVERLAP_F_B":
-            for half in action.sub_actions:
-                self.issue(half)
+            with self.activations.overlap():  # one step for the activation count: additions, then releases
+                for half in action.sub_actions:
+                    self.issue(half)
         elif kind == "UNSHARD":
             self.data_parallel.unshard(stage)
         elif kind == "RESHARD":

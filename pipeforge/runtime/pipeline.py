@@ -31,6 +31,7 @@ from pipeforge.runtime.context import RankContext, ScheduleInfo, ShapeCache
 from pipeforge.runtime.custom import CustomFunction, HookedRankContext, kind_name
 from pipeforge.runtime.custom import custom_functions as checked_functions
 from pipeforge.runtime.fsdp import DataParallel, data_parallel, is_sharded
+from pipeforge.runtime.memory import ActivationCount
 from pipeforge.runtime.microbatch import merge_chunks, split_args, split_value
 from pipeforge.runtime.p2p import PipelineError, TensorMeta, Transfer, Transport
 from pipeforge.runtime.stage import StageRunner
@@ -59,6 +60,7 @@ class Pipeline:
         """Run ``function(action, ctx)`` instead of the runtime's own for every action of ``kind`` (see
         ``pipeforge.runtime.custom``); torch's ``_PipelineScheduleRuntime.register_custom_function``."""
         self.functions.update(checked_functions({kind_name(kind): function}))
+        self.activations: ActivationCount | None = None  # the last step's count (``pipeforge.runtime.memory``)
 
     @property
     def holds_first(self) -> bool:
@@ -101,6 +103,7 @@ class Pipeline:
             self._program(ctx)
         ctx.finish()
         self.data_parallel.end()  # waits for every gradient reduction REDUCE_GRAD started
+        self.activations = ctx.activations
         return ctx
 
     def _split_inputs(self, inputs: tuple) -> list[tuple]:

@@ -54,7 +54,7 @@ def defined_names(text: str) -> list[str]:
     return names
 
 
-EXPECTED_NAMES = ["SCHEDULE", "PARAMS", "rank_0", "rank_1", "PROGRAMS", "make_pipeline"]
+EXPECTED_NAMES = ["SCHEDULE", "PARAMS", "rank_0", "rank_1", "PROGRAMS", "stages_of_rank", "make_pipeline"]
 
 
 # -- the finalize hook and identifiers -----------------------------------------------
