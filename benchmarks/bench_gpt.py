@@ -9,8 +9,8 @@ the schedule's stages. For each schedule, one run of ``--nproc`` processes
 builds the same stage modules twice and runs (a) the module ``pipeforge
 codegen`` writes for the library schedule and (b) torch's own schedule class
 with real ``PipelineStage`` objects. Steps alternate between the two, each after
-a barrier, so a pair of steps shares the machine's load; the time of a step is
-the slowest rank's. Reported: the medians, and the median of the per-step ratios
+a barrier, so a pair of steps shares the machine's load (which of the pair runs
+first alternates too); the time of a step is the slowest rank's. Reported: the medians, and the median of the per-step ratios
 pipeforge / torch (the target is at most 1.0). The first step's gradients are
 compared; a relative difference above 1e-4 is a mismatch (exit 1). A schedule
 whose run fails is reported with its first error and the others still run.
@@ -115,8 +115,12 @@ def bench_worker(rank: int, nproc: int, config: dict) -> dict:
     cpu: dict[str, list[float]] = {"pipeforge": [], "torch": []}
     mismatch = 0.0
     for step in range(config["warmup"] + config["steps"]):
-        ours_time, ours_cpu = timed(lambda: pipe.step(*args, target=label))
-        theirs_time, theirs_cpu = timed(lambda: reference.step(*args, target=label))
+        if step % 2 == 0:  # which runs first alternates, so neither gains from the other's leftovers
+            ours_time, ours_cpu = timed(lambda: pipe.step(*args, target=label))
+            theirs_time, theirs_cpu = timed(lambda: reference.step(*args, target=label))
+        else:
+            theirs_time, theirs_cpu = timed(lambda: reference.step(*args, target=label))
+            ours_time, ours_cpu = timed(lambda: pipe.step(*args, target=label))
         if step == 0:
             mismatch = relative_difference(grads(ours), grads(theirs))
         for module in (*ours.values(), *theirs.values()):

@@ -221,7 +221,7 @@ class RankContext:
             raise PipelineError(f"rank {self.rank}: the {what} of stage {stage} microbatch {mb} was never received "
                                 f"(no {stage}{kind}{mb} posted before it is used)")
         posted, tensors = self._pending.pop(key)
-        posted.wait()
+        posted.wait_received()  # not the group's sends: they are waited in finish()
         return tensors
 
     def _hand_back(self, runner: StageRunner, input_grads: tuple, mb: int) -> None:

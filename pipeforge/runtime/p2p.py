@@ -1,7 +1,8 @@
 """Point-to-point transport between the ranks of one pipeline group.
 
-A communication group of the schedule is posted as one ``batch_isend_irecv``
-and waited where its data is used. Waits carry a timeout, and every failure
+A communication group of the schedule is posted as one ``batch_isend_irecv``;
+its receives are waited where their data is used, its sends at the end of the
+step. Waits carry a timeout, and every failure
 (a dead peer, a timeout, a tensor of another shape) becomes a ``PipelineError``
 that names the rank, the schedule's communication and the peers involved.
 
@@ -84,7 +85,14 @@ class Transfer:
 
 
 class Posted:
-    """The works of one posted batch; ``wait`` once, where the data is needed.
+    """The works of one posted batch.
+
+    ``wait_received`` waits only for the batch's receives, where their data is
+    used: a send posted in the same batch completes when its peer takes it, and
+    waiting for it there would tie this rank's next compute to the peer's
+    progress (torch's schedules also wait for sends only at the end of a step).
+    ``wait`` waits for everything (sends at the end of a step). Under a backend
+    that coalesces a batch into one work (NCCL) both wait for that work.
 
     Thread-safe: the two halves of an overlap step run on two threads by a custom
     function may wait on one batch (gloo consumes one completion per wait, so a
@@ -93,35 +101,52 @@ class Posted:
 
     def __init__(self, works: list, transfers: list[Transfer], label: str, rank: int, timeout: timedelta | None,
                  arrivals: list[tuple[torch.Tensor, torch.Tensor]] = ()):
-        self._works = works
+        if len(works) == len(transfers):  # one work per transfer (gloo): receives can be waited alone
+            self._receives = [w for w, t in zip(works, transfers) if not t.send]
+            self._sends = [w for w, t in zip(works, transfers) if t.send]
+        else:
+            self._receives, self._sends = list(works), []
         self._transfers = transfers  # keeps the tensors alive until the batch completes
         self._arrivals = list(arrivals)  # (staging buffer, device buffer) copied once the batch completes
         self.label = label
         self._rank = rank
         self._timeout = timeout
+        self.received = False
         self.done = False
         self._lock = threading.Lock()
 
-    def wait(self) -> None:
-        if self.done:
+    def wait_received(self) -> None:
+        """Wait until every receive of the batch has landed (and staged data is in place)."""
+        if self.received:
             return
         with self._lock:
-            if not self.done:
-                self._wait()
+            if not self.received:
+                self._wait(self._receives)
+                for staged, target in self._arrivals:
+                    target.copy_(staged)
+                self.received = True
+                self._receives, self._arrivals = [], []
 
-    def _wait(self) -> None:
+    def wait(self) -> None:
+        """Wait for the whole batch: its receives and its sends."""
+        if self.done:
+            return
+        self.wait_received()
+        with self._lock:
+            if not self.done:
+                self._wait(self._sends)
+                self.done = True
+                self._sends, self._transfers = [], []
+
+    def _wait(self, works: list) -> None:
         try:
-            for work in self._works:
+            for work in works:
                 if self._timeout is None:
                     work.wait()
                 else:
                     work.wait(self._timeout)
         except Exception as error:  # noqa: BLE001 (torch raises plain RuntimeError/DistBackendError)
             raise self._failure(error) from error
-        for staged, target in self._arrivals:
-            target.copy_(staged)
-        self.done = True
-        self._works, self._transfers, self._arrivals = [], [], []
 
     def _failure(self, error: Exception) -> PipelineError:
         peers = ", ".join(str(p) for p in sorted({t.peer for t in self._transfers}))
