@@ -351,3 +351,13 @@ def test_a_file_pipeforge_did_not_write_is_not_replaced(tmp_path):
     with pytest.raises(UsageError, match="not a module pipeforge wrote"):
         codegen(pipeforge.load("1f1b", defines={"P": 2, "M": 2}), target)
     assert target.read_text() == "print('my code')\n"
+
+
+def test_stages_of_rank_names_the_stages_a_rank_builds():
+    from pipeforge.runtime import PipelineError
+
+    namespace: dict = {}
+    exec(compile(generate(pipeforge.load("zbv", defines={"P": 2, "M": 4})), "<zbv>", "exec"), namespace)
+    assert [namespace["stages_of_rank"](r) for r in range(2)] == [(0, 3), (1, 2)]
+    with pytest.raises(PipelineError, match="rank 2 is out of range"):
+        namespace["stages_of_rank"](2)
