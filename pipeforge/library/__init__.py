@@ -4,6 +4,12 @@
 is a comment with its one-line description; its parameters and their defaults
 are those of its ``schedule NAME(P = 4, ...)`` header.
 
+A schedule no closed form describes is built by a module instead (``GENERATED``:
+``v-half``, whose warm-up and cool-down come from a greedy search). Such a
+module has ``DESCRIPTION``, ``PARAMETERS`` (name, default) and ``build(**params)``;
+its ``source`` is the built schedule printed as explicit ``.pipe`` for the
+parameters given (a file without parameters: they are baked in).
+
     names()                          -> ['1f1b', 'chimera', ...]
     describe('1f1b')                 -> ('One forward, ...', [('P', 4), ('M', 8)])
     load_library_schedule('1f1b', {'P': 8})
@@ -19,7 +25,9 @@ What the tests (tests/library/) hold them to:
 - Bubble rates on F = I = W = 1, B = 2, comm = 0: gpipe and 1f1b (P-1)/(M+P-1);
   interleaved-1f1b (P-1)/(VM+P-1) iff M >= P; zb-h1 (P-1)/(3M+P-1) iff M >= P;
   zb-h2 and zbv 0 iff M >= 2P-1; chimera (P-2)/(2M+P-2) on F = B = 1; v-min below
-  1f1b's, with at most P // 3 + 1 of 1F1B's microbatch activations when I frees them.
+  1f1b's, with at most P // 3 + 1 of 1F1B's microbatch activations when I frees them;
+  v-half d/(6M+d) with d = 6((P-1)//2) - 1 for P >= 3, M >= P+2 (about P/2M), holding
+  2 min(M, P//2+1) stage-microbatches (about half of 1F1B's activations).
 """
 
 from __future__ import annotations
@@ -34,24 +42,35 @@ from pipeforge.resources import library_dir
 SUFFIX = ".pipe"
 
 
+GENERATED = {"v-half": "pipeforge.library.v_half"}  # name -> the module that builds it
+
+
 def names() -> list[str]:
     """Every library schedule, sorted."""
-    return sorted(file.name[: -len(SUFFIX)] for file in library_dir().glob(f"*{SUFFIX}"))
+    return sorted([file.name[: -len(SUFFIX)] for file in library_dir().glob(f"*{SUFFIX}")] + list(GENERATED))
 
 
 def path(name: str) -> Path:
-    """The ``.pipe`` file of library schedule ``name``; a UsageError listing the names if there is none."""
+    """The ``.pipe`` file of library schedule ``name`` (for a generated one, the module that builds it);
+    a UsageError listing the names if there is none."""
     if name not in names():
         raise UsageError(f"no library schedule {name!r}; the library holds: {', '.join(names())}")
+    if name in GENERATED:
+        return Path(_generator(name).__file__)
     return library_dir() / f"{name}{SUFFIX}"
 
 
 def source(name: str) -> str:
+    if name in GENERATED:
+        return source_with_defaults(name)
     return path(name).read_text(encoding="utf-8")
 
 
 def describe(name: str) -> tuple[str, list[tuple[str, int]]]:
     """The one-line description and the parameters with their defaults."""
+    if name in GENERATED:
+        module = _generator(name)
+        return module.DESCRIPTION, list(module.PARAMETERS)
     text = source(name)
     return description_of(text), [(param, default) for param, default, _ in _parameters(name, text)]
 
@@ -65,6 +84,8 @@ def load_library_schedule(name: str, defines: dict[str, int] | None = None) -> S
     """Library schedule ``name`` elaborated with ``defines`` over its defaults."""
     from pipeforge import loads
 
+    if name in GENERATED:
+        return _build(name, defines or {})
     return loads(source(name), defines=defines or {}, filename=str(path(name)))
 
 
@@ -76,6 +97,8 @@ def source_with_defaults(name: str, defines: dict[str, int] | None = None) -> st
     ``require``) raise the same errors as they would there.
     """
     defines = defines or {}
+    if name in GENERATED:
+        return _generated_source(name, defines)
     load_library_schedule(name, defines)  # refuse what the schedule refuses, with its own message
     text = source(name)
     edits = sorted(((start, end, str(defines[param])) for param, _, (start, end) in _parameters(name, text)
@@ -98,3 +121,36 @@ def _header_parameters(file: str, text: str) -> tuple[tuple[str, int, tuple[int,
     if len(names) != 1:
         raise UsageError(f"{file}: a library file holds exactly one schedule, found {len(names)}")
     return tuple(default_offsets(text, filename=file))
+
+
+# --- schedules built by a module ---------------------------------------------------------
+
+
+def _generator(name: str):
+    from importlib import import_module
+
+    return import_module(GENERATED[name])
+
+
+def _build(name: str, defines: dict[str, int]) -> Schedule:
+    module = _generator(name)
+    known = dict(module.PARAMETERS)
+    unknown = sorted(set(defines) - set(known))
+    if unknown:
+        raise UsageError(f"-D {unknown[0]}: library schedule {name!r} has no parameter {unknown[0]!r}; "
+                         f"its parameters are {', '.join(known)}")
+    return module.build(**{**known, **defines})
+
+
+def _generated_source(name: str, defines: dict[str, int]) -> str:
+    """The built schedule as explicit .pipe source: its description, the values it was built for, no parameters."""
+    from dataclasses import replace
+
+    from pipeforge.lang.printer import print_schedule
+
+    schedule = _build(name, defines)
+    values = " ".join(f"{param}={value}" for param, value in schedule.params)
+    flags = " ".join(f"-D {param}=..." for param, _ in schedule.params)
+    header = (f"# {_generator(name).DESCRIPTION}\n"
+              f"# built for {values} by pipeforge (pipeforge new {name} {flags} builds another)\n")
+    return header + print_schedule(replace(schedule, params=()))

@@ -13,7 +13,7 @@ from pipeforge.errors import PipeforgeError, UsageError
 
 EXPECTED = {
     "gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv", "dualpipev",
-    "zb-h1", "zb-h2", "chimera", "v-min",
+    "zb-h1", "zb-h2", "chimera", "v-min", "v-half",
 }
 
 
