@@ -2,10 +2,11 @@
 
     .venv/bin/python benchmarks/bench_fsdp.py        # 4 gloo processes: 2 pipeline ranks x 2 shards
 
-For each schedule and ``max_active_stages``, the library schedule's compute
-order is lowered by torch's own passes (``_add_unshard_reshard`` with that
-``max_active_stages``, ``_add_reduce_grad``, ``_add_send_recv``) into one
-compute_comms CSV. pipeforge reads it and generates a module; torch's
+For each schedule and ``max_active_stages``, the library schedule goes through
+pipeforge's passes (``unshard`` with that ``max_active_stages``, ``reduce_grad``,
+``lower``: torch's ``_add_unshard_reshard``, ``_add_reduce_grad``,
+``_add_send_recv``) into one compute_comms CSV. pipeforge reads it and
+generates a module; torch's
 ``_PipelineScheduleRuntime`` loads the same file (``_load_csv(...,
 format="compute_comms")``) with real ``PipelineStage`` objects. Both get the
 same float32 MLP stages, each wrapped with FSDP2's ``fully_shard`` over the
@@ -27,7 +28,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 import pipeforge  # noqa: E402
 from pipeforge.codegen import codegen  # noqa: E402
@@ -39,13 +39,13 @@ PIPELINE_RANKS, REPLICAS = 2, 2
 
 
 def lowered_csv(name: str, microbatches: int, max_active_stages: int) -> str:
-    """The library schedule's compute order lowered by torch's passes, as torch CSV text."""
-    from torch_stages import csv_text, torch_lowered_cells
+    """The library schedule through pipeforge's unshard, reduce_grad and lower passes, as torch CSV text
+    (what ``pipeforge lower --unshard K --reduce-grad`` prints)."""
+    from pipeforge.passes import PassOptions, apply_passes
 
     schedule = pipeforge.load(name, defines={"P": PIPELINE_RANKS, "M": microbatches})
-    rows = {rank: row.split(",") for rank, row in enumerate(to_csv_text(schedule, "compute_only").splitlines())}
-    stage_to_rank = dict(enumerate(schedule.placements[0].stage_to_rank))
-    return csv_text(torch_lowered_cells(rows, stage_to_rank, microbatches, max_active_stages))
+    lowered = apply_passes(schedule, PassOptions(unshard=max_active_stages, reduce_grad=True), lower=True)
+    return to_csv_text(lowered, "compute_comms")
 
 
 def build_stages(stages: int, width: int, seed: int):
