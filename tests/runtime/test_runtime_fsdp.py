@@ -48,18 +48,18 @@ def with_passes(name: str, **options) -> pipeforge.Schedule:
     return apply_passes(schedule, PassOptions(**options), lower=True)
 
 
-def fsdp_jobs(out: Path) -> tuple[list[dict], list[str]]:
+def fsdp_jobs(out: Path) -> tuple[list[dict], list[tuple[str, str]]]:
     jobs, labels = [], []
 
     def add(schedule: pipeforge.Schedule, folder: str, modes: tuple[str, ...], label: str) -> None:
         path = str(codegen(schedule, out / folder))
         for mode in modes:
             jobs.append({"module_path": path, "mode": mode})
-            labels.append(f"{label} {mode}")
+            labels.append((f"{label} {mode}", mode))
 
     for name in SCHEDULES:
         add(with_passes(name, unshard=1, reduce_grad=True), name, ("fsdp", "dp"), f"{name} unshard=1")
-    add(with_passes("zbv", unshard=2, reduce_grad=True), "zbv-2", ("fsdp-user",), "zbv unshard=2")
+    add(with_passes("zbv", unshard=2, reduce_grad=True), "zbv-2", ("fsdp-user", "replicate"), "zbv unshard=2")
     add(with_passes("zb-h1", unshard=1, reduce_grad=True, merge_bw=True), "merged", ("fsdp",),
         "zb-h1 merge-bw unshard=1")
     add(torch_lowered("interleaved-1f1b", max_active_stages=1), "torch", ("fsdp",),
@@ -78,10 +78,30 @@ def test_pipeline_with_fsdp_and_data_parallel_equals_the_unpipelined_model(tmp_p
     outcomes = spawn(replicated_jobs, 4, jobs, timeout=60, deadline=540)
     assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
     failures = []
-    for index, label in enumerate(labels):
+    for index, (label, mode) in enumerate(labels):
         results = [o.value[index] for o in outcomes]
         worst = max(r["worst"] for r in results)
         sharded = all(r["sharded"] for r in results)
-        if worst > TOLERANCE or min(r["compared"] for r in results) == 0 or sharded != ("fsdp" in label):
+        if worst > TOLERANCE or min(r["compared"] for r in results) == 0 or sharded != (mode != "dp"):
             failures.append(f"{label}: {results}")
     assert not failures, "\n".join(failures)
+
+
+def test_data_parallel_refuses_what_it_cannot_run():
+    import torch
+
+    from pipeforge.runtime.fsdp import data_parallel
+    from pipeforge.runtime.p2p import PipelineError
+
+    with pytest.raises(PipelineError, match="rank 0: fsdp=True shards the stages over dp_group; pass dp_group="):
+        data_parallel(0, {0: torch.nn.Linear(2, 2)}, fsdp=True)
+    replicas = data_parallel(1, {3: torch.nn.Linear(2, 2)})
+    replicas.begin(training=True)
+    with pytest.raises(PipelineError, match=r"rank 1 holds no replica of stage 2 \(UNSHARD\)"):
+        replicas.unshard(2)
+    replicas.reduce(3)
+    with pytest.raises(PipelineError, match="rank 1: REDUCE_GRAD of stage 3 twice in one step"):
+        replicas.reduce(3)
+    replicas.end()
+    replicas.begin(training=True)
+    replicas.reduce(3)  # a new step reduces again
