@@ -2,10 +2,11 @@
 
     .venv/bin/python benchmarks/bench_fsdp.py        # 4 gloo processes: 2 pipeline ranks x 2 shards
 
-For each schedule and ``max_active_stages``, the library schedule's compute
-order is lowered by torch's own passes (``_add_unshard_reshard`` with that
-``max_active_stages``, ``_add_reduce_grad``, ``_add_send_recv``) into one
-compute_comms CSV. pipeforge reads it and generates a module; torch's
+For each schedule and ``max_active_stages``, the library schedule goes through
+pipeforge's passes (``unshard`` with that ``max_active_stages``, ``reduce_grad``,
+``lower``: torch's ``_add_unshard_reshard``, ``_add_reduce_grad``,
+``_add_send_recv``) into one compute_comms CSV. pipeforge reads it and
+generates a module; torch's
 ``_PipelineScheduleRuntime`` loads the same file (``_load_csv(...,
 format="compute_comms")``) with real ``PipelineStage`` objects. Both get the
 same float32 MLP stages, each wrapped with FSDP2's ``fully_shard`` over the
@@ -27,7 +28,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 import pipeforge  # noqa: E402
 from pipeforge.codegen import codegen  # noqa: E402
@@ -39,13 +39,13 @@ PIPELINE_RANKS, REPLICAS = 2, 2
 
 
 def lowered_csv(name: str, microbatches: int, max_active_stages: int) -> str:
-    """The library schedule's compute order lowered by torch's passes, as torch CSV text."""
-    from torch_stages import csv_text, torch_lowered_cells
+    """The library schedule through pipeforge's unshard, reduce_grad and lower passes, as torch CSV text
+    (what ``pipeforge lower --unshard K --reduce-grad`` prints)."""
+    from pipeforge.passes import PassOptions, apply_passes
 
     schedule = pipeforge.load(name, defines={"P": PIPELINE_RANKS, "M": microbatches})
-    rows = {rank: row.split(",") for rank, row in enumerate(to_csv_text(schedule, "compute_only").splitlines())}
-    stage_to_rank = dict(enumerate(schedule.placements[0].stage_to_rank))
-    return csv_text(torch_lowered_cells(rows, stage_to_rank, microbatches, max_active_stages))
+    lowered = apply_passes(schedule, PassOptions(unshard=max_active_stages, reduce_grad=True), lower=True)
+    return to_csv_text(lowered, "compute_comms")
 
 
 def build_stages(stages: int, width: int, seed: int):
@@ -68,13 +68,14 @@ def sharded(module, mesh):
     return fully_shard(module, mesh=mesh, reshard_after_forward=False)
 
 
-def timed_step(step) -> float:
+def timed_step(step) -> tuple[float, float]:
+    """Wall time and this process's CPU time (all its threads) of one step."""
     import torch.distributed as dist
 
     dist.barrier()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     step()
-    return time.perf_counter() - started
+    return time.perf_counter() - started, time.process_time() - cpu_started
 
 
 def full_grads(modules: dict) -> list:
@@ -112,10 +113,11 @@ def bench_job(rank: int, job: dict, config: dict, pp_group, dp_group, mesh) -> d
     y = torch.randn(config["rows"], config["width"], generator=generator)
     args, target = ((x,) if pipe.holds_first else ()), (y if pipe.holds_last else None)
     times: dict[str, list[float]] = {"pipeforge": [], "torch": []}
+    cpu: dict[str, list[float]] = {"pipeforge": [], "torch": []}
     mismatch = 0.0
     for step in range(config["warmup"] + config["steps"]):
-        ours_time = timed_step(lambda: pipe.step(*args, target=target))
-        theirs_time = timed_step(lambda: reference.step(*args, target=target))
+        ours_time, ours_cpu = timed_step(lambda: pipe.step(*args, target=target))
+        theirs_time, theirs_cpu = timed_step(lambda: reference.step(*args, target=target))
         if step == 0:
             mismatch = max_relative_difference(full_grads(ours), full_grads(theirs))
         for module in (*ours.values(), *theirs.values()):
@@ -123,7 +125,9 @@ def bench_job(rank: int, job: dict, config: dict, pp_group, dp_group, mesh) -> d
         if step >= config["warmup"]:
             times["pipeforge"].append(ours_time)
             times["torch"].append(theirs_time)
-    return {"times": times, "mismatch": mismatch}
+            cpu["pipeforge"].append(ours_cpu)
+            cpu["torch"].append(theirs_cpu)
+    return {"times": times, "cpu": cpu, "mismatch": mismatch}
 
 
 def bench_worker(rank: int, nproc: int, config: dict) -> dict:
@@ -149,9 +153,18 @@ def summarize(per_rank: list[dict]) -> dict:
             "pipeforge": statistics.median(slowest["pipeforge"]),
             "torch": statistics.median(slowest["torch"]),
             "ratio": statistics.median(a / b for a, b in zip(slowest["pipeforge"], slowest["torch"])),
+            "cpu_ratio": cpu_ratio(per_rank, key),
             "mismatch": max(r[key]["mismatch"] for r in per_rank),
         }
     return summary
+
+
+def cpu_ratio(per_rank: list[dict], key) -> float:
+    """CPU time of a step summed over the ranks, pipeforge / torch (median over steps): the work each
+    runtime spends, which the machine's other load disturbs far less than wall time."""
+    totals = {side: [sum(step) for step in zip(*(r[key]["cpu"][side] for r in per_rank))]
+              for side in ("pipeforge", "torch")}
+    return statistics.median(a / b for a, b in zip(totals["pipeforge"], totals["torch"]) if b > 0)
 
 
 def make_jobs(args, out_dir: Path) -> dict:
@@ -185,15 +198,16 @@ def main(argv: list[str] | None = None) -> int:
     if not all(o.ok for o in outcomes):
         print("\n".join(f"rank {o.rank}: {o.error}" for o in outcomes if not o.ok), file=sys.stderr)
         return 1
-    print(f"{'schedule':<18} {'max_active':>10} {'pipeforge ms':>13} {'torch ms':>9} {'ratio':>6} {'grad diff':>9}")
+    print(f"{'schedule':<18} {'max_active':>10} {'pipeforge ms':>13} {'torch ms':>9} {'ratio':>6} {'cpu ratio':>9} "
+          f"{'grad diff':>9}")
     failed = False
     for (name, active), row in outcomes[0].value.items():
         print(f"{name:<18} {active:>10} {row['pipeforge'] * 1e3:>13.2f} {row['torch'] * 1e3:>9.2f} "
-              f"{row['ratio']:>6.2f} {row['mismatch']:>9.1e}")
+              f"{row['ratio']:>6.2f} {row['cpu_ratio']:>9.2f} {row['mismatch']:>9.1e}")
         failed |= row["mismatch"] > 1e-4
     print(f"4 gloo processes ({PIPELINE_RANKS} pipeline ranks x {REPLICAS} FSDP shards), {args.microbatches} "
           f"microbatches, width {args.width}, {args.steps} steps; times: median of the slowest rank; ratio: median "
-          "over steps of pipeforge / torch (target <= 1.0)")
+          "over steps of pipeforge / torch (target <= 1.0); cpu ratio: the same for CPU time summed over ranks")
     if failed:
         print("MISMATCH: pipeforge's gradients differ from torch's", file=sys.stderr)
     return 1 if failed else 0

@@ -4,7 +4,7 @@ A pipeline rank may be one of several data-parallel replicas of its stages (the
 ranks holding the same stages in other pipelines form its ``dp_group``). Each
 stage is one of:
 
-- an FSDP2 module (``fully_shard``, passed so by the user, or sharded by
+- an FSDP2 module (``fully_shard`` or FSDP2's ``replicate``, passed so by the user, or sharded by
   ``make_pipeline(fsdp=True, dp_group=...)`` with ``reshard_after_forward=False``,
   as torchtitan does under pipelining): ``UNSHARD`` starts ``unshard(async_op=True)``
   of every FSDP module in the stage and the stage's next compute waits on it;
@@ -142,14 +142,14 @@ class ShardedParams(StageParams):
     def _states(self) -> list:
         seen: dict[int, object] = {}
         for fsdp in self.fsdp_modules:
-            state = _fully_shard().state(fsdp)
+            state = fsdp._get_fsdp_state()  # fully_shard's or replicate's
             seen.setdefault(id(state), state)
         return list(seen.values())
 
     def _roots(self) -> list:
         """The FSDP states of the outermost FSDP modules of this stage (each the root of its tree)."""
         inner = {id(sub) for fsdp in self.fsdp_modules for sub in fsdp.modules() if sub is not fsdp}
-        return [_fully_shard().state(fsdp) for fsdp in self.fsdp_modules if id(fsdp) not in inner]
+        return [fsdp._get_fsdp_state() for fsdp in self.fsdp_modules if id(fsdp) not in inner]
 
 
 class ReplicatedParams(StageParams):

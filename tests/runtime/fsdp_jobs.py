@@ -9,7 +9,8 @@ reduce-scatter and DDP average them.
 
 Modes: ``fsdp`` (``make_pipeline(fsdp=True, dp_group=...)``), ``fsdp-user``
 (the user shards every Linear and the stage with ``fully_shard``, default
-``reshard_after_forward``), ``dp`` (plain modules, ``dp_group``: all-reduce).
+``reshard_after_forward``), ``replicate`` (FSDP2's ``replicate``, no sharding),
+``dp`` (plain modules, ``dp_group``: all-reduce).
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ def shard_by_hand(module: torch.nn.Module, dp_group) -> torch.nn.Module:
         if isinstance(sub, torch.nn.Linear):
             fully_shard(sub, mesh=mesh)
     return fully_shard(module, mesh=mesh)
+
+
+def replicate_by_hand(module: torch.nn.Module, dp_group) -> torch.nn.Module:
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return replicate(module, mesh=DeviceMesh.from_group(dp_group, device_type="cpu"))
 
 
 def full(tensor):
@@ -78,6 +86,8 @@ def replicated_job(rank: int, job: dict, pipeline_group, dp_group) -> dict:
     mode = job["mode"]
     if mode == "fsdp-user":
         mine = {s: shard_by_hand(m, dp_group) for s, m in mine.items()}
+    if mode == "replicate":
+        mine = {s: replicate_by_hand(m, dp_group) for s, m in mine.items()}
     pipe = generated.make_pipeline(mine, loss_fn=models.loss_fn, group=pipeline_group, timeout=60,
                                    dp_group=dp_group, fsdp=mode == "fsdp")
     worst, compared = 0.0, 0

@@ -9,22 +9,17 @@ the schedule's actions of each kind on each rank.
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 import pipeforge
 from pipeforge.codegen import codegen
-from pipeforge.interop.torch_csv import read_csv_text, to_csv_text
-from pipeforge.passes.lower import lower
+from pipeforge.passes import PassOptions, apply_passes, lower
 from pipeforge.runtime.custom import KINDS, custom_functions
 from pipeforge.runtime.launch import spawn
 from pipeforge.runtime.p2p import PipelineError
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def overlap_on_two_threads(action, ctx) -> None:
@@ -111,21 +106,18 @@ def expected_counts(schedule: pipeforge.Schedule, steps: int) -> list[dict]:
     return per_rank
 
 
-def torch_fsdp_order(name: str, microbatches: int) -> pipeforge.Schedule:
-    from torch_stages import csv_text, torch_lowered_cells
-
+def fsdp_order(name: str, microbatches: int) -> pipeforge.Schedule:
+    """A library schedule with UNSHARD/RESHARD (max_active_stages 1) and REDUCE_GRAD, lowered."""
     schedule = pipeforge.load(name, defines={"P": 2, "M": microbatches})
-    rows = {rank: row.split(",") for rank, row in enumerate(to_csv_text(schedule, "compute_only").splitlines())}
-    cells = torch_lowered_cells(rows, dict(enumerate(schedule.placements[0].stage_to_rank)), microbatches, 1)
-    return read_csv_text(csv_text(cells), f"{name}-torch.csv")
+    return apply_passes(schedule, PassOptions(unshard=1, reduce_grad=True), lower=True)
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(400)
 def test_custom_functions_overlap_by_hand_and_count_calls(tmp_path):
     dualpipev = pipeforge.load("dualpipev", defines={"P": 2, "M": 4})
-    schedules = {"dualpipev": lower(dualpipev), "zbv": torch_fsdp_order("zbv", 4),
-                 "1f1b": torch_fsdp_order("1f1b", 4)}
+    schedules = {"dualpipev": lower(dualpipev), "zbv": fsdp_order("zbv", 4),
+                 "1f1b": fsdp_order("1f1b", 4)}
     paths = {name: str(codegen(s, tmp_path / name)) for name, s in schedules.items()}
     jobs = [{"module_path": paths["dualpipev"], "overlap": True, "count": False}]
     jobs += [{"module_path": path, "overlap": False, "count": True} for path in paths.values()]

@@ -1,12 +1,13 @@
 """Pipeline x FSDP and pipeline x data parallel on 4 gloo processes equal the unpipelined model (float64).
 
-The schedules carry UNSHARD/RESHARD/REDUCE_GRAD as torch's own passes place
-them (``_add_unshard_reshard``, ``_add_reduce_grad``, ``_add_send_recv``),
-exported as torch CSV and read back with pipeforge's reader; one more is
-pipeforge's own lowering (REDUCE_GRAD, no UNSHARD) and one holds no
-REDUCE_GRAD at all (the gradients are then reduced at the end of ``step()``).
-One spawn runs every job; losses, gradients after each of two steps and the
-parameters after them match to 1e-12.
+The schedules get UNSHARD/RESHARD/REDUCE_GRAD from pipeforge's passes
+(``unshard`` with max_active_stages 1, ``reduce_grad``, ``lower``); one more is
+lowered by torch's own passes (``_add_unshard_reshard``, ``_add_reduce_grad``,
+``_add_send_recv``) and read back from torch CSV; one is pipeforge's plain
+lowering (REDUCE_GRAD, no UNSHARD), one holds no REDUCE_GRAD at all (the
+gradients are then reduced at the end of ``step()``), one goes through
+merge_bw too. One spawn runs every job; losses, gradients after
+each of two steps, the parameters after them and an eval match to 1e-12.
 """
 
 from __future__ import annotations
@@ -40,22 +41,33 @@ def torch_lowered(name: str, max_active_stages: int | None, reduce_grad: bool = 
     return read_csv_text(csv_text(lowered), f"{name}-torch.csv")
 
 
-def fsdp_jobs(out: Path) -> tuple[list[dict], list[str]]:
+def with_passes(name: str, **options) -> pipeforge.Schedule:
+    from pipeforge.passes import PassOptions, apply_passes
+
+    schedule = pipeforge.load(name, defines={"P": 2, "M": MICROBATCHES})
+    return apply_passes(schedule, PassOptions(**options), lower=True)
+
+
+def fsdp_jobs(out: Path) -> tuple[list[dict], list[tuple[str, str]]]:
     jobs, labels = [], []
-    for name in SCHEDULES:
-        path = str(codegen(torch_lowered(name, max_active_stages=1), out / name))
-        for mode in ("fsdp", "dp"):
+
+    def add(schedule: pipeforge.Schedule, folder: str, modes: tuple[str, ...], label: str) -> None:
+        path = str(codegen(schedule, out / folder))
+        for mode in modes:
             jobs.append({"module_path": path, "mode": mode})
-            labels.append(f"{name} {mode} (torch's UNSHARD/RESHARD/REDUCE_GRAD)")
-    path = str(codegen(torch_lowered("zbv", max_active_stages=2), out / "zbv-2"))
-    jobs.append({"module_path": path, "mode": "fsdp-user"})
-    labels.append("zbv fsdp-user max_active_stages=2")
-    path = str(codegen(pipeforge.load("interleaved-1f1b", defines={"P": 2, "M": MICROBATCHES}), out / "own"))
-    jobs += [{"module_path": path, "mode": "fsdp-user"}, {"module_path": path, "mode": "dp"}]
-    labels += ["interleaved-1f1b fsdp-user (pipeforge's lowering)", "interleaved-1f1b dp (pipeforge's lowering)"]
-    path = str(codegen(torch_lowered("zb-h1", max_active_stages=None, reduce_grad=False), out / "bare"))
-    jobs += [{"module_path": path, "mode": "fsdp"}, {"module_path": path, "mode": "dp"}]
-    labels += ["zb-h1 fsdp without UNSHARD/REDUCE_GRAD", "zb-h1 dp without REDUCE_GRAD"]
+            labels.append((f"{label} {mode}", mode))
+
+    for name in SCHEDULES:
+        add(with_passes(name, unshard=1, reduce_grad=True), name, ("fsdp", "dp"), f"{name} unshard=1")
+    add(with_passes("zbv", unshard=2, reduce_grad=True), "zbv-2", ("fsdp-user", "replicate"), "zbv unshard=2")
+    add(with_passes("zb-h1", unshard=1, reduce_grad=True, merge_bw=True), "merged", ("fsdp",),
+        "zb-h1 merge-bw unshard=1")
+    add(torch_lowered("interleaved-1f1b", max_active_stages=1), "torch", ("fsdp",),
+        "interleaved-1f1b torch's compute_comms (max_active_stages=1)")
+    add(pipeforge.load("interleaved-1f1b", defines={"P": 2, "M": MICROBATCHES}), "own", ("fsdp-user", "dp"),
+        "interleaved-1f1b plain lowering")
+    add(torch_lowered("zb-h1", max_active_stages=None, reduce_grad=False), "bare", ("fsdp", "dp"),
+        "zb-h1 without UNSHARD/REDUCE_GRAD")
     return jobs, labels
 
 
@@ -66,10 +78,30 @@ def test_pipeline_with_fsdp_and_data_parallel_equals_the_unpipelined_model(tmp_p
     outcomes = spawn(replicated_jobs, 4, jobs, timeout=60, deadline=540)
     assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
     failures = []
-    for index, label in enumerate(labels):
+    for index, (label, mode) in enumerate(labels):
         results = [o.value[index] for o in outcomes]
         worst = max(r["worst"] for r in results)
         sharded = all(r["sharded"] for r in results)
-        if worst > TOLERANCE or min(r["compared"] for r in results) == 0 or sharded != ("fsdp" in label):
+        if worst > TOLERANCE or min(r["compared"] for r in results) == 0 or sharded != (mode != "dp"):
             failures.append(f"{label}: {results}")
     assert not failures, "\n".join(failures)
+
+
+def test_data_parallel_refuses_what_it_cannot_run():
+    import torch
+
+    from pipeforge.runtime.fsdp import data_parallel
+    from pipeforge.runtime.p2p import PipelineError
+
+    with pytest.raises(PipelineError, match="rank 0: fsdp=True shards the stages over dp_group; pass dp_group="):
+        data_parallel(0, {0: torch.nn.Linear(2, 2)}, fsdp=True)
+    replicas = data_parallel(1, {3: torch.nn.Linear(2, 2)})
+    replicas.begin(training=True)
+    with pytest.raises(PipelineError, match=r"rank 1 holds no replica of stage 2 \(UNSHARD\)"):
+        replicas.unshard(2)
+    replicas.reduce(3)
+    with pytest.raises(PipelineError, match="rank 1: REDUCE_GRAD of stage 3 twice in one step"):
+        replicas.reduce(3)
+    replicas.end()
+    replicas.begin(training=True)
+    replicas.reduce(3)  # a new step reduces again
