@@ -56,6 +56,7 @@ STOP_REASONS = {
 EXACT_AUTO_ACTIONS = 96   # auto runs exact search up to P * M * 3 = 96 (P=4, M=8)
 ASAP_ACTIONS = 48         # up to this size the z3 model also fixes ASAP timing (optimal = what sim reports)
 LIST_SCHEDULE_ACTIONS = 300  # beside a Zero Bubble builder, list scheduling runs only up to this size
+LIST_SCHEDULE_MAX = 12000    # and alone up to this one (it is quadratic in the actions of a rank)
 VERIFY_RESERVE, VERIFY_RESERVE_S = 0.15, 1.0  # the part of the time limit kept for verifying the result
 Progress = Callable[[float, str], None]
 
@@ -303,9 +304,10 @@ class _Run:
         from pipeforge.optimize import greedy, list_schedule, v_greedy
 
         zero_bubble = greedy.supports(self.problem) or v_greedy.supports(self.problem)
-        listed = list_schedule.supports(self.problem) and (
-            not zero_bubble or len(self.split.actions) <= LIST_SCHEDULE_ACTIONS)
-        if required and not (zero_bubble or listed):
+        size = len(self.split.actions)
+        listed = list_schedule.supports(self.problem) and size <= (
+            LIST_SCHEDULE_ACTIONS if zero_bubble else LIST_SCHEDULE_MAX)
+        if required and not (zero_bubble or list_schedule.supports(self.problem)):
             raise UsageError("the greedy strategies need a schedule with one chain (not a bidirectional one); "
                              "try --strategy local")
         if greedy.supports(self.problem):
