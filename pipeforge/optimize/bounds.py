@@ -70,6 +70,10 @@ class _Paths:
             for d, latency in graph.deps[a]:
                 self.children[d].append((a, latency))
         self.order = self._topological()
+        self.forwards = [0] * graph.problem.ranks
+        for a, action in enumerate(graph.actions):
+            if action.kind is F:
+                self.forwards[graph.rank[a]] += 1
 
     def _topological(self) -> list[int]:
         indegree = {a: len(self.graph.deps[a]) for a in self.members}
@@ -115,8 +119,7 @@ def _rank_shape(graph: Graph, paths: _Paths, r: int) -> _RankShape | None:
         w.append(duration[wa] if wa is not None else 0.0)
     if not trips or not lags:
         return None
-    forwards = sum(1 for a, action in enumerate(actions) if graph.rank[a] == r and action.kind is F)
-    return _RankShape(min(trips), min(lags), forwards, max(duration[a] for a in mine[F]), max(iw), max(w))
+    return _RankShape(min(trips), min(lags), paths.forwards[r], max(duration[a] for a in mine[F]), max(iw), max(w))
 
 
 def tail_work(shape: _RankShape, limit: float, weights: float) -> float:

@@ -23,6 +23,7 @@ gets stuck (memory full, no W to run, nothing arriving) is dropped.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 
 from pipeforge.ir import ActionKind
@@ -52,12 +53,16 @@ def supports(problem: Problem) -> bool:
     return len(problem.placements) == 1
 
 
-def list_schedule_orders(problem: Problem) -> list[tuple[Rules, tuple[tuple[ActionKey, ...], ...]]]:
+def list_schedule_orders(problem: Problem, deadline: float | None = None
+                         ) -> list[tuple[Rules, tuple[tuple[ActionKey, ...], ...]]]:
     """The per-rank orders (as action keys) of every rule combination that does not get stuck
-    (timed in exact integer units: the same orders whatever the cost units)."""
+    (timed in exact integer units: the same orders whatever the cost units); past ``deadline``
+    (``time.monotonic()``) no further combination is started."""
     exact = replace(problem, costs=integer_units(problem.costs).costs)
     found = []
     for rules in RULES:
+        if deadline is not None and time.monotonic() > deadline:
+            break
         try:
             found.append((rules, _ListScheduler(exact, rules).run()))
         except Stuck:

@@ -56,6 +56,7 @@ STOP_REASONS = {
 EXACT_AUTO_ACTIONS = 96   # auto runs exact search up to P * M * 3 = 96 (P=4, M=8)
 ASAP_ACTIONS = 48         # up to this size the z3 model also fixes ASAP timing (optimal = what sim reports)
 LIST_SCHEDULE_ACTIONS = 300  # beside a Zero Bubble builder, list scheduling runs only up to this size
+LIST_SCHEDULE_MAX = 12000    # and alone up to this one (it is quadratic in the actions of a rank)
 VERIFY_RESERVE, VERIFY_RESERVE_S = 0.15, 1.0  # the part of the time limit kept for verifying the result
 Progress = Callable[[float, str], None]
 
@@ -197,16 +198,18 @@ def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit
     before = metrics_of(compute, base.costs, MemorySpec(base.memory_limit, base.weights))
     if base.memory_limit is None:
         base = replace(base, memory_limit=max(before.peak_memory, default=0.0))
-    outcomes = []
-    for i, layout in enumerate(tried):
-        share = time.monotonic() + max(0.0, deadline - time.monotonic()) / (len(tried) - i)
-        outcomes.append(_search_layout(compute, base, layout, strategy, share, progress))
+    # First every layout's greedy orders, then the rest of the time on the layout that leads.
+    runs = [_start_layout(compute, base, layout, strategy, deadline, progress) for layout in tried]
+    leader = min(runs, key=lambda run: run.key())
+    leader.improve(strategy)
+    outcomes = [_Outcome(run.layout, run.split, run.best, run.bound, run.stopped) for run in runs]
     result = _result(schedule, compute, before, outcomes, given, strategy, started)
     return _in_units(result, units.scale / chunks, [layout.describe(given) for layout in tried])
 
 
-def _search_layout(compute: Schedule, base: Problem, layout: Layout, strategy: str, deadline: float,
-                   progress: Progress | None) -> _Outcome:
+def _start_layout(compute: Schedule, base: Problem, layout: Layout, strategy: str, deadline: float,
+                  progress: Progress | None) -> _Run:
+    """A run in ``layout`` with its first candidates (the input for local search, the greedy orders)."""
     problem = layout.problem(base)
     if layout.keeps:
         work = split_actions(compute_actions(compute))
@@ -218,9 +221,9 @@ def _search_layout(compute: Schedule, base: Problem, layout: Layout, strategy: s
     split = Graph(problem, work)
     if strategy == "exact" and layout.keeps:
         _require_exact_size(split)
-    run = _Run(problem, split, deadline, progress)
-    best, span_bound = run.strategies(strategy, source)
-    return _Outcome(layout, split, best, span_bound, run.stopped)
+    run = _Run(layout, problem, split, deadline, progress, source)
+    run.start(strategy)
+    return run
 
 
 def _require_exact_size(split: Graph) -> None:
@@ -254,10 +257,17 @@ def _require_complete(compute: Schedule) -> None:
 class _Run:
     """One optimization: the candidates found so far and the time left."""
 
-    def __init__(self, problem: Problem, split: Graph, deadline: float, progress: Progress | None):
-        self.problem, self.split, self.deadline, self.progress = problem, split, deadline, progress
+    def __init__(self, layout: Layout, problem: Problem, split: Graph, deadline: float, progress: Progress | None,
+                 source_of: Callable[[], _Candidate | None] | None):
+        self.layout, self.problem, self.split, self.deadline, self.progress = layout, problem, split, deadline, progress
+        self.source_of, self.source = source_of, None
         self.best: _Candidate | None = None
+        self.bound = 0.0
         self.stopped = "finished"
+
+    def key(self) -> tuple:
+        """Runs with a candidate first, the best candidate first."""
+        return (0, self.best.evaluation.key()) if self.best is not None else (1, ())
 
     def left(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
@@ -272,28 +282,32 @@ class _Run:
         if self.best is None or candidate.evaluation.key() < self.best.evaluation.key():
             self.best = candidate
 
-    def strategies(self, strategy: str, source_of: Callable[[], _Candidate | None] | None
-                   ) -> tuple[_Candidate | None, float]:
-        """Run what ``strategy`` asks for, stopping early once the proven bound is reached
-        (``self.stopped`` says why it stopped). ``source_of`` makes the input a candidate, when it
-        can be one; auto asks for it only when local search is to run."""
-        source = source_of() if source_of is not None and strategy == "local" else None
-        self.offer(source)
-        bound = span_lower_bound(self.split)
-        if strategy in ("auto", "greedy", "exact") or source is None:
-            self.greedy(required=strategy == "greedy", bound=bound)
-        small = len(self.split.actions) <= EXACT_AUTO_ACTIONS
-        if strategy == "auto" and source_of is not None and not self.reached(bound):
-            self.offer(source_of())
+    def start(self, strategy: str) -> None:
+        """The proven bound and the first candidates: the input (for local search) and the greedy orders.
+        The input becomes a candidate only when local search needs it (it costs a graph of its own)."""
+        if self.source_of is not None and strategy == "local":
+            self.source = self.source_of()
+        self.offer(self.source)
+        self.bound = span_lower_bound(self.split)
+        if strategy in ("auto", "greedy", "exact") or self.source is None:
+            self.greedy(required=strategy == "greedy", bound=self.bound)
+        if self.reached(self.bound):
+            self.stopped = "bound"
+
+    def improve(self, strategy: str) -> None:
+        """Local search, then exact search, as ``strategy`` asks, until the bound or the deadline
+        (``self.stopped`` says why it stopped)."""
+        bound, small = self.bound, len(self.split.actions) <= EXACT_AUTO_ACTIONS
+        if strategy == "auto" and self.source_of is not None and not self.reached(bound):
+            self.offer(self.source_of())
         if strategy in ("local", "auto") and not self.reached(bound):
-            start = source if strategy == "local" and source is not None else self.best
+            start = self.source if strategy == "local" and self.source is not None else self.best
             share = 0.25 if strategy == "auto" and small else 1.0  # leave most of it to exact search
             self.local(start, self.left() * share, bound)
         if (strategy == "exact" or (strategy == "auto" and small)) and not self.reached(bound):
-            bound = max(bound, self.exact(bound))
+            self.bound = bound = max(bound, self.exact(bound))
         if self.reached(bound):
             self.stopped = "bound"
-        return self.best, bound
 
     def reached(self, bound: float) -> bool:
         return self.best is not None and self.best.evaluation.max_span <= bound + 1e-9
@@ -303,9 +317,10 @@ class _Run:
         from pipeforge.optimize import greedy, list_schedule, v_greedy
 
         zero_bubble = greedy.supports(self.problem) or v_greedy.supports(self.problem)
-        listed = list_schedule.supports(self.problem) and (
-            not zero_bubble or len(self.split.actions) <= LIST_SCHEDULE_ACTIONS)
-        if required and not (zero_bubble or listed):
+        size = len(self.split.actions)
+        listed = list_schedule.supports(self.problem) and size <= (
+            LIST_SCHEDULE_ACTIONS if zero_bubble else LIST_SCHEDULE_MAX)
+        if required and not (zero_bubble or list_schedule.supports(self.problem)):
             raise UsageError("the greedy strategies need a schedule with one chain (not a bidirectional one); "
                              "try --strategy local")
         if greedy.supports(self.problem):
@@ -315,11 +330,11 @@ class _Run:
                 self.offer_keys(found.keys, "greedy")
         if v_greedy.supports(self.problem):
             self.tell(0.02, "greedy: the Zero Bubble V scheduler's settings")
-            for _, keys in v_greedy.zero_bubble_v_orders(self.problem):
+            for _, keys in v_greedy.zero_bubble_v_orders(self.problem, self.deadline):
                 self.offer_keys(keys, "greedy-v")
-        if listed and not self.reached(bound):
+        if listed and not self.reached(bound) and (self.left() > 0 or self.best is None):
             self.tell(0.05, "greedy: list scheduling")
-            for _, keys in list_schedule.list_schedule_orders(self.problem):
+            for _, keys in list_schedule.list_schedule_orders(self.problem, self.deadline):
                 self.offer_keys(keys, "list")
 
     def offer_keys(self, keys, found_by: str) -> None:

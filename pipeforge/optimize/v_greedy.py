@@ -26,6 +26,7 @@ simulation. Times are in the exact integer units of ``units.py``.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, replace
 
@@ -59,13 +60,17 @@ def supports(problem: Problem) -> bool:
             and (problem.memory_limit is None or problem.memory_limit >= 2.0))
 
 
-def zero_bubble_v_orders(problem: Problem) -> list[tuple[VKnobs, tuple[tuple[ActionKey, ...], ...]]]:
-    """The orders of every setting (and of every repeat with the allowance fed back) that fit."""
+def zero_bubble_v_orders(problem: Problem, deadline: float | None = None
+                         ) -> list[tuple[VKnobs, tuple[tuple[ActionKey, ...], ...]]]:
+    """The orders of every setting (and of every repeat with the allowance fed back) that fit;
+    past ``deadline`` (``time.monotonic()``) no further run is started once one order is found."""
     exact = replace(problem, costs=integer_units(problem.costs).costs)
     found = []
     for knobs in V_KNOBS:
         approved: list[float] | None = None
         for _ in range(MAX_REPEATS):
+            if found and deadline is not None and time.monotonic() > deadline:
+                return found
             builder = _VBuilder(exact, knobs, approved)
             try:
                 keys = builder.build()

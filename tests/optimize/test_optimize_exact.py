@@ -122,7 +122,7 @@ def test_the_round_trip_bound_holds_for_v_and_interleaved_placements(shape, m, c
 @pytest.mark.parametrize(("placement", "limit"), [(Placement.v(4, 2), 4.0), (Placement.loop(3, 3), 6.0)])
 def test_exact_proves_optimality_for_a_v_placement_and_a_2p_limit(placement, limit):
     p = max(placement.stage_to_rank) + 1
-    graph = laid_out(p, 3 if p == 2 else 2, placement, limit, CostModel(F=1, I=1, W=0.5, comm=0.25))
+    graph = laid_out(p, 2, placement, limit, CostModel(F=1, I=1, W=0.5, comm=0.25))
     result = solve_exact(graph, any_order(graph), span_lower_bound(graph), time_limit=60)
     assert result.optimal and result.lower_bound == pytest.approx(result.upper_bound, rel=1e-6)
 
