@@ -15,6 +15,7 @@ _EXPORTS = {
     "RankContext": "pipeforge.runtime.context",
     "ScheduleInfo": "pipeforge.runtime.context",
     "PipelineError": "pipeforge.runtime.p2p",
+    "PipelineUsageError": "pipeforge.runtime.p2p",
     "Pipeline": "pipeforge.runtime.pipeline",
     "build_pipeline": "pipeforge.runtime.pipeline",
 }

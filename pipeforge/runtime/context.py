@@ -83,7 +83,8 @@ class RankContext:
         self.transport = transport
         self.caches = caches
         self.training = True
-        self.inputs: list[tuple[Any, ...]] = []
+        self.inputs: list[tuple[tuple[Any, ...], dict[str, Any]]] = []  # stage 0's (args, kwargs) per microbatch
+        self.stage_inputs: dict[int, list[dict[str, Any]]] = {}  # a stage's keyword inputs per microbatch
         self.targets: list[Any] = []
         self._handed: dict[tuple[str, int, int, int], Any] = {}
         self._outbox: dict[tuple[str, int, int, int], tuple[torch.Tensor, ...]] = {}
@@ -95,9 +96,12 @@ class RankContext:
 
     def forward(self, stage: int, mb: int, chain: int = 0) -> None:
         runner = self._runner(stage, chain)
-        args = self._forward_input(stage, mb, chain)
+        args, kwargs = self._forward_input(stage, mb, chain)
+        own = self.stage_inputs.get(stage)
+        if own is not None:
+            kwargs = {**kwargs, **own[mb]}
         target = self.targets[mb] if runner.is_last and self.targets else None
-        output = runner.forward(mb, args, target, self.training)
+        output = runner.forward(mb, args, target, self.training, kwargs)
         if self.training:
             self.activations.forward()
         if runner.is_last:
@@ -200,12 +204,12 @@ class RankContext:
         other = comm.stage + 1 if comm.kind in (SEND_F, RECV_B) else comm.stage - 1
         return self.info.rank_of(other, comm.chain)
 
-    def _forward_input(self, stage: int, mb: int, chain: int) -> tuple[Any, ...]:
+    def _forward_input(self, stage: int, mb: int, chain: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if stage == 0:
             if not self.inputs:
                 raise PipelineError(f"rank {self.rank} holds stage 0 and needs the batch: pass inputs to step()")
             return self.inputs[mb]
-        return self._take(RECV_F, stage, chain, mb)
+        return self._take(RECV_F, stage, chain, mb), {}
 
     def _output_grads(self, runner: StageRunner, mb: int) -> tuple | None:
         if runner.is_last:

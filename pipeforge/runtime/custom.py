@@ -97,8 +97,13 @@ class ActionContext:
 
     @property
     def inputs(self) -> list[tuple]:
-        """The microbatches of ``step()``'s inputs (torch's ``arg_mbs``; on the rank holding stage 0)."""
-        return self._ctx.inputs
+        """The microbatches of ``step()``'s positional inputs (torch's ``arg_mbs``; on the rank holding stage 0)."""
+        return [args for args, _ in self._ctx.inputs]
+
+    @property
+    def kwargs(self) -> list[dict]:
+        """The microbatches of ``step()``'s keyword inputs (torch's ``kwarg_mbs``; on the rank holding stage 0)."""
+        return [kwargs for _, kwargs in self._ctx.inputs]
 
     @property
     def targets(self) -> list:

@@ -23,6 +23,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from pipeforge.errors import PipeforgeError
+
 DTYPES = (
     torch.float32, torch.float64, torch.float16, torch.bfloat16,
     torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
@@ -30,8 +32,14 @@ DTYPES = (
 HEADER_LENGTH = 64
 
 
-class PipelineError(RuntimeError):
+class PipelineError(PipeforgeError, RuntimeError):
     """A pipeline could not run: a peer died or timed out, or shapes or modules do not fit."""
+
+    kind = "runtime"
+
+
+class PipelineUsageError(PipelineError, ValueError):
+    """A pipeline was built or called wrongly; the message names the rank, the stage and the argument."""
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,19 @@
 """``Pipeline``: what a generated module's ``make_pipeline`` returns.
 
-``step`` has torch's ``schedule.step`` semantics: the rank(s) holding stage 0
-pass the whole batch, which is split into microbatches on dim 0; the rank(s)
-holding the last stage pass ``target`` (split likewise) and get ``losses``
-filled and the merged outputs back; gradients accumulate into ``.grad`` and are
-divided by the number of microbatches when ``scale_grads``.
+``step(*args, target=None, losses=None, return_outputs=True, **kwargs)`` has
+torch's ``schedule.step`` semantics: the rank(s) holding stage 0 pass the
+whole batch (positional and keyword arguments), split into microbatches as torch
+splits them (``pipeforge.runtime.microbatch``); the rank(s) holding the last
+stage pass ``target`` (split likewise) and get ``losses`` cleared and filled
+and the merged outputs back; gradients accumulate into ``.grad`` and are divided
+by the number of microbatches when ``scale_grads`` (once per parameter, however
+many stages on the rank hold it).
+
+Inputs that every stage needs (attention masks, position ids) go in
+``shared_kwargs={name: value}``: every stage module this rank runs receives them
+as keyword arguments, split per microbatch like the batch. ``stage_kwargs={stage:
+{name: value}}`` gives keyword arguments to one stage only. Every rank may pass
+the same dicts; a rank uses the entries of the stages it holds.
 
 Bidirectional schedules (two chains, as Chimera): ``stage_modules`` is keyed by
 stage and holds every stage this rank runs in either chain. When a rank runs the
@@ -15,12 +24,15 @@ two ranks, or an addition on one rank), so both end with the same gradients.
 With two chains, ``losses`` holds one entry per microbatch, ``None`` for those
 whose last stage ran on the other chain's rank, and outputs merge the
 microbatches this rank finished.
+
+After ``step`` returns nothing of its autograd graph is alive: the outputs and
+losses are detached, every microbatch's state is released by its backward.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -31,9 +43,12 @@ from pipeforge.runtime.context import RankContext, ScheduleInfo, ShapeCache
 from pipeforge.runtime.custom import CustomFunction, HookedRankContext, kind_name
 from pipeforge.runtime.custom import custom_functions as checked_functions
 from pipeforge.runtime.fsdp import DataParallel, data_parallel, is_sharded
+from pipeforge.runtime.gradients import (
+    TiedParameters, add_flat, add_local, check_same_start, distinct_parameters, flat_grads, trained,
+)
 from pipeforge.runtime.memory import ActivationCount
-from pipeforge.runtime.microbatch import merge_chunks, split_args, split_value
-from pipeforge.runtime.p2p import PipelineError, TensorMeta, Transfer, Transport
+from pipeforge.runtime.microbatch import merge_chunks, split_inputs, split_value
+from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, TensorMeta, Transfer, Transport
 from pipeforge.runtime.stage import StageRunner
 
 RankProgram = Callable[[RankContext], None]
@@ -43,24 +58,30 @@ class Pipeline:
     """One rank's side of a generated schedule: its program, its stage replicas and its transport."""
 
     def __init__(self, info: ScheduleInfo, program: RankProgram, runners: dict[tuple[int, int], StageRunner],
-                 transport: Transport, *, scale_grads: bool = True, data_parallel: DataParallel | None = None,
-                 functions: dict[str, CustomFunction] | None = None):
+                 transport: Transport, *, scale_grads: bool = True, tied: TiedParameters = TiedParameters(),
+                 data_parallel: DataParallel | None = None, functions: dict[str, CustomFunction] | None = None):
         self.info = info
         self.rank = transport.rank
         self._program = program
         self.runners = runners
         self.transport = transport
         self.scale_grads = scale_grads
+        self.tied = tied
         self._caches = ShapeCache()
         self._input_shapes: tuple | None = None
         self.data_parallel = data_parallel or DataParallel(self.rank, {})
         self.functions = dict(functions or {})
+        self.activations: ActivationCount | None = None  # the last step's count (``pipeforge.runtime.memory``)
 
     def register_custom_function(self, kind: Any, function: CustomFunction) -> None:
         """Run ``function(action, ctx)`` instead of the runtime's own for every action of ``kind`` (see
         ``pipeforge.runtime.custom``); torch's ``_PipelineScheduleRuntime.register_custom_function``."""
         self.functions.update(checked_functions({kind_name(kind): function}))
-        self.activations: ActivationCount | None = None  # the last step's count (``pipeforge.runtime.memory``)
+
+    @property
+    def stages(self) -> list[int]:
+        """The stages this rank runs (in either chain)."""
+        return sorted({stage for stage, _ in self.runners})
 
     @property
     def holds_first(self) -> bool:
@@ -70,35 +91,49 @@ class Pipeline:
     def holds_last(self) -> bool:
         return any(r.is_last for r in self.runners.values())
 
-    def step(self, *inputs: Any, target: Any = None, losses: list | None = None, return_outputs: bool = True) -> Any:
+    def step(self, *args: Any, target: Any = None, losses: list | None = None, return_outputs: bool = True,
+             shared_kwargs: Mapping[str, Any] | None = None,
+             stage_kwargs: Mapping[int, Mapping[str, Any]] | None = None, **kwargs: Any) -> Any:
         """One training step over all microbatches; outputs merged on the last stage's rank."""
         if self.holds_last and any(r.loss_fn is None for r in self.runners.values() if r.is_last):
-            raise PipelineError("step() trains and needs loss_fn on the rank holding the last stage; "
-                                "use eval() for a forward pass only")
+            raise PipelineUsageError(f"rank {self.rank} holds the last stage {self.info.stages - 1}: step() trains "
+                                     "and needs make_pipeline(loss_fn=...); use eval() for a forward pass only")
+        if self.holds_last and target is None:
+            raise PipelineUsageError(f"rank {self.rank} holds the last stage {self.info.stages - 1}: step() needs "
+                                     "target= (split per microbatch and given to loss_fn with the stage's output)")
         self._sync_replicas()
-        ctx = self._run(inputs, target, training=True)
+        ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=True)
         self._reduce_chains()
+        self.tied.sum_gradients(self.transport, self.stage_modules(), self.info)
         if self.scale_grads:
             self._scale(self.info.microbatches)
         return self._results(ctx, losses, return_outputs)
 
-    def eval(self, *inputs: Any, target: Any = None, losses: list | None = None) -> Any:
+    def eval(self, *args: Any, target: Any = None, losses: list | None = None, return_outputs: bool = True,
+             shared_kwargs: Mapping[str, Any] | None = None,
+             stage_kwargs: Mapping[int, Mapping[str, Any]] | None = None, **kwargs: Any) -> Any:
         """Forward only, without gradients; losses filled when ``target`` and ``loss_fn`` are given."""
         self._sync_replicas()
-        ctx = self._run(inputs, target, training=False)
-        return self._results(ctx, losses, True)
+        ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=False)
+        return self._results(ctx, losses, return_outputs)
 
-    def _run(self, inputs: tuple, target: Any, training: bool) -> RankContext:
+    # -- inputs ----------------------------------------------------------------------
+
+    def _run(self, args: tuple, kwargs: dict, target: Any, shared: Any, per_stage: Any, training: bool) -> RankContext:
         ctx = HookedRankContext(self.info, self.rank, self.runners, self.transport, self._caches,
                                 functions=self.functions, data_parallel=self.data_parallel)
         ctx.training = training
+        if not self.holds_last and target is not None:
+            raise PipelineUsageError(f"rank {self.rank} runs stages {self.stages}, not the last stage "
+                                     f"{self.info.stages - 1}: target= goes to the rank holding the last stage")
+        ctx.stage_inputs = self._stage_inputs(shared, per_stage)
+        ctx.inputs = self._batch(args, kwargs, ctx.stage_inputs.get(0))
+        if self.holds_last and target is not None:
+            device = self.transport.device
+            ctx.targets = split_value(_to_device(target, device), self.info.microbatches, f"rank {self.rank}: target")
         self.data_parallel.begin(training)
         for runner in self.runners.values():
             runner.reset()
-        if self.holds_first:
-            ctx.inputs = self._split_inputs(inputs)
-        if self.holds_last and target is not None:
-            ctx.targets = split_value(_to_device(target, self.transport.device), self.info.microbatches)
         with torch.set_grad_enabled(training):
             self._program(ctx)
         ctx.finish()
@@ -106,17 +141,63 @@ class Pipeline:
         self.activations = ctx.activations
         return ctx
 
-    def _split_inputs(self, inputs: tuple) -> list[tuple]:
-        if not inputs:
-            raise PipelineError(f"rank {self.rank} holds stage 0: pass the batch to step()/eval()")
-        inputs = tuple(_to_device(t, self.transport.device) for t in inputs)
-        chunks = split_args(inputs, self.info.microbatches)
-        shapes = tuple(tuple(TensorMeta.of(t) for t in chunk if isinstance(t, torch.Tensor)) for chunk in chunks)
+    def _batch(self, args: tuple, kwargs: dict, stage0_inputs: list[dict] | None) -> list[tuple[tuple, dict]]:
+        """The batch as microbatches for stage 0 (keyword inputs included)."""
+        where = f"rank {self.rank}: step()/eval()"
+        if not self.holds_first:
+            if args or kwargs:
+                raise PipelineUsageError(
+                    f"rank {self.rank} runs stages {self.stages}, not stage 0: the batch goes to the rank holding "
+                    f"stage 0 (rank {self.info.rank_of(0)}); give inputs every stage needs as shared_kwargs=, "
+                    "one stage's as stage_kwargs=")
+            return []
+        if not args and not kwargs:
+            raise PipelineUsageError(f"rank {self.rank} holds stage 0: pass the batch to step()/eval()")
+        clash = sorted(set(kwargs) & set((stage0_inputs or [{}])[0]))
+        if clash:
+            raise PipelineUsageError(f"{where}: keyword(s) {clash} given both as the batch and as per-stage inputs "
+                                     "of stage 0")
+        device = self.transport.device
+        chunks = split_inputs(_to_device(args, device), _to_device(kwargs, device), self.info.microbatches, where)
+        shapes = tuple(_metas(chunk) for chunk in chunks)
         if self._input_shapes is not None and shapes != self._input_shapes:
-            raise PipelineError(f"rank {self.rank}: the batch changed shape since the first step; "
-                                "build a new pipeline for another batch shape")
+            raise PipelineUsageError(f"rank {self.rank}: the batch changed shape since the first step; "
+                                     "build a new pipeline for another batch shape")
         self._input_shapes = shapes
         return chunks
+
+    def _stage_inputs(self, shared: Any, per_stage: Any) -> dict[int, list[dict]]:
+        """For every stage this rank holds, its keyword inputs per microbatch (shared and its own)."""
+        shared = _keywords(shared, f"rank {self.rank}: shared_kwargs")
+        per_stage = self._per_stage(per_stage)
+        inputs = {}
+        for stage in self.stages:
+            own = per_stage.get(stage, {})
+            clash = sorted(set(shared) & set(own))
+            if clash:
+                raise PipelineUsageError(f"rank {self.rank}: keyword(s) {clash} of stage {stage} given both in "
+                                         "shared_kwargs and in stage_kwargs")
+            merged = {**shared, **own}
+            if merged:
+                where = f"rank {self.rank}: inputs of stage {stage}"
+                chunks = split_inputs((), _to_device(merged, self.transport.device), self.info.microbatches, where)
+                inputs[stage] = [kw for _, kw in chunks]
+        return inputs
+
+    def _per_stage(self, per_stage: Any) -> dict[int, dict]:
+        if per_stage is None:
+            return {}
+        where = f"rank {self.rank}: stage_kwargs"
+        if not isinstance(per_stage, Mapping):
+            raise PipelineUsageError(f"{where} must map a stage to a dict of keyword inputs, e.g. "
+                                     f"{{1: {{'mask': mask}}}}; got {type(per_stage).__name__}")
+        for stage in per_stage:
+            if not isinstance(stage, int) or not 0 <= stage < self.info.stages:
+                raise PipelineUsageError(f"{where}: {stage!r} is not a stage of schedule {self.info.name!r} "
+                                         f"(stages 0..{self.info.stages - 1})")
+        return {stage: _keywords(value, f"{where}[{stage}]") for stage, value in per_stage.items()}
+
+    # -- results ---------------------------------------------------------------------
 
     def _results(self, ctx: RankContext, losses: list | None, return_outputs: bool) -> Any:
         last = [r for r in self.runners.values() if r.is_last]
@@ -124,10 +205,14 @@ class Pipeline:
             return None
         if losses is not None:
             found = {mb: loss for r in last for mb, loss in r.losses.items()}
+            losses.clear()
             losses.extend(found.get(mb) for mb in range(self.info.microbatches))
+        outputs = {mb: out for r in last for mb, out in r.outputs.items()}
+        for runner in last:
+            runner.outputs.clear()
+            runner.losses.clear()
         if not return_outputs:
             return None
-        outputs = {mb: out for r in last for mb, out in r.outputs.items()}
         return merge_chunks([outputs[mb] for mb in sorted(outputs)])
 
     # -- gradients -------------------------------------------------------------------
@@ -139,13 +224,13 @@ class Pipeline:
             seen.setdefault(id(runner.module), runner.module)
         return list(seen.values())
 
+    def stage_modules(self) -> dict[int, torch.nn.Module]:
+        """The module of every stage this rank runs, as given to ``make_pipeline`` (not chain-1 copies)."""
+        return {stage: runner.module for (stage, _), runner in sorted(self.runners.items(), reverse=True)}
+
     def parameters(self) -> list[torch.nn.Parameter]:
         """Every distinct parameter of this rank's modules: one shared by several stages counts once."""
-        seen: dict[int, torch.nn.Parameter] = {}
-        for module in self.modules():
-            for param in module.parameters():
-                seen.setdefault(id(param), param)
-        return list(seen.values())
+        return distinct_parameters(self.modules())
 
     def _scale(self, divisor: int) -> None:
         for param in self.parameters():
@@ -171,9 +256,9 @@ class Pipeline:
             mine = self.runners[(stage, chain)].module
             if other == self.rank:
                 if chain == 0:
-                    _add_local(mine, self.runners[(stage, 1)].module)
+                    add_local(mine, self.runners[(stage, 1)].module)
                 continue
-            flat = _flat_grads(mine)
+            flat = flat_grads(trained(mine))
             if flat.numel() == 0:
                 continue
             incoming = torch.empty_like(flat)
@@ -181,56 +266,70 @@ class Pipeline:
             arriving.append((mine, incoming))
         self.transport.exchange(transfers, "the gradient sum across chains")
         for module, incoming in arriving:
-            _add_flat(module, incoming)
+            add_flat(trained(module), incoming)
+
+    def check_replicas_equal(self) -> None:
+        """Each stage of a bidirectional schedule starts equal in both chains (replicas on two ranks)."""
+        if len(self.info.placements) < 2:
+            return
+        for stage, chain in sorted(self.runners):
+            other = self.info.rank_of(stage, 1 - chain)
+            if other == self.rank:
+                continue
+            params = [p.detach().reshape(-1) for p in self.runners[(stage, chain)].module.parameters()]
+            flat = torch.cat(params) if params else torch.zeros(0)
+            check_same_start(self.transport, flat, [other], f"stage {stage} (its replica in chain {chain})",
+                             f"a bidirectional schedule runs stage {stage} in chain 0 on rank "
+                             f"{self.info.rank_of(stage, 0)} and in chain 1 on rank {self.info.rank_of(stage, 1)}: "
+                             "build both replicas from one seed, or copy one into the other")
+
+
+def _keywords(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise PipelineUsageError(f"{where} must be a dict of keyword inputs (name -> value); got "
+                                 f"{type(value).__name__}")
+    return dict(value)
+
+
+def _metas(chunk: Any) -> tuple:
+    if isinstance(chunk, torch.Tensor):
+        return (TensorMeta.of(chunk),)
+    if isinstance(chunk, Mapping):
+        return tuple(m for key in sorted(chunk, key=str) for m in _metas(chunk[key]))
+    if isinstance(chunk, (tuple, list)):
+        return tuple(m for item in chunk for m in _metas(item))
+    return ()
 
 
 def _to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(device)
+    if isinstance(value, Mapping):
+        return {key: _to_device(item, device) for key, item in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_to_device(v, device) for v in value))
     if isinstance(value, (tuple, list)):
         return type(value)(_to_device(v, device) for v in value)
     return value
 
 
-def _params(module: torch.nn.Module) -> list[torch.nn.Parameter]:
-    return [p for p in module.parameters() if p.requires_grad]
-
-
-def _flat_grads(module: torch.nn.Module) -> torch.Tensor:
-    params = _params(module)
-    if not params:
-        return torch.zeros(0)
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-
-
-def _add_flat(module: torch.nn.Module, incoming: torch.Tensor) -> None:
-    offset = 0
-    for param in _params(module):
-        part = incoming[offset: offset + param.numel()].view_as(param)
-        offset += param.numel()
-        param.grad = part.clone() if param.grad is None else param.grad + part
-
-
-def _add_local(original: torch.nn.Module, replica: torch.nn.Module) -> None:
-    for mine, theirs in zip(_params(original), _params(replica)):
-        if theirs.grad is None:
-            continue
-        mine.grad = theirs.grad.clone() if mine.grad is None else mine.grad + theirs.grad
-    for mine, theirs in zip(_params(original), _params(replica)):
-        theirs.grad = None if mine.grad is None else mine.grad.clone()
-
-
 def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_modules: dict[int, torch.nn.Module],
                    *, loss_fn=None, rank=None, group=None, device=None, scale_grads=True,
-                   timeout: float | None = None, dp_group=None, fsdp: bool = False,
+                   timeout: float | None = None, tied_parameters=None, dp_group=None, fsdp: bool = False,
                    custom_functions: dict | None = None) -> Pipeline:
     """Wire a generated module's rank programs to this process's stage modules."""
     if not dist.is_initialized():
         raise PipelineError("torch.distributed is not initialized: call init_process_group first")
     size = dist.get_world_size(group)
     if size != info.ranks:
-        raise PipelineError(f"schedule {info.name!r} runs on {info.ranks} ranks, the process group has {size}")
+        raise PipelineUsageError(f"schedule {info.name!r} runs on {info.ranks} ranks, the process group has {size}")
     rank = dist.get_rank(group) if rank is None else rank
+    if not isinstance(rank, int) or not 0 <= rank < info.ranks:
+        raise PipelineUsageError(f"rank {rank!r} is out of range: schedule {info.name!r} runs on ranks "
+                                 f"0..{info.ranks - 1}")
+    tied = TiedParameters.parse(tied_parameters, info.stages, rank)
     device = torch.device(device) if device is not None else _default_device(group)
     functions = checked_functions(custom_functions)
     runners = _runners(info, rank, stage_modules, loss_fn)
@@ -241,17 +340,19 @@ def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_m
         # (a batch_isend_irecv that only some ranks enter first is undefined behaviour in NCCL)
         dist.all_reduce(torch.zeros(1, device=device), group=group)
     transport = Transport(group, rank, wait, device)
-    return Pipeline(info, programs[rank], runners, transport, scale_grads=scale_grads, data_parallel=replicas,
-                    functions=functions)
+    pipeline = Pipeline(info, programs[rank], runners, transport, scale_grads=scale_grads, tied=tied,
+                        data_parallel=replicas, functions=functions)
+    pipeline.check_replicas_equal()
+    tied.check_equal(transport, {stage: stage_modules[stage] for stage in pipeline.stages}, info)
+    return pipeline
 
 
 def _data_parallel(info: ScheduleInfo, rank: int, stage_modules: dict, dp_group, fsdp: bool, device) -> DataParallel:
     replicated = fsdp or dp_group is not None or any(map(is_sharded, stage_modules.values()))
     if replicated and len(info.placements) > 1:
-        raise PipelineError(f"rank {rank}: data-parallel or FSDP stages with the bidirectional schedule "
-                            f"{info.name!r} are not supported (its two replicas of a stage sum their gradients)")
+        raise PipelineUsageError(f"rank {rank}: data-parallel or FSDP stages with the bidirectional schedule "
+                                 f"{info.name!r} are not supported (its two replicas of a stage sum their gradients)")
     return data_parallel(rank, stage_modules, dp_group=dp_group, fsdp=fsdp, device=device)
-
 
 
 def _has_nccl(group) -> bool:
@@ -266,12 +367,10 @@ def _default_device(group) -> torch.device:
     return torch.device("cpu")
 
 
-def _runners(info: ScheduleInfo, rank: int, stage_modules: dict[int, torch.nn.Module], loss_fn) -> dict:
+def _runners(info: ScheduleInfo, rank: int, stage_modules: Any, loss_fn) -> dict:
     held = info.held(rank)
     wanted = sorted({stage for stage, _ in held})
-    if sorted(stage_modules) != wanted:
-        raise PipelineError(f"rank {rank} runs stages {wanted} of schedule {info.name!r}; "
-                            f"stage_modules has {sorted(stage_modules)}")
+    _check_stage_modules(info, rank, stage_modules, wanted)
     runners = {}
     for stage, chain in held:
         module = stage_modules[stage]
@@ -280,3 +379,32 @@ def _runners(info: ScheduleInfo, rank: int, stage_modules: dict[int, torch.nn.Mo
         last = stage == info.stages - 1
         runners[(stage, chain)] = StageRunner(module, stage, chain, stage == 0, last, loss_fn if last else None)
     return runners
+
+
+def _check_stage_modules(info: ScheduleInfo, rank: int, stage_modules: Any, wanted: list[int]) -> None:
+    example = "{" + ", ".join(f"{s}: module_{s}" for s in wanted) + "}"
+    if not isinstance(stage_modules, Mapping):
+        raise PipelineUsageError(f"rank {rank}: stage_modules must be a dict from each stage this rank runs to its "
+                                 f"module, here {example}; got {type(stage_modules).__name__}")
+    if not all(isinstance(s, int) for s in stage_modules) or sorted(stage_modules) != wanted:
+        raise PipelineUsageError(f"rank {rank} runs stages {wanted} of schedule {info.name!r}; "
+                                 f"stage_modules has {sorted(stage_modules, key=repr)}")
+    for stage, module in stage_modules.items():
+        if not isinstance(module, torch.nn.Module):
+            raise PipelineUsageError(f"rank {rank}: stage_modules[{stage}] must be a torch.nn.Module; got "
+                                     f"{type(module).__name__}")
+    if len(info.placements) > 1:
+        _refuse_shared_parameters(rank, stage_modules)
+
+
+def _refuse_shared_parameters(rank: int, stage_modules: Mapping[int, torch.nn.Module]) -> None:
+    """Two chains sum each stage's gradients across replicas: a parameter two stages share would count twice."""
+    owner: dict[int, tuple[int, str]] = {}
+    for stage in sorted(stage_modules):
+        for name, param in stage_modules[stage].named_parameters():
+            first = owner.setdefault(id(param), (stage, name))
+            if first[0] != stage:
+                raise PipelineUsageError(
+                    f"rank {rank}: stage {first[0]} ({first[1]!r}) and stage {stage} ({name!r}) share one parameter; "
+                    "a bidirectional schedule sums each stage's gradients across its two chains, so stages must not "
+                    "share parameters: give each stage its own copy and name them in make_pipeline(tied_parameters=...)")

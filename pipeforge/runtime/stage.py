@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from pipeforge.runtime.microbatch import as_tuple
+from pipeforge.runtime.microbatch import as_tuple, detached
 from pipeforge.runtime.p2p import PipelineError
 from pipeforge.runtime.split_backward import WeightPlan, backward_input, backward_weight
 
@@ -51,15 +51,18 @@ class StageRunner:
     def name(self) -> str:
         return f"stage {self.stage}" + (f" (chain {self.chain})" if self.chain else "")
 
-    def forward(self, mb: int, args: tuple[Any, ...], target: Any, training: bool) -> Any:
+    def forward(self, mb: int, args: tuple[Any, ...], target: Any, training: bool,
+                kwargs: dict[str, Any] | None = None) -> Any:
+        """Run the module on one microbatch: ``args`` from the previous stage (or the batch), ``kwargs``
+        this stage's own inputs (the batch's keywords on stage 0, per-stage inputs on every stage)."""
         if not self.is_first:
             args = tuple(_as_leaf(a, training) for a in args)
         with torch.set_grad_enabled(training):
-            output = self.module(*args)
+            output = self.module(*args, **(kwargs or {}))
             wants_loss = self.is_last and (training or target is not None)
             loss = self._loss(output, target) if wants_loss else None
         if self.is_last:
-            self.outputs[mb] = _detached(output)
+            self.outputs[mb] = detached(output)
             if loss is not None:
                 self.losses[mb] = loss.detach()
         if training:
@@ -149,11 +152,3 @@ def _as_leaf(value: Any, training: bool) -> Any:
     if not isinstance(value, torch.Tensor):
         return value
     return value.detach().requires_grad_(training and value.is_floating_point())
-
-
-def _detached(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_detached(v) for v in value)
-    return value

@@ -102,6 +102,7 @@ class LlamaBlock(nn.Module):
 
     def forward(self, x, positions=None, **_):
         batch, seq, _ = x.shape
+        positions = torch.arange(seq).expand(batch, seq) if positions is None else positions
         q, k, v = self.qkv(self.attn_norm(x)).view(batch, seq, 3, HEADS, WIDTH // HEADS).permute(2, 0, 3, 1, 4)
         q, k = rotate(q, positions), rotate(k, positions)
         attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)

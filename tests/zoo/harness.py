@@ -1,0 +1,191 @@
+"""Run zoo models through pipeforge's runtime (or torch's) on every rank and compare with the unpipelined model.
+
+One spawned process group runs many cases in a row (``run_cases``), so a test
+pays for one launch, not one per (schedule, model). Each rank reports, per
+case, the largest absolute and relative differences of the losses, the merged
+outputs, every gradient after each step and every parameter after the SGD
+steps, against the same model run unpipelined in the same process.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+
+from tests.zoo import models as zoo
+
+# pipeforge library schedule -> torch's class for it (torch.distributed.pipelining.schedules)
+TORCH_SCHEDULES = {
+    "gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B",
+    "looped-bfs": "ScheduleLoopedBFS", "interleaved-zb": "ScheduleInterleavedZeroBubble",
+    "zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV",
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    model: str
+    module_path: str  # a generated pipeforge module (its SCHEDULE gives stages, microbatches, placements)
+    runtime: str = "pipeforge"  # or "torch": the same schedule by torch's class
+    torch_schedule: str = ""
+    every_stage: bool = True  # give the model's mask / positions to every stage (pipeforge only)
+    steps: int = 2
+    rows_per_microbatch: int = 2
+
+
+@dataclass
+class Report:
+    label: str
+    rank: int
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    worst: str = ""
+    compared: int = 0
+    missing: list[str] = field(default_factory=list)
+    grads: dict[str, list[float]] = field(default_factory=dict)  # name -> flattened gradient (first step)
+
+    def add(self, what: str, got, want) -> None:
+        if got is None or want is None:
+            if (got is None) != (want is None):
+                self.missing.append(what)
+            return
+        self.compared += 1
+        diff = (got.detach().double() - want.detach().double()).abs().max().item() if got.numel() else 0.0
+        scale = max(want.detach().double().abs().max().item() if want.numel() else 0.0, 1e-12)
+        if diff > self.max_abs:
+            self.max_abs, self.worst = diff, what
+        self.max_rel = max(self.max_rel, diff / scale)
+
+    def as_dict(self) -> dict:
+        return {"label": self.label, "rank": self.rank, "max_abs": self.max_abs, "max_rel": self.max_rel,
+                "worst": self.worst, "compared": self.compared, "missing": self.missing[:5], "grads": self.grads}
+
+
+class Unpipelined:
+    """The whole model in one process: microbatches in order, gradients accumulated, then divided by M."""
+
+    def __init__(self, stages: list[torch.nn.Module], microbatches: int):
+        self.stages = copy.deepcopy(stages)  # one deepcopy of the list keeps a tied parameter shared
+        self.microbatches = microbatches
+
+    def run(self, tokens, every_stage: dict, train: bool = True):
+        value = tokens
+        for stage in self.stages:
+            value = stage(value, **every_stage)
+        return value
+
+    def step(self, tokens, targets, every_stage: dict) -> tuple[list, list]:
+        losses, outputs = [], []
+        for m in range(self.microbatches):
+            pick = {k: v.tensor_split(self.microbatches)[m] for k, v in every_stage.items()}
+            out = self.run(tokens.tensor_split(self.microbatches)[m], pick)
+            loss = zoo.loss_fn(out, targets.tensor_split(self.microbatches)[m])
+            loss.backward()
+            losses.append(loss.detach())
+            outputs.append(out.detach())
+        for param in parameters(self.stages):
+            if param.grad is not None:
+                param.grad.div_(self.microbatches)
+        return losses, outputs
+
+
+def parameters(modules) -> list[torch.nn.Parameter]:
+    return list({id(p): p for m in modules for p in m.parameters()}.values())
+
+
+def sgd(params: list[torch.nn.Parameter], rate: float = 0.1) -> None:
+    with torch.no_grad():
+        for param in params:
+            if param.grad is not None:
+                param.sub_(param.grad, alpha=rate)
+            param.grad = None
+
+
+def run_cases(rank: int, nproc: int, cases: list[Case]) -> list[dict]:
+    """A spawn worker: every case in order on this rank."""
+    return [run_case(rank, case).as_dict() for case in cases]
+
+
+def run_case(rank: int, case: Case) -> Report:
+    from pipeforge.runtime.check import load_module
+
+    info = load_module(case.module_path).SCHEDULE
+    full = zoo.build(case.model, info.stages, seed=0)
+    reference = Unpipelined(full, info.microbatches)
+    # this rank's copies share what the model shares; a bidirectional schedule refuses stages that share a
+    # parameter (each stage's gradients are summed across chains), so there every stage gets its own copy
+    copies = copy.deepcopy(full) if len(info.placements) == 1 else [copy.deepcopy(s) for s in full]
+    held = sorted({s for s, _ in info.held(rank)})
+    mine = {s: copies[s] for s in held}
+    runner = PipeforgeRunner(case, info, mine) if case.runtime == "pipeforge" else TorchRunner(case, info, mine)
+    report = Report(case.label, rank)
+    own_params = parameters(mine.values())
+    last = info.stages - 1 in held
+    for step in range(case.steps):
+        tokens, targets, every_stage = zoo.batch(case.model, info.microbatches * case.rows_per_microbatch, step)
+        every_stage = every_stage if case.every_stage else {}
+        losses, out = runner.step(tokens, targets, every_stage)
+        want_losses, want_out = reference.step(tokens, targets, every_stage)
+        if last:  # a bidirectional schedule finishes some microbatches on the other chain's last rank
+            done = [m for m, loss in enumerate(losses) if loss is not None]
+            if len(losses) != info.microbatches or not done:
+                report.missing.append(f"step {step}: losses {losses!r}")
+            for m in done:
+                report.add(f"step {step} loss {m}", losses[m], want_losses[m])
+            report.add(f"step {step} outputs", out, torch.cat([want_out[m] for m in done]))
+        for stage in held:
+            for (name, got), want in zip(mine[stage].named_parameters(), reference.stages[stage].parameters()):
+                report.add(f"step {step} grad of stage {stage} {name}", got.grad, want.grad)
+                if step == 0 and got.grad is not None:
+                    report.grads[f"{stage}:{name}"] = got.grad.flatten().tolist()
+        sgd(own_params)
+        sgd(parameters(reference.stages))
+    for stage in held:
+        for (name, got), want in zip(mine[stage].named_parameters(), reference.stages[stage].parameters()):
+            report.add(f"parameter of stage {stage} {name} after {case.steps} steps", got, want)
+    return report
+
+
+class PipeforgeRunner:
+    def __init__(self, case: Case, info, mine: dict):
+        from pipeforge.runtime.check import load_module
+
+        generated = load_module(case.module_path)
+        tied = zoo.tied_parameters(case.model, info.stages)
+        self.pipe = generated.make_pipeline(mine, loss_fn=zoo.loss_fn, timeout=30, tied_parameters=tied)
+
+    def step(self, tokens, targets, every_stage: dict):
+        losses = ["left from an earlier step"]
+        out = self.pipe.step(*((tokens,) if self.pipe.holds_first else ()),
+                             target=targets if self.pipe.holds_last else None, losses=losses,
+                             shared_kwargs=every_stage)
+        return losses, out
+
+
+class TorchRunner:
+    """torch.distributed.pipelining's schedule of the same name, on the same stage modules."""
+
+    def __init__(self, case: Case, info, mine: dict):
+        from torch.distributed import pipelining
+
+        stages = [pipelining.PipelineStage(module, s, info.stages, torch.device("cpu")) for s, module in
+                  sorted(mine.items(), key=lambda item: _torch_order(item[0], info))]
+        schedule = getattr(pipelining, case.torch_schedule)
+        self.single = len(stages) == 1 and case.torch_schedule in ("ScheduleGPipe", "Schedule1F1B")
+        self.schedule = schedule(stages[0] if self.single else stages, n_microbatches=info.microbatches,
+                                 loss_fn=zoo.loss_fn)
+        self.first = 0 in mine
+        self.last = info.stages - 1 in mine
+
+    def step(self, tokens, targets, every_stage: dict):
+        losses: list = []
+        out = self.schedule.step(*((tokens,) if self.first else ()), target=targets if self.last else None,
+                                 losses=losses if self.last else None)
+        return [l.detach() for l in losses], out
+
+
+def _torch_order(stage: int, info) -> int:
+    return stage
