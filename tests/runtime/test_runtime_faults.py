@@ -110,5 +110,5 @@ def bad_modules(rank: int, nproc: int, path: str) -> str:
 
 def test_stage_modules_that_do_not_fit_the_rank_are_refused(one_f_one_b):
     outcomes = spawn(bad_modules, 4, one_f_one_b, timeout=WAIT, deadline=60)
-    assert outcomes[1].value == ("PipelineError: rank 1 runs stages [1] of schedule 'one_f_one_b'; "
+    assert outcomes[1].value == ("PipelineUsageError: rank 1 runs stages [1] of schedule 'one_f_one_b'; "
                                  "stage_modules has [7]")

@@ -56,3 +56,60 @@ def test_merge_undoes_split(rows, width, data):
     chunks = data.draw(st.integers(1, rows))
     x = torch.randn(rows, width)
     assert torch.equal(merge_chunks(split_value(x, chunks)), x)
+
+
+# -- torch's splitting of nested inputs, and its merging of outputs -----------------------------
+
+from collections import OrderedDict, namedtuple  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
+from pipeforge.runtime.microbatch import split_inputs  # noqa: E402
+from pipeforge.runtime.p2p import PipelineUsageError  # noqa: E402
+
+Pair = namedtuple("Pair", "ids mask")
+
+
+def test_a_dict_batch_is_split_field_by_field_not_given_whole():
+    batch = {"ids": torch.arange(6), "nested": [torch.arange(6) * 2, "keep"], "scale": 0.5}
+    chunks = split_value(batch, 3)
+    assert [c["ids"].tolist() for c in chunks] == [[0, 1], [2, 3], [4, 5]]
+    assert [c["nested"][0].tolist() for c in chunks] == [[0, 2], [4, 6], [8, 10]]
+    assert all(c["nested"][1] == "keep" and c["scale"] == 0.5 for c in chunks)
+
+
+def test_args_and_kwargs_split_as_torch_splits_them():
+    from torch.distributed.pipelining.microbatch import split_args_kwargs_into_chunks
+
+    args = (torch.arange(10).reshape(5, 2), {"a": torch.arange(5), "b": 3})
+    kwargs = {"mask": torch.ones(5, 3), "pair": Pair(torch.arange(5), torch.zeros(5)), "flag": True}
+    ours = split_inputs(args, kwargs, 2)
+    want_args, want_kwargs = split_args_kwargs_into_chunks(args, kwargs, 2)
+    for (got_args, got_kwargs), want_a, want_k in zip(ours, want_args, want_kwargs):
+        assert torch.equal(got_args[0], want_a[0]) and torch.equal(got_args[1]["a"], want_a[1]["a"])
+        assert got_args[1]["b"] == want_a[1]["b"] == 3
+        assert torch.equal(got_kwargs["mask"], want_k["mask"]) and got_kwargs["flag"] is True
+        assert isinstance(got_kwargs["pair"], Pair) and torch.equal(got_kwargs["pair"].ids, want_k["pair"].ids)
+
+
+def test_containers_that_hide_tensors_are_refused_by_name():
+    @dataclass
+    class Batch:
+        ids: torch.Tensor
+
+    with pytest.raises(PipelineUsageError, match=r"keyword 'batch'.*Batch holding tensors"):
+        split_inputs((), {"batch": Batch(torch.arange(4))}, 2)
+    with pytest.raises(PipelineUsageError, match=r"argument 0\['x'\]: 1 rows"):
+        split_inputs(({"x": torch.ones(1)},), {}, 2)
+    with pytest.raises(PipelineUsageError, match="0-dimensional"):
+        split_inputs((torch.tensor(3.0),), {}, 2)
+
+
+def test_outputs_merge_field_by_field():
+    chunks = [{"logits": torch.ones(2, 3) * m, "aux": (torch.full((1,), m), "tag"), "loss": torch.tensor(float(m))}
+              for m in range(3)]
+    merged = merge_chunks(chunks)
+    assert merged["logits"].shape == (6, 3) and merged["aux"][0].tolist() == [0, 1, 2]
+    assert merged["aux"][1] == "tag" and merged["loss"].tolist() == [0.0, 1.0, 2.0]
+    ordered = merge_chunks([OrderedDict(a=torch.ones(1)), OrderedDict(a=torch.zeros(1))])
+    assert isinstance(ordered, OrderedDict) and ordered["a"].tolist() == [1.0, 0.0]
+    assert merge_chunks([Pair(torch.ones(1), 1), Pair(torch.ones(1), 2)]).mask == [1, 2]

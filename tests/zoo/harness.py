@@ -64,32 +64,57 @@ class Report:
                 "worst": self.worst, "compared": self.compared, "missing": self.missing[:5], "grads": self.grads}
 
 
-class Unpipelined:
+@dataclass
+class Expected:
+    """What the unpipelined model gives, step by step (computed once per model and shape, then reused)."""
+
+    losses: list[list[torch.Tensor]] = field(default_factory=list)  # per step, per microbatch
+    outputs: list[list[torch.Tensor]] = field(default_factory=list)
+    grads: list[dict[tuple[int, str], torch.Tensor | None]] = field(default_factory=list)  # per step
+    params: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)  # after the steps
+
+
+_EXPECTED: dict[tuple, Expected] = {}
+
+
+def expected(model: str, stages: int, microbatches: int, case: Case) -> Expected:
+    key = (model, stages, microbatches, case.every_stage, case.steps, case.rows_per_microbatch)
+    if key not in _EXPECTED:
+        _EXPECTED[key] = unpipelined(model, stages, microbatches, case)
+    return _EXPECTED[key]
+
+
+def unpipelined(model: str, stages: int, microbatches: int, case: Case) -> Expected:
     """The whole model in one process: microbatches in order, gradients accumulated, then divided by M."""
-
-    def __init__(self, stages: list[torch.nn.Module], microbatches: int):
-        self.stages = copy.deepcopy(stages)  # one deepcopy of the list keeps a tied parameter shared
-        self.microbatches = microbatches
-
-    def run(self, tokens, every_stage: dict, train: bool = True):
-        value = tokens
-        for stage in self.stages:
-            value = stage(value, **every_stage)
-        return value
-
-    def step(self, tokens, targets, every_stage: dict) -> tuple[list, list]:
+    modules = zoo.build(model, stages, seed=0)
+    result = Expected()
+    for step in range(case.steps):
+        tokens, targets, every_stage = inputs(case, microbatches, step)
         losses, outputs = [], []
-        for m in range(self.microbatches):
-            pick = {k: v.tensor_split(self.microbatches)[m] for k, v in every_stage.items()}
-            out = self.run(tokens.tensor_split(self.microbatches)[m], pick)
-            loss = zoo.loss_fn(out, targets.tensor_split(self.microbatches)[m])
+        for m in range(microbatches):
+            value = tokens.tensor_split(microbatches)[m]
+            for module in modules:
+                value = module(value, **{k: v.tensor_split(microbatches)[m] for k, v in every_stage.items()})
+            loss = zoo.loss_fn(value, targets.tensor_split(microbatches)[m])
             loss.backward()
             losses.append(loss.detach())
-            outputs.append(out.detach())
-        for param in parameters(self.stages):
+            outputs.append(value.detach())
+        for param in parameters(modules):
             if param.grad is not None:
-                param.grad.div_(self.microbatches)
-        return losses, outputs
+                param.grad.div_(microbatches)
+        result.losses.append(losses)
+        result.outputs.append(outputs)
+        result.grads.append({(s, name): None if p.grad is None else p.grad.clone()
+                             for s, module in enumerate(modules) for name, p in module.named_parameters()})
+        sgd(parameters(modules))
+    result.params = {(s, name): p.detach().clone() for s, module in enumerate(modules)
+                     for name, p in module.named_parameters()}
+    return result
+
+
+def inputs(case: Case, microbatches: int, step: int) -> tuple:
+    tokens, targets, every_stage = zoo.batch(case.model, microbatches * case.rows_per_microbatch, step)
+    return tokens, targets, (every_stage if case.every_stage else {})
 
 
 def parameters(modules) -> list[torch.nn.Parameter]:
@@ -113,39 +138,35 @@ def run_case(rank: int, case: Case) -> Report:
     from pipeforge.runtime.check import load_module
 
     info = load_module(case.module_path).SCHEDULE
+    want = expected(case.model, info.stages, info.microbatches, case)
     full = zoo.build(case.model, info.stages, seed=0)
-    reference = Unpipelined(full, info.microbatches)
-    # this rank's copies share what the model shares; a bidirectional schedule refuses stages that share a
-    # parameter (each stage's gradients are summed across chains), so there every stage gets its own copy
-    copies = copy.deepcopy(full) if len(info.placements) == 1 else [copy.deepcopy(s) for s in full]
+    # a bidirectional schedule refuses stages that share a parameter (each stage's gradients are summed
+    # across chains): there every stage is its own copy, and the tie goes through tied_parameters alone
+    if len(info.placements) > 1:
+        full = [copy.deepcopy(s) for s in full]
     held = sorted({s for s, _ in info.held(rank)})
-    mine = {s: copies[s] for s in held}
+    mine = {s: full[s] for s in held}
     runner = PipeforgeRunner(case, info, mine) if case.runtime == "pipeforge" else TorchRunner(case, info, mine)
     report = Report(case.label, rank)
-    own_params = parameters(mine.values())
     last = info.stages - 1 in held
     for step in range(case.steps):
-        tokens, targets, every_stage = zoo.batch(case.model, info.microbatches * case.rows_per_microbatch, step)
-        every_stage = every_stage if case.every_stage else {}
-        losses, out = runner.step(tokens, targets, every_stage)
-        want_losses, want_out = reference.step(tokens, targets, every_stage)
+        losses, out = runner.step(*inputs(case, info.microbatches, step))
         if last:  # a bidirectional schedule finishes some microbatches on the other chain's last rank
             done = [m for m, loss in enumerate(losses) if loss is not None]
             if len(losses) != info.microbatches or not done:
                 report.missing.append(f"step {step}: losses {losses!r}")
             for m in done:
-                report.add(f"step {step} loss {m}", losses[m], want_losses[m])
-            report.add(f"step {step} outputs", out, torch.cat([want_out[m] for m in done]))
+                report.add(f"step {step} loss {m}", losses[m], want.losses[step][m])
+            report.add(f"step {step} outputs", out, torch.cat([want.outputs[step][m] for m in done]))
         for stage in held:
-            for (name, got), want in zip(mine[stage].named_parameters(), reference.stages[stage].parameters()):
-                report.add(f"step {step} grad of stage {stage} {name}", got.grad, want.grad)
+            for name, got in mine[stage].named_parameters():
+                report.add(f"step {step} grad of stage {stage} {name}", got.grad, want.grads[step][(stage, name)])
                 if step == 0 and got.grad is not None:
                     report.grads[f"{stage}:{name}"] = got.grad.flatten().tolist()
-        sgd(own_params)
-        sgd(parameters(reference.stages))
+        sgd(parameters(mine.values()))
     for stage in held:
-        for (name, got), want in zip(mine[stage].named_parameters(), reference.stages[stage].parameters()):
-            report.add(f"parameter of stage {stage} {name} after {case.steps} steps", got, want)
+        for name, got in mine[stage].named_parameters():
+            report.add(f"parameter of stage {stage} {name} after {case.steps} steps", got, want.params[(stage, name)])
     return report
 
 

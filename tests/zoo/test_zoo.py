@@ -5,7 +5,7 @@ case in a row: each library schedule with each zoo model (GPT from
 ``nn.TransformerEncoderLayer``, a Llama block, a top-2 MoE, a GPT with tied
 embedding and LM head) on pipeforge's runtime, and each schedule torch ships
 with the untied models on torch's runtime (plus the tied model on its V
-schedules). Everything is float64; every rank compares losses, merged outputs,
+schedules, on 2 ranks). Everything is float64; every rank compares losses, merged outputs,
 every gradient after each step and every parameter after two SGD steps with the
 same model run unpipelined in its own process.
 """
@@ -31,7 +31,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 EXACT = {"gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zb-h1", "zb-h2", "zbv", "dualpipev", "v-min"}
 ROUNDING = 1e-12  # relative, where not bit for bit
 UNTIED = [m for m in MODELS if m != "tied"]
-V_SCHEDULES = {"zbv", "dualpipev"}  # stage 0 and the last stage on one rank: torch can hold a tied weight there
+V_SCHEDULES = {"zbv", "dualpipev"}
+TORCH_RANKS = 2  # torch's runtime is compared on 2 ranks (4 stages for its looped and V schedules): CI time  # stage 0 and the last stage on one rank: torch can hold a tied weight there
 
 
 def load(name: str, ranks: int):
@@ -50,7 +51,7 @@ def zoo_cases(ranks: int, out_dir) -> list[Case]:
         path = str(codegen(load(name, ranks), out_dir / name))
         cases += [Case(f"{name} {model}", model, path) for model in MODELS]
         torch_name = TORCH_SCHEDULES.get(name)
-        if torch_name:
+        if torch_name and ranks == TORCH_RANKS:
             models = MODELS if name in V_SCHEDULES else UNTIED
             cases += [Case(f"{name} {model} torch", model, path, runtime="torch", torch_schedule=torch_name,
                            every_stage=False) for model in models]
@@ -94,7 +95,7 @@ def test_every_library_schedule_equals_the_unpipelined_model(results):
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("results", [2, 4], indirect=True, ids=["2-ranks", "4-ranks"])
+@pytest.mark.parametrize("results", [TORCH_RANKS], indirect=True, ids=["2-ranks"])
 def test_pipeforge_equals_torch_on_every_schedule_torch_has(results):
     """Where torch is right (it equals the unpipelined model), pipeforge's gradients equal torch's."""
     failures = []
@@ -122,7 +123,7 @@ def largest_difference(ours: list[dict], theirs: list[dict]) -> float:
     return worst
 
 
-@pytest.mark.parametrize("results", [2], indirect=True, ids=["2-ranks"])
+@pytest.mark.parametrize("results", [TORCH_RANKS], indirect=True, ids=["2-ranks"])
 def test_torch_zbv_gets_a_tied_weight_wrong_and_pipeforge_does_not(results):
     """ZBV places stage 0 and the last stage on rank 0: a tied embedding / LM head is one parameter there."""
     ours = results["zbv tied"]
