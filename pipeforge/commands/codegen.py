@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from pipeforge.commands.common import add_input_arguments, load_input, print_json
+from pipeforge.commands.exits import Exit
 
 
 def register(subparsers) -> None:
@@ -37,4 +38,4 @@ def run(args: argparse.Namespace) -> int:
         print_json({"schedule": schedule.name, "module": str(path), "ranks": schedule.ranks})
     else:
         print(f"wrote {path} (schedule {schedule.name!r}, {schedule.ranks} ranks)")
-    return 0
+    return Exit.OK

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from pipeforge.errors import UsageError, VerificationError
+from pipeforge.errors import Argument, UsageError, VerificationError, words
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step
 from pipeforge.optimize.bounds import bubble_of_span, span_lower_bound
 from pipeforge.optimize.evaluate import (
@@ -301,8 +301,8 @@ class _Run:
         listed = list_schedule.supports(self.problem) and (
             not zero_bubble or len(self.split.actions) <= LIST_SCHEDULE_ACTIONS)
         if required and not (zero_bubble or listed):
-            raise UsageError("the greedy strategies need a schedule with one chain (not a bidirectional one); "
-                             "try --strategy local")
+            raise UsageError(words("the greedy strategies need a schedule with one chain (not a bidirectional one); "
+                                   "try ", Argument("strategy", value="local")))
         if greedy.supports(self.problem):
             self.tell(0.0, "greedy: the Zero Bubble scheduler's eight settings")
             found = greedy.best_zero_bubble_order(self.problem)
