@@ -18,6 +18,9 @@ FLAGS = {
     "costs": "--cost",
     "memory_limit": "--memory-limit",
     "strategy": "--strategy",
+    "output": "-o",
+    "name": "--name",
+    "force": "--force",
 }
 
 

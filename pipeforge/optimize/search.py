@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from pipeforge.errors import Argument, UsageError, VerificationError, words
+from pipeforge.errors import Argument, ArgumentError, UsageError, VerificationError, words
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step
 from pipeforge.optimize.bounds import bubble_of_span, span_lower_bound
 from pipeforge.optimize.evaluate import (
@@ -228,9 +228,10 @@ def _require_exact_size(split: Graph) -> None:
 
     pairs = order_pairs(split)
     if pairs > MAX_ORDER_PAIRS:
-        raise UsageError(f"--strategy exact: this schedule needs {pairs} ordering decisions (pairs of actions on "
-                         f"one rank), more than exact search can settle ({MAX_ORDER_PAIRS}, about 4 ranks x 8 "
-                         "microbatches); use --strategy auto or local")
+        raise ArgumentError(Argument("strategy", value="exact"), words(
+            f"this schedule needs {pairs} ordering decisions (pairs of actions on one rank), more than exact search "
+            f"can settle ({MAX_ORDER_PAIRS}, about 4 ranks x 8 microbatches); use ",
+            Argument("strategy", value="auto or local")), value="exact")
 
 
 def _require_complete(compute: Schedule) -> None:
