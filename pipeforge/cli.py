@@ -2,7 +2,9 @@
 
 Each subcommand lives in ``pipeforge/commands/<name>.py`` with ``register(subparsers)``
 that adds its parser and sets ``handler`` to a function ``(args) -> int``.
-Exit codes (a contract): 0 success or valid, 1 invalid schedule, 2 bad input or usage.
+Exit codes (a contract): ``pipeforge.commands.exits.Exit``. Library errors name the
+arguments of a call; they are printed with the flags that set them
+(``pipeforge.commands.wording``).
 """
 
 from __future__ import annotations
@@ -11,18 +13,16 @@ import argparse
 import importlib
 import sys
 
+from pipeforge.commands import wording
+from pipeforge.commands.exits import Exit
 from pipeforge.errors import PipeforgeError, VerificationError
 
 COMMANDS = ("verify", "fmt", "convert", "lower", "library", "new", "simulate", "show", "optimize", "codegen", "run")
 
-EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
-EXIT_BUG = 70  # sysexits EX_SOFTWARE: an internal error, neither "invalid" nor "bad input"
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse's own usage errors exit 2 already; keep the text short
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(Exit.USAGE, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,23 +45,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except VerificationError as error:
-        print(error.render(), file=sys.stderr)
-        return EXIT_INVALID
+        print(wording.render(error), file=sys.stderr)
+        return Exit.INVALID
     except PipeforgeError as error:
-        print(error.render(), file=sys.stderr)
-        return EXIT_USAGE
+        print(wording.render(error), file=sys.stderr)
+        return Exit.USAGE
     except KeyboardInterrupt:
-        return 130
+        return Exit.INTERRUPTED
     except BrokenPipeError:
         # `pipeforge library | head`: the reader went away; say nothing more.
         _silence_stdout()
-        return EXIT_OK
+        return Exit.OK
     except OSError as error:
         if error.filename is None:
             return _report_bug()
         # A file the user named could not be read or written (permissions, a full disk, ...).
         print(f"error: {error.filename!r}: {error.strerror or error}", file=sys.stderr)
-        return EXIT_USAGE
+        return Exit.USAGE
     except Exception:
         return _report_bug()
 
@@ -73,7 +73,7 @@ def _report_bug() -> int:
     traceback.print_exc()
     print("this is a bug in pipeforge, not in your input; please report it with the command line above",
           file=sys.stderr)
-    return EXIT_BUG
+    return Exit.BUG
 
 
 def _silence_stdout() -> None:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import jinja2
 
-from pipeforge.errors import CodegenError, UsageError, VerificationError
+from pipeforge.errors import Argument, ArgumentError, CodegenError, UsageError, VerificationError, words
 from pipeforge.files import write_atomically
 from pipeforge.ir import Action, ActionKind, Schedule, Step
 from pipeforge.resources import templates_dir
@@ -251,17 +251,18 @@ def module_path(schedule: Schedule, output: str | os.PathLike, name: str | None 
     target = Path(output)
     if target.suffix == ".py":
         if name is not None and name != target.stem:
-            raise UsageError(f"--name {name!r} and -o {str(output)!r} name different modules; give one of them")
-        return target.with_name(f"{import_name(target.stem, f'-o {str(output)!r}')}.py")
-    stem = module_name(schedule) if name is None else import_name(name, "--name")
+            raise UsageError(words(Argument("name", value=repr(name)), " and ", Argument("output", value=repr(str(output))),
+                                   " name different modules; give one of them"))
+        return target.with_name(f"{import_name(target.stem, Argument('output', value=repr(str(output))))}.py")
+    stem = module_name(schedule) if name is None else import_name(name, Argument("name"))
     return target / f"{stem}.py"
 
 
-def import_name(text: str, what: str) -> Ident:
+def import_name(text: str, what: Argument) -> Ident:
     """A module name the user chose: it must be importable (an identifier, not a keyword)."""
     if not text.isidentifier() or keyword.iskeyword(text):
-        raise UsageError(f"{what}: module name {text!r} is not a Python identifier (letters, digits and '_', "
-                         f"not starting with a digit, not a keyword), so it could not be imported")
+        raise ArgumentError(what, f"module name {text!r} is not a Python identifier (letters, digits and '_', "
+                                  f"not starting with a digit, not a keyword), so it could not be imported", value=text)
     return Ident(text)
 
 
@@ -275,9 +276,10 @@ def check_replaceable(path: Path, schedule: Schedule) -> None:
         return
     what = "is not a module pipeforge wrote" if held is None else \
         f"holds the module of schedule {held[0]!r}{_params_text(held[1])}"
-    raise UsageError(f"{str(path)!r} exists and {what}; this is schedule {schedule.name!r}"
-                     f"{_params_text(ours[1])}. Pass --name NAME (or -o DIR/NAME.py) to write beside it, "
-                     f"or --force to replace it")
+    raise UsageError(words(f"{str(path)!r} exists and {what}; this is schedule {schedule.name!r}"
+                           f"{_params_text(ours[1])}. Pass ", Argument("name", value="NAME"), " (or ",
+                           Argument("output", value="DIR/NAME.py"), ") to write beside it, or ", Argument("force"),
+                           " to replace it"))
 
 
 def generated_schedule(path: Path) -> tuple[str, dict] | None:

@@ -14,44 +14,59 @@ schedule, for ``VerificationError``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+
+
+@dataclass(frozen=True)
+class Source:
+    """A text as it was read, with the name it is shown under (a path, or ``<string>``).
+
+    Spans refer to their Source, so an error shows the line of the very text it
+    came from: no table of texts by name, and no file read again at render time.
+    """
+
+    name: str
+    text: str = field(repr=False)
+
+    def __str__(self) -> str:
+        return self.name
+
+    @cached_property
+    def lines(self) -> tuple[str, ...]:
+        return tuple(self.text.splitlines())
+
+    def line(self, number: int) -> str | None:
+        """The text of the 1-based line ``number``, or None past the end."""
+        lines = self.lines
+        return lines[number - 1] if 1 <= number <= len(lines) else None
+
+    def span(self, line: int, col: int, end_line: int | None = None, end_col: int | None = None) -> Span:
+        return Span(self.name, line, col, end_line, end_col, self)
 
 
 @dataclass(frozen=True)
 class Span:
-    """A region of a source file: 1-based line and column, end exclusive."""
+    """A region of a source text: 1-based line and column, end exclusive.
+
+    ``source`` (left out of equality and repr) is the text the position refers to;
+    a span built without one names its place but shows no caret.
+    """
 
     file: str
     line: int
     col: int
     end_line: int | None = None
     end_col: int | None = None
+    source: Source | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.col}"
 
 
-# Source texts by file name, so errors raised far from the parser can still show
-# the offending line. Filled by whoever reads a file (``remember_source``).
-_SOURCES: dict[str, str] = {}
-
-
-def remember_source(file: str, text: str) -> None:
-    _SOURCES[file] = text
-
-
 def source_line(span: Span) -> str | None:
-    text = _SOURCES.get(span.file)
-    if text is None:
-        try:
-            text = Path(span.file).read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return None
-    lines = text.splitlines()
-    if 1 <= span.line <= len(lines):
-        return lines[span.line - 1]
-    return None
+    return span.source.line(span.line) if span.source is not None else None
 
 
 def caret_block(span: Span) -> str:
@@ -69,14 +84,61 @@ def caret_block(span: Span) -> str:
     return f"    {line}\n    {' ' * start}{'^' * width}"
 
 
+@dataclass(frozen=True)
+class Argument:
+    """An argument of a library call, named inside an error message.
+
+    ``keyword`` is the Python keyword (``defines``, ``schedule``, ``stages``,
+    ``microbatches``, ``placement``, ``costs``, ``memory_limit``, ``strategy``);
+    ``item`` the entry inside it that is meant (a parameter name, a cost item);
+    ``value`` the value given, as text. The library words it as Python does
+    (``defines['Q']``, ``stages=3``); the command line words it as the flag a user
+    typed (``-D Q``, ``--stages 3``: ``pipeforge.commands.wording``).
+    """
+
+    keyword: str
+    item: str | None = None
+    value: str | None = None
+
+    def __str__(self) -> str:
+        if self.item is not None:
+            return f"{self.keyword}[{self.item!r}]" if self.keyword == "defines" else f"{self.keyword} item {self.item!r}"
+        return self.keyword if self.value is None else f"{self.keyword}={self.value}"
+
+
+Part = str | Argument
+
+
+@dataclass(frozen=True)
+class Words:
+    """A message that names arguments: text and ``Argument`` parts, worded on demand."""
+
+    parts: tuple[Part, ...]
+
+    def __str__(self) -> str:
+        return self.worded(str)
+
+    def worded(self, name: Callable[[Argument], str]) -> str:
+        return "".join(part if isinstance(part, str) else name(part) for part in self.parts)
+
+
+def words(*parts: Part) -> Words:
+    return Words(parts)
+
+
 class PipeforgeError(Exception):
-    """Base of every error pipeforge reports to a user."""
+    """Base of every error pipeforge reports to a user.
+
+    ``message`` is plain text, or ``Words`` when it names arguments of the call
+    (then ``render(name)`` can word them as something else, such as flags).
+    """
 
     kind = "error"
 
-    def __init__(self, message: str, span: Span | None = None, *, notes: tuple[str, ...] = ()):
-        super().__init__(message)
-        self.message = message
+    def __init__(self, message: str | Words, span: Span | None = None, *, notes: tuple[str, ...] = ()):
+        super().__init__(str(message))
+        self.words = message if isinstance(message, Words) else Words((message,))
+        self.message = str(message)
         self.span = span
         self.notes = tuple(notes)
 
@@ -84,8 +146,13 @@ class PipeforgeError(Exception):
     def location(self) -> str | None:
         return str(self.span) if self.span else None
 
-    def render(self) -> str:
-        head = f"{self.span}: error: {self.message}" if self.span else f"error: {self.message}"
+    def worded(self, name: Callable[[Argument], str] = str) -> str:
+        """The message with every argument named by ``name`` (Python's names by default)."""
+        return self.words.worded(name)
+
+    def render(self, name: Callable[[Argument], str] = str) -> str:
+        message = self.worded(name)
+        head = f"{self.span}: error: {message}" if self.span else f"error: {message}"
         parts = [head]
         if self.span:
             block = caret_block(self.span)
@@ -108,9 +175,29 @@ class SemanticError(PipeforgeError):
 
 
 class UsageError(PipeforgeError):
-    """A command-line argument is wrong (unknown schedule, bad -D value, bad flag combination)."""
+    """A call is wrong: an unknown schedule, a bad argument value, arguments that do not go together."""
 
     kind = "usage"
+
+
+class ArgumentError(UsageError):
+    """The value of one argument is wrong: which argument, the value given, what is wrong with it.
+
+    ``argument`` is an ``Argument``; ``problem`` says what is wrong in words that
+    name no flag. The message is ``argument: problem`` unless ``message`` words it
+    otherwise (it may name other arguments too).
+    """
+
+    def __init__(self, argument: Argument, problem: str | Words, *, value: object = None,
+                 message: Words | None = None, span: Span | None = None):
+        super().__init__(message or words(argument, ": ", *_parts(problem)), span)
+        self.argument = argument
+        self.problem = str(problem)
+        self.value = value
+
+
+def _parts(text: str | Words) -> tuple[Part, ...]:
+    return text.parts if isinstance(text, Words) else (text,)
 
 
 class VerificationError(PipeforgeError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeforge.errors import UsageError
+from pipeforge.errors import Argument, UsageError, words
 from pipeforge.ir import Schedule
 
 
@@ -23,10 +23,12 @@ def load(
         from pipeforge.interop.torch_csv import read_csv
 
         if defines or schedule:
-            raise UsageError("-D and --schedule apply to .pipe files, not to a torch CSV")
+            raise UsageError(words(Argument("defines"), " and ", Argument("schedule"),
+                                   " apply to .pipe files, not to a torch CSV"))
         return read_csv(path, stages=stages, microbatches=microbatches, placement=placement)
     if any(v is not None for v in (stages, microbatches, placement)):
-        raise UsageError("--stages, --microbatches and --placement apply to a torch CSV; a .pipe file states them")
+        raise UsageError(words(Argument("stages"), ", ", Argument("microbatches"), " and ", Argument("placement"),
+                               " apply to a torch CSV; a .pipe file states them"))
     if file.suffix == ".pipe" or file.exists():
         from pipeforge.lang import load_file
 
@@ -35,6 +37,7 @@ def load(
 
     if path in names():
         if schedule is not None:
-            raise UsageError(f"--schedule picks one schedule of a .pipe file; {path!r} is a library schedule")
+            raise UsageError(words(Argument("schedule"),
+                                   f" picks one schedule of a .pipe file; {path!r} is a library schedule"))
         return load_library_schedule(path, defines=defines)
     raise UsageError(f"{path!r} is neither a file nor a library schedule (see 'pipeforge library')")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from pipeforge import cli
+from pipeforge.commands.exits import Exit
 
 GOOD_PIPE = """schedule one_f_one_b(P = 2, M = 2) {
     ranks P
@@ -195,7 +196,7 @@ def test_an_internal_error_is_a_reported_bug(scratch, capsys, monkeypatch):
 
     monkeypatch.setattr(verify, "run", lambda args: 1 // 0)
     code, out, err = run_cli(["verify", "good.pipe"], capsys)
-    assert code == cli.EXIT_BUG
+    assert code == Exit.BUG == 70
     assert "ZeroDivisionError" in err and "bug in pipeforge" in err
 
 

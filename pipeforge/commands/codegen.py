@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from pipeforge.commands.common import add_input_arguments, print_json
+from pipeforge.commands.exits import Exit
 from pipeforge.commands.lower import add_pass_arguments, load_with_passes
 
 
@@ -39,4 +40,4 @@ def run(args: argparse.Namespace) -> int:
         print_json({"schedule": schedule.name, "module": str(path), "ranks": schedule.ranks})
     else:
         print(f"wrote {path} (schedule {schedule.name!r}, {schedule.ranks} ranks)")
-    return 0
+    return Exit.OK

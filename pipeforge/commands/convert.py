@@ -15,6 +15,7 @@ import argparse
 from pathlib import Path
 
 from pipeforge.commands.common import add_input_arguments, load_input
+from pipeforge.commands.exits import Exit
 from pipeforge.errors import UsageError
 from pipeforge.files import write_atomically
 from pipeforge.ir import Schedule
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
             write_atomically(args.out, render(schedule, suffix, args.format))
     except OSError as error:
         raise UsageError(f"cannot write {args.out!r}: {error.strerror or error}") from None
-    return 0
+    return Exit.OK
 
 
 def render(schedule: Schedule, suffix: str, format: str | None) -> str:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from pipeforge.commands.common import add_input_arguments, load_input, require_suffix
+from pipeforge.commands.exits import Exit
 from pipeforge.files import write_atomically
 from pipeforge.lang.printer import print_schedule
 
@@ -29,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     text = print_schedule(load_input(args))
     if args.output is None:
         sys.stdout.write(text)
-        return 0
+        return Exit.OK
     write_atomically(Path(args.output), text)
-    return 0
+    return Exit.OK
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from pipeforge.commands.common import print_json
+from pipeforge.commands.exits import Exit
 
 
 def register(subparsers) -> None:
@@ -30,10 +31,10 @@ def run(args: argparse.Namespace) -> int:
     rows = entries()
     if args.json:
         print_json({"schedules": rows})
-        return 0
+        return Exit.OK
     params = [" ".join(f"{p['name']}={p['default']}" for p in row["parameters"]) for row in rows]
     name_width = max(len(row["name"]) for row in rows)
     param_width = max(map(len, params))
     for row, param_text in zip(rows, params):
         print(f"{row['name']:<{name_width}}  {param_text:<{param_width}}  {row['description']}")
-    return 0
+    return Exit.OK

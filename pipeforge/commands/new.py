@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from pipeforge.commands.common import parse_defines, require_suffix
+from pipeforge.commands.exits import Exit
 from pipeforge.files import write_atomically
 
 
@@ -34,6 +35,6 @@ def run(args: argparse.Namespace) -> int:
     text = library.source_with_defaults(args.name, parse_defines(args.defines))
     if args.output is None:
         sys.stdout.write(text)
-        return 0
+        return Exit.OK
     write_atomically(Path(args.output), text)
-    return 0
+    return Exit.OK

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from pipeforge.commands.common import add_input_arguments, load_input, print_json, require_suffix
+from pipeforge.commands.exits import Exit
 from pipeforge.errors import UsageError
 from pipeforge.files import write_atomically
 
@@ -86,9 +87,9 @@ def run(args: argparse.Namespace) -> int:
     write_atomically(Path(args.output), print_schedule(result.schedule))
     if args.json:
         print_json({**result.to_json(), "output": args.output})
-        return 0
+        return Exit.OK
     print(report(result, args.output))
-    return 0
+    return Exit.OK
 
 
 

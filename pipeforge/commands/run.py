@@ -10,10 +10,10 @@ import tempfile
 import time
 
 from pipeforge.commands.common import add_input_arguments, print_json
+from pipeforge.commands.exits import Exit
 from pipeforge.commands.lower import add_pass_arguments, load_with_passes, pass_flags
 from pipeforge.errors import UsageError
 
-EXIT_MATCH, EXIT_MISMATCH = 0, 1
 MAX_LOCAL_PROCESSES = 64  # each is a torch process; more would exhaust one machine's memory
 
 
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--timeout {args.timeout:g}: expected a positive number of seconds")
     if args.print_torchrun:
         print(torchrun_line(args, nproc))
-        return 0
+        return Exit.OK
     if nproc > MAX_LOCAL_PROCESSES and not args.from_env:
         raise UsageError(f"--nproc {nproc}: at most {MAX_LOCAL_PROCESSES} local processes; for more, "
                          f"--print-torchrun gives the line that runs the check across machines")
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         verdict = _check(args, module, nproc)
         seconds = time.monotonic() - started
     if verdict is None:  # a torchrun rank other than 0
-        return 0
+        return Exit.OK
     return _report(args, schedule.name, nproc, verdict, seconds)
 
 
@@ -127,7 +127,7 @@ def _report(args: argparse.Namespace, name: str, nproc: int, verdict: dict, seco
             print(f"largest difference: {verdict['worst']}", file=sys.stderr)
         for missing in verdict.get("missing", []):
             print(f"missing: {missing}", file=sys.stderr)
-    return EXIT_MATCH if verdict["match"] else EXIT_MISMATCH
+    return Exit.OK if verdict["match"] else Exit.INVALID
 
 
 def torchrun_line(args: argparse.Namespace, nproc: int) -> str:

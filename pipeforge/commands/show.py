@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pipeforge.commands.simulate import add_cost_arguments, simulate_input
 from pipeforge.commands.common import add_input_arguments, check_width
+from pipeforge.commands.exits import Exit
 from pipeforge.errors import UsageError
 
 SUFFIXES = (".svg", ".png", ".html", ".txt", ".json")
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     check_width(args.width)
     timeline = simulate_input(args)
     write_picture(timeline, args.output, suffix, title=args.title, width=args.width)
-    return 0
+    return Exit.OK
 
 
 def write_picture(timeline, path: str, suffix: str, *, title: str | None = None, width: int | None = None) -> None:

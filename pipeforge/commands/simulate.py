@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from pipeforge.commands.common import add_input_arguments, check_width, load_input, print_json
+from pipeforge.commands.exits import Exit
 
 COST_HELP = ("override costs field by field: F=1,I=1,W=1,B=2,comm=0 (B defaults to I+W); "
              "weights=X sets M_W/M_B, the part of a microbatch's activations only W releases")
@@ -45,11 +46,11 @@ def run(args: argparse.Namespace) -> int:
     timeline = simulate_input(args)
     if args.json:
         print_json(timeline.to_json())
-        return 0
+        return Exit.OK
     print(summary(timeline))
     print()
     print(render_text(timeline, width=max(args.width, 10)), end="")
-    return 0
+    return Exit.OK
 
 
 def summary(timeline) -> str:

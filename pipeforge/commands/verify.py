@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pipeforge.commands import wording
 from pipeforge.commands.common import add_input_arguments, load_input, print_json
+from pipeforge.commands.exits import Exit
 from pipeforge.errors import PipeSyntaxError, SemanticError
 
-EXIT_VALID, EXIT_INVALID, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def register(subparsers) -> None:
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             raise
         print_json(syntax_report(error))
-        return EXIT_BAD_INPUT
+        return Exit.USAGE
     if args.memory_limit is not None:
         from pipeforge.sim.costs import memory_for
 
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         hint = csv_deadlock_hint(args, schedule, report)
         if hint:
             print(hint, file=sys.stdout)
-    return EXIT_VALID if report.valid else EXIT_INVALID
+    return Exit.OK if report.valid else Exit.INVALID
 
 
 def csv_deadlock_hint(args: argparse.Namespace, schedule, report) -> str | None:
@@ -66,7 +67,7 @@ def csv_deadlock_hint(args: argparse.Namespace, schedule, report) -> str | None:
 def syntax_report(error: PipeSyntaxError | SemanticError) -> dict:
     """The JSON an error in the text gets (a syntax error, or one found elaborating it, such as a
     microbatch out of range or a failed ``require``): not valid, one ``syntax`` violation, no statistics."""
-    violation = {"kind": "syntax", "message": error.message, "rank": None, "step": None,
+    violation = {"kind": "syntax", "message": wording.message(error), "rank": None, "step": None,
                  "location": error.location}
     stats = {"ranks": None, "stages": None, "microbatches": None, "actions": None, "seconds": 0.0}
     return {"valid": False, "violations": [violation], "stats": stats}

@@ -25,7 +25,8 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
-from pipeforge.errors import PipeforgeError, PipeSyntaxError, SemanticError, Span, UsageError, remember_source
+from pipeforge.errors import (Argument, ArgumentError, PipeforgeError, PipeSyntaxError, SemanticError, Source, Span,
+                              UsageError, words)
 from pipeforge.ir import IDLE, Action, Placement, Schedule, Step, parse_action
 
 OVERLAP_SUFFIX = "OVERLAP_F_B"
@@ -40,10 +41,10 @@ class Cell(NamedTuple):
     line: int
     col: int
 
-    def span(self, file: str, offset: int = 0, width: int | None = None) -> Span:
+    def span(self, file: Source, offset: int = 0, width: int | None = None) -> Span:
         width = len(self.text) - offset if width is None else width
         col = self.col + offset
-        return Span(file, self.line, col, self.line, col + max(width, 1))
+        return file.span(self.line, col, self.line, col + max(width, 1))
 
 
 # ---------------------------------------------------------------- reading
@@ -76,8 +77,7 @@ def read_csv_text(
     placement: str | None = None,
 ) -> Schedule:
     """Parse torch CSV text: one row per rank; infer or check stages, microbatches, placement."""
-    remember_source(filename, text)
-    programs = parse_rows(text, filename)
+    programs = parse_rows(Source(filename, text))
     if not programs:
         raise SemanticError(f"{filename}: the CSV holds no rows; expected one row of actions per rank")
     extent = Extent.of(programs)
@@ -96,21 +96,21 @@ def read_csv_text(
     )
 
 
-def parse_rows(text: str, file: str) -> tuple[tuple[Step, ...], ...]:
+def parse_rows(file: Source) -> tuple[tuple[Step, ...], ...]:
     """One program per line (torch's cells hold no commas or quotes, so a split is a CSV parse)."""
-    lines = text.split("\n")
+    lines = file.text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     return tuple(parse_row(line.removesuffix("\r"), number, file) for number, line in enumerate(lines, start=1))
 
 
-def parse_row(line: str, number: int, file: str) -> tuple[Step, ...]:
+def parse_row(line: str, number: int, file: Source) -> tuple[Step, ...]:
     if not line:
         return ()
     steps, col = [], 1
     for text in line.split(","):
         if text and text[0] not in PADDING_OR_OPEN and text[-1] not in PADDING_OR_OPEN:
-            span = Span(file, number, col, number, col + len(text))  # the common case: a bare action
+            span = file.span(number, col, number, col + len(text))  # the common case: a bare action
             steps.append(Step((parse_token(text, span),), span=span))
         else:
             steps.append(parse_cell(Cell(text, number, col), file))
@@ -121,7 +121,7 @@ def parse_row(line: str, number: int, file: str) -> tuple[Step, ...]:
 PADDING_OR_OPEN = frozenset(" \t(")
 
 
-def parse_cell(cell: Cell, file: str) -> Step:
+def parse_cell(cell: Cell, file: Source) -> Step:
     """One cell as a step: '' -> idle, '(..;..)OVERLAP_F_B' -> overlap, else one action."""
     stripped = cell.text.strip()
     if not stripped:
@@ -133,7 +133,7 @@ def parse_cell(cell: Cell, file: str) -> Step:
     return Step((parse_token(stripped, span),), span=span)
 
 
-def parse_overlap(cell: Cell, text: str, lead: int, file: str) -> Step:
+def parse_overlap(cell: Cell, text: str, lead: int, file: Source) -> Step:
     whole = cell.span(file, lead, len(text))
     close = text.find(")")
     if close < 0:
@@ -208,10 +208,11 @@ def two_ranks_error(first: tuple[int, Span, Action], rank: int, span: Span, acti
 def infer_count(what: str, stated: int | None, largest: tuple[Action, Span] | None, index_of, file: str) -> int:
     """``stated`` checked against the largest index in the cells, or that index + 1."""
     if stated is not None and not 1 <= stated <= MAX_COUNT:
-        raise UsageError(f"--{what} must be between 1 and {MAX_COUNT}, got {stated}")
+        raise ArgumentError(Argument(what), f"must be between 1 and {MAX_COUNT}, got {stated}", value=stated,
+                            message=words(Argument(what), f" must be between 1 and {MAX_COUNT}, got {stated}"))
     if largest is None:
         if stated is None:
-            raise SemanticError(f"{file}: no cell names any {what}; state --{what}")
+            raise SemanticError(words(f"{file}: no cell names any {what}; state ", Argument(what)))
         return stated
     action, span = largest
     index = index_of(action)
@@ -223,8 +224,8 @@ def infer_count(what: str, stated: int | None, largest: tuple[Action, Span] | No
         return index + 1
     if index >= stated:
         noun = "stage" if what == "stages" else "microbatch"
-        raise SemanticError(f"{str(action)!r} names {noun} {index}, but --{what} {stated} allows "
-                            f"0..{stated - 1}", span)
+        raise SemanticError(words(f"{str(action)!r} names {noun} {index}, but ", Argument(what, value=str(stated)),
+                                  f" allows 0..{stated - 1}"), span)
     return stated
 
 
@@ -233,7 +234,8 @@ def resolve_placement(stated: str | None, owners, stages: int, ranks: int, file:
     if stated is None:
         return inferred_placement(owners, stages, file)
     if stated not in ("loop", "v"):
-        raise UsageError(f"--placement {stated!r}: expected 'loop' or 'v' (leave it out to infer the placement)")
+        raise ArgumentError(Argument("placement", value=repr(stated)),
+                            "expected 'loop' or 'v' (leave it out to infer the placement)", value=stated)
     placement = Placement.loop(stages, ranks) if stated == "loop" else Placement.v(stages, ranks)
     for stage, (rank, span, action) in sorted(owners.items()):
         expected = placement.rank_of(stage)
@@ -246,8 +248,8 @@ def resolve_placement(stated: str | None, owners, stages: int, ranks: int, file:
 def inferred_placement(owners, stages: int, file: str) -> Placement:
     if len(owners) < stages:
         absent = next(s for s in range(stages) if s not in owners)
-        raise SemanticError(f"{file}: stage {absent} appears in no cell, so its rank is unknown; "
-                            f"state --placement loop or v")
+        raise SemanticError(words(f"{file}: stage {absent} appears in no cell, so its rank is unknown; state ",
+                                  Argument("placement"), " loop or v"))
     return Placement(tuple(owners[s][0] for s in range(stages)))
 
 

@@ -21,20 +21,20 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pipeforge.errors import UsageError, remember_source
+from pipeforge.errors import PipeSyntaxError, Source, UsageError
 from pipeforge.ir import Schedule
 from pipeforge.lang.elaborate import CompiledSchedule, compile_file, elaborate, pick
 from pipeforge.lang.parse import parse_text
 
 __all__ = ["load_file", "load_text", "schedule_names", "parameters", "default_offsets", "compile_text",
-           "CompiledSchedule"]
+           "compile_source", "CompiledSchedule"]
 
 
 def load_text(text: str, *, defines: dict[str, int] | None = None, schedule: str | None = None,
               filename: str = "<string>") -> Schedule:
     """Elaborate the schedule ``schedule`` (or the only one) of ``text``."""
-    compiled = pick(compile_text(text, filename), schedule, filename)
-    return elaborate(compiled, defines)
+    source = Source(filename, text)
+    return elaborate(pick(compile_source(source), schedule, source), defines)
 
 
 def load_file(path: str | Path, *, defines: dict[str, int] | None = None, schedule: str | None = None) -> Schedule:
@@ -44,14 +44,13 @@ def load_file(path: str | Path, *, defines: dict[str, int] | None = None, schedu
 
 def schedule_names(text_or_path: str | Path) -> list[str]:
     """The names of the schedules a file (or a text) holds, in order."""
-    text, filename = _text_and_name(text_or_path)
-    return [s.name for s in compile_text(text, filename)]
+    return [s.name for s in compile_source(_source_of(text_or_path))]
 
 
 def parameters(path_or_text: str | Path, schedule: str | None = None) -> list[tuple[str, int]]:
     """The parameters of a schedule and their defaults, in order."""
-    text, filename = _text_and_name(path_or_text)
-    return list(pick(compile_text(text, filename), schedule, filename).params)
+    source = _source_of(path_or_text)
+    return list(pick(compile_source(source), schedule, source).params)
 
 
 def default_offsets(text: str, schedule: str | None = None,
@@ -61,8 +60,9 @@ def default_offsets(text: str, schedule: str | None = None,
     For tools that rewrite defaults in place (``pipeforge new -D``) without
     reprinting the rest of the source.
     """
-    chosen = pick(compile_text(text, filename), schedule, filename)
-    tree = next(node for node in parse_text(text, filename).children if str(node.children[0]) == chosen.name)
+    source = Source(filename, text)
+    chosen = pick(compile_source(source), schedule, source)
+    tree = next(node for node in parse_text(source).children if str(node.children[0]) == chosen.name)
     literals = [param.children[1] for param in tree.children[1:-1] if param is not None]
     return [(name, default, (literal.meta.start_pos, literal.meta.end_pos))
             for (name, default), literal in zip(chosen.params, literals)]
@@ -70,18 +70,16 @@ def default_offsets(text: str, schedule: str | None = None,
 
 def compile_text(text: str, filename: str = "<string>") -> tuple[CompiledSchedule, ...]:
     """Every schedule of ``text``, parsed and compiled (cached: same text, same result)."""
-    remember_source(filename, text)
-    return _compile_cached(text, filename)
+    return compile_source(Source(filename, text))
 
 
 @lru_cache(maxsize=64)
-def _compile_cached(text: str, filename: str) -> tuple[CompiledSchedule, ...]:
+def compile_source(source: Source) -> tuple[CompiledSchedule, ...]:
+    """Every schedule of ``source``; its spans refer to ``source`` (cached by name and text)."""
     try:
-        return compile_file(parse_text(text, filename), filename, text)
+        return compile_file(parse_text(source), source)
     except RecursionError:
-        from pipeforge.errors import PipeSyntaxError, Span
-
-        raise PipeSyntaxError("the text nests too deeply to compile", Span(filename, 1, 1)) from None
+        raise PipeSyntaxError("the text nests too deeply to compile", source.span(1, 1)) from None
 
 
 def _read(path: str | Path) -> str:
@@ -101,19 +99,17 @@ def _read(path: str | Path) -> str:
 
 def _not_utf8(file: str, data: bytes, error: UnicodeDecodeError):
     """A PipeSyntaxError at the first byte that is not UTF-8."""
-    from pipeforge.errors import PipeSyntaxError, Span
-
     prefix = data[:error.start].decode("utf-8", errors="replace")
     line = prefix.count("\n") + 1
     col = len(prefix) - (prefix.rfind("\n") + 1) + 1
-    remember_source(file, data.decode("utf-8", errors="replace"))
+    source = Source(file, data.decode("utf-8", errors="replace"))
     return PipeSyntaxError(f"not UTF-8 text (byte 0x{data[error.start]:02x}); a .pipe file is UTF-8",
-                           Span(file, line, col, line, col + 1))
+                           source.span(line, col, line, col + 1))
 
 
-def _text_and_name(text_or_path: str | Path) -> tuple[str, str]:
+def _source_of(text_or_path: str | Path) -> Source:
     if isinstance(text_or_path, Path):
-        return _read(text_or_path), str(text_or_path)
+        return Source(str(text_or_path), _read(text_or_path))
     if "\n" not in text_or_path and "{" not in text_or_path:
-        return _read(text_or_path), text_or_path
-    return text_or_path, "<string>"
+        return Source(text_or_path, _read(text_or_path))
+    return Source("<string>", text_or_path)

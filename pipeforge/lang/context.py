@@ -7,7 +7,7 @@ elaborated; the result is the immutable ``Schedule`` that ``finish`` builds.
 
 from __future__ import annotations
 
-from pipeforge.errors import SemanticError, Span
+from pipeforge.errors import SemanticError, Source, Span
 from pipeforge.ir import Action, CostModel, MemorySpec, Placement, Schedule, Step
 from pipeforge.lang.programs import RankProgram
 
@@ -20,10 +20,9 @@ MAX_ACTIONS = 2_000_000
 class Elaboration:
     """Everything a schedule's statements have declared and emitted so far."""
 
-    def __init__(self, name: str, file: str, text: str | None, params: tuple[tuple[str, int], ...]) -> None:
+    def __init__(self, name: str, source: Source | None, params: tuple[tuple[str, int], ...]) -> None:
         self.name = name
-        self.file = file
-        self.text = text
+        self.source = source
         self.params = params
         self.ranks: int | None = None
         self.stages: int | None = None
@@ -133,5 +132,5 @@ class Elaboration:
         return Schedule(
             name=self.name, ranks=self.ranks, stages=self.stages, microbatches=self.microbatches,
             placements=self.placements, programs=programs, costs=self.costs, memory=self.memory,
-            params=self.params, source=self.text,
+            params=self.params, source=self.source.text if self.source else None,
         )

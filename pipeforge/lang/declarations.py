@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from lark import Tree
 
-from pipeforge.errors import SemanticError, Span
+from pipeforge.errors import SemanticError, Source, Span
 from pipeforge.ir import CostModel, MemorySpec, Placement
 from pipeforge.lang.context import MAX_COUNT, Elaboration
 from pipeforge.lang.exprs import compile_expr, require_int, require_number, span_of
@@ -30,7 +30,7 @@ def positive_count(value: object, span: Span, what: str) -> int:
 def _build_count(what: str):
     """A builder for ``ranks N`` or ``microbatches N``: a positive count declared once."""
 
-    def build(tree: Tree, file: str) -> Exec:
+    def build(tree: Tree, file: Source) -> Exec:
         count = compile_expr(tree.children[0], file)
         span, count_span = span_of(tree, file), span_of(tree.children[0], file)
 
@@ -47,7 +47,7 @@ build_ranks = _build_count("ranks")
 build_microbatches = _build_count("microbatches")
 
 
-def build_stages(tree: Tree, file: str) -> Exec:
+def build_stages(tree: Tree, file: Source) -> Exec:
     count = compile_expr(tree.children[0], file)
     placements = [_build_placement(child, file) for child in tree.children[1:]]
     span, count_span = span_of(tree, file), span_of(tree.children[0], file)
@@ -66,7 +66,7 @@ def reverse_placement(stages: int, ranks: int) -> Placement:
     return Placement(tuple(ranks - 1 - s % ranks for s in range(stages)))
 
 
-def _build_placement(tree: Tree, file: str) -> PlacementBuilder:
+def _build_placement(tree: Tree, file: Source) -> PlacementBuilder:
     if tree.data == "place_loop":
         return lambda ctx, env, stages: Placement.loop(stages, ctx.ranks)
     if tree.data == "place_v":
@@ -76,7 +76,7 @@ def _build_placement(tree: Tree, file: str) -> PlacementBuilder:
     return _build_explicit_placement(tree, file)
 
 
-def _build_explicit_placement(tree: Tree, file: str) -> PlacementBuilder:
+def _build_explicit_placement(tree: Tree, file: Source) -> PlacementBuilder:
     items = [_build_placement_item(item, file) for item in tree.children if item is not None]
     span = span_of(tree, file)
 
@@ -95,7 +95,7 @@ def _build_explicit_placement(tree: Tree, file: str) -> PlacementBuilder:
     return explicit
 
 
-def _build_placement_item(tree: Tree, file: str):
+def _build_placement_item(tree: Tree, file: Source):
     """``rank: [stages]`` or ``for NAME in A .. B: [stages]``: a function yielding (rank, span, stages)."""
     if tree.data == "place_entry":
         rank_of, rank_span = compile_expr(tree.children[0], file), span_of(tree.children[0], file)
@@ -116,7 +116,7 @@ def _build_placement_item(tree: Tree, file: str):
     return each_rank
 
 
-def _build_stage_list(tree: Tree, file: str):
+def _build_stage_list(tree: Tree, file: Source):
     stages = [(compile_expr(s, file), span_of(s, file)) for s in tree.children if s is not None]
     return lambda env: [(require_int(stage_of(env), s_span, "a stage"), s_span) for stage_of, s_span in stages]
 
@@ -136,7 +136,7 @@ def _assign(mapping: list[int | None], stage: int, rank: int, span: Span) -> Non
     mapping[stage] = rank
 
 
-def build_require(tree: Tree, file: str) -> Exec:
+def build_require(tree: Tree, file: Source) -> Exec:
     condition = compile_expr(tree.children[0], file)
     message = str(tree.children[1])[1:-1] if tree.children[1] is not None else "requirement not met"
     span = span_of(tree, file)
@@ -153,7 +153,7 @@ def build_require(tree: Tree, file: str) -> Exec:
 _COST_KEYS = ("F", "I", "W", "B", "comm")
 
 
-def build_costs(tree: Tree, file: str) -> Exec:
+def build_costs(tree: Tree, file: Source) -> Exec:
     entries = [_build_cost_entry(entry, file) for entry in tree.children]
     span = span_of(tree, file)
 
@@ -168,7 +168,7 @@ def build_costs(tree: Tree, file: str) -> Exec:
     return declare_costs
 
 
-def _build_cost_entry(tree: Tree, file: str):
+def _build_cost_entry(tree: Tree, file: Source):
     key_tree, index_tree, value_tree = tree.children
     key = str(key_tree.children[0])
     key_span = span_of(key_tree, file)
@@ -194,7 +194,7 @@ def _build_cost_entry(tree: Tree, file: str):
     return set_cost
 
 
-def build_memory(tree: Tree, file: str) -> Exec:
+def build_memory(tree: Tree, file: Source) -> Exec:
     entries = []
     for entry in tree.children:
         key = str(entry.children[0])

@@ -14,7 +14,7 @@ from functools import cache
 from lark import Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
-from pipeforge.errors import PipeSyntaxError, Span
+from pipeforge.errors import PipeSyntaxError, Source, Span
 from pipeforge.lang.braces import Brace, likely_unclosed
 
 _NAMED = {
@@ -57,9 +57,9 @@ _EXAMPLES = {
 }
 
 
-def bad_character(error: UnexpectedCharacters, text: str, file: str) -> PipeSyntaxError:
+def bad_character(error: UnexpectedCharacters, text: str, file: Source) -> PipeSyntaxError:
     char = text[error.pos_in_stream] if error.pos_in_stream < len(text) else ""
-    span = Span(file, error.line, error.column, error.line, error.column + 1)
+    span = file.span(error.line, error.column, error.line, error.column + 1)
     if char == '"':
         return PipeSyntaxError("unterminated string: a string must end with '\"' on the same line", span)
     if char == "'":
@@ -72,7 +72,7 @@ def bad_character(error: UnexpectedCharacters, text: str, file: str) -> PipeSynt
     return PipeSyntaxError(f"unexpected character {char!r}" + (f": expected {expected}" if expected else ""), span)
 
 
-def unexpected_token(error: UnexpectedToken, text: str, file: str) -> PipeSyntaxError:
+def unexpected_token(error: UnexpectedToken, text: str, file: Source) -> PipeSyntaxError:
     token = error.token
     span = _token_span(token, file)
     stack = _stack(error)
@@ -97,13 +97,13 @@ def _statement_note(error: UnexpectedToken, token: Token) -> tuple[str, ...]:
     return ()
 
 
-def _token_span(token: Token, file: str) -> Span:
+def _token_span(token: Token, file: Source) -> Span:
     line = token.line if isinstance(getattr(token, "line", None), int) else 1
     col = token.column if isinstance(getattr(token, "column", None), int) else 1
     end_col = getattr(token, "end_column", None)
     if token.type == "$END" or not isinstance(end_col, int) or getattr(token, "end_line", line) != line:
         end_col = col + max(len(str(token)), 1)
-    return Span(file, line, col, line, end_col)
+    return file.span(line, col, line, end_col)
 
 
 def _stack(error: UnexpectedToken) -> list:
@@ -121,7 +121,7 @@ def _symbol(item: object) -> str:
     return ""
 
 
-def _unclosed_brace(error: UnexpectedToken, stack: list, file: str, text: str) -> PipeSyntaxError | None:
+def _unclosed_brace(error: UnexpectedToken, stack: list, file: Source, text: str) -> PipeSyntaxError | None:
     if "RBRACE" not in error.expected or error.token.type not in ("$END", "SCHEDULE"):
         return None
     at_end = error.token.type == "$END"
@@ -132,7 +132,7 @@ def _unclosed_brace(error: UnexpectedToken, stack: list, file: str, text: str) -
         if opened is None:
             return None
         suspect = Brace(opened.line, opened.column, None)
-    span = Span(file, suspect.line, suspect.col, suspect.line, suspect.col + 1)
+    span = file.span(suspect.line, suspect.col, suspect.line, suspect.col + 1)
     if suspect.evidence_line is None:
         return PipeSyntaxError(f"this '{{' is never closed: expected '}}' before {where}", span)
     return PipeSyntaxError(f"this '{{' is never closed: expected a '}}' at this indentation before line "
@@ -140,7 +140,7 @@ def _unclosed_brace(error: UnexpectedToken, stack: list, file: str, text: str) -
                            notes=(f"the parser reached {where} with a block still open",))
 
 
-def _unclosed_paren(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
+def _unclosed_paren(error: UnexpectedToken, stack: list, file: Source) -> PipeSyntaxError | None:
     if "RPAR" not in error.expected or error.token.type not in ("RBRACE", "RSQB", "$END"):
         return None
     opened = _unclosed(stack, "LPAR", "RPAR")
@@ -164,14 +164,14 @@ def _unclosed(stack: list, opener: str, closer: str) -> Token | None:
     return None
 
 
-def _semicolon(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
+def _semicolon(error: UnexpectedToken, stack: list, file: Source) -> PipeSyntaxError | None:
     if error.token.type != "SEMICOLON":
         return None
     return PipeSyntaxError("unexpected ';': statements are separated by spaces or new lines; ';' only joins "
                            "the actions of an overlap token like (0F7;7B3)", _token_span(error.token, file))
 
 
-def _chain_keyword(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
+def _chain_keyword(error: UnexpectedToken, stack: list, file: Source) -> PipeSyntaxError | None:
     if error.token.type != "EQUAL" or not stack:
         return None
     last = stack[-1]
@@ -186,7 +186,7 @@ def _chain_keyword(error: UnexpectedToken, stack: list, file: str) -> PipeSyntax
 _OPENERS = {"RPAR": "LPAR", "RSQB": "LSQB", "RBRACE": "LBRACE"}
 
 
-def _stray_closer(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
+def _stray_closer(error: UnexpectedToken, stack: list, file: Source) -> PipeSyntaxError | None:
     opener = _OPENERS.get(error.token.type)
     if opener is None:
         return None
@@ -197,14 +197,14 @@ def _stray_closer(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxE
                            f"{_terminal_texts()[opener]} is open here", _token_span(error.token, file))
 
 
-def _double_equals_in_let(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
+def _double_equals_in_let(error: UnexpectedToken, stack: list, file: Source) -> PipeSyntaxError | None:
     symbols = [_symbol(item) for item in stack[-3:]]
     if error.token.type != "EQUAL" or symbols != ["LET", "NAME", "EQUAL"]:
         return None
     return PipeSyntaxError("'let' binds a name with a single '=': let NAME = EXPR", _token_span(error.token, file))
 
 
-def _assignment_in_condition(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
+def _assignment_in_condition(error: UnexpectedToken, stack: list, file: Source) -> PipeSyntaxError | None:
     if error.token.type != "EQUAL":
         return None
     in_condition = any(_symbol(item) in ("REQUIRE", "IF", "ELIF") for item in stack[-4:])
@@ -214,7 +214,7 @@ def _assignment_in_condition(error: UnexpectedToken, stack: list, file: str) -> 
                            _token_span(error.token, file))
 
 
-def _missing_comma(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
+def _missing_comma(error: UnexpectedToken, stack: list, file: Source) -> PipeSyntaxError | None:
     if error.token.type not in _EXPRESSION_STARTS - {"MINUS"} or "COMMA" not in error.expected:
         return None
     opener = _innermost_open(stack)
@@ -243,7 +243,7 @@ def _innermost_open(stack: list) -> str | None:
     return None
 
 
-def _range_syntax(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
+def _range_syntax(error: UnexpectedToken, stack: list, file: Source) -> PipeSyntaxError | None:
     if _term("..") not in error.expected:
         return None
     found = _describe(error.token)
@@ -251,7 +251,7 @@ def _range_syntax(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxE
                            _token_span(error.token, file))
 
 
-def _stages_placement(error: UnexpectedToken, stack: list, file: str) -> PipeSyntaxError | None:
+def _stages_placement(error: UnexpectedToken, stack: list, file: Source) -> PipeSyntaxError | None:
     if "PLACEMENT" not in error.expected:
         return None
     return PipeSyntaxError(f"unexpected {_describe(error.token)}: 'stages N' needs a placement: "

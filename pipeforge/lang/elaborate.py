@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from lark import Tree
 
-from pipeforge.errors import PipeforgeError, PipeSyntaxError, SemanticError, Span, UsageError
+from pipeforge.errors import (Argument, ArgumentError, PipeforgeError, PipeSyntaxError, SemanticError, Source, Span,
+                              UsageError, words)
 from pipeforge.ir import Schedule
 from pipeforge.lang.context import Elaboration
 from pipeforge.lang.exprs import span_of
@@ -27,11 +28,11 @@ class CompiledSchedule:
     params: tuple[tuple[str, int], ...]
     span: Span
     body: Callable = field(repr=False, compare=False)
-    text: str | None = field(default=None, repr=False, compare=False)
+    source: Source | None = field(default=None, repr=False, compare=False)
 
     def elaborate(self, defines: dict[str, int] | None = None) -> Schedule:
         values = self.bind(defines or {})
-        ctx = Elaboration(self.name, self.span.file, self.text, values)
+        ctx = Elaboration(self.name, self.source, values)
         self.body(ctx, dict(values))
         return ctx.finish(self.span)
 
@@ -41,20 +42,21 @@ class CompiledSchedule:
         unknown = [name for name in defines if name not in names]
         if unknown:
             listed = ", ".join(names) if names else "none"
-            raise UsageError(f"-D {unknown[0]}: schedule {self.name!r} has no parameter {unknown[0]!r} "
-                             f"(its parameters: {listed})")
+            raise ArgumentError(Argument("defines", unknown[0]),
+                                f"schedule {self.name!r} has no parameter {unknown[0]!r} (its parameters: {listed})")
         for name, value in defines.items():
             if type(value) is not int:
-                raise UsageError(f"-D {name}: the value must be an integer, got {value!r}")
+                raise ArgumentError(Argument("defines", name), f"the value must be an integer, got {value!r}",
+                                    value=value)
         return tuple((name, defines.get(name, default)) for name, default in self.params)
 
 
-def compile_file(tree: Tree, file: str, text: str | None = None) -> tuple[CompiledSchedule, ...]:
+def compile_file(tree: Tree, file: Source) -> tuple[CompiledSchedule, ...]:
     """Every schedule of a parsed file, compiled; duplicate names refused."""
     compiled: list[CompiledSchedule] = []
     seen: dict[str, Span] = {}
     for node in tree.children:
-        schedule = compile_schedule(node, file, text)
+        schedule = compile_schedule(node, file)
         if schedule.name in seen:
             raise SemanticError(f"schedule {schedule.name!r} is defined twice in this file", schedule.span,
                                 notes=(f"first defined at {seen[schedule.name]}",))
@@ -63,7 +65,7 @@ def compile_file(tree: Tree, file: str, text: str | None = None) -> tuple[Compil
     return tuple(compiled)
 
 
-def compile_schedule(tree: Tree, file: str, text: str | None = None) -> CompiledSchedule:
+def compile_schedule(tree: Tree, file: Source) -> CompiledSchedule:
     name_token, *param_trees, body_tree = tree.children
     params: list[tuple[str, int]] = []
     for param in (p for p in param_trees if p is not None):
@@ -72,7 +74,7 @@ def compile_schedule(tree: Tree, file: str, text: str | None = None) -> Compiled
             raise SemanticError(f"parameter {name!r} is given twice", span_of(param, file))
         params.append((name, _int_literal(param.children[1])))
     return CompiledSchedule(str(name_token), tuple(params), span_of(name_token, file),
-                            compile_body(body_tree, file), text)
+                            compile_body(body_tree, file), file)
 
 
 def _int_literal(tree: Tree) -> int:
@@ -80,15 +82,16 @@ def _int_literal(tree: Tree) -> int:
     return -value if tree.data == "negative_int" else value
 
 
-def pick(schedules: tuple[CompiledSchedule, ...], name: str | None, file: str) -> CompiledSchedule:
+def pick(schedules: tuple[CompiledSchedule, ...], name: str | None, file: Source) -> CompiledSchedule:
     """The schedule called ``name``, or the only one; a UsageError listing the names otherwise."""
     names = ", ".join(s.name for s in schedules)
     if not schedules:
         raise PipeSyntaxError("this file holds no schedule: expected 'schedule NAME(PARAMS) { ... }'",
-                              Span(file, 1, 1))
+                              file.span(1, 1))
     if name is None:
         if len(schedules) > 1:
-            raise UsageError(f"{file} holds several schedules ({names}): pick one with --schedule NAME")
+            raise UsageError(words(f"{file} holds several schedules ({names}): pick one with ",
+                                   Argument("schedule", value="NAME")))
         return schedules[0]
     for schedule in schedules:
         if schedule.name == name:

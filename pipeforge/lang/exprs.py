@@ -14,20 +14,20 @@ from collections.abc import Callable
 
 from lark import Token, Tree
 
-from pipeforge.errors import SemanticError, Span
+from pipeforge.errors import SemanticError, Source, Span
 
 Env = dict
 Eval = Callable[[Env], object]
 
 
-def span_of(node: Tree | Token, file: str) -> Span:
+def span_of(node: Tree | Token, file: Source) -> Span:
     """The source span of a lark tree or token (end exclusive)."""
     if isinstance(node, Token):
-        return Span(file, node.line, node.column, node.end_line, node.end_column)
+        return file.span(node.line, node.column, node.end_line, node.end_column)
     meta = node.meta
     if getattr(meta, "empty", True):
-        return Span(file, 1, 1)
-    return Span(file, meta.line, meta.column, meta.end_line, meta.end_column)
+        return file.span(1, 1)
+    return file.span(meta.line, meta.column, meta.end_line, meta.end_column)
 
 
 def describe(value: object) -> str:
@@ -58,7 +58,7 @@ def _constant(value: object) -> Eval:
     return lambda env: value
 
 
-def _name(tree: Tree, file: str) -> Eval:
+def _name(tree: Tree, file: Source) -> Eval:
     token = tree.children[0]
     name = str(token)
     span = span_of(token, file)
@@ -74,8 +74,8 @@ def _name(tree: Tree, file: str) -> Eval:
     return lookup
 
 
-def _arithmetic(op: Callable[[object, object], object]) -> Callable[[Tree, str], Eval]:
-    def build(tree: Tree, file: str) -> Eval:
+def _arithmetic(op: Callable[[object, object], object]) -> Callable[[Tree, Source], Eval]:
+    def build(tree: Tree, file: Source) -> Eval:
         left, right = (compile_expr(child, file) for child in tree.children)
         span = span_of(tree, file)
 
@@ -93,8 +93,8 @@ def _arithmetic(op: Callable[[object, object], object]) -> Callable[[Tree, str],
     return build
 
 
-def _division(op: Callable[[object, object], object], symbol: str) -> Callable[[Tree, str], Eval]:
-    def build(tree: Tree, file: str) -> Eval:
+def _division(op: Callable[[object, object], object], symbol: str) -> Callable[[Tree, Source], Eval]:
+    def build(tree: Tree, file: Source) -> Eval:
         left, right = (compile_expr(child, file) for child in tree.children)
         span = span_of(tree, file)
         divisor_span = span_of(tree.children[1], file)
@@ -115,8 +115,8 @@ def _division(op: Callable[[object, object], object], symbol: str) -> Callable[[
     return build
 
 
-def _compare(op: Callable[[object, object], bool]) -> Callable[[Tree, str], Eval]:
-    def build(tree: Tree, file: str) -> Eval:
+def _compare(op: Callable[[object, object], bool]) -> Callable[[Tree, Source], Eval]:
+    def build(tree: Tree, file: Source) -> Eval:
         left, right = (compile_expr(child, file) for child in tree.children)
         span = span_of(tree, file)
 
@@ -131,22 +131,22 @@ def _compare(op: Callable[[object, object], bool]) -> Callable[[Tree, str], Eval
     return build
 
 
-def _and(tree: Tree, file: str) -> Eval:
+def _and(tree: Tree, file: Source) -> Eval:
     left, right = (compile_expr(child, file) for child in tree.children)
     return lambda env: bool(left(env)) and bool(right(env))
 
 
-def _or(tree: Tree, file: str) -> Eval:
+def _or(tree: Tree, file: Source) -> Eval:
     left, right = (compile_expr(child, file) for child in tree.children)
     return lambda env: bool(left(env)) or bool(right(env))
 
 
-def _not(tree: Tree, file: str) -> Eval:
+def _not(tree: Tree, file: Source) -> Eval:
     inner = compile_expr(tree.children[0], file)
     return lambda env: not inner(env)
 
 
-def _neg(tree: Tree, file: str) -> Eval:
+def _neg(tree: Tree, file: Source) -> Eval:
     inner = compile_expr(tree.children[0], file)
     span = span_of(tree, file)
 
@@ -159,8 +159,8 @@ def _neg(tree: Tree, file: str) -> Eval:
     return negate
 
 
-def _extremum(pick: Callable[..., object], name: str) -> Callable[[Tree, str], Eval]:
-    def build(tree: Tree, file: str) -> Eval:
+def _extremum(pick: Callable[..., object], name: str) -> Callable[[Tree, Source], Eval]:
+    def build(tree: Tree, file: Source) -> Eval:
         parts = [compile_expr(child, file) for child in tree.children]
         span = span_of(tree, file)
 
@@ -175,15 +175,15 @@ def _extremum(pick: Callable[..., object], name: str) -> Callable[[Tree, str], E
     return build
 
 
-def _int_literal(tree: Tree, file: str) -> Eval:
+def _int_literal(tree: Tree, file: Source) -> Eval:
     return _constant(int(tree.children[0]))
 
 
-def _float_literal(tree: Tree, file: str) -> Eval:
+def _float_literal(tree: Tree, file: Source) -> Eval:
     return _constant(float(tree.children[0]))
 
 
-_BUILDERS: dict[str, Callable[[Tree, str], Eval]] = {
+_BUILDERS: dict[str, Callable[[Tree, Source], Eval]] = {
     "int_": _int_literal,
     "float_": _float_literal,
     "name": _name,
@@ -207,7 +207,7 @@ _BUILDERS: dict[str, Callable[[Tree, str], Eval]] = {
 }
 
 
-def compile_expr(tree: Tree, file: str) -> Eval:
+def compile_expr(tree: Tree, file: Source) -> Eval:
     """A closure computing the expression ``tree`` in an environment."""
     return _BUILDERS[tree.data](tree, file)
 

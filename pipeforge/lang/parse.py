@@ -14,7 +14,7 @@ from functools import cache
 from lark import Lark, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
-from pipeforge.errors import PipeSyntaxError, Span
+from pipeforge.errors import PipeSyntaxError, Source, Span
 from pipeforge.resources import grammar_file
 
 
@@ -30,17 +30,17 @@ def parser() -> Lark:
     )
 
 
-def parse_text(text: str, file: str) -> Tree:
-    """The syntax tree of ``text``; a PipeSyntaxError with a span when it is not in the language."""
+def parse_text(source: Source) -> Tree:
+    """The syntax tree of ``source``; a PipeSyntaxError with a span when it is not in the language."""
     try:
-        return parser().parse(text)
+        return parser().parse(source.text)
     except UnexpectedInput as error:
-        raise to_syntax_error(error, text, file) from None
+        raise to_syntax_error(error, source.text, source) from None
     except RecursionError:
-        raise PipeSyntaxError("the text nests too deeply to parse", Span(file, 1, 1)) from None
+        raise PipeSyntaxError("the text nests too deeply to parse", source.span(1, 1)) from None
 
 
-def to_syntax_error(error: UnexpectedInput, text: str, file: str) -> PipeSyntaxError:
+def to_syntax_error(error: UnexpectedInput, text: str, file: Source) -> PipeSyntaxError:
     from pipeforge.lang import diagnose
 
     if isinstance(error, UnexpectedCharacters):
@@ -48,4 +48,4 @@ def to_syntax_error(error: UnexpectedInput, text: str, file: str) -> PipeSyntaxE
     if isinstance(error, UnexpectedToken):
         return diagnose.unexpected_token(error, text, file)
     line, col = getattr(error, "line", 1), getattr(error, "column", 1)
-    return PipeSyntaxError("unexpected end of file", Span(file, line if line != "?" else 1, col if col != "?" else 1))
+    return PipeSyntaxError("unexpected end of file", file.span(line if line != "?" else 1, col if col != "?" else 1))

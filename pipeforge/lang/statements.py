@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from lark import Tree
 
-from pipeforge.errors import SemanticError, Span
+from pipeforge.errors import SemanticError, Source, Span
 from pipeforge.ir import Action, ActionKind, Step
 from pipeforge.lang import declarations, tokens
 from pipeforge.lang.context import Elaboration
@@ -20,7 +20,7 @@ from pipeforge.lang.exprs import compile_expr, require_int, span_of
 Exec = Callable[[Elaboration, dict], None]
 
 
-def compile_body(tree: Tree, file: str) -> Exec:
+def compile_body(tree: Tree, file: Source) -> Exec:
     """One closure running the statements of a ``{ ... }`` body in order."""
     statements = tuple(compile_statement(child, file) for child in tree.children)
     if len(statements) == 1:
@@ -33,11 +33,11 @@ def compile_body(tree: Tree, file: str) -> Exec:
     return run_body
 
 
-def compile_statement(tree: Tree, file: str) -> Exec:
+def compile_statement(tree: Tree, file: Source) -> Exec:
     return _BUILDERS[tree.data](tree, file)
 
 
-def _let(tree: Tree, file: str) -> Exec:
+def _let(tree: Tree, file: Source) -> Exec:
     name = str(tree.children[0])
     value = compile_expr(tree.children[1], file)
 
@@ -47,7 +47,7 @@ def _let(tree: Tree, file: str) -> Exec:
     return bind
 
 
-def _for(tree: Tree, file: str) -> Exec:
+def _for(tree: Tree, file: Source) -> Exec:
     name_token, start_tree, stop_tree, step_tree, body_tree = tree.children
     name = str(name_token)
     start, stop = compile_expr(start_tree, file), compile_expr(stop_tree, file)
@@ -79,7 +79,7 @@ def iteration_count(values: range) -> int:
         return 1 << 62
 
 
-def _if(tree: Tree, file: str) -> Exec:
+def _if(tree: Tree, file: Source) -> Exec:
     children = tree.children
     branches = [(compile_expr(children[0], file), compile_body(children[1], file))]
     for clause in children[2:-1]:
@@ -97,11 +97,11 @@ def _if(tree: Tree, file: str) -> Exec:
     return choose
 
 
-def _rank_block(tree: Tree, file: str) -> Exec:
+def _rank_block(tree: Tree, file: Source) -> Exec:
     target, body_tree = tree.children
     body = compile_body(body_tree, file)
     span = span_of(tree, file)
-    header = Span(file, span.line, span.col, target.meta.end_line, target.meta.end_column)
+    header = file.span(span.line, span.col, target.meta.end_line, target.meta.end_column)
     binder = str(target.children[0]) if target.data == "name" else None
     rank_of = compile_expr(target, file)
     rank_span = span_of(target, file)
@@ -126,7 +126,7 @@ def _rank_block(tree: Tree, file: str) -> Exec:
     return rank_block
 
 
-def _chain_block(tree: Tree, file: str) -> Exec:
+def _chain_block(tree: Tree, file: Source) -> Exec:
     chain_of = compile_expr(tree.children[0], file)
     chain_span = span_of(tree.children[0], file)
     body = compile_body(tree.children[1], file)
@@ -141,7 +141,7 @@ def _chain_block(tree: Tree, file: str) -> Exec:
     return on_chain
 
 
-def _idle(tree: Tree, file: str) -> Exec:
+def _idle(tree: Tree, file: Source) -> Exec:
     step = Step((), False, span_of(tree, file))
 
     def emit_idle(ctx: Elaboration, env: dict) -> None:
@@ -152,13 +152,13 @@ def _idle(tree: Tree, file: str) -> Exec:
     return emit_idle
 
 
-def _collect(kind: str, accepts: Callable[[Step], bool], shape: str) -> Callable[[Tree, str], Exec]:
+def _collect(kind: str, accepts: Callable[[Step], bool], shape: str) -> Callable[[Tree, Source], Exec]:
     """``overlap { ... }`` or ``group { ... }``: the body's steps fused into one step."""
 
-    def build(tree: Tree, file: str) -> Exec:
+    def build(tree: Tree, file: Source) -> Exec:
         body = compile_body(tree.children[0], file)
         span = span_of(tree, file)
-        header = Span(file, span.line, span.col, span.line, span.col + len(kind))
+        header = file.span(span.line, span.col, span.line, span.col + len(kind))
 
         def fuse(ctx: Elaboration, env: dict) -> None:
             if ctx.sink is None:
@@ -188,7 +188,7 @@ def _fused(kind: str, steps: list[Step], accepts, shape: str, header: Span, span
     return Step(actions, kind == "overlap", span)
 
 
-def _action_call(tree: Tree, file: str) -> Exec:
+def _action_call(tree: Tree, file: Source) -> Exec:
     name_tree, chain_tree, *arg_trees = tree.children
     kind = ActionKind(str(name_tree.children[0]))
     args = [arg for arg in arg_trees if arg is not None]
@@ -246,7 +246,7 @@ def _is_comm_step(step: Step) -> bool:
     return step.is_group
 
 
-_BUILDERS: dict[str, Callable[[Tree, str], Exec]] = {
+_BUILDERS: dict[str, Callable[[Tree, Source], Exec]] = {
     "ranks_decl": declarations.build_ranks,
     "stages_decl": declarations.build_stages,
     "microbatches_decl": declarations.build_microbatches,

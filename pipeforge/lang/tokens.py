@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from lark import Token, Tree
 
-from pipeforge.errors import PipeSyntaxError, Span
+from pipeforge.errors import PipeSyntaxError, Source, Span
 from pipeforge.ir import Action, Step, parse_action
 from pipeforge.lang.context import Elaboration
 from pipeforge.lang.exprs import span_of
@@ -46,7 +46,7 @@ class _Locator:
     an earlier offset restarts from the run's start (only error messages do that).
     """
 
-    def __init__(self, token: Token, file: str) -> None:
+    def __init__(self, token: Token, file: Source) -> None:
         self.file, self.text = file, str(token)
         self.line, self.col = token.line, token.column
         self._offset, self._line, self._line_start = 0, token.line, -token.column + 1
@@ -64,10 +64,10 @@ class _Locator:
     def span(self, start: int, end: int) -> Span:
         line, col = self.position(start)
         end_line, end_col = self.position(end)
-        return Span(self.file, line, col, end_line, end_col)
+        return self.file.span(line, col, end_line, end_col)
 
 
-def _run_steps(token: Token, file: str) -> list[tuple[Step, tuple[tuple[Action, int, int], ...]]]:
+def _run_steps(token: Token, file: Source) -> list[tuple[Step, tuple[tuple[Action, int, int], ...]]]:
     """Each step of a run with its actions and their offsets in the run."""
     locator = _Locator(token, file)
     steps = []
@@ -100,7 +100,7 @@ def _located_action(locator: _Locator, start: int, text: str) -> tuple[Action, i
         raise PipeSyntaxError(str(error), locator.span(start, start + len(text))) from None
 
 
-def compile_run(tree: Tree, file: str) -> Exec:
+def compile_run(tree: Tree, file: Source) -> Exec:
     token = tree.children[0]
     locator = _Locator(token, file)
     steps = _run_steps(token, file)
@@ -127,7 +127,7 @@ def compile_run(tree: Tree, file: str) -> Exec:
     return emit_run
 
 
-def compile_bracketed(tree: Tree, file: str) -> Exec:
+def compile_bracketed(tree: Tree, file: Source) -> Exec:
     """A single token, or an overlap or group that the run did not take (kept for its error messages)."""
     actions = tuple(_single_action(token, file) for token in tree.children)
     spans = tuple(span_of(token, file) for token in tree.children)
@@ -149,7 +149,7 @@ def compile_bracketed(tree: Tree, file: str) -> Exec:
     return emit_tokens
 
 
-def _single_action(token: Token, file: str) -> Action:
+def _single_action(token: Token, file: Source) -> Action:
     try:
         return _action(str(token))
     except ValueError as error:

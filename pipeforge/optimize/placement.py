@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from pipeforge.errors import UsageError
+from pipeforge.errors import Argument, ArgumentError, UsageError, words
 from pipeforge.ir import CostModel, MemorySpec, Placement, Schedule, Step
 from pipeforge.optimize.evaluate import Problem
 
@@ -71,15 +71,17 @@ def layouts(choice: str, problem: Problem) -> list[Layout]:
     wanted = {"loop": [Layout("loop")], "v": [Layout("v", 2)], "interleaved": [Layout("loop", 2)],
               "any": [Layout("keep"), Layout("loop"), Layout("v", 2), Layout("loop", 2)]}[choice]
     if len(problem.placements) != 1:
-        raise UsageError(f"--placement {choice}: the schedule has {len(problem.placements)} chains; "
-                         "only one chain can be laid out anew (use --placement keep)")
+        raise ArgumentError(Argument("placement", value=choice), words(
+            f"the schedule has {len(problem.placements)} chains; only one chain can be laid out anew (use ",
+            Argument("placement", value="keep"), ")"), value=choice)
     fitting = [layout for layout in wanted if layout.keeps or _fits(layout, problem)]
     unique = _without_repeats(fitting, problem)
     if len(unique) < len(fitting) and choice != "any":
         return [Layout("keep")]  # the input is already laid out this way
     if not any(not layout.keeps for layout in unique) and choice != "any":
-        raise UsageError(f"--placement {choice}: {problem.stages} stages cannot be laid {choice} on "
-                         f"{problem.ranks} ranks (needs a whole number of stages a rank)")
+        raise ArgumentError(Argument("placement", value=choice),
+                            f"{problem.stages} stages cannot be laid {choice} on {problem.ranks} ranks "
+                            "(needs a whole number of stages a rank)", value=choice)
     return unique
 
 

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from pipeforge.errors import UsageError, VerificationError
+from pipeforge.errors import Argument, ArgumentError, UsageError, VerificationError, words
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step
 from pipeforge.optimize.bounds import bubble_of_span, span_lower_bound
 from pipeforge.optimize.evaluate import (
@@ -231,9 +231,10 @@ def _require_exact_size(split: Graph) -> None:
 
     pairs = order_pairs(split)
     if pairs > MAX_ORDER_PAIRS:
-        raise UsageError(f"--strategy exact: this schedule needs {pairs} ordering decisions (pairs of actions on "
-                         f"one rank), more than exact search can settle ({MAX_ORDER_PAIRS}, about 4 ranks x 8 "
-                         "microbatches); use --strategy auto or local")
+        raise ArgumentError(Argument("strategy", value="exact"), words(
+            f"this schedule needs {pairs} ordering decisions (pairs of actions on one rank), more than exact search "
+            f"can settle ({MAX_ORDER_PAIRS}, about 4 ranks x 8 microbatches); use ",
+            Argument("strategy", value="auto or local")), value="exact")
 
 
 def _require_complete(compute: Schedule) -> None:
@@ -321,8 +322,8 @@ class _Run:
         listed = list_schedule.supports(self.problem) and size <= (
             LIST_SCHEDULE_ACTIONS if zero_bubble else LIST_SCHEDULE_MAX)
         if required and not (zero_bubble or list_schedule.supports(self.problem)):
-            raise UsageError("the greedy strategies need a schedule with one chain (not a bidirectional one); "
-                             "try --strategy local")
+            raise UsageError(words("the greedy strategies need a schedule with one chain (not a bidirectional one); "
+                                   "try ", Argument("strategy", value="local")))
         if greedy.supports(self.problem):
             self.tell(0.0, "greedy: the Zero Bubble scheduler's eight settings")
             found = greedy.best_zero_bubble_order(self.problem)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
-from pipeforge.errors import UsageError
+from pipeforge.errors import Argument, ArgumentError
 from pipeforge.ir import ActionKind, CostModel, MemorySpec, Schedule
 
 COST_FIELDS = ("F", "I", "W", "B", "comm")
@@ -22,12 +22,12 @@ def resolve_costs(schedule: Schedule, costs: CostModel | None) -> CostModel:
 def parse_cost_flag(text: str, base: CostModel | None = None) -> CostModel:
     """``F=1,I=1,W=1,B=2,comm=0.1`` over ``base`` (unit costs if None), field by field.
 
-    Raises ``UsageError`` naming the bad item. Every value must be a finite number
+    Raises ``ArgumentError`` naming the bad item. Every value must be a finite number
     >= 0; compute durations must be > 0 (a zero-length compute makes bounds vacuous).
     """
     model = base if base is not None else CostModel()
     if not text.strip():
-        raise UsageError("--cost: expected NAME=VALUE items like F=1,I=1,W=1,comm=0")
+        raise ArgumentError(Argument("costs"), "expected NAME=VALUE items like F=1,I=1,W=1,comm=0", value=text)
     changes: dict[str, float] = {}
     for item in text.split(","):
         name, value = _parse_cost_item(item)
@@ -45,7 +45,7 @@ def weights_from_flag(text: str | None) -> float | None:
         if name != "weights":
             continue
         if value > 1:
-            raise UsageError(f"--cost item {item.strip()!r}: weights is M_W / M_B, a number from 0 to 1")
+            raise _bad_cost_item(item, "weights is M_W / M_B, a number from 0 to 1")
         found = value
     return found
 
@@ -54,19 +54,22 @@ def _parse_cost_item(item: str) -> tuple[str, float]:
     name, eq, raw = item.partition("=")
     name = name.strip()
     if not eq or not name:
-        raise UsageError(f"--cost item {item.strip()!r}: expected NAME=VALUE, like F=1.5")
+        raise _bad_cost_item(item, "expected NAME=VALUE, like F=1.5")
     if name not in COST_FIELDS + MEMORY_FIELDS:
-        raise UsageError(f"--cost item {item.strip()!r}: unknown cost {name!r}; "
-                         f"expected one of {', '.join(COST_FIELDS + MEMORY_FIELDS)}")
+        raise _bad_cost_item(item, f"unknown cost {name!r}; expected one of {', '.join(COST_FIELDS + MEMORY_FIELDS)}")
     try:
         value = float(raw.strip())
     except ValueError:
-        raise UsageError(f"--cost item {item.strip()!r}: {raw.strip()!r} is not a number") from None
+        raise _bad_cost_item(item, f"{raw.strip()!r} is not a number") from None
     if not value == value or value in (float("inf"), float("-inf")) or value < 0:
-        raise UsageError(f"--cost item {item.strip()!r}: a cost must be a finite number >= 0")
+        raise _bad_cost_item(item, "a cost must be a finite number >= 0")
     if name not in ("comm", "weights") and value == 0:
-        raise UsageError(f"--cost item {item.strip()!r}: a compute duration must be > 0")
+        raise _bad_cost_item(item, "a compute duration must be > 0")
     return name, value
+
+
+def _bad_cost_item(item: str, problem: str) -> ArgumentError:
+    return ArgumentError(Argument("costs", item.strip()), problem, value=item.strip())
 
 
 def duration_table(costs: CostModel, stages: int) -> dict[tuple[ActionKind, int], float]:
@@ -97,5 +100,6 @@ def memory_for(schedule: Schedule, limit: float | None, cost_flag: str | None = 
     if limit is None:
         return base
     if not limit > 0 or limit == float("inf"):
-        raise UsageError(f"--memory-limit {limit!r}: expected a positive number of M_B (one microbatch's activations)")
+        raise ArgumentError(Argument("memory_limit", value=repr(limit)),
+                            "expected a positive number of M_B (one microbatch's activations)", value=limit)
     return replace(base, limit=limit)

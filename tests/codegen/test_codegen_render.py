@@ -335,7 +335,7 @@ def test_two_schedules_never_overwrite_each_other(tmp_path):
     path = codegen(small, tmp_path)
     first = path.read_text()
     assert codegen(small, tmp_path) == path  # the same schedule again: regenerated
-    with pytest.raises(UsageError, match=r"holds the module of schedule 'one_f_one_b' \(P=2, M=2\).*--name"):
+    with pytest.raises(UsageError, match=r"holds the module of schedule 'one_f_one_b' \(P=2, M=2\).*name=NAME"):
         codegen(large, tmp_path)
     assert path.read_text() == first
     other = pipeforge.load("gpipe", defines={"P": 2, "M": 2})

@@ -10,7 +10,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import pipeforge.testing as pt
-from pipeforge.errors import PipeforgeError, PipeSyntaxError, SemanticError, UsageError
+from pipeforge.commands import wording
+from pipeforge.errors import ArgumentError, PipeforgeError, PipeSyntaxError, SemanticError, UsageError
 from pipeforge.interop.torch_csv import has_communication, read_csv, read_csv_text, to_csv_text, write_csv
 from pipeforge.ir import Action, ActionKind, Placement, Schedule, Step, parse_step
 from torch_stages import dump_torch_csv, read_cells
@@ -126,13 +127,16 @@ def test_stated_shape_is_checked_against_the_cells():
     assert (schedule.stages, schedule.microbatches) == (4, 3)
     with pytest.raises(SemanticError) as caught:
         read_csv_text(text, "s.csv", stages=3)
-    assert caught.value.render().startswith("s.csv:2:5: error: '3F1' names stage 3, but --stages 3 allows 0..2")
-    with pytest.raises(SemanticError, match=r"'2F1' names microbatch 1, but --microbatches 1 allows 0..0"):
+    assert caught.value.render().startswith("s.csv:2:5: error: '3F1' names stage 3, but stages=3 allows 0..2")
+    assert wording.render(caught.value).startswith("s.csv:2:5: error: '3F1' names stage 3, but --stages 3 allows")
+    with pytest.raises(SemanticError, match=r"'2F1' names microbatch 1, but microbatches=1 allows 0..0"):
         read_csv_text(text, "s.csv", microbatches=1)
     with pytest.raises(SemanticError, match=r"'2F1' is on rank 0, but placement v puts stage 2 on rank 1"):
         read_csv_text(text, "s.csv", placement="v")
-    with pytest.raises(UsageError, match="expected 'loop' or 'v'"):
+    with pytest.raises(ArgumentError, match="expected 'loop' or 'v'") as caught:
         read_csv_text(text, "s.csv", placement="zigzag")
+    assert (caught.value.argument.keyword, caught.value.value) == ("placement", "zigzag")
+    assert wording.message(caught.value).startswith("--placement 'zigzag': expected 'loop' or 'v'")
 
 
 def test_stated_placement_fills_stages_without_cells():

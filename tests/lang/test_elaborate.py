@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeforge.errors import SemanticError, Span, UsageError
+from pipeforge.commands import wording
+from pipeforge.errors import Argument, ArgumentError, SemanticError, Span, UsageError
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Placement, Step, programs_from_tokens
 from pipeforge.lang import default_offsets, load_file, load_text, parameters, schedule_names
 
@@ -124,10 +125,12 @@ def test_spans_point_at_the_call_or_token():
 
 def test_defines_override_defaults_and_unknown_names_are_refused():
     assert load_text(HEAD + "}", defines={"M": 5}).microbatches == 5
-    with pytest.raises(UsageError, match=r"no parameter 'Q' \(its parameters: P, M\)"):
+    with pytest.raises(ArgumentError, match=r"^defines\['Q'\]: .* no parameter 'Q' \(its parameters: P, M\)"):
         load_text(HEAD + "}", defines={"Q": 1})
-    with pytest.raises(UsageError, match="must be an integer"):
+    with pytest.raises(ArgumentError, match="must be an integer") as caught:
         load_text(HEAD + "}", defines={"M": 2.5})
+    assert (caught.value.argument, caught.value.value) == (Argument("defines", "M"), 2.5)
+    assert wording.message(caught.value) == "-D M: the value must be an integer, got 2.5"
 
 
 def test_several_schedules_need_a_name():

@@ -1,4 +1,4 @@
-"""``--cost`` text: field-by-field overrides, and every malformed form refused as a UsageError."""
+"""``--cost`` text: field-by-field overrides, and every malformed form refused as an ArgumentError."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeforge.errors import UsageError
+from pipeforge.commands import wording
+from pipeforge.errors import ArgumentError
 from pipeforge.ir import ActionKind, CostModel, MemorySpec
 from pipeforge.sim.costs import costs_for, costs_to_json, memory_for, parse_cost_flag
 from sim_orders import one_f_one_b
@@ -37,8 +38,11 @@ def test_good_cost_flags(text, expected):
     ("F=1,,I=2", "expected NAME=VALUE"),
 ])
 def test_bad_cost_flags(text, message):
-    with pytest.raises(UsageError, match=message):
+    with pytest.raises(ArgumentError, match=message) as caught:
         parse_cost_flag(text)
+    assert caught.value.argument.keyword == "costs"
+    assert message in caught.value.problem and "--" not in str(caught.value)
+    assert wording.message(caught.value).startswith("--cost")
 
 
 def test_flag_overrides_the_schedules_costs_field_by_field():
@@ -59,8 +63,10 @@ def test_memory_limit_flag():
     assert memory_for(one_f_one_b(2, 2), 3.0) == MemorySpec(limit=3.0)
     assert memory_for(one_f_one_b(2, 2), None) == MemorySpec()
     for bad in (0.0, -1.0, float("inf"), float("nan")):
-        with pytest.raises(UsageError, match="--memory-limit"):
+        with pytest.raises(ArgumentError, match=r"^memory_limit=") as caught:
             memory_for(one_f_one_b(2, 2), bad)
+        assert caught.value.argument.keyword == "memory_limit" and caught.value.value is bad
+        assert wording.message(caught.value).startswith(f"--memory-limit {bad!r}: expected a positive number")
 
 
 values = st.floats(min_value=0.001, max_value=1e6, allow_nan=False)
