@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from pipeforge.commands.common import add_input_arguments, load_input, print_json
+from pipeforge.commands.exits import Exit
 from pipeforge.errors import UsageError, VerificationError
 
 SUFFIXES = (".pipe", ".csv")
@@ -95,14 +96,14 @@ def run(args: argparse.Namespace) -> int:
     text = render(schedule, suffix)
     if not args.output:
         sys.stdout.write(text)
-        return 0
+        return Exit.OK
     from pipeforge.files import write_atomically
 
     write_atomically(args.output, text)
     if args.json:
         print_json({"schedule": schedule.name, "output": args.output, "ranks": schedule.ranks,
                     "actions": schedule.action_count()})
-    return 0
+    return Exit.OK
 
 
 def render(schedule, suffix: str) -> str:
