@@ -455,8 +455,7 @@ def _verify(result: Schedule, memory_limit: float | None, candidate: _Candidate)
     """
     from pipeforge.verify import verify
 
-    graph, order = candidate.graph, candidate.order
-    evaluation = evaluate(graph, order)
+    graph, order, evaluation = candidate.graph, candidate.order, candidate.evaluation
     if not is_complete(graph, order) or evaluation is None or not evaluation.fits(memory_limit):
         raise VerificationError(f"the optimized order of {result.name!r} is incomplete, stuck or over the memory limit")
     report = verify(result, memory_limit=memory_limit)
