@@ -1,10 +1,12 @@
 """Optimization of a schedule's compute order for bubbles under a cost model and a memory limit.
 
-One strategy a file: ``greedy`` (the Zero Bubble automatic scheduler),
-``list_schedule`` (list scheduling for any one-chain placement), ``local``
-(local search), ``exact`` (z3, with a proven bound); ``evaluate`` is the fast
-evaluator they share, ``bounds`` the proven lower bounds, and ``search`` the
-driver that runs them and verifies the result.
+One strategy a file: ``greedy`` and ``v_greedy`` (the Zero Bubble automatic
+schedulers, ZB-1p/2p and ZB-V), ``list_schedule`` (list scheduling for any
+one-chain placement), ``local`` (local search), ``exact`` (z3, with a proven
+bound); ``evaluate`` is the fast evaluator they share, ``bounds`` the proven
+lower bounds, ``units`` the exact integer units they work in, ``placement``
+the layouts they may choose, and ``search`` the driver that runs them and
+verifies the result.
 """
 
 from pipeforge.optimize.search import STRATEGIES, Metrics, OptimizeResult, optimize

@@ -2,16 +2,22 @@
 
 Strategies (``strategy=``):
 
-- ``greedy``: the Zero Bubble automatic scheduler (``greedy.py``), best of its
-  eight knob settings, where the placement is one stage a rank in loop order;
-  list scheduling (``list_schedule.py``) for other placements (V, interleaved)
-  and for small instances of any; needs one chain;
+- ``greedy``: the Zero Bubble automatic schedulers, best of their settings:
+  ``greedy.py`` (ZB-1p/2p) where the placement is one stage a rank in loop
+  order, ``v_greedy.py`` (ZB-V) where it is two chunks a rank in a V; list
+  scheduling (``list_schedule.py``) for other placements and for small
+  instances of any; needs one chain;
 - ``local``: local search (``local.py``) from the input's own order;
 - ``exact``: z3 (``exact.py``) from the best of the input and the greedy order,
   within the time limit, with a proven bound;
 - ``auto``: greedy where it applies, local search from the best order so far,
   then exact search when the instance is small (at most ``EXACT_AUTO_ACTIONS``
   actions: local search gets a quarter of the time, exact search the rest).
+
+``placement=`` (``placement.py``) may lay the stages out anew: every layout
+tried gets its greedy orders first, then the rest of the time goes to the
+layout that leads. Every search times orders in exact integer units
+(``units.py``), so the result does not depend on the unit of the costs.
 
 Every strategy stops as soon as the best order reaches the proven lower bound
 (it is optimal); local search stops when its restarts stop improving; nothing
@@ -450,8 +456,7 @@ def _verify(result: Schedule, memory_limit: float | None, candidate: _Candidate)
     """
     from pipeforge.verify import verify
 
-    graph, order = candidate.graph, candidate.order
-    evaluation = evaluate(graph, order)
+    graph, order, evaluation = candidate.graph, candidate.order, candidate.evaluation
     if not is_complete(graph, order) or evaluation is None or not evaluation.fits(memory_limit):
         raise VerificationError(f"the optimized order of {result.name!r} is incomplete, stuck or over the memory limit")
     report = verify(result, memory_limit=memory_limit)

@@ -150,7 +150,7 @@ def test_exact_keeps_its_time_limit_and_says_it_ran_out():
     schedule = pipeforge.load("1f1b", defines={"P": 4, "M": 8})
     started = time.monotonic()
     result = optimize(schedule, costs=ZB_COSTS, memory_limit=6.0, strategy="exact", time_limit=1.0)
-    assert time.monotonic() - started < 2.0  # the limit, plus slack for a loaded machine
+    assert time.monotonic() - started < 4.0  # the limit, plus slack for a loaded machine (unbounded: 8-24 s)
     assert result.stopped == "time" and not result.optimal
     assert result.bound <= result.after.bubble_rate
 
