@@ -189,14 +189,16 @@ class PipeforgeRunner:
 class TorchRunner:
     """torch.distributed.pipelining's schedule of the same name, on the same stage modules."""
 
+    SINGLE_STAGE = ("ScheduleGPipe", "Schedule1F1B")  # these take one stage, the others a list
+
     def __init__(self, case: Case, info, mine: dict):
         from torch.distributed import pipelining
 
         stages = [pipelining.PipelineStage(module, s, info.stages, torch.device("cpu")) for s, module in
-                  sorted(mine.items(), key=lambda item: _torch_order(item[0], info))]
+                  sorted(mine.items())]
         schedule = getattr(pipelining, case.torch_schedule)
-        self.single = len(stages) == 1 and case.torch_schedule in ("ScheduleGPipe", "Schedule1F1B")
-        self.schedule = schedule(stages[0] if self.single else stages, n_microbatches=info.microbatches,
+        single = case.torch_schedule in self.SINGLE_STAGE
+        self.schedule = schedule(stages[0] if single else stages, n_microbatches=info.microbatches,
                                  loss_fn=zoo.loss_fn)
         self.first = 0 in mine
         self.last = info.stages - 1 in mine
@@ -205,8 +207,4 @@ class TorchRunner:
         losses: list = []
         out = self.schedule.step(*((tokens,) if self.first else ()), target=targets if self.last else None,
                                  losses=losses if self.last else None)
-        return [l.detach() for l in losses], out
-
-
-def _torch_order(stage: int, info) -> int:
-    return stage
+        return [loss.detach() for loss in losses], out

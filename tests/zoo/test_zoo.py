@@ -134,7 +134,8 @@ def test_torch_zbv_gets_a_tied_weight_wrong_and_pipeforge_does_not(results):
     other = next(r["grads"][key] for r in theirs if key in r["grads"])
     ratio = norm(other) / norm(mine)
     error = norm([a - b for a, b in zip(other, mine)]) / norm(mine)
-    # torch's tied gradient is far from the true one (pipeforge's equals the unpipelined model's)
+    # torch's tied gradient is far from the true one (pipeforge's equals the unpipelined model's): measured
+    # on this model, its norm is 0.36 of the true gradient's and the relative error 0.69 (2 ranks) or 0.82 (4)
     assert error > 0.1, f"torch's ZBV tied gradient now matches (relative error {error:.3g}, norm ratio {ratio:.3g})"
     assert verdict(theirs)[1] > 0.1
 
