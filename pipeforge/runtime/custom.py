@@ -31,7 +31,7 @@ from typing import Any, Iterator
 
 import torch
 
-from pipeforge.runtime.context import RankContext
+from pipeforge.runtime.context import RankContext, ScheduleInfo
 from pipeforge.runtime.fsdp import DataParallel
 from pipeforge.runtime.p2p import PipelineError
 from pipeforge.runtime.stage import StageRunner
@@ -90,6 +90,11 @@ class ActionContext:
     @property
     def rank(self) -> int:
         return self._ctx.rank
+
+    @property
+    def schedule(self) -> ScheduleInfo:
+        """The schedule's ranks, stages, microbatches and placement (torch's ``schedule_ref``)."""
+        return self._ctx.info
 
     @property
     def training(self) -> bool:

@@ -4,9 +4,10 @@ A pipeline rank may be one of several data-parallel replicas of its stages (the
 ranks holding the same stages in other pipelines form its ``dp_group``). Each
 stage is one of:
 
-- an FSDP2 module (``fully_shard`` or FSDP2's ``replicate``, passed so by the user, or sharded by
-  ``make_pipeline(fsdp=True, dp_group=...)`` with ``reshard_after_forward=False``,
-  as torchtitan does under pipelining): ``UNSHARD`` starts ``unshard(async_op=True)``
+- an FSDP2 module (``fully_shard`` or FSDP2's ``replicate``, passed so by the
+  user, or sharded by ``make_pipeline(fsdp=True, dp_group=...)`` with
+  ``reshard_after_forward=False``, as torchtitan does under pipelining):
+  ``UNSHARD`` starts ``unshard(async_op=True)``
   of every FSDP module in the stage and the stage's next compute waits on it;
   ``RESHARD`` calls ``reshard()``; before a backward compute (B, I or W) the
   stage is unsharded if it is not (FSDP's own hooks do it for F), and
@@ -27,6 +28,12 @@ or without ``REDUCE_GRAD`` gives the same gradients; ``REDUCE_GRAD`` only
 decides when the reduction starts. The pipeline's own scaling by the
 microbatch count follows the reduction. At the end of ``step()`` and ``eval()``
 every FSDP stage is resharded.
+
+FSDP2 has no public call for "reduce now": like torch's
+``_PipelineStageBase.perform_reduce_grad``, REDUCE_GRAD calls each FSDP param
+group's ``post_backward()`` and the end of the step the root state's
+``_root_post_backward_final_callback()``, the same private calls torch's
+pipelining makes (torch 2.13).
 """
 
 from __future__ import annotations

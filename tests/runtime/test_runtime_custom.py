@@ -62,7 +62,7 @@ def custom_job(rank: int, job: dict) -> dict:
     if job["count"]:
         def counting(action, ctx):
             counts[action.kind] += 1
-            assert ctx.action is action and ctx.rank == rank
+            assert ctx.action is action and ctx.rank == rank and ctx.schedule is info
             ctx.default()
 
         for kind in KINDS:  # torch's own names work too
