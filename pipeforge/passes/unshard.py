@@ -7,8 +7,8 @@ its stages, so an overlap can take the window one or more past the bound, as in
 torch). A gathered stage outside the window is resharded, then the window's stages
 not yet gathered are unsharded in the order of their first use; both go right
 before the compute step. What is still gathered after the rank's last step is
-resharded at the end, in stage order (torch takes the order of its set, which
-is stage order for stages below 8).
+resharded at the end, in stage order (torch takes the order of a Python set:
+the same on every case of torch's tests).
 
 Other steps (communication groups, REDUCE_GRAD, idle slots) are kept where they
 are, so the pass works on compute-only and lowered schedules alike and commutes
