@@ -81,6 +81,12 @@ def test_a_misplaced_reduce_grad_from_csv_is_located():
     assert [(v.kind, v.location) for v in report.violations] == [("placement", "case.csv:1:9")]
 
 
+def test_a_misplaced_send_from_csv_gets_the_verdict_of_the_same_rows_in_pipe():
+    rows = [["0F0", "0SEND_F0", "1SEND_B0", "0RECV_B0", "0B0"], ["1RECV_F0", "1F0", "1B0"]]
+    from_csv, from_pipe = verify(via_csv(rows)), verify(via_pipe(rows_schedule(rows)))
+    assert from_csv.kinds() == from_pipe.kinds() and "placement" in from_csv.kinds()
+
+
 def test_compute_actions_on_two_ranks_still_leave_the_csv_placement_unknown():
     with pytest.raises(pipeforge.errors.SemanticError, match="appears on two ranks"):
         via_csv([OK0 + ["1F0"], OK1])
