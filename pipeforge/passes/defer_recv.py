@@ -21,6 +21,7 @@ stay where they are; a receive nothing consumes stays at the end of its rank.
 from __future__ import annotations
 
 from pipeforge.ir import Action, ActionKind, Schedule, Step, replace_programs
+from pipeforge.passes.lower import lower
 
 RECV_F, RECV_B = ActionKind.RECV_F, ActionKind.RECV_B
 RECEIVES = frozenset({RECV_F, RECV_B})
@@ -28,8 +29,6 @@ RECEIVES = frozenset({RECV_F, RECV_B})
 
 def defer_recv(schedule: Schedule) -> Schedule:
     """``schedule`` (lowered first if compute-only) with every receive posted as late as it may be."""
-    from pipeforge.passes.lower import lower
-
     lowered = lower(schedule)
     programs = tuple(Deferral(rank, lowered).program(program) for rank, program in enumerate(lowered.programs))
     return replace_programs(lowered, programs)
@@ -50,7 +49,7 @@ class Deferral:
                 self.group(step)
             else:
                 self.other(step)
-        self.flush(lambda receive: True)
+        self.flush(lambda position, receive: True)
         return tuple(self.out)
 
     def group(self, step: Step) -> None:
@@ -63,7 +62,7 @@ class Deferral:
         for send in sends:
             peer = self.peer(send)
             if peer is not None and self.rank < peer:
-                self.flush(lambda receive, peer=peer: self.peer(receive) == peer)
+                self.flush(lambda position, receive, peer=peer: self.peer(receive) == peer)
         self.out.append(Step(sends, span=step.span))
 
     def other(self, step: Step) -> None:
@@ -75,10 +74,10 @@ class Deferral:
         self.out.append(step)
 
     def flush(self, chosen) -> None:
-        """Post the deferred receives ``chosen`` picks, in posting order."""
+        """Post the deferred receives ``chosen(position, receive)`` picks, in posting order."""
         kept = []
-        for receive, origin in self.deferred:
-            if chosen(receive):
+        for position, (receive, origin) in enumerate(self.deferred):
+            if chosen(position, receive):
                 self.out.append(Step((receive,), span=origin.span))
             else:
                 kept.append((receive, origin))
@@ -88,14 +87,7 @@ class Deferral:
         """Post ``needed`` and, first, the receives from the same rank deferred before it."""
         peer = self.peer(needed)
         cut = next(i for i, (receive, _) in enumerate(self.deferred) if receive == needed)
-        earlier = {id(entry) for entry in self.deferred[:cut + 1] if self.peer(entry[0]) == peer}
-        kept = []
-        for entry in self.deferred:
-            if id(entry) in earlier:
-                self.out.append(Step((entry[0],), span=entry[1].span))
-            else:
-                kept.append(entry)
-        self.deferred = kept
+        self.flush(lambda position, receive: position <= cut and self.peer(receive) == peer)
 
     def peer(self, action: Action) -> int | None:
         stages = self.schedule.stages

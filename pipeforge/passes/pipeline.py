@@ -12,6 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeforge.ir import Schedule
+from pipeforge.passes.defer_recv import defer_recv
+from pipeforge.passes.lower import lower as lower_pass
+from pipeforge.passes.merge_bw import merge_bw
+from pipeforge.passes.reduce_grad import reduce_grad
+from pipeforge.passes.unshard import unshard
 
 
 @dataclass(frozen=True)
@@ -28,16 +33,14 @@ class PassOptions:
 
 def apply_passes(schedule: Schedule, options: PassOptions, *, lower: bool = False) -> Schedule:
     """``schedule`` through the passes ``options`` names; ``lower=True`` also inserts communication."""
-    from pipeforge import passes
-
     if options.merge_bw:
-        schedule = passes.merge_bw(schedule)
+        schedule = merge_bw(schedule)
     if options.unshard is not None:
-        schedule = passes.unshard(schedule, options.unshard)
+        schedule = unshard(schedule, options.unshard)
     if options.reduce_grad:
-        schedule = passes.reduce_grad(schedule)
+        schedule = reduce_grad(schedule)
     if lower:
-        schedule = passes.lower(schedule)
+        schedule = lower_pass(schedule)
     if options.defer_recv:
-        schedule = passes.defer_recv(schedule)
+        schedule = defer_recv(schedule)
     return schedule
