@@ -23,8 +23,12 @@ SUFFIXES = (".pipe", ".csv")
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("lower", help="insert communication and the optional passes, print the result",
-                                   description=__doc__.split("\n\n")[0].strip("`"))
+    parser = subparsers.add_parser(
+        "lower", help="insert communication and the optional passes, print the result",
+        description="Insert communication (and REDUCE_GRAD) and, when asked, torch's other passes in torch's order "
+                    "(merge-bw, unshard, reduce-grad, lower, defer-recv); verify the result and print it as .pipe "
+                    "source, or write OUT.pipe or torch's compute_comms OUT.csv. Nothing is written when it does "
+                    "not verify.")
     add_input_arguments(parser)
     add_pass_arguments(parser)
     parser.add_argument("-o", "--output", metavar="OUT", help="OUT.pipe or OUT.csv (default: .pipe on stdout)")
