@@ -32,6 +32,9 @@ def register(subparsers) -> None:
     add_input_arguments(parser)
     add_pass_arguments(parser)
     parser.add_argument("-o", "--output", metavar="OUT", help="OUT.pipe or OUT.csv (default: .pipe on stdout)")
+    parser.add_argument("--semantics", choices=("rendezvous", "buffered"),
+                        help="what the result is verified under (default: rendezvous, buffered with --defer-recv); "
+                             "buffered suits a torch compute_comms CSV, whose cells torch posts one by one")
     parser.add_argument("--json", action="store_true",
                         help="with -o: print one JSON object saying what was written")
     parser.set_defaults(handler=run)
@@ -93,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--json needs -o OUT (without it the .pipe source is what stdout holds)")
     options = pass_options(args)
     schedule = apply_passes(load_input(args), options, lower=True)
-    report = verify(schedule, semantics=semantics_for(options))
+    report = verify(schedule, semantics=args.semantics or semantics_for(options))
     if not report.valid:
         raise VerificationError(f"the lowered schedule {schedule.name!r} does not verify; nothing written:\n"
                                 f"{report.render()}")

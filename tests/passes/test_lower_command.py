@@ -109,3 +109,14 @@ def test_run_passes_the_pass_flags_to_torchrun(capsys):
 def test_run_with_merged_backwards_matches_the_unpipelined_model(capsys):
     assert main(["run", "zbv", "-D", "P=2", "-D", "M=4", "--merge-bw", "--json", "--timeout", "120"]) == 0
     assert json.loads(capsys.readouterr().out)["match"] is True
+
+
+def test_a_torch_compute_comms_csv_is_verified_under_the_semantics_asked_for(tmp_path, capsys):
+    source, out = tmp_path / "torch.csv", tmp_path / "out.csv"
+    # torch's order: each cell posted alone; rank 0 sends both activations before receiving a gradient
+    source.write_text("0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n"
+                      "1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1\n")
+    assert main(["lower", str(source), "--unshard", "1", "-o", str(out)]) == 1
+    assert "deadlock" in capsys.readouterr().err and not out.exists()
+    assert main(["lower", str(source), "--unshard", "1", "--semantics", "buffered", "-o", str(out)]) == 0
+    assert out.read_text().splitlines()[0].startswith("0UNSHARD,0F0,0SEND_F0")
