@@ -23,38 +23,101 @@ from pipeforge.verify.report import KINDS, Hop, Report, Stats, Violation
 from pipeforge.verify.structure import check_structure
 from pipeforge.verify.timing import Stuck, group_slots, model_constraints, run
 
-SEMANTICS = ("rendezvous", "buffered")
+SEMANTICS = ("rendezvous", "buffered", "nccl")
 
-__all__ = ["verify", "Report", "Violation", "Hop", "Stats", "KINDS", "SEMANTICS"]
+__all__ = ["verify", "VerifierDisagreement", "Report", "Violation", "Hop", "Stats", "KINDS", "SEMANTICS"]
+
+
+class VerifierDisagreement(RuntimeError):
+    """The event pass and z3 reached different verdicts: a bug in pipeforge, never the input's fault."""
 
 
 def verify(schedule: Schedule, *, semantics: str = "rendezvous", memory_limit: float | None = None,
-           certify: bool = True) -> Report:
-    """Check ``schedule``; a compute-only one is checked as ``lower`` makes it."""
+           certify: bool = True, solve: bool | None = None) -> Report:
+    """Check ``schedule``; a compute-only one is checked as ``lower`` makes it.
+
+    ``solve``: z3 decides the timing model with free start times (``True``), or
+    only checks the event pass's proposal (``False``); ``None`` solves when the
+    model has at most ``SOLVE_BY_DEFAULT_UP_TO`` group steps (where the decision
+    stays within the speed target; see benchmarks/bench_verify.py).
+    """
     if semantics not in SEMANTICS:
         raise UsageError(f"semantics {semantics!r}: expected one of {', '.join(SEMANTICS)}")
     with gc_paused():
-        return verify_schedule(schedule, semantics, memory_limit, certify)
+        return verify_schedule(schedule, semantics, memory_limit, certify, solve)
 
 
 
-def verify_schedule(schedule: Schedule, semantics: str, memory_limit: float | None, certify: bool) -> Report:
+SOLVE_BY_DEFAULT_UP_TO = 6000  # group steps (16 ranks x 64 microbatches x 2 stages has about 4,200)
+
+
+def verify_schedule(schedule: Schedule, semantics: str, memory_limit: float | None, certify: bool,
+                    solve: bool | None) -> Report:
     started = perf_counter()
     lowered = lower_with_origins(schedule)
     program = Program.of(lowered.schedule, lowered.origins, schedule)
     pairing = pair_ops(program)
     violations = static_violations(program, pairing, schedule, memory_limit)
     outcome = run(program, pairing, semantics)
+    if solve is None:
+        solve = certify and group_count(program) <= SOLVE_BY_DEFAULT_UP_TO
+    solved = decide_timing(program, pairing, semantics, outcome) if solve else False
+    if solve:
+        decide_structure(program, {v.kind for v in violations})
     certified = False
     if isinstance(outcome, Stuck):
-        core = deadlock_core(outcome) if certify else None
+        core = deadlock_core(outcome) if certify or solve else None
         violations.append(deadlock_violation(program, outcome, schedule, core))
-    elif certify:
+    elif certify and not solve:
         certified = check_timing(program, pairing, semantics, outcome)
     violations.sort(key=lambda v: KINDS.index(v.kind))
     stats = Stats(schedule.ranks, schedule.stages, schedule.microbatches, program.schedule.action_count(),
                   perf_counter() - started, program.step_count())
-    return Report(not violations, tuple(violations), stats, semantics, certified)
+    established = establishment(solved, certified, any(v.kind == "deadlock" for v in violations))
+    return Report(not violations, tuple(violations), stats, semantics, certified or solved, solved, established)
+
+
+def establishment(solved: bool, certified: bool, deadlocked: bool) -> dict[str, str]:
+    """Per violation kind, what established the verdict on it."""
+    found = {kind: "python" for kind in KINDS if kind != "syntax"}
+    if solved:
+        found["deadlock"] = "z3: decided (free start times)" + ("; unsat core of the wait cycle" if deadlocked else "")
+        found["order"] = found["missing"] = "z3: decided; python: located"
+    elif deadlocked:
+        found["deadlock"] = "event pass: wait cycle; z3: unsat core of it"
+    elif certified:
+        found["deadlock"] = "event pass: timing; z3: checked it (certificate)"
+    else:
+        found["deadlock"] = "event pass"
+    return found
+
+
+def decide_structure(program: Program, kinds: set[str]) -> None:
+    """z3 decides data dependencies and completeness too; they must agree with the plain passes."""
+    from pipeforge.verify.model import satisfiable
+    from pipeforge.verify.obligations import completeness_text, order_text
+
+    for kind, text in (("order", order_text(program)), ("missing", completeness_text(program))):
+        if satisfiable(text) == (kind in kinds):
+            raise VerifierDisagreement(f"internal error: the plain pass {'found' if kind in kinds else 'found no'} "
+                                       f"{kind!r} violation, but z3 decides the {kind} model otherwise")
+
+
+def group_count(program: Program) -> int:
+    return sum(1 for row in program.slots for slot in row if slot.group)
+
+
+def decide_timing(program: Program, pairing, semantics: str, outcome) -> bool:
+    """z3 decides the timing model with free start times; it must agree with the event pass."""
+    from pipeforge.verify.model import decide
+
+    seed = None if isinstance(outcome, Stuck) else outcome
+    decision = decide(model_constraints(program, pairing, semantics), seed)
+    if decision.satisfiable == (seed is None):
+        found = "a wait cycle" if seed is None else "a timing"
+        raise VerifierDisagreement(f"internal error: the event pass found {found}, but z3 decides the "
+                                   f"{semantics} timing model is {'sat' if decision.satisfiable else 'unsat'}")
+    return True
 
 
 def static_violations(program: Program, pairing, schedule: Schedule, memory_limit: float | None) -> list[Violation]:
