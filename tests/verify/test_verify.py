@@ -213,7 +213,8 @@ def torch_schedule(name: str, ranks: int, microbatches: int, per_rank: int = 1) 
 
 
 def test_torch_schedule_1f1b_pipeline_order_is_rejected():
-    """torch 2.13's Schedule1F1B never forwards microbatch 0 on the last rank and forwards one that does not exist."""
+    """torch 2.13's Schedule1F1B.pipeline_order (what _dump_csv writes; not what step() runs, see
+    test_torch_1f1b.py) never forwards microbatch 0 on the last rank and forwards one that does not exist."""
     report = verify(torch_schedule("Schedule1F1B", 4, 8))
     assert not report.valid
     messages = [v.message for v in report.violations]

@@ -142,7 +142,7 @@ def test_torch_csv_of_the_buggy_1f1b_is_invalid_and_interleaved_is_valid(tmp_pat
     buggy = torch_stages.dump_torch_csv("Schedule1F1B", 4, 8, 1, tmp_path / "1f1b.csv")
     assert main(["verify", str(buggy), "--json"]) == 1
     kinds = {v["kind"] for v in json.loads(capsys.readouterr().out)["violations"]}
-    assert "missing" in kinds  # microbatch 0 is never forwarded on the last rank
+    assert "missing" in kinds  # its pipeline_order never forwards microbatch 0 on the last rank (step() does)
     good = torch_stages.dump_torch_csv("ScheduleInterleaved1F1B", 4, 8, 2, tmp_path / "i1f1b.csv")
     assert main(["verify", str(good)]) == 0
     comms = torch_stages.dump_torch_csv("ScheduleInterleaved1F1B", 4, 8, 2, tmp_path / "c.csv", "compute_comms")
