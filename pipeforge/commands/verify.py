@@ -34,6 +34,13 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeforge._gc import gc_paused
+
+    with gc_paused():  # reading a large CSV builds ~10^5 acyclic values: collections would cost more
+        return check(args)
+
+
+def check(args: argparse.Namespace) -> int:
     from pipeforge.verify import verify
 
     try:

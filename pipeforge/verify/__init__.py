@@ -49,6 +49,10 @@ def verify(schedule: Schedule, *, semantics: str = "rendezvous", memory_limit: f
 
 
 SOLVE_BY_DEFAULT_UP_TO = 6000  # group steps (16 ranks x 64 microbatches x 2 stages has about 4,200)
+# z3 decides order and completeness too (under solve) up to this many group steps; its simplex is slow
+# on the long program-order chains of larger models (0.7 s at 16 x 64 x 2), and the plain passes decide
+# them alone there (the report's "established" says which)
+STRUCTURE_BY_Z3_UP_TO = 1200
 
 
 def verify_schedule(schedule: Schedule, semantics: str, memory_limit: float | None, certify: bool,
@@ -62,8 +66,9 @@ def verify_schedule(schedule: Schedule, semantics: str, memory_limit: float | No
     if solve is None:
         solve = certify and group_count(program) <= SOLVE_BY_DEFAULT_UP_TO
     solved = decide_timing(program, pairing, semantics, outcome) if solve else False
-    if solve:
-        decide_structure(program, {v.kind for v in violations})
+    structure_by_z3 = solve and group_count(program) <= STRUCTURE_BY_Z3_UP_TO
+    if structure_by_z3:
+        decide_structure(program)
     certified = False
     if isinstance(outcome, Stuck):
         core = deadlock_core(outcome) if certify or solve else None
@@ -73,16 +78,17 @@ def verify_schedule(schedule: Schedule, semantics: str, memory_limit: float | No
     violations.sort(key=lambda v: KINDS.index(v.kind))
     stats = Stats(schedule.ranks, schedule.stages, schedule.microbatches, program.schedule.action_count(),
                   perf_counter() - started, program.step_count())
-    established = establishment(solved, certified, any(v.kind == "deadlock" for v in violations))
+    established = establishment(solved, structure_by_z3, certified, any(v.kind == "deadlock" for v in violations))
     return Report(not violations, tuple(violations), stats, semantics, certified or solved, solved, established)
 
 
-def establishment(solved: bool, certified: bool, deadlocked: bool) -> dict[str, str]:
+def establishment(solved: bool, structure_by_z3: bool, certified: bool, deadlocked: bool) -> dict[str, str]:
     """Per violation kind, what established the verdict on it."""
     found = {kind: "python" for kind in KINDS if kind != "syntax"}
+    if structure_by_z3:
+        found["order"] = found["missing"] = "z3: decided; python: located"
     if solved:
         found["deadlock"] = "z3: decided (free start times)" + ("; unsat core of the wait cycle" if deadlocked else "")
-        found["order"] = found["missing"] = "z3: decided; python: located"
     elif deadlocked:
         found["deadlock"] = "event pass: wait cycle; z3: unsat core of it"
     elif certified:
@@ -92,14 +98,19 @@ def establishment(solved: bool, certified: bool, deadlocked: bool) -> dict[str, 
     return found
 
 
-def decide_structure(program: Program, kinds: set[str]) -> None:
+def decide_structure(program: Program) -> None:
     """z3 decides data dependencies and completeness too; they must agree with the plain passes."""
     from pipeforge.verify.model import satisfiable
-    from pipeforge.verify.obligations import completeness_text, order_text
+    from pipeforge.verify.obligations import completeness_text, order_texts
+    from pipeforge.verify.structure import check_missing, check_needed_comms, check_order, microbatch_chains
 
-    for kind, text in (("order", order_text(program)), ("missing", completeness_text(program))):
-        if satisfiable(text) == (kind in kinds):
-            raise VerifierDisagreement(f"internal error: the plain pass {'found' if kind in kinds else 'found no'} "
+    missing = check_missing(program, microbatch_chains(program))
+    if program.as_written:
+        missing += check_needed_comms(program)
+    found = {"order": bool(check_order(program)), "missing": any(v.kind == "missing" for v in missing)}
+    for kind, texts in (("order", order_texts(program)), ("missing", [completeness_text(program)])):
+        if all(map(satisfiable, texts)) == found[kind]:
+            raise VerifierDisagreement(f"internal error: the plain pass found {'a' if found[kind] else 'no'} "
                                        f"{kind!r} violation, but z3 decides the {kind} model otherwise")
 
 
