@@ -2,10 +2,13 @@
 
 Structural checks (placement, duplicate, missing, order, mismatch, memory) are
 plain Python passes. Then the linear-time pass of ``timing.py`` runs the ranks
-as events: it either proposes a start time and duration for every step, which
-z3 checks against the whole timing model (``model.py``; the satisfying model is
-the certificate), or finds the wait cycle, whose constraints z3 proves
-unsatisfiable (the unsat core names them).
+as events: it either proposes a start time and duration for every step or finds
+the wait cycle, whose constraints z3 proves unsatisfiable (the unsat core names
+them). With ``solve`` z3 then decides the whole timing model with free start
+times (the proposal only seeds it), and, on small schedules, the order and
+completeness models of ``obligations.py``; any verdict of z3 that differs from
+the Python one raises ``VerifierDisagreement`` (exit 70). Without it z3 checks
+the proposed timing against the model (the certificate).
 """
 
 from __future__ import annotations
@@ -45,7 +48,6 @@ def verify(schedule: Schedule, *, semantics: str = "rendezvous", memory_limit: f
         raise UsageError(f"semantics {semantics!r}: expected one of {', '.join(SEMANTICS)}")
     with gc_paused():
         return verify_schedule(schedule, semantics, memory_limit, certify, solve)
-
 
 
 SOLVE_BY_DEFAULT_UP_TO = 6000  # group steps (16 ranks x 64 microbatches x 2 stages has about 4,200)
