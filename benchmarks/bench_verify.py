@@ -1,102 +1,97 @@
-"""pipeforge lower + verify (z3 certificate) beside torch's _add_send_recv + _simulate_comms_compute.
+"""pipeforge verify beside torch's own dry run, from the same compute-only order.
 
-Both sides start from the same compute-only order: torch's ScheduleInterleaved1F1B
-pipeline_order, built with stand-in stages and no process group. torch inserts its
-sends and receives and dry-runs them; pipeforge lowers the order into send/recv
-groups and proves it deadlock-free with a timing that z3 checks.
+torch's ScheduleInterleaved1F1B pipeline_order is built with stand-in stages (no
+process group). torch's side, in process: ``_add_send_recv`` (insert its sends and
+receives) + ``_simulate_comms_compute`` (dry-run them). pipeforge's side, as a user
+runs it: the whole ``pipeforge verify FILE.csv`` process (start-up, reading the
+CSV, lowering it into send/recv groups, the checks, z3), once with the default and
+once with ``--solve`` (z3 decides the timing, order and completeness models with
+free variables). Each side is timed in CPU seconds (the machine may be shared:
+CPU time is what the work costs) and wall seconds; the ratios are pipeforge/torch.
 
-    .venv/bin/python benchmarks/bench_verify.py            # 32x128x2 side by side, 64x256x2, growth
-    .venv/bin/python benchmarks/bench_verify.py --quick    # smaller sizes
+    .venv/bin/python benchmarks/bench_verify.py            # 16x64x2, 32x128x2, 64x256x2 (one run each)
+    .venv/bin/python benchmarks/bench_verify.py --quick    # 8x32x2 and 16x64x2
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
+import resource
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from torch.distributed.pipelining import schedules as torch_schedules  # noqa: E402
 
-from pipeforge.ir import Placement, Schedule, programs_from_tokens  # noqa: E402
-from pipeforge.verify import verify  # noqa: E402
 from tests.torch_stages import build_torch_schedule  # noqa: E402
 
-
-def torch_order(ranks: int, microbatches: int, per_rank: int) -> dict[int, list]:
-    return build_torch_schedule("ScheduleInterleaved1F1B", ranks, microbatches, per_rank).pipeline_order
-
-
-def as_schedule(order: dict[int, list], ranks: int, microbatches: int, per_rank: int) -> Schedule:
-    stages = ranks * per_rank
-    rows = [[str(a) if a is not None else "_" for a in order[rank]] for rank in range(ranks)]
-    return Schedule("interleaved_1f1b", ranks, stages, microbatches, (Placement.loop(stages, ranks),),
-                    programs_from_tokens(rows))
+TARGET_RATIO = 0.7  # whole-process verify vs torch's in-process dry run, at 32 x 128 x 2
+SOLVE_BUDGET_S = 10.0  # whole-process verify --solve at 64 x 256 x 2
 
 
-def time_torch(order: dict[int, list], ranks: int, per_rank: int) -> float:
+def torch_dry_run(order: dict[int, list], ranks: int, per_rank: int) -> tuple[float, float]:
     stages = ranks * per_rank
     compute = copy.deepcopy({r: [a for a in order[r] if a is not None] for r in order})
-    started = time.perf_counter()
+    cpu, wall = time.process_time(), time.perf_counter()
     with_comms = torch_schedules._add_send_recv(compute, lambda s: s % ranks, stages)
     torch_schedules._simulate_comms_compute(with_comms, lambda s: s % ranks, stages)
-    return time.perf_counter() - started
+    return time.process_time() - cpu, time.perf_counter() - wall
 
 
-def time_pipeforge(schedule: Schedule) -> tuple[float, object]:
-    started = time.perf_counter()
-    report = verify(schedule)  # a compute-only schedule is verified as lower makes it: lowering included
-    elapsed = time.perf_counter() - started
-    if not report.valid or not report.certified:
-        raise SystemExit(f"pipeforge did not certify the schedule:\n{report.render()}")
-    return elapsed, report
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
-def side_by_side(ranks: int, microbatches: int, per_rank: int, repeats: int) -> None:
-    """Best of ``repeats`` interleaved runs of each side (the machine is shared: minima are stable)."""
-    order = torch_order(ranks, microbatches, per_rank)
-    schedule = as_schedule(order, ranks, microbatches, per_rank)
-    ours, theirs = [], []
-    for _ in range(repeats):
-        elapsed, report = time_pipeforge(schedule)
-        ours.append(elapsed)
-        theirs.append(time_torch(order, ranks, per_rank))
-    print(f"{ranks} ranks x {microbatches} mb x {per_rank} stages/rank ({report.stats.steps} steps), "
-          f"best of {repeats}: pipeforge lower+verify+z3 {min(ours):.2f} s | torch "
-          f"_add_send_recv+_simulate_comms_compute {min(theirs):.2f} s | ratio {min(ours) / min(theirs):.3f} "
-          f"(must be <= 1)")
+def pipeforge_process(csv: Path, *flags: str) -> tuple[float, float, str]:
+    """CPU and wall seconds of one whole ``pipeforge verify`` process, and its verdict line."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cpu, wall = children_cpu(), time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "pipeforge", "verify", str(csv), *flags], env=env,
+                          capture_output=True, text=True)
+    elapsed = time.perf_counter() - wall, children_cpu() - cpu
+    if done.returncode != 0:
+        raise SystemExit(f"pipeforge verify {csv} {' '.join(flags)} exited {done.returncode}:\n"
+                         f"{done.stdout}{done.stderr}")
+    return elapsed[1], elapsed[0], done.stdout.splitlines()[0]
 
 
-def alone(ranks: int, microbatches: int, per_rank: int, budget: float | None = None, beside_torch: bool = False) -> None:
-    order = torch_order(ranks, microbatches, per_rank)
-    ours, report = time_pipeforge(as_schedule(order, ranks, microbatches, per_rank))
-    steps = report.stats.steps
-    verdict = "" if budget is None else f" (budget {budget:g} s: {'ok' if ours <= budget else 'OVER'})"
-    torch_text = ""
-    if beside_torch:
-        theirs = time_torch(order, ranks, per_rank)
-        torch_text = f" | torch {theirs:.2f} s, ratio {ours / theirs:.3f}"
-    print(f"{ranks} ranks x {microbatches} mb x {per_rank} stages/rank: {steps} steps, "
-          f"{ours:.2f} s, {1e6 * ours / steps:.1f} us/step{verdict}{torch_text}")
+def compare(ranks: int, microbatches: int, per_rank: int, folder: Path) -> None:
+    schedule = build_torch_schedule("ScheduleInterleaved1F1B", ranks, microbatches, per_rank)
+    csv = folder / f"interleaved_{ranks}x{microbatches}x{per_rank}.csv"
+    schedule._dump_csv(str(csv), format="compute_only")
+    theirs_cpu, theirs_wall = torch_dry_run(schedule.pipeline_order, ranks, per_rank)
+    size = f"{ranks}x{microbatches}x{per_rank}"
+    print(f"{size:10s} torch _add_send_recv+_simulate_comms_compute (in process): "
+          f"{theirs_cpu:6.2f} s CPU {theirs_wall:6.2f} s wall", flush=True)
+    for flags in ((), ("--solve",)):
+        cpu, wall, verdict = pipeforge_process(csv, *flags)
+        name = "pipeforge verify " + (" ".join(flags) or "(default)")
+        note = ""
+        if (ranks, microbatches, per_rank) == (32, 128, 2) and not flags:
+            note = f"  target <= {TARGET_RATIO}: {'met' if cpu / theirs_cpu <= TARGET_RATIO else 'NOT met'}"
+        if (ranks, microbatches, per_rank) == (64, 256, 2) and flags:
+            note = f"  budget {SOLVE_BUDGET_S:g} s: {'met' if wall <= SOLVE_BUDGET_S else 'NOT met'} (wall)"
+        print(f"{size:10s} {name:34s} (whole process): {cpu:6.2f} s CPU {wall:6.2f} s wall | "
+              f"ratio CPU {cpu / theirs_cpu:5.2f} wall {wall / theirs_wall:5.2f}{note}   [{verdict[:60]}]",
+              flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     args = parser.parse_args()
-    if args.quick:
-        side_by_side(8, 32, 2, repeats=1)
-        for ranks, mbs in ((4, 16), (8, 32), (16, 64)):
-            alone(ranks, mbs, 2)
-        return
-    side_by_side(32, 128, 2, repeats=3)
-    alone(64, 256, 2, budget=10.0)
-    print("growth with the number of steps (one run each, torch beside):")
-    for ranks, mbs in ((8, 32), (16, 64), (32, 128), (64, 256)):
-        alone(ranks, mbs, 2, beside_torch=True)
+    sizes = ((8, 32, 2), (16, 64, 2)) if args.quick else ((16, 64, 2), (32, 128, 2), (64, 256, 2))
+    with tempfile.TemporaryDirectory() as folder:
+        for ranks, microbatches, per_rank in sizes:
+            compare(ranks, microbatches, per_rank, Path(folder))
 
 
 if __name__ == "__main__":

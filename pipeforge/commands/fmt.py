@@ -13,7 +13,6 @@ from pathlib import Path
 from pipeforge.commands.common import add_input_arguments, load_input, require_suffix
 from pipeforge.commands.exits import Exit
 from pipeforge.files import write_atomically
-from pipeforge.lang.printer import print_schedule
 
 
 def register(subparsers) -> None:
@@ -27,6 +26,8 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.output is not None:
         require_suffix(args.output, ".pipe")
+    from pipeforge.lang.printer import print_schedule  # lark only when used: 'pipeforge verify x.csv' starts faster
+
     text = print_schedule(load_input(args))
     if args.output is None:
         sys.stdout.write(text)

@@ -18,8 +18,15 @@ def register(subparsers) -> None:
         description="Check ordering, matching, deadlock freedom, completeness, placement and memory. "
                     "A compute-only schedule is checked as 'lower' makes it; written communication as written.")
     add_input_arguments(parser)
-    parser.add_argument("--semantics", choices=("rendezvous", "buffered"), default="rendezvous",
-                        help="rendezvous (default: zero-buffer, conservative) or buffered sends")
+    parser.add_argument("--semantics", choices=("rendezvous", "buffered", "nccl"), default="rendezvous",
+                        help="rendezvous (default: zero-buffer, conservative), buffered sends, or nccl "
+                             "(each op of a group completes once its partner is posted; docs/semantics.md)")
+    solve = parser.add_mutually_exclusive_group()
+    solve.add_argument("--solve", dest="solve", action="store_true", default=None,
+                       help="z3 decides the timing model with free start times (default up to "
+                            "a few thousand group steps)")
+    solve.add_argument("--no-solve", dest="solve", action="store_false",
+                       help="z3 only checks the event pass's timing (the certificate)")
     parser.add_argument("--memory-limit", type=float, metavar="X",
                         help="activation memory limit per rank in M_B (overrides the schedule's)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -27,6 +34,13 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeforge._gc import gc_paused
+
+    with gc_paused():  # reading a large CSV builds ~10^5 acyclic values: collections would cost more
+        return check(args)
+
+
+def check(args: argparse.Namespace) -> int:
     from pipeforge.verify import verify
 
     try:
@@ -40,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         from pipeforge.sim.costs import memory_for
 
         memory_for(schedule, args.memory_limit)  # refuses a limit that is not a positive number
-    report = verify(schedule, semantics=args.semantics, memory_limit=args.memory_limit)
+    report = verify(schedule, semantics=args.semantics, memory_limit=args.memory_limit, solve=args.solve)
     if args.json:
         print_json(report.to_json())
     else:

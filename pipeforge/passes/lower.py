@@ -107,15 +107,22 @@ class DependencyGraph:
 
 
 def compute_positions(schedule: Schedule) -> dict[Key, Position]:
-    """Where each compute action first occurs."""
+    """Where each compute action first occurs on the rank that owns its stage. One written on
+    another rank is a ``placement`` error: no communication (nor any wait) is derived from it."""
+    owners = [placement.stage_to_rank for placement in schedule.placements]
     position: dict[Key, Position] = {}
     for rank, program in enumerate(schedule.programs):
         for index, step in enumerate(program):
             for a in step.actions:
                 key = (a.stage, a.kind._value_, a.microbatch, a.chain)
-                if key[1] in COMPUTE and key not in position:
+                if key[1] in COMPUTE and key not in position and owned_by(owners, key, rank):
                     position[key] = (rank, index)
     return position
+
+
+def owned_by(owners: list[tuple[int, ...]], key: Key, rank: int) -> bool:
+    stage, chain = key[0], key[3]
+    return 0 <= chain < len(owners) and 0 <= stage < len(owners[chain]) and owners[chain][stage] == rank
 
 
 def inputs_of(key: Key, last: int) -> list[tuple[Key, bool, Key | None, Key | None]]:

@@ -2,10 +2,13 @@
 
 Structural checks (placement, duplicate, missing, order, mismatch, memory) are
 plain Python passes. Then the linear-time pass of ``timing.py`` runs the ranks
-as events: it either proposes a start time and duration for every step, which
-z3 checks against the whole timing model (``model.py``; the satisfying model is
-the certificate), or finds the wait cycle, whose constraints z3 proves
-unsatisfiable (the unsat core names them).
+as events: it either proposes a start time and duration for every step or finds
+the wait cycle, whose constraints z3 proves unsatisfiable (the unsat core names
+them). With ``solve`` z3 then decides the whole timing model with free start
+times (the proposal only seeds it), and, on small schedules, the order and
+completeness models of ``obligations.py``; any verdict of z3 that differs from
+the Python one raises ``VerifierDisagreement`` (exit 70). Without it z3 checks
+the proposed timing against the model (the certificate).
 """
 
 from __future__ import annotations
@@ -23,38 +26,111 @@ from pipeforge.verify.report import KINDS, Hop, Report, Stats, Violation
 from pipeforge.verify.structure import check_structure
 from pipeforge.verify.timing import Stuck, group_slots, model_constraints, run
 
-SEMANTICS = ("rendezvous", "buffered")
+SEMANTICS = ("rendezvous", "buffered", "nccl")
 
-__all__ = ["verify", "Report", "Violation", "Hop", "Stats", "KINDS", "SEMANTICS"]
+__all__ = ["verify", "VerifierDisagreement", "Report", "Violation", "Hop", "Stats", "KINDS", "SEMANTICS"]
+
+
+class VerifierDisagreement(RuntimeError):
+    """The event pass and z3 reached different verdicts: a bug in pipeforge, never the input's fault."""
 
 
 def verify(schedule: Schedule, *, semantics: str = "rendezvous", memory_limit: float | None = None,
-           certify: bool = True) -> Report:
-    """Check ``schedule``; a compute-only one is checked as ``lower`` makes it."""
+           certify: bool = True, solve: bool | None = None) -> Report:
+    """Check ``schedule``; a compute-only one is checked as ``lower`` makes it.
+
+    ``solve``: z3 decides the timing model with free start times (``True``), or
+    only checks the event pass's proposal (``False``); ``None`` solves when the
+    model has at most ``SOLVE_BY_DEFAULT_UP_TO`` group steps (where the decision
+    stays within the speed target; see benchmarks/bench_verify.py).
+    """
     if semantics not in SEMANTICS:
         raise UsageError(f"semantics {semantics!r}: expected one of {', '.join(SEMANTICS)}")
     with gc_paused():
-        return verify_schedule(schedule, semantics, memory_limit, certify)
+        return verify_schedule(schedule, semantics, memory_limit, certify, solve)
 
 
+SOLVE_BY_DEFAULT_UP_TO = 6000  # group steps (16 ranks x 64 microbatches x 2 stages has about 4,200)
+# z3 decides order and completeness too (under solve) up to this many group steps; its simplex is slow
+# on the long program-order chains of larger models (0.7 s at 16 x 64 x 2), and the plain passes decide
+# them alone there (the report's "established" says which)
+STRUCTURE_BY_Z3_UP_TO = 1200
 
-def verify_schedule(schedule: Schedule, semantics: str, memory_limit: float | None, certify: bool) -> Report:
+
+def verify_schedule(schedule: Schedule, semantics: str, memory_limit: float | None, certify: bool,
+                    solve: bool | None) -> Report:
     started = perf_counter()
     lowered = lower_with_origins(schedule)
     program = Program.of(lowered.schedule, lowered.origins, schedule)
     pairing = pair_ops(program)
     violations = static_violations(program, pairing, schedule, memory_limit)
     outcome = run(program, pairing, semantics)
+    if solve is None:
+        solve = certify and group_count(program) <= SOLVE_BY_DEFAULT_UP_TO
+    solved = decide_timing(program, pairing, semantics, outcome) if solve else False
+    structure_by_z3 = solve and group_count(program) <= STRUCTURE_BY_Z3_UP_TO
+    if structure_by_z3:
+        decide_structure(program)
     certified = False
     if isinstance(outcome, Stuck):
-        core = deadlock_core(outcome) if certify else None
+        core = deadlock_core(outcome) if certify or solve else None
         violations.append(deadlock_violation(program, outcome, schedule, core))
-    elif certify:
+    elif certify and not solve:
         certified = check_timing(program, pairing, semantics, outcome)
     violations.sort(key=lambda v: KINDS.index(v.kind))
     stats = Stats(schedule.ranks, schedule.stages, schedule.microbatches, program.schedule.action_count(),
                   perf_counter() - started, program.step_count())
-    return Report(not violations, tuple(violations), stats, semantics, certified)
+    established = establishment(solved, structure_by_z3, certified, any(v.kind == "deadlock" for v in violations))
+    return Report(not violations, tuple(violations), stats, semantics, certified or solved, solved, established)
+
+
+def establishment(solved: bool, structure_by_z3: bool, certified: bool, deadlocked: bool) -> dict[str, str]:
+    """Per violation kind, what established the verdict on it."""
+    found = {kind: "python" for kind in KINDS if kind != "syntax"}
+    if structure_by_z3:
+        found["order"] = found["missing"] = "z3: decided; python: located"
+    if solved:
+        found["deadlock"] = "z3: decided (free start times)" + ("; unsat core of the wait cycle" if deadlocked else "")
+    elif deadlocked:
+        found["deadlock"] = "event pass: wait cycle; z3: unsat core of it"
+    elif certified:
+        found["deadlock"] = "event pass: timing; z3: checked it (certificate)"
+    else:
+        found["deadlock"] = "event pass"
+    return found
+
+
+def decide_structure(program: Program) -> None:
+    """z3 decides data dependencies and completeness too; they must agree with the plain passes."""
+    from pipeforge.verify.model import satisfiable
+    from pipeforge.verify.obligations import completeness_text, order_texts
+    from pipeforge.verify.structure import check_missing, check_needed_comms, check_order, microbatch_chains
+
+    missing = check_missing(program, microbatch_chains(program))
+    if program.as_written:
+        missing += check_needed_comms(program)
+    found = {"order": bool(check_order(program)), "missing": any(v.kind == "missing" for v in missing)}
+    for kind, texts in (("order", order_texts(program)), ("missing", [completeness_text(program)])):
+        if all(map(satisfiable, texts)) == found[kind]:
+            raise VerifierDisagreement(f"internal error: the plain pass found {'a' if found[kind] else 'no'} "
+                                       f"{kind!r} violation, but z3 decides the {kind} model otherwise")
+
+
+def group_count(program: Program) -> int:
+    return sum(1 for row in program.slots for slot in row if slot.group)
+
+
+def decide_timing(program: Program, pairing, semantics: str, outcome) -> bool:
+    """z3 decides the timing model with free start times; it must agree with the event pass."""
+    from pipeforge.verify.model import decide
+
+    seed = None if isinstance(outcome, Stuck) else outcome
+    decision = decide(model_constraints(program, pairing, semantics), seed)
+    if decision.satisfiable == (seed is None):
+        found = "a wait cycle" if seed is None else "a timing"
+        raise VerifierDisagreement(f"internal error: the event pass found {found}, but z3 decides the "
+                                   f"{semantics} timing model is {'sat' if decision.satisfiable else 'unsat'}")
+    return True
 
 
 def static_violations(program: Program, pairing, schedule: Schedule, memory_limit: float | None) -> list[Violation]:

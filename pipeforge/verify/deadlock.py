@@ -40,7 +40,12 @@ def stuck_grid(written: Schedule, marks: dict[tuple[int, int], str], context: in
 def hop_of(program: Program, wait) -> Hop:
     slot = wait.slot
     peer_step = program.slots[wait.target[0]][wait.target[1]].index if wait.target else None
-    return Hop(slot.rank, slot.index, slot.text, wait.waits_for, wait.peer, slot.span, wait.peer_finished, peer_step)
+    return Hop(slot.rank, slot.index, slot.text, wait.waits_for, wait.peer, slot.span, wait.peer_finished, peer_step,
+               wait.posted, group_text(program, wait.target) if wait.posted else None)
+
+
+def group_text(program: Program, key: tuple[int, int]) -> str:
+    return str(program.slots[key[0]][key[1]].step)
 
 
 def stuck_marks(program: Program, stuck: Stuck) -> dict[tuple[int, int], str]:
@@ -73,5 +78,5 @@ def describe_constraint(program: Program, constraint: Constraint) -> str:
     if kind == "rendezvous":
         return f"rendezvous: {place(program, constraint[1])} meets {place(program, constraint[2])}"
     if kind == "buffered":
-        return f"buffered: {place(program, constraint[1])} ends after {place(program, constraint[2])} is posted"
+        return f"posted: {place(program, constraint[1])} ends after {place(program, constraint[2])} is posted"
     return f"unmatched: {constraint[2]} at {place(program, constraint[1])} has no partner"

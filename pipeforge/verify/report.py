@@ -22,6 +22,8 @@ class Hop:
     span: Span | None = field(default=None, compare=False)
     peer_finished: bool = False
     peer_step: int | None = None  # where the awaited op is, when it is known
+    posted: bool = False  # the awaited op is posted, in a group of the same component: the next hop is there
+    peer_group: str | None = None  # that group, as written
 
     @property
     def source(self) -> str:
@@ -31,7 +33,9 @@ class Hop:
         head = f"rank {self.rank} step {self.step} ({self.step_text}) waits" if first else \
             f"which waits at step {self.step} ({self.step_text})"
         tail = f" for {self.waits_for} from {self.source}"
-        if self.peer == self.rank and self.peer_step is not None:
+        if self.posted:
+            tail += f", posted there at step {self.peer_step} in {self.peer_group} (one rendezvous with it)"
+        elif self.peer == self.rank and self.peer_step is not None:
             tail = (f" for {self.waits_for}, which its own rank posts only later, at step {self.peer_step} "
                     f"(one rendezvous would need two steps of rank {self.rank} at once)")
         if self.peer_finished and self.peer is not None:
@@ -89,6 +93,8 @@ def where(rank: int | None, step: int | None) -> str:
 def render_hop(hop: Hop) -> str:
     where = f" at {hop.span}" if hop.span else ""
     text = f"  rank {hop.rank} step {hop.step} ({hop.step_text}){where} waits for {hop.waits_for} from {hop.source}"
+    if hop.posted:
+        text += f" (posted, at step {hop.peer_step} in {hop.peer_group})"
     if hop.peer_finished and hop.peer is not None:
         text += " (it has finished)"
     block = caret_block(hop.span) if hop.span else ""
@@ -121,18 +127,22 @@ class Report:
     violations: tuple[Violation, ...]
     stats: Stats
     semantics: str = "rendezvous"
-    certified: bool = False
+    certified: bool = False  # z3 established the timing (checked the proposal, or decided the model)
+    solved: bool = False  # z3 decided the timing model with free start times (--solve)
+    established: dict = field(default_factory=dict, compare=False)  # kind -> what established it
 
     def kinds(self) -> set[str]:
         return {v.kind for v in self.violations}
 
     def to_json(self) -> dict:
         return {"valid": self.valid, "violations": [v.to_json() for v in self.violations],
-                "stats": self.stats.to_json()}
+                "stats": self.stats.to_json(), "semantics": self.semantics, "solved": self.solved,
+                "established": dict(self.established)}
 
     def render(self) -> str:
         if self.valid:
-            how = "certificate checked by z3" if self.certified else "checked without a z3 certificate"
+            how = ("decided by z3 (free start times)" if self.solved else
+                   "certificate checked by z3" if self.certified else "checked without a z3 certificate")
             return f"valid: {how} ({self.stats.steps} steps, {self.stats.seconds:.2f} s)"
         count = len(self.violations)
         head = f"invalid: {count} violation{'s' if count != 1 else ''}"

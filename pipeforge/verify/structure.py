@@ -227,15 +227,21 @@ def check_order(program: Program) -> list[Violation]:
 
 
 def check_rank_order(program: Program, row: tuple[Slot, ...]) -> list[Violation]:
+    """Each unmet need of an action on its own rank. A need is unmet when what it needs is on the
+    rank, but not strictly earlier; when it is nowhere on the rank it is ``missing`` (or misplaced:
+    ``placement``) and that is the one report. Actions on a rank that does not own their stage
+    are ``placement`` only: nothing derived from them is checked."""
     done: set[Key] = set()
+    here = {key for slot in row for key in slot.acts}
     found = []
     bad = program.out_of_range
     for slot in row:
         for key in slot.acts:
-            if key in bad:
+            if key in bad or program.owners[key[3]][key[0]] != slot.rank:
                 continue
             for need in needs_of(program, slot.rank, key):
-                if need[0] not in done and (len(need) == 1 or need[1] not in done):
+                if need[0] not in done and (len(need) == 1 or need[1] not in done) and \
+                        (need[0] in here or (len(need) > 1 and need[1] in here)):
                     text = " or ".join(map(text_of, need))
                     found.append(violation_at("order", f"{text_of(key)} needs {text} earlier on rank {slot.rank}",
                                               slot))

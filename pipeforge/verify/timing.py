@@ -6,7 +6,8 @@ here, so the same list feeds the z3 text (``model.py``) and the core mapping:
 - ``("order", r, k)``: ``t[r][k+1] >= t[r][k] + d[r][k]``
 - ``("duration", r, k)``: ``d[r][k] >= 1``
 - ``("rendezvous", (r, k), (q, j))``: ``t[r][k] == t[q][j]`` (a matched send and receive)
-- ``("buffered", (r, k), (q, j))``: receive group (r, k) ends after send group (q, j) is posted:
+- ``("buffered", (r, k), (q, j))``: group (r, k) ends after its partner's group (q, j) is posted
+  (buffered: a receive waits for its send; nccl: every op waits for its partner):
   ``t[r][k] + d[r][k] >= t[q][j] + 1``
 - ``("unmatched", (r, k), text)``: an op that nothing will ever meet: ``false``
 - ``("after", r, k, j)``: program order from slot k to a later slot j, summed (each slot
@@ -20,8 +21,8 @@ bounds the next step's start), so it is satisfiable exactly when the full model 
 
 - ``("gap", r, k, j)``: consecutive group slots k < j of rank r: ``t[r][j] >= t[r][k] + (j - k)``
 - ``("rendezvous", ...)`` as above; ``("unmatched", ...)`` as above
-- ``("released", (r, j), (q, i), n)``: buffered: the receive group n slots before group j
-  ends after send group (q, i) is posted: ``t[r][j] >= t[q][i] + n``
+- ``("released", (r, j), (q, i), n)``: buffered and nccl: the group n slots before group j
+  ends after its partner's group (q, i) is posted: ``t[r][j] >= t[q][i] + n``
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ class Wait:
     waits_for: str
     peer: int | None
     target: Key | None  # the partner's slot, None when nothing will ever meet the op
-    links: tuple[Constraint, ...]  # match constraints to the target (or the unmatched op)
+    links: tuple[Constraint, ...]  # the match constraint to the target (or the unmatched op)
     peer_finished: bool
+    posted: bool = False  # the awaited op is posted (its group is at its rank's head): the chain goes on there
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,8 @@ class Stuck:
         found: list[Constraint] = []
         for wait in self.chain[self.cycle_from:]:
             found.extend(wait.links)
+            if wait.posted:  # a group the component passes through: it is at its rank's head
+                continue
             rank, target = wait.target
             found.append(("after", rank, self.position[rank], target))
             found.append(("duration", rank, self.position[rank]))
@@ -99,18 +103,20 @@ def model_constraints(program: Program, pairing: Pairing, semantics: str) -> lis
         if semantics == "rendezvous":
             found.append(("rendezvous", key_of(send.slot), key_of(recv.slot)))
             continue
-        rank, k = key_of(recv.slot)
-        if (rank, k) in following:
-            j = following[(rank, k)]
-            found.append(("released", (rank, j), key_of(send.slot), j - k))
+        waiting = ((recv, send), (send, recv)) if semantics == "nccl" else ((recv, send),)
+        for op, partner in waiting:  # op's group ends after partner's group is posted
+            rank, k = key_of(op.slot)
+            if (rank, k) in following:
+                j = following[(rank, k)]
+                found.append(("released", (rank, j), key_of(partner.slot), j - k))
     for op in pairing.unmatched:
-        if semantics == "rendezvous" or not op.is_send:
+        if semantics != "buffered" or not op.is_send:
             found.append(("unmatched", key_of(op.slot), op.text))
     return found
 
 
 def run(program: Program, pairing: Pairing, semantics: str) -> Timing | Stuck:
-    runner = Rendezvous(program, pairing) if semantics == "rendezvous" else Buffered(program, pairing)
+    runner = RUNNERS[semantics](program, pairing)
     runner.run()
     return runner.result()
 
@@ -176,19 +182,26 @@ class Runner:
         return self.stuck()
 
     def stuck(self) -> Stuck:
+        """The wait chain from the lowest stuck rank, until a rank (or a group passed through) repeats."""
         rank = min(r for r in range(len(self.slots)) if not self.finished(r))
         seen: dict[int, int] = {}
+        at: dict[Key, int] = {}  # group slot -> index of its hop in the chain
         chain: list[Wait] = []
         while rank not in seen:
             seen[rank] = len(chain)
-            wait = self.blocker(self.slots[rank][self.position[rank]])
-            chain.append(wait)
+            for wait in self.blocker(self.slots[rank][self.position[rank]]):
+                here = key_of(wait.slot)
+                if here in at and wait.slot.rank != rank:  # back at a group of the chain: the cycle
+                    return Stuck(tuple(self.position), tuple(chain), at[here])
+                at.setdefault(here, len(chain))
+                chain.append(wait)
             if wait.peer_finished:
                 return Stuck(tuple(self.position), tuple(chain), None)
             rank = wait.peer
         return Stuck(tuple(self.position), tuple(chain), seen[rank])
 
-    def blocker(self, slot: Slot) -> Wait:
+    def blocker(self, slot: Slot) -> list[Wait]:
+        """Why the group ``slot`` cannot complete: the groups it passes through, then the op not posted."""
         raise NotImplementedError
 
     def unmatched_wait(self, slot: Slot, op: Op) -> Wait:
@@ -249,27 +262,31 @@ class Rendezvous(Runner):
                 self.queue.append(rank)
         return True
 
-    def blocker(self, slot: Slot) -> Wait:
-        """The first op, breadth-first through the component, whose partner is not posted."""
+    def blocker(self, slot: Slot) -> list[Wait]:
+        """The first op, breadth-first through the component, whose partner is not posted, and
+        every group of the component on the way there (each is a hop of the wait chain)."""
         todo = deque([(slot, ())])
         visited = {key_of(slot)}
         while todo:
-            here, links = todo.popleft()
+            here, path = todo.popleft()
             for op, partner in self.ops(here):
                 if partner is None:
-                    return self.unmatched_wait(slot, op)
-                link = ("rendezvous", key_of(here), key_of(partner.slot))
+                    return list(path) + [self.unmatched_wait(here, op)]
                 there = key_of(partner.slot)
+                link = ("rendezvous", key_of(here), there)
                 if not self.at_head(there):
-                    return Wait(slot, partner.text, partner.slot.rank, there, links + (link,), False)
+                    return list(path) + [Wait(here, partner.text, partner.slot.rank, there, (link,), False)]
                 if there not in visited:
                     visited.add(there)
-                    todo.append((partner.slot, links + (link,)))
+                    passed = Wait(here, partner.text, partner.slot.rank, there, (link,), False, posted=True)
+                    todo.append((partner.slot, path + (passed,)))
         raise AssertionError(f"rank {slot.rank} is stuck at {slot.text} with every partner posted")
 
 
 class Buffered(Runner):
     """Sends complete once posted; a group completes once every receive's send is posted."""
+
+    waits_for_receivers = False  # a send completes once posted
 
     def __init__(self, program: Program, pairing: Pairing):
         super().__init__(program, pairing)
@@ -285,7 +302,7 @@ class Buffered(Runner):
     def try_group(self, slot: Slot) -> bool:
         end = self.ready[slot.rank] + 1
         for op, partner in self.ops(slot):
-            if op.is_send:
+            if op.is_send and not self.waits_for_receivers:
                 continue
             if partner is None:
                 return False
@@ -298,14 +315,24 @@ class Buffered(Runner):
         self.finish(slot.rank, self.ready[slot.rank], end - self.ready[slot.rank])
         return True
 
-    def blocker(self, slot: Slot) -> Wait:
+    def blocker(self, slot: Slot) -> list[Wait]:
         for op, partner in self.ops(slot):
-            if op.is_send:
+            if op.is_send and not self.waits_for_receivers:
                 continue
             if partner is None:
-                return self.unmatched_wait(slot, op)
+                return [self.unmatched_wait(slot, op)]
             there = key_of(partner.slot)
             if self.posted_at[there[0]][there[1]] is None:
                 link = ("buffered", key_of(slot), there)
-                return Wait(slot, partner.text, there[0], there, (link,), False)
-        raise AssertionError(f"rank {slot.rank} is stuck at {slot.text} with every send posted")
+                return [Wait(slot, partner.text, there[0], there, (link,), False)]
+        raise AssertionError(f"rank {slot.rank} is stuck at {slot.text} with every partner posted")
+
+
+class Nccl(Buffered):
+    """Each op completes once its partner's group is posted (NCCL's steady state: the
+    connection exists); a group completes when all its ops do; a rank's next step waits."""
+
+    waits_for_receivers = True
+
+
+RUNNERS = {"rendezvous": Rendezvous, "buffered": Buffered, "nccl": Nccl}

@@ -25,14 +25,20 @@ K = ActionKind
 NOTES = """
 - An unmatched communication op (its pair has fewer partners) blocks forever:
   under rendezvous its group never fires; under buffered an unmatched receive
-  never completes (an unmatched send completes once posted).
+  never completes (an unmatched send completes once posted); under nccl no
+  unmatched op completes.
 - A communication action whose stage or peer stage is out of range, or whose
   chain is undeclared, takes part in no matching (it is unmatched).
 - Matching also pairs a rank with itself (a send and a receive whose peer is
   the rank they are on; already a placement violation).
 - Memory: an overlap step's additions apply first, so its peak is checked
   before its releases.
-- Same rank means the rank the action is written on.
+- Same rank means the rank the action is written on. An action on a rank that
+  does not own its stage is `placement` only: it neither waits nor satisfies a
+  need, and nothing is derived from it (no order, and in a compute-only
+  schedule no communication, so no mismatch or deadlock).
+- A need whose action is nowhere on the rank is not `order`: the action is
+  missing (or misplaced), which is reported as that.
 - REDUCE_GRAD, UNSHARD and RESHARD act on their stage on the rank they are on,
   whatever their chain: placement asks whether the rank holds the stage in any
   chain; REDUCE_GRAD's duplicates are counted per (rank, stage); the UNSHARD /
@@ -53,7 +59,7 @@ class OracleResult:
 def oracle(schedule: Schedule, semantics: str = "rendezvous", memory: bool = True,
            memory_limit: float | None = None) -> OracleResult:
     """What docs/semantics.md says of ``schedule``; ``memory_limit`` overrides the schedule's own limit."""
-    if semantics not in ("rendezvous", "buffered"):
+    if semantics not in ("rendezvous", "buffered", "nccl"):
         raise ValueError(f"semantics {semantics!r}")
     world = World(schedule)
     found: list[tuple[str, str]] = []
@@ -199,20 +205,28 @@ class World:
 
     # -- static order
 
+    def placed(self, rank: int, a: Action) -> bool:
+        """In range, and (for compute and communication) on the rank that owns its stage."""
+        return self.in_range(a) and (not (a.is_compute or a.is_comm) or self.owner(a.stage, a.chain) == rank)
+
     def order(self) -> list[tuple[str, str]]:
         found = []
         for rank, program in enumerate(self.programs):
             seen: set[tuple] = set()
+            on_rank = {key(a) for _, step in program for a in step.actions}
             for index, step in program:
                 for a in step.actions:
-                    if self.in_range(a) and not self.satisfied(rank, a, seen):
+                    if self.placed(rank, a) and not self.satisfied(rank, a, seen, on_rank):
                         found.append(("order", f"rank {rank} step {index} {a}"))
                 seen |= {key(a) for a in step.actions}
             found += self.reduce_grad_order(rank, program)
         return found
 
-    def satisfied(self, rank: int, a: Action, seen: set[tuple]) -> bool:
-        return all(any(option in seen for option in need) for need in self.static_needs(rank, a))
+    def satisfied(self, rank: int, a: Action, seen: set[tuple], on_rank: set[tuple]) -> bool:
+        """Each need met earlier on the rank, or absent from the rank altogether (then the needed
+        action is missing or misplaced, and reported as that only)."""
+        return all(any(option in seen for option in need) or not any(option in on_rank for option in need)
+                   for need in self.static_needs(rank, a))
 
     def static_needs(self, rank: int, a: Action) -> list[tuple[tuple, ...]]:
         """Each need is a tuple of alternatives (keys of actions) one of which must be earlier."""
@@ -314,7 +328,7 @@ class World:
     def execute(self, partner: dict, semantics: str) -> list[tuple[str, str]]:
         pc = [0] * len(self.programs)
         fire = self.rendezvous_step if semantics == "rendezvous" else self.buffered_step
-        components = self.components(partner) if semantics == "rendezvous" else None
+        components = self.components(partner) if semantics == "rendezvous" else semantics
         progress = True
         while progress:
             progress = self.run_compute(pc)
@@ -371,27 +385,29 @@ class World:
                 moved = True
         return moved
 
-    def buffered_step(self, pc, partner, _components) -> bool:
+    def buffered_step(self, pc, partner, semantics) -> bool:
+        """buffered: each receive waits for its send to be posted; nccl: every op waits for its partner."""
         moved = False
         for rank in range(len(pc)):
             step = self.current(pc, rank)
             if step is None or not step.is_group:
                 continue
-            if all(self.receive_ready(rank, pc, slot, a, partner) for slot, a in enumerate(step.actions)):
+            if all(self.op_ready(rank, pc, slot, a, partner, semantics) for slot, a in enumerate(step.actions)):
                 pc[rank] += 1
                 moved = True
         return moved
 
-    def receive_ready(self, rank, pc, slot, a: Action, partner) -> bool:
-        if a.kind not in (K.RECV_F, K.RECV_B):
+    def op_ready(self, rank, pc, slot, a: Action, partner, semantics) -> bool:
+        if semantics == "buffered" and a.kind not in (K.RECV_F, K.RECV_B):
             return True
-        send_op = partner.get((rank, pc[rank], slot))
-        return send_op is not None and pc[send_op[0]] >= send_op[1]
+        other = partner.get((rank, pc[rank], slot))
+        return other is not None and pc[other[0]] >= other[1]
 
     # -- compute-only: is there a global execution respecting the cross-rank dependencies?
 
     def execute_compute(self) -> list[tuple[str, str]]:
-        exists = {key(a) for _, _, a in self.actions() if a.is_compute}
+        """Only actions on their stage's rank produce or wait: a misplaced one is placement only."""
+        exists = {key(a) for r, _, a in self.actions() if a.is_compute and self.placed(r, a)}
         done: set[tuple] = set()
         pc = [0] * len(self.programs)
         progress = True
@@ -399,7 +415,7 @@ class World:
             progress = False
             for rank in range(len(pc)):
                 while (step := self.current(pc, rank)) is not None and self.may_run(rank, step, exists, done):
-                    done |= {key(a) for a in step.actions}
+                    done |= {key(a) for a in step.actions if self.placed(rank, a)}
                     pc[rank] += 1
                     progress = True
         return self.stuck(pc)
@@ -413,7 +429,7 @@ class World:
         return True
 
     def cross_rank_needs(self, rank: int, a: Action) -> list[tuple[tuple, ...]]:
-        if not a.is_compute or not self.in_range(a):
+        if not a.is_compute or not self.placed(rank, a):
             return []
         s, m, c = a.stage, a.microbatch, a.chain
         if a.kind is K.F and s > 0 and self.owner(s - 1, c) != rank:

@@ -26,8 +26,9 @@ LOWERED_OK = [["0F0", "0SEND_F0", "0RECV_B0", "0B0"], ["1RECV_F0", "1F0", "1B0",
 CASES = [
     ("valid, written", LOWERED_OK, 2, 1, set(), None),
     ("valid, compute-only", [["0F0", "0B0"], ["1F0", "1B0"]], 2, 1, set(), None),
-    # stage 1 belongs to rank 1, so 0B0 needs a receive from it (same rank means by the placement)
-    ("placement: 1F0 on rank 0", [["0F0", "1F0", "1B0", "0B0"], []], 2, 1, {"placement", "order"}, (0, 1)),
+    # stage 1 belongs to rank 1: its actions on rank 0 are placement errors, and carry nothing (so 0B0's
+    # need of a receive from stage 1 is not an order error: stage 1's backward is not where it belongs)
+    ("placement: 1F0 on rank 0", [["0F0", "1F0", "1B0", "0B0"], []], 2, 1, {"placement"}, (0, 1)),
     ("placement: microbatch out of range", [["0F0", "0F1", "0B0"], ["1F0", "1B0"]], 2, 1, {"placement"}, (0, 1)),
     ("placement: stage out of range", [["0F0", "0B0", "5F0"], ["1F0", "1B0"]], 2, 1, {"placement"}, (0, 2)),
     ("duplicate F", [["0F0", "0F0", "0B0"], ["1F0", "1B0"]], 2, 1, {"duplicate"}, (0, 1)),
@@ -41,9 +42,10 @@ CASES = [
     ("missing backward", [["0F0"], ["1F0", "1B0"]], 2, 1, {"missing"}, (0, None)),
     ("missing W", [["0F0", "0I0"], ["1F0", "1B0"]], 2, 1, {"missing"}, (0, None)),
     ("missing I: a W beside a B", [["0F0", "0B0", "0W0"], ["1F0", "1B0"]], 2, 1,
-     {"duplicate", "missing", "order"}, (0, 2)),
+     {"duplicate", "missing"}, (0, 2)),  # 0W0 lacks 0I0: missing, not also an order error
+    # 1F0 lacks its receive: missing (not also order); 0SEND_F0 then meets nothing and blocks
     ("missing receive", [["0F0", "0SEND_F0", "0RECV_B0", "0B0"], ["1F0", "1B0", "1SEND_B0"]], 2, 1,
-     {"missing", "order", "deadlock"}, (1, None)),
+     {"missing", "deadlock"}, (1, None)),
     ("order: B before F", [["0B0", "0F0"], ["1F0", "1B0"]], 2, 1, {"order", "deadlock"}, (0, 0)),
     ("order: W before I", [["0F0", "0W0", "0I0"], ["1F0", "1B0"]], 2, 1, {"order"}, (0, 1)),
     ("order: receive after its compute",
@@ -141,8 +143,11 @@ def test_a_rendezvous_needing_two_steps_of_one_rank_says_so():
     rows = [["0F0", "[0SEND_F0 0RECV_B0]", "0B0"], ["1RECV_F0", "1F0", "1B0", "1SEND_B0"]]
     report = verify(schedule_of(rows))
     assert report.kinds() == {"deadlock"}
-    assert "which its own rank posts only later, at step 3" in report.violations[0].message
+    message = report.violations[0].message
+    assert message.startswith("rank 0 step 1 ([0SEND_F0 0RECV_B0]) waits for 1SEND_B0 from rank 1, "
+                              "which waits at step 0 (1RECV_F0) for 0SEND_F0 from rank 0, posted there at step 1")
     assert verify(schedule_of(rows), semantics="buffered").valid
+    assert verify(schedule_of(rows), semantics="nccl").valid
 
 
 def test_an_unmatched_receive_ends_the_chain_at_a_finished_rank():
@@ -164,7 +169,9 @@ def test_a_group_matched_twice_on_one_rank_never_fires_under_rendezvous():
 
 def test_render_of_a_valid_schedule_names_the_z3_certificate():
     report = verify(schedule_of(LOWERED_OK))
-    assert report.render().startswith("valid: certificate checked by z3 (8 steps, ")
+    assert report.solved and report.render().startswith("valid: decided by z3 (free start times) (8 steps, ")
+    report = verify(schedule_of(LOWERED_OK), solve=False)
+    assert not report.solved and report.render().startswith("valid: certificate checked by z3 (8 steps, ")
     assert verify(schedule_of(LOWERED_OK), certify=False).render().startswith("valid: checked without")
 
 
@@ -175,9 +182,12 @@ def test_render_of_a_deadlock_shows_hops_and_the_grid():
     assert "0SEND_F1*" in text and "1SEND_B0*" in text
 
 
-def test_json_is_exactly_the_design_contract():
+def test_json_is_the_design_contract_plus_what_established_each_kind():
     report = verify(facing_sends()).to_json()
-    assert set(report) == {"valid", "violations", "stats"}
+    assert set(report) == {"valid", "violations", "stats", "semantics", "solved", "established"}
+    assert report["solved"] and report["established"]["deadlock"].startswith("z3: decided")
+    assert set(report["established"]) == set(KINDS) - {"syntax"}
+    assert verify(facing_sends(), solve=False).to_json()["established"]["deadlock"].startswith("event pass")
     assert set(report["stats"]) == {"ranks", "stages", "microbatches", "actions", "seconds"}
     assert all(set(v) == {"kind", "message", "rank", "step", "location"} for v in report["violations"])
     assert report["stats"]["actions"] == 16
@@ -203,7 +213,8 @@ def torch_schedule(name: str, ranks: int, microbatches: int, per_rank: int = 1) 
 
 
 def test_torch_schedule_1f1b_pipeline_order_is_rejected():
-    """torch 2.13's Schedule1F1B never forwards microbatch 0 on the last rank and forwards one that does not exist."""
+    """torch 2.13's Schedule1F1B.pipeline_order (what _dump_csv writes; not what step() runs, see
+    test_torch_1f1b.py) never forwards microbatch 0 on the last rank and forwards one that does not exist."""
     report = verify(torch_schedule("Schedule1F1B", 4, 8))
     assert not report.valid
     messages = [v.message for v in report.violations]
@@ -218,3 +229,75 @@ def test_torch_schedule_1f1b_pipeline_order_is_rejected():
 def test_torch_multi_stage_orders_are_valid(name, ranks, microbatches, per_rank):
     report = verify(torch_schedule(name, ranks, microbatches, per_rank))
     assert report.valid and report.certified, report.render()
+
+
+# ------------------------------------------------------------------ kinds that name the cause
+
+@pytest.mark.parametrize("rows", [
+    [["0F0", "1F0", "0B0"], ["1B0"]],  # 1F0 on rank 0: rank 1's 1B0 then lacks it, but that is derived
+    [["0F0", "0B0"], ["1F0", "1B0", "0B0"]],  # 0B0 again, on rank 1
+    [["0F0", "1B0", "0B0"], ["1F0"]],  # the last stage's backward on the first rank
+])
+def test_an_action_on_the_wrong_rank_is_placement_and_nothing_derived(rows):
+    for semantics in ("rendezvous", "nccl", "buffered"):
+        assert verify(schedule_of(rows), semantics=semantics).kinds() <= {"placement", "duplicate"}
+
+
+def test_a_missing_producer_is_missing_only():
+    assert verify(schedule_of([["0B0"], ["1F0", "1B0"]])).kinds() == {"missing"}  # 1F0's input never comes
+    assert verify(schedule_of([["0F0", "0B0"], ["1B0"]])).kinds() == {"missing"}  # 1B0 without 1F0
+    written = [["0F0", "0SEND_F0", "0RECV_B0", "0B0"], ["1F0", "1B0", "1SEND_B0"]]  # 1RECV_F0 never posted
+    assert "order" not in verify(schedule_of(written)).kinds()
+
+
+# ------------------------------------------------------------------ hops through groups
+
+def test_a_hop_names_the_group_a_rendezvous_passes_through():
+    rows = [["0F0", "0F1", "0SEND_F0", "0SEND_F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1"],
+            ["1RECV_F0", "1F0", "1B0", "[1SEND_B0 1RECV_F1]", "1F1", "1B1", "1SEND_B1"]]
+    report = verify(schedule_of(rows, microbatches=2))
+    (violation,) = report.violations
+    assert [(hop.rank, hop.step) for hop in violation.cycle] == [(0, 3), (1, 3)]
+    assert "posted there at step 3 in [1SEND_B0 1RECV_F1]" in violation.message
+    assert "which waits at step 3 ([1SEND_B0 1RECV_F1]) for 0RECV_B0 from rank 0" in violation.message
+
+
+def test_a_cycle_closing_at_a_group_passed_through_stops_there():
+    rows = [["0F0", "[0SEND_F0 0RECV_B0]", "0B0"], ["1RECV_F0", "1F0", "1B0", "1SEND_B0"]]
+    (violation,) = verify(schedule_of(rows)).violations
+    assert [(hop.rank, hop.step, hop.posted) for hop in violation.cycle] == [(0, 1, False), (1, 0, True)]
+    assert 2 <= len(violation.core) <= 6
+
+
+# ------------------------------------------------------------------ z3 decides, and must agree
+
+def test_z3_decides_with_free_start_times_by_default_on_small_schedules():
+    assert verify(schedule_of(LOWERED_OK)).solved
+    assert not verify(schedule_of(LOWERED_OK), solve=False).solved
+    assert verify(facing_sends()).solved
+
+
+def test_an_event_pass_that_disagrees_with_z3_is_an_internal_error(monkeypatch):
+    """Fault injection: an event pass that calls a deadlocked schedule valid (its timing ignores
+    the cycle) must not yield a verdict; z3, deciding, finds the model unsatisfiable."""
+    import pipeforge.verify as verify_package
+    from pipeforge.verify.timing import Timing
+
+    def blind(program, pairing, semantics):
+        rows = tuple(tuple(range(len(row))) for row in program.slots)
+        return Timing(rows, tuple(tuple(1 for _ in row) for row in program.slots))
+
+    monkeypatch.setattr(verify_package, "run", blind)
+    with pytest.raises(verify_package.VerifierDisagreement):
+        verify(facing_sends(), solve=True)
+    verify(facing_sends(), solve=False, certify=False)  # unchecked, the wrong verdict goes through
+
+
+def test_a_plain_pass_that_disagrees_with_z3_on_order_is_an_internal_error(monkeypatch):
+    import pipeforge.verify as verify_package
+
+    import pipeforge.verify.structure as structure
+
+    monkeypatch.setattr(structure, "check_order", lambda program: [])  # a plain pass that misses the error
+    with pytest.raises(verify_package.VerifierDisagreement):
+        verify(schedule_of([["0B0", "0F0"], ["1F0", "1B0"]]), solve=True)
