@@ -242,7 +242,10 @@ class CostModel:
     """Durations of compute actions and the latency of a cross-rank edge.
 
     ``B`` defaults to ``I + W``. ``per_stage`` overrides one kind on one stage:
-    entries ``(stage, kind, value)`` with kind one of F, B, I, W.
+    entries ``(stage, kind, value)`` with kind one of F, B, I, W. ``links``
+    overrides ``comm`` per link: ``links[s]`` is the latency of a transfer
+    between stage s and stage s + 1 (either direction); links past its end cost
+    ``comm``.
     """
 
     F: float = 1.0
@@ -251,6 +254,14 @@ class CostModel:
     B: float | None = None
     comm: float = 0.0
     per_stage: tuple[tuple[int, str, float], ...] = ()
+    links: tuple[float, ...] = ()
+
+    def latency(self, from_stage: int, to_stage: int) -> float:
+        """The latency of a transfer from ``from_stage`` to ``to_stage`` across ranks."""
+        link = min(from_stage, to_stage)
+        if abs(from_stage - to_stage) == 1 and link < len(self.links):
+            return self.links[link]
+        return self.comm
 
     def duration(self, kind: ActionKind, stage: int) -> float:
         for s, k, value in self.per_stage:
@@ -271,11 +282,30 @@ class MemorySpec:
     ``unsharded``: the size of one stage's gathered parameters, which UNSHARD adds
     and RESHARD releases (0: not counted). ``limit`` (None: unlimited) caps what a
     rank may hold at any time.
+
+    Per stage (empty: every stage alike): ``activation[s]`` is what one F on stage
+    s adds, in M_B (default 1); ``weight_grad[s]`` the part of it W releases
+    (default ``weights * activation[s]``), so I releases the rest.
     """
 
     limit: float | None = None
     weights: float = 0.5
     unsharded: float = 0.0
+    activation: tuple[float, ...] = ()
+    weight_grad: tuple[float, ...] = ()
+
+    def stage_activation(self, stage: int) -> float:
+        return self.activation[stage] if stage < len(self.activation) else 1.0
+
+    def stage_weight_grad(self, stage: int) -> float:
+        if stage < len(self.weight_grad):
+            return self.weight_grad[stage]
+        return self.weights * self.stage_activation(stage)
+
+    @property
+    def uniform(self) -> bool:
+        """True when every stage holds the same (the per-stage tuples say nothing new)."""
+        return not self.activation and not self.weight_grad
 
 
 @dataclass(frozen=True)

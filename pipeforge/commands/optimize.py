@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pipeforge.commands.common import add_input_arguments, load_input, print_json, require_suffix
 from pipeforge.commands.exits import Exit
+from pipeforge.commands.simulate import add_cost_file_argument
 from pipeforge.errors import UsageError
 from pipeforge.files import write_atomically
 
@@ -23,6 +24,7 @@ def register(subparsers) -> None:
                     "memory limit; verify it and write it as a plain .pipe file.")
     add_input_arguments(parser, placement_flag="--input-placement")
     parser.add_argument("--cost", metavar="F=1,I=1,W=1,comm=0", help=COST_HELP)
+    add_cost_file_argument(parser)
     parser.add_argument("--memory-limit", type=float, metavar="X",
                         help="activation memory limit per rank, in M_B (one microbatch on one stage); "
                              "default: the schedule's own limit, else the input's peak")
@@ -69,12 +71,13 @@ class ProgressLine:
 def run(args: argparse.Namespace) -> int:
     from pipeforge.lang.printer import print_schedule
     from pipeforge.optimize import optimize
+    from pipeforge.sim.costfile import with_cost_file
     from pipeforge.sim.costs import costs_for, memory_for
 
     require_suffix(args.output, ".pipe")
     if not 0 < args.time_limit < float("inf"):
         raise UsageError(f"--time-limit {args.time_limit!r}: expected a positive number of seconds")
-    schedule = load_input(args)
+    schedule = with_cost_file(load_input(args), args.cost_file)
     costs = costs_for(schedule, args.cost)
     memory = memory_for(schedule, args.memory_limit, args.cost)
     progress = ProgressLine()

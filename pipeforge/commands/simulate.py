@@ -24,8 +24,15 @@ def register(subparsers) -> None:
 
 def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cost", metavar="F=1,I=1,W=1,comm=0", help=COST_HELP)
+    add_cost_file_argument(parser)
     parser.add_argument("--memory-limit", type=float, metavar="X",
                         help="activation memory limit per rank, in M_B (one microbatch on one stage)")
+
+
+def add_cost_file_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--costs", metavar="FILE", dest="cost_file",
+                        help="per-stage costs from a JSON cost file (as `pipeforge profile` writes; "
+                             "docs/language.md, Cost files); --cost items apply on top")
 
 
 def simulate_input(args: argparse.Namespace):
@@ -33,7 +40,9 @@ def simulate_input(args: argparse.Namespace):
     from pipeforge.sim import simulate
     from pipeforge.sim.costs import costs_for, memory_for
 
-    schedule = load_input(args)
+    from pipeforge.sim.costfile import with_cost_file
+
+    schedule = with_cost_file(load_input(args), getattr(args, "cost_file", None))
     costs = costs_for(schedule, args.cost)
     memory = memory_for(schedule, getattr(args, "memory_limit", None), args.cost)
     return simulate(schedule, costs, memory=memory)

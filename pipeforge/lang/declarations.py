@@ -161,11 +161,17 @@ def build_costs(tree: Tree, file: Source) -> Exec:
         ctx.declare("costs", span)
         fields: dict[str, float] = {}
         per_stage: list[tuple[int, str, float]] = []
+        links: dict[int, float] = {}
         for entry in entries:
-            entry(ctx, env, fields, per_stage)
-        ctx.costs = CostModel(**fields, per_stage=tuple(per_stage))
+            entry(ctx, env, fields, per_stage, links)
+        ctx.costs = CostModel(**fields, per_stage=tuple(per_stage), links=_dense(links, fields.get("comm", 0.0)))
 
     return declare_costs
+
+
+def _dense(entries: dict[int, float], default: float) -> tuple[float, ...]:
+    """``{index: value}`` as a tuple up to the last index given, ``default`` in the gaps."""
+    return tuple(entries.get(i, default) for i in range(max(entries) + 1)) if entries else ()
 
 
 def _build_cost_entry(tree: Tree, file: Source):
@@ -174,19 +180,20 @@ def _build_cost_entry(tree: Tree, file: Source):
     key_span = span_of(key_tree, file)
     if key not in _COST_KEYS:
         raise SemanticError(f"unknown cost {key!r}: costs are {', '.join(_COST_KEYS)}", key_span)
-    if index_tree is not None and key == "comm":
-        raise SemanticError("'comm' has no per-stage form; per-stage costs are F[s], B[s], I[s], W[s]", key_span)
     value = compile_expr(value_tree, file)
     value_span = span_of(value_tree, file)
     index = compile_expr(index_tree, file) if index_tree is not None else None
     index_span = span_of(index_tree, file) if index_tree is not None else None
 
-    def set_cost(ctx: Elaboration, env: dict, fields: dict, per_stage: list) -> None:
+    def set_cost(ctx: Elaboration, env: dict, fields: dict, per_stage: list, links: dict) -> None:
         number = require_number(value(env), value_span, f"the cost {key}")
         if not number >= 0:
             raise SemanticError(f"the cost {key} must not be negative, got {number!r}", value_span)
         if index is None:
             fields[key] = number
+            return
+        if key == "comm":
+            links[_check_link(ctx, require_int(index(env), index_span, "a link"), index_span)] = number
             return
         stage = ctx.check_stage(require_int(index(env), index_span, "a stage"), index_span)
         per_stage.append((stage, key, number))
@@ -194,24 +201,56 @@ def _build_cost_entry(tree: Tree, file: Source):
     return set_cost
 
 
+def _check_link(ctx: Elaboration, link: int, span: Span) -> int:
+    if 0 <= link < ctx.stages - 1:
+        return link
+    raise SemanticError(f"link {link} is out of range: comm[s] is the link from stage s to s + 1, "
+                        f"so s is in 0..{ctx.stages - 2}", span)
+
+
+_MEMORY_KEYS = ("limit", "weights", "unsharded")
+_MEMORY_STAGE_KEYS = ("activation", "weight_grad")
+
+
 def build_memory(tree: Tree, file: Source) -> Exec:
-    entries = []
-    for entry in tree.children:
-        key = str(entry.children[0])
-        if key not in ("limit", "weights", "unsharded"):
-            raise SemanticError(f"unknown memory setting {key!r}: settings are limit, weights, unsharded",
-                                span_of(entry.children[0], file))
-        entries.append((key, compile_expr(entry.children[1], file), span_of(entry.children[1], file)))
+    entries = [_memory_entry(entry, file) for entry in tree.children]
     span = span_of(tree, file)
 
     def declare_memory(ctx: Elaboration, env: dict) -> None:
         ctx.declare("memory", span)
-        fields = {key: require_number(value(env), value_span, f"the memory {key}")
-                  for key, value, value_span in entries}
-        _check_memory(fields, {key: s for key, _, s in entries})
-        ctx.memory = MemorySpec(**fields)
+        fields: dict[str, float] = {}
+        per_stage: dict[str, dict[int, float]] = {key: {} for key in _MEMORY_STAGE_KEYS}
+        for key, index, index_span, value, value_span in entries:
+            number = require_number(value(env), value_span, f"the memory {key}")
+            if index is None:
+                fields[key] = number
+                continue
+            if not 0.0 <= number < float("inf"):
+                raise SemanticError(f"{key}[s] is in units of M_B: finite and at least 0, got {number!r}",
+                                    value_span)
+            per_stage[key][ctx.check_stage(require_int(index(env), index_span, "a stage"), index_span)] = number
+        _check_memory(fields, {key: value_span for key, _, _, _, value_span in entries})
+        activation = _dense(per_stage["activation"], 1.0)
+        weights = fields.get("weights", 0.5)
+        weight_grad = tuple(per_stage["weight_grad"].get(s, weights * (activation[s] if s < len(activation) else 1.0))
+                            for s in range(max(per_stage["weight_grad"]) + 1)) if per_stage["weight_grad"] else ()
+        ctx.memory = MemorySpec(**fields, activation=activation, weight_grad=weight_grad)
 
     return declare_memory
+
+
+def _memory_entry(entry: Tree, file: Source):
+    key_tree, index_tree, value_tree = entry.children
+    key, key_span = str(key_tree), span_of(key_tree, file)
+    if index_tree is None and key not in _MEMORY_KEYS:
+        raise SemanticError(f"unknown memory setting {key!r}: settings are {', '.join(_MEMORY_KEYS)}, "
+                            f"and per stage {', '.join(k + '[s]' for k in _MEMORY_STAGE_KEYS)}", key_span)
+    if index_tree is not None and key not in _MEMORY_STAGE_KEYS:
+        raise SemanticError(f"{key!r} has no per-stage form; per-stage memory is "
+                            f"{', '.join(k + '[s]' for k in _MEMORY_STAGE_KEYS)}", key_span)
+    index = compile_expr(index_tree, file) if index_tree is not None else None
+    index_span = span_of(index_tree, file) if index_tree is not None else None
+    return key, index, index_span, compile_expr(value_tree, file), span_of(value_tree, file)
 
 
 def _check_memory(fields: dict[str, float], spans: dict[str, Span]) -> None:

@@ -77,6 +77,7 @@ def costs_text(costs: CostModel) -> str:
         entries.append(f"B = {number(costs.B)}")
     entries.append(f"comm = {number(costs.comm)}")
     entries.extend(f"{kind}[{stage}] = {number(value)}" for stage, kind, value in costs.per_stage)
+    entries.extend(f"comm[{link}] = {number(value)}" for link, value in enumerate(costs.links))
     return "costs { " + "  ".join(entries) + " }"
 
 
@@ -85,6 +86,8 @@ def memory_text(memory: MemorySpec) -> str:
     entries.append(f"weights = {number(memory.weights)}")
     if memory.unsharded:
         entries.append(f"unsharded = {number(memory.unsharded)}")
+    entries.extend(f"activation[{stage}] = {number(value)}" for stage, value in enumerate(memory.activation))
+    entries.extend(f"weight_grad[{stage}] = {number(value)}" for stage, value in enumerate(memory.weight_grad))
     return "memory { " + "  ".join(entries) + " }"
 
 

@@ -1,0 +1,96 @@
+"""``pipeforge profile``: measure a model's per-stage costs and write a cost file (``--costs FILE``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pipeforge.commands.common import print_json, require_suffix
+from pipeforge.commands.exits import Exit
+from pipeforge.errors import UsageError
+from pipeforge.files import write_atomically
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "profile", help="measure a model's per-stage costs on local processes and write a cost file",
+        description="Run the stage modules of MODEL.py (a function pipeforge_model(stages) returning "
+                    "{'modules', 'batch', 'target', 'loss_fn'}: docs/profile.md) with the pipeforge runtime "
+                    "on STAGES local gloo processes, ZB-H1 with a split backward, and write the median F, I, W "
+                    "times (ms), activation and weight-gradient bytes per stage and the transfer time per link "
+                    "as a JSON cost file for simulate/show/optimize --costs.")
+    parser.add_argument("model", metavar="MODEL.py", help="a Python file defining pipeforge_model(stages)")
+    parser.add_argument("--stages", type=int, required=True, help="number of stages (one local process each)")
+    parser.add_argument("--microbatches", type=int, help="microbatches per step (default 2 * STAGES)")
+    parser.add_argument("--steps", type=int, default=3, help="measured steps (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="steps run first and not measured (default 1)")
+    parser.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                        help="seconds any rank may wait for a peer before failing (default 120)")
+    parser.add_argument("-o", "--output", required=True, metavar="COSTS.json", help="the cost file to write")
+    parser.add_argument("--json", action="store_true", help="print the cost file to stdout too")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeforge.commands.run import require_torch
+
+    require_suffix(args.output, ".json")
+    _check(args)
+    require_torch()
+    from pipeforge.codegen import codegen
+    from pipeforge.library import load_library_schedule
+    from pipeforge.profiling import ProfileJob, cost_file
+    from pipeforge.runtime.launch import spawn
+    from pipeforge.sim.costfile import cost_file_from_json
+
+    microbatches = args.microbatches if args.microbatches is not None else 2 * args.stages
+    schedule = load_library_schedule("zb-h1", {"P": args.stages, "M": microbatches})
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="pipeforge-profile-") as out_dir:
+        job = ProfileJob(str(Path(args.model).resolve()), str(codegen(schedule, out_dir)), steps=args.steps,
+                         warmup=args.warmup, timeout=args.timeout)
+        outcomes = spawn("pipeforge.profiling:profile_job", args.stages, job, timeout=args.timeout,
+                         deadline=args.timeout * (args.steps + args.warmup + 2) + 30)
+    failed = [o for o in outcomes if not o.ok]
+    if failed:
+        for outcome in failed:
+            print(f"rank {outcome.rank} (stage {outcome.rank}): {outcome.error.strip().splitlines()[-1]}",
+                  file=sys.stderr)
+        return Exit.USAGE if any("ModelFileError" in o.error for o in failed) else Exit.INVALID
+    data = cost_file([o.value for o in outcomes])
+    cost_file_from_json(data, args.output)  # what we write must read back
+    write_atomically(args.output, json.dumps(data, indent=2) + "\n")
+    if args.json:
+        print_json(data)
+        return Exit.OK
+    print(summary(data, args, time.monotonic() - started))
+    return Exit.OK
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.stages < 2:
+        raise UsageError(f"--stages {args.stages}: expected at least 2 (one local process per stage)")
+    if args.microbatches is not None and args.microbatches < 1:
+        raise UsageError(f"--microbatches {args.microbatches}: expected at least 1")
+    if args.steps < 1 or args.warmup < 0:
+        raise UsageError("--steps must be at least 1 and --warmup at least 0")
+    if not 0 < args.timeout < float("inf"):
+        raise UsageError(f"--timeout {args.timeout:g}: expected a positive number of seconds")
+    if not Path(args.model).is_file():
+        raise UsageError(f"{args.model}: no such file (a Python file defining pipeforge_model(stages))")
+
+
+def summary(data: dict, args: argparse.Namespace, seconds: float) -> str:
+    lines = [f"profiled {args.model}: {args.stages} stages, {args.steps} measured steps in {seconds:.1f} s "
+             f"(times in ms, memory in bytes)",
+             f"{'stage':>5}{'F':>10}{'I':>10}{'W':>10}{'activation':>14}{'weight_grad':>14}"]
+    for s, e in enumerate(data["stages"]):
+        lines.append(f"{s:>5}{e['F']:>10.3f}{e['I']:>10.3f}{e['W']:>10.3f}{e['activation']:>14.0f}"
+                     f"{e['weight_grad']:>14.0f}")
+    lines.append("links " + " ".join(f"{s}->{s + 1}: {t:.3f}" for s, t in enumerate(data["links"])))
+    lines.append(f"wrote {args.output}")
+    return "\n".join(lines)

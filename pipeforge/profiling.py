@@ -1,0 +1,218 @@
+"""``pipeforge profile``: measure a model's per-stage costs with the pipeforge runtime.
+
+The user's model file (a ``.py``) defines::
+
+    def pipeforge_model(stages: int) -> dict:
+        return {"modules": [...],    # one torch.nn.Module per stage, stage 0 first
+                "batch": x,          # stage 0's input for one step (a tensor or a tuple), split on dim 0
+                "target": y,         # the last stage's target for one step, split on dim 0
+                "loss_fn": fn}       # fn(output, target) -> scalar loss
+
+Every rank calls it (build from a fixed seed: the ranks must agree) and keeps its
+own stage. The model runs ZB-H1 (stage s on rank s, backward split into I and W)
+on local gloo processes for ``warmup + steps`` steps; each F, I and W is timed
+on its rank around the stage's own compute (not the waits for its inputs), and the median over
+the measured steps' microbatches is the stage's cost. ``activation`` is the bytes
+of the tensors one F saves for backward (parameters excluded, each tensor
+counted once); ``weight_grad`` the bytes of those the W pass still reads plus the
+gradients I records for W. ``links[s]`` is half the round trip of stage s's
+output between ranks s and s + 1 (median of a few). Times are in milliseconds.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+MODEL_FUNCTION = "pipeforge_model"
+
+
+@dataclass(frozen=True)
+class ProfileJob:
+    model_path: str
+    module_path: str  # the generated ZB-H1 module
+    steps: int = 3
+    warmup: int = 1
+    timeout: float = 60.0
+    link_trials: int = 5
+
+
+class ModelFileError(Exception):
+    """The model file does not follow the protocol (raised inside a rank; reported with the rank)."""
+
+
+def load_model(path: str, stages: int) -> dict[str, Any]:
+    """The user's model, checked against the protocol."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pipeforge_user_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    make = getattr(module, MODEL_FUNCTION, None)
+    if not callable(make):
+        raise ModelFileError(f"{path}: defines no function {MODEL_FUNCTION}(stages) (docs/profile.md)")
+    model = make(stages)
+    if not isinstance(model, dict):
+        raise ModelFileError(f"{path}: {MODEL_FUNCTION}({stages}) returned {type(model).__name__}, not a dict")
+    missing = [k for k in ("modules", "batch", "target", "loss_fn") if k not in model]
+    if missing:
+        raise ModelFileError(f"{path}: {MODEL_FUNCTION}({stages}) returned no {', '.join(missing)}")
+    if len(model["modules"]) != stages:
+        raise ModelFileError(f"{path}: {MODEL_FUNCTION}({stages}) returned {len(model['modules'])} modules, "
+                             f"one per stage expected")
+    return model
+
+
+class _Meter:
+    """Times of F, I, W of this rank's stage and the bytes F saves, I and W read."""
+
+    def __init__(self, params):
+        self.params = {p.untyped_storage().data_ptr() for p in params}
+        self.times: dict[str, list[float]] = {"F": [], "I": [], "W": []}
+        self.saved: dict[int, dict[tuple, int]] = {}  # mb -> (address, elements) -> bytes
+        self.used_by_w: dict[int, set[tuple]] = {}
+        self.plan_bytes: dict[int, int] = {}
+        self.output_bytes = 0
+        self.phase: tuple[str, int] | None = None
+        self.recording = False
+
+    def hooks(self, mb: int):
+        import torch
+
+        saved = self.saved.setdefault(mb, {})
+
+        def pack(tensor):
+            key = (tensor.data_ptr(), tensor.numel())
+            if tensor.untyped_storage().data_ptr() not in self.params:
+                saved[key] = tensor.numel() * tensor.element_size()
+            return key, tensor
+
+        def unpack(packed):
+            key, tensor = packed
+            if self.phase is not None and self.phase[0] == "W":
+                self.used_by_w.setdefault(self.phase[1], set()).add(key)
+            return tensor
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+    def wrap(self, runner) -> None:
+        """Time the stage's own compute (not the waits for its inputs) by wrapping the runner's methods."""
+        for kind, name in (("F", "forward"), ("I", "backward_input"), ("W", "backward_weight")):
+            setattr(runner, name, self._timed(kind, runner, getattr(runner, name)))
+
+    def _timed(self, kind: str, runner, method):
+        def timed(mb, *args, **kwargs):
+            self.phase = (kind, mb)
+            started = time.perf_counter()
+            if kind == "F":
+                with self.hooks(mb):
+                    result = method(mb, *args, **kwargs)
+            else:
+                result = method(mb, *args, **kwargs)
+            elapsed = time.perf_counter() - started
+            self.phase = None
+            if kind == "F":
+                self.output_bytes = _nbytes(result)
+            if kind == "I":
+                self.plan_bytes[mb] = _plan_bytes(runner.states[mb].weight_plan)
+            if self.recording:
+                self.times[kind].append(elapsed * 1000.0)
+            return result
+
+        return timed
+
+    def stage_entry(self) -> dict[str, float]:
+        activation = statistics.median(sum(s.values()) for s in self.saved.values()) if self.saved else 0
+        grads = [sum(self.saved[mb].get(k, 0) for k in keys) + self.plan_bytes.get(mb, 0)
+                 for mb, keys in self.used_by_w.items() if mb in self.saved]
+        weight_grad = min(statistics.median(grads), activation) if grads else 0
+        return {"F": statistics.median(self.times["F"]), "I": statistics.median(self.times["I"]),
+                "W": statistics.median(self.times["W"]), "activation": float(activation),
+                "weight_grad": float(weight_grad)}
+
+
+def _nbytes(value) -> int:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(_nbytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    return 0
+
+
+def _plan_bytes(plan) -> int:
+    if plan is None:
+        return 0
+    recorded = [g for group in plan.groups for grads in group.grads.values() for g in grads if g is not None]
+    return sum(_nbytes(g) for g in recorded) + _nbytes(tuple(g for g in plan.root_grads if g is not None))
+
+
+def profile_rank(rank: int, nproc: int, job: ProfileJob) -> dict:
+    """One rank's measurements: its stage's entry and the link to the next stage (ms)."""
+    import torch
+    import torch.distributed as dist
+
+    from pipeforge.runtime.check import load_module
+
+    generated = load_module(job.module_path)
+    model = load_model(job.model_path, nproc)
+    module = model["modules"][rank]
+    meter = _Meter(list(module.parameters()))
+    pipe = generated.make_pipeline({rank: module}, loss_fn=model["loss_fn"], timeout=job.timeout)
+    meter.wrap(pipe.runners[(rank, 0)])
+    batch = model["batch"] if isinstance(model["batch"], tuple) else (model["batch"],)
+    for step in range(job.warmup + job.steps):
+        meter.recording = step >= job.warmup
+        meter.saved.clear(), meter.used_by_w.clear(), meter.plan_bytes.clear()
+        pipe.step(*(batch if pipe.holds_first else ()), target=model["target"] if pipe.holds_last else None,
+                  return_outputs=False)
+        for param in module.parameters():
+            param.grad = None
+    entry = meter.stage_entry()
+    sizes = [None] * nproc
+    dist.all_gather_object(sizes, meter.output_bytes)
+    links = [_link_time(rank, s, sizes[s], job.link_trials) for s in range(nproc - 1)]
+    return {"rank": rank, "stage": entry, "links": links}
+
+
+def _link_time(rank: int, link: int, nbytes: int, trials: int) -> float | None:
+    """Half the median round trip of ``nbytes`` between ranks ``link`` and ``link + 1`` (ms; None elsewhere)."""
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    if rank not in (link, link + 1):
+        return None
+    buffer = torch.empty(max(nbytes, 1), dtype=torch.uint8)
+    peer = link + 1 if rank == link else link
+    trips = []
+    for _ in range(trials + 1):
+        started = time.perf_counter()
+        if rank == link:
+            dist.send(buffer, peer)
+            dist.recv(buffer, peer)
+        else:
+            dist.recv(buffer, peer)
+            dist.send(buffer, peer)
+        trips.append((time.perf_counter() - started) * 1000.0 / 2)
+    return statistics.median(trips[1:])
+
+
+def profile_job(rank: int, nproc: int, job: ProfileJob) -> dict:
+    """The worker ``spawn`` runs (``pipeforge.profiling:profile_job``)."""
+    return profile_rank(rank, nproc, job)
+
+
+def cost_file(reports: list[dict]) -> dict:
+    """The cost file (``pipeforge.sim.costfile`` schema) from every rank's report."""
+    from pipeforge.sim.costfile import cost_file_json
+
+    ordered = sorted(reports, key=lambda r: r["rank"])
+    stages = [{k: round(v, 6) for k, v in r["stage"].items()} for r in ordered]
+    links = [round(ordered[s]["links"][s], 6) for s in range(len(ordered) - 1)]
+    return cost_file_json(stages, links, units="ms")

@@ -1,0 +1,180 @@
+"""Per-stage cost files (``--costs FILE``): read, check and write.
+
+The schema (JSON, one object)::
+
+    {
+      "units": "ms",                       # the unit of every time below (free text, optional)
+      "stages": [                          # one entry per stage, stage 0 first
+        {"F": 1.2, "I": 1.1, "W": 0.9,     # durations; "B" optional (default I + W)
+         "activation": 4096,               # bytes one F leaves saved until its backward (optional)
+         "weight_grad": 1024},             # the part of it only W releases (optional)
+        ...
+      ],
+      "links": [0.05, 0.05, ...],          # latency of a transfer between stage s and s + 1 (optional)
+      "comm": 0.0                          # latency of any other transfer (optional, default 0)
+    }
+
+Memory is counted in M_B, the largest stage's ``activation``: stage s adds
+``activation[s] / M_B`` per F, so a memory limit of ``p`` always admits 1F1B.
+Without ``activation`` every stage adds 1; without ``weight_grad`` W releases
+``weights`` (``--cost weights=``, default 0.5) of a stage's activation.
+
+Errors name the file and the JSON path of the bad value (``costs.json: $.stages[2].F:
+expected a number > 0``) and are ``UsageError``s (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeforge.errors import UsageError
+from pipeforge.ir import CostModel, MemorySpec
+
+_STAGE_KEYS = ("F", "I", "W", "B", "activation", "weight_grad")
+_TOP_KEYS = ("units", "stages", "links", "comm")
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """What a cost file says: durations per stage, memory per stage (M_B = the largest activation), links."""
+
+    costs: CostModel
+    activation: tuple[float, ...]  # M_B units, () when the file gives none
+    weight_grad: tuple[float, ...]  # M_B units, () when the file gives none
+    units: str | None
+    activation_bytes: float | None  # what one M_B is, in the file's memory unit
+
+    @property
+    def stages(self) -> int:
+        return len({s for s, _, _ in self.costs.per_stage})
+
+    def memory(self, base: MemorySpec) -> MemorySpec:
+        """``base`` with this file's per-stage activation and weight-gradient memory."""
+        from dataclasses import replace
+
+        activation = self.activation or base.activation
+        weight_grad = self.weight_grad or base.weight_grad
+        return replace(base, activation=activation, weight_grad=weight_grad)
+
+
+class CostFileError(UsageError):
+    """A cost file that cannot be read or says something impossible: the file and JSON path named."""
+
+    def __init__(self, path: str, where: str, problem: str):
+        super().__init__(f"{path}: {where}: {problem}" if where else f"{path}: {problem}")
+        self.path, self.where, self.problem = path, where, problem
+
+
+def read_cost_file(path: str | Path) -> StageCosts:
+    """The cost file at ``path``, checked (``CostFileError`` naming the file and JSON path)."""
+    name = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise CostFileError(name, "", f"cannot read it: {err.strerror or err}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise CostFileError(name, f"line {err.lineno} column {err.colno}", f"not JSON: {err.msg}") from None
+    return cost_file_from_json(data, name)
+
+
+def cost_file_from_json(data: object, name: str = "<costs>") -> StageCosts:
+    if not isinstance(data, dict):
+        raise CostFileError(name, "$", "expected a JSON object with a \"stages\" list")
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise CostFileError(name, f"$.{key}", f"unknown key; expected {', '.join(_TOP_KEYS)}")
+    stages = data.get("stages")
+    if not isinstance(stages, list) or not stages:
+        raise CostFileError(name, "$.stages", "expected a non-empty list, one object per stage")
+    entries = [_stage(entry, f"$.stages[{s}]", name) for s, entry in enumerate(stages)]
+    comm = _number(data.get("comm", 0.0), "$.comm", name, positive=False)
+    links = _links(data.get("links", []), len(stages), name)
+    units = data.get("units")
+    if units is not None and not isinstance(units, str):
+        raise CostFileError(name, "$.units", "expected a string such as \"ms\"")
+    per_stage = tuple((s, kind, entry[kind]) for s, entry in enumerate(entries)
+                      for kind in ("F", "I", "W", "B") if kind in entry)
+    first = entries[0]
+    costs = CostModel(F=first["F"], I=first["I"], W=first["W"], comm=comm, per_stage=per_stage, links=links)
+    activation, weight_grad, unit = _memory(entries, name)
+    return StageCosts(costs, activation, weight_grad, units, unit)
+
+
+def _stage(entry: object, where: str, name: str) -> dict[str, float]:
+    if not isinstance(entry, dict):
+        raise CostFileError(name, where, "expected an object with F, I, W (and optionally B, activation, weight_grad)")
+    for key in entry:
+        if key not in _STAGE_KEYS:
+            raise CostFileError(name, f"{where}.{key}", f"unknown key; expected {', '.join(_STAGE_KEYS)}")
+    for key in ("F", "I", "W"):
+        if key not in entry:
+            raise CostFileError(name, where, f"missing {key!r}")
+    out = {key: _number(value, f"{where}.{key}", name, positive=key in ("F", "I", "W", "B"))
+           for key, value in entry.items()}
+    if "weight_grad" in out and "activation" in out and out["weight_grad"] > out["activation"]:
+        raise CostFileError(name, f"{where}.weight_grad", "is more than the stage's activation; "
+                            "it is the part of the activation that only W releases")
+    return out
+
+
+def _number(value: object, where: str, name: str, *, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise CostFileError(name, where, f"expected a finite number, got {json.dumps(value)}")
+    if value < 0 or (positive and value == 0):
+        raise CostFileError(name, where, f"expected a number {'> 0' if positive else '>= 0'}, got {value!r}")
+    return float(value)
+
+
+def _links(links: object, stages: int, name: str) -> tuple[float, ...]:
+    if not isinstance(links, list):
+        raise CostFileError(name, "$.links", "expected a list: links[s] is the latency between stage s and s + 1")
+    if len(links) > max(stages - 1, 0):
+        raise CostFileError(name, "$.links", f"{len(links)} links, but {stages} stages have {stages - 1}")
+    return tuple(_number(value, f"$.links[{i}]", name, positive=False) for i, value in enumerate(links))
+
+
+def _memory(entries: list[dict[str, float]], name: str):
+    given = [("activation" in e) for e in entries]
+    if any(given) and not all(given):
+        s = given.index(False)
+        raise CostFileError(name, f"$.stages[{s}]", "missing 'activation' (other stages give it: give it for all)")
+    if not any(given):
+        if any("weight_grad" in e for e in entries):
+            s = next(i for i, e in enumerate(entries) if "weight_grad" in e)
+            raise CostFileError(name, f"$.stages[{s}].weight_grad", "needs 'activation' on every stage")
+        return (), (), None
+    unit = max(e["activation"] for e in entries)
+    if unit == 0:
+        raise CostFileError(name, "$.stages", "every stage's activation is 0; leave 'activation' out instead")
+    activation = tuple(e["activation"] / unit for e in entries)
+    grads = [("weight_grad" in e) for e in entries]
+    if any(grads) and not all(grads):
+        raise CostFileError(name, f"$.stages[{grads.index(False)}]",
+                            "missing 'weight_grad' (other stages give it: give it for all)")
+    weight_grad = tuple(e["weight_grad"] / unit for e in entries) if any(grads) else ()
+    return activation, weight_grad, unit
+
+
+def cost_file_json(stage_times: list[dict[str, float]], links: list[float], units: str = "ms") -> dict:
+    """A cost file's JSON object from measured values (what ``pipeforge profile`` writes)."""
+    return {"units": units, "stages": stage_times, "links": links}
+
+
+def with_cost_file(schedule, path: str | Path | None):
+    """``schedule`` with the cost file's durations, links and per-stage memory (itself when ``path`` is None)."""
+    from dataclasses import replace
+
+    if path is None:
+        return schedule
+    found = read_cost_file(path)
+    stages = len({s for s, _, _ in found.costs.per_stage})
+    if stages != schedule.stages:
+        raise CostFileError(str(path), "$.stages", f"{stages} stages, but the schedule {schedule.name} has "
+                            f"{schedule.stages}")
+    memory = found.memory(schedule.memory or MemorySpec())
+    return replace(schedule, costs=found.costs, memory=memory)

@@ -1,0 +1,50 @@
+"""``pipeforge profile``: a real run of a small model on local gloo processes, and its refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeforge.cli import main
+from pipeforge.sim.costfile import read_cost_file
+
+MODEL = str(Path(__file__).with_name("mlp_model.py"))
+
+
+@pytest.mark.timeout(300)
+def test_profile_writes_a_cost_file_that_simulate_reads(tmp_path, capsys):
+    out = tmp_path / "costs.json"
+    assert main(["profile", MODEL, "--stages", "2", "--microbatches", "2", "--steps", "1", "--warmup", "0",
+                 "-o", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["units"] == "ms" and len(data["stages"]) == 2 and len(data["links"]) == 1
+    assert all(stage[k] > 0 for stage in data["stages"] for k in ("F", "I", "W"))
+    # stage 0, one microbatch of 16 rows: Linear saves its 16x256 input, Tanh its 16x64 output (float32)
+    assert data["stages"][0]["activation"] == 16 * 256 * 4 + 16 * 64 * 4
+    # W reads the Linear's input again (and what I recorded for it)
+    assert data["stages"][0]["weight_grad"] >= 16 * 256 * 4
+    found = read_cost_file(out)
+    assert found.activation[0] == 1.0 and found.costs.links[0] == data["links"][0]
+    assert main(["simulate", "1f1b", "-D", "P=2", "--costs", str(out), "--json"]) == 0
+
+
+def test_model_file_without_the_function_exits_2(tmp_path, capsys):
+    model = tmp_path / "model.py"
+    model.write_text("x = 1\n", encoding="utf-8")
+    assert main(["profile", str(model), "--stages", "2", "--steps", "1", "--warmup", "0",
+                 "-o", str(tmp_path / "c.json")]) == 2
+    assert "defines no function pipeforge_model(stages)" in capsys.readouterr().err
+    assert not (tmp_path / "c.json").exists()
+
+
+@pytest.mark.parametrize("argv", [["--stages", "1"], ["--stages", "2", "--steps", "0"]])
+def test_bad_arguments_exit_2(tmp_path, argv):
+    assert main(["profile", MODEL, *argv, "-o", str(tmp_path / "c.json")]) == 2
+
+
+def test_missing_model_file_exits_2(tmp_path, capsys):
+    assert main(["profile", str(tmp_path / "none.py"), "--stages", "2", "-o", str(tmp_path / "c.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
