@@ -35,7 +35,7 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-from pipeforge.errors import UsageError
+from pipeforge.errors import Argument, ArgumentError, UsageError
 from pipeforge.ir import Schedule
 from pipeforge.resources import library_dir
 
@@ -137,8 +137,9 @@ def _build(name: str, defines: dict[str, int]) -> Schedule:
     known = dict(module.PARAMETERS)
     unknown = sorted(set(defines) - set(known))
     if unknown:
-        raise UsageError(f"-D {unknown[0]}: library schedule {name!r} has no parameter {unknown[0]!r}; "
-                         f"its parameters are {', '.join(known)}")
+        raise ArgumentError(Argument("defines", unknown[0]),
+                            f"library schedule {name!r} has no parameter {unknown[0]!r}; "
+                            f"its parameters are {', '.join(known)}")
     return module.build(**{**known, **defines})
 
 
