@@ -11,7 +11,6 @@ from pipeforge.commands.exits import Exit
 from pipeforge.errors import PipeSyntaxError, SemanticError
 
 
-
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "verify", help="check a schedule with the z3 model",

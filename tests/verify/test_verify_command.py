@@ -170,3 +170,18 @@ def test_semantics_nccl_and_solve_flags(write, capsys):
     assert main(["verify", path, "--semantics", "nccl", "--no-solve", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert not report["solved"] and report["established"]["deadlock"].startswith("event pass")
+
+
+def test_a_disagreement_between_z3_and_the_event_pass_exits_70(write, monkeypatch, capsys):
+    """Fault injection: an event pass that finds no wait cycle in a deadlocked schedule."""
+    import pipeforge.verify as verify_package
+    from pipeforge.verify.timing import Timing
+
+    def blind(program, pairing, semantics):
+        return Timing(tuple(tuple(range(len(row))) for row in program.slots),
+                      tuple(tuple(1 for _ in row) for row in program.slots))
+
+    monkeypatch.setattr(verify_package, "run", blind)
+    path = write("g.pipe", GROUP_MEETS_TWO)
+    assert main(["verify", path, "--solve"]) == 70
+    assert "VerifierDisagreement" in capsys.readouterr().err
