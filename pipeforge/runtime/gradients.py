@@ -134,18 +134,32 @@ class TiedParameters:
         return list(found.values())
 
     def check_equal(self, transport: Transport, modules: Mapping[int, torch.nn.Module], info) -> None:
-        """Every copy of a tied parameter starts with the same value (on one rank and across ranks)."""
+        """Every copy of a tied parameter starts with the same value (on one rank and across ranks).
+
+        A rank that finds a problem of its own (a name its stage lacks, copies that differ on it) still
+        takes part in the exchange with a copy no peer can match, so every holder raises, none waits."""
         for index, group in enumerate(self.groups):
-            local = self.local(group, modules, transport.rank)
-            if not local:
-                continue
+            peers = [r for r in self.holders(group, info) if r != transport.rank]
             what = f"tied parameter group {index} {_describe(group)}"
             fix = "tied copies must start equal: initialize them from one seed, or copy one into the others"
-            for other in local[1:]:
-                if other.shape != local[0].shape or not torch.equal(other.detach(), local[0].detach()):
-                    raise PipelineUsageError(f"rank {transport.rank}: {what}: its copies on this rank differ; {fix}")
-            peers = [r for r in self.holders(group, info) if r != transport.rank]
-            check_same_start(transport, local[0].detach(), peers, what, fix)
+            try:
+                local = self.local(group, modules, transport.rank)
+                problem = None
+            except PipelineUsageError as error:
+                local, problem = [], error
+            if not local and problem is None:
+                continue
+            if local and any(p.shape != local[0].shape or not torch.equal(p.detach(), local[0].detach())
+                             for p in local[1:]):
+                problem = PipelineUsageError(f"rank {transport.rank}: {what}: its copies on this rank differ; {fix}")
+            mine = local[0].detach() if problem is None else torch.full((1,), float("nan"), device=transport.device)
+            try:
+                check_same_start(transport, mine, peers, what, fix)
+            except PipelineUsageError:
+                if problem is None:
+                    raise
+            if problem is not None:
+                raise problem
 
     def sum_gradients(self, transport: Transport, modules: Mapping[int, torch.nn.Module], info) -> None:
         """Every copy of each tied parameter ends with the group's summed gradient (same bits on every rank).

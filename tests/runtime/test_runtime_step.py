@@ -170,8 +170,8 @@ def misuse(rank: int, nproc: int, paths: dict) -> dict:
     attempt("one module", lambda: generated.make_pipeline(stages[rank], loss_fn=models.loss_fn))
     attempt("rank out of range", lambda: generated.make_pipeline({rank: stages[rank]}, rank=5))
     attempt("tied group of one", lambda: generated.make_pipeline({rank: stages[rank]}, tied_parameters=[[(0, "a")]]))
-    attempt("unknown tied name", lambda: generated.make_pipeline({rank: stages[rank]},
-                                                                  tied_parameters=[[(0, "nope"), (1, "nope")]]))
+    attempt("unknown tied name", lambda: generated.make_pipeline(  # stage 1 lacks it: both ranks raise, none waits
+        {rank: stages[rank]}, tied_parameters=[[(0, "linear.bias"), (1, "nope")]], timeout=30))
     pipe = generated.make_pipeline({rank: stages[rank]}, loss_fn=models.loss_fn, timeout=30)
     x, y = models.make_batch(2, 4, seed=0)
     if rank == 1:
@@ -199,24 +199,29 @@ def misuse(rank: int, nproc: int, paths: dict) -> dict:
     return errors
 
 
+def expected_errors(rank: int) -> dict[str, str]:
+    """What every rank's error says, by misuse."""
+    return {
+        "one module": "stage_modules must be a dict from each stage this rank runs to its module",
+        "rank out of range": "rank 5 is out of range: schedule 'one_f_one_b' runs on ranks 0..1",
+        "tied group of one": "tied_parameters group 0 names 1 distinct parameter(s)",
+        "unknown tied name": "names 'nope' of stage 1" if rank else "tied parameter group 0 (stage 0 'linear.bias', "
+                             "stage 1 'nope') has shape",
+        "tied copies differ": "tied parameter group 0 (stage 0 'embed.tokens.weight', stage 1 'head.out.weight') "
+                              "differs from rank",
+        "chimera replicas differ": "differs from rank",
+        "chimera shared parameter": "share one parameter",
+    }
+
+
 def test_misuse_is_a_clear_error_naming_rank_stage_and_argument(tmp_path):
     paths = {name: str(codegen(pipeforge.load(name, defines={"P": 2, "M": 2}), tmp_path / name))
              for name in ("1f1b", "chimera")}
     outcomes = spawn(misuse, 2, paths, timeout=30, deadline=150)
     assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
     first, last = outcomes[0].value, outcomes[1].value
-    expected_everywhere = {
-        "one module": "stage_modules must be a dict from each stage this rank runs to its module",
-        "rank out of range": "rank 5 is out of range: schedule 'one_f_one_b' runs on ranks 0..1",
-        "tied group of one": "tied_parameters group 0 names 1 distinct parameter(s)",
-        "unknown tied name": "names 'nope' of stage",
-        "tied copies differ": "tied parameter group 0 (stage 0 'embed.tokens.weight', stage 1 'head.out.weight') "
-                              "differs from rank",
-        "chimera replicas differ": "differs from rank",
-        "chimera shared parameter": "share one parameter",
-    }
     for rank, errors in enumerate((first, last)):
-        for label, fragment in expected_everywhere.items():
+        for label, fragment in expected_errors(rank).items():
             assert fragment in errors.get(label, ""), (rank, label, errors.get(label))
             assert errors[label].startswith(f"rank {rank}") or label == "rank out of range", errors[label]
     assert "rank 1 holds the last stage 1: step() needs target=" in last["missing target"]
