@@ -9,7 +9,7 @@
 2. ``pipeforge optimize 1f1b --costs costs.json --memory-limit P`` (1p memory).
 3. Every library schedule with P stages on P ranks, and the optimized one, is
    simulated with the cost file (the prediction) and run on P local gloo
-   processes (``pipeforge.profiling.time_schedules``: the schedules take turns
+   processes (``pipeforge.runtime.profiling.time_schedules``: the schedules take turns
    step by step, one torch thread a rank, the step time is the slowest rank's).
 Reported: predicted and measured step time per schedule, measured / predicted,
 the rank correlation (Spearman) and the mean relative error, and whether the
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from pipeforge.codegen import codegen  # noqa: E402
 from pipeforge.library import load_library_schedule, names  # noqa: E402
 from pipeforge.load import load  # noqa: E402
-from pipeforge.profiling import TimingJob  # noqa: E402
+from pipeforge.runtime.profiling import TimingJob  # noqa: E402
 from pipeforge.runtime.launch import spawn  # noqa: E402
 from pipeforge.sim import simulate  # noqa: E402
 from pipeforge.sim.costfile import with_cost_file  # noqa: E402
@@ -100,7 +100,7 @@ def main() -> int:
             folder.mkdir()
             paths.append(str(codegen(schedule, str(folder))))
         job = TimingJob(str(MODEL), tuple(paths), steps=args.steps, warmup=args.warmup)
-        outcomes = spawn("pipeforge.profiling:time_schedules", P, job, timeout=300.0,
+        outcomes = spawn("pipeforge.runtime.profiling:time_schedules", P, job, timeout=300.0,
                          deadline=60.0 + 10.0 * len(paths) * (args.steps + args.warmup) * 4)
     failed = [o for o in outcomes if not o.ok]
     if failed:

@@ -206,7 +206,7 @@ def _link_time(rank: int, link: int, nbytes: int, trials: int) -> float | None:
 
 
 def profile_job(rank: int, nproc: int, job: ProfileJob) -> dict:
-    """The worker ``spawn`` runs (``pipeforge.profiling:profile_job``)."""
+    """The worker ``spawn`` runs (``pipeforge.runtime.profiling:profile_job``)."""
     return profile_rank(rank, nproc, job)
 
 
