@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     require_torch()
     from pipeforge.codegen import codegen
     from pipeforge.library import load_library_schedule
-    from pipeforge.profiling import ProfileJob, cost_file
+    from pipeforge.runtime.profiling import ProfileJob, cost_file
     from pipeforge.runtime.launch import spawn
     from pipeforge.sim.costfile import cost_file_from_json
 
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="pipeforge-profile-") as out_dir:
         job = ProfileJob(str(Path(args.model).resolve()), str(codegen(schedule, out_dir)), steps=args.steps,
                          warmup=args.warmup, timeout=args.timeout)
-        outcomes = spawn("pipeforge.profiling:profile_job", args.stages, job, timeout=args.timeout,
+        outcomes = spawn("pipeforge.runtime.profiling:profile_job", args.stages, job, timeout=args.timeout,
                          deadline=args.timeout * (args.steps + args.warmup + 2) + 30)
     failed = [o for o in outcomes if not o.ok]
     if failed:

@@ -62,10 +62,24 @@ def run(args: argparse.Namespace) -> int:
     return Exit.OK
 
 
+def _cost_text(costs, stages: int) -> str:
+    """``F=1 I=1 W=1 B=2 comm=0``, or per stage ``F=[3 1 1 3] ...`` when the stages differ."""
+    from pipeforge.ir import ActionKind
+
+    def values(kind: str) -> list[float]:
+        return [costs.duration(ActionKind(kind), s) for s in range(stages)]
+
+    kinds = {kind: values(kind) for kind in ("F", "I", "W", "B")}
+    if all(len(set(v)) <= 1 for v in kinds.values()) and not costs.links:
+        return " ".join([f"{k}={v[0]:g}" for k, v in kinds.items() if v] + [f"comm={costs.comm:g}"])
+    text = " ".join(f"{k}=[{' '.join(f'{x:.4g}' for x in v)}]" for k, v in kinds.items())
+    links = [costs.latency(s, s + 1) for s in range(stages - 1)]
+    return f"per stage {text} links=[{' '.join(f'{x:.4g}' for x in links)}]"
+
+
 def summary(timeline) -> str:
     """The human report: figures of merit beside their bounds."""
-    costs = timeline.to_json()["costs"]
-    cost_text = " ".join(f"{k}={costs[k]:g}" for k in ("F", "I", "W", "B", "comm"))
+    cost_text = _cost_text(timeline.costs, timeline.stages)
     bounds = timeline.bounds
     lines = [
         f"schedule {timeline.name}: {timeline.ranks} ranks, {timeline.stages} stages, "

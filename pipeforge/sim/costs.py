@@ -78,10 +78,12 @@ def duration_table(costs: CostModel, stages: int) -> dict[tuple[ActionKind, int]
 
 
 def costs_to_json(costs: CostModel) -> dict:
-    out = {f.name: getattr(costs, f.name) for f in fields(costs) if f.name != "per_stage"}
+    out = {f.name: getattr(costs, f.name) for f in fields(costs) if f.name not in ("per_stage", "links")}
     out["B"] = costs.B if costs.B is not None else costs.I + costs.W
     if costs.per_stage:
         out["per_stage"] = [list(entry) for entry in costs.per_stage]
+    if costs.links:
+        out["links"] = list(costs.links)
     return out
 
 

@@ -37,6 +37,7 @@ class ProfileJob:
     warmup: int = 1
     timeout: float = 60.0
     link_trials: int = 5
+    threads: int = 1  # torch threads per rank: one, so ranks do not fight over cores
 
 
 class ModelFileError(Exception):
@@ -159,6 +160,7 @@ def profile_rank(rank: int, nproc: int, job: ProfileJob) -> dict:
 
     from pipeforge.runtime.check import load_module
 
+    torch.set_num_threads(job.threads)
     generated = load_module(job.module_path)
     model = load_model(job.model_path, nproc)
     module = model["modules"][rank]
@@ -204,7 +206,7 @@ def _link_time(rank: int, link: int, nbytes: int, trials: int) -> float | None:
 
 
 def profile_job(rank: int, nproc: int, job: ProfileJob) -> dict:
-    """The worker ``spawn`` runs (``pipeforge.profiling:profile_job``)."""
+    """The worker ``spawn`` runs (``pipeforge.runtime.profiling:profile_job``)."""
     return profile_rank(rank, nproc, job)
 
 
@@ -216,3 +218,57 @@ def cost_file(reports: list[dict]) -> dict:
     stages = [{k: round(v, 6) for k, v in r["stage"].items()} for r in ordered]
     links = [round(ordered[s]["links"][s], 6) for s in range(len(ordered) - 1)]
     return cost_file_json(stages, links, units="ms")
+
+
+@dataclass(frozen=True)
+class TimingJob:
+    """Step times of several generated modules (one per schedule) with one model file."""
+
+    model_path: str
+    module_paths: tuple[str, ...]
+    steps: int = 5
+    warmup: int = 2
+    timeout: float = 120.0
+    threads: int = 1
+
+
+def time_schedules(rank: int, nproc: int, job: TimingJob) -> dict:
+    """The median step time (ms, the slowest rank's) of each generated module.
+
+    The schedules take turns step by step (after a barrier each), so a change in
+    the machine's load falls on all of them alike.
+    """
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(job.threads)
+    runs = [_timed_pipeline(rank, path, job) for path in job.module_paths]
+    samples: list[list[float]] = [[] for _ in runs]
+    for step in range(job.warmup + job.steps):
+        for index, (pipe, modules, model, batch) in enumerate(runs):
+            dist.barrier()
+            started = time.perf_counter()
+            pipe.step(*(batch if pipe.holds_first else ()), target=model["target"] if pipe.holds_last else None,
+                      return_outputs=False)
+            elapsed = torch.tensor([(time.perf_counter() - started) * 1000.0])
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            for module in modules:
+                for param in module.parameters():
+                    param.grad = None
+            if step >= job.warmup:
+                samples[index].append(elapsed.item())
+    return {"rank": rank, "ms": [statistics.median(s) for s in samples]}
+
+
+def _timed_pipeline(rank: int, path: str, job: TimingJob):
+    import copy
+
+    from pipeforge.runtime.check import load_module
+
+    generated = load_module(path)
+    model = load_model(job.model_path, generated.SCHEDULE.stages)
+    held = sorted({stage for stage, _ in generated.SCHEDULE.held(rank)})
+    mine = {stage: copy.deepcopy(model["modules"][stage]) for stage in held}
+    pipe = generated.make_pipeline(mine, loss_fn=model["loss_fn"], timeout=job.timeout)
+    batch = model["batch"] if isinstance(model["batch"], tuple) else (model["batch"],)
+    return pipe, list(mine.values()), model, batch
