@@ -24,7 +24,8 @@ The authors' code is read from a fetched copy of their repository
 (``benchmarks/zb_authors.py``, ``ZB_AUTHORS_REPO``); without it their
 columns are left empty and only pipeforge's side runs.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_zb_authors.py [--rows 1.5B,6.2B] [--settings 1p,2p,V]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_zb_authors.py [--rows 1.5B,6.2B] [--microbatches 24]
+        [--settings 1p,2p,1.375p,V] [--strategies greedy,auto]
 
 Exits 1 when a pipeforge bubble is above the authors' (beyond 1e-9), or its
 Zero Bubble builder takes more than twice their time on a 1p/2p row.
@@ -129,6 +130,7 @@ def builder_seconds(row: Row, setting: str) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", help="models to run, e.g. 1.5B,6.2B (default: all)")
+    parser.add_argument("--microbatches", help="microbatch counts to run, e.g. 24,48 (default: all)")
     parser.add_argument("--settings", default="1p,2p,V",
                         help="Xp (one stage a rank, limit X * p M_B) or V, comma separated (default: 1p,2p,V)")
     parser.add_argument("--strategies", default="greedy,auto", help="pipeforge's columns (default: greedy,auto)")
@@ -136,12 +138,13 @@ def main() -> int:
     authors = zb_authors.load()
     print(f"authors' code: {authors.commit[:12] if authors else 'not found (their columns are empty)'}")
     models = args.rows.split(",") if args.rows else None
+    counts = [int(m) for m in args.microbatches.split(",")] if args.microbatches else None
     settings = args.settings.split(",")
     print(f"{'model':<6}{'p':>3}{'m':>4} {'set':<4}{'theirs':>8}{'greedy':>8}{'auto':>8}{'ratio':>7}{'bound':>8}"
           f"{'their s':>8}{'greedy s':>9}{'auto s':>7}{'speed':>7}  stopped/placement")
     ok = True
     for row in TABLE_5:
-        if models and row.model not in models:
+        if (models and row.model not in models) or (counts and row.m not in counts):
             continue
         for setting in settings:
             ok &= report(authors, row, setting, args.strategies.split(","))
