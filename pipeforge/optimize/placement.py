@@ -107,18 +107,22 @@ def common_chunks(found: list[Layout]) -> int:
 
 
 def chunk_costs(costs: CostModel, chunks: int) -> CostModel:
-    """Each stage split in ``chunks``: stage s becomes stages s*k .. s*k+k-1, each 1/k of the compute."""
+    """Each stage split in ``chunks``: stage s becomes stages s*k .. s*k+k-1, each 1/k of the compute;
+    the link after stage s becomes the link after its last chunk, links between its chunks cost ``comm``."""
     per_stage = tuple((s * chunks + j, kind, value / chunks)
                       for s, kind, value in costs.per_stage for j in range(chunks))
+    links = tuple(costs.links[s] if j == chunks - 1 else costs.comm   # a link inside a stage costs comm
+                  for s in range(len(costs.links)) for j in range(chunks))
     return replace(costs, F=costs.F / chunks, I=costs.I / chunks, W=costs.W / chunks,
-                   B=None if costs.B is None else costs.B / chunks, per_stage=per_stage)
+                   B=None if costs.B is None else costs.B / chunks, per_stage=per_stage, links=links)
 
 
 def scale_costs(costs: CostModel, factor: float) -> CostModel:
     """Every duration and the latency times ``factor``."""
     return replace(costs, F=costs.F * factor, I=costs.I * factor, W=costs.W * factor, comm=costs.comm * factor,
                    B=None if costs.B is None else costs.B * factor,
-                   per_stage=tuple((s, k, v * factor) for s, k, v in costs.per_stage))
+                   per_stage=tuple((s, k, v * factor) for s, k, v in costs.per_stage),
+                   links=tuple(v * factor for v in costs.links))
 
 
 def laid_out_schedule(schedule: Schedule, problem: Problem, programs: tuple[tuple[Step, ...], ...],

@@ -53,7 +53,7 @@ def _values(costs: CostModel) -> list[float]:
     values = [costs.F, costs.I, costs.W, costs.comm]
     if costs.B is not None:
         values.append(costs.B)
-    return values + [value for _, _, value in costs.per_stage]
+    return values + [value for _, _, value in costs.per_stage] + list(costs.links)
 
 
 def _small_fraction(ratio: float) -> Fraction:
@@ -76,5 +76,6 @@ def integer_units(costs: CostModel) -> Units:
     whole = {value: float(ratio * common) for value, ratio in ratios.items()}
     per_stage = tuple((s, k, whole[v]) for s, k, v in costs.per_stage)
     scaled = replace(costs, F=whole[costs.F], I=whole[costs.I], W=whole[costs.W], comm=whole[costs.comm],
-                     B=None if costs.B is None else whole[costs.B], per_stage=per_stage)
+                     B=None if costs.B is None else whole[costs.B], per_stage=per_stage,
+                     links=tuple(whole[v] for v in costs.links))
     return Units(scaled, largest / common, costs)

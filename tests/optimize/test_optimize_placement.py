@@ -48,6 +48,11 @@ def test_chunks_divide_compute_and_keep_the_transfer():
     assert half.per_stage == ((2, "F", 3.0), (3, "F", 3.0))
 
 
+def test_chunks_keep_a_links_latency_between_the_stages_it_joined():
+    half = chunk_costs(CostModel(comm=0.5, links=(0.25, 0.75)), 2)
+    assert half.links == (0.5, 0.25, 0.5, 0.75)
+
+
 def test_a_v_layout_is_what_the_v_scheduler_expects():
     base = problem_of("1f1b", P=4, M=8)
     v = Layout("v", 2).problem(replace_limit(base, 4.0))

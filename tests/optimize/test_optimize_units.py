@@ -91,3 +91,8 @@ def test_list_scheduling_on_a_v_placement_does_not_depend_on_units(values, facto
     placement = Placement.v(2 * p, p)
     problem = [Problem(p, 2 * p, m, (placement,), scaled(values, f), 2.0 * p, 0.5) for f in (1.0, factor)]
     assert list_schedule_orders(problem[0]) == list_schedule_orders(problem[1])
+
+
+def test_per_link_latencies_are_scaled_with_the_rest():
+    units = integer_units(CostModel(F=0.5, I=0.25, W=0.25, comm=0.125, links=(0.25, 0.5)))
+    assert units.costs.links == (2.0, 4.0) and units.costs.comm == 1.0
