@@ -302,6 +302,34 @@ class MemorySpec:
             return self.weight_grad[stage]
         return self.weights * self.stage_activation(stage)
 
+    def stage_effect(self, kind: ActionKind, stage: int) -> tuple[float, float]:
+        """``(added, released)`` of one compute action on ``stage``: F adds ``activation[s]``, B releases
+        it, I all but ``weight_grad[s]``, W that (M_B)."""
+        activation, weight_grad = self.stage_activation(stage), self.stage_weight_grad(stage)
+        if kind is ActionKind.F:
+            return activation, 0.0
+        if kind is ActionKind.B:
+            return 0.0, activation
+        if kind is ActionKind.I:
+            return 0.0, activation - weight_grad
+        if kind is ActionKind.W:
+            return 0.0, weight_grad
+        return 0.0, 0.0
+
+    def count_limit(self, limit: float | None, stages: int) -> float | None:
+        """``limit`` (M_B) as a number of F a rank may hold: each adds at least the smallest stage's
+        activation, so at most ``limit / min(activation)`` (what the bounds reason in)."""
+        least = min((self.stage_activation(s) for s in range(stages)), default=1.0)
+        if limit is None or least >= 1.0:
+            return limit
+        return limit / least if least > 0 else float("inf")
+
+    def least_weights(self, stages: int) -> float:
+        """The smallest ``weight_grad / activation`` of any stage (``weights`` when the stages are alike)."""
+        ratios = [self.stage_weight_grad(s) / self.stage_activation(s) for s in range(stages)
+                  if self.stage_activation(s) > 0]
+        return min(ratios, default=self.weights) if not self.uniform else self.weights
+
     @property
     def uniform(self) -> bool:
         """True when every stage holds the same (the per-stage tuples say nothing new)."""

@@ -138,10 +138,11 @@ def round_trip_idle(graph: Graph, r: int, paths: _Paths | None = None) -> float:
     shape = _rank_shape(graph, paths or _Paths(graph, 0), r)
     if shape is None:
         return 0.0
-    limit = problem.memory_limit if problem.memory_limit is not None else float(shape.forwards)
+    limit = problem.memory.count_limit(problem.memory_limit, problem.stages) if problem.memory_limit is not None \
+        else float(shape.forwards)
     first_burst = min(shape.forwards, math.floor(limit + TOLERANCE))
     head = max(0.0, shape.trip_to_i - first_burst * shape.longest_f)
-    tail = max(0.0, shape.least_lag - tail_work(shape, limit, problem.weights))
+    tail = max(0.0, shape.least_lag - tail_work(shape, limit, problem.memory.least_weights(problem.stages)))
     if first_burst < shape.forwards:
         return head + tail
     return max(head, tail)

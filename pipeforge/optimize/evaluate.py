@@ -36,6 +36,8 @@ class Problem:
     costs: CostModel
     memory_limit: float | None
     weights: float
+    activation: tuple[float, ...] = ()  # per stage, M_B (MemorySpec.activation)
+    weight_grad: tuple[float, ...] = ()  # per stage, M_B (MemorySpec.weight_grad)
 
     @staticmethod
     def of(schedule: Schedule, costs: CostModel | None = None, memory_limit: float | None = None) -> Problem:
@@ -44,7 +46,8 @@ class Problem:
         return Problem(
             ranks=schedule.ranks, stages=schedule.stages, microbatches=schedule.microbatches,
             placements=schedule.placements, costs=costs or schedule.costs or CostModel(),
-            memory_limit=limit, weights=memory.weights,
+            memory_limit=limit, weights=memory.weights, activation=memory.activation,
+            weight_grad=memory.weight_grad,
         )
 
     def rank_of(self, action: Action) -> int:
@@ -54,7 +57,13 @@ class Problem:
         return self.costs.duration(action.kind, action.stage)
 
     def memory_delta(self, action: Action) -> float:
-        return {F: 1.0, B: -1.0, I: self.weights - 1.0, W: -self.weights}[action.kind]
+        added, released = self.memory.stage_effect(action.kind, action.stage)
+        return added - released
+
+    @property
+    def memory(self) -> MemorySpec:
+        """The memory rule as a spec (limit, weights, per-stage activation and weight-gradient sizes)."""
+        return MemorySpec(self.memory_limit, self.weights, activation=self.activation, weight_grad=self.weight_grad)
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,15 @@ def action_key(action: Action) -> ActionKey:
     return (action.chain, action.stage, action.kind._value_, -1 if action.microbatch is None else action.microbatch)
 
 
+def stage_growth(problem: Problem) -> dict[str, list[float]]:
+    """What one F, I or W changes its rank's held activations by, per kind (its letter) and stage (M_B):
+    what the greedy and list schedulers count memory with, as the graph does."""
+    memory = problem.memory
+    return {kind.value: [added - released for added, released in (memory.stage_effect(kind, s)
+                                                                   for s in range(problem.stages))]
+            for kind in (F, I, W)}
+
+
 class Graph:
     """The compiled action set: ids, ranks, durations, memory deltas, dependencies."""
 
@@ -105,11 +123,11 @@ class Graph:
         self.deps = [self._dependencies(i, a) for i, a in enumerate(self.actions)]
 
     def _dependencies(self, i: int, action: Action) -> tuple[tuple[int, float], ...]:
-        comm, rank = self.problem.costs.comm, self.rank[i]
+        costs, rank = self.problem.costs, self.rank[i]
         found = []
         for key in predecessor_keys(action_key(action), self.problem.stages, self.index):
             d = self.index[key]
-            found.append((d, 0.0 if self.rank[d] == rank else comm))
+            found.append((d, 0.0 if self.rank[d] == rank else costs.latency(self.actions[d].stage, action.stage)))
         return tuple(found)
 
     def ids(self, actions: tuple[Action, ...]) -> tuple[int, ...]:
@@ -249,6 +267,6 @@ def schedule_of(schedule: Schedule, graph: Graph, order: Order, name: str | None
     """The input schedule with its programs replaced by ``order`` (one compute action a step)."""
     programs = tuple(tuple(Step((graph.actions[a],)) for a in seq) for seq in order)
     problem = graph.problem
-    memory = MemorySpec(problem.memory_limit, problem.weights) if problem.memory_limit is not None else schedule.memory
+    memory = problem.memory if problem.memory_limit is not None else schedule.memory
     result = replace_programs(schedule, programs)
     return replace(result, name=name or result.name, costs=problem.costs, memory=memory, source=None)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pipeforge.ir import Action, ActionKind
-from pipeforge.optimize.evaluate import ActionKey, Problem
+from pipeforge.optimize.evaluate import ActionKey, Problem, stage_growth
 from pipeforge.optimize.units import integer_units
 
 # Kinds as their letters: the builder keys dicts by kind in its hot loop, and str hashing is cheap.
@@ -114,7 +114,8 @@ class _RoundBuilder:
         self.p, self.m = problem.stages, problem.microbatches
         self.comm = problem.costs.comm
         self.cost = {k: [problem.costs.duration(ActionKind(k), s) for s in range(self.p)] for k in (F, I, W)}
-        self.grow = {F: 1.0, I: problem.weights - 1.0, W: -problem.weights}
+        self.grow = stage_growth(problem)  # per kind, per stage (M_B)
+        self.link = [problem.costs.latency(s, s + 1) for s in range(self.p - 1)]  # stage s -> s + 1
         limit = problem.memory_limit
         self.limit = limit if limit is not None else float(self.m) + 1.0
         self.done = {k: [0] * self.p for k in (F, I, W)}
@@ -138,7 +139,7 @@ class _RoundBuilder:
 
     def put(self, j: int, kind: Kind) -> None:
         mb = self.done[kind][j]
-        if self.held[j] + self.grow[kind] > self.limit + TOLERANCE:
+        if self.held[j] + self.grow[kind][j] > self.limit + TOLERANCE:
             raise DoesNotFit
         cost = self.cost[kind][j]
         no_wait = self.clock[j] + cost
@@ -149,16 +150,16 @@ class _RoundBuilder:
             self.first_start[j] = end - cost
         self.clock[j] = end
         self.finish[(kind, j, mb)] = end
-        self.held[j] += self.grow[kind]
+        self.held[j] += self.grow[kind][j]
         self.done[kind][j] += 1
         self.programs[j].append((0, j, kind, mb))
 
     def arrival(self, j: int, kind: Kind, mb: int) -> float:
         """When the input of ``kind`` on rank j for ``mb`` arrives from the neighbour (0 if local)."""
         if kind == F and j > 0:
-            return self.needed((F, j - 1, mb)) + self.comm
+            return self.needed((F, j - 1, mb)) + self.link[j - 1]
         if kind == I and j < self.p - 1:
-            return self.needed((I, j + 1, mb)) + self.comm
+            return self.needed((I, j + 1, mb)) + self.link[j]
         if kind == I:
             return self.needed((F, j, mb))
         return 0.0
@@ -228,7 +229,7 @@ class _RoundBuilder:
         comes_back = self.clock[j + 1] + self.cost[F][j + 1] + self.cost[I][j + 1] + self.comm
         if self.clock[j] >= comes_back:
             return False
-        if self.clock[j] + self.cost[F][j] + self.w_cost_to_fit(j, 1.0) <= comes_back:
+        if self.clock[j] + self.cost[F][j] + self.w_cost_to_fit(j, self.grow[F][j]) <= comes_back:
             return True
         return comes_back - self.clock[j] > self.worst_bubble() - self.bubble[j]
 
@@ -236,7 +237,7 @@ class _RoundBuilder:
         """The time the W needed to make room for ``grow`` more on rank j would take."""
         held, cost, count = self.held[j] + grow, 0.0, 0
         while held > self.limit + TOLERANCE and self.done[W][j] + count < self.done[I][j]:
-            held += self.grow[W]
+            held += self.grow[W][j]
             cost += self.cost[W][j]
             count += 1
         return cost
@@ -244,20 +245,20 @@ class _RoundBuilder:
     def forward_with_fill(self, j: int) -> None:
         self.make_room(j, F)
         if j > 0:
-            self.fill_wait(j, self.needed((F, j - 1, self.done[F][j])) + self.comm)
+            self.fill_wait(j, self.needed((F, j - 1, self.done[F][j])) + self.link[j - 1])
         self.put(j, F)
 
     def backward_with_fill(self, j: int) -> None:
         self.make_room(j, I)
         if j + 1 < self.p:
-            self.fill_wait(j, self.needed((I, j + 1, self.done[I][j])) + self.comm)
+            self.fill_wait(j, self.needed((I, j + 1, self.done[I][j])) + self.link[j])
         if j == 0 and self.done[F][j] == self.m:
             while self.pending_w(j):
                 self.put(j, W)
         self.put(j, I)
 
     def make_room(self, j: int, kind: Kind) -> None:
-        while self.held[j] + self.grow[kind] > self.limit + TOLERANCE:
+        while self.held[j] + self.grow[kind][j] > self.limit + TOLERANCE:
             if not self.pending_w(j):
                 raise DoesNotFit
             self.put(j, W)

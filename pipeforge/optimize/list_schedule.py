@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, replace
 
 from pipeforge.ir import ActionKind
-from pipeforge.optimize.evaluate import TOLERANCE, ActionKey, Problem
+from pipeforge.optimize.evaluate import TOLERANCE, ActionKey, Problem, stage_growth
 from pipeforge.optimize.units import integer_units
 
 F, I, W = ActionKind.F.value, ActionKind.I.value, ActionKind.W.value
@@ -75,7 +75,7 @@ class _ListScheduler:
         self.problem, self.rules = problem, rules
         self.m, self.comm = problem.microbatches, problem.costs.comm
         self.limit = problem.memory_limit if problem.memory_limit is not None else NEVER
-        self.grow = {F: 1.0, I: problem.weights - 1.0, W: -problem.weights}
+        self.grow = stage_growth(problem)  # per kind, per stage (M_B)
         self.lanes = [(c, s) for c, placement in enumerate(problem.placements) for s in range(problem.stages)]
         self.rank_of = {(c, s): problem.placements[c].stage_to_rank[s] for c, s in self.lanes}
         self.cost = {(k, s): problem.costs.duration(ActionKind(k), s) for k in (F, I, W)
@@ -122,9 +122,9 @@ class _ListScheduler:
         """An F may be proposed when it fits (or a W could make room) and its stage is within its share."""
         if self.rules.fair_memory and self.limit != NEVER:
             share = self.limit / len(self.rank_lanes[r])
-            if self.lane_held[lane] + 1.0 > share + TOLERANCE:
+            if self.lane_held[lane] + self.grow[F][lane[1]] > share + TOLERANCE:
                 return False
-        return self.held[r] + 1.0 <= self.limit + TOLERANCE or self.has_w(r)
+        return self.held[r] + self.grow[F][lane[1]] <= self.limit + TOLERANCE or self.has_w(r)
 
     def ready_time(self, key: ActionKey, r: int) -> float | None:
         c, s, kind, mb = key
@@ -142,7 +142,7 @@ class _ListScheduler:
             done = self.end.get(need)
             if done is None:
                 return None
-            latency = 0.0 if self.rank_of[(need[0], need[1])] == r else self.comm
+            latency = 0.0 if self.rank_of[(need[0], need[1])] == r else self.problem.costs.latency(need[1], s)
             ready = max(ready, done + latency)
         return ready
 
@@ -166,7 +166,7 @@ class _ListScheduler:
         c, s, kind, mb = key
         self.end[key] = start + self.cost[(kind, s)]
         self.free[r] = self.end[key]
-        self.held[r] += self.grow[kind]
-        self.lane_held[(c, s)] += self.grow[kind]
+        self.held[r] += self.grow[kind][s]
+        self.lane_held[(c, s)] += self.grow[kind][s]
         self.next[(kind, (c, s))] = mb + 1
         self.programs[r].append(key)

@@ -58,8 +58,11 @@ class Layout:
         if self.keeps:
             return base
         limit = None if base.memory_limit is None else base.memory_limit * self.chunks
-        return replace(base, stages=base.stages * self.chunks, placements=(self.placement(base),),
-                       costs=chunk_costs(base.costs, self.chunks), memory_limit=limit)
+        k = self.chunks
+        return replace(base, stages=base.stages * k, placements=(self.placement(base),),
+                       costs=chunk_costs(base.costs, k), memory_limit=limit,
+                       activation=tuple(a for a in base.activation for _ in range(k)),
+                       weight_grad=tuple(g for g in base.weight_grad for _ in range(k)))
 
 
 def layouts(choice: str, problem: Problem) -> list[Layout]:
@@ -128,6 +131,6 @@ def scale_costs(costs: CostModel, factor: float) -> CostModel:
 def laid_out_schedule(schedule: Schedule, problem: Problem, programs: tuple[tuple[Step, ...], ...],
                       costs: CostModel) -> Schedule:
     """``schedule`` with the layout's stages, placement, programs, chunk costs and limit (chunk units)."""
-    memory = MemorySpec(problem.memory_limit, problem.weights)
+    memory = problem.memory
     return replace(schedule, stages=problem.stages, placements=problem.placements, programs=programs,
                    costs=costs, memory=memory, source=None, params=())

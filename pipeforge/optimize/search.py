@@ -201,7 +201,7 @@ def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit
     # Every search times orders in exact integer units (units.py): the same result whatever the unit;
     # times ``chunks`` so that every layout's chunk costs are integers too.
     base = replace(given, costs=scale_costs(units.costs, chunks))
-    before = metrics_of(compute, base.costs, MemorySpec(base.memory_limit, base.weights))
+    before = metrics_of(compute, base.costs, base.memory)
     if base.memory_limit is None:
         base = replace(base, memory_limit=max(before.peak_memory, default=0.0))
     # First every layout's greedy orders, then the rest of the time on the layout that leads.

@@ -135,7 +135,7 @@ def compute_bounds(schedule: Schedule, costs: CostModel, memory: MemorySpec, *, 
 
 def _bounds_from_graph(schedule: Schedule, costs: CostModel, memory: MemorySpec, busy: list[float]) -> Bounds:
     nodes, by_stage = _dependency_nodes(schedule, costs)
-    comm = costs.comm
+    comm = min((costs.comm, *costs.links))  # the least latency of any edge: still a lower bound
     _earliest_starts(nodes, by_stage, schedule.stages, comm)
     _remaining_after(nodes, by_stage, schedule.stages, comm)
     critical = max((n.est + n.duration + n.down for n in nodes.values()), default=0.0)
@@ -230,7 +230,7 @@ def _rank_bounds(schedule: Schedule, nodes: dict, memory: MemorySpec, busy: list
                 loops[r] = min(loops[r], node.est - own_forward.est)
     return tuple(
         RankBound(r, busy[r], _finite(heads[r]), _finite(tails[r]), _finite_or_none(first_backward[r]),
-                  _finite_or_none(loops[r]), _forward_room(forwards[r], memory.limit))
+                  _finite_or_none(loops[r]), _forward_room(forwards[r], memory.count_limit(memory.limit, schedule.stages)))
         for r in range(schedule.ranks)
     )
 

@@ -219,7 +219,6 @@ class _Run:
         self.programs = [[compiler.compile(i, step) for i, step in enumerate(program)
                           if step.actions and step.actions[0].kind in _COMPUTE]
                          for program in schedule.programs]
-        self.comm = costs.comm
         ranks = schedule.ranks
         self.pointer = [0] * ranks
         self.free = [0.0] * ranks
@@ -232,18 +231,18 @@ class _Run:
 
     def advance(self, rank: int, ready_ranks: list[int]) -> None:
         """Run ``rank`` until it finishes or waits for an input not yet made."""
-        program, made, comm = self.programs[rank], self.made, self.comm
+        program, made = self.programs[rank], self.made
         pointer, start = self.pointer[rank], self.free[rank]
         while pointer < len(program):
             step = program[pointer]
-            for key in step.inputs:
+            for key, latency in zip(step.inputs, step.latencies):
                 found = made.get(key)
                 if found is None:
                     self.waiting[key].append(rank)
                     self.blocked_on[rank] = key
                     self.pointer[rank], self.free[rank] = pointer, start
                     return
-                arrival = found[0] + comm if found[1] != rank else found[0]
+                arrival = found[0] + latency if found[1] != rank else found[0]
                 if arrival > start:
                     start = arrival
             start = self.finish(rank, step, start, ready_ranks)
@@ -271,6 +270,7 @@ class _CompiledStep(NamedTuple):
     index: int
     actions: tuple[Action, ...]
     inputs: tuple[tuple, ...]
+    latencies: tuple[float, ...]  # of each input's edge when it comes from another rank
     outputs: tuple[tuple, ...]
     durations: tuple[float, ...]
     duration: float
@@ -284,17 +284,20 @@ class _StepCompiler:
 
     def __init__(self, schedule: Schedule, costs: CostModel, memory: MemorySpec):
         self.last_stage = schedule.stages - 1
-        self.costs = costs
+        self.costs, self.memory = costs, memory
         table = duration_table(costs, schedule.stages)
 
-        def profile(kind: ActionKind, added: float, released: float) -> tuple[list[float], float, float]:
-            return [table[kind, stage] for stage in range(schedule.stages)], added, released
+        stages = range(schedule.stages)
 
-        # Per kind: (duration by stage, memory added, memory released). Picked by identity, not hashing.
-        self.forward = profile(_F, 1.0, 0.0)
-        self.backward = profile(_B, 0.0, 1.0)
-        self.inputs_backward = profile(_I, 0.0, 1.0 - memory.weights)
-        self.weights_backward = profile(_W, 0.0, memory.weights)
+        def profile(kind: ActionKind) -> tuple[list[float], list[float], list[float]]:
+            effects = [memory.stage_effect(kind, stage) for stage in stages]
+            return [table[kind, stage] for stage in stages], [a for a, _ in effects], [r for _, r in effects]
+
+        # Per kind: (duration, memory added, memory released), each by stage. Picked by identity, not hashing.
+        self.forward = profile(_F)
+        self.backward = profile(_B)
+        self.inputs_backward = profile(_I)
+        self.weights_backward = profile(_W)
 
     def compile(self, index: int, step: Step) -> _CompiledStep:
         if len(step.actions) == 1:
@@ -302,6 +305,7 @@ class _StepCompiler:
         parts = [self.compile_single(index, Step((action,))) for action in step.actions]
         durations = tuple(part.duration for part in parts)
         return _CompiledStep(index, step.actions, sum((p.inputs for p in parts), ()),
+                             sum((p.latencies for p in parts), ()),
                              sum((p.outputs for p in parts), ()), durations, sum(durations),
                              sum(p.memory_added for p in parts), sum(p.memory_released for p in parts), step.span)
 
@@ -325,9 +329,14 @@ class _StepCompiler:
             else:
                 profile = self.backward
                 outputs = (("G", c, s, m),)
-        row, added, released = profile
-        duration = row[s] if 0 <= s < len(row) else self.costs.duration(kind, s)
-        return _CompiledStep(index, step.actions, inputs, outputs, (duration,), duration, added, released, step.span)
+        row, adds, releases = profile
+        if 0 <= s < len(row):
+            duration, added, released = row[s], adds[s], releases[s]
+        else:
+            duration, (added, released) = self.costs.duration(kind, s), self.memory.stage_effect(kind, s)
+        latencies = tuple(self.costs.latency(key[2], s) for key in inputs)
+        return _CompiledStep(index, step.actions, inputs, latencies, outputs, (duration,), duration, added, released,
+                             step.span)
 
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from typing import NamedTuple
 
+from pipeforge.ir import ActionKind, MemorySpec
 from pipeforge.verify.program import PEER_OFFSET, Key, Program, Slot, partner_key, text_of, violation_at
 from pipeforge.verify.report import Violation
 from pipeforge.verify.sharding import parameter_memory
@@ -105,14 +106,17 @@ def check_matching(pairing: Pairing) -> list[Violation]:
     return found
 
 
-def check_memory(program: Program, limit: float | None, weights: float, unsharded: float = 0.0) -> list[Violation]:
+def check_memory(program: Program, limit: float | None, weights: float, unsharded: float = 0.0,
+                 memory: MemorySpec | None = None) -> list[Violation]:
     """The first step on each rank whose additions take the held activations (and unsharded
-    parameters, see sharding.py) over ``limit``."""
+    parameters, see sharding.py) over ``limit``; per stage when ``memory`` gives stage sizes."""
     if limit is None:
         return []
     params_added, params_released = parameter_memory(unsharded)
     added = {"F": 1.0, **params_added}
     release = {"B": 1.0, "I": 1.0 - weights, "W": weights, **params_released}
+    if memory is not None and not memory.uniform:
+        return _check_stage_memory(program, limit, memory, added, release)
     found = []
     for row in program.slots:
         held = 0.0
@@ -126,4 +130,29 @@ def check_memory(program: Program, limit: float | None, weights: float, unsharde
                                           f"over the limit {limit:g}", slot))
                 break
             held -= sum(release.get(key[1], 0.0) for key in slot.acts)
+    return found
+
+
+def _check_stage_memory(program: Program, limit: float, memory: MemorySpec, added: dict, release: dict) -> list[Violation]:
+    """``check_memory`` with each compute action's memory by its stage (``MemorySpec.stage_effect``)."""
+    compute = {kind.value for kind in (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W)}
+
+    def effect(key) -> tuple[float, float]:
+        if key[1] in compute:
+            return memory.stage_effect(ActionKind(key[1]), key[0])
+        return added.get(key[1], 0.0), release.get(key[1], 0.0)
+
+    found = []
+    for row in program.slots:
+        held = 0.0
+        for slot in row:
+            if slot.group:
+                continue
+            effects = [effect(key) for key in slot.acts]
+            held += sum(a for a, _ in effects)
+            if held > limit + 1e-9:
+                found.append(violation_at("memory", f"rank {slot.rank} holds {held:g} M_B of activations at "
+                                          f"{slot.text}, over the limit {limit:g}", slot))
+                break
+            held -= sum(r for _, r in effects)
     return found
