@@ -19,10 +19,10 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "profile", help="measure a model's per-stage costs on local processes and write a cost file",
         description="Run the stage modules of MODEL.py (a function pipeforge_model(stages) returning "
-                    "{'modules', 'batch', 'target', 'loss_fn'}: docs/profile.md) with the pipeforge runtime "
-                    "on STAGES local gloo processes, ZB-H1 with a split backward, and write the median F, I, W "
-                    "times (ms), activation and weight-gradient bytes per stage and the transfer time per link "
-                    "as a JSON cost file for simulate/show/optimize --costs.")
+                    "{'modules', 'batch', 'target', 'loss_fn'}: docs/profile.md) with the pipeforge runtime on "
+                    "STAGES local gloo processes (ZB-H1 with the split backward, then 1F1B with the fused one) "
+                    "and write the median F, I, W and B times (ms), activation and weight-gradient bytes per "
+                    "stage and the transfer time per link as a JSON cost file for simulate/show/optimize --costs.")
     parser.add_argument("model", metavar="MODEL.py", help="a Python file defining pipeforge_model(stages)")
     parser.add_argument("--stages", type=int, required=True, help="number of stages (one local process each)")
     parser.add_argument("--microbatches", type=int, help="microbatches per step (default 2 * STAGES)")
@@ -51,7 +51,10 @@ def run(args: argparse.Namespace) -> int:
     schedule = load_library_schedule("zb-h1", {"P": args.stages, "M": microbatches})
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pipeforge-profile-") as out_dir:
-        job = ProfileJob(str(Path(args.model).resolve()), str(codegen(schedule, out_dir)), steps=args.steps,
+        fused = load_library_schedule("1f1b", {"P": args.stages, "M": microbatches})
+        (Path(out_dir) / "fused").mkdir()
+        job = ProfileJob(str(Path(args.model).resolve()), str(codegen(schedule, out_dir)),
+                         str(codegen(fused, str(Path(out_dir) / "fused"))), steps=args.steps,
                          warmup=args.warmup, timeout=args.timeout)
         outcomes = spawn("pipeforge.runtime.profiling:profile_job", args.stages, job, timeout=args.timeout,
                          deadline=args.timeout * (args.steps + args.warmup + 2) + 30)
@@ -87,9 +90,9 @@ def _check(args: argparse.Namespace) -> None:
 def summary(data: dict, args: argparse.Namespace, seconds: float) -> str:
     lines = [f"profiled {args.model}: {args.stages} stages, {args.steps} measured steps in {seconds:.1f} s "
              f"(times in ms, memory in bytes)",
-             f"{'stage':>5}{'F':>10}{'I':>10}{'W':>10}{'activation':>14}{'weight_grad':>14}"]
+             f"{'stage':>5}{'F':>10}{'I':>10}{'W':>10}{'B':>10}{'activation':>14}{'weight_grad':>14}"]
     for s, e in enumerate(data["stages"]):
-        lines.append(f"{s:>5}{e['F']:>10.3f}{e['I']:>10.3f}{e['W']:>10.3f}{e['activation']:>14.0f}"
+        lines.append(f"{s:>5}{e['F']:>10.3f}{e['I']:>10.3f}{e['W']:>10.3f}{e['B']:>10.3f}{e['activation']:>14.0f}"
                      f"{e['weight_grad']:>14.0f}")
     lines.append("links " + " ".join(f"{s}->{s + 1}: {t:.3f}" for s, t in enumerate(data["links"])))
     lines.append(f"wrote {args.output}")

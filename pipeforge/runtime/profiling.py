@@ -33,6 +33,7 @@ MODEL_FUNCTION = "pipeforge_model"
 class ProfileJob:
     model_path: str
     module_path: str  # the generated ZB-H1 module
+    fused_module_path: str | None = None  # the generated 1F1B module: times B (the fused backward) too
     steps: int = 3
     warmup: int = 1
     timeout: float = 60.0
@@ -71,7 +72,7 @@ class _Meter:
 
     def __init__(self, params):
         self.params = {p.untyped_storage().data_ptr() for p in params}
-        self.times: dict[str, list[float]] = {"F": [], "I": [], "W": []}
+        self.times: dict[str, list[float]] = {"F": [], "I": [], "W": [], "B": []}
         self.saved: dict[int, dict[tuple, int]] = {}  # mb -> (address, elements) -> bytes
         self.used_by_w: dict[int, set[tuple]] = {}
         self.plan_bytes: dict[int, int] = {}
@@ -100,7 +101,7 @@ class _Meter:
 
     def wrap(self, runner) -> None:
         """Time the stage's own compute (not the waits for its inputs) by wrapping the runner's methods."""
-        for kind, name in (("F", "forward"), ("I", "backward_input"), ("W", "backward_weight")):
+        for kind, name in (("F", "forward"), ("I", "backward_input"), ("W", "backward_weight"), ("B", "backward")):
             setattr(runner, name, self._timed(kind, runner, getattr(runner, name)))
 
     def _timed(self, kind: str, runner, method):
@@ -129,9 +130,8 @@ class _Meter:
         grads = [sum(self.saved[mb].get(k, 0) for k in keys) + self.plan_bytes.get(mb, 0)
                  for mb, keys in self.used_by_w.items() if mb in self.saved]
         weight_grad = min(statistics.median(grads), activation) if grads else 0
-        return {"F": statistics.median(self.times["F"]), "I": statistics.median(self.times["I"]),
-                "W": statistics.median(self.times["W"]), "activation": float(activation),
-                "weight_grad": float(weight_grad)}
+        entry = {kind: statistics.median(self.times[kind]) for kind in ("F", "I", "W", "B") if self.times[kind]}
+        return {**entry, "activation": float(activation), "weight_grad": float(weight_grad)}
 
 
 def _nbytes(value) -> int:
@@ -167,6 +167,22 @@ def profile_rank(rank: int, nproc: int, job: ProfileJob) -> dict:
     meter = _Meter(list(module.parameters()))
     pipe = generated.make_pipeline({rank: module}, loss_fn=model["loss_fn"], timeout=job.timeout)
     meter.wrap(pipe.runners[(rank, 0)])
+    _measure(pipe, model, module, meter, job)
+    entry = meter.stage_entry()
+    if job.fused_module_path is not None:  # B alone: the same stage under 1F1B (F timed again, not kept)
+        fused = load_module(job.fused_module_path).make_pipeline({rank: module}, loss_fn=model["loss_fn"],
+                                                                 timeout=job.timeout)
+        meter.wrap(fused.runners[(rank, 0)])
+        meter.times["B"].clear()
+        _measure(fused, model, module, meter, job)
+        entry = {**entry, "B": statistics.median(meter.times["B"])}
+    sizes = [None] * nproc
+    dist.all_gather_object(sizes, meter.output_bytes)
+    links = [_link_time(rank, s, sizes[s], job.link_trials) for s in range(nproc - 1)]
+    return {"rank": rank, "stage": entry, "links": links}
+
+
+def _measure(pipe, model: dict, module, meter: _Meter, job: ProfileJob) -> None:
     batch = model["batch"] if isinstance(model["batch"], tuple) else (model["batch"],)
     for step in range(job.warmup + job.steps):
         meter.recording = step >= job.warmup
@@ -175,11 +191,6 @@ def profile_rank(rank: int, nproc: int, job: ProfileJob) -> dict:
                   return_outputs=False)
         for param in module.parameters():
             param.grad = None
-    entry = meter.stage_entry()
-    sizes = [None] * nproc
-    dist.all_gather_object(sizes, meter.output_bytes)
-    links = [_link_time(rank, s, sizes[s], job.link_trials) for s in range(nproc - 1)]
-    return {"rank": rank, "stage": entry, "links": links}
 
 
 def _link_time(rank: int, link: int, nbytes: int, trials: int) -> float | None:

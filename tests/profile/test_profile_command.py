@@ -21,7 +21,7 @@ def test_profile_writes_a_cost_file_that_simulate_reads(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
     data = json.loads(out.read_text())
     assert data["units"] == "ms" and len(data["stages"]) == 2 and len(data["links"]) == 1
-    assert all(stage[k] > 0 for stage in data["stages"] for k in ("F", "I", "W"))
+    assert all(stage[k] > 0 for stage in data["stages"] for k in ("F", "I", "W", "B"))
     # stage 0, one microbatch of 16 rows: Linear saves its 16x256 input, Tanh its 16x64 output (float32)
     assert data["stages"][0]["activation"] == 16 * 256 * 4 + 16 * 64 * 4
     # W reads the Linear's input again (and what I recorded for it)
