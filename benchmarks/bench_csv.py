@@ -19,12 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti  # noqa: E402
-from torch_stages import build_torch_schedule  # noqa: E402
 
 from pipeforge.interop.torch_csv import read_csv  # noqa: E402
+from tests.torch_stages import build_torch_schedule  # noqa: E402
 
 RANKS, MICROBATCHES, PER_RANK = 32, 128, 2
 

@@ -101,8 +101,10 @@ class Argument:
     value: str | None = None
 
     def __str__(self) -> str:
+        if self.item is not None and self.keyword == "defines":
+            return f"{self.keyword}[{self.item!r}]"
         if self.item is not None:
-            return f"{self.keyword}[{self.item!r}]" if self.keyword == "defines" else f"{self.keyword} item {self.item!r}"
+            return f"{self.keyword} item {self.item!r}"
         return self.keyword if self.value is None else f"{self.keyword}={self.value}"
 
 
@@ -146,6 +148,9 @@ class PipeforgeError(Exception):
     def location(self) -> str | None:
         return str(self.span) if self.span else None
 
+    def __reduce__(self):  # pickled with its fields, whatever the subclass's constructor takes
+        return _rebuilt, (type(self), self.message, self.__dict__)
+
     def worded(self, name: Callable[[Argument], str] = str) -> str:
         """The message with every argument named by ``name`` (Python's names by default)."""
         return self.words.worded(name)
@@ -160,6 +165,13 @@ class PipeforgeError(Exception):
                 parts.append(block)
         parts.extend(f"note: {note}" for note in self.notes)
         return "\n".join(parts)
+
+
+def _rebuilt(cls: type[PipeforgeError], message: str, state: dict) -> PipeforgeError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error
 
 
 class PipeSyntaxError(PipeforgeError):

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,9 +10,7 @@ from hypothesis import strategies as st
 
 import pipeforge.testing as pt
 from pipeforge.ir import ActionKind, Placement, Schedule, format_grid, programs_from_tokens
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "verify"))
-from oracle import oracle  # noqa: E402  (the independent checker of docs/semantics.md)
+from tests.verify.oracle import oracle  # the independent checker of docs/semantics.md
 
 QUICK = settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import pickle
 import re
 from pathlib import Path
 
@@ -63,6 +64,14 @@ def test_an_error_keeps_its_fields_and_is_worded_twice():
     both = UsageError(words(Argument("defines"), " and ", Argument("schedule"), " apply to .pipe files"))
     assert str(both) == "defines and schedule apply to .pipe files"
     assert wording.message(both) == "-D and --schedule apply to .pipe files"
+
+
+def test_an_error_survives_pickling_with_its_fields():
+    error = ArgumentError(Argument("costs", "F=x"), "'x' is not a number", value="F=x")
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is ArgumentError and str(again) == str(error) == "costs item 'F=x': 'x' is not a number"
+    assert (again.argument, again.value, again.problem) == (error.argument, "F=x", "'x' is not a number")
+    assert wording.message(again) == "--cost item 'F=x': 'x' is not a number"
 
 
 def test_the_python_api_raises_without_flags():

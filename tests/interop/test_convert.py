@@ -8,7 +8,7 @@ import pytest
 
 from pipeforge.cli import main
 from pipeforge.interop.torch_csv import read_csv
-from torch_stages import build_torch_schedule, dump_torch_csv, read_cells
+from tests.torch_stages import build_torch_schedule, dump_torch_csv, read_cells
 
 
 @pytest.fixture(params=["compute_only", "compute_comms"])

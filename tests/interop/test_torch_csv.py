@@ -14,7 +14,7 @@ from pipeforge.commands import wording
 from pipeforge.errors import ArgumentError, PipeforgeError, PipeSyntaxError, SemanticError, UsageError
 from pipeforge.interop.torch_csv import has_communication, read_csv, read_csv_text, to_csv_text, write_csv
 from pipeforge.ir import Action, ActionKind, Placement, Schedule, Step, parse_step
-from torch_stages import dump_torch_csv, read_cells
+from tests.torch_stages import dump_torch_csv, read_cells
 
 
 def cells_of(text: str) -> list[list[str]]:

@@ -10,13 +10,22 @@ correct 1F1B instead, and torch's order is shown to fail verification.
 from __future__ import annotations
 
 import pytest
-from torch_orders import TORCH_TEST_CASES, TORCH_TWINS, compute_programs, torch_cases, torch_programs, torch_schedule
 
 from pipeforge import library
 from pipeforge.ir import Action, ActionKind, Step
 from pipeforge.verify import verify
+from tests.library.torch_orders import (
+    TORCH_TEST_CASES, TORCH_TWINS, compute_programs, torch_cases, torch_programs, torch_schedule,
+)
 
-CASES = [(name, *case) for name in TORCH_TWINS for case in torch_cases(name)]
+LARGE = 4096  # ranks x microbatches x stages per rank above which a case is marked slow (the fast tier skips it)
+
+
+def case_param(*case):
+    return pytest.param(*case, marks=pytest.mark.slow) if case[1] * case[2] * case[3] > LARGE else case
+
+
+CASES = [case_param(name, *case) for name in TORCH_TWINS for case in torch_cases(name)]
 
 
 def library_defines(name: str, ranks: int, microbatches: int, per_rank: int) -> dict[str, int]:
@@ -78,7 +87,8 @@ def test_torch_1f1b_order_fails_verification(ranks, microbatches):
 
 
 @pytest.mark.parametrize("name,ranks,microbatches,per_rank", [
-    case for case in CASES if case[0] != "1f1b" and case[1] * case[2] * case[3] <= 4096
+    (name, *case) for name in TORCH_TWINS if name != "1f1b" for case in torch_cases(name)
+    if case[0] * case[1] * case[2] <= LARGE
 ])
 def test_torch_orders_the_library_matches_are_valid(name, ranks, microbatches, per_rank):
     torch_or_skip(name, ranks, microbatches, per_rank)
@@ -87,7 +97,10 @@ def test_torch_orders_the_library_matches_are_valid(name, ranks, microbatches, p
     assert report.valid, [v.message for v in report.violations]
 
 
-@pytest.mark.parametrize("ranks,microbatches", sorted({(p, m) for _, m, p in TORCH_TEST_CASES}))
+@pytest.mark.parametrize("ranks,microbatches", [
+    pytest.param(p, m, marks=pytest.mark.slow) if p * m > LARGE else (p, m)
+    for p, m in sorted({(p, m) for _, m, p in TORCH_TEST_CASES})
+])
 def test_zb_h1_is_torch_zero_bubble_with_one_stage_per_rank(ranks, microbatches):
     # ZB1P with V = 1 is ZB-H1: 1F1B's warm-up, rank r's W passes held back r steps
     try:

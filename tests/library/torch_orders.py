@@ -7,9 +7,8 @@ they become compute-only programs (idle slots and REDUCE_GRAD dropped, an
 
 from __future__ import annotations
 
-from torch_stages import V_SCHEDULES, torch_pipeline_order
-
 from pipeforge.ir import Placement, Schedule, Step, parse_step
+from tests.torch_stages import V_SCHEDULES, torch_pipeline_order
 
 # (V, M, P): every case of torch's own schedule tests
 TORCH_TEST_CASES = (

@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opt_instances import costs_strategy, fused_work, make_schedule, one_f_one_b, random_programs, split_work
 
 from pipeforge.ir import ActionKind, CostModel, MemorySpec
 from pipeforge.optimize.evaluate import Graph, Problem, compute_actions, evaluate, is_complete, schedule_of
 from pipeforge.sim import simulate
+from tests.optimize.opt_instances import (
+    costs_strategy, fused_work, make_schedule, one_f_one_b, random_programs, split_work,
+)
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opt_instances import brute_force_best_span, costs_strategy, one_f_one_b, split_work
 
 from pipeforge.ir import Action, ActionKind, CostModel, Placement
 from pipeforge.optimize.bounds import bubble_lower_bound, busy_per_rank, span_lower_bound
 from pipeforge.optimize.evaluate import Graph, Problem, evaluate
 from pipeforge.optimize.exact import solve_exact
 from pipeforge.optimize.greedy import zero_bubble_orders
+from tests.optimize.opt_instances import brute_force_best_span, costs_strategy, one_f_one_b, split_work
 
 ZB_COSTS = CostModel(F=18.522, I=18.086, W=9.337, comm=0.601)
 

@@ -7,7 +7,6 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from opt_instances import costs_strategy, fused_work, make_schedule, one_f_one_b, random_programs, split_work
 
 import pipeforge
 from pipeforge.errors import UsageError, VerificationError
@@ -15,6 +14,9 @@ from pipeforge.ir import Action, ActionKind, CostModel, Placement
 from pipeforge.optimize import optimize
 from pipeforge.sim import simulate
 from pipeforge.verify import verify
+from tests.optimize.opt_instances import (
+    costs_strategy, fused_work, make_schedule, one_f_one_b, random_programs, split_work,
+)
 
 ZB_COSTS = CostModel(F=18.522, I=18.086, W=9.337, comm=0.601)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -215,7 +214,7 @@ def test_shuffled_orders_never_lower_to_a_mismatch(schedule, rng):
 
 
 def test_pipeforge_testing_valid_schedules_lower_to_valid(tmp_path):
-    pt = pytest.importorskip("pipeforge.testing")
+    import pipeforge.testing as pt
 
     @HYPOTHESIS
     @given(pt.schedules(max_ranks=4, lowered=True))

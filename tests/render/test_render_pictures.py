@@ -15,7 +15,7 @@ from pipeforge.render.grid import nice_step, render_text
 from pipeforge.render.html import render_html
 from pipeforge.render.svg import render_svg
 from pipeforge.sim import simulate
-from sim_orders import one_f_one_b, random_consistent, schedule_of
+from tests.sim.sim_orders import one_f_one_b, random_consistent, schedule_of
 
 SVG = "{http://www.w3.org/2000/svg}"
 

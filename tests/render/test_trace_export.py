@@ -8,7 +8,7 @@ import pipeforge
 from pipeforge.interop.trace import trace_events, write_trace
 from pipeforge.ir import CostModel
 from pipeforge.sim import simulate
-from sim_orders import one_f_one_b
+from tests.sim.sim_orders import one_f_one_b
 
 
 def test_one_x_event_per_action_on_the_ranks_thread():

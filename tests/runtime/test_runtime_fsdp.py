@@ -12,7 +12,6 @@ each of two steps, the parameters after them and an eval match to 1e-12.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,8 +21,6 @@ from pipeforge.codegen import codegen
 from pipeforge.interop.torch_csv import read_csv_text, to_csv_text
 from pipeforge.runtime.launch import spawn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1", "zbv")
@@ -32,7 +29,7 @@ MICROBATCHES = 4
 
 def torch_lowered(name: str, max_active_stages: int | None, reduce_grad: bool = True) -> pipeforge.Schedule:
     """A library schedule's compute order lowered by torch's passes, through torch CSV."""
-    from torch_stages import csv_text, torch_lowered_cells
+    from tests.torch_stages import csv_text, torch_lowered_cells
 
     schedule = pipeforge.load(name, defines={"P": 2, "M": MICROBATCHES})
     rows = {rank: row.split(",") for rank, row in enumerate(to_csv_text(schedule, "compute_only").splitlines())}

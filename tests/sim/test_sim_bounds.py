@@ -12,7 +12,7 @@ import pipeforge
 from pipeforge.errors import VerificationError
 from pipeforge.ir import CostModel, MemorySpec
 from pipeforge.sim import compute_bounds, simulate
-from sim_orders import gpipe, one_f_one_b, random_consistent, schedule_of
+from tests.sim.sim_orders import gpipe, one_f_one_b, random_consistent, schedule_of
 
 UNIT = CostModel(F=1, I=1, W=1)
 

@@ -10,7 +10,7 @@ from pipeforge.commands import wording
 from pipeforge.errors import ArgumentError
 from pipeforge.ir import ActionKind, CostModel, MemorySpec
 from pipeforge.sim.costs import costs_for, costs_to_json, memory_for, parse_cost_flag
-from sim_orders import one_f_one_b
+from tests.sim.sim_orders import one_f_one_b
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -10,20 +10,14 @@ schedule open (see ``comparable``).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pipeforge.testing as pt
+import pipeforge.verify as verify_module
 from pipeforge.ir import Action, ActionKind, Placement, Schedule, format_grid, programs_from_tokens
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from oracle import oracle  # noqa: E402  (beside this file)
-
-import pipeforge.verify as verify_module  # noqa: E402
+from tests.verify.oracle import oracle
 
 STRUCTURAL = frozenset({"placement", "duplicate", "missing"})
 SMALL = dict(max_ranks=3, max_stages_per_rank=2, max_microbatches=4)
@@ -267,8 +261,7 @@ def test_torch_schedules(tmp_path, name, ranks, microbatches, per_rank, form):
     """torch's orders as its _dump_csv writes them (Schedule1F1B's pipeline_order in torch 2.13 is wrong)."""
     if per_rank == 1 and form == "compute_comms":
         pytest.skip("single-stage schedules have no lowered order")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from torch_stages import dump_torch_csv
+    from tests.torch_stages import dump_torch_csv
 
     from pipeforge.interop.torch_csv import read_csv
 

@@ -8,9 +8,7 @@ the oracle must agree.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,10 +21,8 @@ from pipeforge.ir import MemorySpec, Placement, Schedule, format_grid, programs_
 from pipeforge.lang.printer import print_schedule
 from pipeforge.passes import reduce_grad, unshard
 from pipeforge.verify import verify
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from oracle import oracle  # noqa: E402  (beside this file)
-from test_oracle_agreement import kinds_agree  # noqa: E402  (which kinds the spec fixes)
+from tests.verify.oracle import oracle
+from tests.verify.test_oracle_agreement import kinds_agree  # which kinds the spec fixes
 
 OK0, OK1 = ["0F0", "0B0"], ["1F0", "1B0"]
 

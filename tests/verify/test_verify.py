@@ -123,7 +123,7 @@ def test_blocking_sends_facing_each_other_deadlock_under_rendezvous_only():
 
 
 def test_torch_validate_schedule_accepts_a_cross_rank_cycle_that_verify_rejects():
-    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    from torch.distributed.pipelining import schedules
     rows = [["0F0", "2F0", "2B0", "0B0"], ["3F0", "1F0", "3B0", "1B0"]]
     torch_actions = {rank: [schedules._Action.from_str(a) for a in row] for rank, row in enumerate(rows)}
     assert schedules._validate_schedule(torch_actions, 2, 4, 1) == {0: 0, 2: 0, 3: 1, 1: 1}
@@ -204,7 +204,7 @@ def test_unknown_semantics_is_a_usage_error():
 
 
 def torch_schedule(name: str, ranks: int, microbatches: int, per_rank: int = 1) -> Schedule:
-    torch_stages = pytest.importorskip("tests.torch_stages")
+    from tests import torch_stages
     order = torch_stages.torch_pipeline_order(name, ranks, microbatches, per_rank)
     rows = [[cell or "_" for cell in order[rank]] for rank in range(ranks)]
     stages = ranks * per_rank

@@ -8,8 +8,6 @@ import pytest
 
 from pipeforge.cli import main
 
-pytest.importorskip("pipeforge.lang")
-
 ONE_F_ONE_B = """\
 schedule one_f_one_b(P = 4, M = 8) {
     ranks P
@@ -138,7 +136,7 @@ def test_a_missing_file_is_bad_input(capsys):
 
 
 def test_torch_csv_of_the_buggy_1f1b_is_invalid_and_interleaved_is_valid(tmp_path, capsys):
-    torch_stages = pytest.importorskip("tests.torch_stages")
+    from tests import torch_stages
     buggy = torch_stages.dump_torch_csv("Schedule1F1B", 4, 8, 1, tmp_path / "1f1b.csv")
     assert main(["verify", str(buggy), "--json"]) == 1
     kinds = {v["kind"] for v in json.loads(capsys.readouterr().out)["violations"]}
