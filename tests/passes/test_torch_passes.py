@@ -14,23 +14,17 @@ Python set, ``unshard`` in stage order: the same on every case here.
 
 from __future__ import annotations
 
-import sys
 from functools import cache
-from pathlib import Path
 
 import pytest
+from torch.distributed.pipelining import schedules as ts
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "library"))
-
-from torch.distributed.pipelining import schedules as ts  # noqa: E402
-from torch_orders import TORCH_TEST_CASES, torch_schedule  # noqa: E402
-from torch_stages import build_torch_schedule  # noqa: E402
-
-from pipeforge.interop.torch_csv import read_csv_text  # noqa: E402
-from pipeforge.ir import Schedule  # noqa: E402
-from pipeforge.passes import PassOptions, apply_passes, defer_recv, merge_bw, reduce_grad, unshard  # noqa: E402
-from pipeforge.verify import verify  # noqa: E402
+from pipeforge.interop.torch_csv import read_csv_text
+from pipeforge.ir import Schedule
+from pipeforge.passes import PassOptions, apply_passes, defer_recv, merge_bw, reduce_grad, unshard
+from pipeforge.verify import verify
+from tests.library.torch_orders import TORCH_TEST_CASES, torch_schedule
+from tests.torch_stages import build_torch_schedule
 
 RUNTIME = ("ScheduleLoopedBFS", "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble",
            "ScheduleZBVZeroBubble", "ScheduleDualPipeV")
