@@ -62,6 +62,7 @@ def test_placement_shapes(style):
     check()
 
 
+@pytest.mark.slow  # counts what 150 examples reach: too few examples would fail it, so not in the fast tier
 def test_strategies_reach_overlaps_splits_groups_and_reduce_grad():
     seen: Counter = Counter()
 
@@ -108,6 +109,7 @@ def test_each_mutation_changes_the_schedule(kind):
     check()
 
 
+@pytest.mark.slow  # counts what 150 examples reach: too few examples would fail it, so not in the fast tier
 def test_mutations_break_most_schedules():
     verdicts: Counter = Counter()
 

@@ -79,6 +79,7 @@ def _rank_orders(rank: int, microbatches: int):
             yield list(order)
 
 
+@pytest.mark.slow  # every order of a small pipeline, exhaustively
 @pytest.mark.parametrize("limit, comm", [(None, 0.5), (1, 0.0), (2, 0.5)])
 def test_no_order_of_a_small_pipeline_beats_the_bound(limit, comm):
     """Exhaustively: every pair of per-rank orders of a 2-rank, 3-microbatch pipeline."""
