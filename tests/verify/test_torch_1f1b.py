@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-torch_stages = pytest.importorskip("tests.torch_stages")
-
-from pipeforge.ir import ActionKind, Placement, Schedule, programs_from_tokens  # noqa: E402
-from pipeforge.verify import verify  # noqa: E402
+from pipeforge.ir import ActionKind, Placement, Schedule, programs_from_tokens
+from pipeforge.verify import verify
+from tests import torch_stages
 
 
 class RecordingStage(torch_stages.StandInStage):
