@@ -44,3 +44,15 @@ def test_no_test_edits_sys_path_or_skips_on_a_missing_helper():
             if str(module).split(".")[0] not in OPTIONAL_THIRD_PARTY:
                 found.append(f"{where}:{call.lineno}: importorskip({module!r}) would hide an import error")
     assert not found, "\n".join(found)
+
+
+def test_helpers_are_imported_by_their_full_name():
+    helpers = {path.stem for path in _test_files() if not path.stem.startswith(("test_", "conftest", "__"))}
+    found = []
+    for path in _test_files():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+            found += [f"{path.relative_to(TESTS.parent)}:{node.lineno}: import {name} (write tests....{name})"
+                      for name in names if name.split(".")[0] in helpers]
+    assert not found, "\n".join(found)

@@ -69,7 +69,7 @@ def fsdp_jobs(out: Path) -> tuple[list[dict], list[tuple[str, str]]]:
 
 
 def test_pipeline_with_fsdp_and_data_parallel_equals_the_unpipelined_model(tmp_path):
-    from fsdp_jobs import TOLERANCE, replicated_jobs
+    from tests.runtime.fsdp_jobs import TOLERANCE, replicated_jobs
 
     jobs, labels = fsdp_jobs(tmp_path)
     outcomes = spawn(replicated_jobs, 4, jobs, timeout=60, deadline=540)
