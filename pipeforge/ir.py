@@ -26,11 +26,19 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import NamedTuple
 
 from pipeforge.errors import Span
 
 
 class ActionKind(str, Enum):
+    """What an action does; its value is its text in torch's action tokens.
+
+    A ``str`` Enum that hashes as its text (``str.__hash__``, in C), so an
+    ``Action`` is a key as cheap as a plain tuple, and ``ActionKind.F == "F"``.
+    What each kind consumes, produces and costs is in ``pipeforge.semantics``.
+    """
+
     F = "F"
     B = "B"
     I = "I"  # noqa: E741 (the domain's name: backward for inputs)
@@ -42,6 +50,10 @@ class ActionKind(str, Enum):
     REDUCE_GRAD = "REDUCE_GRAD"
     UNSHARD = "UNSHARD"
     RESHARD = "RESHARD"
+
+    __hash__ = str.__hash__
+    __str__ = str.__str__
+    __format__ = str.__format__
 
     @property
     def is_compute(self) -> bool:
@@ -61,6 +73,7 @@ class ActionKind(str, Enum):
         return self not in STAGE_ONLY_KINDS
 
 
+# The three roles of a kind (every kind has exactly one; pipeforge.semantics holds the rest of its rules).
 COMPUTE_KINDS = frozenset({ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W})
 COMM_KINDS = frozenset({ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B})
 STAGE_ONLY_KINDS = frozenset({ActionKind.REDUCE_GRAD, ActionKind.UNSHARD, ActionKind.RESHARD})
@@ -71,9 +84,15 @@ _KIND_ALTERNATION = "|".join(
 ACTION_RE = re.compile(rf"(?P<stage>\d+)(?P<kind>{_KIND_ALTERNATION})(?P<mb>\d*)(?:@(?P<chain>\d+))?")
 
 
-@dataclass(frozen=True, order=True)
-class Action:
-    """One thing a rank does to one stage (and, except REDUCE_GRAD/UNSHARD/RESHARD, one microbatch)."""
+class Action(NamedTuple):
+    """One thing a rank does to one stage (and, except REDUCE_GRAD/UNSHARD/RESHARD, one microbatch).
+
+    A NamedTuple, as torch's ``_Action`` is: it hashes and compares in C, so it
+    is the key every subsystem uses (a plain tuple ``(stage, kind, microbatch,
+    chain)`` with the same fields is equal to it and hashes the same, which is
+    how the hot loops of ``pipeforge.semantics`` name actions without making one).
+    Ordered by stage, kind, microbatch, chain.
+    """
 
     stage: int
     kind: ActionKind
@@ -83,26 +102,29 @@ class Action:
     def __str__(self) -> str:
         mb = "" if self.microbatch is None else str(self.microbatch)
         chain = f"@{self.chain}" if self.chain else ""
-        return f"{self.stage}{self.kind.value}{mb}{chain}"
+        return f"{self.stage}{self.kind._value_}{mb}{chain}"
 
     def __repr__(self) -> str:
         return f"Action({self})"
 
     @property
     def is_compute(self) -> bool:
-        return self.kind.is_compute
+        return self.kind in COMPUTE_KINDS
 
     @property
     def is_comm(self) -> bool:
-        return self.kind.is_comm
+        return self.kind in COMM_KINDS
 
     def peer_stage(self) -> int:
-        """The stage at the other end of a communication action."""
-        if self.kind in (ActionKind.SEND_F, ActionKind.RECV_B):
-            return self.stage + 1
-        if self.kind in (ActionKind.RECV_F, ActionKind.SEND_B):
-            return self.stage - 1
-        raise ValueError(f"{self} is not a communication action")
+        """The stage at the other end of a communication action (``pipeforge.semantics.peer_stage``)."""
+        from pipeforge.semantics import peer_stage
+
+        return peer_stage(self)
+
+
+def as_action(key: tuple) -> Action:
+    """The Action a key names (an Action, or a plain tuple laid out like one)."""
+    return key if type(key) is Action else Action(key[0], ActionKind(key[1]), key[2], key[3])
 
 
 def parse_action(text: str) -> Action:

@@ -27,7 +27,8 @@ from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
 
-from pipeforge.ir import IDLE, Action, ActionKind, MemorySpec, Placement, Schedule, Step
+from pipeforge.ir import IDLE, Action, ActionKind, MemorySpec, Placement, Schedule, Step, as_action
+from pipeforge.semantics import GRADIENT_KINDS, SPLIT, memory_effect, needs, output
 
 K = ActionKind
 PLACEMENTS = ("loop", "v", "explicit")
@@ -135,8 +136,8 @@ def placement_strategy(ranks: int, options: Options) -> st.SearchStrategy[Placem
 
 
 @dataclass(frozen=True)
-class Transfer:
-    """A cross-rank edge: ``send`` on ``src`` once its producer ran, ``recv`` on ``dst``."""
+class InFlight:
+    """A cross-rank edge whose producer ran: ``send`` to post on ``src``, ``recv`` on ``dst``."""
 
     send: Action
     recv: Action
@@ -153,9 +154,9 @@ class Execution:
         self.steps: list[list[Step]] = [[] for _ in range(ranks)]
         self.todo: set[Action] = set()
         for (s, m), is_split in split.items():
-            self.todo |= {Action(s, K.F, m)} | ({Action(s, K.I, m), Action(s, K.W, m)} if is_split else {Action(s, K.B, m)})
+            self.todo |= {Action(s, K.F, m)} | {Action(s, kind, m) for kind in (SPLIT[K.B] if is_split else (K.B,))}
         self.done: set[Action] = set()  # compute actions run, and receives completed
-        self.in_flight: list[Transfer] = []
+        self.in_flight: list[InFlight] = []
         self.reduce_grad = False
         self.backward_left = {s: microbatches for s in range(stages)}
 
@@ -165,22 +166,13 @@ class Execution:
     def rank(self, action: Action) -> int:
         return self.placement.rank_of(action.stage)
 
-    def needs(self, a: Action) -> list[tuple[Action, ...]]:
+    def needs(self, a: Action) -> list[tuple[tuple, ...]]:
         """What must have happened before ``a``: alternatives per need (a receive stands for its producer)."""
-        s, m = a.stage, a.microbatch
-        if a.kind is K.F:
-            return [] if s == 0 else [(self.input_of(Action(s - 1, K.F, m), a),)]
-        if a.kind is K.W:
-            return [(Action(s, K.I, m),)]
-        needs = [(Action(s, K.F, m),)]
-        if s + 1 < self.stages:
-            needs.append(tuple(self.input_of(Action(s + 1, kind, m), a) for kind in (K.B, K.I)))
-        return needs
-
-    def input_of(self, producer: Action, consumer: Action) -> Action:
-        if not self.write_comms or self.rank(producer) == self.rank(consumer):
-            return producer
-        return transfer_for(producer).recv
+        found = []
+        for need in needs(a, self.stages):
+            crosses = need.recv is not None and self.placement.rank_of(need.producers[0][0]) != self.rank(a)
+            found.append((need.recv,) if self.write_comms and crosses else need.producers)
+        return found
 
     def ready(self) -> list[Action]:
         return sorted(a for a in self.todo if all(any(o in self.done for o in need) for need in self.needs(a)))
@@ -212,18 +204,13 @@ class Execution:
     def start_transfers(self, a: Action) -> None:
         if not self.write_comms:
             return
-        if a.kind is K.F and a.stage + 1 < self.stages:
-            consumer_stage = a.stage + 1
-        elif a.kind in (K.B, K.I) and a.stage > 0:
-            consumer_stage = a.stage - 1
-        else:
-            return
-        if self.placement.rank_of(consumer_stage) != self.rank(a):
-            t = transfer_for(a)
-            self.in_flight.append(Transfer(t.send, t.recv, self.rank(a), self.placement.rank_of(consumer_stage)))
+        goes = output(a, self.stages)
+        if goes is not None and self.placement.rank_of(goes.stage) != self.rank(a):
+            self.in_flight.append(InFlight(as_action(goes.send), as_action(goes.recv), self.rank(a),
+                                           self.placement.rank_of(goes.stage)))
 
     def maybe_reduce_grad(self, a: Action) -> None:
-        if a.kind not in (K.B, K.W):
+        if a.kind not in GRADIENT_KINDS:
             return
         self.backward_left[a.stage] -= 1
         if self.reduce_grad and self.backward_left[a.stage] == 0:
@@ -245,30 +232,16 @@ class Execution:
         return tuple(tuple(program) for program in self.steps)
 
 
-@dataclass(frozen=True)
-class _Pair:
-    send: Action
-    recv: Action
-
-
-def transfer_for(producer: Action) -> _Pair:
-    """The send after ``producer`` and the receive its consumer waits for (torch's naming)."""
-    s, m = producer.stage, producer.microbatch
-    if producer.kind is K.F:
-        return _Pair(Action(s, K.SEND_F, m), Action(s + 1, K.RECV_F, m))
-    return _Pair(Action(s, K.SEND_B, m), Action(s - 1, K.RECV_B, m))
-
-
 def peak_memory(schedule: Schedule, weights: float) -> float:
-    """The most any rank holds (F adds 1; I, W, B release; an overlap's additions count first)."""
-    release = {K.I: 1 - weights, K.W: weights, K.B: 1.0}
+    """The most any rank holds (``semantics.memory_effect``; an overlap's additions count first)."""
     peak = 0.0
     for program in schedule.programs:
         held = 0.0
         for step in program:
-            held += sum(1.0 for a in step.actions if a.kind is K.F)
+            effects = [memory_effect(a.kind, weights) for a in step.actions]
+            held += sum(added for added, _ in effects)
             peak = max(peak, held)
-            held -= sum(release.get(a.kind, 0.0) for a in step.actions)
+            held -= sum(released for _, released in effects)
     return peak
 
 
@@ -391,7 +364,7 @@ def change_microbatch(draw, programs, schedule) -> None:
     r, i, k = draw(st.sampled_from(action_positions(programs, lambda a: a.microbatch is not None)))
     step, action = programs[r][i], programs[r][i].actions[k]
     others = [m for m in range(schedule.microbatches) if m != action.microbatch] or [schedule.microbatches]
-    changed = replace(action, microbatch=draw(st.sampled_from(others)))
+    changed = action._replace(microbatch=draw(st.sampled_from(others)))
     programs[r][i] = Step(step.actions[:k] + (changed,) + step.actions[k + 1:], overlap=step.overlap)
 
 

@@ -28,19 +28,17 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from pipeforge.ir import Action, ActionKind, Schedule, Step, replace_programs
+from pipeforge.ir import COMPUTE_KINDS, Action, ActionKind, Schedule, Step, as_action, replace_programs
+from pipeforge.semantics import GRADIENT_KINDS, ActionKey, needs
 
 Position = tuple[int, int]  # (rank, step index in the input program, idle slots counted)
-Key = tuple  # an action as (stage, kind text, microbatch, chain): hashes and compares in C
-KINDS = {kind.value: kind for kind in ActionKind}
-COMPUTE = frozenset({"F", "B", "I", "W"})
 
 
-class Transfer(NamedTuple):
-    """One cross-rank edge: ``send`` on the producer's rank, ``recv`` on the consumer's."""
+class CarriedEdge(NamedTuple):
+    """One cross-rank data edge of the input: ``send`` on the producer's rank, ``recv`` on the consumer's."""
 
-    send: Key
-    recv: Key
+    send: ActionKey
+    recv: ActionKey
     producer: Position
     consumer: Position
 
@@ -70,10 +68,6 @@ def lower_with_origins(schedule: Schedule) -> Lowered:
     return Lowered(replace_programs(schedule, writer.programs()), writer.origins())
 
 
-def action_of(key: Key) -> Action:
-    return Action(key[0], KINDS[key[1]], key[2], key[3])
-
-
 # --- the dependency graph of the compute actions -------------------------------------------
 
 
@@ -81,63 +75,50 @@ def action_of(key: Key) -> Action:
 class DependencyGraph:
     """Where each compute action first occurs, what it needs, and the cross-rank edges."""
 
-    position: dict[Key, Position]
+    position: dict[ActionKey, Position]
     needs: dict[Position, tuple[Position, ...]]  # step -> producer steps on other ranks it waits for
-    transfers: tuple[Transfer, ...]
+    transfers: tuple[CarriedEdge, ...]
 
     @staticmethod
     def of(schedule: Schedule) -> DependencyGraph:
         position = compute_positions(schedule)
-        last = schedule.stages - 1
-        needs: dict[Position, list[Position]] = defaultdict(list)
-        transfers: list[Transfer] = []
-        carried_once: set[Key] = set()
-        for key, here in position.items():  # in program order: rank, then step
-            for producer, carried, send, recv in inputs_of(key, last):
-                there = position.get(producer)
-                # Only a cross-rank edge makes a rank wait: on one rank program order decides, and a
-                # producer written after its consumer is an order error, not a deadlock.
-                if carried and there is not None and there[0] != here[0]:
-                    needs[here].append(there)
-                    if send not in carried_once and recv not in carried_once:  # B and I both written
-                        carried_once.update((send, recv))
-                        transfers.append(Transfer(send, recv, there, here))
-        frozen = {step: tuple(producers) for step, producers in needs.items()}
+        stages = schedule.stages
+        waits: dict[Position, list[Position]] = defaultdict(list)
+        transfers: list[CarriedEdge] = []
+        carried_once: set[ActionKey] = set()
+        for action, here in position.items():  # in program order: rank, then step
+            for producers, send, recv in needs(action, stages):
+                if send is None:
+                    continue  # the producer is on the same stage: program order decides
+                for producer in producers:
+                    there = position.get(producer)
+                    # Only a cross-rank edge makes a rank wait: on one rank program order decides, and a
+                    # producer written after its consumer is an order error, not a deadlock.
+                    if there is not None and there[0] != here[0]:
+                        waits[here].append(there)
+                        if send not in carried_once and recv not in carried_once:  # B and I both written
+                            carried_once.update((send, recv))
+                            transfers.append(CarriedEdge(send, recv, there, here))
+        frozen = {step: tuple(producers) for step, producers in waits.items()}
         return DependencyGraph(position, frozen, tuple(transfers))
 
 
-def compute_positions(schedule: Schedule) -> dict[Key, Position]:
+def compute_positions(schedule: Schedule) -> dict[Action, Position]:
     """Where each compute action first occurs on the rank that owns its stage. One written on
     another rank is a ``placement`` error: no communication (nor any wait) is derived from it."""
     owners = [placement.stage_to_rank for placement in schedule.placements]
-    position: dict[Key, Position] = {}
+    position: dict[Action, Position] = {}
     for rank, program in enumerate(schedule.programs):
         for index, step in enumerate(program):
             for a in step.actions:
-                key = (a.stage, a.kind._value_, a.microbatch, a.chain)
-                if key[1] in COMPUTE and key not in position and owned_by(owners, key, rank):
-                    position[key] = (rank, index)
+                if a.kind in COMPUTE_KINDS and a not in position and owned_by(owners, a, rank):
+                    position[a] = (rank, index)
     return position
 
 
-def owned_by(owners: list[tuple[int, ...]], key: Key, rank: int) -> bool:
-    stage, chain = key[0], key[3]
+def owned_by(owners: list[tuple[int, ...]], action: Action, rank: int) -> bool:
+    stage, chain = action[0], action[3]
     return 0 <= chain < len(owners) and 0 <= stage < len(owners[chain]) and owners[chain][stage] == rank
-
-
-def inputs_of(key: Key, last: int) -> list[tuple[Key, bool, Key | None, Key | None]]:
-    """What ``key`` consumes: (producer, may cross ranks, send, receive carrying it)."""
-    s, kind, m, c = key
-    if kind == "F":
-        return [((s - 1, "F", m, c), True, (s - 1, "SEND_F", m, c), (s, "RECV_F", m, c))] if s > 0 else []
-    if kind == "W":
-        return [((s, "I", m, c), False, None, None)]
-    found = [((s, "F", m, c), False, None, None)]
-    if s < last:
-        send, recv = (s + 1, "SEND_B", m, c), (s, "RECV_B", m, c)
-        found.append(((s + 1, "B", m, c), True, send, recv))
-        found.append(((s + 1, "I", m, c), True, send, recv))
-    return found
 
 
 # --- lockstep rounds -----------------------------------------------------------------------
@@ -213,11 +194,11 @@ class ProgramWriter:
         self.steps[rank].append(self.schedule.programs[rank][index])
         self.served[rank].append(index)
 
-    def group(self, rank: int, keys: list[Key], serves: int) -> None:
+    def group(self, rank: int, keys: list[ActionKey], serves: int) -> None:
         if not keys:
             return
         span = self.schedule.programs[rank][serves].span
-        self.steps[rank].append(Step(tuple(map(action_of, keys)), span=span))
+        self.steps[rank].append(Step(tuple(map(as_action, keys)), span=span))
         self.served[rank].append(serves)
 
     def reduce_grads(self, rank: int, index: int) -> None:
@@ -250,10 +231,10 @@ def last_backwards(schedule: Schedule) -> dict[Position, list[int]]:
     for rank, program in enumerate(schedule.programs):
         for index, step in enumerate(program):
             for action in step.actions:
-                kind = action.kind._value_
-                if kind == "B" or kind == "W":
+                kind = action.kind
+                if kind in GRADIENT_KINDS:
                     last[(rank, action.stage)] = index
-                elif kind == "REDUCE_GRAD":
+                elif kind is ActionKind.REDUCE_GRAD:
                     written.add((rank, action.stage))
     after: dict[Position, list[int]] = defaultdict(list)
     for (rank, stage), index in sorted(last.items()):
@@ -282,7 +263,7 @@ def emit_rounds(writer: ProgramWriter, schedule: Schedule, graph: DependencyGrap
             keys = groups.get((rank, round_no))
             if keys:
                 serves = index if index is not None else min(next_compute(program, done), len(program) - 1)
-                steps.append(Step(tuple(map(action_of, keys)), False, program[serves].span))
+                steps.append(Step(tuple(map(as_action, keys)), False, program[serves].span))
                 served.append(serves)
             if index is not None and (rank, index) in writer.reduce_after:
                 writer.reduce_grads(rank, index)
@@ -290,7 +271,7 @@ def emit_rounds(writer: ProgramWriter, schedule: Schedule, graph: DependencyGrap
             writer.passthrough(rank, done, len(program))
 
 
-def round_groups(graph: DependencyGraph, rounds: Rounds) -> dict[tuple[int, int], list[Key]]:
+def round_groups(graph: DependencyGraph, rounds: Rounds) -> dict[tuple[int, int], list[ActionKey]]:
     """(rank, round) -> the group posted after that round.
 
     Every group lists its sends and receives in one global order (that of the
@@ -298,7 +279,7 @@ def round_groups(graph: DependencyGraph, rounds: Rounds) -> dict[tuple[int, int]
     alike (FIFO-consistent), and even split into groups of one (a torch CSV has
     no groups) the ops meet pair by pair in that global order without deadlock.
     """
-    groups: dict[tuple[int, int], list[Key]] = defaultdict(list)
+    groups: dict[tuple[int, int], list[ActionKey]] = defaultdict(list)
     executed = rounds.executed
     for send, recv, producer, consumer in graph.transfers:
         round_no = executed.get(producer)
@@ -314,8 +295,8 @@ def round_groups(graph: DependencyGraph, rounds: Rounds) -> dict[tuple[int, int]
 def emit_remainder(writer: ProgramWriter, schedule: Schedule, graph: DependencyGraph, rounds: Rounds) -> None:
     """Lower what the rounds could not run: receives just in time, sends in FIFO order."""
     pending = [t for t in graph.transfers if t.producer not in rounds.executed]
-    recv_before: dict[Position, list[Transfer]] = defaultdict(list)
-    send_after: dict[Position, list[tuple[int, int, Transfer]]] = defaultdict(list)
+    recv_before: dict[Position, list[CarriedEdge]] = defaultdict(list)
+    send_after: dict[Position, list[tuple[int, int, CarriedEdge]]] = defaultdict(list)
     for (src, dst), lane in lanes(pending).items():
         posted_after = -1
         for seq, transfer in enumerate(lane):
@@ -337,9 +318,9 @@ def emit_remainder(writer: ProgramWriter, schedule: Schedule, graph: DependencyG
             writer.reduce_grads(rank, index)
 
 
-def lanes(transfers: list[Transfer]) -> dict[tuple[int, int], list[Transfer]]:
-    """Transfers per ordered rank pair, in the order the consumer needs them."""
-    by_pair: dict[tuple[int, int], list[Transfer]] = defaultdict(list)
+def lanes(transfers: list[CarriedEdge]) -> dict[tuple[int, int], list[CarriedEdge]]:
+    """Carried edges per ordered rank pair, in the order the consumer needs them."""
+    by_pair: dict[tuple[int, int], list[CarriedEdge]] = defaultdict(list)
     for transfer in transfers:
         by_pair[(transfer.producer[0], transfer.consumer[0])].append(transfer)
     return {pair: sorted(items, key=lambda t: (t.consumer[1], t.send)) for pair, items in by_pair.items()}

@@ -8,18 +8,18 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from pipeforge.ir import ActionKind, MemorySpec
-from pipeforge.verify.program import PEER_OFFSET, Key, Program, Slot, partner_key, text_of, violation_at
+from pipeforge.semantics import MEMORY, PEER_OFFSET, SENDS, ActionKey, memory_effect
+from pipeforge.semantics import partner as partner_key
+from pipeforge.verify.program import Program, Slot, text_of, violation_at
 from pipeforge.verify.report import Violation
 from pipeforge.verify.sharding import parameter_memory
-
-SENDS = frozenset({"SEND_F", "SEND_B"})
 
 
 class Op(NamedTuple):
     """One send or receive at a slot, with the rank at its other end."""
 
     slot: Slot
-    key: Key
+    key: ActionKey
     peer: int | None  # None: no rank owns the peer stage
     is_send: bool
 
@@ -77,7 +77,7 @@ def pair_ops(program: Program) -> Pairing:
     return Pairing(tuple(matches), tuple(unmatched), ops, partner)
 
 
-def op_of(program: Program, slot: Slot, key: Key) -> Op:
+def op_of(program: Program, slot: Slot, key: ActionKey) -> Op:
     """The op of a communication action; ``peer`` is None when its stage, peer stage or chain
     does not exist (a placement error): nothing can ever meet such an op. (A microbatch out of
     range is a placement error too, but the op is matched like any other.)"""
@@ -112,10 +112,15 @@ def check_memory(program: Program, limit: float | None, weights: float, unsharde
     parameters, see sharding.py) over ``limit``; per stage when ``memory`` gives stage sizes."""
     if limit is None:
         return []
+    effect = {kind: memory_effect(kind, weights) for kind in MEMORY}
     params_added, params_released = parameter_memory(unsharded)
-    added = {"F": 1.0, **params_added}
-    release = {"B": 1.0, "I": 1.0 - weights, "W": weights, **params_released}
+    for kind, value in params_added.items():
+        effect[kind] = (effect[kind][0] + value, effect[kind][1])
+    for kind, value in params_released.items():
+        effect[kind] = (effect[kind][0], effect[kind][1] + value)
     if memory is not None and not memory.uniform:
+        added = {kind: value[0] for kind, value in effect.items()}
+        release = {kind: value[1] for kind, value in effect.items()}
         return _check_stage_memory(program, limit, memory, added, release)
     found = []
     for row in program.slots:
@@ -123,13 +128,14 @@ def check_memory(program: Program, limit: float | None, weights: float, unsharde
         for slot in row:
             if slot.group:
                 continue
-            held += sum(added.get(key[1], 0.0) for key in slot.acts)
+            effects = [effect[key[1]] for key in slot.acts]
+            held += sum(added for added, _ in effects)  # an overlap step's additions count first
             if held > limit + 1e-9:
                 what = "microbatches of activations" + (" and unsharded parameters" if unsharded else "")
                 found.append(violation_at("memory", f"rank {slot.rank} holds {held:g} {what} at {slot.text}, "
                                           f"over the limit {limit:g}", slot))
                 break
-            held -= sum(release.get(key[1], 0.0) for key in slot.acts)
+            held -= sum(released for _, released in effects)
     return found
 
 

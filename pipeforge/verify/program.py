@@ -6,26 +6,15 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from pipeforge.errors import Span
-from pipeforge.ir import Schedule, Step
+from pipeforge.ir import COMM_KINDS, Schedule, Step, as_action
+from pipeforge.semantics import PEER_OFFSET, ActionKey
+from pipeforge.semantics import partner as partner_key  # noqa: F401 (matching and timing use it from here)
 from pipeforge.verify.report import Violation
 
 
-Key = tuple  # (stage, kind text, microbatch or None, chain): an action as a plain tuple
-COMPUTE = frozenset({"F", "B", "I", "W"})
-COMM = frozenset({"SEND_F", "RECV_F", "SEND_B", "RECV_B"})
-PEER_OFFSET = {"SEND_F": 1, "RECV_B": 1, "RECV_F": -1, "SEND_B": -1}
-PARTNER = {"SEND_F": "RECV_F", "RECV_F": "SEND_F", "SEND_B": "RECV_B", "RECV_B": "SEND_B"}
-
-
-def text_of(key: Key) -> str:
-    stage, kind, mb, chain = key
-    return f"{stage}{kind}{'' if mb is None else mb}{f'@{chain}' if chain else ''}"
-
-
-def partner_key(key: Key) -> Key:
-    """The action the other rank must post to meet the communication action ``key``."""
-    stage, kind, mb, chain = key
-    return (stage + PEER_OFFSET[kind], PARTNER[kind], mb, chain)
+def text_of(key: ActionKey) -> str:
+    """An action's text (``2F0``), whether ``key`` is an Action or a plain tuple equal to one."""
+    return str(as_action(key))
 
 
 class Slot(NamedTuple):
@@ -40,7 +29,7 @@ class Slot(NamedTuple):
     step: Step
     shown: Step
     span: Span | None
-    acts: tuple[Key, ...]  # the step's actions as keys (cheap to hash and compare)
+    acts: tuple[ActionKey, ...]  # the step's actions (Actions: cheap to hash and compare)
     group: bool
 
     @property
@@ -62,7 +51,7 @@ class Program:
     def of(checked: Schedule, origins: tuple[tuple[int, ...], ...], written: Schedule) -> Program:
         as_written = checked is written
         slots = []
-        bad: set[Key] = set()
+        bad: set[ActionKey] = set()
         stages, microbatches, chains = range(checked.stages), range(checked.microbatches), range(checked.chains)
         for rank, program in enumerate(checked.programs):
             row = []
@@ -71,13 +60,13 @@ class Program:
                 if not step.actions:
                     continue  # an idle slot means nothing
                 index = origins[rank][position]
-                acts = tuple([(a.stage, a.kind._value_, a.microbatch, a.chain) for a in step.actions])
+                acts = step.actions
                 for key in acts:
                     if key[0] not in stages or key[3] not in chains or (key[2] is not None and key[2] not in microbatches):
                         bad.add(key)
                     elif key[1] in PEER_OFFSET and key[0] + PEER_OFFSET[key[1]] not in stages:
                         bad.add(key)  # a send or receive whose peer stage does not exist
-                row.append(Slot(rank, len(row), index, step, shown_steps[index], step.span, acts, acts[0][1] in COMM))
+                row.append(Slot(rank, len(row), index, step, shown_steps[index], step.span, acts, acts[0].kind in COMM_KINDS))
             slots.append(tuple(row))
         owners = tuple(p.stage_to_rank for p in checked.placements)
         return Program(checked, tuple(slots), as_written, owners, frozenset(bad))
@@ -96,7 +85,7 @@ class Program:
             return None
         return owners[chain][stage]
 
-    def peer_rank(self, key: Key) -> int | None:
+    def peer_rank(self, key: ActionKey) -> int | None:
         return self.rank_of(key[0] + PEER_OFFSET[key[1]], key[3])
 
     def step_count(self) -> int:

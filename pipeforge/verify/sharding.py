@@ -16,11 +16,12 @@ and the next ``RESHARD`` (``order``), and the last one is a ``RESHARD`` (else
 
 from __future__ import annotations
 
-from pipeforge.verify.program import COMPUTE, Key, Program, Slot, text_of, violation_at
+from pipeforge.ir import COMPUTE_KINDS, STAGE_ONLY_KINDS, ActionKind
+from pipeforge.semantics import GRADIENT_KINDS, ActionKey
+from pipeforge.verify.program import Program, Slot, text_of, violation_at
 from pipeforge.verify.report import Violation
 
-STAGE_ONLY = frozenset({"REDUCE_GRAD", "UNSHARD", "RESHARD"})
-SHARDING = frozenset({"UNSHARD", "RESHARD"})
+SHARDING = frozenset({ActionKind.UNSHARD, ActionKind.RESHARD})
 
 
 def holds_stage(program: Program, rank: int, stage: int) -> bool:
@@ -28,10 +29,10 @@ def holds_stage(program: Program, rank: int, stage: int) -> bool:
     return any(0 <= stage < len(owners) and owners[stage] == rank for owners in program.owners)
 
 
-def stage_only_placement_problem(program: Program, slot: Slot, key: Key) -> str | None:
+def stage_only_placement_problem(program: Program, slot: Slot, key: ActionKey) -> str | None:
     """An in-range stage-only action on a rank that holds no replica of its stage."""
     stage = key[0]
-    if key[1] not in STAGE_ONLY or holds_stage(program, slot.rank, stage):
+    if key[1] not in STAGE_ONLY_KINDS or holds_stage(program, slot.rank, stage):
         return None
     ranks = sorted({owners[stage] for owners in program.owners})
     where = " and ".join(map(str, ranks))
@@ -77,7 +78,7 @@ def last_gradient_slot(row: tuple[Slot, ...]) -> dict[int, int]:
     last: dict[int, int] = {}
     for slot in row:
         for stage, kind, _, _ in slot.acts:
-            if kind == "B" or kind == "W":
+            if kind in GRADIENT_KINDS:
                 last[stage] = slot.number
     return last
 
@@ -116,13 +117,13 @@ def check_shard_windows(program: Program, row: tuple[Slot, ...]) -> list[Violati
     return found
 
 
-def window_problem(key: Key, gathered: bool, rank: int) -> str | None:
+def window_problem(key: ActionKey, gathered: bool, rank: int) -> str | None:
     stage, kind = key[0], key[1]
     if kind == "UNSHARD" and gathered:
         return f"{text_of(key)} on rank {rank}: stage {stage} is already unsharded (no RESHARD since its UNSHARD)"
     if kind == "RESHARD" and not gathered:
         return f"{text_of(key)} on rank {rank}: stage {stage} is not unsharded (no UNSHARD since its last RESHARD)"
-    if kind in COMPUTE and not gathered:
+    if kind in COMPUTE_KINDS and not gathered:
         return (f"{text_of(key)} on rank {rank} computes on stage {stage} while its parameters are sharded: "
                 f"needs {stage}UNSHARD earlier, with no RESHARD between")
     return None

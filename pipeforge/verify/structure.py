@@ -1,16 +1,21 @@
 """Static checks, plain Python: placement, duplicate, missing and order (docs/semantics.md).
 
-Actions are handled as key tuples ``(stage, kind, microbatch, chain)`` (see program.py):
-they hash and compare in C, which keeps these passes linear and quick.
+What each action needs, what carries a cross-rank edge and what makes a (stage,
+microbatch) complete come from ``pipeforge.semantics``; every kind is handled by
+its role there (compute, communication or stage-only), none is skipped unseen.
+Actions are ``Action`` NamedTuples: they hash and compare in C, which keeps
+these passes linear and quick.
 """
 
 from __future__ import annotations
 
-from pipeforge.verify.program import COMM, COMPUTE, PEER_OFFSET, Key, Program, Slot, text_of, violation_at
+from pipeforge.ir import ActionKind
+from pipeforge.semantics import EXCLUDES, GRADIENT_KINDS, PEER_OFFSET, ActionKey, local_needs, output, role
+from pipeforge.verify.program import Program, Slot, text_of, violation_at
 from pipeforge.verify.report import Violation
 from pipeforge.verify.sharding import check_sharding, stage_only_placement_problem
 
-BACKWARD_FAMILY = {"B": {"I", "W"}, "I": {"B"}, "W": {"B"}}
+F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
 
 
 def check_structure(program: Program) -> list[Violation]:
@@ -33,7 +38,7 @@ def microbatch_chains(program: Program) -> dict[int, int]:
     chains: dict[int, int] = {}
     if program.schedule.chains > 1:
         for _, (stage, kind, mb, chain) in program.actions():
-            if kind == "F" and stage == 0 and mb is not None:
+            if kind is F and stage == 0 and mb is not None:
                 chains.setdefault(mb, chain)
     return chains
 
@@ -52,21 +57,23 @@ def check_placement(program: Program, chains: dict[int, int]) -> list[Violation]
     return found
 
 
-def well_placed(owners: tuple[int, ...], rank: int, key: Key) -> bool:
+def well_placed(owners: tuple[int, ...], rank: int, key: ActionKey) -> bool:
     """An in-range compute or communication action on its stage's rank (and a peer elsewhere)."""
     stage, kind = key[0], key[1]
-    if kind in COMPUTE:
+    kind_role = role(kind)
+    if kind_role == "compute":
         return owners[stage] == rank
-    if kind not in COMM or owners[stage] != rank:
+    if kind_role != "comm" or owners[stage] != rank:
         return False
     peer_stage = stage + PEER_OFFSET[kind]
     return 0 <= peer_stage < len(owners) and owners[peer_stage] != rank
 
 
-def placement_problem(program: Program, slot: Slot, key: Key, chains: dict[int, int]) -> str | None:
+def placement_problem(program: Program, slot: Slot, key: ActionKey, chains: dict[int, int]) -> str | None:
     sched = program.schedule
     stage, kind, mb, chain = key
-    if key not in program.out_of_range and kind in COMPUTE:
+    kind_role = role(kind)
+    if key not in program.out_of_range and kind_role == "compute":
         return compute_placement_problem(program, slot, key, chains)
     if not 0 <= chain < sched.chains:
         return f"{text_of(key)}: chain {chain} is outside the declared chains 0..{sched.chains - 1}"
@@ -74,19 +81,19 @@ def placement_problem(program: Program, slot: Slot, key: Key, chains: dict[int, 
         return f"{text_of(key)}: stage {stage} is outside 0..{sched.stages - 1}"
     if mb is not None and not 0 <= mb < sched.microbatches:
         return f"{text_of(key)}: microbatch {mb} is outside 0..{sched.microbatches - 1}"
-    if kind not in COMPUTE and kind not in COMM:
+    if kind_role == "stage":
         return stage_only_placement_problem(program, slot, key)
     owner = program.owners[chain][stage]
     if owner != slot.rank:
         return f"{text_of(key)} is on rank {slot.rank}, but stage {stage} (chain {chain}) is placed on rank {owner}"
     if chains and chains.get(mb, chain) != chain:
         return f"{text_of(key)}: microbatch {mb} belongs to chain {chains[mb]} (its F on stage 0)"
-    if kind in COMM:
+    if kind_role == "comm":
         return comm_placement_problem(program, slot, key)
     return None
 
 
-def compute_placement_problem(program: Program, slot: Slot, key: Key, chains: dict[int, int]) -> str | None:
+def compute_placement_problem(program: Program, slot: Slot, key: ActionKey, chains: dict[int, int]) -> str | None:
     """The common case, kept short: an in-range compute action."""
     stage, _, mb, chain = key
     owner = program.owners[chain][stage]
@@ -97,7 +104,7 @@ def compute_placement_problem(program: Program, slot: Slot, key: Key, chains: di
     return None
 
 
-def comm_placement_problem(program: Program, slot: Slot, key: Key) -> str | None:
+def comm_placement_problem(program: Program, slot: Slot, key: ActionKey) -> str | None:
     peer_stage = key[0] + PEER_OFFSET[key[1]]
     if not 0 <= peer_stage < program.schedule.stages:
         return f"{text_of(key)}: its peer stage {peer_stage} does not exist"
@@ -111,31 +118,31 @@ def comm_placement_problem(program: Program, slot: Slot, key: Key) -> str | None
 
 def check_duplicates(program: Program) -> list[Violation]:
     found = []
-    first: dict[Key, Slot] = {}
-    backward: dict[tuple, set[str]] = {}
+    first: dict[ActionKey, Slot] = {}
+    backward: dict[tuple, set[ActionKind]] = {}
     bad = program.out_of_range
     for slot, key in program.actions():
         kind = key[1]
-        if (kind not in COMPUTE and kind not in COMM) or key in bad:
-            continue
+        if role(kind) == "stage" or key in bad:
+            continue  # a stage-only action may be written again (each REDUCE_GRAD is a no-op after the first)
         if key in first:
             earlier = first[key]
             found.append(violation_at("duplicate", f"{text_of(key)} again (first at rank {earlier.rank} "
                                       f"step {earlier.index})", slot))
             continue
         first[key] = slot
-        if kind in BACKWARD_FAMILY:
+        if kind in EXCLUDES:
             kinds = backward.setdefault((key[0], key[2], key[3]), set())
-            if kinds & BACKWARD_FAMILY[kind]:
-                other = "I or W" if kind == "B" else "B"
+            if kinds & EXCLUDES[kind]:
+                other = " or ".join(sorted(EXCLUDES[kind]))
                 found.append(violation_at("duplicate", f"{text_of(key)}: stage {key[0]} microbatch {key[2]} "
                                           f"already has {other}", slot))
             kinds.add(kind)
     return found
 
 
-def present_compute(program: Program) -> set[Key]:
-    return {key for _, key in program.actions() if key[1] in COMPUTE} - program.out_of_range
+def present_compute(program: Program) -> set[ActionKey]:
+    return {key for _, key in program.actions() if role(key[1]) == "compute"} - program.out_of_range
 
 
 def check_missing(program: Program, chains: dict[int, int]) -> list[Violation]:
@@ -161,48 +168,47 @@ def check_missing(program: Program, chains: dict[int, int]) -> list[Violation]:
 MAX_MISSING_REPORTED = 1000  # a mistyped --stages 1000000 must not list millions of lines
 
 
-def missing_of(present: set[Key], stage: int, mb: int) -> list[str]:
-    has_f, has_b = (stage, "F", mb, 0) in present, (stage, "B", mb, 0) in present
-    has_i, has_w = (stage, "I", mb, 0) in present, (stage, "W", mb, 0) in present
+def missing_of(present: set[ActionKey], stage: int, mb: int) -> list[str]:
+    """What the (stage, microbatch) lacks: an F, and a B or both I and W (``semantics.SPLIT``)."""
+    has_f, has_b = (stage, F, mb, 0) in present, (stage, B, mb, 0) in present
+    has_i, has_w = (stage, I, mb, 0) in present, (stage, W, mb, 0) in present
     if has_f and has_b and not has_w:
         return []
 
-    def name(kind: str) -> str:
+    def name(kind: ActionKind) -> str:
         return text_of((stage, kind, mb, 0))
 
-    what = [] if has_f else [f"no forward {name('F')}"]
+    what = [] if has_f else [f"no forward {name(F)}"]
     if not has_b and not has_i and not has_w:
-        what.append(f"no backward ({name('B')}, or {name('I')} and {name('W')})")
+        what.append(f"no backward ({name(B)}, or {name(I)} and {name(W)})")
     elif not has_b and has_i and not has_w:
-        what.append(f"{name('I')} without {name('W')}")
+        what.append(f"{name(I)} without {name(W)}")
     if has_w and not has_i:  # even beside a B (which is then also a duplicate)
-        what.append(f"{name('W')} without {name('I')}")
+        what.append(f"{name(W)} without {name(I)}")
     return what
 
 
-def needed_comms(program: Program) -> dict[Key, int | None]:
+def needed_comms(program: Program) -> dict[ActionKey, int | None]:
     """Every send and receive the cross-rank edges of the present compute actions need, with its rank."""
-    last = program.schedule.stages - 1
-    needed: dict[Key, int | None] = {}
-    for s, kind, m, c in present_compute(program):
-        owners = program.owners[c]
-        if kind == "F" and s < last and owners[s + 1] != owners[s]:
-            needed[(s, "SEND_F", m, c)] = owners[s]
-            needed[(s + 1, "RECV_F", m, c)] = owners[s + 1]
-        elif kind in ("B", "I") and s > 0 and owners[s - 1] != owners[s]:
-            needed[(s, "SEND_B", m, c)] = owners[s]
-            needed[(s - 1, "RECV_B", m, c)] = owners[s - 1]
+    stages = program.schedule.stages
+    needed: dict[ActionKey, int | None] = {}
+    for action in present_compute(program):
+        goes = output(action, stages)
+        owners = program.owners[action[3]]
+        if goes is not None and owners[goes.stage] != owners[action[0]]:
+            needed[goes.send] = owners[action[0]]
+            needed[goes.recv] = owners[goes.stage]
     return needed
 
 
 def check_needed_comms(program: Program) -> list[Violation]:
     needed = needed_comms(program)
     found = []
-    present: set[Key] = set()
-    placed: set[tuple[Key, int]] = set()
+    present: set[ActionKey] = set()
+    placed: set[tuple[ActionKey, int]] = set()
     bad = program.out_of_range
     for slot, key in program.actions():
-        if key[1] not in COMM or key in bad:
+        if role(key[1]) != "comm" or key in bad:
             continue
         if key not in needed and key not in present:
             found.append(violation_at("duplicate", f"{text_of(key)} is not needed: no cross-rank edge carries it",
@@ -231,15 +237,16 @@ def check_rank_order(program: Program, row: tuple[Slot, ...]) -> list[Violation]
     rank, but not strictly earlier; when it is nowhere on the rank it is ``missing`` (or misplaced:
     ``placement``) and that is the one report. Actions on a rank that does not own their stage
     are ``placement`` only: nothing derived from them is checked."""
-    done: set[Key] = set()
+    done: set[ActionKey] = set()
     here = {key for slot in row for key in slot.acts}
     found = []
     bad = program.out_of_range
+    stages = program.schedule.stages
     for slot in row:
         for key in slot.acts:
             if key in bad or program.owners[key[3]][key[0]] != slot.rank:
                 continue
-            for need in needs_of(program, slot.rank, key):
+            for need in local_needs(key, stages, program.owners[key[3]], slot.rank):
                 if need[0] not in done and (len(need) == 1 or need[1] not in done) and \
                         (need[0] in here or (len(need) > 1 and need[1] in here)):
                     text = " or ".join(map(text_of, need))
@@ -249,23 +256,3 @@ def check_rank_order(program: Program, row: tuple[Slot, ...]) -> list[Violation]
     return found
 
 
-def needs_of(program: Program, rank: int, key: Key) -> tuple[tuple[Key, ...], ...]:
-    """What ``key`` on ``rank`` needs strictly earlier: each need is a tuple of alternatives."""
-    s, kind, m, c = key
-    if kind == "F":
-        if s == 0:
-            return ()
-        return (((s - 1, "F", m, c),) if program.owners[c][s - 1] == rank else ((s, "RECV_F", m, c),),)
-    if kind == "B" or kind == "I":
-        if s == program.schedule.stages - 1:
-            return (((s, "F", m, c),),)
-        if program.owners[c][s + 1] == rank:
-            return (((s, "F", m, c),), ((s + 1, "B", m, c), (s + 1, "I", m, c)))
-        return (((s, "F", m, c),), ((s, "RECV_B", m, c),))
-    if kind == "W":
-        return (((s, "I", m, c),),)
-    if kind == "SEND_F":
-        return (((s, "F", m, c),),)
-    if kind == "SEND_B":
-        return (((s, "B", m, c), (s, "I", m, c)),)
-    return ()

@@ -1,0 +1,244 @@
+"""The rules of a pipeline schedule, written once (docs/semantics.md; DESIGN.md, "The formal model").
+
+Every subsystem that needs a fact about actions asks here: ``lower`` (which
+edges cross ranks and what carries them), the structural checks of ``verify``
+(what each action needs earlier, what is complete), the work graph that the
+simulator and every optimizer time (``pipeforge.sim.workgraph``), the bounds,
+``pipeforge.testing`` and the runtime. Only ``tests/verify/oracle.py`` keeps
+its own copy, on purpose: it is the independent second reading.
+
+The rules, per kind (each table below has one entry per ``ActionKind``, and
+``tests/test_semantics.py`` fails when a kind is missing from any of them):
+
+- **role**: compute (F, B, I, W), communication (SEND_F, RECV_F, SEND_B,
+  RECV_B) or stage-only (REDUCE_GRAD, UNSHARD, RESHARD; no microbatch) — the
+  sets are ``ir.COMPUTE_KINDS``, ``ir.COMM_KINDS``, ``ir.STAGE_ONLY_KINDS``;
+- **needs** (``NEEDS``): what must have happened before an action: ``F(s,m)``
+  after ``F(s-1,m)``; ``B/I(s,m)`` after ``F(s,m)`` and after ``B/I(s+1,m)``
+  (the last stage's backward after its own forward: the loss); ``W(s,m)``
+  after ``I(s,m)``; ``sSEND_Fm`` after ``F(s,m)``; ``sSEND_Bm`` after
+  ``B/I(s,m)``. An edge between two stages may cross ranks (depending on the
+  placement); it is then carried by a send on the producer's rank and a
+  receive on the consumer's (``Need.send``, ``Need.recv``);
+- **output** (``OUTPUTS``): where a compute action's result goes and, across
+  ranks, which send and receive carry it;
+- **memory** (``MEMORY``): F holds one M_B more; I releases ``M_B - M_W``; W
+  releases ``M_W``; B releases ``M_B`` (``weights`` = M_W / M_B);
+- **peer** (``PEER_OFFSET``, ``PARTNER``): a communication action's peer stage
+  and the action that meets it there (torch's direction: ``sSEND_Fm`` to
+  ``(s+1)RECV_Fm``, ``sSEND_Bm`` to ``(s-1)RECV_Bm``);
+- **gradients**: ``REDUCE_GRAD`` of a stage comes after that stage's last B or
+  W on the rank (``GRADIENT_KINDS``); a B is an I then a W (``SPLIT``), and one
+  (stage, microbatch) has either B or I and W (``EXCLUDES``).
+
+Keys. An ``Action`` is a NamedTuple ``(stage, kind, microbatch, chain)``.
+The functions here take an Action and name the actions they return as plain
+tuples of those four fields: equal to the Action and hashing the same, they
+look up dicts and sets of Actions without making one (a plain tuple costs a
+fifth of a NamedTuple, and these run once per action of 100k-action
+schedules). ``ir.as_action`` turns one into an Action to show or store it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from pipeforge.ir import COMM_KINDS, COMPUTE_KINDS, STAGE_ONLY_KINDS, Action, ActionKind
+
+F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
+SEND_F, RECV_F, SEND_B, RECV_B = ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B
+REDUCE_GRAD = ActionKind.REDUCE_GRAD
+
+ActionKey = tuple  # an Action, or a plain tuple (stage, kind, microbatch, chain) equal to one
+
+__all__ = [
+    "COMPUTE_KINDS", "COMM_KINDS", "STAGE_ONLY_KINDS", "ROLES", "NEEDS", "OUTPUTS", "MEMORY", "PEER_OFFSET",
+    "PARTNER", "SENDS", "GRADIENT_KINDS", "SPLIT", "EXCLUDES", "Need", "Output", "role", "needs", "output",
+    "memory_effect", "memory_delta", "peer_stage", "partner", "peer_rank", "local_needs", "split",
+]
+
+
+# --- roles ---------------------------------------------------------------------------------
+
+ROLES: dict[ActionKind, str] = {
+    **{kind: "compute" for kind in COMPUTE_KINDS},
+    **{kind: "comm" for kind in COMM_KINDS},
+    **{kind: "stage" for kind in STAGE_ONLY_KINDS},
+}
+
+
+def role(kind: ActionKind) -> str:
+    """``compute``, ``comm`` or ``stage``; a kind without a role is a bug (KeyError), never skipped."""
+    return ROLES[kind]
+
+
+# --- what an action needs ------------------------------------------------------------------
+
+
+class Need(NamedTuple):
+    """One input of an action: any one of ``producers`` (alternatives: B or I of the next stage).
+
+    ``send``/``recv`` carry it when the producer's stage is on another rank
+    than the consumer's; None when the producer is on the consumer's stage
+    (so always on its rank).
+    """
+
+    producers: tuple[ActionKey, ...]
+    send: ActionKey | None = None
+    recv: ActionKey | None = None
+
+
+def _forward_needs(s: int, m: int | None, c: int, last: int) -> tuple[Need, ...]:
+    if s == 0:
+        return ()
+    return (Need(((s - 1, F, m, c),), (s - 1, SEND_F, m, c), (s, RECV_F, m, c)),)
+
+
+def _backward_needs(s: int, m: int | None, c: int, last: int) -> tuple[Need, ...]:
+    if s >= last:
+        return (Need(((s, F, m, c),)),)  # the loss: the last stage's backward after its own forward
+    later = ((s + 1, B, m, c), (s + 1, I, m, c))
+    return (Need(((s, F, m, c),)), Need(later, (s + 1, SEND_B, m, c), (s, RECV_B, m, c)))
+
+
+def _weight_needs(s: int, m: int | None, c: int, last: int) -> tuple[Need, ...]:
+    return (Need(((s, I, m, c),)),)
+
+
+def _send_forward_needs(s: int, m: int | None, c: int, last: int) -> tuple[Need, ...]:
+    return (Need(((s, F, m, c),)),)
+
+
+def _send_backward_needs(s: int, m: int | None, c: int, last: int) -> tuple[Need, ...]:
+    return (Need(((s, B, m, c), (s, I, m, c))),)
+
+
+def _no_needs(s: int, m: int | None, c: int, last: int) -> tuple[Need, ...]:
+    return ()
+
+
+# REDUCE_GRAD's rule is about every B/W of its stage on the rank, not one action: see GRADIENT_KINDS.
+NEEDS: dict[ActionKind, Callable[[int, int | None, int, int], tuple[Need, ...]]] = {
+    F: _forward_needs, B: _backward_needs, I: _backward_needs, W: _weight_needs,
+    SEND_F: _send_forward_needs, SEND_B: _send_backward_needs, RECV_F: _no_needs, RECV_B: _no_needs,
+    REDUCE_GRAD: _no_needs, ActionKind.UNSHARD: _no_needs, ActionKind.RESHARD: _no_needs,
+}
+
+
+def needs(action: ActionKey, stages: int) -> tuple[Need, ...]:
+    """What ``action`` needs before it, in a schedule of ``stages`` stages (see the module doc)."""
+    s, kind, m, c = action
+    return NEEDS[kind](s, m, c, stages - 1)
+
+
+def local_needs(action: ActionKey, stages: int, owners: tuple[int, ...], rank: int) -> tuple[tuple[ActionKey, ...], ...]:
+    """What ``action`` on ``rank`` needs strictly earlier on that rank, one tuple of alternatives a need:
+    the producer when its stage is on ``rank`` too, else the receive that carries it
+    (``owners``: stage -> rank of the action's chain)."""
+    found = []
+    for need in needs(action, stages):
+        if need.recv is None or owners[need.producers[0][0]] == rank:
+            found.append(need.producers)
+        else:
+            found.append((need.recv,))
+    return tuple(found)
+
+
+# --- where a compute action's output goes ----------------------------------------------------
+
+
+class Output(NamedTuple):
+    """Where a compute action's result is consumed: ``stage`` (same microbatch and chain), and the
+    ``send`` and ``recv`` that carry it when that stage is on another rank."""
+
+    stage: int
+    send: ActionKey
+    recv: ActionKey
+
+
+def _forward_output(s: int, m: int | None, c: int, last: int) -> Output | None:
+    return Output(s + 1, (s, SEND_F, m, c), (s + 1, RECV_F, m, c)) if s < last else None
+
+
+def _backward_output(s: int, m: int | None, c: int, last: int) -> Output | None:
+    return Output(s - 1, (s, SEND_B, m, c), (s - 1, RECV_B, m, c)) if s > 0 else None
+
+
+def _no_output(s: int, m: int | None, c: int, last: int) -> Output | None:
+    return None
+
+
+# The cross-stage output of each kind (W's result, the weight gradient, stays on its stage).
+OUTPUTS: dict[ActionKind, Callable[[int, int | None, int, int], Output | None]] = {
+    F: _forward_output, B: _backward_output, I: _backward_output, W: _no_output,
+    **{kind: _no_output for kind in COMM_KINDS | STAGE_ONLY_KINDS},
+}
+
+
+def output(action: ActionKey, stages: int) -> Output | None:
+    """The stage that consumes ``action``'s result and what carries it there (None: none does)."""
+    s, kind, m, c = action
+    return OUTPUTS[kind](s, m, c, stages - 1)
+
+
+# --- memory --------------------------------------------------------------------------------
+
+# kind -> (added, released at weights = 0, released per unit of weights), in units of M_B.
+MEMORY: dict[ActionKind, tuple[float, float, float]] = {
+    F: (1.0, 0.0, 0.0), B: (0.0, 1.0, 0.0), I: (0.0, 1.0, -1.0), W: (0.0, 0.0, 1.0),
+    **{kind: (0.0, 0.0, 0.0) for kind in COMM_KINDS | STAGE_ONLY_KINDS},
+}
+
+
+def memory_effect(kind: ActionKind, weights: float) -> tuple[float, float]:
+    """``(added, released)`` activation memory of one ``kind`` action (M_W = ``weights`` * M_B)."""
+    added, released, per_weight = MEMORY[kind]
+    return added, released + per_weight * weights
+
+
+def memory_delta(kind: ActionKind, weights: float) -> float:
+    """What one ``kind`` action changes a rank's held activations by."""
+    added, released = memory_effect(kind, weights)
+    return added - released
+
+
+# --- communication peers -------------------------------------------------------------------
+
+PEER_OFFSET: dict[ActionKind, int] = {SEND_F: 1, RECV_B: 1, RECV_F: -1, SEND_B: -1}
+PARTNER: dict[ActionKind, ActionKind] = {SEND_F: RECV_F, RECV_F: SEND_F, SEND_B: RECV_B, RECV_B: SEND_B}
+SENDS = frozenset({SEND_F, SEND_B})
+
+
+def peer_stage(action: ActionKey) -> int:
+    """The stage at the other end of a communication action."""
+    offset = PEER_OFFSET.get(action[1])
+    if offset is None:
+        raise ValueError(f"{Action(*action) if type(action) is not Action else action} is not a communication action")
+    return action[0] + offset
+
+
+def partner(action: ActionKey) -> ActionKey:
+    """The action the peer must post to meet communication action ``action``."""
+    s, kind, m, c = action
+    return (s + PEER_OFFSET[kind], PARTNER[kind], m, c)
+
+
+def peer_rank(action: ActionKey, placements) -> int:
+    """The rank at the other end of a communication action (``placements``: one ``Placement`` a chain)."""
+    return placements[action[3]].stage_to_rank[peer_stage(action)]
+
+
+# --- gradients and completeness ------------------------------------------------------------
+
+GRADIENT_KINDS = frozenset({B, W})  # a stage's weight gradient is complete after its last B or W on a rank
+SPLIT: dict[ActionKind, tuple[ActionKind, ...]] = {B: (I, W)}  # B is I then W (the Zero Bubble split)
+EXCLUDES: dict[ActionKind, frozenset[ActionKind]] = {B: frozenset({I, W}), I: frozenset({B}), W: frozenset({B})}
+
+
+def split(action: Action) -> tuple[Action, ...]:
+    """``action`` as the actions it is made of: a B as I then W, anything else as itself."""
+    parts = SPLIT.get(action.kind)
+    if parts is None:
+        return (action,)
+    return tuple(action._replace(kind=kind) for kind in parts)
