@@ -54,7 +54,7 @@ ActionKey = tuple  # an Action, or a plain tuple (stage, kind, microbatch, chain
 
 __all__ = [
     "COMPUTE_KINDS", "COMM_KINDS", "STAGE_ONLY_KINDS", "ROLES", "NEEDS", "OUTPUTS", "MEMORY", "PEER_OFFSET",
-    "PARTNER", "SENDS", "GRADIENT_KINDS", "SPLIT", "EXCLUDES", "Need", "Output", "role", "needs", "output",
+    "PARTNER", "SENDS", "GRADIENT_KINDS", "SPLIT", "EXCLUDES", "COMPLETE", "Need", "Output", "role", "needs", "output",
     "memory_effect", "memory_delta", "peer_stage", "partner", "peer_rank", "local_needs", "split",
 ]
 
@@ -234,6 +234,8 @@ def peer_rank(action: ActionKey, placements) -> int:
 GRADIENT_KINDS = frozenset({B, W})  # a stage's weight gradient is complete after its last B or W on a rank
 SPLIT: dict[ActionKind, tuple[ActionKind, ...]] = {B: (I, W)}  # B is I then W (the Zero Bubble split)
 EXCLUDES: dict[ActionKind, frozenset[ActionKind]] = {B: frozenset({I, W}), I: frozenset({B}), W: frozenset({B})}
+# What one (stage, microbatch) runs in a complete schedule: F and B, or F and B's parts (sorted by kind).
+COMPLETE: tuple[tuple[ActionKind, ...], ...] = (tuple(sorted((F, B))), tuple(sorted((F, *SPLIT[B]))))
 
 
 def split(action: Action) -> tuple[Action, ...]:

@@ -1,29 +1,25 @@
-"""The optimizer's own fast evaluator: a compute order in, makespan, bubble rate and memory out.
+"""What the optimizers share: the problem, the work graph of its actions, and the metrics of an order.
 
-The search strategies try thousands of candidate orders, so they work on a
-compiled form: every compute action gets an integer id, with its rank, its
-duration, its memory delta and its data dependencies (each with the latency of
-the edge: ``comm`` across ranks, 0 on one rank). An *order* is, per rank, the
-tuple of ids that rank runs, one action a step.
-
-Timing is as-soon-as-possible in program order, as ``pipeforge.sim`` defines it:
-an action starts when the previous action on its rank has ended and each of its
-dependencies has ended plus the edge latency. Metrics follow DESIGN.md (the
-Zero Bubble paper's bubble rate: ``1 - mean(busy) / max(span)``). An order that
-cannot run to the end (a rank waits forever) evaluates to ``None``.
+The search strategies try thousands of candidate orders of one set of compute
+actions. The actions are compiled once into a ``WorkGraph``
+(``pipeforge.sim.workgraph``: integer ids, ranks, durations, memory effects,
+dependencies with latency) and every order is timed by the same engine as
+``pipeforge.sim.simulate``, ``time_order``: as soon as possible in program
+order. An *order* is, per rank, the tuple of ids that rank runs, one action a
+step. Metrics follow DESIGN.md (the Zero Bubble paper's bubble rate:
+``1 - mean(busy) / max(span)``). An order that cannot run to the end (a rank
+waits forever) evaluates to ``None``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Placement, Schedule, Step, replace_programs
+from pipeforge.ir import Action, CostModel, MemorySpec, Placement, Schedule, Step, replace_programs
+from pipeforge.semantics import memory_delta
+from pipeforge.sim.workgraph import Order, Shape, Times, WorkGraph, canonical, peak_memory, time_order
 
-F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 TOLERANCE = 1e-9
-
-Order = tuple[tuple[int, ...], ...]
-
 
 @dataclass(frozen=True)
 class Problem:
@@ -36,8 +32,6 @@ class Problem:
     costs: CostModel
     memory_limit: float | None
     weights: float
-    activation: tuple[float, ...] = ()  # per stage, M_B (MemorySpec.activation)
-    weight_grad: tuple[float, ...] = ()  # per stage, M_B (MemorySpec.weight_grad)
 
     @staticmethod
     def of(schedule: Schedule, costs: CostModel | None = None, memory_limit: float | None = None) -> Problem:
@@ -46,8 +40,7 @@ class Problem:
         return Problem(
             ranks=schedule.ranks, stages=schedule.stages, microbatches=schedule.microbatches,
             placements=schedule.placements, costs=costs or schedule.costs or CostModel(),
-            memory_limit=limit, weights=memory.weights, activation=memory.activation,
-            weight_grad=memory.weight_grad,
+            memory_limit=limit, weights=memory.weights,
         )
 
     def rank_of(self, action: Action) -> int:
@@ -57,13 +50,11 @@ class Problem:
         return self.costs.duration(action.kind, action.stage)
 
     def memory_delta(self, action: Action) -> float:
-        added, released = self.memory.stage_effect(action.kind, action.stage)
-        return added - released
+        return memory_delta(action.kind, self.weights)
 
     @property
-    def memory(self) -> MemorySpec:
-        """The memory rule as a spec (limit, weights, per-stage activation and weight-gradient sizes)."""
-        return MemorySpec(self.memory_limit, self.weights, activation=self.activation, weight_grad=self.weight_grad)
+    def shape(self) -> Shape:
+        return Shape(self.ranks, self.stages, self.microbatches, self.placements)
 
 
 @dataclass(frozen=True)
@@ -91,158 +82,32 @@ class Evaluation:
         return limit is None or max(self.peak_memory, default=0.0) <= limit + TOLERANCE
 
 
-ActionKey = tuple[int, int, str, int]
-
-
-def action_key(action: Action) -> ActionKey:
-    """A plain tuple for ``action`` (hashing it is several times cheaper than hashing the Action,
-    whose Enum field hashes in Python); ``_value_`` is the kind's letters, read without the property."""
-    return (action.chain, action.stage, action.kind._value_, -1 if action.microbatch is None else action.microbatch)
-
-
-def stage_growth(problem: Problem) -> dict[str, list[float]]:
-    """What one F, I or W changes its rank's held activations by, per kind (its letter) and stage (M_B):
-    what the greedy and list schedulers count memory with, as the graph does."""
-    memory = problem.memory
-    return {kind.value: [added - released for added, released in (memory.stage_effect(kind, s)
-                                                                   for s in range(problem.stages))]
-            for kind in (F, I, W)}
-
-
-class Graph:
-    """The compiled action set: ids, ranks, durations, memory deltas, dependencies."""
+class Graph(WorkGraph):
+    """The work graph of a problem's actions (ids sorted by chain, stage, kind, microbatch)."""
 
     def __init__(self, problem: Problem, actions: list[Action]):
+        super().__init__(problem.shape, canonical(actions), problem.costs, problem.weights)
         self.problem = problem
-        self.actions = sorted(set(actions), key=action_key)
-        self.index = {action_key(a): i for i, a in enumerate(self.actions)}
-        self.rank = [problem.placements[a.chain].stage_to_rank[a.stage] for a in self.actions]
-        table = {(k._value_, s): problem.costs.duration(k, s) for k in (F, B, I, W) for s in range(problem.stages)}
-        self.duration = [table[(a.kind._value_, a.stage)] for a in self.actions]
-        self.delta = [problem.memory_delta(a) for a in self.actions]
-        self.deps = [self._dependencies(i, a) for i, a in enumerate(self.actions)]
-
-    def _dependencies(self, i: int, action: Action) -> tuple[tuple[int, float], ...]:
-        costs, rank = self.problem.costs, self.rank[i]
-        found = []
-        for key in predecessor_keys(action_key(action), self.problem.stages, self.index):
-            d = self.index[key]
-            found.append((d, 0.0 if self.rank[d] == rank else costs.latency(self.actions[d].stage, action.stage)))
-        return tuple(found)
-
-    def ids(self, actions: tuple[Action, ...]) -> tuple[int, ...]:
-        return tuple(self.index[action_key(a)] for a in actions)
-
-    def ids_of_keys(self, keys: list[ActionKey]) -> tuple[int, ...]:
-        return tuple(self.index[k] for k in keys)
-
-    def order_of(self, schedule: Schedule) -> Order:
-        """The schedule's compute steps as an order (one action a step; overlap steps are flattened)."""
-        return tuple(
-            tuple(self.index[action_key(a)] for step in program if step.is_compute for a in step.actions)
-            for program in schedule.programs
-        )
-
-
-def predecessor_keys(key: ActionKey, stages: int, present: dict[ActionKey, int]) -> list[ActionKey]:
-    """The compute actions an action needs (DESIGN.md, formal model rule 2), as keys."""
-    c, s, kind, m = key
-    if kind == "F":
-        return [(c, s - 1, "F", m)] if s > 0 else []
-    if kind == "W":
-        return [(c, s, "I", m)]
-    needs = [(c, s, "F", m)]
-    if s < stages - 1:
-        later = (c, s + 1, "B", m)
-        needs.append(later if later in present else (c, s + 1, "I", m))
-    return needs
-
-
-def data_predecessors(action: Action, stages: int, present: dict[ActionKey, int]) -> list[Action]:
-    """The compute actions ``action`` needs, among those ``present`` (keyed by ``action_key``)."""
-    return [Action(s, ActionKind(kind), m, c) for c, s, kind, m in predecessor_keys(action_key(action), stages, present)]
 
 
 def compute_actions(schedule: Schedule) -> list[Action]:
     return [a for _, _, a in schedule.actions() if a.is_compute]
 
 
-@dataclass(frozen=True)
-class Timing:
-    """ASAP start and end of every action id of one order."""
-
-    start: list[float]
-    end: list[float]
-
-
-def simulate_order(graph: Graph, order: Order, reuse: tuple[Timing, list[int]] | None = None) -> Timing | None:
-    """ASAP timing of ``order``, or None when some rank can never finish.
-
-    ``reuse = (timing, kept)`` resumes from an earlier run: on each rank r the
-    first ``kept[r]`` actions are the same as then and keep their times. That
-    is sound when the kept actions are closed under dependencies and program
-    order, e.g. every action that started before some time t (nothing can
-    depend on what starts later, since durations are positive).
-    """
-    n = len(graph.actions)
-    start, end = [0.0] * n, [-1.0] * n
-    pos, clock = [0] * len(order), [0.0] * len(order)
-    if reuse is not None:
-        _resume(order, reuse, start, end, pos, clock)
-    duration, deps = graph.duration, graph.deps
-    progress = True
-    while progress:
-        progress = False
-        for r, seq in enumerate(order):
-            p, t = pos[r], clock[r]
-            while p < len(seq):
-                a = seq[p]
-                ready = t
-                for d, latency in deps[a]:
-                    e = end[d]
-                    if e < 0.0:
-                        ready = -1.0
-                        break
-                    if e + latency > ready:
-                        ready = e + latency
-                if ready < 0.0:
-                    break
-                start[a], t = ready, ready + duration[a]
-                end[a] = t
-                p += 1
-            if p != pos[r]:
-                pos[r], clock[r], progress = p, t, True
-    if any(p < len(seq) for p, seq in zip(pos, order)):
-        return None
-    return Timing(start, end)
+def simulate_order(graph: Graph, order: Order, reuse: tuple[Times, list[int]] | None = None) -> Times | None:
+    """The engine's times of ``order`` (``time_order``; ``reuse`` is its ``resume``), or None when some
+    rank can never finish."""
+    times = time_order(graph, order, reuse)
+    return times if times.finished(order) else None
 
 
-def _resume(order: Order, reuse: tuple[Timing, list[int]], start: list[float], end: list[float],
-            pos: list[int], clock: list[float]) -> None:
-    timing, kept = reuse
-    for r, seq in enumerate(order):
-        for a in seq[: kept[r]]:
-            start[a], end[a] = timing.start[a], timing.end[a]
-        pos[r] = kept[r]
-        clock[r] = timing.end[seq[kept[r] - 1]] if kept[r] else 0.0
-
-
-def peak_memory(graph: Graph, sequence: tuple[int, ...]) -> float:
-    """The most a rank holds after any step, in program order (units of M_B)."""
-    held = peak = 0.0
-    for a in sequence:
-        held += graph.delta[a]
-        peak = max(peak, held)
-    return peak
-
-
-def evaluate(graph: Graph, order: Order, reuse: tuple[Timing, list[int]] | None = None) -> Evaluation | None:
+def evaluate(graph: Graph, order: Order, reuse: tuple[Times, list[int]] | None = None) -> Evaluation | None:
     """The metrics of ``order``, or None when it deadlocks (``reuse``: see ``simulate_order``)."""
     timing = simulate_order(graph, order, reuse)
     return None if timing is None else metrics(graph, order, timing)
 
 
-def metrics(graph: Graph, order: Order, timing: Timing) -> Evaluation:
+def metrics(graph: Graph, order: Order, timing: Times) -> Evaluation:
     start, end = timing.start, timing.end
     spans, busy = [], []
     for seq in order:
@@ -267,6 +132,6 @@ def schedule_of(schedule: Schedule, graph: Graph, order: Order, name: str | None
     """The input schedule with its programs replaced by ``order`` (one compute action a step)."""
     programs = tuple(tuple(Step((graph.actions[a],)) for a in seq) for seq in order)
     problem = graph.problem
-    memory = problem.memory if problem.memory_limit is not None else schedule.memory
+    memory = MemorySpec(problem.memory_limit, problem.weights) if problem.memory_limit is not None else schedule.memory
     result = replace_programs(schedule, programs)
     return replace(result, name=name or result.name, costs=problem.costs, memory=memory, source=None)

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from pipeforge.ir import Action, ActionKind
-from pipeforge.optimize.evaluate import ActionKey, Problem, stage_growth
+from pipeforge.ir import Action, ActionKind, as_action
+from pipeforge.optimize.evaluate import Problem
 from pipeforge.optimize.units import integer_units
+from pipeforge.semantics import ActionKey, needs
 
-# Kinds as their letters: the builder keys dicts by kind in its hot loop, and str hashing is cheap.
-F, I, W = ActionKind.F.value, ActionKind.I.value, ActionKind.W.value
-Kind = str
+F, I, W = ActionKind.F, ActionKind.I, ActionKind.W  # noqa: E741
+Kind = ActionKind
 TOLERANCE = 1e-9
 
 
@@ -78,7 +78,7 @@ class GreedyOrder:
 
     @property
     def programs(self) -> tuple[tuple[Action, ...], ...]:
-        return tuple(tuple(Action(s, ActionKind(k), m, c) for c, s, k, m in rank) for rank in self.keys)
+        return tuple(tuple(as_action(key) for key in rank) for rank in self.keys)
 
     def key(self) -> tuple[float, float]:
         """Worst span, then total span, compared exactly (in integer units)."""
@@ -113,9 +113,8 @@ class _RoundBuilder:
         self.knobs = knobs
         self.p, self.m = problem.stages, problem.microbatches
         self.comm = problem.costs.comm
-        self.cost = {k: [problem.costs.duration(ActionKind(k), s) for s in range(self.p)] for k in (F, I, W)}
-        self.grow = stage_growth(problem)  # per kind, per stage (M_B)
-        self.link = [problem.costs.latency(s, s + 1) for s in range(self.p - 1)]  # stage s -> s + 1
+        self.cost = {k: [problem.costs.duration(k, s) for s in range(self.p)] for k in (F, I, W)}
+        self.grow = {F: 1.0, I: problem.weights - 1.0, W: -problem.weights}
         limit = problem.memory_limit
         self.limit = limit if limit is not None else float(self.m) + 1.0
         self.done = {k: [0] * self.p for k in (F, I, W)}
@@ -123,7 +122,7 @@ class _RoundBuilder:
         self.clock = [0.0] * self.p
         self.first_start = [0.0] * self.p
         self.bubble = [0.0] * self.p
-        self.finish: dict[tuple[Kind, int, int], float] = {}
+        self.finish: dict[ActionKey, float] = {}  # (stage, kind, microbatch, 0): stage j is on rank j
         self.programs: list[list[ActionKey]] = [[] for _ in range(self.p)]
 
     def build(self) -> tuple[tuple[ActionKey, ...], ...]:
@@ -139,7 +138,7 @@ class _RoundBuilder:
 
     def put(self, j: int, kind: Kind) -> None:
         mb = self.done[kind][j]
-        if self.held[j] + self.grow[kind][j] > self.limit + TOLERANCE:
+        if self.held[j] + self.grow[kind] > self.limit + TOLERANCE:
             raise DoesNotFit
         cost = self.cost[kind][j]
         no_wait = self.clock[j] + cost
@@ -149,22 +148,21 @@ class _RoundBuilder:
         else:
             self.first_start[j] = end - cost
         self.clock[j] = end
-        self.finish[(kind, j, mb)] = end
-        self.held[j] += self.grow[kind][j]
+        self.finish[(j, kind, mb, 0)] = end
+        self.held[j] += self.grow[kind]
         self.done[kind][j] += 1
-        self.programs[j].append((0, j, kind, mb))
+        self.programs[j].append((j, kind, mb, 0))
 
     def arrival(self, j: int, kind: Kind, mb: int) -> float:
-        """When the input of ``kind`` on rank j for ``mb`` arrives from the neighbour (0 if local)."""
-        if kind == F and j > 0:
-            return self.needed((F, j - 1, mb)) + self.link[j - 1]
-        if kind == I and j < self.p - 1:
-            return self.needed((I, j + 1, mb)) + self.link[j]
-        if kind == I:
-            return self.needed((F, j, mb))
-        return 0.0
+        """When every input of ``kind`` on rank j for ``mb`` has arrived (``semantics.needs``; an edge
+        between stages is between ranks here and takes ``comm``)."""
+        ready = 0.0
+        for need in needs((j, kind, mb, 0), self.p):
+            producer = next((p for p in need.producers if p in self.finish), need.producers[0])
+            ready = max(ready, self.needed(producer) + (self.comm if need.send is not None else 0.0))
+        return ready
 
-    def needed(self, key: tuple[Kind, int, int]) -> float:
+    def needed(self, key: ActionKey) -> float:
         if key not in self.finish:
             raise DoesNotFit
         return self.finish[key]
@@ -190,7 +188,7 @@ class _RoundBuilder:
     def extra_warm_up(self) -> list[int]:
         """How many more F each rank runs before its first I: as many as fit before it comes back."""
         extra = [0] * self.p
-        back = self.finish[(F, self.p - 1, 0)] + self.cost[I][self.p - 1]
+        back = self.finish[(self.p - 1, F, 0, 0)] + self.cost[I][self.p - 1]
         for j in reversed(range(self.p - 1)):
             held, clock = self.held[j], self.clock[j]
             while self.done[F][j] + extra[j] < self.m and held + 1.0 <= self.limit + TOLERANCE:
@@ -229,7 +227,7 @@ class _RoundBuilder:
         comes_back = self.clock[j + 1] + self.cost[F][j + 1] + self.cost[I][j + 1] + self.comm
         if self.clock[j] >= comes_back:
             return False
-        if self.clock[j] + self.cost[F][j] + self.w_cost_to_fit(j, self.grow[F][j]) <= comes_back:
+        if self.clock[j] + self.cost[F][j] + self.w_cost_to_fit(j, 1.0) <= comes_back:
             return True
         return comes_back - self.clock[j] > self.worst_bubble() - self.bubble[j]
 
@@ -237,7 +235,7 @@ class _RoundBuilder:
         """The time the W needed to make room for ``grow`` more on rank j would take."""
         held, cost, count = self.held[j] + grow, 0.0, 0
         while held > self.limit + TOLERANCE and self.done[W][j] + count < self.done[I][j]:
-            held += self.grow[W][j]
+            held += self.grow[W]
             cost += self.cost[W][j]
             count += 1
         return cost
@@ -245,20 +243,20 @@ class _RoundBuilder:
     def forward_with_fill(self, j: int) -> None:
         self.make_room(j, F)
         if j > 0:
-            self.fill_wait(j, self.needed((F, j - 1, self.done[F][j])) + self.link[j - 1])
+            self.fill_wait(j, self.needed((j - 1, F, self.done[F][j], 0)) + self.comm)
         self.put(j, F)
 
     def backward_with_fill(self, j: int) -> None:
         self.make_room(j, I)
         if j + 1 < self.p:
-            self.fill_wait(j, self.needed((I, j + 1, self.done[I][j])) + self.link[j])
+            self.fill_wait(j, self.needed((j + 1, I, self.done[I][j], 0)) + self.comm)
         if j == 0 and self.done[F][j] == self.m:
             while self.pending_w(j):
                 self.put(j, W)
         self.put(j, I)
 
     def make_room(self, j: int, kind: Kind) -> None:
-        while self.held[j] + self.grow[kind][j] > self.limit + TOLERANCE:
+        while self.held[j] + self.grow[kind] > self.limit + TOLERANCE:
             if not self.pending_w(j):
                 raise DoesNotFit
             self.put(j, W)

@@ -27,10 +27,11 @@ import time
 from dataclasses import dataclass, replace
 
 from pipeforge.ir import ActionKind
-from pipeforge.optimize.evaluate import TOLERANCE, ActionKey, Problem, stage_growth
+from pipeforge.optimize.evaluate import TOLERANCE, Problem
 from pipeforge.optimize.units import integer_units
+from pipeforge.semantics import ActionKey, needs
 
-F, I, W = ActionKind.F.value, ActionKind.I.value, ActionKind.W.value
+F, I, W = ActionKind.F, ActionKind.I, ActionKind.W  # noqa: E741
 NEVER = float("inf")
 
 
@@ -75,10 +76,10 @@ class _ListScheduler:
         self.problem, self.rules = problem, rules
         self.m, self.comm = problem.microbatches, problem.costs.comm
         self.limit = problem.memory_limit if problem.memory_limit is not None else NEVER
-        self.grow = stage_growth(problem)  # per kind, per stage (M_B)
+        self.grow = {F: 1.0, I: problem.weights - 1.0, W: -problem.weights}
         self.lanes = [(c, s) for c, placement in enumerate(problem.placements) for s in range(problem.stages)]
         self.rank_of = {(c, s): problem.placements[c].stage_to_rank[s] for c, s in self.lanes}
-        self.cost = {(k, s): problem.costs.duration(ActionKind(k), s) for k in (F, I, W)
+        self.cost = {(k, s): problem.costs.duration(k, s) for k in (F, I, W)
                      for s in range(problem.stages)}
         self.next = {(k, lane): 0 for k in (F, I, W) for lane in self.lanes}
         self.end: dict[ActionKey, float] = {}
@@ -113,7 +114,7 @@ class _ListScheduler:
                 mb = self.next[(kind, (c, s))]
                 if mb >= self.m:
                     continue
-                key = (c, s, kind, mb)
+                key = (s, kind, mb, c)
                 ready = self.ready_time(key, r)
                 if ready is not None and (kind != F or self.may_forward(r, (c, s))):
                     yield key, ready
@@ -122,28 +123,19 @@ class _ListScheduler:
         """An F may be proposed when it fits (or a W could make room) and its stage is within its share."""
         if self.rules.fair_memory and self.limit != NEVER:
             share = self.limit / len(self.rank_lanes[r])
-            if self.lane_held[lane] + self.grow[F][lane[1]] > share + TOLERANCE:
+            if self.lane_held[lane] + 1.0 > share + TOLERANCE:
                 return False
-        return self.held[r] + self.grow[F][lane[1]] <= self.limit + TOLERANCE or self.has_w(r)
+        return self.held[r] + 1.0 <= self.limit + TOLERANCE or self.has_w(r)
 
     def ready_time(self, key: ActionKey, r: int) -> float | None:
-        c, s, kind, mb = key
-        needs = []
-        if kind == F and s > 0:
-            needs.append((c, s - 1, F, mb))
-        elif kind == I:
-            needs.append((c, s, F, mb))
-            if s < self.problem.stages - 1:
-                needs.append((c, s + 1, I, mb))
-        elif kind == W:
-            needs.append((c, s, I, mb))
+        """When every input of ``key`` (``semantics.needs``) has arrived on rank r; None if one is not made."""
         ready = 0.0
-        for need in needs:
-            done = self.end.get(need)
-            if done is None:
+        for need in needs(key, self.problem.stages):
+            producer = next((p for p in need.producers if p in self.end), None)
+            if producer is None:
                 return None
-            latency = 0.0 if self.rank_of[(need[0], need[1])] == r else self.problem.costs.latency(need[1], s)
-            ready = max(ready, done + latency)
+            latency = 0.0 if self.rank_of[(producer[3], producer[0])] == r else self.comm
+            ready = max(ready, self.end[producer] + latency)
         return ready
 
     def has_w(self, r: int) -> bool:
@@ -151,7 +143,7 @@ class _ListScheduler:
 
     def choose(self, r: int, ready: list[ActionKey]) -> ActionKey:
         fits = self.held[r] + 1.0 <= self.limit + TOLERANCE
-        by_kind = {kind: [key for key in ready if key[2] == kind] for kind in (F, I, W)}
+        by_kind = {kind: [key for key in ready if key[1] is kind] for kind in (F, I, W)}
         if by_kind[F] and not fits:
             by_kind[F] = []
             if by_kind[W] and not by_kind[I]:
@@ -163,10 +155,10 @@ class _ListScheduler:
         return ready[0]
 
     def commit(self, r: int, key: ActionKey, start: float) -> None:
-        c, s, kind, mb = key
+        s, kind, mb, c = key
         self.end[key] = start + self.cost[(kind, s)]
         self.free[r] = self.end[key]
-        self.held[r] += self.grow[kind][s]
-        self.lane_held[(c, s)] += self.grow[kind][s]
+        self.held[r] += self.grow[kind]
+        self.lane_held[(c, s)] += self.grow[kind]
         self.next[(kind, (c, s))] = mb + 1
         self.programs[r].append(key)

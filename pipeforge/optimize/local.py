@@ -25,7 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipeforge.ir import ActionKind
-from pipeforge.optimize.evaluate import TOLERANCE, Evaluation, Graph, Order, Timing, metrics, simulate_order
+from pipeforge.optimize.evaluate import TOLERANCE, Evaluation, Graph, Order, metrics, simulate_order
+from pipeforge.sim.workgraph import Times
 
 Progress = Callable[[float, str], None]
 F, W = ActionKind.F, ActionKind.W
@@ -93,7 +94,7 @@ class _Searcher:
     def out_of_time(self) -> bool:
         return time.monotonic() >= self.deadline
 
-    def accept(self, order: Order, timing: Timing, evaluation: Evaluation) -> None:
+    def accept(self, order: Order, timing: Times, evaluation: Evaluation) -> None:
         self.order, self.timing, self.best = order, timing, evaluation
         self.starts = [[timing.start[a] for a in seq] for seq in order]
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 from pipeforge.errors import Argument, ArgumentError, UsageError, VerificationError, words
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step
 from pipeforge.optimize.bounds import bubble_of_span, span_lower_bound
+from pipeforge.semantics import COMPLETE, split
 from pipeforge.optimize.evaluate import (
     Evaluation, Graph, Order, Problem, compute_actions, evaluate, is_complete, schedule_of,
 )
@@ -168,14 +169,8 @@ def metrics_of(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> Metr
 
 
 def split_actions(actions: list[Action]) -> list[Action]:
-    """The same work with every B split into I and W (the Zero Bubble split)."""
-    out: list[Action] = []
-    for a in actions:
-        if a.kind is ActionKind.B:
-            out += [Action(a.stage, ActionKind.I, a.microbatch, a.chain), Action(a.stage, ActionKind.W, a.microbatch, a.chain)]
-        else:
-            out.append(a)
-    return out
+    """The same work with every B split into I and W (the Zero Bubble split, ``semantics.split``)."""
+    return [part for a in actions for part in split(a)]
 
 
 def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit: float | None = None,
@@ -253,8 +248,8 @@ def _require_complete(compute: Schedule) -> None:
     for chain in range(compute.chains):
         for stage in range(compute.stages):
             for mb in range(compute.microbatches):
-                kinds = sorted(k.value for k in seen.pop((stage, mb, chain), []))
-                if kinds not in (["B", "F"], ["F", "I", "W"]) and (kinds or compute.chains == 1):
+                kinds = tuple(sorted(seen.pop((stage, mb, chain), [])))
+                if kinds not in COMPLETE and (kinds or compute.chains == 1):
                     raise VerificationError(f"stage {stage}, microbatch {mb}: expected F and B (or F, I and W), "
                                             f"found {' '.join(kinds) or 'nothing'}; optimize needs a complete schedule")
     if seen:
@@ -345,7 +340,7 @@ class _Run:
                 self.offer_keys(keys, "list")
 
     def offer_keys(self, keys, found_by: str) -> None:
-        order = tuple(self.split.ids_of_keys(rank_keys) for rank_keys in keys)
+        order = tuple(self.split.ids(rank_keys) for rank_keys in keys)
         evaluation = evaluate(self.split, order)
         if evaluation is not None:
             self.offer(_Candidate(self.split, order, evaluation, found_by))

@@ -32,13 +32,12 @@ pipelines, which is honest: zero-bubble orders exist there (ZB-2p, ZB-V).
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import dataclass
 
 from pipeforge.ir import ActionKind, CostModel, MemorySpec, Schedule
-from pipeforge.sim.costs import duration_table
+from pipeforge.sim.workgraph import WorkGraph, compile_schedule
 
-_F, _W = ActionKind.F, ActionKind.W
+_F = ActionKind.F
 
 
 @dataclass(frozen=True)
@@ -117,120 +116,100 @@ class Bounds:
                 "memory_limit": self.memory_limit, "ranks": [b.to_json() for b in self.per_rank]}
 
 
-@dataclass(slots=True)
-class _Node:
-    rank: int
-    duration: float
-    est: float = 0.0  # earliest start with unlimited ranks
-    down: float = 0.0  # longest chain that must still run after it ends
-
-
-def compute_bounds(schedule: Schedule, costs: CostModel, memory: MemorySpec, *, busy: list[float]) -> Bounds:
-    """Bounds for ``schedule``'s actions; ``busy[r]`` is rank r's total compute time."""
+def compute_bounds(schedule: Schedule, costs: CostModel, memory: MemorySpec, *, busy: list[float],
+                   graph: WorkGraph | None = None) -> Bounds:
+    """Bounds for ``schedule``'s actions; ``busy[r]`` is rank r's total compute time. ``graph``: the
+    schedule's work graph if already compiled (``simulate`` keeps its own)."""
     from pipeforge._gc import gc_paused
 
-    with gc_paused():  # the graph's nodes die with _bounds_from_graph's frame, before the collector runs
-        return _bounds_from_graph(schedule, costs, memory, busy)
+    with gc_paused():  # the per-node lists die with _bounds_from_graph's frame, before the collector runs
+        if graph is None:
+            graph, _ = compile_schedule(schedule, costs, memory.weights)
+        return _bounds_from_graph(schedule, graph, memory, busy)
 
 
-def _bounds_from_graph(schedule: Schedule, costs: CostModel, memory: MemorySpec, busy: list[float]) -> Bounds:
-    nodes, by_stage = _dependency_nodes(schedule, costs)
-    comm = min((costs.comm, *costs.links))  # the least latency of any edge: still a lower bound
-    _earliest_starts(nodes, by_stage, schedule.stages, comm)
-    _remaining_after(nodes, by_stage, schedule.stages, comm)
-    critical = max((n.est + n.duration + n.down for n in nodes.values()), default=0.0)
-    per_rank = _rank_bounds(schedule, nodes, memory, busy)
+def _bounds_from_graph(schedule: Schedule, graph: WorkGraph, memory: MemorySpec, busy: list[float]) -> Bounds:
+    order = topological_order(graph)
+    est, down = earliest_starts(graph, order), remaining_after(graph, order)
+    duration = graph.duration
+    critical = max((est[a] + duration[a] + down[a] for a in range(len(graph.actions))), default=0.0)
+    per_rank = _rank_bounds(schedule, graph, est, down, memory, busy)
     mean_busy = sum(busy) / len(busy) if busy else 0.0
     return Bounds(critical, memory.limit, per_rank, mean_busy)
 
 
-def _dependency_nodes(schedule: Schedule, costs: CostModel):
-    """One node per compute action, keyed ("F"|"G"|"W", chain, stage, mb); G is B or I."""
-    durations = duration_table(costs, schedule.stages)
-    nodes: dict[tuple, _Node] = {}
-    by_stage: dict[tuple[str, int], list[tuple]] = defaultdict(list)
-    for rank, _, action in schedule.actions():
-        if not action.is_compute:
-            continue
-        role = "F" if action.kind is _F else "W" if action.kind is _W else "G"
-        key = (role, action.chain, action.stage, action.microbatch)
-        if key in nodes:
-            continue
-        duration = durations.get((action.kind, action.stage))
-        if duration is None:
-            duration = costs.duration(action.kind, action.stage)
-        nodes[key] = _Node(rank, duration)
-        by_stage[role, action.stage].append(key)
-    return nodes, by_stage
+def topological_order(graph: WorkGraph) -> list[int]:
+    """The real nodes, each after everything it depends on (data dependencies never form a cycle)."""
+    n = len(graph.actions)
+    waiting_on = [0] * n
+    users: list[list[int]] = [[] for _ in range(n)]
+    for a, deps in enumerate(graph.deps):
+        for d, _ in deps:
+            if d < n:
+                users[d].append(a)
+                waiting_on[a] += 1
+    found = [a for a in range(n) if not waiting_on[a]]
+    for a in found:  # the list grows while it is read
+        for user in users[a]:
+            waiting_on[user] -= 1
+            if not waiting_on[user]:
+                found.append(user)
+    return found
 
 
-def _arrival(nodes: dict, key: tuple, rank: int, comm: float) -> float:
-    node = nodes.get(key)
-    if node is None:
-        return 0.0
-    return node.est + node.duration + (comm if node.rank != rank else 0.0)
+def earliest_starts(graph: WorkGraph, order: list[int]) -> list[float]:
+    """Each node's earliest start with unlimited ranks (an absent producer counts as ready at 0)."""
+    n, duration, deps = len(graph.actions), graph.duration, graph.deps
+    est = [0.0] * n
+    for a in order:
+        start = 0.0
+        for d, latency in deps[a]:
+            if d < n:
+                arrival = est[d] + duration[d] + latency
+                if arrival > start:
+                    start = arrival
+        est[a] = start
+    return est
 
 
-def _earliest_starts(nodes, by_stage, stages: int, comm: float) -> None:
-    for stage in range(stages):
-        for key in by_stage.get(("F", stage), ()):
-            _, c, s, m = key
-            nodes[key].est = _arrival(nodes, ("F", c, s - 1, m), nodes[key].rank, comm)
-    for stage in reversed(range(stages)):
-        for key in by_stage.get(("G", stage), ()):
-            _, c, s, m = key
-            node = nodes[key]
-            node.est = max(_arrival(nodes, ("F", c, s, m), node.rank, comm),
-                           _arrival(nodes, ("G", c, s + 1, m), node.rank, comm))
-    for stage in range(stages):
-        for key in by_stage.get(("W", stage), ()):
-            _, c, s, m = key
-            nodes[key].est = _arrival(nodes, ("G", c, s, m), nodes[key].rank, comm)
+def remaining_after(graph: WorkGraph, order: list[int]) -> list[float]:
+    """Each node's longest chain of dependents that must still run after it ends (edge latency included)."""
+    n, duration, deps = len(graph.actions), graph.duration, graph.deps
+    down = [0.0] * n
+    for a in reversed(order):
+        for d, latency in deps[a]:
+            if d < n:
+                through = latency + duration[a] + down[a]
+                if through > down[d]:
+                    down[d] = through
+    return down
 
 
-def _through(nodes: dict, key: tuple, rank: int, comm: float) -> float:
-    """Time from the end of a node on ``rank`` to the end of everything that follows through ``key``."""
-    node = nodes.get(key)
-    if node is None:
-        return 0.0
-    return (comm if node.rank != rank else 0.0) + node.duration + node.down
-
-
-def _remaining_after(nodes, by_stage, stages: int, comm: float) -> None:
-    for stage in range(stages):
-        for key in by_stage.get(("G", stage), ()):
-            _, c, s, m = key
-            node = nodes[key]
-            node.down = max(_through(nodes, ("W", c, s, m), node.rank, comm),
-                            _through(nodes, ("G", c, s - 1, m), node.rank, comm) if s > 0 else 0.0)
-    for stage in reversed(range(stages)):
-        for key in by_stage.get(("F", stage), ()):
-            _, c, s, m = key
-            node = nodes[key]
-            node.down = max(_through(nodes, ("G", c, s, m), node.rank, comm),
-                            _through(nodes, ("F", c, s + 1, m), node.rank, comm))
-
-
-def _rank_bounds(schedule: Schedule, nodes: dict, memory: MemorySpec, busy: list[float]) -> tuple[RankBound, ...]:
+def _rank_bounds(schedule: Schedule, graph: WorkGraph, est: list[float], down: list[float], memory: MemorySpec,
+                 busy: list[float]) -> tuple[RankBound, ...]:
     heads = [math.inf] * schedule.ranks
     tails = [math.inf] * schedule.ranks
     first_backward = [math.inf] * schedule.ranks
     loops = [math.inf] * schedule.ranks
     forwards: list[list[float]] = [[] for _ in range(schedule.ranks)]
-    for key, node in nodes.items():
-        r = node.rank
-        heads[r] = min(heads[r], node.est)
-        tails[r] = min(tails[r], node.down)
-        if key[0] == "F":
-            forwards[r].append(node.duration)
-        elif key[0] == "G":
-            first_backward[r] = min(first_backward[r], node.est)
-            own_forward = nodes.get(("F",) + key[1:])
-            if own_forward is not None and own_forward.rank == r:
-                loops[r] = min(loops[r], node.est - own_forward.est)
+    index, rank = graph.index, graph.rank
+    for a, action in enumerate(graph.actions):
+        r = rank[a]
+        if est[a] < heads[r]:
+            heads[r] = est[a]
+        if down[a] < tails[r]:
+            tails[r] = down[a]
+        if action.kind is _F:
+            forwards[r].append(graph.duration[a])
+        elif action.kind.is_backward:
+            if est[a] < first_backward[r]:
+                first_backward[r] = est[a]
+            own_forward = index.get((action.stage, _F, action.microbatch, action.chain))
+            if own_forward is not None and rank[own_forward] == r:
+                loops[r] = min(loops[r], est[a] - est[own_forward])
     return tuple(
         RankBound(r, busy[r], _finite(heads[r]), _finite(tails[r]), _finite_or_none(first_backward[r]),
-                  _finite_or_none(loops[r]), _forward_room(forwards[r], memory.count_limit(memory.limit, schedule.stages)))
+                  _finite_or_none(loops[r]), _forward_room(forwards[r], memory.limit))
         for r in range(schedule.ranks)
     )
 

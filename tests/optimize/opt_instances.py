@@ -8,7 +8,8 @@ import random
 from hypothesis import strategies as st
 
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Placement, Schedule, Step
-from pipeforge.optimize.evaluate import Graph, Problem, action_key, data_predecessors, evaluate
+from pipeforge.optimize.evaluate import Graph, Problem, evaluate
+from pipeforge.semantics import needs
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 
@@ -30,12 +31,11 @@ def random_programs(p: int, actions: list[Action], seed: int,
     rng = random.Random(seed)
     stages = 1 + max(a.stage for a in actions)
     placement = placement or Placement.loop(stages, stages)
-    present = {action_key(a): i for i, a in enumerate(actions)}
     done: set[Action] = set()
     programs: list[list[Action]] = [[] for _ in range(p)]
     left = set(actions)
     while left:
-        ready = sorted(a for a in left if all(d in done for d in data_predecessors(a, stages, present)))
+        ready = sorted(a for a in left if all(any(d in done for d in need.producers) for need in needs(a, stages)))
         pick = rng.choice(ready)
         programs[placement.rank_of(pick.stage)].append(pick)
         done.add(pick)

@@ -24,7 +24,7 @@ def graph_of(ranks, placement, m, limit, costs=CostModel()):
 def evaluations(graph):
     out = []
     for _, keys in list_schedule_orders(graph.problem):
-        order = tuple(graph.ids_of_keys(k) for k in keys)
+        order = tuple(graph.ids(k) for k in keys)
         out.append((order, evaluate(graph, order)))
     return out
 

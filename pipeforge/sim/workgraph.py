@@ -1,0 +1,270 @@
+"""The one timing engine: compute actions compiled once into a work graph, timed as soon as possible.
+
+A ``WorkGraph`` gives every compute action an integer id (a *node*) with its
+rank, its duration (``CostModel.duration`` of its kind and stage: per action,
+so per-stage costs need nothing here), its memory effect
+(``semantics.memory_effect``) and its data dependencies
+(``semantics.needs``), each with the latency of the edge: ``comm`` across
+ranks, 0 on one rank. An *order* is, per rank, the node ids in the order the
+rank runs them.
+
+``time_order`` is the engine: a node starts when the previous node of its rank
+has ended and each node it waits for has ended plus the edge's latency. It is
+event driven (a rank that waits is looked at again only when what it waits for
+ends), so the work is linear in the nodes. ``pipeforge.sim.simulate`` and every
+optimizer strategy time their orders with it.
+
+Overlap steps. A schedule compiled with ``compile_schedule`` keeps its steps:
+the actions of an overlap step ``(0F7;7B3)`` are issued together, so its first
+node waits for the inputs of every action of the step (``waits``), and the
+others run back to back after it (``joins``); actions of one step never feed
+each other (one that needs another of its step waits forever). The step's
+memory additions count before its releases.
+
+An input no node produces (a missing action) is a *phantom* node: an id past
+the real ones that never ends, so whatever waits for it never runs.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from pipeforge.ir import COMPUTE_KINDS, Action, CostModel, Placement, Schedule
+from pipeforge.semantics import ActionKey, memory_effect, needs
+
+Order = tuple[tuple[int, ...], ...]
+Dependency = tuple[int, float]  # (producer node, latency of the edge)
+
+
+class WorkGraph:
+    """Compute actions as nodes: rank, duration, memory effect, dependencies with latency."""
+
+    def __init__(self, shape: Shape, actions: list[Action], costs: CostModel, weights: float):
+        self.shape, self.costs, self.weights = shape, costs, weights
+        self.actions = actions
+        self.index: dict[Action, int] = {}
+        for node, action in enumerate(actions):
+            self.index.setdefault(action, node)
+        placements = shape.placements
+        self.rank = [placements[a.chain].stage_to_rank[a.stage] for a in actions]
+        self.duration = _durations(actions, costs, shape.stages)
+        effects = {kind: memory_effect(kind, weights) for kind in COMPUTE_KINDS}
+        self.added = [effects[a.kind][0] for a in actions]
+        self.released = [effects[a.kind][1] for a in actions]
+        self.delta = [effects[a.kind][0] - effects[a.kind][1] for a in actions]
+        self.phantoms: list[tuple[ActionKey, ...]] = []  # node len(actions) + k stands for phantoms[k]
+        self.deps = self._dependencies(costs.comm)
+        self.waits = self.deps  # what the engine waits for (compile_schedule widens it for overlap steps)
+        self.joins: list[bool] | None = None  # node issued together with the previous one of its rank
+        self.step: list[int] | None = None  # node -> its step's index in the rank's program as written
+
+    @property
+    def size(self) -> int:
+        """Nodes, phantoms included."""
+        return len(self.actions) + len(self.phantoms)
+
+    def _dependencies(self, comm: float) -> list[tuple[Dependency, ...]]:
+        index, rank, stages = self.index, self.rank, self.shape.stages
+        phantom_ids: dict[tuple[ActionKey, ...], int] = {}
+        found = []
+        for node, action in enumerate(self.actions):
+            here, deps = rank[node], []
+            for need in needs(action, stages):
+                producer = _first_present(index, need.producers)
+                if producer is None:
+                    producer = phantom_ids.get(need.producers)
+                    if producer is None:
+                        producer = phantom_ids[need.producers] = len(self.actions) + len(self.phantoms)
+                        self.phantoms.append(need.producers)
+                    deps.append((producer, 0.0))
+                else:
+                    deps.append((producer, 0.0 if rank[producer] == here else comm))
+            found.append(tuple(deps))
+        return found
+
+    def ids(self, actions) -> tuple[int, ...]:
+        """The nodes of ``actions`` (Actions, or plain tuples laid out like them)."""
+        index = self.index
+        return tuple(index[a] for a in actions)
+
+    def order_of(self, schedule: Schedule) -> Order:
+        """The schedule's compute actions as an order (overlap steps flattened)."""
+        index = self.index
+        return tuple(tuple(index[a] for step in program if step.is_compute for a in step.actions)
+                     for program in schedule.programs)
+
+
+class Shape(NamedTuple):
+    """What every order of a work graph shares: ranks, stages, microbatches and placements."""
+
+    ranks: int
+    stages: int
+    microbatches: int
+    placements: tuple[Placement, ...]
+
+    @staticmethod
+    def of(schedule: Schedule) -> Shape:
+        return Shape(schedule.ranks, schedule.stages, schedule.microbatches, schedule.placements)
+
+
+def _first_present(index: dict[Action, int], producers: tuple[ActionKey, ...]) -> int | None:
+    for producer in producers:
+        node = index.get(producer)
+        if node is not None:
+            return node
+    return None
+
+
+def _durations(actions: list[Action], costs: CostModel, stages: int) -> list[float]:
+    table = {(kind, stage): costs.duration(kind, stage) for kind in COMPUTE_KINDS for stage in range(stages)}
+    found = []
+    for a in actions:
+        duration = table.get((a.kind, a.stage))
+        found.append(duration if duration is not None else costs.duration(a.kind, a.stage))
+    return found
+
+
+def compile_schedule(schedule: Schedule, costs: CostModel, weights: float) -> tuple[WorkGraph, Order]:
+    """A schedule's compute steps as a work graph (one node per compute action as written, in program
+    order) and its order; overlap steps are kept (see the module doc)."""
+    actions: list[Action] = []
+    steps: list[int] = []
+    joins: list[bool] = []
+    order = []
+    for program in schedule.programs:
+        nodes = []
+        for index, step in enumerate(program):
+            if not step.actions or step.actions[0].kind not in COMPUTE_KINDS:
+                continue
+            for position, action in enumerate(step.actions):
+                nodes.append(len(actions))
+                actions.append(action)
+                steps.append(index)
+                joins.append(position > 0)
+        order.append(tuple(nodes))
+    graph = WorkGraph(Shape.of(schedule), actions, costs, weights)
+    graph.step = steps
+    if any(joins):
+        graph.joins = joins
+        graph.waits = _overlap_waits(graph.deps, joins)
+    return graph, tuple(order)
+
+
+def _overlap_waits(deps: list[tuple[Dependency, ...]], joins: list[bool]) -> list[tuple[Dependency, ...]]:
+    """The first node of each overlap step waits for what every node of the step needs."""
+    waits = list(deps)
+    leader = 0
+    for node, joined in enumerate(joins):
+        if joined:
+            waits[leader] = waits[leader] + deps[node]
+        else:
+            leader = node
+    return waits
+
+
+def compile_actions(shape: Shape, actions, costs: CostModel, weights: float) -> WorkGraph:
+    """A work graph of a set of compute actions, whatever their order: what the optimizers reorder."""
+    return WorkGraph(shape, canonical(actions), costs, weights)
+
+
+def canonical(actions) -> list[Action]:
+    """Distinct actions in id order: by chain, stage, kind, microbatch."""
+    return sorted(set(actions), key=lambda a: (a.chain, a.stage, a.kind, -1 if a.microbatch is None else a.microbatch))
+
+
+# --- the engine ----------------------------------------------------------------------------
+
+
+class Times(NamedTuple):
+    """Start and end of every node (-1 for a node that never ran) and how far each rank got."""
+
+    start: list[float]
+    end: list[float]
+    done: list[int]  # per rank: how many nodes of its order ran
+
+    def finished(self, order: Order) -> bool:
+        return all(d == len(seq) for d, seq in zip(self.done, order))
+
+
+def time_order(graph: WorkGraph, order: Order, resume: tuple[Times, list[int]] | None = None) -> Times:
+    """As-soon-as-possible times of ``order`` (see the module doc); ranks that wait forever stop.
+
+    ``resume = (times, kept)`` starts from an earlier run: on each rank r the
+    first ``kept[r]`` nodes are the same as then and keep their times. That is
+    sound when the kept nodes are closed under dependencies and rank order,
+    e.g. every node that started before some time t (nothing depends on what
+    starts later, since durations are positive).
+    """
+    size = graph.size
+    start, end = [0.0] * size, [-1.0] * size
+    done, free = [0] * len(order), [0.0] * len(order)
+    if resume is not None:
+        _resume(order, resume, start, end, done, free)
+    waits, duration = graph.waits, graph.duration
+    waiting: dict[int, list[int]] = {}
+    ready = list(range(len(order)))
+    while ready:
+        r = ready.pop()
+        seq, p, t = order[r], done[r], free[r]
+        count = len(seq)
+        while p < count:
+            a = seq[p]
+            s = t
+            for d, latency in waits[a]:
+                e = end[d]
+                if e < 0.0:
+                    waiting.setdefault(d, []).append(r)
+                    break
+                e += latency
+                if e > s:
+                    s = e
+            else:
+                start[a] = s
+                t = s + duration[a]
+                end[a] = t
+                p += 1
+                woken = waiting.pop(a, None)
+                if woken is not None:
+                    ready.extend(woken)
+                continue
+            break
+        done[r], free[r] = p, t
+    return Times(start, end, done)
+
+
+def _resume(order: Order, resume: tuple[Times, list[int]], start: list[float], end: list[float],
+            done: list[int], free: list[float]) -> None:
+    times, kept = resume
+    for r, seq in enumerate(order):
+        for a in seq[: kept[r]]:
+            start[a], end[a] = times.start[a], times.end[a]
+        done[r] = kept[r]
+        free[r] = times.end[seq[kept[r] - 1]] if kept[r] else 0.0
+
+
+def blocking_input(graph: WorkGraph, times: Times, node: int) -> int:
+    """What ``node`` (where its rank stopped) waits for: the first of its waits that never ended."""
+    return next(d for d, _ in graph.waits[node] if times.end[d] < 0.0)
+
+
+def peak_memory(graph: WorkGraph, sequence: tuple[int, ...]) -> float:
+    """The most a rank holds after the additions of any step, in its order (units of M_B)."""
+    joins = graph.joins
+    held = peak = 0.0
+    if joins is None:
+        delta = graph.delta
+        for a in sequence:
+            held += delta[a]
+            if held > peak:
+                peak = held
+        return peak
+    added, released, pending = graph.added, graph.released, 0.0
+    for a in sequence:
+        if not joins[a]:
+            held -= pending
+            pending = 0.0
+        held += added[a]
+        pending += released[a]
+        if held > peak:
+            peak = held
+    return peak
