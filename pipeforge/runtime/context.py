@@ -22,14 +22,17 @@ from typing import Any, Iterator
 
 import torch
 
+from pipeforge.ir import Action, ActionKind
 from pipeforge.runtime.memory import ActivationCount
 from pipeforge.runtime.microbatch import as_tuple
 from pipeforge.runtime.p2p import (
     PipelineError, Posted, TensorMeta, Transfer, Transport, decode_header, empty_header, encode_header,
 )
 from pipeforge.runtime.stage import StageRunner
+from pipeforge.semantics import SENDS, peer_stage
 
-SEND_F, RECV_F, SEND_B, RECV_B = "SEND_F", "RECV_F", "SEND_B", "RECV_B"
+SEND_F, RECV_F, SEND_B, RECV_B = ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B
+Comm = Action  # what send_f/recv_f/send_b/recv_b return and post takes: the communication action itself
 
 
 @dataclass(frozen=True)
@@ -59,17 +62,6 @@ class ScheduleInfo:
             for stage, owner in enumerate(placement)
             if owner == rank
         )
-
-
-@dataclass(frozen=True)
-class Comm:
-    kind: str
-    stage: int
-    microbatch: int
-    chain: int = 0
-
-    def __str__(self) -> str:
-        return f"{self.stage}{self.kind}{self.microbatch}" + (f"@{self.chain}" if self.chain else "")
 
 
 class RankContext:
@@ -107,9 +99,9 @@ class RankContext:
         if runner.is_last:
             return
         if self._local(stage + 1, chain):
-            self._handed[(RECV_F, stage + 1, chain, mb)] = as_tuple(output)
+            self._handed[Action(stage + 1, RECV_F, mb, chain)] = as_tuple(output)
         else:
-            self._outbox[(SEND_F, stage, chain, mb)] = _sendable(output, runner.name)
+            self._outbox[Action(stage, SEND_F, mb, chain)] = _sendable(output, runner.name)
 
     def backward(self, stage: int, mb: int, chain: int = 0) -> None:
         if self.training:
@@ -146,16 +138,16 @@ class RankContext:
             yield
 
     def send_f(self, stage: int, mb: int, chain: int = 0) -> Comm:
-        return Comm(SEND_F, stage, mb, chain)
+        return Action(stage, SEND_F, mb, chain)
 
     def recv_f(self, stage: int, mb: int, chain: int = 0) -> Comm:
-        return Comm(RECV_F, stage, mb, chain)
+        return Action(stage, RECV_F, mb, chain)
 
     def send_b(self, stage: int, mb: int, chain: int = 0) -> Comm:
-        return Comm(SEND_B, stage, mb, chain)
+        return Action(stage, SEND_B, mb, chain)
 
     def recv_b(self, stage: int, mb: int, chain: int = 0) -> Comm:
-        return Comm(RECV_B, stage, mb, chain)
+        return Action(stage, RECV_B, mb, chain)
 
     def post(self, *comms: Comm) -> None:
         """Post one communication group together; receives are waited where used."""
@@ -169,14 +161,14 @@ class RankContext:
         for comm in comms:
             tensors = self._comm_tensors(comm)
             peer = self._peer(comm)
-            transfers += [Transfer(comm.kind.startswith("SEND"), t, peer) for t in tensors]
+            transfers += [Transfer(comm.kind in SENDS, t, peer) for t in tensors]
             received[comm] = tensors
         posted = self.transport.post(transfers, label)
         for comm in comms:
-            if comm.kind.startswith("SEND"):
+            if comm.kind in SENDS:
                 self._sent.append(posted)
             else:
-                self._pending[(comm.kind, comm.stage, comm.chain, comm.microbatch)] = (posted, received[comm])
+                self._pending[comm] = (posted, received[comm])
 
     # -- after the program -----------------------------------------------------------
 
@@ -184,7 +176,7 @@ class RankContext:
         """Wait for every send and check that nothing the schedule moved was left behind."""
         for posted in self._sent:
             posted.wait()
-        leftovers = [f"{kind} {stage}:{mb}" for kind, stage, _, mb in (*self._pending, *self._outbox)]
+        leftovers = [f"{a.kind} {a.stage}:{a.microbatch}" for a in (*self._pending, *self._outbox)]
         leftovers += [f"{r.name} microbatch {m}" for r in self.runners.values() for m in r.states] if self.training else []
         if leftovers:
             raise PipelineError(f"rank {self.rank}: the schedule left work unfinished: {', '.join(leftovers[:8])}")
@@ -201,8 +193,7 @@ class RankContext:
         return self.info.rank_of(stage, chain) == self.rank
 
     def _peer(self, comm: Comm) -> int:
-        other = comm.stage + 1 if comm.kind in (SEND_F, RECV_B) else comm.stage - 1
-        return self.info.rank_of(other, comm.chain)
+        return self.info.rank_of(peer_stage(comm), comm.chain)
 
     def _forward_input(self, stage: int, mb: int, chain: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if stage == 0:
@@ -216,8 +207,8 @@ class RankContext:
             return None
         return self._take(RECV_B, runner.stage, runner.chain, mb)
 
-    def _take(self, kind: str, stage: int, chain: int, mb: int) -> tuple:
-        key = (kind, stage, chain, mb)
+    def _take(self, kind: ActionKind, stage: int, chain: int, mb: int) -> tuple:
+        key = Action(stage, kind, mb, chain)
         if key in self._handed:
             return self._handed.pop(key)
         if key not in self._pending:
@@ -232,12 +223,12 @@ class RankContext:
         if runner.is_first:
             return
         if self._local(runner.stage - 1, runner.chain):
-            self._handed[(RECV_B, runner.stage - 1, runner.chain, mb)] = input_grads
+            self._handed[Action(runner.stage - 1, RECV_B, mb, runner.chain)] = input_grads
         else:
-            self._outbox[(SEND_B, runner.stage, runner.chain, mb)] = input_grads
+            self._outbox[Action(runner.stage, SEND_B, mb, runner.chain)] = input_grads
 
     def _comm_tensors(self, comm: Comm) -> tuple[torch.Tensor, ...]:
-        key = (comm.kind, comm.stage, comm.chain, comm.microbatch)
+        key = comm
         if comm.kind == SEND_F:
             tensors = self._outbox.pop(key, None)
             if tensors is None:
@@ -258,7 +249,7 @@ class RankContext:
         """First time only: shapes travel ahead of forward activations."""
         transfers, arriving = [], []
         for comm in comms:
-            key = (comm.kind, comm.stage, comm.chain, comm.microbatch)
+            key = comm
             if comm.kind == SEND_F and not self.caches.announced(key):
                 metas = [TensorMeta.of(t) for t in self._outbox.get(key, ())]
                 self.caches.announce(key, metas)
@@ -297,7 +288,7 @@ class ShapeCache:
     def check_sent(self, key: tuple, tensors: tuple[torch.Tensor, ...], rank: int) -> None:
         metas = tuple(TensorMeta.of(t) for t in tensors)
         if metas != self._sent[key]:
-            kind, stage, _, mb = key
+            stage, mb = key.stage, key.microbatch
             raise PipelineError(
                 f"rank {rank}: the output of stage {stage} microbatch {mb} changed shape since the first step "
                 f"({_shapes(self._sent[key])} then {_shapes(metas)}); a pipeline keeps one shape per microbatch"
@@ -317,8 +308,8 @@ class ShapeCache:
 
     def gradients_to_send(self, key: tuple, grads: tuple, device: torch.device) -> tuple[torch.Tensor, ...]:
         """The input gradients of the floating-point inputs (zeros where an input got none)."""
-        kind, stage, chain, mb = key
-        metas = self._received.get((RECV_F, stage, chain, mb))
+        stage, _, mb, chain = key
+        metas = self._received.get(Action(stage, RECV_F, mb, chain))
         if metas is None:
             raise PipelineError(f"stage {stage} sends a gradient for microbatch {mb} it never received")
         floats = [(g, m) for g, m in zip(grads, metas) if m.dtype.is_floating_point]
