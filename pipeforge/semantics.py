@@ -19,7 +19,7 @@ The rules, per kind (each table below has one entry per ``ActionKind``, and
   after ``I(s,m)``; ``sSEND_Fm`` after ``F(s,m)``; ``sSEND_Bm`` after
   ``B/I(s,m)``. An edge between two stages may cross ranks (depending on the
   placement); it is then carried by a send on the producer's rank and a
-  receive on the consumer's (``Need.send``, ``Need.recv``);
+  receive on the consumer's (the ``send`` and ``recv`` of a ``Need``);
 - **output** (``OUTPUTS``): where a compute action's result goes and, across
   ranks, which send and receive carry it;
 - **memory** (``MEMORY``): F holds one M_B more; I releases ``M_B - M_W``; W
@@ -76,42 +76,36 @@ def role(kind: ActionKind) -> str:
 # --- what an action needs ------------------------------------------------------------------
 
 
-class Need(NamedTuple):
-    """One input of an action: any one of ``producers`` (alternatives: B or I of the next stage).
-
-    ``send``/``recv`` carry it when the producer's stage is on another rank
-    than the consumer's; None when the producer is on the consumer's stage
-    (so always on its rank).
-    """
-
-    producers: tuple[ActionKey, ...]
-    send: ActionKey | None = None
-    recv: ActionKey | None = None
+# A need: ``(producers, send, recv)``. One input of an action: any one of ``producers`` (alternatives: B
+# or I of the next stage); ``send`` and ``recv`` carry it when the producer's stage is on another rank
+# than the consumer's, None when the producer is on the consumer's stage (so always on its rank).
+# Plain tuples, unpacked by the callers: they are made once per action of 100k-action schedules.
+Need = tuple
 
 
 def _forward_needs(s: int, m: int | None, c: int, last: int) -> tuple[Need, ...]:
     if s == 0:
         return ()
-    return (Need(((s - 1, F, m, c),), (s - 1, SEND_F, m, c), (s, RECV_F, m, c)),)
+    return ((((s - 1, F, m, c),), (s - 1, SEND_F, m, c), (s, RECV_F, m, c)),)
 
 
 def _backward_needs(s: int, m: int | None, c: int, last: int) -> tuple[Need, ...]:
     if s >= last:
-        return (Need(((s, F, m, c),)),)  # the loss: the last stage's backward after its own forward
+        return ((((s, F, m, c),), None, None),)  # the loss: the last stage's backward after its own forward
     later = ((s + 1, B, m, c), (s + 1, I, m, c))
-    return (Need(((s, F, m, c),)), Need(later, (s + 1, SEND_B, m, c), (s, RECV_B, m, c)))
+    return ((((s, F, m, c),), None, None), (later, (s + 1, SEND_B, m, c), (s, RECV_B, m, c)))
 
 
 def _weight_needs(s: int, m: int | None, c: int, last: int) -> tuple[Need, ...]:
-    return (Need(((s, I, m, c),)),)
+    return ((((s, I, m, c),), None, None),)
 
 
 def _send_forward_needs(s: int, m: int | None, c: int, last: int) -> tuple[Need, ...]:
-    return (Need(((s, F, m, c),)),)
+    return ((((s, F, m, c),), None, None),)
 
 
 def _send_backward_needs(s: int, m: int | None, c: int, last: int) -> tuple[Need, ...]:
-    return (Need(((s, B, m, c), (s, I, m, c))),)
+    return ((((s, B, m, c), (s, I, m, c)), None, None),)
 
 
 def _no_needs(s: int, m: int | None, c: int, last: int) -> tuple[Need, ...]:
@@ -137,11 +131,11 @@ def local_needs(action: ActionKey, stages: int, owners: tuple[int, ...], rank: i
     the producer when its stage is on ``rank`` too, else the receive that carries it
     (``owners``: stage -> rank of the action's chain)."""
     found = []
-    for need in needs(action, stages):
-        if need.recv is None or owners[need.producers[0][0]] == rank:
-            found.append(need.producers)
+    for producers, _, recv in needs(action, stages):
+        if recv is None or owners[producers[0][0]] == rank:
+            found.append(producers)
         else:
-            found.append((need.recv,))
+            found.append((recv,))
     return tuple(found)
 
 

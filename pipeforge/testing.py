@@ -169,9 +169,9 @@ class Execution:
     def needs(self, a: Action) -> list[tuple[tuple, ...]]:
         """What must have happened before ``a``: alternatives per need (a receive stands for its producer)."""
         found = []
-        for need in needs(a, self.stages):
-            crosses = need.recv is not None and self.placement.rank_of(need.producers[0][0]) != self.rank(a)
-            found.append((need.recv,) if self.write_comms and crosses else need.producers)
+        for producers, _, recv in needs(a, self.stages):
+            crosses = recv is not None and self.placement.rank_of(producers[0][0]) != self.rank(a)
+            found.append((recv,) if self.write_comms and crosses else producers)
         return found
 
     def ready(self) -> list[Action]:

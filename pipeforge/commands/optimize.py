@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
 def report(result, output: str) -> str:
     """The human report: before, after and the bound side by side."""
     from pipeforge.optimize.search import STOP_REASONS
+    from pipeforge.sim.bounds import WORK_SPACE
 
     before, after, schedule, limit = result.before, result.after, result.schedule, result.memory_limit
     verdict = "optimal" if result.optimal else f"gap {100 * result.gap:.2f}% of the span"
@@ -114,7 +115,9 @@ def report(result, output: str) -> str:
         + (f" (limit {limit:g})" if limit is not None else " (no limit)"),
         f"placement: {result.placement}" + ("" if len(result.placements_tried) == 1
                                             else f" (tried: {'; '.join(result.placements_tried)})"),
-        f"bound: {result.bound_of}",
+        f"bound: {result.bound_of}"
+        + (f"; before any search {_pct(result.work_bound.bubble_rate)} (what simulate reports as its bound "
+           f"on {WORK_SPACE})" if result.work_bound is not None else ""),
         f"stopped: {STOP_REASONS[result.stopped]}",
         f"wrote {output}" + ("" if result.improved else " (the input: nothing better found)"),
     ]

@@ -79,19 +79,29 @@ def _cost_text(costs, stages: int) -> str:
 
 def summary(timeline) -> str:
     """The human report: figures of merit beside their bounds."""
+    from pipeforge.sim.bounds import ORDERS_SPACE, WORK_SPACE
+
     cost_text = _cost_text(timeline.costs, timeline.stages)
-    bounds = timeline.bounds
+    bounds, work = timeline.bounds, timeline.work_bound
     lines = [
         f"schedule {timeline.name}: {timeline.ranks} ranks, {timeline.stages} stages, "
         f"{timeline.microbatches} microbatches; costs {cost_text}",
         f"makespan     {timeline.makespan:<10g} lower bound {timeline.lower_bound:g} ({bounds.binding}); "
-        f"gap {100 * timeline.gap:.2f}%",
+        f"gap {100 * timeline.gap:.2f}%  [{ORDERS_SPACE}]",
         f"bubble rate  {f'{100 * timeline.bubble_rate:.2f}%':<10} lower bound {100 * timeline.bubble_lower_bound:.2f}%; "
-        f"gap {100 * (timeline.bubble_rate - timeline.bubble_lower_bound):.2f} points",
+        f"gap {100 * (timeline.bubble_rate - timeline.bubble_lower_bound):.2f} points  [{ORDERS_SPACE}]",
+        f"{'':13}{'':<10} lower bound {100 * work.bubble_rate:.2f}%; "
+        f"gap {100 * (timeline.bubble_rate - work.bubble_rate):.2f} points  [{WORK_SPACE}, "
+        f"{_work_limit_text(timeline)}]",
         "peak memory  " + "  ".join(f"r{r}: {peak:g}" for r, peak in enumerate(timeline.peak_memory))
         + _limit_text(timeline),
     ]
     return "\n".join(lines)
+
+
+def _work_limit_text(timeline) -> str:
+    own = " (this schedule's peak)" if timeline.memory.limit is None else ""
+    return f"at most {timeline.work_limit:g} M_B a rank{own}"
 
 
 def _limit_text(timeline) -> str:

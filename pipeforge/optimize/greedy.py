@@ -106,6 +106,16 @@ def best_zero_bubble_order(problem: Problem) -> GreedyOrder | None:
     return min(zero_bubble_orders(problem), key=GreedyOrder.key, default=None)
 
 
+def input_pattern(kind: Kind, stage: int, stages: int) -> tuple[tuple[tuple[tuple[int, Kind], ...], bool], ...]:
+    """What ``kind`` on ``stage`` needs from the neighbouring stages (``semantics.needs``, the same for
+    every microbatch): per input from another stage (so another rank, one stage a rank here: the edge
+    takes ``comm``), the (stage, kind) alternatives the builder runs (F, I, W). An input of the same
+    stage (F before its I, I before its W) is on this rank and put earlier by construction, so it
+    never delays a start: left out (the search re-times and verifies every order anyway)."""
+    return tuple((tuple((p[0], p[1]) for p in producers if p[1] in (F, I, W)), send is not None)
+                 for producers, send, _ in needs((stage, kind, 0, 0), stages) if send is not None)
+
+
 class _RoundBuilder:
     """The state of one run of the heuristic: per rank clock, counts, memory and bubble."""
 
@@ -122,6 +132,7 @@ class _RoundBuilder:
         self.clock = [0.0] * self.p
         self.first_start = [0.0] * self.p
         self.bubble = [0.0] * self.p
+        self.inputs = {k: [input_pattern(k, j, self.p) for j in range(self.p)] for k in (F, I, W)}
         self.finish: dict[ActionKey, float] = {}  # (stage, kind, microbatch, 0): stage j is on rank j
         self.programs: list[list[ActionKey]] = [[] for _ in range(self.p)]
 
@@ -154,12 +165,20 @@ class _RoundBuilder:
         self.programs[j].append((j, kind, mb, 0))
 
     def arrival(self, j: int, kind: Kind, mb: int) -> float:
-        """When every input of ``kind`` on rank j for ``mb`` has arrived (``semantics.needs``; an edge
-        between stages is between ranks here and takes ``comm``)."""
-        ready = 0.0
-        for need in needs((j, kind, mb, 0), self.p):
-            producer = next((p for p in need.producers if p in self.finish), need.producers[0])
-            ready = max(ready, self.needed(producer) + (self.comm if need.send is not None else 0.0))
+        """When every input of ``kind`` on rank j for ``mb`` has arrived (``input_pattern``); a missing
+        one means this setting cannot build a valid order."""
+        ready, finish = 0.0, self.finish
+        for producers, crosses in self.inputs[kind][j]:
+            for stage, made_by in producers:
+                done = finish.get((stage, made_by, mb, 0))
+                if done is not None:
+                    break
+            else:
+                raise DoesNotFit
+            if crosses:
+                done += self.comm
+            if done > ready:
+                ready = done
         return ready
 
     def needed(self, key: ActionKey) -> float:

@@ -71,10 +71,20 @@ def list_schedule_orders(problem: Problem, deadline: float | None = None
     return found
 
 
+def _input_pattern(kind: ActionKind, stage: int, chain: int, stages: int):
+    """What ``kind`` on ``stage`` needs (``semantics.needs``, the same for every microbatch): per input,
+    the (stage, kind) alternatives and the producer's lane (chain, stage) when the edge is between
+    stages (so maybe between ranks), else None; looked up once. Only the kinds the scheduler runs
+    (F, I, W: the work is split) are looked for."""
+    return tuple((tuple((p[0], p[1]) for p in producers if p[1] in (F, I, W)),
+                  (chain, producers[0][0]) if send is not None else None)
+                 for producers, send, _ in needs((stage, kind, 0, chain), stages))
+
+
 class _ListScheduler:
     def __init__(self, problem: Problem, rules: Rules):
         self.problem, self.rules = problem, rules
-        self.m, self.comm = problem.microbatches, problem.costs.comm
+        self.m, self.comm, self.stages = problem.microbatches, problem.costs.comm, problem.stages
         self.limit = problem.memory_limit if problem.memory_limit is not None else NEVER
         self.grow = {F: 1.0, I: problem.weights - 1.0, W: -problem.weights}
         self.lanes = [(c, s) for c, placement in enumerate(problem.placements) for s in range(problem.stages)]
@@ -82,6 +92,7 @@ class _ListScheduler:
         self.cost = {(k, s): problem.costs.duration(k, s) for k in (F, I, W)
                      for s in range(problem.stages)}
         self.next = {(k, lane): 0 for k in (F, I, W) for lane in self.lanes}
+        self.inputs = {(k, s, c): _input_pattern(k, s, c, problem.stages) for k in (F, I, W) for c, s in self.lanes}
         self.end: dict[ActionKey, float] = {}
         self.free = [0.0] * problem.ranks
         self.held = [0.0] * problem.ranks
@@ -129,13 +140,19 @@ class _ListScheduler:
 
     def ready_time(self, key: ActionKey, r: int) -> float | None:
         """When every input of ``key`` (``semantics.needs``) has arrived on rank r; None if one is not made."""
-        ready = 0.0
-        for need in needs(key, self.problem.stages):
-            producer = next((p for p in need.producers if p in self.end), None)
-            if producer is None:
+        stage, kind, mb, chain = key
+        ready, end = 0.0, self.end
+        for producers, lane in self.inputs[(kind, stage, chain)]:
+            for producer_stage, made_by in producers:
+                done = end.get((producer_stage, made_by, mb, chain))
+                if done is not None:
+                    break
+            else:
                 return None
-            latency = 0.0 if self.rank_of[(producer[3], producer[0])] == r else self.comm
-            ready = max(ready, self.end[producer] + latency)
+            if lane is not None and self.rank_of[lane] != r:
+                done += self.comm
+            if done > ready:
+                ready = done
         return ready
 
     def has_w(self, r: int) -> bool:

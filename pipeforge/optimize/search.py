@@ -43,8 +43,8 @@ from dataclasses import dataclass, replace
 
 from pipeforge.errors import Argument, ArgumentError, UsageError, VerificationError, words
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step
-from pipeforge.optimize.bounds import bubble_of_span, span_lower_bound
 from pipeforge.semantics import COMPLETE, split
+from pipeforge.sim.bounds import WorkBound, bubble_of_span, span_lower_bound
 from pipeforge.optimize.evaluate import (
     Evaluation, Graph, Order, Problem, compute_actions, evaluate, is_complete, schedule_of,
 )
@@ -120,6 +120,7 @@ class OptimizeResult:
     stopped: str = "finished"
     placement: str = "keep (the input's)"
     placements_tried: tuple[str, ...] = ("keep (the input's)",)
+    work_bound: WorkBound | None = None  # the bound in the input's placement before any search
 
     @property
     def bound_of(self) -> str:
@@ -135,7 +136,8 @@ class OptimizeResult:
             "placement": {"chosen": self.placement, "tried": list(self.placements_tried),
                           "stages": self.schedule.stages, "ranks": self.schedule.ranks},
             "before": self.before.to_json(), "after": self.after.to_json(),
-            "bound": {"bubble_rate": self.bound, "max_span": self.span_bound, "of": self.bound_of},
+            "bound": {"bubble_rate": self.bound, "max_span": self.span_bound, "of": self.bound_of,
+                      "static": None if self.work_bound is None else self.work_bound.to_json()},
             "gap": self.gap, "seconds": self.seconds,
         }
 
@@ -209,7 +211,7 @@ def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit
 
 
 def _start_layout(compute: Schedule, base: Problem, layout: Layout, strategy: str, deadline: float,
-                  progress: Progress | None) -> _Run:
+                  progress: Progress | None) -> _Search:
     """A run in ``layout`` with its first candidates (the input for local search, the greedy orders)."""
     problem = layout.problem(base)
     if layout.keeps:
@@ -222,7 +224,7 @@ def _start_layout(compute: Schedule, base: Problem, layout: Layout, strategy: st
     split = Graph(problem, work)
     if strategy == "exact" and layout.keeps:
         _require_exact_size(split)
-    run = _Run(layout, problem, split, deadline, progress, source)
+    run = _Search(layout, problem, split, deadline, progress, source)
     run.start(strategy)
     return run
 
@@ -256,7 +258,7 @@ def _require_complete(compute: Schedule) -> None:
         raise VerificationError(f"actions outside the schedule's stages or microbatches: {sorted(seen)[:3]}")
 
 
-class _Run:
+class _Search:
     """One optimization: the candidates found so far and the time left."""
 
     def __init__(self, layout: Layout, problem: Problem, split: Graph, deadline: float, progress: Progress | None,
@@ -290,7 +292,7 @@ class _Run:
         if self.source_of is not None and strategy == "local":
             self.source = self.source_of()
         self.offer(self.source)
-        self.bound = span_lower_bound(self.split)
+        self.bound = span_lower_bound(self.split, self.problem.memory_limit)
         if strategy in ("auto", "greedy", "exact") or self.source is None:
             self.greedy(required=strategy == "greedy", bound=self.bound)
         if self.reached(self.bound):
@@ -376,13 +378,13 @@ class _Run:
 
 
 def _input_candidate(problem: Problem, compute: Schedule) -> _Candidate | None:
-    """The input as a candidate (None if it has overlap steps, which an order cannot express)."""
-    if any(step.overlap or len(step.actions) != 1 for _, _, step in compute.steps()):
-        return None
+    """The input's order as a candidate; an overlap step's actions run one after the other there (an
+    order holds one action a step), which makes it another schedule than the input, found by "sequential"."""
+    overlaps = any(len(step.actions) != 1 for _, _, step in compute.steps())
     graph = Graph(problem, compute_actions(compute))
     order = graph.order_of(compute)
     evaluation = evaluate(graph, order)
-    return None if evaluation is None else _Candidate(graph, order, evaluation, "input")
+    return None if evaluation is None else _Candidate(graph, order, evaluation, "sequential" if overlaps else "input")
 
 
 def _result(schedule: Schedule, compute: Schedule, before: Metrics, outcomes: list[_Outcome], given: Problem,
@@ -410,7 +412,18 @@ def _result(schedule: Schedule, compute: Schedule, before: Metrics, outcomes: li
     bound = bubble_of_span(outcomes[0].split, span_bound)
     return OptimizeResult(result, before, after, bound, span_bound, gap, gap <= 1e-6, found_by != "input",
                           found_by, strategy, time.monotonic() - started, limit,
-                          "bound" if gap <= 1e-6 else stopped, layout.describe(given))
+                          "bound" if gap <= 1e-6 else stopped, layout.describe(given),
+                          work_bound=_static_bound(outcomes))
+
+
+def _static_bound(outcomes: list[_Outcome]) -> WorkBound | None:
+    """``sim.bounds``' bound on every schedule of the work in the input's placement (integer units)."""
+    kept = next((o for o in outcomes if o.layout.keeps), None)
+    if kept is None:
+        return None
+    limit = kept.split.problem.memory_limit
+    span = span_lower_bound(kept.split, limit)
+    return WorkBound(span, bubble_of_span(kept.split, span), limit)
 
 
 def _with_weights(schedule: Schedule, given: Problem) -> Schedule:
@@ -431,8 +444,11 @@ def _schedule_of(schedule: Schedule, compute: Schedule, outcome: _Outcome, costs
 
 def _in_units(result: OptimizeResult, scale: float, tried: list[str]) -> OptimizeResult:
     """``result`` with its times in the input's unit (they were integer units times ``1 / scale``)."""
+    static = result.work_bound
+    if static is not None:
+        static = replace(static, max_span=static.max_span * scale)
     return replace(result, before=result.before.scaled(scale), after=result.after.scaled(scale),
-                   span_bound=result.span_bound * scale, placements_tried=tuple(tried))
+                   span_bound=result.span_bound * scale, placements_tried=tuple(tried), work_bound=static)
 
 
 def _beats_input(best: _Candidate, before: Metrics, within: bool) -> bool:

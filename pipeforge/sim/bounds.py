@@ -1,12 +1,33 @@
-"""Lower bounds on the makespan and on the bubble rate of any order of the same actions.
+"""Lower bounds, one module: each function says which space of schedules it bounds.
 
-The actions (which F/B/I/W run on which rank, at what cost) are fixed; only
-their order on each rank may change. What is proved, for every such order:
+Two spaces, both on a given placement and cost model:
+
+1. **Orders of these actions** (``compute_bounds`` -> ``Bounds``): the
+   schedule's compute actions are fixed (which F/B/I/W run on which rank; a B
+   stays a B); only their order on each rank may change, timed as soon as
+   possible, within the memory limit when one is given. ``simulate`` reports
+   these as ``lower_bound`` (makespan) and ``bubble_lower_bound``: how far this
+   order is from the best order of its own actions.
+2. **Schedules of this work** (``work_bound`` -> ``WorkBound``): every
+   (stage, microbatch) runs its forward and its backward, and a backward may be
+   split into I and W (the Zero Bubble split); any order within a memory limit
+   L (the declared limit, else the schedule's own peak). ``optimize`` searches
+   this space and reports this bound; ``simulate`` reports the same number
+   (``bounds.work``) for the same input: how far the schedule is from the best
+   one that holds no more activations.
+
+Makespan is measured from time 0, a rank's span from its own first action to
+its last; the bubble rate is ``1 - mean(busy) / max(span)``. A makespan bound
+and a span bound therefore differ in general; where a rank must start at 0 and
+end last, they meet (below), so a schedule optimal for one is shown optimal
+for the other (1F1B: makespan bound 33 and bubble bound 27.27% at P=4, M=8).
+
+What is proved for space 1, for every order:
 
 - **work**: a rank finishes no earlier than the sum of its durations.
 - **critical path**: no earlier than the longest chain of data dependencies
   (one microbatch up through every stage and back, ``comm`` added on each
-  cross-rank edge), computed on the dependency graph with unlimited ranks.
+  cross-rank edge), computed on the work graph with unlimited ranks.
 - **head and tail** (per rank r): r cannot start before ``head_r``, the
   earliest any of its actions could start; after r's last action finishes,
   at least ``tail_r`` (the shortest remaining dependency chain after any of
@@ -18,15 +39,36 @@ their order on each rank may change. What is proved, for every such order:
   at most ``pre_r`` = the sum of the floor(L) longest F durations on r. Hence
   r finishes no earlier than ``first_backward_r + work_r - pre_r``. With
   F = I = W = 1 and L = P this gives the ZB-H1 makespan (P-1) + 3M exactly.
+- **spans**: a rank's first action is a forward F(s,m), and any B/I(s',m') on
+  the rank is at least ``loop`` after its own F(s',m') (up to the last stage
+  and back); before then at most ``pre_r`` of forward work fits (all of r's
+  forwards when memory is unlimited). So
+  ``span_r >= work_r + max(0, min loop_r - pre_r)``. And when r holds stage 0
+  of every chain it runs (so in any order that runs, its first action is an
+  F(0,m), at time 0) and every action nothing depends on (so it ends last),
+  ``span_r`` is the makespan: ``span_r >= makespan bound``. Without a memory
+  limit the span bound is often 0 for long pipelines, which is honest:
+  zero-bubble orders exist there (ZB-2p, ZB-V).
 
-For the bubble rate (``1 - mean(busy) / max(span)``) the bound is on spans,
-measured from each rank's own first action: that action is a forward F(s,m),
-and any B/I(s',m') on the rank is at least ``loop`` after its own F(s',m')
-(up to the last stage and back); before then at most ``pre_r`` of forward work
-fits (all of r's forwards when memory is unlimited). So
-``span_r >= work_r + max(0, min loop_r - pre_r)``. This bound holds only for
-orders that keep the memory limit; without a limit it is often 0 for long
-pipelines, which is honest: zero-bubble orders exist there (ZB-2p, ZB-V).
+What is proved for space 2 (``span_lower_bound``), for every schedule of the work
+within the limit, on any placement, per rank (the worst rank's is the bound):
+
+- ``busy``: a rank's span is at least its compute (F, and the cheaper of B or I + W);
+- ``round trip``: a rank's first action is an F of the lowest stage it holds
+  (every other action of the rank needs one before it on the rank). No I of a
+  stage s on the rank can start before one *round trip* after that first
+  start: the longest dependency path from that F to I(s) (the F down to the
+  loss and the I back, with ``comm`` on every cross-rank hop). Before the
+  earliest of them the rank can run only F, at most ``floor(limit)`` (nothing
+  is released before an I), each no longer than its longest F: the rest of
+  that window is idle (*head*). After the rank's last F, the I of that
+  microbatch and stage waits its own round trip (less the F); meanwhile the
+  rank can run only the I and W of what it still holds, capped by the limit:
+  ``k`` with I pending and ``j`` with only W pending need
+  ``k + weights * j <= limit`` (*tail*). When the rank cannot run every F
+  before its first I, the two idle windows are disjoint and add up. For one
+  stage a rank in loop order, at p=8, m=24, limit 8 and the Zero Bubble
+  paper's costs, this equals ZB-1p's span on rank 0: that schedule is optimal.
 """
 
 from __future__ import annotations
@@ -37,7 +79,9 @@ from dataclasses import dataclass
 from pipeforge.ir import ActionKind, CostModel, MemorySpec, Schedule
 from pipeforge.sim.workgraph import WorkGraph, compile_schedule
 
-_F = ActionKind.F
+_F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
+ORDERS_SPACE = "any order of these actions on each rank"
+WORK_SPACE = "any schedule of this work (B may be split into I and W)"
 
 
 @dataclass(frozen=True)
@@ -49,6 +93,7 @@ class RankBound:
     first_backward: float | None
     loop: float | None
     forward_room: float
+    whole: bool = False  # starts at 0 and ends last in any order that runs: its span is the makespan
 
     @property
     def finish(self) -> float:
@@ -67,7 +112,8 @@ class RankBound:
     def to_json(self) -> dict:
         return {"rank": self.rank, "work": self.work, "head": self.head, "tail": self.tail,
                 "first_backward": self.first_backward, "loop": self.loop,
-                "forward_room": self.forward_room, "finish": self.finish, "span": self.span}
+                "forward_room": self.forward_room, "finish": self.finish, "span": self.span,
+                "spans_makespan": self.whole}
 
 
 @dataclass(frozen=True)
@@ -104,13 +150,23 @@ class Bounds:
         return next(name for name in ("work", "critical_path", "head_tail", "memory")
                     if name in candidates and candidates[name] >= best - 1e-12)
 
+    def span_of(self, rank: int) -> float:
+        """Rank ``rank``'s span is at least this (the makespan bound where it spans the makespan)."""
+        bound = self.per_rank[rank]
+        return max(bound.span, self.makespan) if bound.whole else bound.span
+
+    @property
+    def max_span(self) -> float:
+        return max((self.span_of(b.rank) for b in self.per_rank), default=0.0)
+
     @property
     def bubble_rate(self) -> float:
-        longest = max((b.span for b in self.per_rank), default=0.0)
+        longest = self.max_span
         return 1.0 - self.mean_busy / longest if longest > 0 else 0.0
 
     def to_json(self) -> dict:
-        return {"makespan": self.makespan, "bubble_rate": self.bubble_rate, "binding": self.binding,
+        return {"space": ORDERS_SPACE, "makespan": self.makespan, "bubble_rate": self.bubble_rate,
+                "max_span": self.max_span, "binding": self.binding,
                 "work": self.work, "critical_path": self.critical_path, "head_tail": self.head_tail,
                 "memory": self.memory if self.memory_limit is not None else None,
                 "memory_limit": self.memory_limit, "ranks": [b.to_json() for b in self.per_rank]}
@@ -207,11 +263,29 @@ def _rank_bounds(schedule: Schedule, graph: WorkGraph, est: list[float], down: l
             own_forward = index.get((action.stage, _F, action.microbatch, action.chain))
             if own_forward is not None and rank[own_forward] == r:
                 loops[r] = min(loops[r], est[a] - est[own_forward])
+    whole = _whole_ranks(schedule, graph)
     return tuple(
         RankBound(r, busy[r], _finite(heads[r]), _finite(tails[r]), _finite_or_none(first_backward[r]),
-                  _finite_or_none(loops[r]), _forward_room(forwards[r], memory.limit))
+                  _finite_or_none(loops[r]), _forward_room(forwards[r], memory.limit), r in whole)
         for r in range(schedule.ranks)
     )
+
+
+def _whole_ranks(schedule: Schedule, graph: WorkGraph) -> set[int]:
+    """Ranks whose span is the makespan in any order that runs: the rank holding every action nothing
+    depends on (it ends last), if it also holds stage 0 of each chain it runs (it starts at 0)."""
+    n = len(graph.actions)
+    used = [False] * n
+    for deps in graph.deps:
+        for d, _ in deps:
+            if d < n:
+                used[d] = True
+    last = {graph.rank[a] for a in range(n) if not used[a]}
+    if len(last) != 1:
+        return set()
+    (rank,) = last
+    chains = {a.chain for a, r in zip(graph.actions, graph.rank) if r == rank}
+    return {rank} if all(schedule.rank_of(0, c) == rank for c in chains) else set()
 
 
 def _forward_room(durations: list[float], limit: float | None) -> float:
@@ -228,3 +302,155 @@ def _finite(value: float) -> float:
 
 def _finite_or_none(value: float) -> float | None:
     return None if value == math.inf else value
+
+
+# --- space 2: every schedule of the work --------------------------------------------------
+
+TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class WorkBound:
+    """A proven lower bound on the worst span, and so on the bubble rate, of every schedule of the work
+    (``WORK_SPACE``) holding at most ``memory_limit`` M_B a rank (None: no limit)."""
+
+    max_span: float
+    bubble_rate: float
+    memory_limit: float | None
+
+    def to_json(self) -> dict:
+        return {"space": WORK_SPACE, "max_span": self.max_span, "bubble_rate": self.bubble_rate,
+                "memory_limit": self.memory_limit}
+
+
+def work_bound(graph: WorkGraph, limit: float | None) -> WorkBound:
+    """The bound on space 2 for ``graph``'s work (fused or split, the same work) within ``limit``."""
+    span = span_lower_bound(graph, limit)
+    return WorkBound(span, bubble_of_span(graph, span), limit)
+
+
+def busy_per_rank(graph: WorkGraph) -> list[float]:
+    """Each rank's least compute time: F and the cheaper of B or I + W, for each forward it runs."""
+    cost, stages = graph.costs.duration, graph.shape.stages
+    per_stage = [cost(_F, s) + min(cost(_B, s), cost(_I, s) + cost(_W, s)) for s in range(stages)]
+    busy = [0.0] * graph.shape.ranks
+    for action, rank in zip(graph.actions, graph.rank):
+        if action.kind is _F:
+            busy[rank] += per_stage[action.stage] if action.stage < stages else cost(_F, action.stage)
+    return busy
+
+
+@dataclass(frozen=True)
+class _RankShape:
+    """What the round-trip bound needs of one rank (read from microbatch 0: costs do not depend on it)."""
+
+    trip_to_i: float      # from the start of the rank's first F to the earliest start of any of its I
+    least_lag: float      # the least wait, over its stages, from the end of an F to the start of its I
+    forwards: int         # how many F the rank runs in all
+    longest_f: float
+    longest_iw: float     # the longest I + W among its stages
+    longest_w: float
+
+
+class _Paths:
+    """Longest dependency paths among one microbatch's actions (data dependencies never cross microbatches)."""
+
+    def __init__(self, graph: WorkGraph, mb: int):
+        self.graph = graph
+        self.members = [a for a, action in enumerate(graph.actions) if action.microbatch == mb]
+        self.children: dict[int, list[tuple[int, float]]] = {a: [] for a in self.members}
+        for a in self.members:
+            for d, latency in graph.deps[a]:
+                if d in self.children:  # not a phantom (an input no action makes)
+                    self.children[d].append((a, latency))
+        self.order = self._topological()
+        self.forwards = [0] * graph.shape.ranks
+        for a, action in enumerate(graph.actions):
+            if action.kind is _F:
+                self.forwards[graph.rank[a]] += 1
+
+    def _topological(self) -> list[int]:
+        indegree = {a: sum(d in self.children for d, _ in self.graph.deps[a]) for a in self.members}
+        ready = [a for a, n in indegree.items() if n == 0]
+        out = []
+        while ready:
+            a = ready.pop()
+            out.append(a)
+            for b, _ in self.children[a]:
+                indegree[b] -= 1
+                if indegree[b] == 0:
+                    ready.append(b)
+        return out
+
+    def from_start_of(self, source: int) -> dict[int, float]:
+        """Earliest start of every action reachable from ``source`` when ``source`` starts at 0."""
+        start = {source: 0.0}
+        for a in self.order:
+            if a not in start:
+                continue
+            for b, latency in self.children[a]:
+                start[b] = max(start.get(b, float("-inf")), start[a] + self.graph.duration[a] + latency)
+        return start
+
+
+def _rank_shape(graph: WorkGraph, paths: _Paths, r: int) -> _RankShape | None:
+    """Rank r's round trips (None when it runs no F or no I of the microbatch)."""
+    actions, duration = graph.actions, graph.duration
+    mine = {k: [a for a in paths.members if graph.rank[a] == r and actions[a].kind is k] for k in (_F, _I, _W)}
+    if not mine[_F] or not mine[_I]:
+        return None
+    lane = {(actions[a].chain, actions[a].stage, actions[a].kind): a for k in (_F, _I, _W) for a in mine[k]}
+    first = min(mine[_F], key=lambda a: (actions[a].chain, actions[a].stage))
+    from_first = paths.from_start_of(first)
+    trips = [from_first[a] for a in mine[_I] if a in from_first]
+    lags, iw, w = [], [], []
+    for f in mine[_F]:
+        c, stage = actions[f].chain, actions[f].stage
+        i, wa = lane.get((c, stage, _I)), lane.get((c, stage, _W))
+        if i is not None:
+            lags.append(paths.from_start_of(f)[i] - duration[f])
+            iw.append(duration[i] + (duration[wa] if wa is not None else 0.0))
+        w.append(duration[wa] if wa is not None else 0.0)
+    if not trips or not lags:
+        return None
+    return _RankShape(min(trips), min(lags), paths.forwards[r], max(duration[a] for a in mine[_F]), max(iw), max(w))
+
+
+def tail_work(shape: _RankShape, limit: float, weights: float) -> float:
+    """The most I/W work a rank can hold ready for after its last F (memory-capped)."""
+    best = 0.0
+    for k in range(1, min(shape.forwards, math.floor(limit + TOLERANCE)) + 1):
+        room = limit - k
+        j = shape.forwards - k if weights <= 0 else min(shape.forwards - k, math.floor(room / weights + TOLERANCE))
+        best = max(best, (k - 1) * shape.longest_iw + j * shape.longest_w)
+    return best
+
+
+def round_trip_idle(graph: WorkGraph, r: int, limit: float | None, paths: _Paths | None = None) -> float:
+    """Idle time rank r cannot avoid inside its span (0 when nothing can be said)."""
+    shape = _rank_shape(graph, paths or _Paths(graph, 0), r)
+    if shape is None:
+        return 0.0
+    limit = limit if limit is not None else float(shape.forwards)
+    first_burst = min(shape.forwards, math.floor(limit + TOLERANCE))
+    head = max(0.0, shape.trip_to_i - first_burst * shape.longest_f)
+    tail = max(0.0, shape.least_lag - tail_work(shape, limit, graph.weights))
+    if first_burst < shape.forwards:
+        return head + tail
+    return max(head, tail)
+
+
+def span_lower_bound(graph: WorkGraph, limit: float | None) -> float:
+    """A proven lower bound on the worst span of any schedule of ``graph``'s work within ``limit``."""
+    busy, paths = busy_per_rank(graph), _Paths(graph, 0)
+    return max((busy[r] + round_trip_idle(graph, r, limit, paths) for r in range(graph.shape.ranks)), default=0.0)
+
+
+def bubble_of_span(graph: WorkGraph, span: float) -> float:
+    """The bubble rate a worst span of ``span`` gives (busy time does not depend on the order)."""
+    busy = busy_per_rank(graph)
+    return 1.0 - (sum(busy) / len(busy)) / span if span > 0 else 0.0
+
+
+def bubble_lower_bound(graph: WorkGraph, limit: float | None) -> float:
+    return bubble_of_span(graph, span_lower_bound(graph, limit))

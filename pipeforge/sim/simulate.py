@@ -127,6 +127,21 @@ class Timeline:
         return compute_bounds(self.schedule, self.costs, memory, busy=[s.busy for s in self.rank_stats],
                               graph=self.graph)
 
+    @cached_property
+    def work_bound(self):
+        """The bound on every schedule of this work (``pipeforge.sim.bounds.WorkBound``, space 2 there)
+        within the memory limit, else within this schedule's own peak: what ``optimize`` reports."""
+        from pipeforge.sim.bounds import work_bound
+
+        graph = self.graph if self.graph is not None else compile_schedule(self.schedule, self.costs,
+                                                                            self.memory.weights)[0]
+        return work_bound(graph, self.work_limit)
+
+    @property
+    def work_limit(self) -> float:
+        """The memory limit of the work bound: the declared one, else this schedule's peak."""
+        return self.memory.limit if self.memory.limit is not None else max(self.peak_memory, default=0.0)
+
     @property
     def makespan(self) -> float:
         return max((s.end for s in self.rank_stats if s.actions), default=0.0)
@@ -179,7 +194,7 @@ class Timeline:
             "lower_bound": self.lower_bound,
             "bubble_lower_bound": self.bubble_lower_bound,
             "gap": self.gap,
-            "bounds": self.bounds.to_json(),
+            "bounds": {**self.bounds.to_json(), "work": self.work_bound.to_json()},
             "costs": costs_to_json(self.costs),
             "memory": {"limit": self.memory.limit, "weights": self.memory.weights,
                        "within_limit": self.within_memory_limit},

@@ -69,13 +69,13 @@ class WorkGraph:
         found = []
         for node, action in enumerate(self.actions):
             here, deps = rank[node], []
-            for need in needs(action, stages):
-                producer = _first_present(index, need.producers)
+            for producers, _, _ in needs(action, stages):
+                producer = _first_present(index, producers)
                 if producer is None:
-                    producer = phantom_ids.get(need.producers)
+                    producer = phantom_ids.get(producers)
                     if producer is None:
-                        producer = phantom_ids[need.producers] = len(self.actions) + len(self.phantoms)
-                        self.phantoms.append(need.producers)
+                        producer = phantom_ids[producers] = len(self.actions) + len(self.phantoms)
+                        self.phantoms.append(producers)
                     deps.append((producer, 0.0))
                 else:
                     deps.append((producer, 0.0 if rank[producer] == here else comm))

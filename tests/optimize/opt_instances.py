@@ -35,7 +35,7 @@ def random_programs(p: int, actions: list[Action], seed: int,
     programs: list[list[Action]] = [[] for _ in range(p)]
     left = set(actions)
     while left:
-        ready = sorted(a for a in left if all(any(d in done for d in need.producers) for need in needs(a, stages)))
+        ready = sorted(a for a in left if all(any(d in done for d in producers) for producers, _, _ in needs(a, stages)))
         pick = rng.choice(ready)
         programs[placement.rank_of(pick.stage)].append(pick)
         done.add(pick)

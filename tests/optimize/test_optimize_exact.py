@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeforge.ir import Action, ActionKind, CostModel, Placement
-from pipeforge.optimize.bounds import bubble_lower_bound, busy_per_rank, span_lower_bound
+from pipeforge.sim.bounds import bubble_lower_bound, busy_per_rank, span_lower_bound
 from pipeforge.optimize.evaluate import Graph, Problem, evaluate
 from pipeforge.optimize.exact import solve_exact
 from pipeforge.optimize.greedy import zero_bubble_orders
@@ -69,7 +69,7 @@ def test_round_trip_bound_never_exceeds_the_optimum(p, m, costs, limit, weights)
     prob = problem(p, m, limit, costs, weights)
     brute = brute_force_best_span(prob)
     assert brute is not None
-    assert span_lower_bound(Graph(prob, split_work(p, m))) <= brute + 1e-9
+    assert span_lower_bound(Graph(prob, split_work(p, m)), prob.memory_limit) <= brute + 1e-9
 
 
 def test_the_bound_proves_zb_1p_optimal_at_p8():
@@ -78,7 +78,7 @@ def test_the_bound_proves_zb_1p_optimal_at_p8():
         prob = problem(8, m, 8.0, ZB_COSTS)
         graph = Graph(prob, split_work(8, m))
         best = evaluate(graph, greedy_order(graph))
-        assert bubble_lower_bound(graph) == pytest.approx(best.bubble_rate)
+        assert bubble_lower_bound(graph, graph.problem.memory_limit) == pytest.approx(best.bubble_rate)
         assert best.bubble_rate <= paper + 5e-5
 
 
@@ -116,14 +116,14 @@ def test_the_round_trip_bound_holds_for_v_and_interleaved_placements(shape, m, c
     graph = laid_out(2, m, placement, limit, costs)
     result = solve_exact(graph, any_order(graph), max(busy_per_rank(graph)), time_limit=60)
     assert result.optimal
-    assert span_lower_bound(graph) <= result.upper_bound + 1e-9
+    assert span_lower_bound(graph, graph.problem.memory_limit) <= result.upper_bound + 1e-9
 
 
 @pytest.mark.parametrize(("placement", "limit"), [(Placement.v(4, 2), 4.0), (Placement.loop(3, 3), 6.0)])
 def test_exact_proves_optimality_for_a_v_placement_and_a_2p_limit(placement, limit):
     p = max(placement.stage_to_rank) + 1
     graph = laid_out(p, 2, placement, limit, CostModel(F=1, I=1, W=0.5, comm=0.25))
-    result = solve_exact(graph, any_order(graph), span_lower_bound(graph), time_limit=60)
+    result = solve_exact(graph, any_order(graph), span_lower_bound(graph, graph.problem.memory_limit), time_limit=60)
     assert result.optimal and result.lower_bound == pytest.approx(result.upper_bound, rel=1e-6)
 
 
@@ -131,4 +131,4 @@ def test_the_bound_is_not_just_busy_time_for_v_and_interleaved_at_1p():
     half = CostModel(F=ZB_COSTS.F / 2, I=ZB_COSTS.I / 2, W=ZB_COSTS.W / 2, comm=ZB_COSTS.comm)
     for placement, at_least in ((Placement.v(16, 8), 0.005), (Placement.loop(16, 8), 0.05)):
         graph = laid_out(8, 24, placement, 16.0, half, weights=0.366)
-        assert bubble_lower_bound(graph) >= at_least
+        assert bubble_lower_bound(graph, graph.problem.memory_limit) >= at_least

@@ -117,3 +117,35 @@ def test_bounds_hold_under_the_schedules_own_peak_as_limit(schedule, comm, slack
     for stats, bound in zip(timeline.rank_stats, timeline.bounds.per_rank):
         assert stats.span >= bound.span - 1e-9
         assert stats.end >= bound.finish - 1e-9
+
+
+@pytest.mark.parametrize("name, defines", [("1f1b", {"P": 4, "M": 8}), ("gpipe", {"P": 3, "M": 5}),
+                                           ("interleaved-1f1b", {"P": 2, "M": 4})])
+def test_a_makespan_optimal_fused_order_shows_no_bubble_gap_either(name, defines):
+    """Rank 0 starts at 0 and runs every last action (a B of stage 0), so its span is the makespan:
+    the two bounds on the orders of these actions agree (1F1B at P=4, M=8: 33 and 27.27%)."""
+    from pipeforge.library import load_library_schedule
+
+    timeline = simulate(load_library_schedule(name, defines))
+    assert timeline.bounds.per_rank[0].whole
+    assert timeline.bounds.max_span >= timeline.lower_bound
+    if timeline.gap == 0.0:
+        assert timeline.bubble_lower_bound == pytest.approx(timeline.bubble_rate)
+
+
+@pytest.mark.parametrize("name, defines, limit", [("1f1b", {"P": 4, "M": 8}, None), ("zb-h1", {"P": 4, "M": 6}, 4.0),
+                                                  ("interleaved-1f1b", {"P": 2, "M": 4}, None),
+                                                  ("dualpipev", {"P": 4, "M": 8}, None)])
+def test_simulate_and_optimize_report_the_same_bound_on_every_schedule_of_the_work(name, defines, limit):
+    from pipeforge.library import load_library_schedule
+    from pipeforge.optimize import optimize
+
+    schedule = load_library_schedule(name, defines)
+    timeline = simulate(schedule, memory=MemorySpec(limit) if limit is not None else None)
+    result = optimize(schedule, memory_limit=limit, strategy="greedy" if schedule.chains == 1 else "local",
+                      time_limit=2.0)
+    assert result.work_bound.memory_limit == timeline.work_limit
+    assert result.work_bound.bubble_rate == pytest.approx(timeline.work_bound.bubble_rate, abs=1e-12)
+    assert result.work_bound.max_span == pytest.approx(timeline.work_bound.max_span)
+    assert timeline.to_json()["bounds"]["work"]["bubble_rate"] == pytest.approx(result.to_json()["bound"]["static"]["bubble_rate"])
+    assert result.after.bubble_rate >= result.work_bound.bubble_rate - 1e-9

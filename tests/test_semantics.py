@@ -1,0 +1,157 @@
+"""The rules of pipeforge.semantics: every kind known to every table, and the tables agree with each other.
+
+A new ActionKind that some subsystem does not know fails here (not silently
+later): each test iterates every kind through one table or dispatch.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeforge import semantics
+from pipeforge.ir import (
+    COMM_KINDS, COMPUTE_KINDS, STAGE_ONLY_KINDS, Action, ActionKind, CostModel, MemorySpec, Placement, Schedule, Step,
+    as_action, parse_action,
+)
+from pipeforge.semantics import needs, output, partner, peer_stage
+
+ALL = tuple(ActionKind)
+
+
+def example(kind: ActionKind, stage: int = 1, chain: int = 0) -> Action:
+    return Action(stage, kind, None if kind in STAGE_ONLY_KINDS else 2, chain)
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_every_kind_has_exactly_one_role(kind):
+    roles = [kind in COMPUTE_KINDS, kind in COMM_KINDS, kind in STAGE_ONLY_KINDS]
+    assert roles.count(True) == 1
+    assert semantics.role(kind) in ("compute", "comm", "stage")
+
+
+@pytest.mark.parametrize("table", ["ROLES", "NEEDS", "OUTPUTS", "MEMORY"])
+def test_every_kind_is_in_every_rule_table(table):
+    assert set(getattr(semantics, table)) == set(ALL)
+
+
+@pytest.mark.parametrize("kind", sorted(COMM_KINDS))
+def test_communication_peers_meet_each_other(kind):
+    action = example(kind)
+    other = as_action(partner(action))
+    assert as_action(partner(other)) == action
+    assert peer_stage(action) == other.stage and peer_stage(other) == action.stage
+    assert (kind in semantics.SENDS) != (other.kind in semantics.SENDS)
+
+
+@pytest.mark.parametrize("kind", sorted(COMPUTE_KINDS))
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_what_carries_an_input_is_what_its_producer_sends(kind, stage):
+    """needs() of a consumer and output() of its producer name the same send and receive."""
+    action = example(kind, stage)
+    for producers, send, recv in needs(action, 3):
+        for producer in producers:
+            goes = output(producer, 3)
+            if send is None:
+                assert producer[0] == stage  # same stage, so always on the same rank
+            else:
+                assert goes is not None and goes.stage == stage
+                assert (goes.send, goes.recv) == (send, recv)
+
+
+def test_the_documented_dependencies():
+    text = {str(a): [[str(as_action(p)) for p in producers] for producers, _, _ in needs(a, 4)]
+            for a in map(parse_action, ["0F1", "2F1", "1B1", "3B1", "1I1", "1W1", "1SEND_F1", "1SEND_B1", "1RECV_F1"])}
+    assert text == {"0F1": [], "2F1": [["1F1"]], "1B1": [["1F1"], ["2B1", "2I1"]], "3B1": [["3F1"]],
+                    "1I1": [["1F1"], ["2B1", "2I1"]], "1W1": [["1I1"]], "1SEND_F1": [["1F1"]],
+                    "1SEND_B1": [["1B1", "1I1"]], "1RECV_F1": []}
+
+
+@pytest.mark.parametrize("weights", [0.0, 0.3, 1.0])
+def test_memory_effects(weights):
+    assert semantics.memory_effect(ActionKind.F, weights) == (1.0, 0.0)
+    assert semantics.memory_effect(ActionKind.B, weights) == (0.0, 1.0)
+    assert semantics.memory_effect(ActionKind.I, weights) == (0.0, 1.0 - weights)
+    assert semantics.memory_effect(ActionKind.W, weights) == (0.0, weights)
+    for kind in COMM_KINDS | STAGE_ONLY_KINDS:
+        assert semantics.memory_delta(kind, weights) == 0.0
+
+
+def test_split_and_completeness_agree():
+    b = Action(1, ActionKind.B, 0)
+    assert semantics.split(b) == (Action(1, ActionKind.I, 0), Action(1, ActionKind.W, 0))
+    assert tuple(sorted((ActionKind.F, *(a.kind for a in semantics.split(b))))) in semantics.COMPLETE
+    for kind, excluded in semantics.EXCLUDES.items():
+        assert all(kind in semantics.EXCLUDES[other] for other in excluded)
+
+
+# --- every subsystem knows every kind ------------------------------------------------------
+
+
+def one_of_each() -> Schedule:
+    """Two stages on two ranks, one of every kind on rank 0's stage 0 (most of it invalid, none unknown)."""
+    programs = ([Step((example(kind, 0),)) for kind in ALL if kind not in COMM_KINDS]
+                + [Step((Action(0, kind, 0),)) for kind in sorted(COMM_KINDS)], [Step((Action(1, ActionKind.F, 0),))])
+    return Schedule("every kind", 2, 2, 3, (Placement((0, 1)),), tuple(map(tuple, programs)),
+                    memory=MemorySpec(limit=1.0))
+
+
+def test_verify_knows_every_kind():
+    from pipeforge.verify import verify
+
+    report = verify(one_of_each(), certify=False)
+    assert not report.valid and {v.kind for v in report.violations} <= {
+        "placement", "duplicate", "missing", "order", "mismatch", "deadlock", "memory"}
+
+
+def test_the_work_graph_and_simulation_know_every_compute_kind():
+    from pipeforge.sim.workgraph import compile_actions, Shape
+
+    actions = [example(kind, 0) for kind in COMPUTE_KINDS]
+    graph = compile_actions(Shape(1, 1, 3, (Placement((0,)),)), actions, CostModel(), 0.5)
+    assert sorted(graph.actions) == sorted(actions) and all(d > 0 for d in graph.duration)
+
+
+def test_lower_knows_every_kind():
+    from pipeforge.passes.lower import lower
+
+    written = [Step((example(kind, 0),)) for kind in sorted(STAGE_ONLY_KINDS)]
+    compute = [Step((Action(0, ActionKind.F, 0),)), Step((Action(0, ActionKind.B, 0),))]
+    schedule = Schedule("s", 2, 2, 1, (Placement((0, 1)),),
+                        (tuple(compute + written), (Step((Action(1, ActionKind.F, 0),)), Step((Action(1, ActionKind.B, 0),)))))
+    kinds = {a.kind for _, _, a in lower(schedule).actions()}
+    assert STAGE_ONLY_KINDS <= kinds and {ActionKind.SEND_F, ActionKind.RECV_B} <= kinds
+
+
+def test_codegen_and_the_runtime_know_every_kind_they_run():
+    from pipeforge.codegen import METHODS
+
+    torch = pytest.importorskip("torch")  # noqa: F841 (the runtime needs it)
+    from pipeforge.runtime.context import RankContext
+
+    unsupported = set(ALL) - set(METHODS)
+    assert unsupported <= {ActionKind.UNSHARD, ActionKind.RESHARD}  # refused by codegen with a clear error
+    for kind, method in METHODS.items():
+        assert callable(getattr(RankContext, method)), kind
+
+
+# --- Action is the fast key ------------------------------------------------------------------
+
+
+def test_action_is_a_tuple_key_with_a_c_level_hash():
+    action = Action(2, ActionKind.F, 0, 1)
+    assert action == (2, ActionKind.F, 0, 1) == (2, "F", 0, 1)
+    assert hash(action) == hash((2, "F", 0, 1))
+    assert ActionKind.__hash__ is str.__hash__
+    assert {action: 1}[(2, ActionKind.F, 0, 1)] == 1
+
+
+@pytest.mark.parametrize("text", ["2F0", "0SEND_F1", "1REDUCE_GRAD", "2F0@1", "3W12", "0RECV_B3@1"])
+def test_action_text_round_trips(text):
+    action = parse_action(text)
+    assert str(action) == text and repr(action) == f"Action({text})"
+    assert as_action(tuple(action)) == action and type(as_action(tuple(action))) is Action
+
+
+def test_actions_order_by_stage_kind_microbatch_chain():
+    actions = [parse_action(t) for t in ["1F0", "0W1", "0B1", "0F2@1", "0F2"]]
+    assert [str(a) for a in sorted(actions)] == ["0B1", "0F2", "0F2@1", "0W1", "1F0"]
