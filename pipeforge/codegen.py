@@ -37,8 +37,9 @@ import jinja2
 
 from pipeforge.errors import Argument, ArgumentError, CodegenError, UsageError, VerificationError, words
 from pipeforge.files import write_atomically
-from pipeforge.ir import Action, ActionKind, Schedule, Step
+from pipeforge.ir import Action, Schedule, Step
 from pipeforge.resources import templates_dir
+from pipeforge.semantics import RUNTIME_METHODS
 
 TEMPLATE = "pipeline.py.j2"
 
@@ -117,12 +118,7 @@ class RankView:
     steps: tuple[StepView, ...]
 
 
-METHODS = {
-    ActionKind.F: "forward", ActionKind.B: "backward", ActionKind.I: "backward_input",
-    ActionKind.W: "backward_weight", ActionKind.SEND_F: "send_f", ActionKind.RECV_F: "recv_f",
-    ActionKind.SEND_B: "send_b", ActionKind.RECV_B: "recv_b", ActionKind.REDUCE_GRAD: "reduce_grad",
-    ActionKind.UNSHARD: "unshard", ActionKind.RESHARD: "reshard",
-}
+METHODS = RUNTIME_METHODS  # kind -> the RankContext method generated code calls (pipeforge.semantics)
 
 
 def call_of(action: Action) -> Call:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from typing import NamedTuple
 
@@ -268,6 +268,8 @@ class CostModel:
     overrides ``comm`` per link: ``links[s]`` is the latency of a transfer
     between stage s and stage s + 1 (either direction); links past its end cost
     ``comm``.
+    Each compute kind's duration is the field of its name (``cost_fields``
+    lists them for the ``--cost`` flag and ``costs { }`` blocks).
     """
 
     F: float = 1.0
@@ -291,8 +293,8 @@ class CostModel:
                 return value
         if kind is ActionKind.B:
             return self.B if self.B is not None else self.duration(ActionKind.I, stage) + self.duration(ActionKind.W, stage)
-        if kind in (ActionKind.F, ActionKind.I, ActionKind.W):
-            return getattr(self, kind.value)
+        if kind in COMPUTE_KINDS:
+            return getattr(self, kind._value_)  # the field named by the kind: a new compute kind adds one
         return 0.0
 
 
@@ -423,6 +425,12 @@ class Schedule:
 
     def action_count(self) -> int:
         return sum(len(step.actions) for _, _, step in self.steps())
+
+
+def cost_fields() -> tuple[str, ...]:
+    """The names ``--cost`` and a ``costs { }`` block accept: ``CostModel``'s number fields, in order
+    (F, I, W, B, comm: not the per-stage tables ``per_stage`` and ``links``)."""
+    return tuple(f.name for f in fields(CostModel) if not isinstance(f.default, tuple))
 
 
 def replace_programs(schedule: Schedule, programs: tuple[tuple[Step, ...], ...]) -> Schedule:

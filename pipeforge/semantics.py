@@ -54,8 +54,8 @@ ActionKey = tuple  # an Action, or a plain tuple (stage, kind, microbatch, chain
 
 __all__ = [
     "COMPUTE_KINDS", "COMM_KINDS", "STAGE_ONLY_KINDS", "ROLES", "NEEDS", "OUTPUTS", "MEMORY", "PEER_OFFSET",
-    "PARTNER", "SENDS", "GRADIENT_KINDS", "SPLIT", "EXCLUDES", "COMPLETE", "Need", "Output", "role", "needs", "output",
-    "memory_effect", "memory_delta", "peer_stage", "partner", "peer_rank", "local_needs", "split",
+    "PARTNER", "SENDS", "GRADIENT_KINDS", "SPLIT", "EXCLUDES", "COMPLETE", "RUNTIME_METHODS", "Need", "Output",
+    "role", "needs", "output", "memory_effect", "memory_delta", "peer_stage", "partner", "peer_rank", "local_needs", "split",
 ]
 
 
@@ -221,6 +221,17 @@ def partner(action: ActionKey) -> ActionKey:
 def peer_rank(action: ActionKey, placements) -> int:
     """The rank at the other end of a communication action (``placements``: one ``Placement`` a chain)."""
     return placements[action[3]].stage_to_rank[peer_stage(action)]
+
+
+# --- what generated code calls --------------------------------------------------------------
+
+# kind -> the ``pipeforge.runtime.RankContext`` method a generated rank function calls for it (a kind
+# left out would be refused by codegen with a clear error).
+RUNTIME_METHODS: dict[ActionKind, str] = {
+    F: "forward", B: "backward", I: "backward_input", W: "backward_weight",
+    SEND_F: "send_f", RECV_F: "recv_f", SEND_B: "send_b", RECV_B: "recv_b", REDUCE_GRAD: "reduce_grad",
+    ActionKind.UNSHARD: "unshard", ActionKind.RESHARD: "reshard",
+}
 
 
 # --- gradients and completeness ------------------------------------------------------------

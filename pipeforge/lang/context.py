@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pipeforge.errors import SemanticError, Source, Span
 from pipeforge.ir import Action, CostModel, MemorySpec, Placement, Schedule, Step
-from pipeforge.lang.programs import RankProgram
+from pipeforge.lang.programs import RankBuilder
 
 # Bounds that keep a mistyped number from exhausting memory or time.
 MAX_COUNT = 1_000_000
@@ -32,8 +32,8 @@ class Elaboration:
         self.memory: MemorySpec | None = None
         self.declared: dict[str, Span] = {}
         self.rank_spans: dict[int, Span] = {}
-        self.programs: dict[int, RankProgram] = {}
-        self.program: RankProgram | None = None
+        self.programs: dict[int, RankBuilder] = {}
+        self.program: RankBuilder | None = None
         self.sink: list[Step] | None = None
         self.chain = 0
         self.fuel = LOOP_FUEL
@@ -61,7 +61,7 @@ class Elaboration:
 
     # -- rank programs ------------------------------------------------------
 
-    def open_rank(self, rank: int, span: Span) -> RankProgram:
+    def open_rank(self, rank: int, span: Span) -> RankBuilder:
         if self.program is not None:
             raise SemanticError("rank blocks cannot nest: this one is inside the block of rank "
                                 f"{self.program.rank}", span)
@@ -72,7 +72,7 @@ class Elaboration:
             raise SemanticError(f"rank {rank} is given twice: a rank's steps must come from one rank block",
                                 span, notes=(f"its first block is at {first}",))
         self.rank_spans[rank] = span
-        program = self.programs[rank] = RankProgram(rank)
+        program = self.programs[rank] = RankBuilder(rank)
         self.program, self.sink = program, program.steps
         return program
 

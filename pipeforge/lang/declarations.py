@@ -10,7 +10,7 @@ from collections.abc import Callable
 from lark import Tree
 
 from pipeforge.errors import SemanticError, Source, Span
-from pipeforge.ir import CostModel, MemorySpec, Placement
+from pipeforge.ir import CostModel, MemorySpec, Placement, cost_fields
 from pipeforge.lang.context import MAX_COUNT, Elaboration
 from pipeforge.lang.exprs import compile_expr, require_int, require_number, span_of
 
@@ -150,7 +150,7 @@ def build_require(tree: Tree, file: Source) -> Exec:
     return check_requirement
 
 
-_COST_KEYS = ("F", "I", "W", "B", "comm")
+_COST_KEYS = cost_fields()  # F, I, W, B, comm
 
 
 def build_costs(tree: Tree, file: Source) -> Exec:

@@ -15,6 +15,7 @@ from lark import Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 from pipeforge.errors import PipeSyntaxError, Source, Span
+from pipeforge.ir import ActionKind
 from pipeforge.lang.braces import Brace, likely_unclosed
 
 _NAMED = {
@@ -25,7 +26,7 @@ _FOUND = {"INT": "integer", "FLOAT": "number", "NAME": "name", "STRING": "string
           "STEP_RUN": "steps"}
 _STATEMENT_STARTS = {
     "RANKS", "STAGES", "MICROBATCHES", "REQUIRE", "COSTS", "MEMORY", "LET", "FOR", "IF", "RANK", "CHAIN",
-    "F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "REDUCE_GRAD", "UNSHARD", "RESHARD",
+    *(kind.value for kind in ActionKind),  # an action call starts with its kind's name
     "OVERLAP", "GROUP", "IDLE", "UNDERSCORE", "ACTION_TOKEN", "STEP_RUN", "LPAR", "LSQB",
 }
 _OPERATORS = {"PLUS", "MINUS", "STAR", "PERCENT", "OR", "AND", "LESSTHAN", "MORETHAN"}

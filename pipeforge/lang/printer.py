@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from pipeforge.ir import CostModel, MemorySpec, Placement, Schedule, Step
+from pipeforge.ir import ActionKind, CostModel, MemorySpec, Placement, Schedule, Step, cost_fields
 from pipeforge.lang.declarations import reverse_placement
 
 _LINE_WIDTH = 88
@@ -19,8 +19,7 @@ _INDENT = "    "
 _RESERVED = frozenset({
     "schedule", "ranks", "stages", "placement", "microbatches", "require", "costs", "memory", "let", "for",
     "in", "by", "if", "elif", "else", "rank", "chain", "overlap", "group", "idle", "and", "or", "not",
-    "min", "max", "loop", "v", "reverse", "F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B",
-    "REDUCE_GRAD", "UNSHARD", "RESHARD", "_",
+    "min", "max", "loop", "v", "reverse", "_", *(kind.value for kind in ActionKind),
 })
 
 
@@ -72,7 +71,8 @@ def number(value: float) -> str:
 
 
 def costs_text(costs: CostModel) -> str:
-    entries = [f"F = {number(costs.F)}", f"I = {number(costs.I)}", f"W = {number(costs.W)}"]
+    durations = [name for name in cost_fields() if name not in ("B", "comm")]  # F, I, W
+    entries = [f"{name} = {number(getattr(costs, name))}" for name in durations]
     if costs.B is not None:
         entries.append(f"B = {number(costs.B)}")
     entries.append(f"comm = {number(costs.comm)}")

@@ -33,7 +33,7 @@ class _Counter:
         return self.lowest
 
 
-class RankProgram:
+class RankBuilder:
     """The steps of one rank so far, and what its implicit microbatches have consumed."""
 
     __slots__ = ("rank", "steps", "_forwarded", "_backwarded", "_awaiting_w")

@@ -45,7 +45,7 @@ class Rules:
 RULES = tuple(Rules(b, s, f) for b in (True, False) for s in (True, False) for f in (True, False))
 
 
-class Stuck(Exception):
+class NothingCanStart(Exception):
     """No rank can start anything: the memory limit blocks every forward and no W is left to free it."""
 
 
@@ -66,7 +66,7 @@ def list_schedule_orders(problem: Problem, deadline: float | None = None
             break
         try:
             found.append((rules, _ListScheduler(exact, rules).run()))
-        except Stuck:
+        except NothingCanStart:
             continue
     return found
 
@@ -106,7 +106,7 @@ class _ListScheduler:
         for _ in range(total):
             start, rank, key = min(self.proposal(r) for r in range(self.problem.ranks))
             if start == NEVER:
-                raise Stuck
+                raise NothingCanStart
             self.commit(rank, key, start)
         return tuple(tuple(program) for program in self.programs)
 

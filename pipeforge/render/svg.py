@@ -29,6 +29,11 @@ PALETTE = {
     ("W", 0): ("#cdb4ea", "#2a1545"), ("W", 1): ("#7a52b0", "#ffffff"),
 }
 KIND_NAMES = {"F": "forward", "B": "backward", "I": "backward (inputs)", "W": "backward (weights)"}
+NEUTRAL = (("#dddddd", "#222222"), ("#888888", "#ffffff"))  # a compute kind without colours of its own
+
+
+def colours(kind: str, shade: int) -> tuple[str, str]:
+    return PALETTE.get((kind, shade), NEUTRAL[shade])
 FONT = "font-family=\"Helvetica, Arial, sans-serif\""
 
 
@@ -124,16 +129,16 @@ class Shades:
 
 def _legend(timeline: Timeline, layout: Layout, shades: Shades) -> str:
     present = sorted({(a.kind.value, shades.of(e.rank, a)) for e in timeline.events for a in e.actions},
-                     key=lambda ks: ("FBIW".index(ks[0]), ks[1]))
+                     key=lambda ks: ("FBIW".find(ks[0]) % 5, ks[0], ks[1]))
     items, x = [], layout.left
     for kind, shade in present:
-        fill, _ = PALETTE[kind, shade]
+        fill, _ = colours(kind, shade)
         items.append(f'<rect class="legend" x="{x:.1f}" y="33" width="12" height="12" fill="{fill}" '
                      f'stroke="#555555" stroke-width="0.5"/>')
         x += 14
         if shade == 0 and (kind, 1) in present:
             continue  # the deeper square follows the light one, under one label
-        label = f"{kind} {KIND_NAMES[kind]}"
+        label = f"{kind} {KIND_NAMES.get(kind, 'compute')}"
         items.append(f'<text class="legend" x="{x + 2:.1f}" y="43.5" fill="#333333">{escape(label)}</text>')
         x += 2 + 6.0 * len(label) + 14
     if shades.note():
@@ -164,7 +169,7 @@ def _actions(timeline: Timeline, layout: Layout, shades: Shades) -> list[str]:
 
 def _action_box(action, rank: int, start: float, end: float, layout: Layout, shade: int) -> str:
     kind = action.kind.value
-    fill, ink = PALETTE[kind, shade]
+    fill, ink = colours(kind, shade)
     x, y = layout.x(start), layout.y(rank)
     w = max((end - start) * layout.scale, 0.5)
     tip = f"{action} on rank {rank}: {start:g} to {end:g} ({end - start:g})"

@@ -5,9 +5,11 @@
     timeline.makespan, timeline.bubble_rate, timeline.peak_memory, timeline.lower_bound
 """
 
-from pipeforge.sim.bounds import Bounds, RankBound, compute_bounds
+from pipeforge.sim.bounds import Bounds, RankBound, WorkBound, compute_bounds, work_bound
 from pipeforge.sim.costs import parse_cost_flag, resolve_costs
 from pipeforge.sim.simulate import Event, RankStats, Timeline, simulate
+from pipeforge.sim.workgraph import WorkGraph, compile_actions, compile_schedule, time_order
 
-__all__ = ["Bounds", "Event", "RankBound", "RankStats", "Timeline", "compute_bounds",
-           "parse_cost_flag", "resolve_costs", "simulate"]
+__all__ = ["Bounds", "Event", "RankBound", "RankStats", "Timeline", "WorkBound", "WorkGraph", "compile_actions",
+           "compile_schedule", "compute_bounds", "parse_cost_flag", "resolve_costs", "simulate", "time_order",
+           "work_bound"]

@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import fields, replace
 
 from pipeforge.errors import Argument, ArgumentError
-from pipeforge.ir import ActionKind, CostModel, MemorySpec, Schedule
+from pipeforge.ir import COMPUTE_KINDS, ActionKind, CostModel, MemorySpec, Schedule, cost_fields
 
-COST_FIELDS = ("F", "I", "W", "B", "comm")
+COST_FIELDS = cost_fields()  # F, I, W, B, comm
 MEMORY_FIELDS = ("weights",)  # --cost weights=X sets M_W / M_B (MemorySpec.weights), not a duration
-_COMPUTE = (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W)
 
 
 def resolve_costs(schedule: Schedule, costs: CostModel | None) -> CostModel:
@@ -74,7 +73,7 @@ def _bad_cost_item(item: str, problem: str) -> ArgumentError:
 
 def duration_table(costs: CostModel, stages: int) -> dict[tuple[ActionKind, int], float]:
     """``(kind, stage) -> duration`` for every compute kind and stage (lookups in the hot loop)."""
-    return {(kind, stage): costs.duration(kind, stage) for kind in _COMPUTE for stage in range(stages)}
+    return {(kind, stage): costs.duration(kind, stage) for kind in COMPUTE_KINDS for stage in range(stages)}
 
 
 def costs_to_json(costs: CostModel) -> dict:

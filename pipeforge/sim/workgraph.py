@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 from pipeforge.ir import COMPUTE_KINDS, Action, CostModel, Placement, Schedule
 from pipeforge.semantics import ActionKey, memory_effect, needs
+from pipeforge.sim.costs import duration_table
 
 Order = tuple[tuple[int, ...], ...]
 Dependency = tuple[int, float]  # (producer node, latency of the edge)
@@ -116,7 +117,7 @@ def _first_present(index: dict[Action, int], producers: tuple[ActionKey, ...]) -
 
 
 def _durations(actions: list[Action], costs: CostModel, stages: int) -> list[float]:
-    table = {(kind, stage): costs.duration(kind, stage) for kind in COMPUTE_KINDS for stage in range(stages)}
+    table = duration_table(costs, stages)
     found = []
     for a in actions:
         duration = table.get((a.kind, a.stage))

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pipeforge.verify.matching import Op, Pairing
 from pipeforge.verify.program import Program, Slot, partner_key, text_of
 
-Key = tuple[int, int]  # (rank, slot number)
+SlotRef = tuple[int, int]  # a slot, as (rank, slot number)
 Constraint = tuple
 
 
@@ -52,7 +52,7 @@ class Wait:
     slot: Slot
     waits_for: str
     peer: int | None
-    target: Key | None  # the partner's slot, None when nothing will ever meet the op
+    target: SlotRef | None  # the partner's slot, None when nothing will ever meet the op
     links: tuple[Constraint, ...]  # the match constraint to the target (or the unmatched op)
     peer_finished: bool
     posted: bool = False  # the awaited op is posted (its group is at its rank's head): the chain goes on there
@@ -82,7 +82,7 @@ class Stuck:
         return found
 
 
-def key_of(slot: Slot) -> Key:
+def key_of(slot: Slot) -> SlotRef:
     return (slot.rank, slot.number)
 
 
@@ -93,7 +93,7 @@ def group_slots(program: Program) -> list[list[int]]:
 def model_constraints(program: Program, pairing: Pairing, semantics: str) -> list[Constraint]:
     """The folded timing model over group slots (the certificate is checked against these)."""
     groups = group_slots(program)
-    following: dict[Key, int] = {}
+    following: dict[SlotRef, int] = {}
     found: list[Constraint] = []
     for rank, numbers in enumerate(groups):
         for k, j in zip(numbers, numbers[1:]):
@@ -169,7 +169,7 @@ class Runner:
         """(op, its partner or None) for each valid communication action of a group slot."""
         return self.pairing.ops_of((slot.rank, slot.number))
 
-    def at_head(self, key: Key) -> bool:
+    def at_head(self, key: SlotRef) -> bool:
         return self.position[key[0]] == key[1]
 
     def finished(self, rank: int) -> bool:
@@ -185,7 +185,7 @@ class Runner:
         """The wait chain from the lowest stuck rank, until a rank (or a group passed through) repeats."""
         rank = min(r for r in range(len(self.slots)) if not self.finished(r))
         seen: dict[int, int] = {}
-        at: dict[Key, int] = {}  # group slot -> index of its hop in the chain
+        at: dict[SlotRef, int] = {}  # group slot -> index of its hop in the chain
         chain: list[Wait] = []
         while rank not in seen:
             seen[rank] = len(chain)
@@ -210,9 +210,9 @@ class Runner:
         return Wait(slot, text_of(partner_key(op.key)), op.peer, None, (link,), ended)
 
 
-def components(pairing: Pairing) -> dict[Key, list[Key]]:
+def components(pairing: Pairing) -> dict[SlotRef, list[SlotRef]]:
     """Group slots joined by matches: each maps to the one shared list of its component's members."""
-    members: dict[Key, list[Key]] = {}
+    members: dict[SlotRef, list[SlotRef]] = {}
     for send, recv in pairing.matches:
         a, b = key_of(send.slot), key_of(recv.slot)
         la, lb = members.get(a), members.get(b)
@@ -291,7 +291,7 @@ class Buffered(Runner):
     def __init__(self, program: Program, pairing: Pairing):
         super().__init__(program, pairing)
         self.posted_at = [[None] * len(row) for row in self.slots]
-        self.waiting: dict[Key, list[int]] = defaultdict(list)
+        self.waiting: dict[SlotRef, list[int]] = defaultdict(list)
 
     def arrive(self, rank: int) -> None:
         k = self.position[rank]
