@@ -80,7 +80,7 @@ def their_bubble(row: Row, setting: str, keys, costs: CostModel) -> float:
     problem = Problem(p, stages, m, (placement,), costs, limit, row.weights)
     actions = [Action(s, ActionKind(k), mb) for s in range(stages) for mb in range(m) for k in "FIW"]
     graph = Graph(problem, actions)
-    evaluation = evaluate(graph, tuple(graph.ids_of_keys(list(rank)) for rank in keys))
+    evaluation = evaluate(graph, tuple(graph.ids(rank) for rank in keys))
     assert evaluation is not None and evaluation.fits(limit), "the authors' order does not run or fit"
     return evaluation.bubble_rate
 

@@ -113,7 +113,7 @@ def zb_heuristic(authors: Authors, p: int, m: int, costs, weights: float, limit:
     for stage in range(p):
         ids = [graph.get_id(kind, stage, mb) for kind in range(3) for mb in range(m)]
         ids.sort(key=lambda i: order[i])
-        programs.append(tuple((0, stage, letters[i // (p * m)], i % m) for i in ids))
+        programs.append(tuple((stage, letters[i // (p * m)], i % m, 0) for i in ids))  # an Action's layout
     return TheirOrder(tuple(programs), seconds)
 
 
@@ -132,6 +132,6 @@ def zbv_heuristic(authors: Authors, p: int, m: int, costs, weights: float, limit
         local_order = graph.create_schedule(config)
     seconds = time.perf_counter() - started
     letters = {"F": "F", "B": "I", "W": "W"}
-    programs = tuple(tuple((0, node.layer_group_idx, letters[node.type.value], node.microbatch) for node in nodes)
+    programs = tuple(tuple((node.layer_group_idx, letters[node.type.value], node.microbatch, 0) for node in nodes)
                      for nodes in local_order)
     return TheirOrder(programs, seconds)

@@ -31,7 +31,8 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from pipeforge.ir import ActionKind, Placement
-from pipeforge.optimize.evaluate import ActionKey, Problem
+from pipeforge.optimize.evaluate import Problem
+from pipeforge.semantics import ActionKey
 from pipeforge.optimize.units import integer_units
 
 F, I, W = ActionKind.F.value, ActionKind.I.value, ActionKind.W.value
@@ -126,7 +127,7 @@ class _VBuilder:
         self.end[(kind, chunk, r, mb)] = end
         self.clock[r] = end
         self.held[r] += self.grow[kind]
-        self.programs[r].append((0, stage, kind, mb))
+        self.programs[r].append((stage, ActionKind(kind), mb, 0))  # an Action's layout
         if kind == I:
             self.pending_w[r].append((chunk, mb))
         if kind != W:

@@ -20,8 +20,9 @@ stay where they are; a receive nothing consumes stays at the end of its rank.
 
 from __future__ import annotations
 
-from pipeforge.ir import Action, ActionKind, Schedule, Step, replace_programs
+from pipeforge.ir import Action, ActionKind, Schedule, Step, as_action, replace_programs
 from pipeforge.passes.lower import lower
+from pipeforge.semantics import needs
 
 RECV_F, RECV_B = ActionKind.RECV_F, ActionKind.RECV_B
 RECEIVES = frozenset({RECV_F, RECV_B})
@@ -68,7 +69,7 @@ class Deferral:
     def other(self, step: Step) -> None:
         if step.is_compute:
             for action in step.actions:
-                needed = consumed_receive(action)
+                needed = consumed_receive(action, self.schedule.stages)
                 if any(receive == needed for receive, _ in self.deferred):
                     self.flush_through(needed)
         self.out.append(step)
@@ -97,10 +98,9 @@ class Deferral:
         return self.schedule.rank_of(peer_stage, action.chain)
 
 
-def consumed_receive(action: Action) -> Action | None:
-    """The receive that carries ``action``'s input from another rank, were there one."""
-    if action.kind is ActionKind.F:
-        return Action(action.stage, RECV_F, action.microbatch, action.chain)
-    if action.kind in (ActionKind.B, ActionKind.I):
-        return Action(action.stage, RECV_B, action.microbatch, action.chain)
+def consumed_receive(action: Action, stages: int) -> Action | None:
+    """The receive that carries ``action``'s input from another rank, were there one (``semantics.needs``)."""
+    for _, _, receive in needs(action, stages):
+        if receive is not None:
+            return as_action(receive)
     return None

@@ -103,7 +103,7 @@ def laid_out(p, m, placement, limit, costs, weights=0.5):
 def any_order(graph):
     from pipeforge.optimize.list_schedule import list_schedule_orders
 
-    orders = [tuple(graph.ids_of_keys(list(r)) for r in keys) for _, keys in list_schedule_orders(graph.problem)]
+    orders = [tuple(graph.ids(list(r)) for r in keys) for _, keys in list_schedule_orders(graph.problem)]
     return min((o for o in orders if evaluate(graph, o).fits(graph.problem.memory_limit)),
                key=lambda o: evaluate(graph, o).key())
 

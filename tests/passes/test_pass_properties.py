@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -87,7 +86,7 @@ def test_merge_bw_keeps_schedules_valid_and_commutes_with_lower(schedule):
         for first, second in zip(steps, steps[1:]):
             assert not (len(first.actions) == len(second.actions) == 1 and not first.overlap
                         and not second.overlap and first.actions[0].kind is K.I
-                        and second.actions[0] == replace(first.actions[0], kind=K.W)), format_grid(merged)
+                        and second.actions[0] == first.actions[0]._replace(kind=K.W)), format_grid(merged)
 
 
 @PROPERTY
