@@ -9,7 +9,8 @@ a shared machine falls on both alike. For each run it records the child's CPU
 time (user + system, which a loaded machine disturbs less than wall time) and
 the wall time, and keeps each tree's best. It prints, per bench, the best CPU
 and wall time of each tree and after / before; then the last output of each,
-so the benches' own figures (pipeforge's times beside torch's) can be compared.
+so the benches' own figures (pipeforge's times beside torch's) can be compared
+(``--stream``: each run's output as soon as it ends).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", default=list(BENCHES))
     parser.add_argument("--args", nargs="*", default=[], metavar="BENCH=ARGS", help="extra arguments of one bench")
     parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--stream", action="store_true", help="print each run's output as it ends")
     options = parser.parse_args()
     extra = {key: value.split() for key, _, value in (item.partition("=") for item in options.args)}
     best: dict[tuple[str, str], list[float]] = {}
@@ -59,6 +61,8 @@ def main() -> int:
             for label, tree in (("before", options.before), ("after", options.after)):
                 cpu, wall, code, output = run_once(tree.resolve(), bench, extra.get(bench, []), options.timeout)
                 print(f"round {round_no} {bench} {label}: cpu {cpu:.2f} s wall {wall:.2f} s exit {code}", flush=True)
+                if options.stream:
+                    print(output.rstrip(), flush=True)
                 kept = best.setdefault((bench, label), [float("inf"), float("inf")])
                 kept[0], kept[1] = min(kept[0], cpu), min(kept[1], wall)
                 last[(bench, label)] = (code, output)

@@ -127,10 +127,11 @@ def test_codegen_and_the_runtime_know_every_kind_they_run():
 
     torch = pytest.importorskip("torch")  # noqa: F841 (the runtime needs it)
     from pipeforge.runtime.context import RankContext
+    from pipeforge.runtime.custom import HookedRankContext  # the context of FSDP hooks (UNSHARD, RESHARD)
 
     assert set(METHODS) == set(ALL)
     for kind, method in METHODS.items():
-        assert callable(getattr(RankContext, method)), kind
+        assert callable(getattr(RankContext, method, None) or getattr(HookedRankContext, method, None)), kind
 
 
 # --- Action is the fast key ------------------------------------------------------------------
