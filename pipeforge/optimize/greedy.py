@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pipeforge.ir import Action, ActionKind, as_action
 from pipeforge.optimize.evaluate import Problem
 from pipeforge.optimize.units import integer_units
-from pipeforge.semantics import ActionKey, needs
+from pipeforge.semantics import ActionKey, memory_delta, needs
 
 F, I, W = ActionKind.F, ActionKind.I, ActionKind.W  # noqa: E741
 Kind = ActionKind
@@ -124,7 +124,7 @@ class _RoundBuilder:
         self.p, self.m = problem.stages, problem.microbatches
         self.comm = problem.costs.comm
         self.cost = {k: [problem.costs.duration(k, s) for s in range(self.p)] for k in (F, I, W)}
-        self.grow = {F: 1.0, I: problem.weights - 1.0, W: -problem.weights}
+        self.grow = {k: memory_delta(k, problem.weights) for k in (F, I, W)}  # semantics.MEMORY
         limit = problem.memory_limit
         self.limit = limit if limit is not None else float(self.m) + 1.0
         self.done = {k: [0] * self.p for k in (F, I, W)}

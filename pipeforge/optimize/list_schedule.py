@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from pipeforge.ir import ActionKind
 from pipeforge.optimize.evaluate import TOLERANCE, Problem
 from pipeforge.optimize.units import integer_units
-from pipeforge.semantics import ActionKey, needs
+from pipeforge.semantics import ActionKey, memory_delta, needs
 
 F, I, W = ActionKind.F, ActionKind.I, ActionKind.W  # noqa: E741
 NEVER = float("inf")
@@ -86,7 +86,7 @@ class _ListScheduler:
         self.problem, self.rules = problem, rules
         self.m, self.comm, self.stages = problem.microbatches, problem.costs.comm, problem.stages
         self.limit = problem.memory_limit if problem.memory_limit is not None else NEVER
-        self.grow = {F: 1.0, I: problem.weights - 1.0, W: -problem.weights}
+        self.grow = {k: memory_delta(k, problem.weights) for k in (F, I, W)}  # semantics.MEMORY
         self.lanes = [(c, s) for c, placement in enumerate(problem.placements) for s in range(problem.stages)]
         self.rank_of = {(c, s): problem.placements[c].stage_to_rank[s] for c, s in self.lanes}
         self.cost = {(k, s): problem.costs.duration(k, s) for k in (F, I, W)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 from pipeforge.ir import ActionKind, Placement
 from pipeforge.optimize.evaluate import Problem
-from pipeforge.semantics import ActionKey
+from pipeforge.semantics import ActionKey, memory_delta
 from pipeforge.optimize.units import integer_units
 
 F, I, W = ActionKind.F.value, ActionKind.I.value, ActionKind.W.value
@@ -91,7 +91,7 @@ class _VBuilder:
         self.comm = problem.costs.comm
         self.stage_cost = {(k, s): problem.costs.duration(ActionKind(k), s) for k in (F, I, W)
                            for s in range(2 * self.p)}
-        self.grow = {F: 1.0, I: problem.weights - 1.0, W: -problem.weights}
+        self.grow = {k: memory_delta(k, problem.weights) for k in (F, I, W)}  # semantics.MEMORY
         limit = problem.memory_limit
         self.limit = limit if limit is not None else 4.0 * self.p
         self.approved = approved or [-1.0] * self.p
