@@ -131,11 +131,13 @@ class Timeline:
     def work_bound(self):
         """The bound on every schedule of this work (``pipeforge.sim.bounds.WorkBound``, space 2 there)
         within the memory limit, else within this schedule's own peak: what ``optimize`` reports."""
+        from pipeforge.semantics import split
         from pipeforge.sim.bounds import work_bound
+        from pipeforge.sim.workgraph import Shape, compile_actions
 
-        graph = self.graph if self.graph is not None else compile_schedule(self.schedule, self.costs,
-                                                                            self.memory.weights)[0]
-        return work_bound(graph, self.work_limit)
+        actions = [part for _, _, a in self.schedule.actions() if a.is_compute for part in split(a)]
+        work = compile_actions(Shape.of(self.schedule), actions, self.costs, self.memory.weights)
+        return work_bound(work, self.work_limit)  # on the split work, as optimize searches it
 
     @property
     def work_limit(self) -> float:
