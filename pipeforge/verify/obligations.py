@@ -10,7 +10,7 @@ these models, and a different verdict is an internal error:
   microbatches x 2 stages). Every slot that produces or needs something on the
   rank gets a free position ``p``; program order ``p[j] - p[k] >= j - k`` between
   consecutive such slots; each need (one of its alternatives strictly earlier on
-  the rank: ``structure.needs_of``, with the same exemptions as
+  the rank: ``semantics.local_needs``, with the same exemptions as
   ``check_rank_order``) ``p[consumer] - p[producer] >= 1`` for the first
   occurrence of an alternative. All satisfiable iff ``check_order`` finds no
   ``order`` (the data dependencies; the stage-only actions' order is sharding.py's).
@@ -23,8 +23,10 @@ these models, and a different verdict is an internal error:
 
 from __future__ import annotations
 
-from pipeforge.verify.program import COMPUTE, Key, Program
-from pipeforge.verify.structure import needed_comms, needs_of, present_compute
+from pipeforge.ir import COMPUTE_KINDS
+from pipeforge.semantics import ActionKey, local_needs
+from pipeforge.verify.program import Program
+from pipeforge.verify.structure import needed_comms, present_compute
 
 
 def order_texts(program: Program) -> list[str]:
@@ -33,7 +35,7 @@ def order_texts(program: Program) -> list[str]:
     for row in program.slots:
         declared: list[str] = []
         asserted: list[str] = []
-        first: dict[Key, int] = {}
+        first: dict[ActionKey, int] = {}
         for slot in row:
             for key in slot.acts:
                 first.setdefault(key, slot.number)
@@ -42,7 +44,7 @@ def order_texts(program: Program) -> list[str]:
             for key in slot.acts:
                 if key in bad or program.owners[key[3]][key[0]] != slot.rank:
                     continue
-                for need in needs_of(program, slot.rank, key):
+                for need in local_needs(key, program.schedule.stages, program.owners[key[3]], slot.rank):
                     producers = tuple(first[option] for option in need if option in first)
                     if producers:
                         edges.append((slot.number, producers))
@@ -75,7 +77,7 @@ def completeness_text(program: Program) -> str:
             f, b, i, w = names["F"], names["B"], names["I"], names["W"]
             goals.append(f"(and {f} (or {b} (and {i} {w})) (=> {w} {i}))")
     if program.as_written:
-        placed = {(key, slot.rank) for slot, key in program.actions() if key[1] not in COMPUTE}
+        placed = {(key, slot.rank) for slot, key in program.actions() if key[1] not in COMPUTE_KINDS}
         for n, (key, rank) in enumerate(needed_comms(program).items()):
             name = f"c{n}"
             lines.append(f"(declare-const {name} Bool)")
