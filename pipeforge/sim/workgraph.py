@@ -54,7 +54,7 @@ class WorkGraph:
         self.released = [effects[a.kind][1] for a in actions]
         self.delta = [effects[a.kind][0] - effects[a.kind][1] for a in actions]
         self.phantoms: list[tuple[ActionKey, ...]] = []  # node len(actions) + k stands for phantoms[k]
-        self.deps = self._dependencies(costs.comm)
+        self.deps = self._dependencies(costs)
         self.waits = self.deps  # what the engine waits for (compile_schedule widens it for overlap steps)
         self.joins: list[bool] | None = None  # node issued together with the previous one of its rank
         self.step: list[int] | None = None  # node -> its step's index in the rank's program as written
@@ -64,8 +64,11 @@ class WorkGraph:
         """Nodes, phantoms included."""
         return len(self.actions) + len(self.phantoms)
 
-    def _dependencies(self, comm: float) -> list[tuple[Dependency, ...]]:
+    def _dependencies(self, costs: CostModel) -> list[tuple[Dependency, ...]]:
+        """Each node's producers with the edge's latency: 0 on one rank, else ``CostModel.latency``
+        of the two stages (``comm``, or its link's own where ``links`` gives one)."""
         index, rank, stages = self.index, self.rank, self.shape.stages
+        comm, links = costs.comm, bool(costs.links)
         phantom_ids: dict[tuple[ActionKey, ...], int] = {}
         found = []
         for node, action in enumerate(self.actions):
@@ -78,8 +81,10 @@ class WorkGraph:
                         producer = phantom_ids[producers] = len(self.actions) + len(self.phantoms)
                         self.phantoms.append(producers)
                     deps.append((producer, 0.0))
+                elif rank[producer] == here:
+                    deps.append((producer, 0.0))
                 else:
-                    deps.append((producer, 0.0 if rank[producer] == here else comm))
+                    deps.append((producer, costs.latency(self.actions[producer].stage, action.stage) if links else comm))
             found.append(tuple(deps))
         return found
 
