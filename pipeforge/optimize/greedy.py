@@ -32,8 +32,10 @@ from pipeforge.optimize.evaluate import Problem
 from pipeforge.optimize.units import integer_units
 from pipeforge.semantics import ActionKey, memory_delta, needs
 
-F, I, W = ActionKind.F, ActionKind.I, ActionKind.W  # noqa: E741
-Kind = ActionKind
+# Kinds as their letters: the builder keys dicts by kind in its hot loop, and an exact str hashes
+# fastest there. A key (stage, "F", microbatch, 0) is equal to the Action it names (semantics.ActionKey).
+F, I, W = ActionKind.F.value, ActionKind.I.value, ActionKind.W.value  # noqa: E741
+Kind = str
 TOLERANCE = 1e-9
 
 
@@ -106,14 +108,17 @@ def best_zero_bubble_order(problem: Problem) -> GreedyOrder | None:
     return min(zero_bubble_orders(problem), key=GreedyOrder.key, default=None)
 
 
-def input_pattern(kind: Kind, stage: int, stages: int) -> tuple[tuple[tuple[tuple[int, Kind], ...], bool], ...]:
+def input_pattern(kind: Kind, stage: int, stages: int) -> tuple[tuple[int, Kind], ...]:
     """What ``kind`` on ``stage`` needs from the neighbouring stages (``semantics.needs``, the same for
-    every microbatch): per input from another stage (so another rank, one stage a rank here: the edge
-    takes ``comm``), the (stage, kind) alternatives the builder runs (F, I, W). An input of the same
-    stage (F before its I, I before its W) is on this rank and put earlier by construction, so it
-    never delays a start: left out (the search re-times and verifies every order anyway)."""
-    return tuple((tuple((p[0], p[1]) for p in producers if p[1] in (F, I, W)), send is not None)
-                 for producers, send, _ in needs((stage, kind, 0, 0), stages) if send is not None)
+    every microbatch), as (stage, kind) of the producer the builder runs (it runs F, I and W: of B or
+    I, the I). Such an edge is between ranks here (one stage a rank) and takes ``comm``. An input of
+    the same stage (F before its I, I before its W) is on this rank and put earlier by construction,
+    so it never delays a start: left out (the search re-times and verifies every order anyway)."""
+    found = []
+    for producers, send, _ in needs((stage, kind, 0, 0), stages):
+        if send is not None:
+            found.append(next((p[0], p[1]._value_) for p in producers if p[1] in (F, I, W)))
+    return tuple(found)
 
 
 class _RoundBuilder:
@@ -123,7 +128,7 @@ class _RoundBuilder:
         self.knobs = knobs
         self.p, self.m = problem.stages, problem.microbatches
         self.comm = problem.costs.comm
-        self.cost = {k: [problem.costs.duration(k, s) for s in range(self.p)] for k in (F, I, W)}
+        self.cost = {k: [problem.costs.duration(ActionKind(k), s) for s in range(self.p)] for k in (F, I, W)}
         self.grow = {k: memory_delta(k, problem.weights) for k in (F, I, W)}  # semantics.MEMORY
         limit = problem.memory_limit
         self.limit = limit if limit is not None else float(self.m) + 1.0
@@ -167,16 +172,12 @@ class _RoundBuilder:
     def arrival(self, j: int, kind: Kind, mb: int) -> float:
         """When every input of ``kind`` on rank j for ``mb`` has arrived (``input_pattern``); a missing
         one means this setting cannot build a valid order."""
-        ready, finish = 0.0, self.finish
-        for producers, crosses in self.inputs[kind][j]:
-            for stage, made_by in producers:
-                done = finish.get((stage, made_by, mb, 0))
-                if done is not None:
-                    break
-            else:
+        ready = 0.0
+        for stage, made_by in self.inputs[kind][j]:
+            done = self.finish.get((stage, made_by, mb, 0))
+            if done is None:
                 raise DoesNotFit
-            if crosses:
-                done += self.comm
+            done += self.comm
             if done > ready:
                 ready = done
         return ready

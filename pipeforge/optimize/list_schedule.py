@@ -31,7 +31,9 @@ from pipeforge.optimize.evaluate import TOLERANCE, Problem
 from pipeforge.optimize.units import integer_units
 from pipeforge.semantics import ActionKey, memory_delta, needs
 
-F, I, W = ActionKind.F, ActionKind.I, ActionKind.W  # noqa: E741
+# Kinds as their letters: dict keys in the hot loop, where an exact str hashes fastest. A key
+# (stage, "F", microbatch, chain) is equal to the Action it names (semantics.ActionKey).
+F, I, W = ActionKind.F.value, ActionKind.I.value, ActionKind.W.value  # noqa: E741
 NEVER = float("inf")
 
 
@@ -76,7 +78,7 @@ def _input_pattern(kind: ActionKind, stage: int, chain: int, stages: int):
     the (stage, kind) alternatives and the producer's lane (chain, stage) when the edge is between
     stages (so maybe between ranks), else None; looked up once. Only the kinds the scheduler runs
     (F, I, W: the work is split) are looked for."""
-    return tuple((tuple((p[0], p[1]) for p in producers if p[1] in (F, I, W)),
+    return tuple((tuple((p[0], p[1]._value_) for p in producers if p[1] in (F, I, W)),
                   (chain, producers[0][0]) if send is not None else None)
                  for producers, send, _ in needs((stage, kind, 0, chain), stages))
 
@@ -89,7 +91,7 @@ class _ListScheduler:
         self.grow = {k: memory_delta(k, problem.weights) for k in (F, I, W)}  # semantics.MEMORY
         self.lanes = [(c, s) for c, placement in enumerate(problem.placements) for s in range(problem.stages)]
         self.rank_of = {(c, s): problem.placements[c].stage_to_rank[s] for c, s in self.lanes}
-        self.cost = {(k, s): problem.costs.duration(k, s) for k in (F, I, W)
+        self.cost = {(k, s): problem.costs.duration(ActionKind(k), s) for k in (F, I, W)
                      for s in range(problem.stages)}
         self.next = {(k, lane): 0 for k in (F, I, W) for lane in self.lanes}
         self.inputs = {(k, s, c): _input_pattern(k, s, c, problem.stages) for k in (F, I, W) for c, s in self.lanes}
@@ -160,7 +162,7 @@ class _ListScheduler:
 
     def choose(self, r: int, ready: list[ActionKey]) -> ActionKey:
         fits = self.held[r] + 1.0 <= self.limit + TOLERANCE
-        by_kind = {kind: [key for key in ready if key[1] is kind] for kind in (F, I, W)}
+        by_kind = {kind: [key for key in ready if key[1] == kind] for kind in (F, I, W)}
         if by_kind[F] and not fits:
             by_kind[F] = []
             if by_kind[W] and not by_kind[I]:
