@@ -327,18 +327,11 @@ class MemorySpec:
         return self.weights * self.stage_activation(stage)
 
     def stage_effect(self, kind: ActionKind, stage: int) -> tuple[float, float]:
-        """``(added, released)`` of one compute action on ``stage``: F adds ``activation[s]``, B releases
-        it, I all but ``weight_grad[s]``, W that (M_B)."""
-        activation, weight_grad = self.stage_activation(stage), self.stage_weight_grad(stage)
-        if kind is ActionKind.F:
-            return activation, 0.0
-        if kind is ActionKind.B:
-            return 0.0, activation
-        if kind is ActionKind.I:
-            return 0.0, activation - weight_grad
-        if kind is ActionKind.W:
-            return 0.0, weight_grad
-        return 0.0, 0.0
+        """``(added, released)`` of one action on ``stage``: F adds ``activation[s]``, B releases it, I
+        all but ``weight_grad[s]``, W that (M_B); the rule is ``pipeforge.semantics.MEMORY``."""
+        from pipeforge.semantics import memory_effect
+
+        return memory_effect(kind, self.weights, self.stage_activation(stage), self.stage_weight_grad(stage))
 
     def count_limit(self, limit: float | None, stages: int) -> float | None:
         """``limit`` (M_B) as a number of F a rank may hold: each adds at least the smallest stage's

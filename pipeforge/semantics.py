@@ -178,17 +178,22 @@ def output(action: ActionKey, stages: int) -> Output | None:
 
 # --- memory --------------------------------------------------------------------------------
 
-# kind -> (added, released at weights = 0, released per unit of weights), in units of M_B.
+# kind -> (added, released, released per weight gradient), in units of the stage's activation a and
+# its weight gradient w (uniform stages: a = 1 M_B, w = weights): F adds a; B releases a; I a - w; W w.
 MEMORY: dict[ActionKind, tuple[float, float, float]] = {
     F: (1.0, 0.0, 0.0), B: (0.0, 1.0, 0.0), I: (0.0, 1.0, -1.0), W: (0.0, 0.0, 1.0),
     **{kind: (0.0, 0.0, 0.0) for kind in COMM_KINDS | STAGE_ONLY_KINDS},
 }
 
 
-def memory_effect(kind: ActionKind, weights: float) -> tuple[float, float]:
-    """``(added, released)`` activation memory of one ``kind`` action (M_W = ``weights`` * M_B)."""
+def memory_effect(kind: ActionKind, weights: float, activation: float = 1.0,
+                  weight_grad: float | None = None) -> tuple[float, float]:
+    """``(added, released)`` memory of one ``kind`` action, in M_B, on a stage whose F holds
+    ``activation`` (default 1) of which W releases ``weight_grad`` (default ``weights * activation``);
+    ``MemorySpec.stage_effect`` asks here with a stage's sizes."""
     added, released, per_weight = MEMORY[kind]
-    return added, released + per_weight * weights
+    grad = weights * activation if weight_grad is None else weight_grad
+    return added * activation, released * activation + per_weight * grad
 
 
 def memory_delta(kind: ActionKind, weights: float) -> float:

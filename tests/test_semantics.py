@@ -107,7 +107,7 @@ def test_the_work_graph_and_simulation_know_every_compute_kind():
     from pipeforge.sim.workgraph import compile_actions, Shape
 
     actions = [example(kind, 0) for kind in COMPUTE_KINDS]
-    graph = compile_actions(Shape(1, 1, 3, (Placement((0,)),)), actions, CostModel(), 0.5)
+    graph = compile_actions(Shape(1, 1, 3, (Placement((0,)),)), actions, CostModel(), MemorySpec())
     assert sorted(graph.actions) == sorted(actions) and all(d > 0 for d in graph.duration)
 
 

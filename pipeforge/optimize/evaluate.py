@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from pipeforge.ir import Action, CostModel, MemorySpec, Placement, Schedule, Step, replace_programs
-from pipeforge.semantics import memory_delta
+from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Placement, Schedule, Step, replace_programs
 from pipeforge.sim.workgraph import Order, Shape, Times, WorkGraph, canonical, peak_memory, time_order
 
 TOLERANCE = 1e-9
@@ -32,6 +31,8 @@ class Problem:
     costs: CostModel
     memory_limit: float | None
     weights: float
+    activation: tuple[float, ...] = ()  # per stage, M_B (MemorySpec.activation)
+    weight_grad: tuple[float, ...] = ()  # per stage, M_B (MemorySpec.weight_grad)
 
     @staticmethod
     def of(schedule: Schedule, costs: CostModel | None = None, memory_limit: float | None = None) -> Problem:
@@ -40,7 +41,8 @@ class Problem:
         return Problem(
             ranks=schedule.ranks, stages=schedule.stages, microbatches=schedule.microbatches,
             placements=schedule.placements, costs=costs or schedule.costs or CostModel(),
-            memory_limit=limit, weights=memory.weights,
+            memory_limit=limit, weights=memory.weights, activation=memory.activation,
+            weight_grad=memory.weight_grad,
         )
 
     def rank_of(self, action: Action) -> int:
@@ -50,7 +52,13 @@ class Problem:
         return self.costs.duration(action.kind, action.stage)
 
     def memory_delta(self, action: Action) -> float:
-        return memory_delta(action.kind, self.weights)
+        added, released = self.memory.stage_effect(action.kind, action.stage)
+        return added - released
+
+    @property
+    def memory(self) -> MemorySpec:
+        """The memory rule as a spec (limit, weights, per-stage activation and weight-gradient sizes)."""
+        return MemorySpec(self.memory_limit, self.weights, activation=self.activation, weight_grad=self.weight_grad)
 
     @property
     def shape(self) -> Shape:
@@ -82,11 +90,20 @@ class Evaluation:
         return limit is None or max(self.peak_memory, default=0.0) <= limit + TOLERANCE
 
 
+def stage_growth(problem: Problem) -> dict[str, list[float]]:
+    """What one F, I or W changes its rank's held activations by, per kind (its letter) and stage (M_B):
+    what the greedy and list schedulers count memory with, as the graph does."""
+    memory = problem.memory
+    return {kind: [added - released for added, released in (memory.stage_effect(ActionKind(kind), s)
+                                                             for s in range(problem.stages))]
+            for kind in ("F", "I", "W")}
+
+
 class Graph(WorkGraph):
     """The work graph of a problem's actions (ids sorted by chain, stage, kind, microbatch)."""
 
     def __init__(self, problem: Problem, actions: list[Action]):
-        super().__init__(problem.shape, canonical(actions), problem.costs, problem.weights)
+        super().__init__(problem.shape, canonical(actions), problem.costs, problem.memory)
         self.problem = problem
 
 
@@ -132,6 +149,6 @@ def schedule_of(schedule: Schedule, graph: Graph, order: Order, name: str | None
     """The input schedule with its programs replaced by ``order`` (one compute action a step)."""
     programs = tuple(tuple(Step((graph.actions[a],)) for a in seq) for seq in order)
     problem = graph.problem
-    memory = MemorySpec(problem.memory_limit, problem.weights) if problem.memory_limit is not None else schedule.memory
+    memory = problem.memory if problem.memory_limit is not None else schedule.memory
     result = replace_programs(schedule, programs)
     return replace(result, name=name or result.name, costs=problem.costs, memory=memory, source=None)

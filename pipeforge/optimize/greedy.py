@@ -28,9 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pipeforge.ir import Action, ActionKind, as_action
-from pipeforge.optimize.evaluate import Problem
+from pipeforge.optimize.evaluate import Problem, stage_growth
 from pipeforge.optimize.units import integer_units
-from pipeforge.semantics import ActionKey, memory_delta, needs
+from pipeforge.semantics import ActionKey, needs
 
 # Kinds as their letters: the builder keys dicts by kind in its hot loop, and an exact str hashes
 # fastest there. A key (stage, "F", microbatch, 0) is equal to the Action it names (semantics.ActionKey).
@@ -108,16 +108,18 @@ def best_zero_bubble_order(problem: Problem) -> GreedyOrder | None:
     return min(zero_bubble_orders(problem), key=GreedyOrder.key, default=None)
 
 
-def input_pattern(kind: Kind, stage: int, stages: int) -> tuple[tuple[int, Kind], ...]:
+def input_pattern(kind: Kind, stage: int, stages: int, costs) -> tuple[tuple[int, Kind, float], ...]:
     """What ``kind`` on ``stage`` needs from the neighbouring stages (``semantics.needs``, the same for
-    every microbatch), as (stage, kind) of the producer the builder runs (it runs F, I and W: of B or
-    I, the I). Such an edge is between ranks here (one stage a rank) and takes ``comm``. An input of
+    every microbatch), as (stage, kind, latency) of the producer the builder runs (it runs F, I and W:
+    of B or I, the I). Such an edge is between ranks here (one stage a rank) and takes its link's
+    latency (``CostModel.latency``). An input of
     the same stage (F before its I, I before its W) is on this rank and put earlier by construction,
     so it never delays a start: left out (the search re-times and verifies every order anyway)."""
     found = []
     for producers, send, _ in needs((stage, kind, 0, 0), stages):
         if send is not None:
-            found.append(next((p[0], p[1]._value_) for p in producers if p[1] in (F, I, W)))
+            found.append(next((p[0], p[1]._value_, costs.latency(p[0], stage)) for p in producers
+                              if p[1] in (F, I, W)))
     return tuple(found)
 
 
@@ -129,7 +131,7 @@ class _RoundBuilder:
         self.p, self.m = problem.stages, problem.microbatches
         self.comm = problem.costs.comm
         self.cost = {k: [problem.costs.duration(ActionKind(k), s) for s in range(self.p)] for k in (F, I, W)}
-        self.grow = {k: memory_delta(k, problem.weights) for k in (F, I, W)}  # semantics.MEMORY
+        self.grow = stage_growth(problem)  # per kind, per stage (M_B): semantics.MEMORY at the stage's sizes
         limit = problem.memory_limit
         self.limit = limit if limit is not None else float(self.m) + 1.0
         self.done = {k: [0] * self.p for k in (F, I, W)}
@@ -137,7 +139,8 @@ class _RoundBuilder:
         self.clock = [0.0] * self.p
         self.first_start = [0.0] * self.p
         self.bubble = [0.0] * self.p
-        self.inputs = {k: [input_pattern(k, j, self.p) for j in range(self.p)] for k in (F, I, W)}
+        self.inputs = {k: [input_pattern(k, j, self.p, problem.costs) for j in range(self.p)] for k in (F, I, W)}
+        self.link = [problem.costs.latency(s, s + 1) for s in range(self.p - 1)]  # stage s -> s + 1
         self.finish: dict[ActionKey, float] = {}  # (stage, kind, microbatch, 0): stage j is on rank j
         self.programs: list[list[ActionKey]] = [[] for _ in range(self.p)]
 
@@ -154,7 +157,7 @@ class _RoundBuilder:
 
     def put(self, j: int, kind: Kind) -> None:
         mb = self.done[kind][j]
-        if self.held[j] + self.grow[kind] > self.limit + TOLERANCE:
+        if self.held[j] + self.grow[kind][j] > self.limit + TOLERANCE:
             raise DoesNotFit
         cost = self.cost[kind][j]
         no_wait = self.clock[j] + cost
@@ -165,7 +168,7 @@ class _RoundBuilder:
             self.first_start[j] = end - cost
         self.clock[j] = end
         self.finish[(j, kind, mb, 0)] = end
-        self.held[j] += self.grow[kind]
+        self.held[j] += self.grow[kind][j]
         self.done[kind][j] += 1
         self.programs[j].append((j, kind, mb, 0))
 
@@ -173,11 +176,11 @@ class _RoundBuilder:
         """When every input of ``kind`` on rank j for ``mb`` has arrived (``input_pattern``); a missing
         one means this setting cannot build a valid order."""
         ready = 0.0
-        for stage, made_by in self.inputs[kind][j]:
+        for stage, made_by, latency in self.inputs[kind][j]:
             done = self.finish.get((stage, made_by, mb, 0))
             if done is None:
                 raise DoesNotFit
-            done += self.comm
+            done += latency
             if done > ready:
                 ready = done
         return ready
@@ -247,7 +250,7 @@ class _RoundBuilder:
         comes_back = self.clock[j + 1] + self.cost[F][j + 1] + self.cost[I][j + 1] + self.comm
         if self.clock[j] >= comes_back:
             return False
-        if self.clock[j] + self.cost[F][j] + self.w_cost_to_fit(j, 1.0) <= comes_back:
+        if self.clock[j] + self.cost[F][j] + self.w_cost_to_fit(j, self.grow[F][j]) <= comes_back:
             return True
         return comes_back - self.clock[j] > self.worst_bubble() - self.bubble[j]
 
@@ -255,7 +258,7 @@ class _RoundBuilder:
         """The time the W needed to make room for ``grow`` more on rank j would take."""
         held, cost, count = self.held[j] + grow, 0.0, 0
         while held > self.limit + TOLERANCE and self.done[W][j] + count < self.done[I][j]:
-            held += self.grow[W]
+            held += self.grow[W][j]
             cost += self.cost[W][j]
             count += 1
         return cost
@@ -263,20 +266,20 @@ class _RoundBuilder:
     def forward_with_fill(self, j: int) -> None:
         self.make_room(j, F)
         if j > 0:
-            self.fill_wait(j, self.needed((j - 1, F, self.done[F][j], 0)) + self.comm)
+            self.fill_wait(j, self.needed((j - 1, F, self.done[F][j], 0)) + self.link[j - 1])
         self.put(j, F)
 
     def backward_with_fill(self, j: int) -> None:
         self.make_room(j, I)
         if j + 1 < self.p:
-            self.fill_wait(j, self.needed((j + 1, I, self.done[I][j], 0)) + self.comm)
+            self.fill_wait(j, self.needed((j + 1, I, self.done[I][j], 0)) + self.link[j])
         if j == 0 and self.done[F][j] == self.m:
             while self.pending_w(j):
                 self.put(j, W)
         self.put(j, I)
 
     def make_room(self, j: int, kind: Kind) -> None:
-        while self.held[j] + self.grow[kind] > self.limit + TOLERANCE:
+        while self.held[j] + self.grow[kind][j] > self.limit + TOLERANCE:
             if not self.pending_w(j):
                 raise DoesNotFit
             self.put(j, W)

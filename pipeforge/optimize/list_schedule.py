@@ -27,9 +27,9 @@ import time
 from dataclasses import dataclass, replace
 
 from pipeforge.ir import ActionKind
-from pipeforge.optimize.evaluate import TOLERANCE, Problem
+from pipeforge.optimize.evaluate import TOLERANCE, Problem, stage_growth
 from pipeforge.optimize.units import integer_units
-from pipeforge.semantics import ActionKey, memory_delta, needs
+from pipeforge.semantics import ActionKey, needs
 
 # Kinds as their letters: dict keys in the hot loop, where an exact str hashes fastest. A key
 # (stage, "F", microbatch, chain) is equal to the Action it names (semantics.ActionKey).
@@ -73,13 +73,13 @@ def list_schedule_orders(problem: Problem, deadline: float | None = None
     return found
 
 
-def _input_pattern(kind: ActionKind, stage: int, chain: int, stages: int):
+def _input_pattern(kind: ActionKind, stage: int, chain: int, stages: int, costs):
     """What ``kind`` on ``stage`` needs (``semantics.needs``, the same for every microbatch): per input,
-    the (stage, kind) alternatives and the producer's lane (chain, stage) when the edge is between
-    stages (so maybe between ranks), else None; looked up once. Only the kinds the scheduler runs
-    (F, I, W: the work is split) are looked for."""
+    the (stage, kind) alternatives, the producer's lane (chain, stage) when the edge is between stages
+    (so maybe between ranks), else None, and that edge's latency across ranks (``CostModel.latency``);
+    looked up once. Only the kinds the scheduler runs (F, I, W: the work is split) are looked for."""
     return tuple((tuple((p[0], p[1]._value_) for p in producers if p[1] in (F, I, W)),
-                  (chain, producers[0][0]) if send is not None else None)
+                  (chain, producers[0][0]) if send is not None else None, costs.latency(producers[0][0], stage))
                  for producers, send, _ in needs((stage, kind, 0, chain), stages))
 
 
@@ -88,13 +88,14 @@ class _ListScheduler:
         self.problem, self.rules = problem, rules
         self.m, self.comm, self.stages = problem.microbatches, problem.costs.comm, problem.stages
         self.limit = problem.memory_limit if problem.memory_limit is not None else NEVER
-        self.grow = {k: memory_delta(k, problem.weights) for k in (F, I, W)}  # semantics.MEMORY
+        self.grow = stage_growth(problem)  # per kind, per stage (M_B): semantics.MEMORY at the stage's sizes
         self.lanes = [(c, s) for c, placement in enumerate(problem.placements) for s in range(problem.stages)]
         self.rank_of = {(c, s): problem.placements[c].stage_to_rank[s] for c, s in self.lanes}
         self.cost = {(k, s): problem.costs.duration(ActionKind(k), s) for k in (F, I, W)
                      for s in range(problem.stages)}
         self.next = {(k, lane): 0 for k in (F, I, W) for lane in self.lanes}
-        self.inputs = {(k, s, c): _input_pattern(k, s, c, problem.stages) for k in (F, I, W) for c, s in self.lanes}
+        self.inputs = {(k, s, c): _input_pattern(k, s, c, problem.stages, problem.costs)
+                       for k in (F, I, W) for c, s in self.lanes}
         self.end: dict[ActionKey, float] = {}
         self.free = [0.0] * problem.ranks
         self.held = [0.0] * problem.ranks
@@ -136,15 +137,15 @@ class _ListScheduler:
         """An F may be proposed when it fits (or a W could make room) and its stage is within its share."""
         if self.rules.fair_memory and self.limit != NEVER:
             share = self.limit / len(self.rank_lanes[r])
-            if self.lane_held[lane] + 1.0 > share + TOLERANCE:
+            if self.lane_held[lane] + self.grow[F][lane[1]] > share + TOLERANCE:
                 return False
-        return self.held[r] + 1.0 <= self.limit + TOLERANCE or self.has_w(r)
+        return self.held[r] + self.grow[F][lane[1]] <= self.limit + TOLERANCE or self.has_w(r)
 
     def ready_time(self, key: ActionKey, r: int) -> float | None:
         """When every input of ``key`` (``semantics.needs``) has arrived on rank r; None if one is not made."""
         stage, kind, mb, chain = key
         ready, end = 0.0, self.end
-        for producers, lane in self.inputs[(kind, stage, chain)]:
+        for producers, lane, latency in self.inputs[(kind, stage, chain)]:
             for producer_stage, made_by in producers:
                 done = end.get((producer_stage, made_by, mb, chain))
                 if done is not None:
@@ -152,7 +153,7 @@ class _ListScheduler:
             else:
                 return None
             if lane is not None and self.rank_of[lane] != r:
-                done += self.comm
+                done += latency
             if done > ready:
                 ready = done
         return ready
@@ -177,7 +178,7 @@ class _ListScheduler:
         s, kind, mb, c = key
         self.end[key] = start + self.cost[(kind, s)]
         self.free[r] = self.end[key]
-        self.held[r] += self.grow[kind]
-        self.lane_held[(c, s)] += self.grow[kind]
+        self.held[r] += self.grow[kind][s]
+        self.lane_held[(c, s)] += self.grow[kind][s]
         self.next[(kind, (c, s))] = mb + 1
         self.programs[r].append(key)

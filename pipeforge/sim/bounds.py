@@ -180,7 +180,7 @@ def compute_bounds(schedule: Schedule, costs: CostModel, memory: MemorySpec, *, 
 
     with gc_paused():  # the per-node lists die with _bounds_from_graph's frame, before the collector runs
         if graph is None:
-            graph, _ = compile_schedule(schedule, costs, memory.weights)
+            graph, _ = compile_schedule(schedule, costs, memory)
         return _bounds_from_graph(schedule, graph, memory, busy)
 
 
@@ -266,7 +266,8 @@ def _rank_bounds(schedule: Schedule, graph: WorkGraph, est: list[float], down: l
     whole = _whole_ranks(schedule, graph)
     return tuple(
         RankBound(r, busy[r], _finite(heads[r]), _finite(tails[r]), _finite_or_none(first_backward[r]),
-                  _finite_or_none(loops[r]), _forward_room(forwards[r], memory.limit), r in whole)
+                  _finite_or_none(loops[r]), _forward_room(forwards[r], memory.count_limit(memory.limit, schedule.stages)),
+                  r in whole)
         for r in range(schedule.ranks)
     )
 
@@ -431,10 +432,11 @@ def round_trip_idle(graph: WorkGraph, r: int, limit: float | None, paths: _Paths
     shape = _rank_shape(graph, paths or _Paths(graph, 0), r)
     if shape is None:
         return 0.0
-    limit = limit if limit is not None else float(shape.forwards)
+    stages = graph.shape.stages
+    limit = graph.memory.count_limit(limit, stages) if limit is not None else float(shape.forwards)
     first_burst = min(shape.forwards, math.floor(limit + TOLERANCE))
     head = max(0.0, shape.trip_to_i - first_burst * shape.longest_f)
-    tail = max(0.0, shape.least_lag - tail_work(shape, limit, graph.weights))
+    tail = max(0.0, shape.least_lag - tail_work(shape, limit, graph.memory.least_weights(stages)))
     if first_burst < shape.forwards:
         return head + tail
     return max(head, tail)

@@ -136,7 +136,7 @@ class Timeline:
         from pipeforge.sim.workgraph import Shape, compile_actions
 
         actions = [part for _, _, a in self.schedule.actions() if a.is_compute for part in split(a)]
-        work = compile_actions(Shape.of(self.schedule), actions, self.costs, self.memory.weights)
+        work = compile_actions(Shape.of(self.schedule), actions, self.costs, self.memory)
         return work_bound(work, self.work_limit)  # on the split work, as optimize searches it
 
     @property
@@ -220,7 +220,7 @@ def simulate(schedule: Schedule, costs: CostModel | None = None, *, memory: Memo
     costs = resolve_costs(schedule, costs)
     memory = memory or schedule.memory or MemorySpec()
     with gc_paused():
-        graph, order = compile_schedule(schedule, costs, memory.weights)
+        graph, order = compile_schedule(schedule, costs, memory)
         times = time_order(graph, order)
         if not times.finished(order):
             raise _stuck_error(schedule, graph, order, times)

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from pipeforge.ir import COMPUTE_KINDS, Action, CostModel, Placement, Schedule
-from pipeforge.semantics import ActionKey, memory_effect, needs
+from pipeforge.ir import COMPUTE_KINDS, Action, CostModel, MemorySpec, Placement, Schedule
+from pipeforge.semantics import ActionKey, needs
 from pipeforge.sim.costs import duration_table
 
 Order = tuple[tuple[int, ...], ...]
@@ -40,8 +40,8 @@ Dependency = tuple[int, float]  # (producer node, latency of the edge)
 class WorkGraph:
     """Compute actions as nodes: rank, duration, memory effect, dependencies with latency."""
 
-    def __init__(self, shape: Shape, actions: list[Action], costs: CostModel, weights: float):
-        self.shape, self.costs, self.weights = shape, costs, weights
+    def __init__(self, shape: Shape, actions: list[Action], costs: CostModel, memory: MemorySpec):
+        self.shape, self.costs, self.memory, self.weights = shape, costs, memory, memory.weights
         self.actions = actions
         self.index: dict[Action, int] = {}
         for node, action in enumerate(actions):
@@ -49,10 +49,10 @@ class WorkGraph:
         placements = shape.placements
         self.rank = [placements[a.chain].stage_to_rank[a.stage] for a in actions]
         self.duration = _durations(actions, costs, shape.stages)
-        effects = {kind: memory_effect(kind, weights) for kind in COMPUTE_KINDS}
-        self.added = [effects[a.kind][0] for a in actions]
-        self.released = [effects[a.kind][1] for a in actions]
-        self.delta = [effects[a.kind][0] - effects[a.kind][1] for a in actions]
+        effects = _memory_effects(actions, memory)
+        self.added = [effects[a.kind, a.stage][0] for a in actions]
+        self.released = [effects[a.kind, a.stage][1] for a in actions]
+        self.delta = [effects[a.kind, a.stage][0] - effects[a.kind, a.stage][1] for a in actions]
         self.phantoms: list[tuple[ActionKey, ...]] = []  # node len(actions) + k stands for phantoms[k]
         self.deps = self._dependencies(costs)
         self.waits = self.deps  # what the engine waits for (compile_schedule widens it for overlap steps)
@@ -113,6 +113,11 @@ class Shape(NamedTuple):
         return Shape(schedule.ranks, schedule.stages, schedule.microbatches, schedule.placements)
 
 
+def _memory_effects(actions: list[Action], memory: MemorySpec) -> dict[tuple, tuple[float, float]]:
+    """``(added, released)`` per (kind, stage) present (``MemorySpec.stage_effect``: semantics.MEMORY)."""
+    return {key: memory.stage_effect(*key) for key in {(a.kind, a.stage) for a in actions}}
+
+
 def _first_present(index: dict[Action, int], producers: tuple[ActionKey, ...]) -> int | None:
     for producer in producers:
         node = index.get(producer)
@@ -130,7 +135,7 @@ def _durations(actions: list[Action], costs: CostModel, stages: int) -> list[flo
     return found
 
 
-def compile_schedule(schedule: Schedule, costs: CostModel, weights: float) -> tuple[WorkGraph, Order]:
+def compile_schedule(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> tuple[WorkGraph, Order]:
     """A schedule's compute steps as a work graph (one node per compute action as written, in program
     order) and its order; overlap steps are kept (see the module doc)."""
     actions: list[Action] = []
@@ -148,7 +153,7 @@ def compile_schedule(schedule: Schedule, costs: CostModel, weights: float) -> tu
                 steps.append(index)
                 joins.append(position > 0)
         order.append(tuple(nodes))
-    graph = WorkGraph(Shape.of(schedule), actions, costs, weights)
+    graph = WorkGraph(Shape.of(schedule), actions, costs, memory)
     graph.step = steps
     if any(joins):
         graph.joins = joins
@@ -168,9 +173,9 @@ def _overlap_waits(deps: list[tuple[Dependency, ...]], joins: list[bool]) -> lis
     return waits
 
 
-def compile_actions(shape: Shape, actions, costs: CostModel, weights: float) -> WorkGraph:
+def compile_actions(shape: Shape, actions, costs: CostModel, memory: MemorySpec) -> WorkGraph:
     """A work graph of a set of compute actions, whatever their order: what the optimizers reorder."""
-    return WorkGraph(shape, canonical(actions), costs, weights)
+    return WorkGraph(shape, canonical(actions), costs, memory)
 
 
 def canonical(actions) -> list[Action]:
