@@ -125,7 +125,6 @@ def test_lower_knows_every_kind():
 def test_codegen_and_the_runtime_know_every_kind_they_run():
     from pipeforge.codegen import METHODS
 
-    torch = pytest.importorskip("torch")  # noqa: F841 (the runtime needs it)
     from pipeforge.runtime.context import RankContext
     from pipeforge.runtime.custom import HookedRankContext  # the context of FSDP hooks (UNSHARD, RESHARD)
 
