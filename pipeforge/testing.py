@@ -18,7 +18,7 @@ The compute order is therefore consistent by construction. ``mutations``
 breaks a schedule in one of the ways people break them by hand; the result is
 usually (not always) invalid.
 
-hypothesis is needed only by this module (``pip install hypothesis``).
+hypothesis is needed only by this module (``pip install 'pipeforge[testing]'``).
 """
 
 from __future__ import annotations
