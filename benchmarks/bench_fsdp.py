@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import pipeforge  # noqa: E402
-from pipeforge.codegen import codegen  # noqa: E402
+from pipeforge.generator import codegen  # noqa: E402
 from pipeforge.interop.torch_csv import read_csv_text, to_csv_text  # noqa: E402
 from pipeforge.runtime.launch import spawn  # noqa: E402
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
 import pipeforge  # noqa: E402
-from pipeforge.codegen import codegen  # noqa: E402
+from pipeforge.generator import codegen  # noqa: E402
 from pipeforge.runtime.launch import spawn  # noqa: E402
 
 # library schedule -> torch.distributed.pipelining class

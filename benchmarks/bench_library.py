@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeforge import library  # noqa: E402
 from pipeforge.ir import CostModel  # noqa: E402
 from pipeforge.sim import simulate  # noqa: E402
-from pipeforge.verify import verify  # noqa: E402
+from pipeforge.verifier import verify  # noqa: E402
 from tests.library.torch_orders import TORCH_TWINS, torch_schedule  # noqa: E402
 
 UNIT = CostModel()

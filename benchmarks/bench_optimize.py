@@ -24,7 +24,7 @@ from zb_profiles import TABLE_5 as PROFILES  # noqa: E402
 
 import pipeforge  # noqa: E402
 from pipeforge.ir import CostModel  # noqa: E402
-from pipeforge.optimize import optimize  # noqa: E402
+from pipeforge.optimizer import optimize  # noqa: E402
 
 ROW = {(row.model, row.m): row for row in PROFILES}
 ZB_COSTS = ROW[("1.5B", 24)].costs

@@ -29,9 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeforge.codegen import codegen  # noqa: E402
+from pipeforge.generator import codegen  # noqa: E402
 from pipeforge.library import load_library_schedule, names  # noqa: E402
-from pipeforge.load import load  # noqa: E402
+from pipeforge.inputs import load  # noqa: E402
 from pipeforge.runtime.profiling import TimingJob  # noqa: E402
 from pipeforge.runtime.launch import spawn  # noqa: E402
 from pipeforge.sim import simulate  # noqa: E402

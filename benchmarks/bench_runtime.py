@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pipeforge  # noqa: E402
-from pipeforge.codegen import codegen  # noqa: E402
+from pipeforge.generator import codegen  # noqa: E402
 from pipeforge.runtime.launch import spawn  # noqa: E402
 
 SCHEDULES = {"1f1b": ("1f1b", "Schedule1F1B", 1), "interleaved-1f1b": ("interleaved-1f1b", "ScheduleInterleaved1F1B", 2)}

@@ -46,9 +46,9 @@ from zb_profiles import TABLE_5, Row  # noqa: E402
 
 import pipeforge  # noqa: E402
 from pipeforge.ir import Action, ActionKind, CostModel, Placement  # noqa: E402
-from pipeforge.optimize import optimize  # noqa: E402
-from pipeforge.optimize.evaluate import Graph, Problem, evaluate  # noqa: E402
-from pipeforge.optimize.greedy import best_zero_bubble_order  # noqa: E402
+from pipeforge.optimizer import optimize  # noqa: E402
+from pipeforge.optimizer.evaluate import Graph, Problem, evaluate  # noqa: E402
+from pipeforge.optimizer.greedy import best_zero_bubble_order  # noqa: E402
 
 UNITS = (("ms", 1.0), ("us", 1000.0))
 SPEED_LIMIT = 2.0

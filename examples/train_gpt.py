@@ -7,7 +7,7 @@
 The steps, as in the README's "Train your model":
 
 1. a pipeline module: ``pipeforge codegen SCHEDULE -o gen/`` ahead of time
-   (``--module``), or generated here at startup (``pipeforge.codegen.generate``
+   (``--module``), or generated here at startup (``pipeforge.generator.generate``
    on rank 0, its text broadcast to the others);
 2. the stages this rank holds: ``module.stages_of_rank(rank)`` (stage indices,
    ascending; with a V or interleaved placement a rank holds several);
@@ -111,7 +111,7 @@ def generate_at_startup(schedule: str, ranks: int, microbatches: int):
     text = [None]
     if dist.get_rank() == 0:
         import pipeforge
-        from pipeforge.codegen import generate
+        from pipeforge.generator import generate
 
         text[0] = generate(pipeforge.load(schedule, defines={"P": ranks, "M": microbatches}))
     dist.broadcast_object_list(text, src=0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pipeforge.errors import PipeforgeError, PipeSyntaxError, SemanticError, UsageError, VerificationError
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Placement, Schedule, Step
-from pipeforge.load import load
+from pipeforge.inputs import load
 
 __version__ = "0.1.0"
 
@@ -40,7 +40,7 @@ def lower(schedule: Schedule) -> Schedule:
 
 def verify(schedule: Schedule, **options):
     """Check a schedule with the z3 model; returns a report with ``.valid`` and ``.violations``."""
-    from pipeforge.verify import verify as verify_schedule
+    from pipeforge.verifier import verify as verify_schedule
 
     return verify_schedule(schedule, **options)
 
@@ -53,12 +53,12 @@ def simulate(schedule: Schedule, costs: CostModel | None = None, **options):
 
 
 def optimize(schedule: Schedule, **options):
-    from pipeforge.optimize import optimize as optimize_schedule
+    from pipeforge.optimizer import optimize as optimize_schedule
 
     return optimize_schedule(schedule, **options)
 
 
 def codegen(schedule: Schedule, out_dir: str, **options):
-    from pipeforge.codegen import codegen as codegen_schedule
+    from pipeforge.generator import codegen as codegen_schedule
 
     return codegen_schedule(schedule, out_dir, **options)

@@ -51,10 +51,10 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch
 if torch.cuda.is_available():
     print("nccl", torch.cuda.nccl.version(), "gpu", torch.cuda.get_device_name(0))
 EOF
-if ! $PY -c 'import jinja2, lark, z3, pipeforge.codegen, pipeforge.verify' 2>/dev/null; then
+if ! $PY -c 'import jinja2, lark, z3, pipeforge.generator, pipeforge.verifier' 2>/dev/null; then
     echo "pipeforge's dependencies are missing: pip install -e . (no torch change)"
     timeout 120 $PY -m pip install -q --no-build-isolation -e . || true
-    $PY -c 'import jinja2, lark, z3, pipeforge.codegen, pipeforge.verify' || { echo "cannot import pipeforge"; exit 2; }
+    $PY -c 'import jinja2, lark, z3, pipeforge.generator, pipeforge.verifier' || { echo "cannot import pipeforge"; exit 2; }
 fi
 GPUS=$($PY -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')
 PF="$PY -m pipeforge"

@@ -53,7 +53,7 @@ CASES = {
 def predictions(microbatches: int, rows: list[list[str]]) -> dict[str, bool]:
     """Per semantics, whether pipeforge says the case completes."""
     from pipeforge.ir import Placement, Schedule, programs_from_tokens
-    from pipeforge.verify import verify
+    from pipeforge.verifier import verify
 
     schedule = Schedule("case", 2, 2, microbatches, (Placement.loop(2, 2),), programs_from_tokens(rows))
     return {semantics: verify(schedule, semantics=semantics).valid for semantics in SEMANTICS}

@@ -25,9 +25,9 @@ ROOT = PACKAGE.parent
 
 # dependency -> the package files (relative to pipeforge/, fnmatch patterns) that may import it
 ALLOWED = {
-    "z3": ("verify/model.py", "optimize/exact.py"),
+    "z3": ("verifier/model.py", "optimizer/exact.py"),
     "lark": ("lang/*.py",),
-    "jinja2": ("codegen.py",),
+    "jinja2": ("generator.py",),
     "torch": ("runtime/*.py", "commands/run.py", "profiling.py"),
     "hypothesis": ("testing.py",),
     "cairosvg": ("render/png.py",),
@@ -89,7 +89,7 @@ def test_loading_verifying_simulating_and_codegen_import_no_torch(tmp_path):
 
 
 def test_generated_code_imports_only_torch_and_the_runtime(tmp_path):
-    from pipeforge.codegen import codegen
+    from pipeforge.generator import codegen
 
     path = codegen(pipeforge.load("1f1b", defines={"P": 2, "M": 2}), tmp_path)
     tree = ast.parse(Path(path).read_text(encoding="utf-8"))

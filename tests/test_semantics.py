@@ -96,7 +96,7 @@ def one_of_each() -> Schedule:
 
 
 def test_verify_knows_every_kind():
-    from pipeforge.verify import verify
+    from pipeforge.verifier import verify
 
     report = verify(one_of_each(), certify=False)
     assert not report.valid and {v.kind for v in report.violations} <= {
@@ -123,7 +123,7 @@ def test_lower_knows_every_kind():
 
 
 def test_codegen_and_the_runtime_know_every_kind_they_run():
-    from pipeforge.codegen import METHODS
+    from pipeforge.generator import METHODS
 
     from pipeforge.runtime.context import RankContext
     from pipeforge.runtime.custom import HookedRankContext  # the context of FSDP hooks (UNSHARD, RESHARD)

@@ -32,7 +32,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeforge.codegen import codegen
+    from pipeforge.generator import codegen
 
     schedule = load_with_passes(args)
     path = codegen(schedule, args.out_dir, locations=not args.no_locations, name=args.name, force=args.force)

@@ -58,7 +58,7 @@ def check_width(width: int | None) -> None:
 
 def load_input(args: argparse.Namespace):
     """The Schedule that PATH and the flags name."""
-    from pipeforge.load import load
+    from pipeforge.inputs import load
 
     return load(
         args.path,

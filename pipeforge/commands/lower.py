@@ -87,7 +87,7 @@ def semantics_for(options) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from pipeforge.passes.pipeline import apply_passes
-    from pipeforge.verify import verify
+    from pipeforge.verifier import verify
 
     suffix = Path(args.output).suffix if args.output else ".pipe"
     if suffix not in SUFFIXES:

@@ -70,7 +70,7 @@ class ProgressLine:
 
 def run(args: argparse.Namespace) -> int:
     from pipeforge.lang.printer import print_schedule
-    from pipeforge.optimize import optimize
+    from pipeforge.optimizer import optimize
     from pipeforge.sim.costfile import with_cost_file
     from pipeforge.sim.costs import costs_for, memory_for
 
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 
 def report(result, output: str) -> str:
     """The human report: before, after and the bound side by side."""
-    from pipeforge.optimize.search import STOP_REASONS
+    from pipeforge.optimizer.search import STOP_REASONS
     from pipeforge.sim.bounds import WORK_SPACE
 
     before, after, schedule, limit = result.before, result.after, result.schedule, result.memory_limit

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     require_suffix(args.output, ".json")
     _check(args)
     require_torch()
-    from pipeforge.codegen import codegen
+    from pipeforge.generator import codegen
     from pipeforge.library import load_library_schedule
     from pipeforge.runtime.profiling import ProfileJob, cost_file
     from pipeforge.runtime.launch import spawn

@@ -44,7 +44,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeforge.codegen import codegen
+    from pipeforge.generator import codegen
 
     schedule = load_with_passes(args)
     nproc = args.nproc if args.nproc is not None else schedule.ranks

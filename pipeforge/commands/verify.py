@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check(args: argparse.Namespace) -> int:
-    from pipeforge.verify import verify
+    from pipeforge.verifier import verify
 
     try:
         schedule = load_input(args)
@@ -66,7 +66,7 @@ def check(args: argparse.Namespace) -> int:
 
 def csv_deadlock_hint(args: argparse.Namespace, schedule, report) -> str | None:
     """A torch CSV has no groups: each cell is its own batch, which rendezvous may find deadlocked."""
-    from pipeforge.verify import verify
+    from pipeforge.verifier import verify
 
     if not str(args.path).endswith(".csv") or args.semantics != "rendezvous" or report.kinds() != {"deadlock"}:
         return None

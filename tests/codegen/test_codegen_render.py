@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pipeforge
-from pipeforge.codegen import Ident, codegen, finalize, generate, module_name, render_module
+from pipeforge.generator import Ident, codegen, finalize, generate, module_name, render_module
 from pipeforge.errors import CodegenError, Span, UsageError, VerificationError
 from pipeforge.files import write_atomically
 from pipeforge.ir import Placement, Schedule, parse_step, programs_from_tokens
@@ -140,7 +140,7 @@ def test_unshard_and_reshard_become_runtime_calls():
 
 
 def test_every_action_kind_has_a_runtime_call():
-    from pipeforge.codegen import METHODS
+    from pipeforge.generator import METHODS
     from pipeforge.ir import ActionKind
 
     assert set(METHODS) == set(ActionKind)

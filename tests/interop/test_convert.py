@@ -107,7 +107,7 @@ def test_bidirectional_library_schedule_is_refused(tmp_path, capsys):
                                      "zb-h1", "zb-h2", "zbv", "v-min", "dualpipev"])
 def test_exported_communication_reads_back_valid(tmp_path, library):
     """torch has no groups: lowered groups become consecutive cells, and must still verify one op at a time."""
-    from pipeforge.verify import verify
+    from pipeforge.verifier import verify
 
     out = tmp_path / f"{library}.csv"
     assert main(["convert", library, str(out), "--format", "compute_comms"]) == 0

@@ -16,7 +16,7 @@ from pipeforge import library
 from pipeforge.errors import SemanticError
 from pipeforge.ir import ActionKind, Schedule
 from pipeforge.lang.printer import print_schedule
-from pipeforge.verify import verify
+from pipeforge.verifier import verify
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 

@@ -13,7 +13,7 @@ import pytest
 
 from pipeforge import library
 from pipeforge.ir import Action, ActionKind, Step
-from pipeforge.verify import verify
+from pipeforge.verifier import verify
 from tests.library.torch_orders import (
     TORCH_TEST_CASES, TORCH_TWINS, compute_programs, torch_cases, torch_programs, torch_schedule,
 )

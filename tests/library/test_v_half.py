@@ -23,7 +23,7 @@ from pipeforge.cli import main
 from pipeforge.errors import PipeforgeError
 from pipeforge.ir import ActionKind
 from pipeforge.sim import simulate
-from pipeforge.verify import verify
+from pipeforge.verifier import verify
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 

@@ -8,7 +8,7 @@ import random
 from hypothesis import strategies as st
 
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Placement, Schedule, Step
-from pipeforge.optimize.evaluate import Graph, Problem, evaluate
+from pipeforge.optimizer.evaluate import Graph, Problem, evaluate
 from pipeforge.semantics import needs
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W

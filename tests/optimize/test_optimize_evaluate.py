@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeforge.ir import ActionKind, CostModel, MemorySpec
-from pipeforge.optimize.evaluate import Graph, Problem, compute_actions, evaluate, is_complete, schedule_of
+from pipeforge.optimizer.evaluate import Graph, Problem, compute_actions, evaluate, is_complete, schedule_of
 from pipeforge.sim import simulate
 from tests.optimize.opt_instances import (
     costs_strategy, fused_work, make_schedule, one_f_one_b, random_programs, split_work,

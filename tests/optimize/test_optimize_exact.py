@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from pipeforge.ir import Action, ActionKind, CostModel, Placement
 from pipeforge.sim.bounds import bubble_lower_bound, busy_per_rank, span_lower_bound
-from pipeforge.optimize.evaluate import Graph, Problem, evaluate
-from pipeforge.optimize.exact import solve_exact
-from pipeforge.optimize.greedy import zero_bubble_orders
+from pipeforge.optimizer.evaluate import Graph, Problem, evaluate
+from pipeforge.optimizer.exact import solve_exact
+from pipeforge.optimizer.greedy import zero_bubble_orders
 from tests.optimize.opt_instances import brute_force_best_span, costs_strategy, one_f_one_b, split_work
 
 ZB_COSTS = CostModel(F=18.522, I=18.086, W=9.337, comm=0.601)
@@ -101,7 +101,7 @@ def laid_out(p, m, placement, limit, costs, weights=0.5):
 
 
 def any_order(graph):
-    from pipeforge.optimize.list_schedule import list_schedule_orders
+    from pipeforge.optimizer.list_schedule import list_schedule_orders
 
     orders = [tuple(graph.ids(list(r)) for r in keys) for _, keys in list_schedule_orders(graph.problem)]
     return min((o for o in orders if evaluate(graph, o).fits(graph.problem.memory_limit)),

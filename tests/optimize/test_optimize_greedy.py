@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeforge.ir import CostModel, Placement
-from pipeforge.optimize.evaluate import Graph, Problem, evaluate, is_complete
-from pipeforge.optimize.greedy import KNOB_SETTINGS, supports, zero_bubble_orders
+from pipeforge.optimizer.evaluate import Graph, Problem, evaluate, is_complete
+from pipeforge.optimizer.greedy import KNOB_SETTINGS, supports, zero_bubble_orders
 from tests.optimize.opt_instances import costs_strategy, split_work
 
 ZB_COSTS = CostModel(F=18.522, I=18.086, W=9.337, comm=0.601)

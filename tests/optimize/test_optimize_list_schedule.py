@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeforge.ir import Action, ActionKind, CostModel, Placement
-from pipeforge.optimize.evaluate import Graph, Problem, evaluate, is_complete
-from pipeforge.optimize.list_schedule import RULES, list_schedule_orders
+from pipeforge.optimizer.evaluate import Graph, Problem, evaluate, is_complete
+from pipeforge.optimizer.list_schedule import RULES, list_schedule_orders
 from tests.optimize.opt_instances import costs_strategy
 
 F, I, W = ActionKind.F, ActionKind.I, ActionKind.W

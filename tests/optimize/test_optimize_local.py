@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeforge.ir import CostModel, Placement
-from pipeforge.optimize.evaluate import Graph, Problem, evaluate, is_complete, simulate_order
-from pipeforge.optimize.local import _Searcher, local_search, relocate
+from pipeforge.optimizer.evaluate import Graph, Problem, evaluate, is_complete, simulate_order
+from pipeforge.optimizer.local import _Searcher, local_search, relocate
 from tests.optimize.opt_instances import costs_strategy, one_f_one_b, random_programs, split_work
 
 

@@ -10,12 +10,12 @@ import pipeforge
 from pipeforge.cli import main
 from pipeforge.errors import UsageError
 from pipeforge.ir import CostModel, Placement
-from pipeforge.optimize import optimize
-from pipeforge.optimize.evaluate import Problem
-from pipeforge.optimize.placement import Layout, chunk_costs, layouts
-from pipeforge.optimize.v_greedy import supports as v_supports
+from pipeforge.optimizer import optimize
+from pipeforge.optimizer.evaluate import Problem
+from pipeforge.optimizer.placement import Layout, chunk_costs, layouts
+from pipeforge.optimizer.v_greedy import supports as v_supports
 from pipeforge.sim import simulate
-from pipeforge.verify import verify
+from pipeforge.verifier import verify
 
 ZB_1_5B = CostModel(F=18.522, I=18.086, W=9.337, comm=0.601)
 AUTHORS_ZB_V = 0.07027  # the authors' zbv.py on this profile, m = 24, 1p, timed by pipeforge's evaluator

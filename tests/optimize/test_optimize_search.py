@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 import pipeforge
 from pipeforge.errors import UsageError, VerificationError
 from pipeforge.ir import Action, ActionKind, CostModel, Placement
-from pipeforge.optimize import optimize
+from pipeforge.optimizer import optimize
 from pipeforge.sim import simulate
-from pipeforge.verify import verify
+from pipeforge.verifier import verify
 from tests.optimize.opt_instances import (
     costs_strategy, fused_work, make_schedule, one_f_one_b, random_programs, split_work,
 )

@@ -9,11 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeforge.ir import CostModel, Placement
-from pipeforge.optimize import optimize
-from pipeforge.optimize.evaluate import Problem
-from pipeforge.optimize.greedy import zero_bubble_orders
-from pipeforge.optimize.list_schedule import list_schedule_orders
-from pipeforge.optimize.units import GRID, integer_units
+from pipeforge.optimizer import optimize
+from pipeforge.optimizer.evaluate import Problem
+from pipeforge.optimizer.greedy import zero_bubble_orders
+from pipeforge.optimizer.list_schedule import list_schedule_orders
+from pipeforge.optimizer.units import GRID, integer_units
 from tests.optimize.opt_instances import make_schedule, one_f_one_b
 
 ARXIV_14B = (11.347, 11.248, 8.132, 0.377)  # the Zero Bubble paper's 14.6B profile, ms

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pipeforge.errors import Span
 from pipeforge.ir import ActionKind, Placement, Schedule, Step, format_grid, parse_step, programs_from_tokens
 from pipeforge.passes.lower import lower, lower_with_origins
-from pipeforge.verify import verify
+from pipeforge.verifier import verify
 
 HYPOTHESIS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -10,7 +10,7 @@ import pipeforge
 from pipeforge.cli import main
 from pipeforge.interop.torch_csv import read_csv_text, to_csv_text
 from pipeforge.passes import PassOptions, apply_passes
-from pipeforge.verify import verify
+from pipeforge.verifier import verify
 
 SMALL = ["-D", "P=3", "-D", "M=4"]
 

@@ -22,7 +22,7 @@ import pipeforge.testing as pt
 from pipeforge.ir import ActionKind, Schedule, format_grid
 from pipeforge.passes import apply_passes, defer_recv, lower, merge_bw, reduce_grad, unshard
 from pipeforge.passes.pipeline import PassOptions
-from pipeforge.verify import verify
+from pipeforge.verifier import verify
 
 K = ActionKind
 PROPERTY = settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), database=None)

@@ -22,7 +22,7 @@ from torch.distributed.pipelining import schedules as ts
 from pipeforge.interop.torch_csv import read_csv_text
 from pipeforge.ir import Schedule
 from pipeforge.passes import PassOptions, apply_passes, defer_recv, merge_bw, reduce_grad, unshard
-from pipeforge.verify import verify
+from pipeforge.verifier import verify
 from tests.library.torch_orders import TORCH_TEST_CASES, torch_schedule
 from tests.torch_stages import build_torch_schedule
 

@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 
 import pipeforge
-from pipeforge.codegen import codegen
+from pipeforge.generator import codegen
 from pipeforge.passes import PassOptions, apply_passes, lower
 from pipeforge.runtime.custom import KINDS, custom_functions
 from pipeforge.runtime.launch import spawn

@@ -14,7 +14,7 @@ import pytest
 
 import pipeforge
 import pipeforge.runtime.models
-from pipeforge.codegen import codegen
+from pipeforge.generator import codegen
 from pipeforge.library import names
 from pipeforge.runtime.launch import spawn, summarize
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import pipeforge
-from pipeforge.codegen import codegen
+from pipeforge.generator import codegen
 from pipeforge.runtime.launch import spawn
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import pipeforge
-from pipeforge.codegen import codegen
+from pipeforge.generator import codegen
 from pipeforge.interop.torch_csv import read_csv_text, to_csv_text
 from pipeforge.runtime.launch import spawn
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import pipeforge
-from pipeforge.codegen import codegen
+from pipeforge.generator import codegen
 from pipeforge.ir import MemorySpec
 from pipeforge.library import names
 from pipeforge.runtime.launch import spawn

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pipeforge.testing
-from pipeforge.codegen import codegen
+from pipeforge.generator import codegen
 from pipeforge.runtime.launch import spawn, summarize
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import pipeforge
-from pipeforge.codegen import codegen
+from pipeforge.generator import codegen
 from pipeforge.runtime.launch import spawn
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]

@@ -138,7 +138,7 @@ def test_a_makespan_optimal_fused_order_shows_no_bubble_gap_either(name, defines
                                                   ("dualpipev", {"P": 4, "M": 8}, None)])
 def test_simulate_and_optimize_report_the_same_bound_on_every_schedule_of_the_work(name, defines, limit):
     from pipeforge.library import load_library_schedule
-    from pipeforge.optimize import optimize
+    from pipeforge.optimizer import optimize
 
     schedule = load_library_schedule(name, defines)
     timeline = simulate(schedule, memory=MemorySpec(limit) if limit is not None else None)

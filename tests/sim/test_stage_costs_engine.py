@@ -8,9 +8,9 @@ import pytest
 
 from pipeforge.ir import CostModel, MemorySpec
 from pipeforge.library import load_library_schedule
-from pipeforge.optimize import optimize
-from pipeforge.optimize.placement import chunk_costs
-from pipeforge.optimize.units import integer_units
+from pipeforge.optimizer import optimize
+from pipeforge.optimizer.placement import chunk_costs
+from pipeforge.optimizer.units import integer_units
 from pipeforge.sim import simulate
 
 

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 from pipeforge.ir import Placement, Schedule, programs_from_tokens
 from pipeforge.passes.lower import lower_with_origins
-from pipeforge.verify.matching import pair_ops
-from pipeforge.verify.model import check_certificate, smt_of, unsat_core
-from pipeforge.verify.program import Program
-from pipeforge.verify.timing import Stuck, Timing, group_slots, model_constraints, run
+from pipeforge.verifier.matching import pair_ops
+from pipeforge.verifier.model import check_certificate, smt_of, unsat_core
+from pipeforge.verifier.program import Program
+from pipeforge.verifier.timing import Stuck, Timing, group_slots, model_constraints, run
 
 
 def program_of(rows, stages=2, microbatches=1) -> Program:

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pipeforge.testing as pt
-import pipeforge.verify as verify_module
+import pipeforge.verifier as verify_module
 from pipeforge.ir import Action, ActionKind, Placement, Schedule, format_grid, programs_from_tokens
 from tests.verify.oracle import oracle
 

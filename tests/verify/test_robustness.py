@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeforge.ir import Action, ActionKind, Placement, Schedule, Step
-from pipeforge.verify import KINDS, verify
+from pipeforge.verifier import KINDS, verify
 
 SOME = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 COMPUTE = [ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W]

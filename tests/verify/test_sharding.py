@@ -20,7 +20,7 @@ from pipeforge.interop.torch_csv import read_csv_text
 from pipeforge.ir import MemorySpec, Placement, Schedule, format_grid, programs_from_tokens
 from pipeforge.lang.printer import print_schedule
 from pipeforge.passes import reduce_grad, unshard
-from pipeforge.verify import verify
+from pipeforge.verifier import verify
 from tests.verify.oracle import oracle
 from tests.verify.test_oracle_agreement import kinds_agree  # which kinds the spec fixes
 

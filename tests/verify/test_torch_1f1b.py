@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from pipeforge.ir import ActionKind, Placement, Schedule, programs_from_tokens
-from pipeforge.verify import verify
+from pipeforge.verifier import verify
 from tests import torch_stages
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from pipeforge.errors import Span
 from pipeforge.ir import MemorySpec, Placement, Schedule, Step, programs_from_tokens
-from pipeforge.verify import KINDS, verify
+from pipeforge.verifier import KINDS, verify
 
 
 def schedule_of(rows, ranks=2, stages=2, microbatches=1, placement=None, chains=None) -> Schedule:
@@ -280,8 +280,8 @@ def test_z3_decides_with_free_start_times_by_default_on_small_schedules():
 def test_an_event_pass_that_disagrees_with_z3_is_an_internal_error(monkeypatch):
     """Fault injection: an event pass that calls a deadlocked schedule valid (its timing ignores
     the cycle) must not yield a verdict; z3, deciding, finds the model unsatisfiable."""
-    import pipeforge.verify as verify_package
-    from pipeforge.verify.timing import Timing
+    import pipeforge.verifier as verify_package
+    from pipeforge.verifier.timing import Timing
 
     def blind(program, pairing, semantics):
         rows = tuple(tuple(range(len(row))) for row in program.slots)
@@ -294,9 +294,9 @@ def test_an_event_pass_that_disagrees_with_z3_is_an_internal_error(monkeypatch):
 
 
 def test_a_plain_pass_that_disagrees_with_z3_on_order_is_an_internal_error(monkeypatch):
-    import pipeforge.verify as verify_package
+    import pipeforge.verifier as verify_package
 
-    import pipeforge.verify.structure as structure
+    import pipeforge.verifier.structure as structure
 
     monkeypatch.setattr(structure, "check_order", lambda program: [])  # a plain pass that misses the error
     with pytest.raises(verify_package.VerifierDisagreement):

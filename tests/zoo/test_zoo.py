@@ -17,7 +17,7 @@ import math
 import pytest
 
 import pipeforge
-from pipeforge.codegen import codegen
+from pipeforge.generator import codegen
 from pipeforge.library import names
 from pipeforge.runtime.launch import spawn
 from tests.zoo.harness import TORCH_SCHEDULES, Case

@@ -19,12 +19,12 @@ from pipeforge._gc import gc_paused
 from pipeforge.errors import UsageError
 from pipeforge.ir import MemorySpec, Schedule
 from pipeforge.passes.lower import lower_with_origins
-from pipeforge.verify.deadlock import deadlock_violation
-from pipeforge.verify.matching import check_matching, check_memory, pair_ops
-from pipeforge.verify.program import Program
-from pipeforge.verify.report import KINDS, Hop, Report, Stats, Violation
-from pipeforge.verify.structure import check_structure
-from pipeforge.verify.timing import Stuck, group_slots, model_constraints, run
+from pipeforge.verifier.deadlock import deadlock_violation
+from pipeforge.verifier.matching import check_matching, check_memory, pair_ops
+from pipeforge.verifier.program import Program
+from pipeforge.verifier.report import KINDS, Hop, Report, Stats, Violation
+from pipeforge.verifier.structure import check_structure
+from pipeforge.verifier.timing import Stuck, group_slots, model_constraints, run
 
 SEMANTICS = ("rendezvous", "buffered", "nccl")
 
@@ -102,9 +102,9 @@ def establishment(solved: bool, structure_by_z3: bool, certified: bool, deadlock
 
 def decide_structure(program: Program) -> None:
     """z3 decides data dependencies and completeness too; they must agree with the plain passes."""
-    from pipeforge.verify.model import satisfiable
-    from pipeforge.verify.obligations import completeness_text, order_texts
-    from pipeforge.verify.structure import check_missing, check_needed_comms, check_order, microbatch_chains
+    from pipeforge.verifier.model import satisfiable
+    from pipeforge.verifier.obligations import completeness_text, order_texts
+    from pipeforge.verifier.structure import check_missing, check_needed_comms, check_order, microbatch_chains
 
     missing = check_missing(program, microbatch_chains(program))
     if program.as_written:
@@ -122,7 +122,7 @@ def group_count(program: Program) -> int:
 
 def decide_timing(program: Program, pairing, semantics: str, outcome) -> bool:
     """z3 decides the timing model with free start times; it must agree with the event pass."""
-    from pipeforge.verify.model import decide
+    from pipeforge.verifier.model import decide
 
     seed = None if isinstance(outcome, Stuck) else outcome
     decision = decide(model_constraints(program, pairing, semantics), seed)
@@ -144,7 +144,7 @@ def static_violations(program: Program, pairing, schedule: Schedule, memory_limi
 
 
 def check_timing(program: Program, pairing, semantics: str, timing) -> bool:
-    from pipeforge.verify.model import check_certificate
+    from pipeforge.verifier.model import check_certificate
 
     certificate = check_certificate(group_slots(program), model_constraints(program, pairing, semantics), timing)
     if not certificate.checked:
@@ -153,14 +153,9 @@ def check_timing(program: Program, pairing, semantics: str, timing) -> bool:
 
 
 def deadlock_core(stuck: Stuck):
-    from pipeforge.verify.model import unsat_core
+    from pipeforge.verifier.model import unsat_core
 
     core = unsat_core(stuck.cycle_constraints())
     if core is None:
         raise RuntimeError("internal error: z3 finds the wait cycle the event pass reported satisfiable")
     return core
-
-
-from pipeforge._callable import make_callable  # noqa: E402
-
-make_callable(__name__)  # pipeforge.verify(...) calls verify()

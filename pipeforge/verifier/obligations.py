@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from pipeforge.ir import COMPUTE_KINDS
 from pipeforge.semantics import ActionKey, local_needs
-from pipeforge.verify.program import Program
-from pipeforge.verify.structure import needed_comms, present_compute
+from pipeforge.verifier.program import Program
+from pipeforge.verifier.structure import needed_comms, present_compute
 
 
 def order_texts(program: Program) -> list[str]:

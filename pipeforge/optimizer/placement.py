@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from pipeforge.errors import Argument, ArgumentError, UsageError, words
 from pipeforge.ir import CostModel, MemorySpec, Placement, Schedule, Step
-from pipeforge.optimize.evaluate import Problem
+from pipeforge.optimizer.evaluate import Problem
 
 PLACEMENTS = ("keep", "loop", "v", "interleaved", "any")
 

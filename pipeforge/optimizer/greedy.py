@@ -28,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pipeforge.ir import Action, ActionKind, as_action
-from pipeforge.optimize.evaluate import Problem, stage_growth
-from pipeforge.optimize.units import integer_units
+from pipeforge.optimizer.evaluate import Problem, stage_growth
+from pipeforge.optimizer.units import integer_units
 from pipeforge.semantics import ActionKey, needs
 
 # Kinds as their letters: the builder keys dicts by kind in its hot loop, and an exact str hashes

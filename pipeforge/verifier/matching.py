@@ -10,9 +10,9 @@ from typing import NamedTuple
 from pipeforge.ir import ActionKind, MemorySpec
 from pipeforge.semantics import MEMORY, PEER_OFFSET, SENDS, ActionKey, memory_effect
 from pipeforge.semantics import partner as partner_key
-from pipeforge.verify.program import Program, Slot, text_of, violation_at
-from pipeforge.verify.report import Violation
-from pipeforge.verify.sharding import parameter_memory
+from pipeforge.verifier.program import Program, Slot, text_of, violation_at
+from pipeforge.verifier.report import Violation
+from pipeforge.verifier.sharding import parameter_memory
 
 
 class Op(NamedTuple):

@@ -9,10 +9,6 @@ the layouts they may choose, and ``search`` the driver that runs them and
 verifies the result.
 """
 
-from pipeforge.optimize.search import STRATEGIES, Metrics, OptimizeResult, optimize
+from pipeforge.optimizer.search import STRATEGIES, Metrics, OptimizeResult, optimize
 
 __all__ = ["Metrics", "OptimizeResult", "STRATEGIES", "optimize"]
-
-from pipeforge._callable import make_callable  # noqa: E402
-
-make_callable(__name__)  # pipeforge.optimize(...) calls optimize()

@@ -30,8 +30,8 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
-from pipeforge.verify.matching import Op, Pairing
-from pipeforge.verify.program import Program, Slot, partner_key, text_of
+from pipeforge.verifier.matching import Op, Pairing
+from pipeforge.verifier.program import Program, Slot, partner_key, text_of
 
 SlotRef = tuple[int, int]  # a slot, as (rank, slot number)
 Constraint = tuple

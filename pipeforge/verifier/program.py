@@ -9,7 +9,7 @@ from pipeforge.errors import Span
 from pipeforge.ir import COMM_KINDS, Schedule, Step, as_action
 from pipeforge.semantics import PEER_OFFSET, ActionKey
 from pipeforge.semantics import partner as partner_key  # noqa: F401 (matching and timing use it from here)
-from pipeforge.verify.report import Violation
+from pipeforge.verifier.report import Violation
 
 
 def text_of(key: ActionKey) -> str:

@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass, replace
 
 from pipeforge.ir import ActionKind
-from pipeforge.optimize.evaluate import TOLERANCE, Problem, stage_growth
-from pipeforge.optimize.units import integer_units
+from pipeforge.optimizer.evaluate import TOLERANCE, Problem, stage_growth
+from pipeforge.optimizer.units import integer_units
 from pipeforge.semantics import ActionKey, needs
 
 # Kinds as their letters: dict keys in the hot loop, where an exact str hashes fastest. A key

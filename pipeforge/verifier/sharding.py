@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from pipeforge.ir import COMPUTE_KINDS, STAGE_ONLY_KINDS, ActionKind
 from pipeforge.semantics import GRADIENT_KINDS, ActionKey
-from pipeforge.verify.program import Program, Slot, text_of, violation_at
-from pipeforge.verify.report import Violation
+from pipeforge.verifier.program import Program, Slot, text_of, violation_at
+from pipeforge.verifier.report import Violation
 
 SHARDING = frozenset({ActionKind.UNSHARD, ActionKind.RESHARD})
 

@@ -219,7 +219,7 @@ def generate(schedule: Schedule, *, locations: bool = True) -> str:
     are the ones ``pipeforge verify`` reports for the same input.
     """
     from pipeforge.passes.lower import lower_with_origins
-    from pipeforge.verify import verify
+    from pipeforge.verifier import verify
 
     report = verify(schedule)
     if not report.valid:
@@ -310,8 +310,3 @@ def _report_text(report: object) -> str:
     if callable(render):
         return render()
     return "\n".join(f"  {v}" for v in getattr(report, "violations", ())) or f"  {report}"
-
-
-from pipeforge._callable import make_callable  # noqa: E402
-
-make_callable(__name__)  # pipeforge.codegen(...) calls codegen()

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pipeforge.ir import Schedule, format_grid
-from pipeforge.verify.program import Program
-from pipeforge.verify.report import Hop, Violation, describe_cycle
-from pipeforge.verify.timing import Constraint, Stuck
+from pipeforge.verifier.program import Program
+from pipeforge.verifier.report import Hop, Violation, describe_cycle
+from pipeforge.verifier.timing import Constraint, Stuck
 
 
 def deadlock_violation(program: Program, stuck: Stuck, written: Schedule,

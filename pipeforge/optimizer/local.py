@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipeforge.ir import ActionKind
-from pipeforge.optimize.evaluate import TOLERANCE, Evaluation, Graph, Order, metrics, simulate_order
+from pipeforge.optimizer.evaluate import TOLERANCE, Evaluation, Graph, Order, metrics, simulate_order
 from pipeforge.sim.workgraph import Times
 
 Progress = Callable[[float, str], None]

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pipeforge.ir import ActionKind
 from pipeforge.semantics import EXCLUDES, GRADIENT_KINDS, PEER_OFFSET, ActionKey, local_needs, output, role
-from pipeforge.verify.program import Program, Slot, text_of, violation_at
-from pipeforge.verify.report import Violation
-from pipeforge.verify.sharding import check_sharding, stage_only_placement_problem
+from pipeforge.verifier.program import Program, Slot, text_of, violation_at
+from pipeforge.verifier.report import Violation
+from pipeforge.verifier.sharding import check_sharding, stage_only_placement_problem
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
 

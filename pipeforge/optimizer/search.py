@@ -45,13 +45,13 @@ from pipeforge.errors import Argument, ArgumentError, UsageError, VerificationEr
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step
 from pipeforge.semantics import COMPLETE, split
 from pipeforge.sim.bounds import WorkBound, bubble_of_span, span_lower_bound
-from pipeforge.optimize.evaluate import (
+from pipeforge.optimizer.evaluate import (
     Evaluation, Graph, Order, Problem, compute_actions, evaluate, is_complete, schedule_of,
 )
-from pipeforge.optimize.placement import (
+from pipeforge.optimizer.placement import (
     PLACEMENTS, Layout, chunk_costs, common_chunks, laid_out_schedule, layouts, scale_costs,
 )
-from pipeforge.optimize.units import integer_units
+from pipeforge.optimizer.units import integer_units
 
 STRATEGIES = ("auto", "greedy", "local", "exact")
 STOP_REASONS = {
@@ -230,7 +230,7 @@ def _start_layout(compute: Schedule, base: Problem, layout: Layout, strategy: st
 
 
 def _require_exact_size(split: Graph) -> None:
-    from pipeforge.optimize.exact import MAX_ORDER_PAIRS, order_pairs
+    from pipeforge.optimizer.exact import MAX_ORDER_PAIRS, order_pairs
 
     pairs = order_pairs(split)
     if pairs > MAX_ORDER_PAIRS:
@@ -318,7 +318,7 @@ class _Search:
 
     def greedy(self, required: bool, bound: float) -> None:
         """The Zero Bubble scheduler where it applies; list scheduling for other placements and small cases."""
-        from pipeforge.optimize import greedy, list_schedule, v_greedy
+        from pipeforge.optimizer import greedy, list_schedule, v_greedy
 
         zero_bubble = greedy.supports(self.problem) or v_greedy.supports(self.problem)
         size = len(self.split.actions)
@@ -348,7 +348,7 @@ class _Search:
             self.offer(_Candidate(self.split, order, evaluation, found_by))
 
     def local(self, start: _Candidate | None, seconds: float, bound: float) -> None:
-        from pipeforge.optimize.local import local_search
+        from pipeforge.optimizer.local import local_search
 
         if start is None or seconds <= 0:
             return
@@ -359,7 +359,7 @@ class _Search:
 
     def exact(self, bound: float) -> float:
         """Run z3 from the best order so far on the split work; returns its proven span bound."""
-        from pipeforge.optimize.exact import TooLarge, solve_exact
+        from pipeforge.optimizer.exact import TooLarge, solve_exact
 
         incumbent = self.best if self.best is not None and self.best.graph is self.split else None
         if incumbent is None or self.left() <= 0:
@@ -465,7 +465,7 @@ def _verify(result: Schedule, memory_limit: float | None, candidate: _Candidate)
     Two independent checks: the optimizer's own (every action once on its rank,
     the ASAP run finishes, the program-order memory fits) and ``pipeforge.verify``.
     """
-    from pipeforge.verify import verify
+    from pipeforge.verifier import verify
 
     graph, order, evaluation = candidate.graph, candidate.order, candidate.evaluation
     if not is_complete(graph, order) or evaluation is None or not evaluation.fits(memory_limit):

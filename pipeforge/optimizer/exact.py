@@ -1,7 +1,7 @@
 """Exact search for small instances: a z3 model of every order, bisection on the worst span.
 
 Why this is the second module that imports z3 (STYLE.md keeps z3 in
-``pipeforge/verify/model.py``): the verifier asks z3 whether *one given* order
+``pipeforge/verifier/model.py``): the verifier asks z3 whether *one given* order
 can run; here z3 *chooses* the order, which is a different model (a Boolean
 per pair of actions on a rank, a start time per action, an objective) with a
 different life cycle (many incremental checks under a deadline). z3 is already
@@ -43,7 +43,7 @@ from fractions import Fraction
 
 import z3
 
-from pipeforge.optimize.evaluate import Graph, Order, evaluate
+from pipeforge.optimizer.evaluate import Graph, Order, evaluate
 
 RELATIVE_TOLERANCE = 1e-7
 

@@ -31,9 +31,9 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from pipeforge.ir import ActionKind, Placement
-from pipeforge.optimize.evaluate import Problem
+from pipeforge.optimizer.evaluate import Problem
 from pipeforge.semantics import ActionKey, memory_delta
-from pipeforge.optimize.units import integer_units
+from pipeforge.optimizer.units import integer_units
 
 F, I, W = ActionKind.F.value, ActionKind.I.value, ActionKind.W.value
 DOWN, UP = 0, 1        # a rank's chunk on the way down (stage i) and back up (stage 2p-1-i)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import z3
 
-from pipeforge.verify.timing import Constraint, Timing
+from pipeforge.verifier.timing import Constraint, Timing
 
 
 @dataclass(frozen=True)
