@@ -119,46 +119,32 @@ def check_memory(program: Program, limit: float | None, weights: float, unsharde
     for kind, value in params_released.items():
         effect[kind] = (effect[kind][0], effect[kind][1] + value)
     if memory is not None and not memory.uniform:
-        added = {kind: value[0] for kind, value in effect.items()}
-        release = {kind: value[1] for kind, value in effect.items()}
-        return _check_stage_memory(program, limit, memory, added, release)
+        stage_sized = {kind.value for kind in (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W)}
+
+        def effect_of(key) -> tuple[float, float]:
+            if key[1] in stage_sized:
+                return memory.stage_effect(ActionKind(key[1]), key[0])
+            return effect.get(key[1], (0.0, 0.0))
+
+        return _first_over_limit(program, limit, effect_of, "M_B of activations")
+    what = "microbatches of activations" + (" and unsharded parameters" if unsharded else "")
+    return _first_over_limit(program, limit, lambda key: effect[key[1]], what)
+
+
+def _first_over_limit(program: Program, limit: float, effect_of, what: str) -> list[Violation]:
+    """Per rank, the first step whose additions (an overlap step's count first) take the held memory
+    over ``limit``; ``effect_of(key)`` is an action's (added, released)."""
     found = []
     for row in program.slots:
         held = 0.0
         for slot in row:
             if slot.group:
                 continue
-            effects = [effect[key[1]] for key in slot.acts]
-            held += sum(added for added, _ in effects)  # an overlap step's additions count first
+            effects = [effect_of(key) for key in slot.acts]
+            held += sum(added for added, _ in effects)
             if held > limit + 1e-9:
-                what = "microbatches of activations" + (" and unsharded parameters" if unsharded else "")
                 found.append(violation_at("memory", f"rank {slot.rank} holds {held:g} {what} at {slot.text}, "
                                           f"over the limit {limit:g}", slot))
                 break
             held -= sum(released for _, released in effects)
-    return found
-
-
-def _check_stage_memory(program: Program, limit: float, memory: MemorySpec, added: dict, release: dict) -> list[Violation]:
-    """``check_memory`` with each compute action's memory by its stage (``MemorySpec.stage_effect``)."""
-    compute = {kind.value for kind in (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W)}
-
-    def effect(key) -> tuple[float, float]:
-        if key[1] in compute:
-            return memory.stage_effect(ActionKind(key[1]), key[0])
-        return added.get(key[1], 0.0), release.get(key[1], 0.0)
-
-    found = []
-    for row in program.slots:
-        held = 0.0
-        for slot in row:
-            if slot.group:
-                continue
-            effects = [effect(key) for key in slot.acts]
-            held += sum(a for a, _ in effects)
-            if held > limit + 1e-9:
-                found.append(violation_at("memory", f"rank {slot.rank} holds {held:g} M_B of activations at "
-                                          f"{slot.text}, over the limit {limit:g}", slot))
-                break
-            held -= sum(r for _, r in effects)
     return found
