@@ -74,19 +74,23 @@ def _name(tree: Tree, file: Source) -> Eval:
     return lookup
 
 
+def _combine(op: Callable[[object, object], object], a: object, b: object, where: str, span: Span) -> object:
+    """``op(a, b)``, with the language's errors for operands it cannot combine and results too large."""
+    try:
+        return op(a, b)
+    except TypeError:
+        raise SemanticError(f"cannot combine {describe(a)} and {describe(b)} {where}", span) from None
+    except OverflowError:
+        raise SemanticError("the result is too large a number", span) from None
+
+
 def _arithmetic(op: Callable[[object, object], object]) -> Callable[[Tree, Source], Eval]:
     def build(tree: Tree, file: Source) -> Eval:
         left, right = (compile_expr(child, file) for child in tree.children)
         span = span_of(tree, file)
 
         def apply(env: Env) -> object:
-            a, b = left(env), right(env)
-            try:
-                return op(a, b)
-            except TypeError:
-                raise SemanticError(f"cannot combine {describe(a)} and {describe(b)} here", span) from None
-            except OverflowError:
-                raise SemanticError("the result is too large a number", span) from None
+            return _combine(op, left(env), right(env), "here", span)
 
         return apply
 
@@ -103,12 +107,7 @@ def _division(op: Callable[[object, object], object], symbol: str) -> Callable[[
             a, b = left(env), right(env)
             if b == 0:
                 raise SemanticError(f"division by zero: the right side of {symbol!r} is 0", divisor_span)
-            try:
-                return op(a, b)
-            except TypeError:
-                raise SemanticError(f"cannot combine {describe(a)} and {describe(b)} with {symbol!r}", span) from None
-            except OverflowError:
-                raise SemanticError("the result is too large a number", span) from None
+            return _combine(op, a, b, f"with {symbol!r}", span)
 
         return apply
 

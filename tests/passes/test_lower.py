@@ -11,6 +11,7 @@ from pipeforge.errors import Span
 from pipeforge.ir import ActionKind, Placement, Schedule, Step, format_grid, parse_step, programs_from_tokens
 from pipeforge.passes.lower import lower, lower_with_origins
 from pipeforge.verifier import verify
+from tests.sim.sim_orders import inputs_done
 
 HYPOTHESIS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -159,16 +160,6 @@ def all_actions(stages: int, microbatches: int, split: dict) -> list[tuple[str, 
             found.append(("F", s, m))
             found.extend([("I", s, m), ("W", s, m)] if split[(s, m)] else [("B", s, m)])
     return found
-
-
-def inputs_done(action: tuple[str, int, int], done: set, stages: int) -> bool:
-    kind, s, m = action
-    if kind == "F":
-        return s == 0 or ("F", s - 1, m) in done
-    if kind == "W":
-        return ("I", s, m) in done
-    upstream = s == stages - 1 or ("B", s + 1, m) in done or ("I", s + 1, m) in done
-    return ("F", s, m) in done and upstream
 
 
 @HYPOTHESIS

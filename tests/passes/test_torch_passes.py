@@ -66,32 +66,32 @@ def ours(schedule: Schedule, rank: int) -> list[str]:
     return [str(step) for step in schedule.programs[rank] if not step.is_idle]
 
 
+def assert_same_orders(mine: Schedule, torch_sched, torch_pass) -> None:
+    """Every rank's steps of ``mine`` equal ``torch_pass`` applied to torch's order of that rank."""
+    for rank, order in torch_sched.pipeline_order.items():
+        assert ours(mine, rank) == cells(torch_pass(list(order))), f"rank {rank}"
+
+
 @pytest.mark.parametrize("bound", [1, 2, 3, 4])
 @pytest.mark.parametrize("name, ranks, microbatches, per_rank", cases(RUNTIME))
 def test_unshard_equals_torch(name, ranks, microbatches, per_rank, bound):
     torch_sched = torch_or_skip(name, ranks, microbatches, per_rank)
     mine = unshard(torch_schedule(name, ranks, microbatches, per_rank), bound)
-    for rank in range(ranks):
-        theirs = cells(ts._add_unshard_reshard(list(torch_sched.pipeline_order[rank]), bound))
-        assert ours(mine, rank) == theirs, f"rank {rank}"
+    assert_same_orders(mine, torch_sched, lambda order: ts._add_unshard_reshard(order, bound))
 
 
 @pytest.mark.parametrize("name, ranks, microbatches, per_rank", cases(RUNTIME))
 def test_reduce_grad_equals_torch(name, ranks, microbatches, per_rank):
     torch_sched = torch_or_skip(name, ranks, microbatches, per_rank)
     mine = reduce_grad(torch_schedule(name, ranks, microbatches, per_rank))
-    for rank in range(ranks):
-        theirs = cells(ts._add_reduce_grad(list(torch_sched.pipeline_order[rank]), microbatches))
-        assert ours(mine, rank) == theirs, f"rank {rank}"
+    assert_same_orders(mine, torch_sched, lambda order: ts._add_reduce_grad(order, microbatches))
 
 
 @pytest.mark.parametrize("name, ranks, microbatches, per_rank", cases(SPLIT_BACKWARD))
 def test_merge_bw_equals_torch(name, ranks, microbatches, per_rank):
     torch_sched = torch_or_skip(name, ranks, microbatches, per_rank)
     mine = merge_bw(torch_schedule(name, ranks, microbatches, per_rank))
-    for rank in range(ranks):
-        theirs = cells(ts._merge_bw(list(torch_sched.pipeline_order[rank])))
-        assert ours(mine, rank) == theirs, f"rank {rank}"
+    assert_same_orders(mine, torch_sched, ts._merge_bw)
     if name == "ScheduleZBVZeroBubble":  # its steady state runs I then W of one microbatch back to back
         assert any(step.actions[0].kind.value == "B" for _, _, step in mine.steps() if step.actions)
 

@@ -44,7 +44,7 @@ def random_consistent(seed: int, ranks: int, stages: int, microbatches: int, spl
     pending += [(k, s, m) for s in range(stages) for m in range(microbatches) for k in (("I", "W") if split else ("B",))]
     rows: list[list[str]] = [[] for _ in range(ranks)]
     while pending:
-        ready = [a for a in pending if _inputs_done(a, done, stages)]
+        ready = [a for a in pending if inputs_done(a, done, stages)]
         kind, s, m = rng.choice(ready)
         pending.remove((kind, s, m))
         done.add((kind, s, m))
@@ -52,7 +52,8 @@ def random_consistent(seed: int, ranks: int, stages: int, microbatches: int, spl
     return schedule_of(rows, stages=stages, microbatches=microbatches, placement=place, name=f"random{seed}")
 
 
-def _inputs_done(action: tuple[str, int, int], done: set, stages: int) -> bool:
+def inputs_done(action: tuple[str, int, int], done: set, stages: int) -> bool:
+    """Written from docs/semantics.md, not from pipeforge.semantics: whether an action's inputs are done."""
     kind, s, m = action
     if kind == "F":
         return s == 0 or ("F", s - 1, m) in done
