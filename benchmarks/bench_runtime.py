@@ -7,7 +7,7 @@ For each process count, the same float32 MLP stages and the same microbatches
 run through (a) the module ``pipeforge codegen`` writes for the library
 schedule and (b) torch's ``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` with
 real ``PipelineStage`` objects. Steps alternate between the two, each after a
-barrier; the reported time of a step is the slowest rank's, and the table shows
+barrier (``benchmarks/_harness.py``); the reported time of a step is the slowest rank's, and the table shows
 medians. The ``tiny`` model (width 4) measures per-step overhead (Python and
 message latency); the ``wide`` model measures a step with real compute.
 Gradients of the first step are compared between the two; any difference above
@@ -17,17 +17,15 @@ Gradients of the first step are compared between the two; any difference above
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import _harness
+from _harness import TOLERANCE
 
-import pipeforge  # noqa: E402
-from pipeforge.generator import codegen  # noqa: E402
-from pipeforge.runtime.launch import spawn  # noqa: E402
+import pipeforge
+from pipeforge.generator import codegen
 
 SCHEDULES = {"1f1b": ("1f1b", "Schedule1F1B", 1), "interleaved-1f1b": ("interleaved-1f1b", "ScheduleInterleaved1F1B", 2)}
 MODELS = {"tiny": 4, "wide": None}  # None: --width
@@ -40,59 +38,15 @@ def build_stages(stages: int, width: int, seed: int):
     return [torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh()) for _ in range(stages)]
 
 
-def loss_fn(output, target):
-    import torch
-
-    return torch.nn.functional.mse_loss(output, target)
-
-
-def torch_schedule(class_name: str, modules: dict, stages: int, microbatches: int, device, group):
-    from torch.distributed.pipelining import PipelineStage, schedules
-
-    pipeline_stages = [PipelineStage(m, s, stages, device, group=group) for s, m in sorted(modules.items())]
-    cls = getattr(schedules, class_name)
-    if issubclass(cls, schedules.PipelineScheduleSingle):
-        return cls(pipeline_stages[0], microbatches, loss_fn=loss_fn)
-    return cls(pipeline_stages, microbatches, loss_fn=loss_fn)
-
-
-def timed_step(step, device) -> tuple[float, float]:
-    """Wall time and this process's CPU time (all its threads) of one step."""
-    import torch
-    import torch.distributed as dist
-
-    dist.barrier()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    started, cpu_started = time.perf_counter(), time.process_time()
-    step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - started, time.process_time() - cpu_started
-
-
-def grads_of(modules: dict) -> list:
-    return [p.grad.detach().clone() for _, m in sorted(modules.items()) for p in m.parameters()]
-
-
-def max_relative_difference(ours: list, theirs: list) -> float:
-    worst = 0.0
-    for a, b in zip(ours, theirs):
-        scale = max(b.abs().max().item(), 1e-12)
-        worst = max(worst, (a - b).abs().max().item() / scale)
-    return worst
-
-
 def bench_worker(rank: int, nproc: int, config: dict) -> dict:
     import copy
 
     import torch
-    import torch.distributed as dist
 
     from pipeforge.runtime.check import load_module
 
     device = torch.device("cuda", torch.cuda.current_device()) if config["backend"] == "nccl" else torch.device("cpu")
-    results = {}
+    records = {}
     for schedule_key, path in config["modules"].items():
         generated = load_module(path)
         info = generated.SCHEDULE
@@ -103,59 +57,20 @@ def bench_worker(rank: int, nproc: int, config: dict) -> dict:
             ours = {s: copy.deepcopy(theirs[s]) for s in held}
             # no per-wait timeout (NCCL would then block the CPU on every wait, torch's schedules do not);
             # the process group's timeout still bounds every wait
-            pipe = generated.make_pipeline(ours, loss_fn=loss_fn)
-            reference = torch_schedule(SCHEDULES[schedule_key][1], theirs, info.stages, info.microbatches,
-                                       device, None)
+            pipe = generated.make_pipeline(ours, loss_fn=_harness.mse_loss)
+            reference = _harness.torch_schedule(SCHEDULES[schedule_key][1], theirs, info.stages, info.microbatches,
+                                                _harness.mse_loss, device=device)
             rows = config["rows"]
             x = torch.randn(rows, width, generator=torch.Generator().manual_seed(1)).to(device)
             y = torch.randn(rows, width, generator=torch.Generator().manual_seed(2)).to(device)
             args = (x,) if pipe.holds_first else ()
             target = y if pipe.holds_last else None
-            times = {"pipeforge": [], "torch": []}
-            cpu = {"pipeforge": [], "torch": []}
-            mismatch = 0.0
-            for step in range(config["warmup"] + config["steps"]):
-                ours_time, ours_cpu = timed_step(lambda: pipe.step(*args, target=target), device)
-                theirs_time, theirs_cpu = timed_step(lambda: reference.step(*args, target=target), device)
-                if step == 0:
-                    mismatch = max_relative_difference(grads_of(ours), grads_of(theirs))
-                for modules in (ours, theirs):
-                    for module in modules.values():
-                        module.zero_grad(set_to_none=True)
-                if step >= config["warmup"]:
-                    times["pipeforge"].append(ours_time)
-                    times["torch"].append(theirs_time)
-                    cpu["pipeforge"].append(ours_cpu)
-                    cpu["torch"].append(theirs_cpu)
-            results[(schedule_key, model_key)] = {"times": times, "cpu": cpu, "mismatch": mismatch}
-    gathered = [None] * nproc
-    dist.all_gather_object(gathered, results)
-    return _slowest_rank(gathered) if rank == 0 else {}
-
-
-def _slowest_rank(per_rank: list[dict]) -> dict:
-    """Per configuration: the slowest rank's time of every step; medians, and the median of the
-    per-step ratios (steps alternate between the two, so a pair shares the machine's load)."""
-    summary = {}
-    for key in per_rank[0]:
-        slowest = {side: [max(step) for step in zip(*(r[key]["times"][side] for r in per_rank))]
-                   for side in ("pipeforge", "torch")}
-        summary[key] = {
-            "pipeforge": statistics.median(slowest["pipeforge"]),
-            "torch": statistics.median(slowest["torch"]),
-            "ratio": statistics.median(a / b for a, b in zip(slowest["pipeforge"], slowest["torch"])),
-            "cpu_ratio": _cpu_ratio(per_rank, key),
-            "mismatch": max(r[key]["mismatch"] for r in per_rank),
-        }
-    return summary
-
-
-def _cpu_ratio(per_rank: list[dict], key) -> float:
-    """CPU time of a step summed over the ranks, pipeforge / torch (median over steps): the work each
-    runtime spends, including its Python, which the machine's other load disturbs far less than wall time."""
-    totals = {side: [sum(step) for step in zip(*(r[key]["cpu"][side] for r in per_rank))]
-              for side in ("pipeforge", "torch")}
-    return statistics.median(a / b for a, b in zip(totals["pipeforge"], totals["torch"]) if b > 0)
+            records[(schedule_key, model_key)] = _harness.measure_pair(
+                lambda: pipe.step(*args, target=target), lambda: reference.step(*args, target=target),
+                steps=config["steps"], warmup=config["warmup"], modules=(*ours.values(), *theirs.values()),
+                device=device, compare=lambda: _harness.max_relative_difference(
+                    _harness.gradients(ours), _harness.gradients(theirs)))
+    return _harness.gather_on_rank0(rank, nproc, records)
 
 
 def generate_modules(nproc: int, microbatches: int, out_dir: Path) -> dict[str, str]:
@@ -178,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args(argv)
     widths = {key: value or args.width for key, value in MODELS.items()}
+    print(_harness.load_average())
     print(f"{'schedule':<18} {'model':<6} {'procs':>5} {'pipeforge ms':>13} {'torch ms':>9} {'ratio':>6} "
           f"{'cpu ratio':>9} {'grad diff':>9}")
     failed = False
@@ -186,19 +102,20 @@ def main(argv: list[str] | None = None) -> int:
             config = {"modules": generate_modules(nproc, args.microbatches, Path(out_dir)), "widths": widths,
                       "backend": args.backend, "rows": args.rows, "steps": args.steps, "warmup": args.warmup,
                       "timeout": args.timeout}
-            outcomes = spawn(bench_worker, nproc, config, timeout=args.timeout, backend=args.backend,
-                             deadline=args.timeout * 4 + 60)
-            if not all(o.ok for o in outcomes):
-                print("\n".join(f"rank {o.rank}: {o.error}" for o in outcomes if not o.ok), file=sys.stderr)
+            outcomes, error = _harness.run_ranks(bench_worker, nproc, config, timeout=args.timeout,
+                                                 backend=args.backend, deadline=args.timeout * 4 + 60)
+            if error:
+                print(error, file=sys.stderr)
                 return 1
             for (schedule_key, model_key), row in outcomes[0].value.items():
                 ratio = row["ratio"]
                 print(f"{schedule_key:<18} {model_key:<6} {nproc:>5} {row['pipeforge'] * 1e3:>13.2f} "
                       f"{row['torch'] * 1e3:>9.2f} {ratio:>6.2f} {row['cpu_ratio']:>9.2f} {row['mismatch']:>9.1e}")
-                failed |= row["mismatch"] > 1e-4
+                failed |= row["mismatch"] > TOLERANCE
     print("times: median over steps of the slowest rank; ratio: median over steps of pipeforge / torch "
           "(<= 1.0 is the target); cpu ratio: the same for CPU time summed over ranks; the tiny model's "
           "step time is the per-step overhead")
+    print(f"after: {_harness.load_average()}")
     if failed:
         print("MISMATCH: pipeforge's gradients differ from torch's", file=sys.stderr)
     return 1 if failed else 0

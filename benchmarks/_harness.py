@@ -1,0 +1,168 @@
+"""What the side-by-side runtime benchmarks share (bench_gpt, bench_runtime, bench_fsdp).
+
+Each benchmark spawns N local processes (``spawn``); on every rank it builds the
+same stage modules twice and times pipeforge's pipeline against torch's schedule
+with ``measure_pair``: steps alternate between the two, each after a barrier, and
+which of a pair runs first alternates too, so a pair shares the machine's load
+and neither gains from the other's leftovers. ``summarize`` turns the ranks'
+records of one configuration into the reported row: the slowest rank's time of
+each step, the medians, the median of the per-step ratios pipeforge / torch (the
+target is at most 1.0), the same ratio for CPU time summed over the ranks (the
+work each runtime does, which other load on the machine disturbs far less than
+wall time), and the first step's worst relative gradient difference.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+for _path in (ROOT, ROOT / "examples"):  # pipeforge from this checkout; examples/gpt.py
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from pipeforge.runtime.launch import Outcome, spawn  # noqa: E402
+
+SIDES = ("pipeforge", "torch")
+TOLERANCE = 1e-4  # relative gradient difference above which a benchmark reports a mismatch
+
+
+# -- on every rank -------------------------------------------------------------------------------
+
+def timed_step(step: Callable[[], Any], device=None) -> tuple[float, float]:
+    """Wall time and this process's CPU time (all its threads) of one step, started after a barrier."""
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    cuda = device is not None and device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    started, cpu_started = time.perf_counter(), time.process_time()
+    step()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - started, time.process_time() - cpu_started
+
+
+def measure_pair(ours: Callable[[], Any], theirs: Callable[[], Any], *, steps: int, warmup: int,
+                 modules: Iterable = (), compare: Callable[[], float] | None = None, device=None) -> dict:
+    """Alternate ``ours`` (pipeforge) and ``theirs`` (torch) for ``warmup + steps`` pairs of steps.
+
+    After the first pair ``compare()`` gives the gradient difference; after every pair the
+    ``modules``' gradients are cleared. Returns this rank's record: ``times`` and ``cpu`` per side
+    (the measured steps only) and ``mismatch``.
+    """
+    modules = list(modules)
+    record: dict = {"times": {s: [] for s in SIDES}, "cpu": {s: [] for s in SIDES}, "mismatch": 0.0}
+    for step in range(warmup + steps):
+        pair = (("pipeforge", ours), ("torch", theirs))
+        measured = {side: timed_step(run, device) for side, run in (pair if step % 2 == 0 else pair[::-1])}
+        if step == 0 and compare is not None:
+            record["mismatch"] = compare()
+        for module in modules:
+            module.zero_grad(set_to_none=True)
+        if step < warmup:
+            continue
+        for side, (wall, cpu) in measured.items():
+            record["times"][side].append(wall)
+            record["cpu"][side].append(cpu)
+    return record
+
+
+def torch_schedule(class_name: str, modules: dict, stages: int, microbatches: int, loss_fn, *, device=None,
+                   group=None):
+    """torch's schedule class ``class_name`` over real ``PipelineStage`` objects of this rank's ``modules``."""
+    import torch
+    from torch.distributed.pipelining import PipelineStage, schedules
+
+    device = device if device is not None else torch.device("cpu")
+    pipeline_stages = [PipelineStage(m, s, stages, device, group=group) for s, m in sorted(modules.items())]
+    cls = getattr(schedules, class_name)
+    if issubclass(cls, schedules.PipelineScheduleSingle):
+        return cls(pipeline_stages[0], microbatches, loss_fn=loss_fn)
+    return cls(pipeline_stages, microbatches, loss_fn=loss_fn)
+
+
+def gradients(modules: dict, full: bool = False) -> list:
+    """Every parameter's gradient, stage by stage (``full``: DTensor gradients gathered whole)."""
+    grads = [p.grad for _, m in sorted(modules.items()) for p in m.parameters() if p.grad is not None]
+    return [(g.full_tensor() if full else g).detach().clone() for g in grads]
+
+
+def max_relative_difference(ours: list, theirs: list) -> float:
+    if len(ours) != len(theirs):
+        return float("inf")
+    worst = 0.0
+    for a, b in zip(ours, theirs):
+        worst = max(worst, (a - b).abs().max().item() / max(b.abs().max().item(), 1e-12))
+    return worst
+
+
+def mse_loss(output, target):
+    import torch
+
+    return torch.nn.functional.mse_loss(output, target)
+
+
+def gather_on_rank0(rank: int, nproc: int, records: dict) -> dict:
+    """Every rank's ``{configuration: record}``; rank 0 returns ``{configuration: summarize(...)}``."""
+    import torch.distributed as dist
+
+    gathered: list = [None] * nproc
+    dist.all_gather_object(gathered, records)
+    if rank != 0:
+        return {}
+    return {key: summarize([r[key] for r in gathered]) for key in gathered[0]}
+
+
+# -- in the parent -------------------------------------------------------------------------------
+
+def summarize(records: list[dict]) -> dict:
+    """One configuration's row from every rank's ``measure_pair`` record."""
+    slowest = {side: [max(step) for step in zip(*(r["times"][side] for r in records))] for side in SIDES}
+    work = {side: [sum(step) for step in zip(*(r["cpu"][side] for r in records))] for side in SIDES}
+    return {
+        "pipeforge": statistics.median(slowest["pipeforge"]),
+        "torch": statistics.median(slowest["torch"]),
+        "ratio": statistics.median(a / b for a, b in zip(slowest["pipeforge"], slowest["torch"])),
+        "cpu_pipeforge": statistics.median(work["pipeforge"]),
+        "cpu_torch": statistics.median(work["torch"]),
+        "cpu_ratio": statistics.median([a / b for a, b in zip(work["pipeforge"], work["torch"]) if b > 0] or [0.0]),
+        "mismatch": max(r["mismatch"] for r in records),
+        "steps": len(slowest["pipeforge"]),
+    }
+
+
+def run_ranks(worker, nproc: int, config: Any, *, timeout: float, deadline: float, backend: str = "gloo"
+              ) -> tuple[list[Outcome], str]:
+    """``spawn`` the worker; the outcomes, and the first error ('' when every rank succeeded)."""
+    outcomes = spawn(worker, nproc, config, timeout=timeout, backend=backend, deadline=deadline)
+    return outcomes, first_error(outcomes)
+
+
+def first_error(outcomes: list[Outcome]) -> str:
+    """The failed rank that says why (its peers only report the lost connection), '' when none failed."""
+    failed = sorted((o for o in outcomes if not o.ok),
+                    key=lambda o: ("Connection closed" in o.error or "failed (waits" in o.error, o.rank))
+    if not failed:
+        return ""
+    lines = [line for line in failed[0].error.strip().splitlines() if line.strip()] or ["(no message)"]
+    return f"rank {failed[0].rank}: {lines[-1].strip()}"
+
+
+def load_average() -> str:
+    """The machine's 1, 5 and 15 minute load averages and its core count, to print beside the numbers."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"
+
+
+def legend() -> str:
+    return ("ms: median over steps of the slowest rank; ratio: median over steps of pipeforge / torch "
+            "(<= 1.0 is the target); cpu ratio: the same for CPU time summed over the ranks")
