@@ -328,10 +328,12 @@ class MemorySpec:
 
     def stage_effect(self, kind: ActionKind, stage: int) -> tuple[float, float]:
         """``(added, released)`` of one action on ``stage``: F adds ``activation[s]``, B releases it, I
-        all but ``weight_grad[s]``, W that (M_B); the rule is ``pipeforge.semantics.MEMORY``."""
+        all but ``weight_grad[s]``, W that; UNSHARD adds ``unsharded``, RESHARD releases it (M_B); the
+        rule is ``pipeforge.semantics.MEMORY`` and ``PARAMETER_MEMORY``."""
         from pipeforge.semantics import memory_effect
 
-        return memory_effect(kind, self.weights, self.stage_activation(stage), self.stage_weight_grad(stage))
+        return memory_effect(kind, self.weights, self.stage_activation(stage), self.stage_weight_grad(stage),
+                             self.unsharded)
 
     def count_limit(self, limit: float | None, stages: int) -> float | None:
         """``limit`` (M_B) as a number of F a rank may hold: each adds at least the smallest stage's

@@ -22,8 +22,12 @@ The rules, per kind (each table below has one entry per ``ActionKind``, and
   receive on the consumer's (the ``send`` and ``recv`` of a ``Need``);
 - **output** (``OUTPUTS``): where a compute action's result goes and, across
   ranks, which send and receive carry it;
-- **memory** (``MEMORY``): F holds one M_B more; I releases ``M_B - M_W``; W
-  releases ``M_W``; B releases ``M_B`` (``weights`` = M_W / M_B);
+- **memory** (``MEMORY``, ``PARAMETER_MEMORY``): F holds one M_B more; I
+  releases ``M_B - M_W``; W releases ``M_W``; B releases ``M_B`` (``weights``
+  = M_W / M_B); ``UNSHARD`` holds a stage's gathered parameters (``memory {
+  unsharded = X }``, in M_B) until its ``RESHARD``; a step's additions count
+  before its releases (``held_after_additions``: what verify compares with the
+  limit and what simulate's peak is the largest of);
 - **peer** (``PEER_OFFSET``, ``PARTNER``): a communication action's peer stage
   and the action that meets it there (torch's direction: ``sSEND_Fm`` to
   ``(s+1)RECV_Fm``, ``sSEND_Bm`` to ``(s-1)RECV_Bm``);
@@ -41,21 +45,23 @@ schedules). ``ir.as_action`` turns one into an Action to show or store it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 from pipeforge.ir import COMM_KINDS, COMPUTE_KINDS, STAGE_ONLY_KINDS, Action, ActionKind
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
 SEND_F, RECV_F, SEND_B, RECV_B = ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B
-REDUCE_GRAD = ActionKind.REDUCE_GRAD
+REDUCE_GRAD, UNSHARD, RESHARD = ActionKind.REDUCE_GRAD, ActionKind.UNSHARD, ActionKind.RESHARD
 
 ActionKey = tuple  # an Action, or a plain tuple (stage, kind, microbatch, chain) equal to one
 
 __all__ = [
-    "COMPUTE_KINDS", "COMM_KINDS", "STAGE_ONLY_KINDS", "ROLES", "NEEDS", "OUTPUTS", "MEMORY", "PEER_OFFSET",
+    "COMPUTE_KINDS", "COMM_KINDS", "STAGE_ONLY_KINDS", "ROLES", "NEEDS", "OUTPUTS", "MEMORY", "PARAMETER_MEMORY",
+    "PEER_OFFSET",
     "PARTNER", "SENDS", "GRADIENT_KINDS", "SPLIT", "EXCLUDES", "COMPLETE", "RUNTIME_METHODS", "Need", "Output",
-    "role", "needs", "output", "memory_effect", "memory_delta", "peer_stage", "partner", "peer_rank", "local_needs", "split",
+    "role", "needs", "output", "memory_effect", "memory_delta",
+    "held_after_additions", "peer_stage", "partner", "peer_rank", "local_needs", "split",
 ]
 
 
@@ -186,14 +192,35 @@ MEMORY: dict[ActionKind, tuple[float, float, float]] = {
 }
 
 
+# kind -> (added, released) of one stage's gathered parameters, in units of their size u (``memory {
+# unsharded = u }``, M_B; 0: not counted): UNSHARD gathers them, RESHARD frees them.
+PARAMETER_MEMORY: dict[ActionKind, tuple[float, float]] = {UNSHARD: (1.0, 0.0), RESHARD: (0.0, 1.0)}
+
+
 def memory_effect(kind: ActionKind, weights: float, activation: float = 1.0,
-                  weight_grad: float | None = None) -> tuple[float, float]:
+                  weight_grad: float | None = None, unsharded: float = 0.0) -> tuple[float, float]:
     """``(added, released)`` memory of one ``kind`` action, in M_B, on a stage whose F holds
-    ``activation`` (default 1) of which W releases ``weight_grad`` (default ``weights * activation``);
-    ``MemorySpec.stage_effect`` asks here with a stage's sizes."""
+    ``activation`` (default 1) of which W releases ``weight_grad`` (default ``weights * activation``)
+    and whose gathered parameters take ``unsharded``; ``MemorySpec.stage_effect`` asks here with a
+    stage's sizes."""
     added, released, per_weight = MEMORY[kind]
     grad = weights * activation if weight_grad is None else weight_grad
-    return added * activation, released * activation + per_weight * grad
+    gathered, freed = PARAMETER_MEMORY.get(kind, (0.0, 0.0))
+    return added * activation + gathered * unsharded, released * activation + per_weight * grad + freed * unsharded
+
+
+def held_after_additions(steps: Iterable[Iterable[tuple[float, float]]]) -> Iterator[float]:
+    """For each step of a rank's program (the ``(added, released)`` of its actions), what the rank
+    holds after the step's additions and before its releases: verify compares it with the limit,
+    simulate's peak memory is the largest (an overlap step ``(0F7;7B3)`` counts its F first)."""
+    held = 0.0
+    for effects in steps:
+        released = 0.0
+        for added, freed in effects:
+            held += added
+            released += freed
+        yield held
+        held -= released
 
 
 def memory_delta(kind: ActionKind, weights: float) -> float:

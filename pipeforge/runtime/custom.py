@@ -143,6 +143,9 @@ class HookedRankContext(RankContext):
         self.functions = functions
         self.data_parallel = data_parallel
         self._collecting: list[StageAction] | None = None
+        # the runtime's own compute of each kind (RankContext's, below the custom functions)
+        self._computes: dict[str, Callable[[int, int, int], None]] = {
+            "F": super().forward, "B": super().backward, "I": super().backward_input, "W": super().backward_weight}
 
     # -- what generated rank functions call --------------------------------------
 
@@ -195,32 +198,22 @@ class HookedRankContext(RankContext):
             function(action, ActionContext(self, action))
 
     def run_default(self, action: StageAction) -> None:
-        kind, stage, mb, chain = action.kind, action.stage, action.microbatch, action.chain
-        if kind == "OVERLAP_F_B":
+        kind = action.kind
+        compute = self._computes.get(kind)
+        if compute is not None:
+            if self.training or kind == "F":
+                self.data_parallel.before_compute(action.stage, kind != "F")
+                compute(action.stage, action.microbatch, action.chain)
+        elif kind == "OVERLAP_F_B":
             with self.activations.overlap():  # one step for the activation count: additions, then releases
                 for half in action.sub_actions:
                     self.issue(half)
         elif kind == "UNSHARD":
-            self.data_parallel.unshard(stage)
+            self.data_parallel.unshard(action.stage)
         elif kind == "RESHARD":
-            self.data_parallel.reshard(stage)
+            self.data_parallel.reshard(action.stage)
         elif kind == "REDUCE_GRAD":
-            super().reduce_grad(stage)
-            self.data_parallel.reduce(stage)
-        elif not self.training and kind != "F":
-            return
-        else:
-            self.data_parallel.before_compute(stage, backward=kind != "F")
-            self._compute(kind, stage, mb, chain)
-
-    def _compute(self, kind: str, stage: int, mb: int, chain: int) -> None:
-        if kind == "F":
-            super().forward(stage, mb, chain)
-        elif kind == "B":
-            super().backward(stage, mb, chain)
-        elif kind == "I":
-            super().backward_input(stage, mb, chain)
-        elif kind == "W":
-            super().backward_weight(stage, mb, chain)
+            super().reduce_grad(action.stage)
+            self.data_parallel.reduce(action.stage)
         else:
             raise PipelineError(f"rank {self.rank}: unknown action kind {kind!r}")

@@ -86,6 +86,9 @@ class ShardedParams(StageParams):
     def __init__(self, stage: int, module: torch.nn.Module):
         super().__init__(stage, module)
         self.fsdp_modules = fsdp_modules(module)
+        self.states = _distinct_states(self.fsdp_modules)
+        self.groups = [group for state in self.states for group in state._fsdp_param_groups]
+        self.roots = _root_states(self.fsdp_modules)
         self.handles: list = []
         self.unsharded = False
         self.reducing = False
@@ -111,8 +114,12 @@ class ShardedParams(StageParams):
         self.unsharded = False
 
     def before_compute(self, backward: bool) -> None:
-        self._wait_unshard()
-        if backward:  # F's pre-forward hook unshards by itself; the split backward needs the unsharded weights
+        if self.handles:
+            self._wait_unshard()
+        # F's pre-forward hook unshards by itself; the split backward needs the unsharded weights. Asking
+        # each param group (not FSDPModule.unshard, which lazily initializes every time) keeps the common
+        # case, a stage an UNSHARD already gathered, to one attribute read per group.
+        if backward and not all(group.is_unsharded for group in self.groups):
             for fsdp in self.fsdp_modules:
                 fsdp.unshard()
 
@@ -122,23 +129,22 @@ class ShardedParams(StageParams):
             fsdp.set_requires_gradient_sync(True, recurse=False)
             fsdp.set_reshard_after_backward(True, recurse=False)
             fsdp.set_is_last_backward(True)
-        for state in self._states():
-            for group in state._fsdp_param_groups:
-                group.post_backward()  # starts the reduce-scatter of this group's gradients
+        for group in self.groups:
+            group.post_backward()  # starts the reduce-scatter of this group's gradients
         self.reducing = True
 
     def finish_reduce(self) -> None:
         if not self.reducing:
             return
-        for root_state in self._roots():
+        for root_state in self.roots:
             root_state._root_post_backward_final_callback()
         self.reducing = False
         self.unsharded = False
 
     def end(self) -> None:
         self._wait_unshard()
-        for fsdp in self.fsdp_modules:
-            fsdp.reshard()
+        for group in self.groups:
+            group.reshard()  # FSDPModule.reshard of each module, without looking the groups up again
         self.unsharded = False
 
     def _wait_unshard(self) -> None:
@@ -146,17 +152,20 @@ class ShardedParams(StageParams):
         for handle in handles:
             handle.wait()
 
-    def _states(self) -> list:
-        seen: dict[int, object] = {}
-        for fsdp in self.fsdp_modules:
-            state = fsdp._get_fsdp_state()  # fully_shard's or replicate's
-            seen.setdefault(id(state), state)
-        return list(seen.values())
 
-    def _roots(self) -> list:
-        """The FSDP states of the outermost FSDP modules of this stage (each the root of its tree)."""
-        inner = {id(sub) for fsdp in self.fsdp_modules for sub in fsdp.modules() if sub is not fsdp}
-        return [fsdp._get_fsdp_state() for fsdp in self.fsdp_modules if id(fsdp) not in inner]
+def _distinct_states(modules: list[torch.nn.Module]) -> list:
+    """The FSDP states of ``modules`` (fully_shard's or replicate's), each once."""
+    seen: dict[int, object] = {}
+    for fsdp in modules:
+        state = fsdp._get_fsdp_state()
+        seen.setdefault(id(state), state)
+    return list(seen.values())
+
+
+def _root_states(modules: list[torch.nn.Module]) -> list:
+    """The FSDP states of the outermost FSDP modules of a stage (each the root of its tree)."""
+    inner = {id(sub) for fsdp in modules for sub in fsdp.modules() if sub is not fsdp}
+    return [fsdp._get_fsdp_state() for fsdp in modules if id(fsdp) not in inner]
 
 
 class ReplicatedParams(StageParams):

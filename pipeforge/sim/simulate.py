@@ -15,10 +15,14 @@ What is simulated (the compute-only view):
   actions share one GPU's compute, and what overlapping buys (hiding the
   communication of one behind the compute of the other) is already outside
   this compute-only view. Its actions are drawn back to back in written order.
-- Memory per rank, in program order (``pipeforge.semantics.memory_effect``):
-  F adds 1, I releases ``1 - weights``, W releases ``weights``, B releases 1
-  (units of M_B); within a step additions come first, so an overlap step's
-  peak counts its forward before its backward.
+- Memory per rank, in program order (``MemorySpec.stage_effect``, the rule of
+  ``pipeforge.semantics.MEMORY``): F adds 1, I releases ``1 - weights``, W
+  releases ``weights``, B releases 1 (units of M_B); within a step additions
+  come first, so an overlap step's peak counts its forward before its
+  backward. Where the memory spec sizes a stage's gathered parameters
+  (``memory { unsharded = X }``), UNSHARD adds X and RESHARD releases it, in
+  their place in the program: the peak is then verify's, walked the same way
+  (``semantics.held_after_additions``).
 
 The timing is the one engine of ``pipeforge.sim.workgraph`` (the optimizers
 time their orders with it too): the schedule is compiled once into a work
@@ -36,6 +40,7 @@ from typing import NamedTuple
 from pipeforge._gc import gc_paused
 from pipeforge.errors import VerificationError
 from pipeforge.ir import Action, CostModel, MemorySpec, Schedule, Step, as_action
+from pipeforge.semantics import PARAMETER_MEMORY, held_after_additions
 from pipeforge.sim.costs import costs_to_json, resolve_costs
 from pipeforge.sim.workgraph import Order, Times, WorkGraph, blocking_input, compile_schedule, peak_memory, time_order
 
@@ -225,11 +230,35 @@ def simulate(schedule: Schedule, costs: CostModel | None = None, *, memory: Memo
         if not times.finished(order):
             raise _stuck_error(schedule, graph, order, times)
         by_rank = [_events(graph, rank, seq, times) for rank, seq in enumerate(order)]
-        stats = tuple(_rank_stats(rank, by_rank[rank], peak_memory(graph, order[rank]))
-                      for rank in range(schedule.ranks))
+        peaks = _peaks(schedule, memory, graph, order)
+        stats = tuple(_rank_stats(rank, by_rank[rank], peaks[rank]) for rank in range(schedule.ranks))
         events = tuple(event for rank_events in by_rank for event in rank_events)
     return Timeline(schedule.name, schedule.ranks, schedule.stages, schedule.microbatches,
                     events, costs, memory, stats, schedule, graph)
+
+
+def _peaks(schedule: Schedule, memory: MemorySpec, graph: WorkGraph, order: Order) -> list[float]:
+    """Each rank's peak memory: from the work graph's compute nodes, or, when the schedule gathers
+    parameters whose size the memory spec declares, from every step of its program."""
+    if not memory.unsharded or not any(a.kind in PARAMETER_MEMORY for p in schedule.programs for s in p
+                                       for a in s.actions):
+        return [peak_memory(graph, seq) for seq in order]
+    return [program_peak(program, memory) for program in schedule.programs]
+
+
+def program_peak(program: tuple[Step, ...], memory: MemorySpec) -> float:
+    """The most a rank holds after the additions of any step of ``program`` (compute, UNSHARD and
+    RESHARD: ``MemorySpec.stage_effect``), never less than 0."""
+    effects: dict[tuple, tuple[float, float]] = {}
+
+    def effect(action: Action) -> tuple[float, float]:
+        found = effects.get((action.kind, action.stage))
+        if found is None:
+            found = effects[action.kind, action.stage] = memory.stage_effect(action.kind, action.stage)
+        return found
+
+    walk = held_after_additions([effect(a) for a in step.actions] for step in program)
+    return max(0.0, max(walk, default=0.0))
 
 
 def _events(graph: WorkGraph, rank: int, seq: tuple[int, ...], times: Times) -> list[Event]:

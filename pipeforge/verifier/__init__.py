@@ -139,7 +139,7 @@ def static_violations(program: Program, pairing, schedule: Schedule, memory_limi
     violations += check_matching(pairing)
     memory = schedule.memory or MemorySpec()
     limit = memory_limit if memory_limit is not None else memory.limit
-    violations += check_memory(program, limit, memory.weights, memory.unsharded, memory)
+    violations += check_memory(program, limit, memory)
     return violations
 
 

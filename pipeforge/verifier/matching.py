@@ -8,11 +8,10 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from pipeforge.ir import ActionKind, MemorySpec
-from pipeforge.semantics import MEMORY, PEER_OFFSET, SENDS, ActionKey, memory_effect
+from pipeforge.semantics import PEER_OFFSET, SENDS, ActionKey, held_after_additions
 from pipeforge.semantics import partner as partner_key
 from pipeforge.verifier.program import Program, Slot, text_of, violation_at
 from pipeforge.verifier.report import Violation
-from pipeforge.verifier.sharding import parameter_memory
 
 
 class Op(NamedTuple):
@@ -106,29 +105,25 @@ def check_matching(pairing: Pairing) -> list[Violation]:
     return found
 
 
-def check_memory(program: Program, limit: float | None, weights: float, unsharded: float = 0.0,
-                 memory: MemorySpec | None = None) -> list[Violation]:
-    """The first step on each rank whose additions take the held activations (and unsharded
-    parameters, see sharding.py) over ``limit``; per stage when ``memory`` gives stage sizes."""
+def check_memory(program: Program, limit: float | None, memory: MemorySpec) -> list[Violation]:
+    """The first step on each rank whose additions take what it holds (activations, and gathered
+    parameters where ``memory.unsharded`` sizes them) over ``limit``: ``MemorySpec.stage_effect`` of
+    every action, walked by ``semantics.held_after_additions`` (simulate's peak is the same walk)."""
     if limit is None:
         return []
-    effect = {kind: memory_effect(kind, weights) for kind in MEMORY}
-    params_added, params_released = parameter_memory(unsharded)
-    for kind, value in params_added.items():
-        effect[kind] = (effect[kind][0] + value, effect[kind][1])
-    for kind, value in params_released.items():
-        effect[kind] = (effect[kind][0], effect[kind][1] + value)
-    if memory is not None and not memory.uniform:
-        stage_sized = {kind.value for kind in (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W)}
+    effects: dict[tuple, tuple[float, float]] = {}
 
-        def effect_of(key) -> tuple[float, float]:
-            if key[1] in stage_sized:
-                return memory.stage_effect(ActionKind(key[1]), key[0])
-            return effect.get(key[1], (0.0, 0.0))
+    def effect_of(key: ActionKey) -> tuple[float, float]:
+        found = effects.get((key[1], key[0]))
+        if found is None:
+            found = effects[key[1], key[0]] = memory.stage_effect(ActionKind(key[1]), key[0])
+        return found
 
-        return _first_over_limit(program, limit, effect_of, "M_B of activations")
-    what = "microbatches of activations" + (" and unsharded parameters" if unsharded else "")
-    return _first_over_limit(program, limit, lambda key: effect[key[1]], what)
+    if not memory.uniform:
+        what = "M_B of activations"
+    else:
+        what = "microbatches of activations" + (" and unsharded parameters" if memory.unsharded else "")
+    return _first_over_limit(program, limit, effect_of, what)
 
 
 def _first_over_limit(program: Program, limit: float, effect_of, what: str) -> list[Violation]:
@@ -136,15 +131,11 @@ def _first_over_limit(program: Program, limit: float, effect_of, what: str) -> l
     over ``limit``; ``effect_of(key)`` is an action's (added, released)."""
     found = []
     for row in program.slots:
-        held = 0.0
-        for slot in row:
-            if slot.group:
-                continue
-            effects = [effect_of(key) for key in slot.acts]
-            held += sum(added for added, _ in effects)
+        slots = [slot for slot in row if not slot.group]
+        walk = held_after_additions([effect_of(key) for key in slot.acts] for slot in slots)
+        for slot, held in zip(slots, walk):
             if held > limit + 1e-9:
                 found.append(violation_at("memory", f"rank {slot.rank} holds {held:g} {what} at {slot.text}, "
                                           f"over the limit {limit:g}", slot))
                 break
-            held -= sum(released for _, released in effects)
     return found

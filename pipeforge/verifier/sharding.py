@@ -10,8 +10,9 @@ starting with an ``UNSHARD``, every compute of the stage lies between an ``UNSHA
 and the next ``RESHARD`` (``order``), and the last one is a ``RESHARD`` (else
 ``missing``: the parameters are left gathered).
 
-``parameter_memory`` is the memory rule: with ``memory { unsharded = X }`` an
-``UNSHARD`` holds X (in units of M_B) until its ``RESHARD``.
+Their memory (with ``memory { unsharded = X }`` an ``UNSHARD`` holds X, in units
+of M_B, until its ``RESHARD``) is ``pipeforge.semantics.PARAMETER_MEMORY``,
+counted by the memory check in ``matching.py`` as simulate counts it.
 """
 
 from __future__ import annotations
@@ -127,11 +128,3 @@ def window_problem(key: ActionKey, gathered: bool, rank: int) -> str | None:
         return (f"{text_of(key)} on rank {rank} computes on stage {stage} while its parameters are sharded: "
                 f"needs {stage}UNSHARD earlier, with no RESHARD between")
     return None
-
-
-# --- memory --------------------------------------------------------------------------------
-
-
-def parameter_memory(unsharded: float) -> tuple[dict[str, float], dict[str, float]]:
-    """What the stage-only actions add to and release from a rank's held memory, by kind."""
-    return {"UNSHARD": unsharded}, {"RESHARD": unsharded}
