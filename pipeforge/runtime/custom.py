@@ -39,6 +39,7 @@ from pipeforge.runtime.stage import StageRunner
 COMPUTE_KINDS = ("F", "B", "I", "W")
 KINDS = (*COMPUTE_KINDS, "OVERLAP_F_B", "UNSHARD", "RESHARD", "REDUCE_GRAD")
 BACKWARD_KINDS = ("B", "I", "W", "REDUCE_GRAD")
+WEIGHT_GRADIENT_KINDS = ("B", "W")
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,8 @@ class HookedRankContext(RankContext):
             if self.training or kind == "F":
                 self.data_parallel.before_compute(action.stage, kind != "F")
                 compute(action.stage, action.microbatch, action.chain)
+                if kind in WEIGHT_GRADIENT_KINDS:
+                    self.data_parallel.after_weight_gradients(action.stage)
         elif kind == "OVERLAP_F_B":
             with self.activations.overlap():  # one step for the activation count: additions, then releases
                 for half in action.sub_actions:

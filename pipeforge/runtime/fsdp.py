@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from pipeforge.runtime.p2p import PipelineError
+from pipeforge.runtime.p2p import PipelineError, PipelineUsageError
 
 
 class StageParams:
@@ -66,6 +66,9 @@ class StageParams:
         pass
 
     def before_compute(self, backward: bool) -> None:
+        pass
+
+    def after_weight_gradients(self) -> None:
         pass
 
     def start_reduce(self) -> None:
@@ -92,6 +95,7 @@ class ShardedParams(StageParams):
         self.handles: list = []
         self.unsharded = False
         self.reducing = False
+        self.upcast: list | None = None  # FSDP params whose gradients accumulate in another dtype (mixed precision)
 
     def begin(self, training: bool) -> None:
         if training:  # microbatches accumulate unsharded gradients; REDUCE_GRAD reduces them once
@@ -122,6 +126,19 @@ class ShardedParams(StageParams):
         if backward and not all(group.is_unsharded for group in self.groups):
             for fsdp in self.fsdp_modules:
                 fsdp.unshard()
+
+    def after_weight_gradients(self) -> None:
+        """After a B or W: under a ``MixedPrecisionPolicy`` whose ``reduce_dtype`` differs from its
+        ``param_dtype``, move this microbatch's weight gradients into FSDP's accumulator in the reduce dtype
+        (what FSDP's post-backward does per backward). FSDP's hook runs when the inputs' gradients are
+        done, so after an I, before the W that makes the weight gradients: without this, the W of several
+        microbatches would sum in ``param_dtype`` first (bfloat16), unlike the unpipelined model."""
+        if self.upcast is None:
+            self.upcast = [param for group in self.groups for param in group.fsdp_params
+                           if param.reduce_dtype is not None]
+        for param in self.upcast:
+            param.accumulate_unsharded_grad_if_needed()
+            param.to_accumulated_grad_if_needed()
 
     def start_reduce(self) -> None:
         self._wait_unshard()
@@ -221,6 +238,9 @@ class DataParallel:
     def before_compute(self, stage: int, backward: bool) -> None:
         self._of(stage, "a compute").before_compute(backward)
 
+    def after_weight_gradients(self, stage: int) -> None:
+        self._of(stage, "a compute").after_weight_gradients()
+
     def reduce(self, stage: int) -> None:
         """REDUCE_GRAD: start the stage's gradient reduction (once per step)."""
         params = self._of(stage, "REDUCE_GRAD")
@@ -252,6 +272,8 @@ def data_parallel(rank: int, stage_modules: dict[int, torch.nn.Module], *, dp_gr
     """How each stage of this rank is replicated; with ``fsdp`` plain modules are sharded over ``dp_group``."""
     if fsdp and dp_group is None:
         raise PipelineError(f"rank {rank}: fsdp=True shards the stages over dp_group; pass dp_group=")
+    if fsdp or dp_group is not None:
+        _refuse_shared_parameters(rank, stage_modules, fsdp)
     mesh = None
     stages: dict[int, StageParams] = {}
     for stage, module in sorted(stage_modules.items()):
@@ -284,6 +306,22 @@ def _fully_shard():
     from torch.distributed.fsdp import fully_shard
 
     return fully_shard
+
+
+def _refuse_shared_parameters(rank: int, stage_modules: dict[int, torch.nn.Module], fsdp: bool) -> None:
+    """Each stage is sharded (``fully_shard``) and reduced on its own: a parameter two stages of this rank
+    share would be sharded twice, or reduced once per stage at two times (the first before the other
+    stage's backward is done). Refused, naming both stages: give each its own copy and tie them."""
+    how = ("fsdp=True shards each stage on its own (FSDP2 cannot shard one parameter in two modules)" if fsdp
+           else "dp_group= reduces each stage's gradients on its own, at its REDUCE_GRAD")
+    owner: dict[int, tuple[int, str]] = {}
+    for stage, module in sorted(stage_modules.items()):
+        for name, param in module.named_parameters():
+            first = owner.setdefault(id(param), (stage, name))
+            if first[0] != stage:
+                raise PipelineUsageError(
+                    f"rank {rank}: stage {first[0]} ({first[1]!r}) and stage {stage} ({name!r}) share one parameter, "
+                    f"and {how}: give each stage its own copy and name them in make_pipeline(tied_parameters=...)")
 
 
 def _refuse_ddp(rank: int, stage: int, module: torch.nn.Module) -> None:

@@ -10,6 +10,10 @@
   program every rank holding a member sums the group's gradients in one fixed
   order (by rank, then by the group's order), so every copy ends with the same
   bits; the copies must start equal, which ``TiedParameters.check_equal`` checks.
+  Parameters sharded by FSDP2 (DTensors) are compared and summed shard by shard:
+  the pipeline ranks holding the copies are the same position of their
+  data-parallel groups, so their local shards are the same rows of the tied
+  parameter (copies sharded differently are refused by their shapes).
 """
 
 from __future__ import annotations
@@ -149,10 +153,10 @@ class TiedParameters:
                 local, problem = [], error
             if not local and problem is None:
                 continue
-            if local and any(p.shape != local[0].shape or not torch.equal(p.detach(), local[0].detach())
-                             for p in local[1:]):
+            shards = [_local_value(p) for p in local]
+            if shards and any(p.shape != shards[0].shape or not torch.equal(p, shards[0]) for p in shards[1:]):
                 problem = PipelineUsageError(f"rank {transport.rank}: {what}: its copies on this rank differ; {fix}")
-            mine = local[0].detach() if problem is None else torch.full((1,), float("nan"), device=transport.device)
+            mine = shards[0] if problem is None else torch.full((1,), float("nan"), device=transport.device)
             try:
                 check_same_start(transport, mine, peers, what, fix)
             except PipelineUsageError:
@@ -172,15 +176,39 @@ class TiedParameters:
             if not local:
                 continue
             mine = self.local(group, modules, rank, only=lambda stage: info.rank_of(stage, 0) == rank)
-            partial = _sum([p.grad if p.grad is not None else torch.zeros_like(p) for p in mine] or
-                           [torch.zeros_like(local[0])])
+            partial = _sum([_local_grad(p) for p in mine] or [torch.zeros_like(_local_value(local[0]))])
             peers = [r for r in self.holders(group, info) if r != rank]
             theirs = exchange_with(transport, {peer: partial for peer in peers},
                                    f"the gradient sum of tied parameter group {index}") if peers else {}
             theirs[rank] = partial
             total = _sum([theirs[r] for r in sorted(theirs)])
             for param in local:
-                param.grad = total.clone()
+                _set_grad(param, total)
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP2 parameter or gradient (a DTensor); a plain tensor as it is."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local is not None else tensor
+
+
+def _set_grad(param: torch.nn.Parameter, total: torch.Tensor) -> None:
+    """``param.grad`` becomes ``total`` (its local shard, for a DTensor parameter)."""
+    if not hasattr(param, "to_local"):
+        param.grad = total.clone()
+        return
+    from torch.distributed.tensor import DTensor
+
+    param.grad = DTensor.from_local(total.clone(), param.device_mesh, param.placements, run_check=False,
+                                    shape=param.shape, stride=param.stride())
+
+
+def _local_value(param: torch.nn.Parameter) -> torch.Tensor:
+    return local(param.detach()).contiguous()
+
+
+def _local_grad(param: torch.nn.Parameter) -> torch.Tensor:
+    return local(param.grad).contiguous() if param.grad is not None else torch.zeros_like(_local_value(param))
 
 
 def _sum(tensors: list[torch.Tensor]) -> torch.Tensor:

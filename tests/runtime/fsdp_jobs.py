@@ -127,3 +127,112 @@ def replicated_jobs(rank: int, nproc: int, jobs: list[dict]) -> list[dict]:
     """Every job on one 4-process group (a worker for ``launch.spawn``)."""
     pipeline_group, dp_group = groups(rank)
     return [replicated_job(rank, job, pipeline_group, dp_group) for job in jobs]
+
+
+# -- tied parameters and mixed precision ----------------------------------------------------------
+
+
+def tied_job(rank: int, job: dict, pipeline_group, dp_group) -> dict:
+    """The zoo's GPT with its LM head tied to the token embedding, every stage sharded (``fsdp=True``) or
+    replicated (``dp``), against the unpipelined tied model in float64 (one parameter, both uses summed)."""
+    from pipeforge.runtime.check import load_module, sgd
+    from pipeforge.runtime.p2p import PipelineUsageError
+    from tests.zoo import models as zoo
+
+    generated = load_module(job["module_path"])
+    info = generated.SCHEDULE
+    prank, replica = rank % PIPELINE_RANKS, rank // PIPELINE_RANKS
+    built = zoo.build("tied", info.stages, seed=0)
+    reference = copy.deepcopy(built)
+    held = sorted({s for s, _ in info.held(prank)})
+    refusal = ""
+    if {0, info.stages - 1} <= set(held):  # as built, one parameter in two stage modules of this rank
+        shared = copy.deepcopy(built)
+        try:
+            generated.make_pipeline({s: shared[s] for s in held}, loss_fn=zoo.loss_fn,
+                                    group=pipeline_group, dp_group=dp_group, fsdp=job["mode"] == "fsdp")
+        except PipelineUsageError as error:
+            refusal = str(error)
+    mine = {s: copy.deepcopy(built[s]) for s in held}  # every stage its own copy, tied by tied_parameters
+    pipe = generated.make_pipeline(mine, loss_fn=zoo.loss_fn, group=pipeline_group, timeout=60, dp_group=dp_group,
+                                   fsdp=job["mode"] == "fsdp", tied_parameters=zoo.tied_parameters("tied", info.stages))
+    worst, compared = 0.0, 0
+    for step in range(2):
+        batches = [zoo.batch("tied", 2 * info.microbatches, seed=10 * step + r) for r in range(REPLICAS)]
+        tokens, targets, every_stage = batches[replica]
+        pipe.step(*((tokens,) if pipe.holds_first else ()), target=targets if pipe.holds_last else None,
+                  shared_kwargs=every_stage)
+        tied_reference_step(reference, batches, info.microbatches)
+        for stage, module in mine.items():
+            for got, want in zip(module.parameters(), reference[stage].parameters()):
+                worst, compared = max(worst, (full(got.grad) - want.grad).abs().max().item()), compared + 1
+        sgd([p for m in mine.values() for p in m.parameters()], 0.1)
+        sgd(list({id(p): p for s in reference for p in s.parameters()}.values()), 0.1)
+    for stage, module in mine.items():
+        for got, want in zip(module.parameters(), reference[stage].parameters()):
+            worst, compared = max(worst, (full(got) - want).abs().max().item()), compared + 1
+    return {"worst": worst, "compared": compared, "refusal": refusal}
+
+
+def tied_reference_step(stages, batches, microbatches: int) -> None:
+    from tests.zoo import models as zoo
+
+    for tokens, targets, every_stage in batches:
+        for m in range(microbatches):
+            value = tokens.tensor_split(microbatches)[m]
+            for stage in stages:
+                value = stage(value, **{k: v.tensor_split(microbatches)[m] for k, v in every_stage.items()})
+            zoo.loss_fn(value, targets.tensor_split(microbatches)[m]).backward()
+    for param in {id(p): p for s in stages for p in s.parameters()}.values():
+        param.grad.div_(microbatches * len(batches))
+
+
+def mixed_precision_job(rank: int, job: dict, pipeline_group, dp_group) -> dict:
+    """float32 stages sharded with ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` against the same
+    stages unpipelined under FSDP with the same policy (microbatches accumulated without gradient sync,
+    the last one reduces): the same casts and the same sums, so the gradient shards must be equal bit for bit."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from pipeforge.runtime import models
+    from pipeforge.runtime.check import load_module
+    from pipeforge.runtime.microbatch import split_value
+
+    generated = load_module(job["module_path"])
+    info = generated.SCHEDULE
+    microbatches = info.microbatches
+    mesh = DeviceMesh.from_group(dp_group, device_type="cpu")
+    policy = MixedPrecisionPolicy(param_dtype=getattr(torch, job["param_dtype"]),
+                                  reduce_dtype=getattr(torch, job["reduce_dtype"]))
+
+    def shard(module):
+        return fully_shard(copy.deepcopy(module), mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+
+    stages = [stage.float() for stage in models.build_stages("mlp", info.stages, seed=1)]
+    reference = [shard(stage) for stage in stages]
+    held = sorted({s for s, _ in info.held(dist.get_rank(pipeline_group))})
+    mine = {s: shard(stages[s]) for s in held}
+    pipe = generated.make_pipeline(mine, loss_fn=models.loss_fn, group=pipeline_group, timeout=60, dp_group=dp_group)
+    x, y = (t.float() for t in models.make_batch(info.stages, 2 * microbatches, seed=rank // PIPELINE_RANKS))
+    pipe.step(*((x,) if pipe.holds_first else ()), target=y if pipe.holds_last else None)
+    for m, (xm, ym) in enumerate(zip(split_value(x, microbatches), split_value(y, microbatches))):
+        for module in reference:
+            module.set_requires_gradient_sync(m == microbatches - 1)
+            module.set_is_last_backward(m == microbatches - 1)
+        models.loss_fn(models.run_stages(reference, xm), ym).backward()
+    worst, compared, dtypes = 0.0, 0, set()
+    for stage in held:
+        for got, want in zip(mine[stage].parameters(), reference[stage].parameters()):
+            expected = want.grad.to_local() / microbatches  # the pipeline divides by M after the reduction
+            worst = max(worst, (got.grad.to_local() - expected).abs().max().item())
+            compared += 1
+            dtypes.add(str(got.grad.dtype))
+    return {"worst": worst, "compared": compared, "dtypes": sorted(dtypes)}
+
+
+def tied_and_mixed_jobs(rank: int, nproc: int, jobs: list[dict]) -> list[dict]:
+    """Every job on one 4-process group (a worker for ``launch.spawn``)."""
+    pipeline_group, dp_group = groups(rank)
+    run = {"tied": tied_job, "mixed": mixed_precision_job}
+    return [run[job["kind"]](rank, job, pipeline_group, dp_group) for job in jobs]

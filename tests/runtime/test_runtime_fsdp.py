@@ -84,6 +84,49 @@ def test_pipeline_with_fsdp_and_data_parallel_equals_the_unpipelined_model(tmp_p
     assert not failures, "\n".join(failures)
 
 
+def tied_and_mixed_jobs(out: Path) -> tuple[list[dict], list[str]]:
+    jobs, labels = [], []
+    for name in ("1f1b", "interleaved-1f1b", "zbv"):  # the tie across ranks (1f1b, interleaved), on rank 0 (zbv)
+        path = str(codegen(with_passes(name, unshard=1, reduce_grad=True), out / f"tied-{name}"))
+        for mode in ("fsdp", "dp"):
+            jobs.append({"kind": "tied", "module_path": path, "mode": mode})
+            labels.append(f"tied {name} {mode}")
+    for name in ("1f1b", "zb-h1", "zbv"):
+        path = str(codegen(with_passes(name, unshard=1, reduce_grad=True), out / f"mixed-{name}"))
+        for param_dtype, reduce_dtype in (("bfloat16", "float32"), ("bfloat16", "bfloat16")):
+            jobs.append({"kind": "mixed", "module_path": path, "param_dtype": param_dtype,
+                         "reduce_dtype": reduce_dtype})
+            labels.append(f"mixed precision {name} param {param_dtype} reduce {reduce_dtype}")
+    return jobs, labels
+
+
+def test_tied_parameters_and_mixed_precision_under_fsdp(tmp_path):
+    """Tied embedding and LM head with FSDP (and with plain data parallelism) equal the unpipelined tied
+    model in float64; FSDP2 mixed precision equals the same stages under FSDP unpipelined, bit for bit
+    (on ZBV only because a W's weight gradients move into the reduce dtype at once, as FSDP's
+    post-backward does); stages sharing one parameter on a rank are refused under fsdp=True."""
+    from tests.runtime.fsdp_jobs import TOLERANCE, tied_and_mixed_jobs as worker
+
+    jobs, labels = tied_and_mixed_jobs(tmp_path)
+    outcomes = spawn(worker, 4, jobs, timeout=60, deadline=540)
+    assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
+    failures = []
+    for index, label in enumerate(labels):
+        results = [o.value[index] for o in outcomes]
+        bound = TOLERANCE if label.startswith("tied") else 0.0
+        if max(r["worst"] for r in results) > bound or min(r["compared"] for r in results) == 0:
+            failures.append(f"{label}: {results}")
+        if label.startswith("mixed") and any(r["dtypes"] != ["torch.float32"] for r in results):
+            failures.append(f"{label}: the sharded gradients are not float32: {results}")
+    refusals = {(j["mode"], o.rank): r["refusal"] for o in outcomes for r, j in zip(o.value, jobs)
+                if j["kind"] == "tied" and r["refusal"]}
+    assert sorted(refusals) == [("dp", 0), ("dp", 2), ("fsdp", 0), ("fsdp", 2)], refusals  # zbv's rank 0 only
+    for (mode, _), text in refusals.items():
+        assert text.startswith("rank 0: stage 0 ('embed.tokens.weight') and stage 3 ('head.out.weight') share one "
+                               "parameter") and ("fsdp=True" if mode == "fsdp" else "dp_group=") in text, text
+    assert not failures, "\n".join(failures)
+
+
 def test_data_parallel_refuses_what_it_cannot_run():
     import torch
 
