@@ -308,26 +308,71 @@ def _finite_or_none(value: float) -> float | None:
 # --- space 2: every schedule of the work --------------------------------------------------
 
 TOLERANCE = 1e-9
+ARGUMENTS = {
+    "busy": "the rank's own compute",
+    "round trip": "the rank's compute plus the idle its round trips force within the memory limit",
+    "through": "the work of another rank that lies between two of this rank's actions, run one at a time",
+}
+
+
+@dataclass(frozen=True)
+class RankSpan:
+    """What is proved of rank ``rank``'s span in every schedule of the work: at least ``busy``,
+    ``round_trip`` (busy plus the idle its round trips force within the limit) and ``through``
+    (the one-machine bound through rank ``through_rank``); ``span`` is the largest."""
+
+    rank: int
+    busy: float
+    round_trip: float
+    through: float = 0.0
+    through_rank: int | None = None
+
+    @property
+    def span(self) -> float:
+        return max(self.busy, self.round_trip, self.through)
+
+    @property
+    def argument(self) -> str:
+        """``busy``, ``round trip`` or ``through rank q``: the argument that gives ``span``."""
+        if self.through > max(self.busy, self.round_trip) + TOLERANCE:
+            return f"through rank {self.through_rank}"
+        return "round trip" if self.round_trip > self.busy + TOLERANCE else "busy"
+
+    def to_json(self) -> dict:
+        return {"rank": self.rank, "span": self.span, "argument": self.argument, "busy": self.busy,
+                "round_trip": self.round_trip, "through": self.through, "through_rank": self.through_rank}
 
 
 @dataclass(frozen=True)
 class WorkBound:
     """A proven lower bound on the worst span, and so on the bubble rate, of every schedule of the work
-    (``WORK_SPACE``) holding at most ``memory_limit`` M_B a rank (None: no limit)."""
+    (``WORK_SPACE``) holding at most ``memory_limit`` M_B a rank (None: no limit); ``ranks``: what is
+    proved of each rank's span, and by which argument (``ARGUMENTS``)."""
 
     max_span: float
     bubble_rate: float
     memory_limit: float | None
+    ranks: tuple[RankSpan, ...] = ()
+
+    @property
+    def binding(self) -> RankSpan | None:
+        """The rank whose bound is the bound (the first of the largest)."""
+        return max(self.ranks, key=lambda r: r.span - r.rank * TOLERANCE, default=None)
 
     def to_json(self) -> dict:
+        binding = self.binding
         return {"space": WORK_SPACE, "max_span": self.max_span, "bubble_rate": self.bubble_rate,
-                "memory_limit": self.memory_limit}
+                "memory_limit": self.memory_limit,
+                "rank": None if binding is None else binding.rank,
+                "argument": None if binding is None else binding.argument,
+                "arguments": ARGUMENTS, "ranks": [r.to_json() for r in self.ranks]}
 
 
 def work_bound(graph: WorkGraph, limit: float | None) -> WorkBound:
     """The bound on space 2 for ``graph``'s work (fused or split, the same work) within ``limit``."""
-    span = span_lower_bound(graph, limit)
-    return WorkBound(span, bubble_of_span(graph, span), limit)
+    ranks = rank_spans(graph, limit)
+    span = max((r.span for r in ranks), default=0.0)
+    return WorkBound(span, bubble_of_span(graph, span), limit, ranks)
 
 
 def busy_per_rank(graph: WorkGraph) -> list[float]:
@@ -343,7 +388,7 @@ def busy_per_rank(graph: WorkGraph) -> list[float]:
 
 @dataclass(frozen=True)
 class _RankShape:
-    """What the round-trip bound needs of one rank (read from microbatch 0: costs do not depend on it)."""
+    """What the round-trip bound needs of one rank (read from one microbatch: costs do not depend on it)."""
 
     trip_to_i: float      # from the start of the rank's first F to the earliest start of any of its I
     least_lag: float      # the least wait, over its stages, from the end of an F to the start of its I
@@ -354,11 +399,17 @@ class _RankShape:
 
 
 class _Paths:
-    """Longest dependency paths among one microbatch's actions (data dependencies never cross microbatches)."""
+    """Longest dependency paths among one microbatch's actions of each chain (data dependencies never
+    cross microbatches or chains, and every microbatch of a chain has the same paths)."""
 
-    def __init__(self, graph: WorkGraph, mb: int):
+    def __init__(self, graph: WorkGraph):
         self.graph = graph
-        self.members = [a for a, action in enumerate(graph.actions) if action.microbatch == mb]
+        first: dict[int, int] = {}
+        for action in graph.actions:
+            if action.microbatch is not None and action.microbatch < first.get(action.chain, action.microbatch + 1):
+                first[action.chain] = action.microbatch
+        self.members = [a for a, action in enumerate(graph.actions)
+                        if action.microbatch is not None and action.microbatch == first[action.chain]]
         self.children: dict[int, list[tuple[int, float]]] = {a: [] for a in self.members}
         for a in self.members:
             for d, latency in graph.deps[a]:
@@ -393,6 +444,35 @@ class _Paths:
                 start[b] = max(start.get(b, float("-inf")), start[a] + self.graph.duration[a] + latency)
         return start
 
+    def heads(self, r: int, duration: list[float]) -> dict[int, float]:
+        """For each action after some action of rank r: the least time from the start of r's first
+        action to its start (the longest path from any of r's actions, which starts no earlier)."""
+        rank, head = self.graph.rank, {}
+        for a in self.order:
+            h = head.get(a, -1.0)
+            if rank[a] == r and h < 0.0:
+                h = head[a] = 0.0
+            if h < 0.0:
+                continue
+            for b, latency in self.children[a]:
+                if h + duration[a] + latency > head.get(b, -1.0):
+                    head[b] = h + duration[a] + latency
+        return head
+
+    def tails(self, r: int, duration: list[float]) -> dict[int, float]:
+        """For each action before some action of rank r: the least time from its end to the end of r's
+        last action (the longest path to any of r's actions, which ends no later)."""
+        rank, tail = self.graph.rank, {}
+        for a in reversed(self.order):
+            t = 0.0 if rank[a] == r else -1.0
+            for b, latency in self.children[a]:
+                after = tail.get(b)
+                if after is not None and latency + duration[b] + after > t:
+                    t = latency + duration[b] + after
+            if t >= 0.0:
+                tail[a] = t
+        return tail
+
 
 def _rank_shape(graph: WorkGraph, paths: _Paths, r: int) -> _RankShape | None:
     """Rank r's round trips (None when it runs no F or no I of the microbatch)."""
@@ -401,9 +481,16 @@ def _rank_shape(graph: WorkGraph, paths: _Paths, r: int) -> _RankShape | None:
     if not mine[_F] or not mine[_I]:
         return None
     lane = {(actions[a].chain, actions[a].stage, actions[a].kind): a for k in (_F, _I, _W) for a in mine[k]}
-    first = min(mine[_F], key=lambda a: (actions[a].chain, actions[a].stage))
-    from_first = paths.from_start_of(first)
-    trips = [from_first[a] for a in mine[_I] if a in from_first]
+    # The rank's first action is an F of the lowest stage it holds in some chain (everything else on it
+    # needs one); an I not after it may start as early as it.
+    firsts = {}
+    for a in mine[_F]:
+        if actions[a].stage < actions[firsts.get(actions[a].chain, a)].stage or actions[a].chain not in firsts:
+            firsts[actions[a].chain] = a
+    trips = []
+    for first in firsts.values():
+        from_first = paths.from_start_of(first)
+        trips.append(min(from_first.get(a, 0.0) for a in mine[_I]))
     lags, iw, w = [], [], []
     for f in mine[_F]:
         c, stage = actions[f].chain, actions[f].stage
@@ -429,7 +516,7 @@ def tail_work(shape: _RankShape, limit: float, weights: float) -> float:
 
 def round_trip_idle(graph: WorkGraph, r: int, limit: float | None, paths: _Paths | None = None) -> float:
     """Idle time rank r cannot avoid inside its span (0 when nothing can be said)."""
-    shape = _rank_shape(graph, paths or _Paths(graph, 0), r)
+    shape = _rank_shape(graph, paths or _Paths(graph), r)
     if shape is None:
         return 0.0
     stages = graph.shape.stages
@@ -442,10 +529,94 @@ def round_trip_idle(graph: WorkGraph, r: int, limit: float | None, paths: _Paths
     return max(head, tail)
 
 
+def through_spans(graph: WorkGraph, paths: _Paths | None = None) -> list[tuple[float, int | None]]:
+    """Per rank r, the one-machine bound through another rank q, and q (``(0, None)`` when nothing is said).
+
+    Every action j of q that comes after some action of r and before some
+    action of r (in its microbatch's dependencies) starts at least ``head_j``
+    after r's first action starts and ends at least ``tail_j`` before r's last
+    action ends (``_Paths.heads``, ``tails``); q runs one action at a time. So
+    for any thresholds H, T, r's span is at least H + T plus the work of q's
+    actions with head >= H and tail >= T (the preemptive one-machine bound with
+    release and delivery times, Jackson's). Through the last rank this is the
+    pipeline's fill, every microbatch's F and I there, and the drain.
+
+    A B may be fused or split: an I counts the cheaper of I and B, a W what a B
+    costs beyond that (at most W). Said only when every microbatch of a chain
+    runs the same actions (what the heads and tails, read from one, assume).
+    """
+    ranks = graph.shape.ranks
+    lanes = _lane_counts(graph)
+    if lanes is None:
+        return [(0.0, None)] * ranks
+    paths = paths or _Paths(graph)
+    duration = _least_durations(graph)
+    found = []
+    for r in range(ranks):
+        heads, tails = paths.heads(r, duration), paths.tails(r, duration)
+        jobs: dict[int, list[tuple[float, float, float]]] = {}
+        for a in paths.members:
+            if a in heads and a in tails:
+                action = graph.actions[a]
+                work = duration[a] * lanes[(action.chain, action.stage, action.kind)]
+                jobs.setdefault(graph.rank[a], []).append((heads[a], tails[a], work))
+        found.append(max(((_one_machine(q_jobs), q) for q, q_jobs in jobs.items()), default=(0.0, None)))
+    return found
+
+
+def _one_machine(jobs: list[tuple[float, float, float]]) -> float:
+    """max over H, T of H + (work of the jobs with head >= H and tail >= T, when there are any) + T."""
+    best = 0.0
+    for h, _, _ in jobs:
+        for _, t, _ in jobs:
+            chosen = [w for hj, tj, w in jobs if hj >= h - TOLERANCE and tj >= t - TOLERANCE]
+            if chosen:  # (an empty choice says nothing)
+                best = max(best, h + sum(chosen) + t)
+    return best
+
+
+def _lane_counts(graph: WorkGraph) -> dict[tuple, int] | None:
+    """How many actions each (chain, stage, kind) runs, when every microbatch of a chain runs each of
+    them (else None); None too for fused work (its I and W are one action)."""
+    count: dict[tuple, int] = {}
+    microbatches: dict[int, set] = {}
+    for action in graph.actions:
+        if action.kind is _B or action.microbatch is None:
+            return None
+        key = (action.chain, action.stage, action.kind)
+        count[key] = count.get(key, 0) + 1
+        microbatches.setdefault(action.chain, set()).add(action.microbatch)
+    if any(n != len(microbatches[key[0]]) for key, n in count.items()):
+        return None
+    return count
+
+
+def _least_durations(graph: WorkGraph) -> list[float]:
+    """Each action's least duration in any schedule of the work: an I the cheaper of I and B (a fused B
+    holds its I), a W what the cheaper of B and I + W leaves after that (at most W)."""
+    cost = graph.costs.duration
+    found = []
+    for action, duration in zip(graph.actions, graph.duration):
+        if action.kind is _I:
+            duration = min(duration, cost(_B, action.stage))
+        elif action.kind is _W:
+            fused = cost(_B, action.stage) - min(cost(_I, action.stage), cost(_B, action.stage))
+            duration = max(0.0, min(duration, fused))
+        found.append(duration)
+    return found
+
+
+def rank_spans(graph: WorkGraph, limit: float | None) -> tuple[RankSpan, ...]:
+    """What is proved of each rank's span in any schedule of ``graph``'s work within ``limit``."""
+    busy, paths = busy_per_rank(graph), _Paths(graph)
+    through = through_spans(graph, paths)
+    return tuple(RankSpan(r, busy[r], busy[r] + round_trip_idle(graph, r, limit, paths), *through[r])
+                 for r in range(graph.shape.ranks))
+
+
 def span_lower_bound(graph: WorkGraph, limit: float | None) -> float:
     """A proven lower bound on the worst span of any schedule of ``graph``'s work within ``limit``."""
-    busy, paths = busy_per_rank(graph), _Paths(graph, 0)
-    return max((busy[r] + round_trip_idle(graph, r, limit, paths) for r in range(graph.shape.ranks)), default=0.0)
+    return max((r.span for r in rank_spans(graph, limit)), default=0.0)
 
 
 def bubble_of_span(graph: WorkGraph, span: float) -> float:
