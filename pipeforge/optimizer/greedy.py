@@ -26,13 +26,14 @@ clocks (as-soon-as-possible in program order, the same timing as ``evaluate``).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from pipeforge.ir import Action, ActionKind, as_action
 from pipeforge.optimizer.evaluate import Problem, stage_growth
 from pipeforge.optimizer.units import integer_units
 from pipeforge.semantics import ActionKey, needs
 
-# Kinds as their letters: the builder keys dicts by kind in its hot loop, and an exact str hashes
+# Kinds as their letters: the builder keys its tables by kind in its hot loop, and an exact str hashes
 # fastest there. A key (stage, "F", microbatch, 0) is equal to the Action it names (semantics.ActionKey).
 F, I, W = ActionKind.F.value, ActionKind.I.value, ActionKind.W.value  # noqa: E741
 Kind = str
@@ -49,6 +50,11 @@ class Knobs:
 KNOB_SETTINGS = tuple(
     Knobs(a, b, c) for a in (True, False) for b in (True, False) for c in (True, False)
 )
+# The order they are built in when the search may stop at a bound: the settings that win most often on
+# the Zero Bubble paper's rows first (every 1p and 1.375p row: the first; most 2p rows: the second).
+# Without a stop every setting runs and ties go to the first in KNOB_SETTINGS, as the paper's code does.
+TRY_FIRST = (Knobs(True, True, False), Knobs(True, True, True))
+BUILD_ORDER = TRY_FIRST + tuple(k for k in KNOB_SETTINGS if k not in TRY_FIRST)
 
 
 class DoesNotFit(Exception):
@@ -69,14 +75,27 @@ def supports(problem: Problem) -> bool:
 class GreedyOrder:
     """One knob setting's per-rank order and the spans its own clocks give (ASAP, as ``evaluate``).
 
-    ``ticks`` are the spans in the exact integer units the builder works in
-    (``units.py``), ``spans`` the same in the problem's units.
+    ``kinds`` is each rank's program as kind letters (every stage runs each kind in microbatch order,
+    so the letters name the actions); ``keys`` the same as action keys. ``ticks`` are the spans in the
+    exact integer units the builder works in (``units.py``), ``spans`` the same in the problem's units.
     """
 
     knobs: Knobs
-    keys: tuple[tuple[ActionKey, ...], ...]
+    kinds: tuple[str, ...]
     spans: tuple[float, ...]
     ticks: tuple[float, ...]
+
+    @cached_property
+    def keys(self) -> tuple[tuple[ActionKey, ...], ...]:
+        found = []
+        for j, letters in enumerate(self.kinds):
+            seen = {F: 0, I: 0, W: 0}
+            program = []
+            for kind in letters:
+                program.append((j, kind, seen[kind], 0))
+                seen[kind] += 1
+            found.append(tuple(program))
+        return tuple(found)
 
     @property
     def programs(self) -> tuple[tuple[Action, ...], ...]:
@@ -87,25 +106,31 @@ class GreedyOrder:
         return (max(self.ticks), sum(self.ticks))
 
 
-def zero_bubble_orders(problem: Problem) -> list[GreedyOrder]:
-    """The orders of every knob setting that fits in memory (the same orders whatever the cost units)."""
+def zero_bubble_orders(problem: Problem, stop_at: float | None = None) -> list[GreedyOrder]:
+    """The orders of every knob setting that fits in memory (the same orders whatever the cost units);
+    with ``stop_at`` (a worst span in the problem's units, e.g. a proven lower bound) the settings are
+    built in ``BUILD_ORDER`` and the building stops at the first order whose worst span reaches it."""
     units = integer_units(problem.costs)
     exact = replace(problem, costs=units.costs)
     found = []
-    for knobs in KNOB_SETTINGS:
+    for knobs in KNOB_SETTINGS if stop_at is None else BUILD_ORDER:
         builder = _RoundBuilder(exact, knobs)
         try:
-            keys = builder.build()
+            kinds = builder.build()
         except DoesNotFit:
             continue
         ticks = tuple(end - first for end, first in zip(builder.clock, builder.first_start))
-        found.append(GreedyOrder(knobs, keys, tuple(map(units.to_real, ticks)), ticks))
+        found.append(GreedyOrder(knobs, kinds, tuple(map(units.to_real, ticks)), ticks))
+        if stop_at is not None and max(found[-1].spans) <= stop_at * (1 + TOLERANCE) + TOLERANCE:
+            break
     return found
 
 
-def best_zero_bubble_order(problem: Problem) -> GreedyOrder | None:
-    """The paper's choice: the setting with the smallest worst span (then total span)."""
-    return min(zero_bubble_orders(problem), key=GreedyOrder.key, default=None)
+def best_zero_bubble_order(problem: Problem, stop_at: float | None = None) -> GreedyOrder | None:
+    """The paper's choice: the setting with the smallest worst span (then total span; ties to the first
+    setting in ``KNOB_SETTINGS``); ``stop_at``: see ``zero_bubble_orders``."""
+    rank = {knobs: i for i, knobs in enumerate(KNOB_SETTINGS)}
+    return min(zero_bubble_orders(problem, stop_at), key=lambda o: (o.key(), rank[o.knobs]), default=None)
 
 
 def input_pattern(kind: Kind, stage: int, stages: int, costs) -> tuple[tuple[int, Kind, float], ...]:
@@ -124,74 +149,73 @@ def input_pattern(kind: Kind, stage: int, stages: int, costs) -> tuple[tuple[int
 
 
 class _RoundBuilder:
-    """The state of one run of the heuristic: per rank clock, counts, memory and bubble."""
+    """The state of one run of the heuristic: per rank clock, counts, memory and bubble.
+
+    Every stage runs each kind in microbatch order, so an action's end is kept in ``ends[kind][stage]``
+    at its microbatch's index, and a rank's program as kind letters."""
 
     def __init__(self, problem: Problem, knobs: Knobs):
         self.knobs = knobs
         self.p, self.m = problem.stages, problem.microbatches
-        self.comm = problem.costs.comm
         self.cost = {k: [problem.costs.duration(ActionKind(k), s) for s in range(self.p)] for k in (F, I, W)}
         self.grow = stage_growth(problem)  # per kind, per stage (M_B): semantics.MEMORY at the stage's sizes
         limit = problem.memory_limit
-        self.limit = limit if limit is not None else float(self.m) + 1.0
+        self.limit = (limit if limit is not None else float(self.m) + 1.0) + TOLERANCE
         self.done = {k: [0] * self.p for k in (F, I, W)}
         self.held = [0.0] * self.p
         self.clock = [0.0] * self.p
         self.first_start = [0.0] * self.p
         self.bubble = [0.0] * self.p
+        self.worst = 0.0  # max(self.bubble): bubbles only grow
         self.inputs = {k: [input_pattern(k, j, self.p, problem.costs) for j in range(self.p)] for k in (F, I, W)}
-        self.link = [problem.costs.latency(s, s + 1) for s in range(self.p - 1)]  # stage s -> s + 1
-        self.finish: dict[ActionKey, float] = {}  # (stage, kind, microbatch, 0): stage j is on rank j
-        self.programs: list[list[ActionKey]] = [[] for _ in range(self.p)]
+        self.link = [problem.costs.latency(s, s + 1) for s in range(self.p - 1)]  # stage s <-> s + 1
+        self.ends: dict[Kind, list[list[float]]] = {k: [[] for _ in range(self.p)] for k in (F, I, W)}
+        self.programs: list[list[Kind]] = [[] for _ in range(self.p)]
 
-    def build(self) -> tuple[tuple[ActionKey, ...], ...]:
+    def build(self) -> tuple[str, ...]:
         self.warm_up()
         for _ in range(1, self.m):
             self.steady_round()
         for j in range(self.p):
             while self.done[W][j] < self.m:
                 self.put(j, W)
-        return tuple(tuple(program) for program in self.programs)
+        return tuple("".join(program) for program in self.programs)
 
     # -- the primitive: append one action to rank j, keeping clocks ------------
 
     def put(self, j: int, kind: Kind) -> None:
-        mb = self.done[kind][j]
-        if self.held[j] + self.grow[kind][j] > self.limit + TOLERANCE:
+        done = self.done[kind]
+        mb = done[j]
+        held = self.held[j] + self.grow[kind][j]
+        if held > self.limit:
             raise DoesNotFit
-        cost = self.cost[kind][j]
-        no_wait = self.clock[j] + cost
-        end = max(no_wait, self.arrival(j, kind, mb) + cost)
+        clock = start = self.clock[j]
+        for stage, made_by, latency in self.inputs[kind][j]:  # when every input has arrived
+            made = self.ends[made_by][stage]
+            if mb >= len(made):
+                raise DoesNotFit  # a missing input: this setting cannot build a valid order
+            if made[mb] + latency > start:
+                start = made[mb] + latency
         if self.done[F][j] > 0:
-            self.bubble[j] += end - no_wait
+            bubble = self.bubble[j] = self.bubble[j] + start - clock
+            if bubble > self.worst:
+                self.worst = bubble
         else:
-            self.first_start[j] = end - cost
-        self.clock[j] = end
-        self.finish[(j, kind, mb, 0)] = end
-        self.held[j] += self.grow[kind][j]
-        self.done[kind][j] += 1
-        self.programs[j].append((j, kind, mb, 0))
+            self.first_start[j] = start
+        end = self.clock[j] = start + self.cost[kind][j]
+        self.ends[kind][j].append(end)
+        self.held[j] = held
+        done[j] = mb + 1
+        self.programs[j].append(kind)
 
-    def arrival(self, j: int, kind: Kind, mb: int) -> float:
-        """When every input of ``kind`` on rank j for ``mb`` has arrived (``input_pattern``); a missing
-        one means this setting cannot build a valid order."""
-        ready = 0.0
-        for stage, made_by, latency in self.inputs[kind][j]:
-            done = self.finish.get((stage, made_by, mb, 0))
-            if done is None:
-                raise DoesNotFit
-            done += latency
-            if done > ready:
-                ready = done
-        return ready
-
-    def needed(self, key: ActionKey) -> float:
-        if key not in self.finish:
+    def needed(self, stage: int, kind: Kind, mb: int) -> float:
+        made = self.ends[kind][stage]
+        if mb >= len(made):
             raise DoesNotFit
-        return self.finish[key]
+        return made[mb]
 
     def worst_bubble(self) -> float:
-        return max(self.bubble)
+        return self.worst
 
     def pending_w(self, j: int) -> bool:
         return self.done[W][j] < self.done[I][j]
@@ -209,17 +233,18 @@ class _RoundBuilder:
             self.put(j, I)
 
     def extra_warm_up(self) -> list[int]:
-        """How many more F each rank runs before its first I: as many as fit before it comes back."""
+        """How many more F each rank runs before its first I: as many as fit before it comes back
+        (over the link from the rank below)."""
         extra = [0] * self.p
-        back = self.finish[(self.p - 1, F, 0, 0)] + self.cost[I][self.p - 1]
+        back = self.needed(self.p - 1, F, 0) + self.cost[I][self.p - 1]
         for j in reversed(range(self.p - 1)):
             held, clock = self.held[j], self.clock[j]
-            while self.done[F][j] + extra[j] < self.m and held + 1.0 <= self.limit + TOLERANCE:
+            while self.done[F][j] + extra[j] < self.m and held + self.grow[F][j] <= self.limit:
                 if self.stop_warm_up(clock, back, j):
                     break
-                held, clock = held + 1.0, clock + self.cost[F][j]
+                held, clock = held + self.grow[F][j], clock + self.cost[F][j]
                 extra[j] += 1
-            back = max(clock, back + self.comm) + self.cost[I][j]
+            back = max(clock, back + self.link[j]) + self.cost[I][j]
         for j in range(1, self.p):
             while extra[j] > 0 and extra[j] >= extra[j - 1] and self.done[F][j] + extra[j] < self.m:
                 extra[j] -= 1
@@ -227,8 +252,8 @@ class _RoundBuilder:
 
     def stop_warm_up(self, clock: float, back: float, j: int) -> bool:
         if self.knobs.bubble_before_first_i:
-            return clock + self.cost[F][j] > back + self.comm
-        return clock >= back + self.comm
+            return clock + self.cost[F][j] > back + self.link[j]
+        return clock >= back + self.link[j]
 
     # -- rounds 1 .. m-1 -------------------------------------------------------
 
@@ -247,7 +272,7 @@ class _RoundBuilder:
             return False
         if j + 1 >= self.p or not self.knobs.prioritize_i or self.done[F][j] < self.done[F][j + 1] + 2:
             return True
-        comes_back = self.clock[j + 1] + self.cost[F][j + 1] + self.cost[I][j + 1] + self.comm
+        comes_back = self.clock[j + 1] + self.cost[F][j + 1] + self.cost[I][j + 1] + self.link[j]
         if self.clock[j] >= comes_back:
             return False
         if self.clock[j] + self.cost[F][j] + self.w_cost_to_fit(j, self.grow[F][j]) <= comes_back:
@@ -257,7 +282,7 @@ class _RoundBuilder:
     def w_cost_to_fit(self, j: int, grow: float) -> float:
         """The time the W needed to make room for ``grow`` more on rank j would take."""
         held, cost, count = self.held[j] + grow, 0.0, 0
-        while held > self.limit + TOLERANCE and self.done[W][j] + count < self.done[I][j]:
+        while held > self.limit and self.done[W][j] + count < self.done[I][j]:
             held += self.grow[W][j]
             cost += self.cost[W][j]
             count += 1
@@ -266,20 +291,20 @@ class _RoundBuilder:
     def forward_with_fill(self, j: int) -> None:
         self.make_room(j, F)
         if j > 0:
-            self.fill_wait(j, self.needed((j - 1, F, self.done[F][j], 0)) + self.link[j - 1])
+            self.fill_wait(j, self.needed(j - 1, F, self.done[F][j]) + self.link[j - 1])
         self.put(j, F)
 
     def backward_with_fill(self, j: int) -> None:
         self.make_room(j, I)
         if j + 1 < self.p:
-            self.fill_wait(j, self.needed((j + 1, I, self.done[I][j], 0)) + self.link[j])
+            self.fill_wait(j, self.needed(j + 1, I, self.done[I][j]) + self.link[j])
         if j == 0 and self.done[F][j] == self.m:
             while self.pending_w(j):
                 self.put(j, W)
         self.put(j, I)
 
     def make_room(self, j: int, kind: Kind) -> None:
-        while self.held[j] + self.grow[kind][j] > self.limit + TOLERANCE:
+        while self.held[j] + self.grow[kind][j] > self.limit:
             if not self.pending_w(j):
                 raise DoesNotFit
             self.put(j, W)

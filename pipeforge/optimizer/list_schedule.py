@@ -103,14 +103,33 @@ class _ListScheduler:
         self.programs: list[list[ActionKey]] = [[] for _ in range(problem.ranks)]
         order = sorted(self.lanes, key=lambda lane: lane[1], reverse=rules.late_stage_first)
         self.rank_lanes = [[lane for lane in order if self.rank_of[lane] == r] for r in range(problem.ranks)]
+        self.waiting = self._waiting_ranks()
+
+    def _waiting_ranks(self) -> dict[tuple[str, int, int], tuple[int, ...]]:
+        """(kind, stage, chain) -> the other ranks with an action that needs such an action (the inputs
+        of ``semantics.needs``): the ranks whose proposal may change when one ends."""
+        found: dict[tuple[str, int, int], set[int]] = {}
+        for (kind, stage, chain), inputs in self.inputs.items():
+            for producers, _, _ in inputs:
+                for producer_stage, made_by in producers:
+                    found.setdefault((made_by, producer_stage, chain), set()).add(self.rank_of[(chain, stage)])
+        return {key: tuple(sorted(ranks)) for key, ranks in found.items()}
 
     def run(self) -> tuple[tuple[ActionKey, ...], ...]:
+        """Each step the earliest proposal runs; a rank's proposal depends only on its own state and on
+        the ends of its candidates' inputs, so only the rank that ran and the ranks waiting on what it
+        ran propose anew."""
         total = 3 * self.m * self.problem.stages
+        proposals = [self.proposal(r) for r in range(self.problem.ranks)]
         for _ in range(total):
-            start, rank, key = min(self.proposal(r) for r in range(self.problem.ranks))
+            start, rank, key = min(proposals)
             if start == NEVER:
                 raise NothingCanStart
             self.commit(rank, key, start)
+            proposals[rank] = self.proposal(rank)
+            for r in self.waiting.get((key[1], key[0], key[3]), ()):
+                if r != rank:
+                    proposals[r] = self.proposal(r)
         return tuple(tuple(program) for program in self.programs)
 
     def proposal(self, r: int) -> tuple[float, int, ActionKey | None]:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from pipeforge.errors import Argument, ArgumentError, UsageError, VerificationError, words
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step
 from pipeforge.semantics import COMPLETE, split
-from pipeforge.sim.bounds import WorkBound, bubble_of_span, span_lower_bound
+from pipeforge.sim.bounds import WorkBound, bubble_of_span, work_bound
 from pipeforge.optimizer.evaluate import (
     Evaluation, Graph, Order, Problem, compute_actions, evaluate, is_complete, schedule_of,
 )
@@ -159,6 +159,7 @@ class _Outcome:
     best: _Candidate | None
     span_bound: float
     stopped: str
+    static: WorkBound | None = None  # sim.bounds' bound before any search (exact search may prove more)
 
 
 def metrics_of(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> Metrics:
@@ -201,18 +202,22 @@ def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit
     before = metrics_of(compute, base.costs, base.memory)
     if base.memory_limit is None:
         base = replace(base, memory_limit=max(before.peak_memory, default=0.0))
-    # First every layout's greedy orders, then the rest of the time on the layout that leads.
-    runs = [_start_layout(compute, base, layout, strategy, deadline, progress) for layout in tried]
+    # Every layout's bound, then their greedy orders, the layout with the lowest bound first (a layout
+    # whose bound another's order reaches is skipped), then the rest of the time on the one that leads.
+    runs = [_layout_run(compute, base, layout, strategy, deadline, progress) for layout in tried]
+    for run in sorted(runs, key=lambda run: run.bound):
+        leading = min((run for run in runs if run.best is not None), key=_Search.key, default=None)
+        run.start(strategy, None if leading is None else leading.best.evaluation.max_span)
     leader = min(runs, key=lambda run: run.key())
     leader.improve(strategy)
-    outcomes = [_Outcome(run.layout, run.split, run.best, run.bound, run.stopped) for run in runs]
+    outcomes = [_Outcome(run.layout, run.split, run.best, run.bound, run.stopped, run.static) for run in runs]
     result = _result(schedule, compute, before, outcomes, given, strategy, started)
     return _in_units(result, units.scale / chunks, [layout.describe(given) for layout in tried])
 
 
-def _start_layout(compute: Schedule, base: Problem, layout: Layout, strategy: str, deadline: float,
-                  progress: Progress | None) -> _Search:
-    """A run in ``layout`` with its first candidates (the input for local search, the greedy orders)."""
+def _layout_run(compute: Schedule, base: Problem, layout: Layout, strategy: str, deadline: float,
+                progress: Progress | None) -> _Search:
+    """A run in ``layout``: its work graph (compiled once) and its proven bound."""
     problem = layout.problem(base)
     if layout.keeps:
         work = split_actions(compute_actions(compute))
@@ -224,9 +229,7 @@ def _start_layout(compute: Schedule, base: Problem, layout: Layout, strategy: st
     split = Graph(problem, work)
     if strategy == "exact" and layout.keeps:
         _require_exact_size(split)
-    run = _Search(layout, problem, split, deadline, progress, source)
-    run.start(strategy)
-    return run
+    return _Search(layout, problem, split, deadline, progress, source)
 
 
 def _require_exact_size(split: Graph) -> None:
@@ -266,7 +269,8 @@ class _Search:
         self.layout, self.problem, self.split, self.deadline, self.progress = layout, problem, split, deadline, progress
         self.source_of, self.source = source_of, None
         self.best: _Candidate | None = None
-        self.bound = 0.0
+        self.static = work_bound(split, problem.memory_limit)
+        self.bound = self.static.max_span
         self.stopped = "finished"
 
     def key(self) -> tuple:
@@ -286,14 +290,16 @@ class _Search:
         if self.best is None or candidate.evaluation.key() < self.best.evaluation.key():
             self.best = candidate
 
-    def start(self, strategy: str) -> None:
+    def start(self, strategy: str, to_beat: float | None = None) -> None:
         """The proven bound and the first candidates: the input (for local search) and the greedy orders.
-        The input becomes a candidate only when local search needs it (it costs a graph of its own)."""
+        The input becomes a candidate only when local search needs it (it costs a graph of its own).
+        No greedy order is built when ``to_beat`` (another layout's worst span) is at or below this
+        layout's bound (none could beat it), nor past the deadline when another layout has an order."""
         if self.source_of is not None and strategy == "local":
             self.source = self.source_of()
         self.offer(self.source)
-        self.bound = span_lower_bound(self.split, self.problem.memory_limit)
-        if strategy in ("auto", "greedy", "exact") or self.source is None:
+        hopeless = to_beat is not None and (to_beat <= self.bound + 1e-9 or self.left() <= 0)
+        if (strategy in ("auto", "greedy", "exact") or self.source is None) and not hopeless:
             self.greedy(required=strategy == "greedy", bound=self.bound)
         if self.reached(self.bound):
             self.stopped = "bound"
@@ -329,7 +335,7 @@ class _Search:
                                    "try ", Argument("strategy", value="local")))
         if greedy.supports(self.problem):
             self.tell(0.0, "greedy: the Zero Bubble scheduler's eight settings")
-            found = greedy.best_zero_bubble_order(self.problem)
+            found = greedy.best_zero_bubble_order(self.problem, stop_at=bound)
             if found is not None:
                 self.offer_keys(found.keys, "greedy")
         if v_greedy.supports(self.problem):
@@ -418,12 +424,7 @@ def _result(schedule: Schedule, compute: Schedule, before: Metrics, outcomes: li
 
 def _static_bound(outcomes: list[_Outcome]) -> WorkBound | None:
     """``sim.bounds``' bound on every schedule of the work in the input's placement (integer units)."""
-    kept = next((o for o in outcomes if o.layout.keeps), None)
-    if kept is None:
-        return None
-    limit = kept.split.problem.memory_limit
-    span = span_lower_bound(kept.split, limit)
-    return WorkBound(span, bubble_of_span(kept.split, span), limit)
+    return next((o.static for o in outcomes if o.layout.keeps), None)
 
 
 def _with_weights(schedule: Schedule, given: Problem) -> Schedule:
@@ -446,7 +447,7 @@ def _in_units(result: OptimizeResult, scale: float, tried: list[str]) -> Optimiz
     """``result`` with its times in the input's unit (they were integer units times ``1 / scale``)."""
     static = result.work_bound
     if static is not None:
-        static = replace(static, max_span=static.max_span * scale)
+        static = static.scaled(scale)
     return replace(result, before=result.before.scaled(scale), after=result.after.scaled(scale),
                    span_bound=result.span_bound * scale, placements_tried=tuple(tried), work_bound=static)
 

@@ -31,13 +31,14 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from pipeforge.ir import ActionKind, Placement
-from pipeforge.optimizer.evaluate import Problem
-from pipeforge.semantics import ActionKey, memory_delta
+from pipeforge.optimizer.evaluate import Problem, stage_growth
 from pipeforge.optimizer.units import integer_units
+from pipeforge.semantics import ActionKey, needs
 
-F, I, W = ActionKind.F.value, ActionKind.I.value, ActionKind.W.value
+F, I, W = ActionKind.F.value, ActionKind.I.value, ActionKind.W.value  # noqa: E741
 DOWN, UP = 0, 1        # a rank's chunk on the way down (stage i) and back up (stage 2p-1-i)
 MAX_REPEATS = 8
+TOLERANCE = 1e-9
 
 
 class DoesNotFit(Exception):
@@ -66,13 +67,14 @@ def zero_bubble_v_orders(problem: Problem, deadline: float | None = None
     """The orders of every setting (and of every repeat with the allowance fed back) that fit;
     past ``deadline`` (``time.monotonic()``) no further run is started once one order is found."""
     exact = replace(problem, costs=integer_units(problem.costs).costs)
+    shape = _VShape(exact)
     found = []
     for knobs in V_KNOBS:
         approved: list[float] | None = None
         for _ in range(MAX_REPEATS):
             if found and deadline is not None and time.monotonic() > deadline:
                 return found
-            builder = _VBuilder(exact, knobs, approved)
+            builder = _VBuilder(shape, knobs, approved)
             try:
                 keys = builder.build()
             except DoesNotFit:
@@ -85,78 +87,104 @@ def zero_bubble_v_orders(problem: Problem, deadline: float | None = None
     return found
 
 
-class _VBuilder:
-    def __init__(self, problem: Problem, knobs: VKnobs, approved: list[float] | None):
-        self.p, self.m, self.knobs = problem.ranks, problem.microbatches, knobs
-        self.comm = problem.costs.comm
-        self.stage_cost = {(k, s): problem.costs.duration(ActionKind(k), s) for k in (F, I, W)
-                           for s in range(2 * self.p)}
-        self.grow = {k: memory_delta(k, problem.weights) for k in (F, I, W)}  # semantics.MEMORY
+class _VShape:
+    """What every run shares: each (kind, chunk, rank)'s stage, duration, memory growth and the
+    cross-rank input it waits for (``semantics.needs``, with its link's ``CostModel.latency``)."""
+
+    def __init__(self, problem: Problem):
+        self.p, self.m = problem.ranks, problem.microbatches
+        stages, owner = 2 * self.p, problem.placements[0].stage_to_rank
+        growth = stage_growth(problem)  # per kind, per stage (M_B): semantics.MEMORY at the stage's sizes
+        self.stage = [[r if chunk == DOWN else stages - 1 - r for r in range(self.p)] for chunk in (DOWN, UP)]
+        self.cost, self.grow, self.source = {}, {}, {}
+        for kind in (F, I, W):
+            for chunk in (DOWN, UP):
+                for r in range(self.p):
+                    stage = self.stage[chunk][r]
+                    self.cost[kind, chunk, r] = problem.costs.duration(ActionKind(kind), stage)
+                    self.grow[kind, chunk, r] = growth[kind][stage]
+                    self.source[kind, chunk, r] = _cross_rank_input(kind, stage, stages, owner, problem.costs)
         limit = problem.memory_limit
-        self.limit = limit if limit is not None else 4.0 * self.p
+        self.limit = (limit if limit is not None else 4.0 * self.p) + TOLERANCE
+
+
+def _cross_rank_input(kind: str, stage: int, stages: int, owner: tuple[int, ...], costs
+                      ) -> tuple[tuple[int, str], float] | None:
+    """The (stage, kind) on another rank whose output ``kind`` on ``stage`` waits for, and the link's
+    latency; None when every input is on the same rank (put earlier by construction). Of B or I
+    the builder runs the I."""
+    for producers, send, _ in needs((stage, kind, 0, 0), stages):
+        if send is not None and owner[producers[0][0]] != owner[stage]:
+            made_by = next((s, k._value_) for s, k, _, _ in producers if k in (F, I, W))
+            return made_by, costs.latency(made_by[0], stage)
+    return None
+
+
+class _VBuilder:
+    """One run: clocks, counts, memory and bubbles per rank. Each stage runs each kind in microbatch
+    order, so ends are kept per (stage, kind) at the microbatch's index."""
+
+    def __init__(self, shape: _VShape, knobs: VKnobs, approved: list[float] | None):
+        self.shape, self.knobs = shape, knobs
+        self.p, self.m = shape.p, shape.m
         self.approved = approved or [-1.0] * self.p
+        self.most_approved = max(self.approved)
         self.count = {(k, c, r): 0 for k in (F, I) for c in (DOWN, UP) for r in range(self.p)}
-        self.end: dict[tuple[str, int, int, int], float] = {}
+        self.ends: dict[tuple[int, str], list[float]] = {(s, k): [] for s in range(2 * self.p) for k in (F, I, W)}
         self.clock = [0.0] * self.p
         self.held = [0.0] * self.p
         self.bubble = [0.0] * self.p
+        self.worst = 0.0  # max(self.bubble): bubbles only grow
         self.pending_w: list[deque[tuple[int, int]]] = [deque() for _ in range(self.p)]
         self.programs: list[list[ActionKey]] = [[] for _ in range(self.p)]
-
-    def stage(self, kind: str, chunk: int, r: int) -> int:
-        """The global stage of rank r's chunk (an I of the way-down chunk belongs to stage r)."""
-        return r if chunk == DOWN else 2 * self.p - 1 - r
 
     # -- the primitive -------------------------------------------------------
 
     def put(self, kind: str, chunk: int, r: int, mb: int | None = None) -> None:
+        shape = self.shape
         mb = self.count[(kind, chunk, r)] if mb is None else mb
-        if mb >= self.m or self.held[r] + self.grow[kind] > self.limit + 1e-9:
+        held = self.held[r] + shape.grow[kind, chunk, r]
+        if mb >= self.m or held > shape.limit:
             raise DoesNotFit
-        stage = self.stage(kind, chunk, r)
-        cost = self.stage_cost[(kind, stage)]
-        no_wait = self.clock[r] + cost
-        end = no_wait
-        source = self.source(kind, chunk, r, mb)
+        clock = start = self.clock[r]
+        source = shape.source[kind, chunk, r]
         if source is not None:
-            if source not in self.end:
+            made = self.ends[source[0]]
+            if mb >= len(made):
                 raise DoesNotFit
-            end = max(end, self.end[source] + self.comm + cost)
+            if made[mb] + source[1] > start:
+                start = made[mb] + source[1]
         if self.count[(F, DOWN, r)] > 0:
-            self.bubble[r] += end - no_wait
-        self.end[(kind, chunk, r, mb)] = end
-        self.clock[r] = end
-        self.held[r] += self.grow[kind]
-        self.programs[r].append((stage, ActionKind(kind), mb, 0))  # an Action's layout
+            bubble = self.bubble[r] = self.bubble[r] + start - clock
+            if bubble > self.worst:
+                self.worst = bubble
+        stage = shape.stage[chunk][r]
+        end = self.clock[r] = start + shape.cost[kind, chunk, r]
+        self.ends[(stage, kind)].append(end)
+        self.held[r] = held
+        self.programs[r].append((stage, kind, mb, 0))  # an Action's layout, the kind as its letter
         if kind == I:
             self.pending_w[r].append((chunk, mb))
         if kind != W:
             self.count[(kind, chunk, r)] += 1
 
-    def source(self, kind: str, chunk: int, r: int, mb: int) -> tuple[str, int, int, int] | None:
-        """The action on the neighbouring rank whose output this one waits for (None: same rank).
-
-        F down waits for rank r-1; F up for rank r+1; the I of the way-up chunk (the loss side)
-        for rank r-1; the I of the way-down chunk for rank r+1.
-        """
-        if kind == W:
-            return None
-        up_neighbour = (kind == F) == (chunk == UP)
-        if up_neighbour:
-            return (kind, chunk, r + 1, mb) if r + 1 < self.p else None
-        return (kind, chunk, r - 1, mb) if r > 0 else None
-
     def put_w(self, r: int) -> None:
         chunk, mb = self.pending_w[r].popleft()
         self.put(W, chunk, r, mb)
 
-    def ready(self, kind: str, chunk: int, r: int) -> float:
-        """When the next such action's input arrives (-1 when it is local or not yet made)."""
-        source = self.source(kind, chunk, r, self.count[(kind, chunk, r)])
-        return self.end.get(source, -1.0) if source is not None else -1.0
+    def arrival(self, kind: str, chunk: int, r: int) -> float | None:
+        """When the next such action's cross-rank input arrives (None: it has none, or it is not made)."""
+        source = self.shape.source[kind, chunk, r]
+        if source is None:
+            return None
+        made, mb = self.ends[source[0]], self.count[(kind, chunk, r)]
+        return made[mb] + source[1] if mb < len(made) else None
+
+    def made(self, kind: str, chunk: int, r: int) -> bool:
+        return self.arrival(kind, chunk, r) is not None
 
     def worst_bubble(self, r: int) -> float:
-        return max(max(self.bubble), max(self.approved) - self.approved[r])
+        return max(self.worst, self.most_approved - self.approved[r])
 
     # -- the schedule ----------------------------------------------------------
 
@@ -174,13 +202,15 @@ class _VBuilder:
         return tuple(tuple(program) for program in self.programs)
 
     def warm_up(self) -> None:
+        shape = self.shape
         for r in range(self.p):
             self.put(F, DOWN, r)
         for r in reversed(range(self.p)):
             if r < self.p - 1:
-                arrives = self.end[(F, UP, r + 1, 0)] + self.comm
-                while (self.held[r] + 2 + 2 * r <= self.limit + 1e-9
-                       and self.clock[r] + self.stage_cost[(F, r)] <= arrives
+                arrives = self.arrival(F, UP, r)
+                ahead = shape.grow[F, DOWN, r] * (2 + 2 * r)  # room for 2 + 2r more chunk forwards
+                while (self.held[r] + ahead <= shape.limit
+                       and self.clock[r] + shape.cost[F, DOWN, r] <= arrives
                        and self.count[(F, DOWN, r)] < self.m):
                     for j in range(r + 1):
                         self.put(F, DOWN, j)
@@ -201,20 +231,21 @@ class _VBuilder:
         return mine < above or self.count[(F, UP, r)] <= self.count[(F, UP, r - 1)] < self.m
 
     def backward_round(self) -> None:
+        shape = self.shape
         for r in range(self.p):
-            while self.held[r] + self.grow[I] > self.limit + 1e-9:
+            while self.held[r] + max(shape.grow[I, DOWN, r], shape.grow[I, UP, r]) > shape.limit:
                 self.make_room(r)
         first, then = [], []
         for r in range(self.p):
             if self.count[(I, DOWN, r)] >= self.count[(I, UP, r)]:
                 then.append(r)      # the way-up chunk's I (the loss side) comes next
-            elif r == self.p - 1 or self.ready(I, DOWN, r) >= 0 or self.count[(I, UP, r)] >= self.m:
+            elif r == self.p - 1 or self.made(I, DOWN, r) or self.count[(I, UP, r)] >= self.m:
                 first.append(r)
             else:
                 then.append(r)
         order = [(r, DOWN) for r in reversed(first)] + [(r, UP) for r in then]
         for r, chunk in order:
-            self.fill(r, self.ready(I, chunk, r), chunk == DOWN or self.knobs.fill_i)
+            self.fill(r, self.arrival(I, chunk, r), chunk == DOWN or self.knobs.fill_i)
             self.put(I, chunk, r)
 
     def forward_round(self) -> None:
@@ -222,9 +253,9 @@ class _VBuilder:
             chunk = self.next_forward(r)
             if chunk is None:
                 continue
-            while self.held[r] + 1.0 > self.limit + 1e-9:
+            while self.held[r] + self.shape.grow[F, chunk, r] > self.shape.limit:
                 self.make_room(r)
-            self.fill(r, self.ready(F, chunk, r), self.knobs.fill_f)
+            self.fill(r, self.arrival(F, chunk, r), self.knobs.fill_f)
             self.put(F, chunk, r)
 
     def next_forward(self, r: int) -> int | None:
@@ -232,9 +263,9 @@ class _VBuilder:
             return None
         if self.count[(F, UP, r)] >= self.count[(F, DOWN, r)]:
             return DOWN
-        if r == self.p - 1 or self.ready(F, UP, r) >= 0:
+        if r == self.p - 1 or self.made(F, UP, r):
             return UP
-        if self.count[(F, DOWN, r)] < self.m and (r == 0 or self.ready(F, DOWN, r) >= 0):
+        if self.count[(F, DOWN, r)] < self.m and (r == 0 or self.made(F, DOWN, r)):
             return DOWN
         return None
 
@@ -243,15 +274,17 @@ class _VBuilder:
             raise DoesNotFit
         self.put_w(r)
 
-    def fill(self, r: int, ready: float, fill_large_gap: bool) -> None:
-        """W into the wait for an input arriving at ``ready`` (-1: nothing to wait for)."""
-        if ready >= 0:
-            while self.pending_w[r] and ready + self.comm >= self.clock[r] + self.w_cost(r):
-                self.put_w(r)
-        gap = ready + self.comm - self.clock[r]
+    def fill(self, r: int, arrives: float | None, fill_large_gap: bool) -> None:
+        """W into the wait for an input arriving at ``arrives`` (None: nothing to wait for); then one
+        more when the rest of the wait is large beside the worst bubble (and ``fill_large_gap``)."""
+        if arrives is None:
+            return
+        while self.pending_w[r] and arrives >= self.clock[r] + self.w_cost(r):
+            self.put_w(r)
+        gap = arrives - self.clock[r]
         if self.pending_w[r] and gap > self.worst_bubble(r) - self.bubble[r] and fill_large_gap:
             self.put_w(r)
 
     def w_cost(self, r: int) -> float:
         chunk, _ = self.pending_w[r][0]
-        return self.stage_cost[(W, self.stage(W, chunk, r))]
+        return self.shape.cost[W, chunk, r]

@@ -69,11 +69,19 @@ within the limit, on any placement, per rank (the worst rank's is the bound):
   before its first I, the two idle windows are disjoint and add up. For one
   stage a rank in loop order, at p=8, m=24, limit 8 and the Zero Bubble
   paper's costs, this equals ZB-1p's span on rank 0: that schedule is optimal.
+- ``through rank q`` (``through_spans``): the actions of another rank q that
+  lie between two of this rank's actions run one at a time, each at least its
+  head after this rank starts and its tail before it ends: the preemptive
+  one-machine bound. Through the last rank: the fill, every F and I there and
+  the drain (ZB-2p at p=8, m=24 is optimal by it).
+
+``RankSpan`` keeps the three for each rank and names the one that binds.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 from pipeforge.ir import ActionKind, CostModel, MemorySpec, Schedule
@@ -354,6 +362,12 @@ class WorkBound:
     memory_limit: float | None
     ranks: tuple[RankSpan, ...] = ()
 
+    def scaled(self, factor: float) -> WorkBound:
+        """The same bound with every time multiplied by ``factor``."""
+        ranks = tuple(RankSpan(r.rank, r.busy * factor, r.round_trip * factor, r.through * factor, r.through_rank)
+                      for r in self.ranks)
+        return WorkBound(self.max_span * factor, self.bubble_rate, self.memory_limit, ranks)
+
     @property
     def binding(self) -> RankSpan | None:
         """The rank whose bound is the bound (the first of the largest)."""
@@ -380,9 +394,9 @@ def busy_per_rank(graph: WorkGraph) -> list[float]:
     cost, stages = graph.costs.duration, graph.shape.stages
     per_stage = [cost(_F, s) + min(cost(_B, s), cost(_I, s) + cost(_W, s)) for s in range(stages)]
     busy = [0.0] * graph.shape.ranks
-    for action, rank in zip(graph.actions, graph.rank):
-        if action.kind is _F:
-            busy[rank] += per_stage[action.stage] if action.stage < stages else cost(_F, action.stage)
+    forwards = Counter((rank, action.stage) for action, rank in zip(graph.actions, graph.rank) if action.kind is _F)
+    for (rank, stage), n in forwards.items():
+        busy[rank] += n * (per_stage[stage] if stage < stages else cost(_F, stage))
     return busy
 
 
@@ -404,12 +418,14 @@ class _Paths:
 
     def __init__(self, graph: WorkGraph):
         self.graph = graph
+        actions = graph.actions
+        stages, kinds, microbatches, chains = zip(*actions) if actions else ((), (), (), ())
         first: dict[int, int] = {}
-        for action in graph.actions:
-            if action.microbatch is not None and action.microbatch < first.get(action.chain, action.microbatch + 1):
-                first[action.chain] = action.microbatch
-        self.members = [a for a, action in enumerate(graph.actions)
-                        if action.microbatch is not None and action.microbatch == first[action.chain]]
+        for chain, mb in set(zip(chains, microbatches)):
+            if mb is not None and mb < first.get(chain, mb + 1):
+                first[chain] = mb
+        self.members = [a for a, (mb, chain) in enumerate(zip(microbatches, chains))
+                        if mb is not None and mb == first[chain]]
         self.children: dict[int, list[tuple[int, float]]] = {a: [] for a in self.members}
         for a in self.members:
             for d, latency in graph.deps[a]:
@@ -417,9 +433,8 @@ class _Paths:
                     self.children[d].append((a, latency))
         self.order = self._topological()
         self.forwards = [0] * graph.shape.ranks
-        for a, action in enumerate(graph.actions):
-            if action.kind is _F:
-                self.forwards[graph.rank[a]] += 1
+        for r, n in Counter(r for r, kind in zip(graph.rank, kinds) if kind is _F).items():
+            self.forwards[r] = n
 
     def _topological(self) -> list[int]:
         indegree = {a: sum(d in self.children for d, _ in self.graph.deps[a]) for a in self.members}
@@ -444,7 +459,7 @@ class _Paths:
                 start[b] = max(start.get(b, float("-inf")), start[a] + self.graph.duration[a] + latency)
         return start
 
-    def heads(self, r: int, duration: list[float]) -> dict[int, float]:
+    def heads(self, r: int, duration: dict[int, float]) -> dict[int, float]:
         """For each action after some action of rank r: the least time from the start of r's first
         action to its start (the longest path from any of r's actions, which starts no earlier)."""
         rank, head = self.graph.rank, {}
@@ -459,7 +474,7 @@ class _Paths:
                     head[b] = h + duration[a] + latency
         return head
 
-    def tails(self, r: int, duration: list[float]) -> dict[int, float]:
+    def tails(self, r: int, duration: dict[int, float]) -> dict[int, float]:
         """For each action before some action of rank r: the least time from its end to the end of r's
         last action (the longest path to any of r's actions, which ends no later)."""
         rank, tail = self.graph.rank, {}
@@ -550,7 +565,7 @@ def through_spans(graph: WorkGraph, paths: _Paths | None = None) -> list[tuple[f
     if lanes is None:
         return [(0.0, None)] * ranks
     paths = paths or _Paths(graph)
-    duration = _least_durations(graph)
+    duration = _least_durations(graph, paths.members)
     found = []
     for r in range(ranks):
         heads, tails = paths.heads(r, duration), paths.tails(r, duration)
@@ -578,31 +593,30 @@ def _one_machine(jobs: list[tuple[float, float, float]]) -> float:
 def _lane_counts(graph: WorkGraph) -> dict[tuple, int] | None:
     """How many actions each (chain, stage, kind) runs, when every microbatch of a chain runs each of
     them (else None); None too for fused work (its I and W are one action)."""
-    count: dict[tuple, int] = {}
-    microbatches: dict[int, set] = {}
-    for action in graph.actions:
-        if action.kind is _B or action.microbatch is None:
-            return None
-        key = (action.chain, action.stage, action.kind)
-        count[key] = count.get(key, 0) + 1
-        microbatches.setdefault(action.chain, set()).add(action.microbatch)
-    if any(n != len(microbatches[key[0]]) for key, n in count.items()):
+    if not graph.actions:
+        return None
+    stages, kinds, microbatches, chains = zip(*graph.actions)
+    if _B in set(kinds) or None in set(microbatches):
+        return None
+    count = Counter(zip(chains, stages, kinds))
+    per_chain = Counter(chain for chain, _ in set(zip(chains, microbatches)))
+    if any(n != per_chain[key[0]] for key, n in count.items()):
         return None
     return count
 
 
-def _least_durations(graph: WorkGraph) -> list[float]:
-    """Each action's least duration in any schedule of the work: an I the cheaper of I and B (a fused B
-    holds its I), a W what the cheaper of B and I + W leaves after that (at most W)."""
-    cost = graph.costs.duration
-    found = []
-    for action, duration in zip(graph.actions, graph.duration):
+def _least_durations(graph: WorkGraph, nodes: list[int]) -> dict[int, float]:
+    """The least duration of each of ``nodes`` in any schedule of the work: an I the cheaper of I and
+    B (a fused B holds its I), a W what the cheaper of B and I + W leaves after that (at most W)."""
+    cost, found = graph.costs.duration, {}
+    for a in nodes:
+        action, duration = graph.actions[a], graph.duration[a]
         if action.kind is _I:
             duration = min(duration, cost(_B, action.stage))
         elif action.kind is _W:
             fused = cost(_B, action.stage) - min(cost(_I, action.stage), cost(_B, action.stage))
             duration = max(0.0, min(duration, fused))
-        found.append(duration)
+        found[a] = duration
     return found
 
 
