@@ -21,7 +21,7 @@ import torch
 
 from pipeforge.runtime.microbatch import as_tuple, detached
 from pipeforge.runtime.p2p import PipelineError
-from pipeforge.runtime.split_backward import WeightPlan, backward_input, backward_weight
+from pipeforge.runtime.split_backward import SplitBackward, WeightPlan, backward_weight
 
 
 @dataclass
@@ -46,6 +46,7 @@ class StageRunner:
     states: dict[int, MicrobatchState] = field(default_factory=dict)
     losses: dict[int, torch.Tensor] = field(default_factory=dict)
     outputs: dict[int, Any] = field(default_factory=dict)
+    split: SplitBackward = field(default_factory=SplitBackward)  # what I keeps between microbatches
 
     @property
     def name(self) -> str:
@@ -107,7 +108,7 @@ class StageRunner:
         """Backward for inputs (I): parameters untouched; what W needs is kept."""
         state = self._set_output_grads(mb, grads)
         wanted = [a for a in state.inputs if isinstance(a, torch.Tensor) and a.requires_grad] if not self.is_first else []
-        found, state.weight_plan = backward_input(state.roots, state.root_grads, wanted, self._params())
+        found, state.weight_plan = self.split.backward_input(state.roots, state.root_grads, wanted, self._params())
         by_id = {id(a): g for a, g in zip(wanted, found)}
         return tuple(by_id.get(id(a)) for a in state.inputs)
 

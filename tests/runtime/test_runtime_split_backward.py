@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
-from pipeforge.runtime.split_backward import backward_input, backward_weight
+from pipeforge.runtime.split_backward import SplitBackward, backward_input, backward_weight
 
 
 class Tied(nn.Module):
@@ -234,3 +236,132 @@ def test_weights_of_one_shape_are_told_apart_by_identity():
     _, plan = backward_input((out,), (torch.ones_like(out),), [x], list(layers.parameters()))
     grads = backward_weight(plan)
     assert len(grads) == 4 and len({id(p) for p, _ in grads}) == 4
+
+
+# -- one SplitBackward kept across microbatches (as each stage keeps one): what it reuses stays exact --
+
+
+def split_with(split, module, x, seeds, kwargs=None):
+    x = x.detach().requires_grad_()
+    outs = as_outputs(module(x, **(kwargs or {})))
+    params = [p for p in module.parameters() if p.requires_grad]
+    (dx,), plan = split.backward_input(outs, seeds, [x], params)
+    assert all(p.grad is None for p in params)
+    grads = {id(p): g for p, g in backward_weight(plan)}
+    return dx, [grads.get(id(p)) for p in params]
+
+
+def full_with(module, x, seeds, kwargs=None):
+    x = x.detach().requires_grad_()
+    torch.autograd.backward(as_outputs(module(x, **(kwargs or {}))), seeds)
+    grads = [p.grad for p in module.parameters() if p.requires_grad]
+    module.zero_grad(set_to_none=True)
+    return x.grad, grads
+
+
+def assert_split_exact(split, module, x, kwargs=None):
+    seeds = tuple(torch.randn_like(o) for o in as_outputs(module(x, **(kwargs or {}))))
+    want_dx, want = full_with(module, x, seeds, kwargs)
+    got_dx, got = split_with(split, module, x, seeds, kwargs)
+    assert torch.equal(got_dx, want_dx)
+    assert len(got) == len(want) and all(same(g, w) for g, w in zip(got, want))
+
+
+def test_a_repeated_graph_is_analysed_once():
+    from tests.zoo import models as zoo
+
+    torch.manual_seed(0)
+    block, split = zoo.GptBlock().double(), SplitBackward()
+    for seed in range(4):
+        torch.manual_seed(seed)
+        assert_split_exact(split, block, torch.randn(3, zoo.SEQ, zoo.WIDTH, dtype=torch.float64))
+    assert split.analysed == 1
+
+
+def test_moe_routing_to_other_experts_between_microbatches_stays_exact():
+    """Each microbatch reaches other experts (another graph shape): analysed afresh, never a stale layout."""
+    from tests.zoo import models as zoo
+
+    torch.manual_seed(0)
+    moe, split = zoo.TopTwoMoE().double(), SplitBackward()
+    shapes = set()
+    for seed in [0, 1, 2, 0, 3, 1, 4, 5]:  # some routings come back: their layout is reused
+        torch.manual_seed(seed)
+        x = torch.randn(1, 1 + seed % 2, zoo.WIDTH, dtype=torch.float64)
+        assert_split_exact(split, moe, x)
+        with torch.no_grad():
+            shapes.add(frozenset(moe.router(x.reshape(-1, zoo.WIDTH)).topk(2, dim=-1).indices.flatten().tolist()))
+    assert split.analysed == len(shapes) > 1  # one graph shape for each set of experts reached
+
+
+class Swapped(nn.Module):
+    """The same graph shape, but which weight sits where depends on the call."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(5, 5), nn.Linear(5, 5)
+
+    def forward(self, x, flip=False):
+        first, second = (self.b, self.a) if flip else (self.a, self.b)
+        return second(torch.tanh(first(x)))
+
+
+def test_the_same_shape_with_weights_in_other_places_is_analysed_again():
+    torch.manual_seed(0)
+    module, split = Swapped().double(), SplitBackward()
+    x = torch.randn(3, 5, dtype=torch.float64)
+    for flip in (False, True, False, True):
+        assert_split_exact(split, module, x, {"flip": flip})
+    assert split.analysed == 2
+
+
+def test_a_replaced_or_retyped_parameter_is_not_taken_for_the_old_one():
+    torch.manual_seed(0)
+    module, split = nn.Sequential(nn.Linear(5, 5), nn.Tanh(), nn.Linear(5, 5)), SplitBackward()
+    assert_split_exact(split, module, torch.randn(3, 5))
+    module.double()  # every weight's .data swapped for float64: each gets a new accumulator
+    x = torch.randn(3, 5, dtype=torch.float64)
+    assert_split_exact(split, module, x)
+    module[0].weight = nn.Parameter(module[0].weight.detach().clone())  # a new weight object in the same place
+    assert_split_exact(split, module, x)
+    module[2].requires_grad_(False)  # frozen between microbatches
+    assert_split_exact(split, module, x)
+    module[2].requires_grad_(True)
+    assert_split_exact(split, module, x)
+
+
+ROUTE = st.lists(st.tuples(st.sampled_from(["chain", "residual", "off-path", "twice"]), st.integers(0, 2)),
+                 min_size=1, max_size=5)
+
+
+class Routed(nn.Module):
+    """Three linear layers used along a route drawn per microbatch: chained, residual, off the inputs' path
+    (only its weight's sum reaches the output), or twice in a row."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+    def forward(self, x, route=()):
+        for kind, index in route:
+            layer = self.layers[index]
+            if kind == "chain":
+                x = torch.tanh(layer(x))
+            elif kind == "residual":
+                x = x + layer(x)
+            elif kind == "off-path":
+                x = x * layer.weight.sum()
+            else:
+                x = layer(torch.sin(layer(x)))
+        return x
+
+
+@settings(max_examples=40, deadline=None)
+@given(routes=st.lists(ROUTE, min_size=1, max_size=4), repeat=st.booleans())
+def test_any_sequence_of_routes_through_one_kept_split_is_exact(routes, repeat):
+    torch.manual_seed(0)
+    module, split = Routed().double(), SplitBackward()
+    x = torch.randn(2, 4, dtype=torch.float64)
+    for route in routes + (routes if repeat else []):
+        assert_split_exact(split, module, x, {"route": route})
+    assert split.analysed <= len({tuple(r) for r in routes})
