@@ -99,11 +99,13 @@ class ShardedParams(StageParams):
         self.gathering: list = []  # the param groups whose all-gather an UNSHARD started, until waited
         self.unsharded = False
         self.reducing = False
-        self.upcast: list | None = None  # FSDP params whose gradients accumulate in another dtype (mixed precision)
+        self.upcast: list = []  # FSDP params whose gradients accumulate in another dtype (mixed precision)
 
     def begin(self, training: bool) -> None:
         for group in self.groups:  # what FSDPModule.unshard does before every all-gather: once a step here
             group.lazy_init()
+        self.upcast = [param for group in self.groups for param in group.fsdp_params
+                       if param.reduce_dtype is not None]
         if training:  # microbatches accumulate unsharded gradients; REDUCE_GRAD reduces them once
             for fsdp in self.fsdp_modules:
                 fsdp.set_requires_gradient_sync(False, recurse=False)
@@ -143,9 +145,6 @@ class ShardedParams(StageParams):
         (what FSDP's post-backward does per backward). FSDP's hook runs when the inputs' gradients are
         done, so after an I, before the W that makes the weight gradients: without this, the W of several
         microbatches would sum in ``param_dtype`` first (bfloat16), unlike the unpipelined model."""
-        if self.upcast is None:
-            self.upcast = [param for group in self.groups for param in group.fsdp_params
-                           if param.reduce_dtype is not None]
         for param in self.upcast:
             param.accumulate_unsharded_grad_if_needed()
             param.to_accumulated_grad_if_needed()
@@ -232,12 +231,14 @@ class DataParallel:
     stages: dict[int, StageParams]
     reduced: set[int] = field(default_factory=set)
     training: bool = True
+    upcasting: set[int] = field(default_factory=set)  # stages whose B and W move gradients to reduce_dtype
 
     def begin(self, training: bool) -> None:
         self.training = training
         self.reduced.clear()
         for params in self.stages.values():
             params.begin(training)
+        self.upcasting = {stage for stage, params in self.stages.items() if params.sharded and params.upcast}
 
     def unshard(self, stage: int) -> None:
         self._of(stage, "UNSHARD").unshard()
