@@ -151,16 +151,16 @@ class HookedRankContext(RankContext):
     # -- what generated rank functions call --------------------------------------
 
     def forward(self, stage: int, mb: int, chain: int = 0) -> None:
-        self.issue(StageAction("F", stage, mb, chain))
+        self._issue_compute("F", stage, mb, chain)
 
     def backward(self, stage: int, mb: int, chain: int = 0) -> None:
-        self.issue(StageAction("B", stage, mb, chain))
+        self._issue_compute("B", stage, mb, chain)
 
     def backward_input(self, stage: int, mb: int, chain: int = 0) -> None:
-        self.issue(StageAction("I", stage, mb, chain))
+        self._issue_compute("I", stage, mb, chain)
 
     def backward_weight(self, stage: int, mb: int, chain: int = 0) -> None:
-        self.issue(StageAction("W", stage, mb, chain))
+        self._issue_compute("W", stage, mb, chain)
 
     def reduce_grad(self, stage: int, chain: int = 0) -> None:
         self.issue(StageAction("REDUCE_GRAD", stage))
@@ -198,15 +198,27 @@ class HookedRankContext(RankContext):
         else:
             function(action, ActionContext(self, action))
 
+    def _issue_compute(self, kind: str, stage: int, mb: int, chain: int) -> None:
+        """``issue`` of a compute action; without a custom function for its kind (the common case) the
+        default runs at once, without making the ``StageAction`` only a custom function would see."""
+        if self._collecting is None and kind not in self.functions:
+            self._compute(kind, stage, mb, chain)
+        else:
+            self.issue(StageAction(kind, stage, mb, chain))
+
+    def _compute(self, kind: str, stage: int, mb: int, chain: int) -> None:
+        """The default of a compute action: the stage's data parallelism around the runtime's own compute."""
+        if not self.training and kind != "F":
+            return
+        self.data_parallel.before_compute(stage, kind != "F")
+        self._computes[kind](stage, mb, chain)
+        if kind in WEIGHT_GRADIENT_KINDS and stage in self.data_parallel.upcasting:
+            self.data_parallel.after_weight_gradients(stage)
+
     def run_default(self, action: StageAction) -> None:
         kind = action.kind
-        compute = self._computes.get(kind)
-        if compute is not None:
-            if self.training or kind == "F":
-                self.data_parallel.before_compute(action.stage, kind != "F")
-                compute(action.stage, action.microbatch, action.chain)
-                if kind in WEIGHT_GRADIENT_KINDS:
-                    self.data_parallel.after_weight_gradients(action.stage)
+        if kind in self._computes:
+            self._compute(kind, action.stage, action.microbatch, action.chain)
         elif kind == "OVERLAP_F_B":
             with self.activations.overlap():  # one step for the activation count: additions, then releases
                 for half in action.sub_actions:

@@ -16,7 +16,9 @@ stage is one of:
   ``set_reshard_after_backward(False)``); ``REDUCE_GRAD`` runs FSDP's
   post-backward, which starts the reduce-scatter (averaged over the shard
   group) and reshards, and the end of ``step()`` waits for it (FSDP's final
-  backward callback);
+  backward callback). Under a ``MixedPrecisionPolicy`` the weight gradients of
+  every B and W move into FSDP's accumulator in ``reduce_dtype`` at once (FSDP's
+  hook for it fires at I, before the W);
 - a plain module with a ``dp_group``: ``REDUCE_GRAD`` starts one asynchronous
   all-reduce of its flattened gradients over ``dp_group``; the end of ``step()``
   waits for it and divides by the group's size (an average, as DDP's);
@@ -27,7 +29,9 @@ of ``step()`` (in stage order, the same on every replica), so a schedule with
 or without ``REDUCE_GRAD`` gives the same gradients; ``REDUCE_GRAD`` only
 decides when the reduction starts. The pipeline's own scaling by the
 microbatch count follows the reduction. At the end of ``step()`` and ``eval()``
-every FSDP stage is resharded.
+every FSDP stage is resharded. One parameter shared by two stage modules of a
+rank is refused under FSDP or a ``dp_group`` (each stage is sharded and reduced
+on its own): give each stage its own copy and tie them with ``tied_parameters``.
 
 FSDP2 has no public call for "reduce now": like torch's
 ``_PipelineStageBase.perform_reduce_grad``, REDUCE_GRAD calls each FSDP param
@@ -92,12 +96,16 @@ class ShardedParams(StageParams):
         self.states = _distinct_states(self.fsdp_modules)
         self.groups = [group for state in self.states for group in state._fsdp_param_groups]
         self.roots = _root_states(self.fsdp_modules)
-        self.handles: list = []
+        self.gathering: list = []  # the param groups whose all-gather an UNSHARD started, until waited
         self.unsharded = False
         self.reducing = False
-        self.upcast: list | None = None  # FSDP params whose gradients accumulate in another dtype (mixed precision)
+        self.upcast: list = []  # FSDP params whose gradients accumulate in another dtype (mixed precision)
 
     def begin(self, training: bool) -> None:
+        for group in self.groups:  # what FSDPModule.unshard does before every all-gather: once a step here
+            group.lazy_init()
+        self.upcast = [param for group in self.groups for param in group.fsdp_params
+                       if param.reduce_dtype is not None]
         if training:  # microbatches accumulate unsharded gradients; REDUCE_GRAD reduces them once
             for fsdp in self.fsdp_modules:
                 fsdp.set_requires_gradient_sync(False, recurse=False)
@@ -105,10 +113,14 @@ class ShardedParams(StageParams):
                 fsdp.set_reshard_after_backward(False, recurse=False)
 
     def unshard(self) -> None:
-        if self.handles or self.unsharded:
+        """Start every param group's all-gather (``FSDPModule.unshard(async_op=True)`` of each module,
+        its lazy initialization done once a step in ``begin``); the next compute waits for them."""
+        if self.gathering or self.unsharded:
             raise PipelineError(f"stage {self.stage}: UNSHARD while its parameters are already unsharded "
                                 "(a RESHARD must come between two UNSHARDs)")
-        self.handles = [fsdp.unshard(async_op=True) for fsdp in self.fsdp_modules]
+        for group in self.groups:
+            group.unshard(async_op=True)
+        self.gathering = self.groups
         self.unsharded = True
 
     def reshard(self) -> None:
@@ -118,7 +130,7 @@ class ShardedParams(StageParams):
         self.unsharded = False
 
     def before_compute(self, backward: bool) -> None:
-        if self.handles:
+        if self.gathering:
             self._wait_unshard()
         # F's pre-forward hook unshards by itself; the split backward needs the unsharded weights. Asking
         # each param group (not FSDPModule.unshard, which lazily initializes every time) keeps the common
@@ -133,9 +145,6 @@ class ShardedParams(StageParams):
         (what FSDP's post-backward does per backward). FSDP's hook runs when the inputs' gradients are
         done, so after an I, before the W that makes the weight gradients: without this, the W of several
         microbatches would sum in ``param_dtype`` first (bfloat16), unlike the unpipelined model."""
-        if self.upcast is None:
-            self.upcast = [param for group in self.groups for param in group.fsdp_params
-                           if param.reduce_dtype is not None]
         for param in self.upcast:
             param.accumulate_unsharded_grad_if_needed()
             param.to_accumulated_grad_if_needed()
@@ -165,9 +174,9 @@ class ShardedParams(StageParams):
         self.unsharded = False
 
     def _wait_unshard(self) -> None:
-        handles, self.handles = self.handles, []
-        for handle in handles:
-            handle.wait()
+        groups, self.gathering = self.gathering, []
+        for group in groups:
+            group.wait_for_unshard()
 
 
 def _distinct_states(modules: list[torch.nn.Module]) -> list:
@@ -222,12 +231,14 @@ class DataParallel:
     stages: dict[int, StageParams]
     reduced: set[int] = field(default_factory=set)
     training: bool = True
+    upcasting: set[int] = field(default_factory=set)  # stages whose B and W move gradients to reduce_dtype
 
     def begin(self, training: bool) -> None:
         self.training = training
         self.reduced.clear()
         for params in self.stages.values():
             params.begin(training)
+        self.upcasting = {stage for stage, params in self.stages.items() if params.sharded and params.upcast}
 
     def unshard(self, stage: int) -> None:
         self._of(stage, "UNSHARD").unshard()
