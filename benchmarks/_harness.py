@@ -35,8 +35,10 @@ TOLERANCE = 1e-4  # relative gradient difference above which a benchmark reports
 
 # -- on every rank -------------------------------------------------------------------------------
 
-def timed_step(step: Callable[[], Any], device=None) -> tuple[float, float]:
-    """Wall time and this process's CPU time (all its threads) of one step, started after a barrier."""
+def timed_step(step: Callable[[], Any], device=None) -> tuple[float, float, float]:
+    """Wall time, this process's CPU time (all its threads: the backend's too) and the CPU time of
+    the calling thread (the runtime's own Python and the compute it runs) of one step, started after
+    a barrier."""
     import torch
     import torch.distributed as dist
 
@@ -44,11 +46,11 @@ def timed_step(step: Callable[[], Any], device=None) -> tuple[float, float]:
     cuda = device is not None and device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
-    started, cpu_started = time.perf_counter(), time.process_time()
+    started, cpu_started, thread_started = time.perf_counter(), time.process_time(), time.thread_time()
     step()
     if cuda:
         torch.cuda.synchronize()
-    return time.perf_counter() - started, time.process_time() - cpu_started
+    return time.perf_counter() - started, time.process_time() - cpu_started, time.thread_time() - thread_started
 
 
 def measure_pair(ours: Callable[[], Any], theirs: Callable[[], Any], *, steps: int, warmup: int,
@@ -56,11 +58,12 @@ def measure_pair(ours: Callable[[], Any], theirs: Callable[[], Any], *, steps: i
     """Alternate ``ours`` (pipeforge) and ``theirs`` (torch) for ``warmup + steps`` pairs of steps.
 
     After the first pair ``compare()`` gives the gradient difference; after every pair the
-    ``modules``' gradients are cleared. Returns this rank's record: ``times`` and ``cpu`` per side
-    (the measured steps only) and ``mismatch``.
+    ``modules``' gradients are cleared. Returns this rank's record: ``times``, ``cpu`` and ``main``
+    (the calling thread's CPU) per side, the measured steps only, and ``mismatch``.
     """
     modules = list(modules)
-    record: dict = {"times": {s: [] for s in SIDES}, "cpu": {s: [] for s in SIDES}, "mismatch": 0.0}
+    record: dict = {key: {s: [] for s in SIDES} for key in ("times", "cpu", "main")}
+    record["mismatch"] = 0.0
     for step in range(warmup + steps):
         pair = (("pipeforge", ours), ("torch", theirs))
         measured = {side: timed_step(run, device) for side, run in (pair if step % 2 == 0 else pair[::-1])}
@@ -70,9 +73,10 @@ def measure_pair(ours: Callable[[], Any], theirs: Callable[[], Any], *, steps: i
             module.zero_grad(set_to_none=True)
         if step < warmup:
             continue
-        for side, (wall, cpu) in measured.items():
+        for side, (wall, cpu, main) in measured.items():
             record["times"][side].append(wall)
             record["cpu"][side].append(cpu)
+            record["main"][side].append(main)
     return record
 
 
@@ -128,16 +132,26 @@ def summarize(records: list[dict]) -> dict:
     """One configuration's row from every rank's ``measure_pair`` record."""
     slowest = {side: [max(step) for step in zip(*(r["times"][side] for r in records))] for side in SIDES}
     work = {side: [sum(step) for step in zip(*(r["cpu"][side] for r in records))] for side in SIDES}
+    main = {side: [sum(step) for step in zip(*(r["main"][side] for r in records))] for side in SIDES}
     return {
         "pipeforge": statistics.median(slowest["pipeforge"]),
         "torch": statistics.median(slowest["torch"]),
-        "ratio": statistics.median(a / b for a, b in zip(slowest["pipeforge"], slowest["torch"])),
+        "ratio": _median_ratio(slowest),
         "cpu_pipeforge": statistics.median(work["pipeforge"]),
         "cpu_torch": statistics.median(work["torch"]),
-        "cpu_ratio": statistics.median([a / b for a, b in zip(work["pipeforge"], work["torch"]) if b > 0] or [0.0]),
+        "cpu_ratio": _median_ratio(work),
+        "main_pipeforge": statistics.median(main["pipeforge"]),
+        "main_torch": statistics.median(main["torch"]),
+        "main_ratio": _median_ratio(main),
         "mismatch": max(r["mismatch"] for r in records),
         "steps": len(slowest["pipeforge"]),
     }
+
+
+def _median_ratio(values: dict[str, list[float]]) -> float:
+    """The median over steps of pipeforge / torch (steps where torch took no time left out)."""
+    ratios = [a / b for a, b in zip(values["pipeforge"], values["torch"]) if b > 0]
+    return statistics.median(ratios) if ratios else float("nan")
 
 
 def run_ranks(worker, nproc: int, config: Any, *, timeout: float, deadline: float, backend: str = "gloo"
@@ -165,4 +179,5 @@ def load_average() -> str:
 
 def legend() -> str:
     return ("ms: median over steps of the slowest rank; ratio: median over steps of pipeforge / torch "
-            "(<= 1.0 is the target); cpu ratio: the same for CPU time summed over the ranks")
+            "(<= 1.0 is the target); cpu ratio: the same for CPU time summed over the ranks (all threads); "
+            "main ratio: for the CPU time of the thread that runs the schedule (the runtime's own work)")

@@ -42,6 +42,7 @@ from pipeforge.resources import templates_dir
 from pipeforge.semantics import RUNTIME_METHODS
 
 TEMPLATE = "pipeline.py.j2"
+RUNTIME_SEMANTICS = ("rendezvous", "buffered")  # what generated code may be verified under (generate)
 
 
 class Ident(str):
@@ -212,16 +213,24 @@ def render_module(schedule: Schedule, *, locations: bool = True,
     return text
 
 
-def generate(schedule: Schedule, *, locations: bool = True) -> str:
+def generate(schedule: Schedule, *, locations: bool = True, semantics: str = "rendezvous") -> str:
     """Lower (when compute-only), verify, and render; an invalid schedule raises ``VerificationError``.
 
     The schedule is verified as written, so the step indices in the comments
-    are the ones ``pipeforge verify`` reports for the same input.
+    are the ones ``pipeforge verify`` reports for the same input. ``semantics``:
+    ``rendezvous`` (the default, what ``lower`` makes), or ``buffered`` for a
+    schedule whose receives were deferred (``passes.defer_recv``): the runtime
+    never waits for a send before the end of a step, and a receive waits only
+    for its matching send to be posted, which is the buffered reading
+    (``docs/runtime.md``).
     """
     from pipeforge.passes.lower import lower_with_origins
     from pipeforge.verifier import verify
 
-    report = verify(schedule)
+    if semantics not in RUNTIME_SEMANTICS:
+        raise ArgumentError(Argument("semantics", value=repr(semantics)),
+                            f"the runtime follows {' or '.join(RUNTIME_SEMANTICS)}")
+    report = verify(schedule, semantics=semantics)
     if not report.valid:
         raise VerificationError(f"schedule {schedule.name!r} does not verify; no code generated:\n"
                                 f"{_report_text(report)}", report=report)
@@ -230,14 +239,15 @@ def generate(schedule: Schedule, *, locations: bool = True) -> str:
 
 
 def codegen(schedule: Schedule, output: str | os.PathLike, *, locations: bool = True, name: str | None = None,
-            force: bool = False) -> Path:
+            force: bool = False, semantics: str = "rendezvous") -> Path:
     """Write the module and return its path: ``output`` itself when it ends in ``.py``, else
     ``output/<name or schedule name>.py``. Refuses (``UsageError``) a name that is not a Python
-    identifier, and a target file holding another schedule's module (or anything else) unless ``force``."""
+    identifier, and a target file holding another schedule's module (or anything else) unless ``force``.
+    ``semantics``: what the schedule is verified under (``generate``)."""
     path = module_path(schedule, output, name)
     if not force:
         check_replaceable(path, schedule)
-    text = generate(schedule, locations=locations)
+    text = generate(schedule, locations=locations, semantics=semantics)
     write_atomically(path, text, make_dirs=True)
     return path
 

@@ -6,7 +6,7 @@ import argparse
 
 from pipeforge.commands.common import add_input_arguments, print_json
 from pipeforge.commands.exits import Exit
-from pipeforge.commands.lower import add_pass_arguments, load_with_passes
+from pipeforge.commands.lower import add_pass_arguments, load_with_passes, pass_options, semantics_for
 
 
 def register(subparsers) -> None:
@@ -35,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     from pipeforge.generator import codegen
 
     schedule = load_with_passes(args)
-    path = codegen(schedule, args.out_dir, locations=not args.no_locations, name=args.name, force=args.force)
+    path = codegen(schedule, args.out_dir, locations=not args.no_locations, name=args.name, force=args.force,
+                   semantics=semantics_for(pass_options(args)))
     if args.json:
         print_json({"schedule": schedule.name, "module": str(path), "ranks": schedule.ranks})
     else:

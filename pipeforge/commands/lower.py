@@ -52,8 +52,7 @@ def add_pass_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--merge-bw", action="store_true", help="an I directly followed by its W becomes one B")
     group.add_argument("--defer-recv", action="store_true",
                        help="post each receive just before the compute that needs it (torch's defer_pp_recv); "
-                            "valid under buffered semantics only, so codegen and run, whose runtime exchanges "
-                            "shapes in rendezvous on the first step, refuse the result")
+                            "the result is verified under buffered semantics, which the runtime follows")
 
 
 def pass_options(args: argparse.Namespace):
@@ -67,7 +66,7 @@ def pass_options(args: argparse.Namespace):
 
 def load_with_passes(args: argparse.Namespace):
     """The schedule PATH names through the passes the flags ask for (not lowered here: codegen and
-    run lower and verify it, under rendezvous, the semantics their runtime gives)."""
+    run lower and verify it, under ``semantics_for`` the options)."""
     from pipeforge.passes.pipeline import apply_passes
 
     return apply_passes(load_input(args), pass_options(args))

@@ -11,7 +11,7 @@ import time
 
 from pipeforge.commands.common import add_input_arguments, print_json
 from pipeforge.commands.exits import Exit
-from pipeforge.commands.lower import add_pass_arguments, load_with_passes, pass_flags
+from pipeforge.commands.lower import add_pass_arguments, load_with_passes, pass_flags, pass_options, semantics_for
 from pipeforge.errors import UsageError
 
 MAX_LOCAL_PROCESSES = 64  # each is a torch process; more would exhaust one machine's memory
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", nproc)) if args.from_env else nproc
     args.backend = resolve_backend(args.backend, local_ranks)
     with tempfile.TemporaryDirectory(prefix="pipeforge-run-") as out_dir:
-        module = str(codegen(schedule, out_dir))
+        module = str(codegen(schedule, out_dir, semantics=semantics_for(pass_options(args))))
         started = time.monotonic()
         verdict = _check(args, module, nproc)
         seconds = time.monotonic() - started

@@ -6,8 +6,10 @@ the rank's steps in order; ``ctx`` is a ``RankContext``. Data moves like this:
 - ``forward(s, m)`` takes its input from the batch (stage 0), from the previous
   stage on this rank (handed over, no communication) or from the receive that
   ``post`` posted earlier (waited here, where the data is used);
-- ``post(...)`` issues one communication group as one ``batch_isend_irecv``;
-  sends take what ``forward`` / ``backward`` left in the outbox;
+- ``post(...)`` issues one communication group together (``p2p.Transport``);
+  sends take what ``forward`` / ``backward`` left in the outbox; a send never
+  waits for its peer (sends are waited at the end of the step), a receive is
+  waited where its data is used;
 - ``backward`` / ``backward_input`` / ``backward_weight`` mirror it for gradients.
 
 In eval mode backward actions and backward communication are skipped: a valid
@@ -32,6 +34,7 @@ from pipeforge.runtime.stage import StageRunner
 from pipeforge.semantics import SENDS, peer_stage
 
 SEND_F, RECV_F, SEND_B, RECV_B = ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B
+FORWARD_COMMS = frozenset({SEND_F, RECV_F})  # what eval() keeps
 Comm = Action  # what send_f/recv_f/send_b/recv_b return and post takes: the communication action itself
 
 
@@ -150,25 +153,52 @@ class RankContext:
         return Action(stage, RECV_B, mb, chain)
 
     def post(self, *comms: Comm) -> None:
-        """Post one communication group together; receives are waited where used."""
+        """Post one communication group: its sends, then its receives; receives are waited where used.
+
+        The first time an activation crosses to a peer its shapes go first: the sender posts a header
+        just ahead of the data, and the receiver waits for the header before it posts the data's
+        receive (the receive of a group waits for its matching send to be posted: the buffered
+        semantics of ``docs/semantics.md``, which every rendezvous-valid schedule satisfies too).
+        """
         if not self.training:
-            comms = tuple(c for c in comms if c.kind in (SEND_F, RECV_F))
-        if not comms:
-            return
-        label = "[" + " ".join(map(str, comms)) + "]"
-        self._exchange_headers(comms, label)
-        transfers, received = [], {}
-        for comm in comms:
-            tensors = self._comm_tensors(comm)
-            peer = self._peer(comm)
-            transfers += [Transfer(comm.kind in SENDS, t, peer) for t in tensors]
-            received[comm] = tensors
-        posted = self.transport.post(transfers, label)
+            comms = tuple(c for c in comms if c.kind in FORWARD_COMMS)
+            if not comms:
+                return
+        label = GroupLabel(comms)
+        transfers: list[Transfer] = []
+        receives = []
         for comm in comms:
             if comm.kind in SENDS:
-                self._sent.append(posted)
+                transfers += self._send_transfers(comm)
             else:
-                self._pending[comm] = (posted, received[comm])
+                receives.append(comm)
+        if receives and not self.caches.knows_all(receives):
+            self._post_sends(transfers, label)
+            for comm in receives:  # one by one: a peer's header and data come in this order
+                self._post_receives([comm], [], label)
+        else:
+            self._post_receives(receives, transfers, label)
+
+    def _post_sends(self, transfers: list[Transfer], label: GroupLabel) -> None:
+        if transfers:
+            self._sent.append(self.transport.post(transfers, label))
+
+    def _post_receives(self, receives: list[Comm], transfers: list[Transfer], label: GroupLabel) -> None:
+        """Post ``receives`` (and the group's send ``transfers``) as one batch."""
+        sends = bool(transfers)
+        arriving = []
+        for comm in receives:
+            tensors = self._receive_buffers(comm, label)
+            peer = self.caches.peer(comm, self.info)
+            transfers += [Transfer(False, t, peer) for t in tensors]
+            arriving.append((comm, tensors))
+        if not transfers:
+            return
+        posted = self.transport.post(transfers, label)
+        if sends:
+            self._sent.append(posted)
+        for comm, tensors in arriving:
+            self._pending[comm] = (posted, tensors)
 
     # -- after the program -----------------------------------------------------------
 
@@ -191,9 +221,6 @@ class RankContext:
 
     def _local(self, stage: int, chain: int) -> bool:
         return self.info.rank_of(stage, chain) == self.rank
-
-    def _peer(self, comm: Comm) -> int:
-        return self.info.rank_of(peer_stage(comm), comm.chain)
 
     def _forward_input(self, stage: int, mb: int, chain: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if stage == 0:
@@ -227,83 +254,115 @@ class RankContext:
         else:
             self._outbox[Action(runner.stage, SEND_B, mb, runner.chain)] = input_grads
 
-    def _comm_tensors(self, comm: Comm) -> tuple[torch.Tensor, ...]:
-        key = comm
-        if comm.kind == SEND_F:
-            tensors = self._outbox.pop(key, None)
-            if tensors is None:
-                raise PipelineError(f"rank {self.rank}: {comm} before the forward that produces it")
-            self.caches.check_sent(key, tensors, self.rank)
-            return tensors
+    def _send_transfers(self, comm: Comm) -> list[Transfer]:
+        """What a send moves: the tensors ``forward``/``backward`` left in the outbox (an activation's
+        shapes first, the first time it crosses)."""
+        peer = self.caches.peer(comm, self.info)
+        tensors = self._outbox.pop(comm, None)
+        if tensors is None:
+            what = "forward" if comm.kind == SEND_F else "backward"
+            raise PipelineError(f"rank {self.rank}: {comm} before the {what} that produces it")
         if comm.kind == SEND_B:
-            grads = self._outbox.pop(key, None)
-            if grads is None:
-                raise PipelineError(f"rank {self.rank}: {comm} before the backward that produces it")
-            return self.caches.gradients_to_send(key, grads, self.transport.device)
-        if comm.kind == RECV_F:
-            return self.caches.buffers(key, self.transport.device)
-        runner = self._runner(comm.stage, comm.chain)
-        return self.caches.gradient_buffers(key, runner.output_metas(comm.microbatch), self.transport.device)
+            tensors = self.caches.gradients_to_send(comm, tensors, self.transport.device)
+            return [Transfer(True, t, peer) for t in tensors]
+        header = self.caches.header_to_send(comm, tensors, self.rank, self.transport.device)
+        first = [Transfer(True, header, peer)] if header is not None else []
+        return first + [Transfer(True, t, peer) for t in tensors]
 
-    def _exchange_headers(self, comms: tuple[Comm, ...], label: str) -> None:
-        """First time only: shapes travel ahead of forward activations."""
-        transfers, arriving = [], []
-        for comm in comms:
-            key = comm
-            if comm.kind == SEND_F and not self.caches.announced(key):
-                metas = [TensorMeta.of(t) for t in self._outbox.get(key, ())]
-                self.caches.announce(key, metas)
-                transfers.append(Transfer(True, encode_header(metas, self.transport.device), self._peer(comm)))
-            elif comm.kind == RECV_F and not self.caches.known(key):
-                header = empty_header(self.transport.device)
-                transfers.append(Transfer(False, header, self._peer(comm)))
-                arriving.append((key, header))
-        if not transfers:
-            return
-        self.transport.exchange(transfers, f"shapes ahead of {label}")
-        for key, header in arriving:
-            self.caches.learn(key, decode_header(header))
+    def _receive_buffers(self, comm: Comm, label: GroupLabel) -> tuple[torch.Tensor, ...]:
+        device = self.transport.device
+        if comm.kind == RECV_F:
+            if not self.caches.known(comm):
+                self._receive_header(comm, label)
+            return self.caches.buffers(comm, device)
+        runner = self._runner(comm.stage, comm.chain)
+        return self.caches.gradient_buffers(comm, runner.output_metas(comm.microbatch), device)
+
+    def _receive_header(self, comm: Comm, label: GroupLabel) -> None:
+        """First time only: wait for the shapes the peer sends ahead of the activation."""
+        header = empty_header(self.transport.device)
+        peer = self.caches.peer(comm, self.info)
+        self.transport.post([Transfer(False, header, peer)], HeaderLabel(label)).wait()
+        self.caches.learn(comm, decode_header(header))
+
+
+class GroupLabel:
+    """A communication group as its text (``[1RECV_F3 1SEND_B2]``), built only when an error names it."""
+
+    __slots__ = ("comms",)
+
+    def __init__(self, comms: tuple[Comm, ...]):
+        self.comms = comms
+
+    def __str__(self) -> str:
+        return "[" + " ".join(map(str, self.comms)) + "]"
+
+
+class HeaderLabel:
+    __slots__ = ("group",)
+
+    def __init__(self, group: GroupLabel):
+        self.group = group
+
+    def __str__(self) -> str:
+        return f"shapes ahead of {self.group}"
 
 
 class ShapeCache:
-    """Shapes exchanged on the first step, and receive buffers reused on every later step."""
+    """What a pipeline learns once and keeps across steps: each communication's peer, the shapes
+    exchanged on the first step, and the receive buffers reused on every later step."""
 
     def __init__(self) -> None:
         self._sent: dict[tuple, tuple[TensorMeta, ...]] = {}
         self._received: dict[tuple, tuple[TensorMeta, ...]] = {}
         self._buffers: dict[tuple, tuple[torch.Tensor, ...]] = {}
+        self._peers: dict[Comm, int] = {}
 
-    def announced(self, key: tuple) -> bool:
-        return key in self._sent
-
-    def announce(self, key: tuple, metas: list[TensorMeta]) -> None:
-        self._sent[key] = tuple(metas)
+    def peer(self, comm: Comm, info: ScheduleInfo) -> int:
+        peer = self._peers.get(comm)
+        if peer is None:
+            peer = self._peers[comm] = info.rank_of(peer_stage(comm), comm.chain)
+        return peer
 
     def known(self, key: tuple) -> bool:
         return key in self._received
 
+    def knows_all(self, receives: list[Comm]) -> bool:
+        """Every receive's shapes are known (gradients' always are: they are the outputs' shapes)."""
+        return all(c in self._received for c in receives if c.kind == RECV_F)
+
     def learn(self, key: tuple, metas: tuple[TensorMeta, ...]) -> None:
         self._received[key] = metas
 
-    def check_sent(self, key: tuple, tensors: tuple[torch.Tensor, ...], rank: int) -> None:
-        metas = tuple(TensorMeta.of(t) for t in tensors)
-        if metas != self._sent[key]:
+    def header_to_send(self, key: tuple, tensors: tuple[torch.Tensor, ...], rank: int,
+                       device: torch.device) -> torch.Tensor | None:
+        """The shapes header of an activation sent for the first time (``None`` later, when the
+        activation is checked against the shapes sent then)."""
+        announced = self._sent.get(key)
+        if announced is None:
+            metas = self._sent[key] = tuple(TensorMeta.of(t) for t in tensors)
+            return encode_header(metas, device)
+        if len(announced) != len(tensors) or any(
+                t.shape != m.shape or t.dtype != m.dtype for t, m in zip(tensors, announced)):
             stage, mb = key.stage, key.microbatch
+            metas = tuple(TensorMeta.of(t) for t in tensors)
             raise PipelineError(
                 f"rank {rank}: the output of stage {stage} microbatch {mb} changed shape since the first step "
-                f"({_shapes(self._sent[key])} then {_shapes(metas)}); a pipeline keeps one shape per microbatch"
+                f"({_shapes(announced)} then {_shapes(metas)}); a pipeline keeps one shape per microbatch"
             )
+        return None
 
     def buffers(self, key: tuple, device: torch.device) -> tuple[torch.Tensor, ...]:
-        if key not in self._buffers:
-            self._buffers[key] = tuple(meta.empty(device) for meta in self._received[key])
-        return self._buffers[key]
+        cached = self._buffers.get(key)
+        if cached is None:
+            cached = self._buffers[key] = tuple(meta.empty(device) for meta in self._received[key])
+        return cached
 
     def gradient_buffers(self, key: tuple, outputs: tuple[torch.Tensor, ...], device: torch.device) -> tuple:
-        metas = tuple(TensorMeta.of(t) for t in outputs)
         cached = self._buffers.get(key)
-        if cached is None or tuple(TensorMeta.of(t) for t in cached) != metas:
-            cached = self._buffers[key] = tuple(meta.empty(device) for meta in metas)
+        if cached is None or len(cached) != len(outputs) or any(
+                c.shape != o.shape or c.dtype != o.dtype for c, o in zip(cached, outputs)):
+            cached = self._buffers[key] = tuple(torch.empty(o.shape, dtype=o.dtype, device=device) for o in outputs)
         return cached
 
     def gradients_to_send(self, key: tuple, grads: tuple, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -312,9 +371,8 @@ class ShapeCache:
         metas = self._received.get(Action(stage, RECV_F, mb, chain))
         if metas is None:
             raise PipelineError(f"stage {stage} sends a gradient for microbatch {mb} it never received")
-        floats = [(g, m) for g, m in zip(grads, metas) if m.dtype.is_floating_point]
         return tuple(g.contiguous() if g is not None else torch.zeros(m.shape, dtype=m.dtype, device=device)
-                     for g, m in floats)
+                     for g, m in zip(grads, metas) if m.dtype.is_floating_point)
 
 
 def _sendable(output: Any, stage_name: str) -> tuple[torch.Tensor, ...]:

@@ -1,15 +1,18 @@
 """Point-to-point transport between the ranks of one pipeline group.
 
-A communication group of the schedule is posted as one ``batch_isend_irecv``;
-its receives are waited where their data is used, its sends at the end of the
-step. Waits carry a timeout, and every failure
-(a dead peer, a timeout, a tensor of another shape) becomes a ``PipelineError``
-that names the rank, the schedule's communication and the peers involved.
+A communication group of the schedule is posted together: as one
+``batch_isend_irecv`` on a backend that coalesces (NCCL), as the process group's
+own ``send``/``recv`` per tensor on gloo (which is what ``batch_isend_irecv``
+does there, less its per-call checks). Its receives are waited where their data
+is used, its sends at the end of the step. Waits carry a timeout, and every
+failure (a dead peer, a timeout, a tensor of another shape) becomes a
+``PipelineError`` that names the rank, the schedule's communication and the
+peers involved.
 
 Activation shapes travel once: the first time a forward activation crosses a
 pair of ranks, a small int64 header (count, then dtype code, ndim and dims of
-each tensor) goes first, in a batch with the same peers as the data; afterwards
-both sides use the cached shapes and buffers.
+each tensor) is sent just ahead of the data (``pipeforge.runtime.context``);
+afterwards both sides use the cached shapes and buffers.
 """
 
 from __future__ import annotations
@@ -107,7 +110,7 @@ class Posted:
     second concurrent wait on a receive would never return).
     """
 
-    def __init__(self, works: list, transfers: list[Transfer], label: str, rank: int, timeout: timedelta | None,
+    def __init__(self, works: list, transfers: list[Transfer], label: object, rank: int, timeout: timedelta | None,
                  arrivals: list[tuple[torch.Tensor, torch.Tensor]] = ()):
         if len(works) == len(transfers):  # one work per transfer (gloo): receives can be waited alone
             self._receives = [w for w, t in zip(works, transfers) if not t.send]
@@ -115,8 +118,8 @@ class Posted:
         else:
             self._receives, self._sends = list(works), []
         self._transfers = transfers  # keeps the tensors alive until the batch completes
-        self._arrivals = list(arrivals)  # (staging buffer, device buffer) copied once the batch completes
-        self.label = label
+        self._arrivals = arrivals  # (staging buffer, device buffer) copied once the batch completes
+        self.label = label  # anything whose str() names the communication: built only for an error
         self._rank = rank
         self._timeout = timeout
         self.received = False
@@ -133,7 +136,7 @@ class Posted:
                 for staged, target in self._arrivals:
                     target.copy_(staged)
                 self.received = True
-                self._receives, self._arrivals = [], []
+                self._receives, self._arrivals = (), ()
 
     def wait(self) -> None:
         """Wait for the whole batch: its receives and its sends."""
@@ -185,24 +188,33 @@ class Transport:
         self.rank = rank
         self.timeout = timeout
         self.device = device
-        self.staged = device.type != "cpu" and dist.get_backend(group) == "gloo"
+        gloo = dist.get_backend(group) == "gloo"
+        self.staged = device.type != "cpu" and gloo
+        # gloo does not coalesce: batch_isend_irecv there is one send/recv per op; call them directly
+        self._process_group = (group if group is not None else dist.group.WORLD) if gloo else None
 
     def global_rank(self, peer: int) -> int:
         if self.group is None:
             return peer
         return dist.get_global_rank(self.group, peer)
 
-    def post(self, transfers: list[Transfer], label: str) -> Posted:
-        wire, arrivals = self._stage(transfers) if self.staged else (transfers, [])
-        ops = [
-            dist.P2POp(dist.isend if t.send else dist.irecv, t.tensor, self.global_rank(t.peer), self.group)
-            for t in wire
-        ]
+    def post(self, transfers: list[Transfer], label: object) -> Posted:
+        """Post the transfers together (peers are group ranks); ``label`` names them in errors."""
+        wire, arrivals = self._stage(transfers) if self.staged else (transfers, ())
         try:
-            works = dist.batch_isend_irecv(ops) if ops else []
+            works = self._post_each(wire) if self._process_group is not None else self._post_batch(wire)
         except Exception as error:  # noqa: BLE001
             raise PipelineError(f"rank {self.rank}: posting {label} failed: {backend_reason(error)}") from error
-        return Posted(list(works), wire, label, self.rank, self.timeout, arrivals)
+        return Posted(works, wire, label, self.rank, self.timeout, arrivals)
+
+    def _post_each(self, wire: list[Transfer]) -> list:
+        group = self._process_group
+        return [group.send([t.tensor], t.peer, 0) if t.send else group.recv([t.tensor], t.peer, 0) for t in wire]
+
+    def _post_batch(self, wire: list[Transfer]) -> list:
+        ops = [dist.P2POp(dist.isend if t.send else dist.irecv, t.tensor, self.global_rank(t.peer), self.group)
+               for t in wire]
+        return list(dist.batch_isend_irecv(ops)) if ops else []
 
     @staticmethod
     def _stage(transfers: list[Transfer]) -> tuple[list[Transfer], list[tuple[torch.Tensor, torch.Tensor]]]:
