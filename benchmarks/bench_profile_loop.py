@@ -12,14 +12,19 @@
    processes (``pipeforge.runtime.profiling.time_schedules``: the schedules take turns
    step by step, one torch thread a rank, the step time is the slowest rank's).
 Reported: predicted and measured step time per schedule, measured / predicted,
-the rank correlation (Spearman) and the mean relative error, and whether the
-optimized schedule beats 1F1B and ZB-H1 in the prediction and in the measurement.
+the CPU time of a step summed over the ranks divided by its wall time (how many
+cores the step kept busy: the simulator gives every rank a core of its own, so
+when this reaches the machine's core count the bubbles it predicts are not
+idle time but time another rank runs in), the rank correlation (Spearman) and
+the mean relative error, whether the optimized schedule beats 1F1B and ZB-H1
+in the prediction and in the measurement, and the load average before and after.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -74,16 +79,20 @@ def main() -> int:
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--steps", type=int, default=10, help="measured steps per schedule")
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--profile-steps", type=int, default=3)
+    parser.add_argument("--profile-steps", type=int, default=5)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="how the profile times each action (pipeforge profile --clock)")
     parser.add_argument("--out", help="folder for costs.json, optimized.pipe and results.json (default: temporary)")
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="pipeforge-loop-"))
     out.mkdir(parents=True, exist_ok=True)
     P, M = args.ranks, args.microbatches
     costs, optimized = out / "costs.json", out / "optimized.pipe"
+    load_before = os.getloadavg()
+    print(f"{os.cpu_count()} cores; load average {' '.join(f'{x:.2f}' for x in load_before)}")
 
     print(pipeforge_cli("profile", str(MODEL), "--stages", str(P), "--microbatches", str(M),
-                        "--steps", str(args.profile_steps), "-o", str(costs)))
+                        "--steps", str(args.profile_steps), "--clock", args.clock, "-o", str(costs)))
     print(pipeforge_cli("optimize", "1f1b", "-D", f"P={P}", "-D", f"M={M}", "--costs", str(costs),
                         "--memory-limit", str(P), "-o", str(optimized)))
 
@@ -105,13 +114,13 @@ def main() -> int:
     failed = [o for o in outcomes if not o.ok]
     if failed:
         raise SystemExit("\n".join(f"rank {o.rank}: {o.error}" for o in failed))
-    measured = outcomes[0].value["ms"]
+    measured, cpu = outcomes[0].value["ms"], outcomes[0].value["cpu_ms"]
     rows = []
-    print(f"{'schedule':12}{'predicted ms':>14}{'measured ms':>13}{'meas/pred':>11}")
-    for (name, schedule), ms in zip(schedules.items(), measured):
+    print(f"{'schedule':12}{'predicted ms':>14}{'measured ms':>13}{'meas/pred':>11}{'cores busy':>12}")
+    for (name, schedule), ms, cpu_ms in zip(schedules.items(), measured, cpu):
         guess = predicted(schedule, costs)
-        rows.append({"schedule": name, "predicted_ms": guess, "measured_ms": ms})
-        print(f"{name:12}{guess:>14.1f}{ms:>13.1f}{ms / guess:>11.3f}")
+        rows.append({"schedule": name, "predicted_ms": guess, "measured_ms": ms, "cpu_ms": cpu_ms})
+        print(f"{name:12}{guess:>14.1f}{ms:>13.1f}{ms / guess:>11.3f}{cpu_ms / ms:>12.2f}")
     guesses = [r["predicted_ms"] for r in rows]
     times = [r["measured_ms"] for r in rows]
     rho = spearman(guesses, times)
@@ -130,6 +139,11 @@ def main() -> int:
           f"max {verdict['max_relative_error']:.1%}")
     print(f"optimized / 1f1b measured {verdict['optimized_over_1f1b_measured']:.3f}, "
           f"optimized / zb-h1 measured {verdict['optimized_over_zbh1_measured']:.3f}")
+    load_after = os.getloadavg()
+    print(f"load average before {' '.join(f'{x:.2f}' for x in load_before)}, "
+          f"after {' '.join(f'{x:.2f}' for x in load_after)}")
+    verdict = {**verdict, "cores": os.cpu_count(), "load_before": load_before, "load_after": load_after,
+               "command": " ".join(sys.argv)}
     (out / "results.json").write_text(json.dumps({"rows": rows, **verdict}, indent=2) + "\n")
     print(f"wrote {out / 'results.json'}")
     return 0

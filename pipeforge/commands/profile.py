@@ -20,7 +20,8 @@ def register(subparsers) -> None:
         "profile", help="measure a model's per-stage costs on local processes and write a cost file",
         description="Run the stage modules of MODEL.py (a function pipeforge_model(stages) returning "
                     "{'modules', 'batch', 'target', 'loss_fn'}: docs/profile.md) with the pipeforge runtime on "
-                    "STAGES local gloo processes (ZB-H1 with the split backward, then 1F1B with the fused one) "
+                    "STAGES local gloo processes (ZB-H1 with the split backward and 1F1B with the fused one, a step "
+                    "of each in turn) "
                     "and write the median F, I, W and B times (ms), activation and weight-gradient bytes per "
                     "stage and the transfer time per link as a JSON cost file for simulate/show/optimize --costs.")
     parser.add_argument("model", metavar="MODEL.py", help="a Python file defining pipeforge_model(stages)")
@@ -30,6 +31,9 @@ def register(subparsers) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="steps run first and not measured (default 1)")
     parser.add_argument("--timeout", type=float, default=120.0, metavar="S",
                         help="seconds any rank may wait for a peer before failing (default 120)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="time each F, I, W, B by the wall clock (default) or by its thread's CPU time "
+                             "(CPU only: the work itself, steadier on a loaded machine)")
     parser.add_argument("-o", "--output", required=True, metavar="COSTS.json", help="the cost file to write")
     parser.add_argument("--json", action="store_true", help="print the cost file to stdout too")
     parser.set_defaults(handler=run)
@@ -55,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         (Path(out_dir) / "fused").mkdir()
         job = ProfileJob(str(Path(args.model).resolve()), str(codegen(schedule, out_dir)),
                          str(codegen(fused, str(Path(out_dir) / "fused"))), steps=args.steps,
-                         warmup=args.warmup, timeout=args.timeout)
+                         warmup=args.warmup, timeout=args.timeout, clock=args.clock)
         outcomes = spawn("pipeforge.runtime.profiling:profile_job", args.stages, job, timeout=args.timeout,
                          deadline=args.timeout * (args.steps + args.warmup + 2) + 30)
     failed = [o for o in outcomes if not o.ok]

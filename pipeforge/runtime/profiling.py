@@ -10,9 +10,12 @@ The user's model file (a ``.py``) defines::
 
 Every rank calls it (build from a fixed seed: the ranks must agree) and keeps its
 own stage. The model runs ZB-H1 (stage s on rank s, backward split into I and W)
-on local gloo processes for ``warmup + steps`` steps; each F, I and W is timed
-on its rank around the stage's own compute (not the waits for its inputs), and the median over
-the measured steps' microbatches is the stage's cost. ``activation`` is the bytes
+and 1F1B (for the fused backward B), one step of each in turn, on local gloo
+processes for ``warmup + steps`` steps each; each F, I, W and B is timed on its
+rank around the stage's own compute (not the waits for its inputs), and the
+median over the measured steps' microbatches is the stage's cost. Taking turns
+puts B and I + W under the same load of the machine, which decides whether a
+split pays. ``activation`` is the bytes
 of the tensors one F saves for backward (parameters excluded, each tensor
 counted once); ``weight_grad`` the bytes of those the W pass still reads plus the
 gradients I records for W. ``links[s]`` is half the round trip of stage s's
@@ -39,6 +42,13 @@ class ProfileJob:
     timeout: float = 60.0
     link_trials: int = 5
     threads: int = 1  # torch threads per rank: one, so ranks do not fight over cores
+    clock: str = "wall"  # "cpu": each action's CPU time on its thread (CLOCKS)
+
+
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+"""How an action is timed: ``wall``, the time it took; ``cpu``, the CPU time of the thread that ran it
+(a CPU device, where torch computes on the calling thread: the action's own work, without the time its
+process waited for a core on a loaded machine)."""
 
 
 class ModelFileError(Exception):
@@ -70,7 +80,8 @@ def load_model(path: str, stages: int) -> dict[str, Any]:
 class _Meter:
     """Times of F, I, W of this rank's stage and the bytes F saves, I and W read."""
 
-    def __init__(self, params):
+    def __init__(self, params, clock: str = "wall"):
+        self.clock = CLOCKS[clock]
         self.params = {p.untyped_storage().data_ptr() for p in params}
         self.times: dict[str, list[float]] = {"F": [], "I": [], "W": [], "B": []}
         self.saved: dict[int, dict[tuple, int]] = {}  # mb -> (address, elements) -> bytes
@@ -99,21 +110,22 @@ class _Meter:
 
         return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
-    def wrap(self, runner) -> None:
-        """Time the stage's own compute (not the waits for its inputs) by wrapping the runner's methods."""
+    def wrap(self, runner, memory: bool = True) -> None:
+        """Time the stage's own compute (not the waits for its inputs) by wrapping the runner's methods;
+        ``memory``: also count the bytes its F saves (the split pipeline's runner)."""
         for kind, name in (("F", "forward"), ("I", "backward_input"), ("W", "backward_weight"), ("B", "backward")):
-            setattr(runner, name, self._timed(kind, runner, getattr(runner, name)))
+            setattr(runner, name, self._timed(kind, runner, getattr(runner, name), memory))
 
-    def _timed(self, kind: str, runner, method):
+    def _timed(self, kind: str, runner, method, memory: bool):
         def timed(mb, *args, **kwargs):
             self.phase = (kind, mb)
-            started = time.perf_counter()
-            if kind == "F":
+            started = self.clock()
+            if kind == "F" and memory:
                 with self.hooks(mb):
                     result = method(mb, *args, **kwargs)
             else:
                 result = method(mb, *args, **kwargs)
-            elapsed = time.perf_counter() - started
+            elapsed = self.clock() - started
             self.phase = None
             if kind == "F":
                 self.output_bytes = _nbytes(result)
@@ -158,39 +170,41 @@ def profile_rank(rank: int, nproc: int, job: ProfileJob) -> dict:
     import torch
     import torch.distributed as dist
 
-    from pipeforge.runtime.check import load_module
-
     torch.set_num_threads(job.threads)
-    generated = load_module(job.module_path)
     model = load_model(job.model_path, nproc)
     module = model["modules"][rank]
-    meter = _Meter(list(module.parameters()))
-    pipe = generated.make_pipeline({rank: module}, loss_fn=model["loss_fn"], timeout=job.timeout)
-    meter.wrap(pipe.runners[(rank, 0)])
-    _measure(pipe, model, module, meter, job)
-    entry = meter.stage_entry()
-    if job.fused_module_path is not None:  # B alone: the same stage under 1F1B (F timed again, not kept)
-        fused = load_module(job.fused_module_path).make_pipeline({rank: module}, loss_fn=model["loss_fn"],
-                                                                 timeout=job.timeout)
-        meter.wrap(fused.runners[(rank, 0)])
-        meter.times["B"].clear()
-        _measure(fused, model, module, meter, job)
-        entry = {**entry, "B": statistics.median(meter.times["B"])}
+    meter = _Meter(list(module.parameters()), job.clock)
+    pipes = [_profiled_pipeline(job.module_path, rank, module, model, meter, job, memory=True)]
+    if job.fused_module_path is not None:  # B: the same stage under 1F1B (its F timed too)
+        pipes.append(_profiled_pipeline(job.fused_module_path, rank, module, model, meter, job, memory=False))
+    _measure(pipes, model, module, meter, job)
     sizes = [None] * nproc
     dist.all_gather_object(sizes, meter.output_bytes)
     links = [_link_time(rank, s, sizes[s], job.link_trials) for s in range(nproc - 1)]
-    return {"rank": rank, "stage": entry, "links": links}
+    return {"rank": rank, "stage": meter.stage_entry(), "links": links}
 
 
-def _measure(pipe, model: dict, module, meter: _Meter, job: ProfileJob) -> None:
+def _profiled_pipeline(path: str, rank: int, module, model: dict, meter: _Meter, job: ProfileJob, memory: bool):
+    from pipeforge.runtime.check import load_module
+
+    pipe = load_module(path).make_pipeline({rank: module}, loss_fn=model["loss_fn"], timeout=job.timeout)
+    meter.wrap(pipe.runners[(rank, 0)], memory=memory)
+    return pipe, memory
+
+
+def _measure(pipes: list, model: dict, module, meter: _Meter, job: ProfileJob) -> None:
+    """The pipelines take turns step by step, so a change in the machine's load falls on B and on I and W
+    alike; the bytes are those of the last measured step of the split pipeline."""
     batch = model["batch"] if isinstance(model["batch"], tuple) else (model["batch"],)
     for step in range(job.warmup + job.steps):
-        meter.recording = step >= job.warmup
-        meter.saved.clear(), meter.used_by_w.clear(), meter.plan_bytes.clear()
-        pipe.step(*(batch if pipe.holds_first else ()), target=model["target"] if pipe.holds_last else None,
-                  return_outputs=False)
-        for param in module.parameters():
-            param.grad = None
+        for pipe, memory in pipes:
+            meter.recording = step >= job.warmup
+            if memory:
+                meter.saved.clear(), meter.used_by_w.clear(), meter.plan_bytes.clear()
+            pipe.step(*(batch if pipe.holds_first else ()), target=model["target"] if pipe.holds_last else None,
+                      return_outputs=False)
+            for param in module.parameters():
+                param.grad = None
 
 
 def _link_time(rank: int, link: int, nbytes: int, trials: int) -> float | None:
@@ -244,7 +258,8 @@ class TimingJob:
 
 
 def time_schedules(rank: int, nproc: int, job: TimingJob) -> dict:
-    """The median step time (ms, the slowest rank's) of each generated module.
+    """The median step time (ms, the slowest rank's) of each generated module, and the median CPU time
+    of a step summed over the ranks (``cpu_ms``: with the step time, how many cores the step kept busy).
 
     The schedules take turns step by step (after a barrier each), so a change in
     the machine's load falls on all of them alike.
@@ -254,21 +269,24 @@ def time_schedules(rank: int, nproc: int, job: TimingJob) -> dict:
 
     torch.set_num_threads(job.threads)
     runs = [_timed_pipeline(rank, path, job) for path in job.module_paths]
-    samples: list[list[float]] = [[] for _ in runs]
+    samples: list[list[tuple[float, float]]] = [[] for _ in runs]
     for step in range(job.warmup + job.steps):
         for index, (pipe, modules, model, batch) in enumerate(runs):
             dist.barrier()
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             pipe.step(*(batch if pipe.holds_first else ()), target=model["target"] if pipe.holds_last else None,
                       return_outputs=False)
             elapsed = torch.tensor([(time.perf_counter() - started) * 1000.0])
+            cpu = torch.tensor([(time.process_time() - cpu_started) * 1000.0])
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            dist.all_reduce(cpu, op=dist.ReduceOp.SUM)
             for module in modules:
                 for param in module.parameters():
                     param.grad = None
             if step >= job.warmup:
-                samples[index].append(elapsed.item())
-    return {"rank": rank, "ms": [statistics.median(s) for s in samples]}
+                samples[index].append((elapsed.item(), cpu.item()))
+    return {"rank": rank, "ms": [statistics.median(w for w, _ in s) for s in samples],
+            "cpu_ms": [statistics.median(c for _, c in s) for s in samples]}
 
 
 def _timed_pipeline(rank: int, path: str, job: TimingJob):

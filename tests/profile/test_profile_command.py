@@ -14,10 +14,11 @@ MODEL = str(Path(__file__).with_name("mlp_model.py"))
 
 
 @pytest.mark.timeout(300)
-def test_profile_writes_a_cost_file_that_simulate_reads(tmp_path, capsys):
+@pytest.mark.parametrize("clock", ["wall", "cpu"])
+def test_profile_writes_a_cost_file_that_simulate_reads(tmp_path, capsys, clock):
     out = tmp_path / "costs.json"
     assert main(["profile", MODEL, "--stages", "2", "--microbatches", "2", "--steps", "1", "--warmup", "0",
-                 "-o", str(out)]) == 0
+                 "--clock", clock, "-o", str(out)]) == 0
     assert "wrote" in capsys.readouterr().out
     data = json.loads(out.read_text())
     assert data["units"] == "ms" and len(data["stages"]) == 2 and len(data["links"]) == 1
