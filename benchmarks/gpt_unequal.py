@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-WIDTH, HEADS, SEQ = 128, 4, 64
+WIDTH, HEADS, SEQ = 256, 4, 64
 VOCAB = 24 * WIDTH
 BLOCKS_PER_STAGE = 2
 ROWS = 16  # sequences per step
