@@ -8,9 +8,9 @@ one forward followed by:
 
 - ``B``: ``torch.autograd.backward`` (what 1F1B runs);
 - ``pipeforge``: ``SplitBackward.backward_input`` (I) then
-  ``backward_weight`` (W), the gradients accumulated into ``.grad`` as the
-  runtime does, with one ``SplitBackward`` kept for the module across rounds as
-  the runtime keeps one per stage;
+  ``accumulate_weight_gradients`` (W), as the runtime runs them, with one
+  ``SplitBackward`` kept for the module across rounds as the runtime keeps one
+  per stage;
 - ``torch``: ``torch.distributed.pipelining._backward.stage_backward_input``
   then ``stage_backward_weight``. On a first stage (no input gradient) torch's
   runtime runs no I and a full backward as W (``stage.py``,
@@ -42,7 +42,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.distributed.pipelining._backward import stage_backward, stage_backward_input, stage_backward_weight  # noqa: E402
 
-from pipeforge.runtime.split_backward import SplitBackward, backward_weight  # noqa: E402
+from pipeforge.runtime.split_backward import SplitBackward, accumulate_weight_gradients  # noqa: E402
 
 
 def gpt_unequal():
@@ -102,12 +102,7 @@ def pipeforge_split(case: Case, inputs, roots, grads, clock):
     for x, grad in zip(inputs, found):
         x.grad = grad
     middle = clock()
-    for param, grad in backward_weight(plan):
-        if grad is not None:
-            if param.grad is None:
-                param.grad = grad
-            else:
-                param.grad += grad
+    accumulate_weight_gradients(plan)
     return middle - started, clock() - middle
 
 

@@ -66,6 +66,7 @@ class WeightPlan:
     from_outputs: list[torch.nn.Parameter]
     roots: tuple[torch.Tensor, ...]
     root_grads: tuple
+    whole: bool = False  # no input gradients wanted (a first stage): W is the stage's whole backward
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ class SplitBackward:
                        params: list[torch.nn.Parameter]) -> tuple[tuple, WeightPlan]:
         """Gradients of ``inputs`` (weights untouched), and the plan W needs."""
         if not inputs:  # nothing for I to do: every weight starts at the outputs, one reached by none gets None
-            return (), WeightPlan([], [p for p in params if p.requires_grad], roots, root_grads)
+            return (), WeightPlan([], [p for p in params if p.requires_grad], roots, root_grads, whole=True)
         accumulators = self._accumulator_nodes(params)
         root_nodes = [n for n in map(grad_node, roots) if n is not None]
         graph = walk(root_nodes)
@@ -294,18 +295,41 @@ def _run_input_pass(plan: WeightPlan, roots, root_grads, inputs: list[torch.Tens
 
 
 def backward_weight(plan: WeightPlan) -> list[tuple[torch.nn.Parameter, torch.Tensor | None]]:
-    """Every weight's gradient for this microbatch, computed from what I recorded."""
+    """Every weight's gradient for this microbatch, computed from what I recorded.
+
+    The graph is released as W goes where that is safe: the weights that start
+    at the outputs go first (their paths may cross other groups' frontier
+    nodes), then the groups with several frontier nodes (their calls may run
+    nodes between those), then the groups with one, whose call runs only that
+    node and the nodes below it towards the group's weights, which no other
+    group reaches (a node reaching two groups' weights would join them).
+    """
     results: list[tuple[torch.nn.Parameter, torch.Tensor | None]] = []
-    for group in plan.groups:
-        results += _group_gradients(group)
     if plan.from_outputs:
-        found = torch.autograd.grad(plan.roots, plan.from_outputs, plan.root_grads, retain_graph=True,
+        found = torch.autograd.grad(plan.roots, plan.from_outputs, plan.root_grads, retain_graph=bool(plan.groups),
                                     allow_unused=True)
         results += list(zip(plan.from_outputs, found))
+    for group in sorted(plan.groups, key=lambda g: len(g.nodes) == 1):
+        results += _group_gradients(group, keep_graph=len(group.nodes) > 1)
     return results
 
 
-def _group_gradients(group: WeightGroup) -> list[tuple[torch.nn.Parameter, torch.Tensor | None]]:
+def accumulate_weight_gradients(plan: WeightPlan) -> None:
+    """W into the weights' ``.grad`` (added to what is there). A first stage's W runs its whole backward
+    the way B does (``torch.autograd.backward``: one pass, each weight's gradient accumulated as it comes)."""
+    if plan.whole:
+        torch.autograd.backward(plan.roots, plan.root_grads)
+        return
+    for param, grad in backward_weight(plan):
+        if grad is None:
+            continue
+        if param.grad is None:
+            param.grad = grad
+        else:
+            param.grad += grad
+
+
+def _group_gradients(group: WeightGroup, keep_graph: bool) -> list[tuple[torch.nn.Parameter, torch.Tensor | None]]:
     edges, grads = [], []
     for node in group.nodes:
         for index, grad in enumerate(group.grads[node]):
@@ -318,7 +342,7 @@ def _group_gradients(group: WeightGroup) -> list[tuple[torch.nn.Parameter, torch
     if len(group.nodes) > 1:  # a lower frontier node keeps the gradient I recorded for it
         handles = [node.register_prehook(lambda _, saved=group.grads[node]: saved) for node in group.nodes]
     try:
-        found = _run_engine(tuple(edges), tuple(grads), group.targets)
+        found = _run_engine(tuple(edges), tuple(grads), group.targets, keep_graph)
     finally:
         for handle in handles:
             handle.remove()
@@ -326,8 +350,8 @@ def _group_gradients(group: WeightGroup) -> list[tuple[torch.nn.Parameter, torch
 
 
 def _run_engine(edges: tuple[GradientEdge, ...], grads: tuple[torch.Tensor, ...],
-                targets: tuple[GradientEdge, ...]) -> tuple[torch.Tensor | None, ...]:
-    """``torch.autograd.grad(edges, targets, grads, retain_graph=True, allow_unused=True)``.
+                targets: tuple[GradientEdge, ...], keep_graph: bool) -> tuple[torch.Tensor | None, ...]:
+    """``torch.autograd.grad(edges, targets, grads, retain_graph=keep_graph, allow_unused=True)``.
 
     The gradients were recorded at these very edges by the engine in I, so
     ``autograd.grad``'s checks of their shapes and types (a good part of a small
@@ -335,5 +359,5 @@ def _run_engine(edges: tuple[GradientEdge, ...], grads: tuple[torch.Tensor, ...]
     """
     run = getattr(torch.autograd.graph, "_engine_run_backward", None)
     if run is None:
-        return torch.autograd.grad(edges, targets, grads, retain_graph=True, allow_unused=True)
-    return run(edges, grads, True, False, targets, True, False)
+        return torch.autograd.grad(edges, targets, grads, retain_graph=keep_graph, allow_unused=True)
+    return run(edges, grads, keep_graph, False, targets, True, False)

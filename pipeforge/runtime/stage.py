@@ -21,7 +21,7 @@ import torch
 
 from pipeforge.runtime.microbatch import as_tuple, detached
 from pipeforge.runtime.p2p import PipelineError
-from pipeforge.runtime.split_backward import SplitBackward, WeightPlan, backward_weight
+from pipeforge.runtime.split_backward import SplitBackward, WeightPlan, accumulate_weight_gradients
 
 
 @dataclass
@@ -118,13 +118,7 @@ class StageRunner:
         if state.weight_plan is None:
             raise PipelineError(f"{self.name}: W of microbatch {mb} before its I")
         del self.states[mb]
-        for param, grad in backward_weight(state.weight_plan):
-            if grad is None:
-                continue
-            if param.grad is None:
-                param.grad = grad
-            else:
-                param.grad += grad
+        accumulate_weight_gradients(state.weight_plan)
 
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]
