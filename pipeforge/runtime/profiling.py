@@ -40,7 +40,7 @@ class ProfileJob:
     steps: int = 3
     warmup: int = 1
     timeout: float = 60.0
-    link_trials: int = 5
+    link_trials: int = 20
     threads: int = 1  # torch threads per rank: one, so ranks do not fight over cores
     clock: str = "wall"  # "cpu": each action's CPU time on its thread (CLOCKS)
 
@@ -89,7 +89,8 @@ class _Meter:
         self.plan_bytes: dict[int, int] = {}
         self.output_bytes = 0
         self.phase: tuple[str, int] | None = None
-        self.recording = False
+        self.recording = False  # keep the times of this step
+        self.counting = False  # count the bytes of this step (its times are not kept: the hooks cost time)
 
     def hooks(self, mb: int):
         import torch
@@ -120,7 +121,7 @@ class _Meter:
         def timed(mb, *args, **kwargs):
             self.phase = (kind, mb)
             started = self.clock()
-            if kind == "F" and memory:
+            if kind == "F" and memory and self.counting:
                 with self.hooks(mb):
                     result = method(mb, *args, **kwargs)
             else:
@@ -194,17 +195,23 @@ def _profiled_pipeline(path: str, rank: int, module, model: dict, meter: _Meter,
 
 def _measure(pipes: list, model: dict, module, meter: _Meter, job: ProfileJob) -> None:
     """The pipelines take turns step by step, so a change in the machine's load falls on B and on I and W
-    alike; the bytes are those of the last measured step of the split pipeline."""
+    alike. A first step of the split pipeline alone counts the bytes (its hooks would slow the others'
+    backward); ``warmup`` steps then ``steps`` measured ones follow."""
     batch = model["batch"] if isinstance(model["batch"], tuple) else (model["batch"],)
+    meter.counting = True
+    _step(pipes[0][0], model, module, batch)
+    meter.counting = False
     for step in range(job.warmup + job.steps):
-        for pipe, memory in pipes:
-            meter.recording = step >= job.warmup
-            if memory:
-                meter.saved.clear(), meter.used_by_w.clear(), meter.plan_bytes.clear()
-            pipe.step(*(batch if pipe.holds_first else ()), target=model["target"] if pipe.holds_last else None,
-                      return_outputs=False)
-            for param in module.parameters():
-                param.grad = None
+        meter.recording = step >= job.warmup
+        for pipe, _ in pipes:
+            _step(pipe, model, module, batch)
+
+
+def _step(pipe, model: dict, module, batch: tuple) -> None:
+    pipe.step(*(batch if pipe.holds_first else ()), target=model["target"] if pipe.holds_last else None,
+              return_outputs=False)
+    for param in module.parameters():
+        param.grad = None
 
 
 def _link_time(rank: int, link: int, nbytes: int, trials: int) -> float | None:
