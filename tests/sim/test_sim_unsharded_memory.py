@@ -99,3 +99,16 @@ def test_verify_and_simulate_agree_on_random_schedules_with_unshard(data, unshar
                                    max_size=schedule.stages))
         memory = replace(memory, activation=tuple(sizes))
     assert_verify_agrees(replace(schedule, memory=memory))
+
+
+def test_simulate_and_verify_commands_agree_on_a_file_with_unsharded(tmp_path, capsys):
+    from pipeforge.cli import main
+    from pipeforge.lang.printer import print_schedule
+
+    path = tmp_path / "sharded.pipe"
+    path.write_text(print_schedule(with_unshard("1f1b", 1, 0.5)), encoding="utf-8")
+    assert main(["simulate", str(path), "--memory-limit", "2.25"]) == 0
+    assert "r0: 2.5  r1: 1.5  (M_B; limit 2.25: OVER)" in capsys.readouterr().out
+    assert main(["verify", str(path), "--memory-limit", "2.25"]) != 0
+    assert "rank 0 holds 2.5 microbatches of activations and unsharded parameters" in capsys.readouterr().out
+    assert main(["verify", str(path), "--memory-limit", "2.5"]) == 0
