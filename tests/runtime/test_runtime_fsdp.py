@@ -93,7 +93,10 @@ def tied_and_mixed_jobs(out: Path) -> tuple[list[dict], list[str]]:
             labels.append(f"tied {name} {mode}")
     for name in ("1f1b", "zb-h1", "zbv"):
         path = str(codegen(with_passes(name, unshard=1, reduce_grad=True), out / f"mixed-{name}"))
-        for param_dtype, reduce_dtype in (("bfloat16", "float32"), ("bfloat16", "bfloat16")):
+        policies = [("bfloat16", "float32"), ("bfloat16", "bfloat16")]
+        if name == "zbv":
+            policies.append(("float16", "float32"))
+        for param_dtype, reduce_dtype in policies:
             jobs.append({"kind": "mixed", "module_path": path, "param_dtype": param_dtype,
                          "reduce_dtype": reduce_dtype})
             labels.append(f"mixed precision {name} param {param_dtype} reduce {reduce_dtype}")
