@@ -1,0 +1,374 @@
+"""Lower bounds on space 2 of ``bounds.py``: every schedule of this work, whatever its order.
+
+Every (stage, microbatch) runs its forward and its backward, and a backward may
+be split into I and W (the Zero Bubble split); any order within a memory limit
+L. ``pipeforge.sim.bounds`` re-exports everything here: import from there.
+
+What is proved for space 2 (``span_lower_bound``), for every schedule of the work
+within the limit, on any placement, per rank (the worst rank's is the bound):
+
+- ``busy``: a rank's span is at least its compute (F, and the cheaper of B or I + W);
+- ``round trip``: a rank's first action is an F of the lowest stage it holds
+  (every other action of the rank needs one before it on the rank). No I of a
+  stage s on the rank can start before one *round trip* after that first
+  start: the longest dependency path from that F to I(s) (the F down to the
+  loss and the I back, with ``comm`` on every cross-rank hop). Before the
+  earliest of them the rank can run only F, at most ``floor(limit)`` (nothing
+  is released before an I), each no longer than its longest F: the rest of
+  that window is idle (*head*). After the rank's last F, the I of that
+  microbatch and stage waits its own round trip (less the F); meanwhile the
+  rank can run only the I and W of what it still holds, capped by the limit:
+  ``k`` with I pending and ``j`` with only W pending need
+  ``k + weights * j <= limit`` (*tail*). When the rank cannot run every F
+  before its first I, the two idle windows are disjoint and add up. For one
+  stage a rank in loop order, at p=8, m=24, limit 8 and the Zero Bubble
+  paper's costs, this equals ZB-1p's span on rank 0: that schedule is optimal.
+- ``through rank q`` (``through_spans``): the actions of another rank q that
+  lie between two of this rank's actions run one at a time, each at least its
+  head after this rank starts and its tail before it ends: the preemptive
+  one-machine bound. Through the last rank: the fill, every F and I there and
+  the drain (ZB-2p at p=8, m=24 is optimal by it).
+
+``RankSpan`` keeps the three for each rank and names the one that binds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from pipeforge.ir import ActionKind
+from pipeforge.sim.workgraph import WorkGraph
+
+_F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
+WORK_SPACE = "any schedule of this work (B may be split into I and W)"
+
+# --- space 2: every schedule of the work --------------------------------------------------
+
+TOLERANCE = 1e-9
+ARGUMENTS = {
+    "busy": "the rank's own compute",
+    "round trip": "the rank's compute plus the idle its round trips force within the memory limit",
+    "through": "the work of another rank that lies between two of this rank's actions, run one at a time",
+}
+
+
+@dataclass(frozen=True)
+class RankSpan:
+    """What is proved of rank ``rank``'s span in every schedule of the work: at least ``busy``,
+    ``round_trip`` (busy plus the idle its round trips force within the limit) and ``through``
+    (the one-machine bound through rank ``through_rank``); ``span`` is the largest."""
+
+    rank: int
+    busy: float
+    round_trip: float
+    through: float = 0.0
+    through_rank: int | None = None
+
+    @property
+    def span(self) -> float:
+        return max(self.busy, self.round_trip, self.through)
+
+    @property
+    def argument(self) -> str:
+        """``busy``, ``round trip`` or ``through rank q``: the argument that gives ``span``."""
+        if self.through > max(self.busy, self.round_trip) + TOLERANCE:
+            return f"through rank {self.through_rank}"
+        return "round trip" if self.round_trip > self.busy + TOLERANCE else "busy"
+
+    def to_json(self) -> dict:
+        return {"rank": self.rank, "span": self.span, "argument": self.argument, "busy": self.busy,
+                "round_trip": self.round_trip, "through": self.through, "through_rank": self.through_rank}
+
+
+@dataclass(frozen=True)
+class WorkBound:
+    """A proven lower bound on the worst span, and so on the bubble rate, of every schedule of the work
+    (``WORK_SPACE``) holding at most ``memory_limit`` M_B a rank (None: no limit); ``ranks``: what is
+    proved of each rank's span, and by which argument (``ARGUMENTS``)."""
+
+    max_span: float
+    bubble_rate: float
+    memory_limit: float | None
+    ranks: tuple[RankSpan, ...] = ()
+
+    def scaled(self, factor: float) -> WorkBound:
+        """The same bound with every time multiplied by ``factor``."""
+        ranks = tuple(RankSpan(r.rank, r.busy * factor, r.round_trip * factor, r.through * factor, r.through_rank)
+                      for r in self.ranks)
+        return WorkBound(self.max_span * factor, self.bubble_rate, self.memory_limit, ranks)
+
+    @property
+    def binding(self) -> RankSpan | None:
+        """The rank whose bound is the bound (the first of the largest)."""
+        return max(self.ranks, key=lambda r: r.span - r.rank * TOLERANCE, default=None)
+
+    def to_json(self) -> dict:
+        binding = self.binding
+        return {"space": WORK_SPACE, "max_span": self.max_span, "bubble_rate": self.bubble_rate,
+                "memory_limit": self.memory_limit,
+                "rank": None if binding is None else binding.rank,
+                "argument": None if binding is None else binding.argument,
+                "arguments": ARGUMENTS, "ranks": [r.to_json() for r in self.ranks]}
+
+
+def work_bound(graph: WorkGraph, limit: float | None) -> WorkBound:
+    """The bound on space 2 for ``graph``'s work (fused or split, the same work) within ``limit``."""
+    ranks = rank_spans(graph, limit)
+    span = max((r.span for r in ranks), default=0.0)
+    return WorkBound(span, bubble_of_span(graph, span), limit, ranks)
+
+
+def busy_per_rank(graph: WorkGraph) -> list[float]:
+    """Each rank's least compute time: F and the cheaper of B or I + W, for each forward it runs."""
+    cost, stages = graph.costs.duration, graph.shape.stages
+    per_stage = [cost(_F, s) + min(cost(_B, s), cost(_I, s) + cost(_W, s)) for s in range(stages)]
+    busy = [0.0] * graph.shape.ranks
+    forwards = Counter((rank, action.stage) for action, rank in zip(graph.actions, graph.rank) if action.kind is _F)
+    for (rank, stage), n in forwards.items():
+        busy[rank] += n * (per_stage[stage] if stage < stages else cost(_F, stage))
+    return busy
+
+
+@dataclass(frozen=True)
+class _RankShape:
+    """What the round-trip bound needs of one rank (read from one microbatch: costs do not depend on it)."""
+
+    trip_to_i: float      # from the start of the rank's first F to the earliest start of any of its I
+    least_lag: float      # the least wait, over its stages, from the end of an F to the start of its I
+    forwards: int         # how many F the rank runs in all
+    longest_f: float
+    longest_iw: float     # the longest I + W among its stages
+    longest_w: float
+
+
+class _Paths:
+    """Longest dependency paths among one microbatch's actions of each chain (data dependencies never
+    cross microbatches or chains, and every microbatch of a chain has the same paths)."""
+
+    def __init__(self, graph: WorkGraph):
+        self.graph = graph
+        actions = graph.actions
+        stages, kinds, microbatches, chains = zip(*actions) if actions else ((), (), (), ())
+        first: dict[int, int] = {}
+        for chain, mb in set(zip(chains, microbatches)):
+            if mb is not None and mb < first.get(chain, mb + 1):
+                first[chain] = mb
+        self.members = [a for a, (mb, chain) in enumerate(zip(microbatches, chains))
+                        if mb is not None and mb == first[chain]]
+        self.children: dict[int, list[tuple[int, float]]] = {a: [] for a in self.members}
+        for a in self.members:
+            for d, latency in graph.deps[a]:
+                if d in self.children:  # not a phantom (an input no action makes)
+                    self.children[d].append((a, latency))
+        self.order = self._topological()
+        self.forwards = [0] * graph.shape.ranks
+        for r, n in Counter(r for r, kind in zip(graph.rank, kinds) if kind is _F).items():
+            self.forwards[r] = n
+
+    def _topological(self) -> list[int]:
+        indegree = {a: sum(d in self.children for d, _ in self.graph.deps[a]) for a in self.members}
+        ready = [a for a, n in indegree.items() if n == 0]
+        out = []
+        while ready:
+            a = ready.pop()
+            out.append(a)
+            for b, _ in self.children[a]:
+                indegree[b] -= 1
+                if indegree[b] == 0:
+                    ready.append(b)
+        return out
+
+    def from_start_of(self, source: int) -> dict[int, float]:
+        """Earliest start of every action reachable from ``source`` when ``source`` starts at 0."""
+        start = {source: 0.0}
+        for a in self.order:
+            if a not in start:
+                continue
+            for b, latency in self.children[a]:
+                start[b] = max(start.get(b, float("-inf")), start[a] + self.graph.duration[a] + latency)
+        return start
+
+    def heads(self, r: int, duration: dict[int, float]) -> dict[int, float]:
+        """For each action after some action of rank r: the least time from the start of r's first
+        action to its start (the longest path from any of r's actions, which starts no earlier)."""
+        rank, head = self.graph.rank, {}
+        for a in self.order:
+            h = head.get(a, -1.0)
+            if rank[a] == r and h < 0.0:
+                h = head[a] = 0.0
+            if h < 0.0:
+                continue
+            for b, latency in self.children[a]:
+                if h + duration[a] + latency > head.get(b, -1.0):
+                    head[b] = h + duration[a] + latency
+        return head
+
+    def tails(self, r: int, duration: dict[int, float]) -> dict[int, float]:
+        """For each action before some action of rank r: the least time from its end to the end of r's
+        last action (the longest path to any of r's actions, which ends no later)."""
+        rank, tail = self.graph.rank, {}
+        for a in reversed(self.order):
+            t = 0.0 if rank[a] == r else -1.0
+            for b, latency in self.children[a]:
+                after = tail.get(b)
+                if after is not None and latency + duration[b] + after > t:
+                    t = latency + duration[b] + after
+            if t >= 0.0:
+                tail[a] = t
+        return tail
+
+
+def _rank_shape(graph: WorkGraph, paths: _Paths, r: int) -> _RankShape | None:
+    """Rank r's round trips (None when it runs no F or no I of the microbatch)."""
+    actions, duration = graph.actions, graph.duration
+    mine = {k: [a for a in paths.members if graph.rank[a] == r and actions[a].kind is k] for k in (_F, _I, _W)}
+    if not mine[_F] or not mine[_I]:
+        return None
+    lane = {(actions[a].chain, actions[a].stage, actions[a].kind): a for k in (_F, _I, _W) for a in mine[k]}
+    # The rank's first action is an F of the lowest stage it holds in some chain (everything else on it
+    # needs one); an I not after it may start as early as it.
+    firsts = {}
+    for a in mine[_F]:
+        if actions[a].stage < actions[firsts.get(actions[a].chain, a)].stage or actions[a].chain not in firsts:
+            firsts[actions[a].chain] = a
+    trips = []
+    for first in firsts.values():
+        from_first = paths.from_start_of(first)
+        trips.append(min(from_first.get(a, 0.0) for a in mine[_I]))
+    lags, iw, w = [], [], []
+    for f in mine[_F]:
+        c, stage = actions[f].chain, actions[f].stage
+        i, wa = lane.get((c, stage, _I)), lane.get((c, stage, _W))
+        if i is not None:
+            lags.append(paths.from_start_of(f)[i] - duration[f])
+            iw.append(duration[i] + (duration[wa] if wa is not None else 0.0))
+        w.append(duration[wa] if wa is not None else 0.0)
+    if not trips or not lags:
+        return None
+    return _RankShape(min(trips), min(lags), paths.forwards[r], max(duration[a] for a in mine[_F]), max(iw), max(w))
+
+
+def tail_work(shape: _RankShape, limit: float, weights: float) -> float:
+    """The most I/W work a rank can hold ready for after its last F (memory-capped)."""
+    best = 0.0
+    for k in range(1, min(shape.forwards, math.floor(limit + TOLERANCE)) + 1):
+        room = limit - k
+        j = shape.forwards - k if weights <= 0 else min(shape.forwards - k, math.floor(room / weights + TOLERANCE))
+        best = max(best, (k - 1) * shape.longest_iw + j * shape.longest_w)
+    return best
+
+
+def round_trip_idle(graph: WorkGraph, r: int, limit: float | None, paths: _Paths | None = None) -> float:
+    """Idle time rank r cannot avoid inside its span (0 when nothing can be said)."""
+    shape = _rank_shape(graph, paths or _Paths(graph), r)
+    if shape is None:
+        return 0.0
+    stages = graph.shape.stages
+    limit = graph.memory.count_limit(limit, stages) if limit is not None else float(shape.forwards)
+    first_burst = min(shape.forwards, math.floor(limit + TOLERANCE))
+    head = max(0.0, shape.trip_to_i - first_burst * shape.longest_f)
+    tail = max(0.0, shape.least_lag - tail_work(shape, limit, graph.memory.least_weights(stages)))
+    if first_burst < shape.forwards:
+        return head + tail
+    return max(head, tail)
+
+
+def through_spans(graph: WorkGraph, paths: _Paths | None = None) -> list[tuple[float, int | None]]:
+    """Per rank r, the one-machine bound through another rank q, and q (``(0, None)`` when nothing is said).
+
+    Every action j of q that comes after some action of r and before some
+    action of r (in its microbatch's dependencies) starts at least ``head_j``
+    after r's first action starts and ends at least ``tail_j`` before r's last
+    action ends (``_Paths.heads``, ``tails``); q runs one action at a time. So
+    for any thresholds H, T, r's span is at least H + T plus the work of q's
+    actions with head >= H and tail >= T (the preemptive one-machine bound with
+    release and delivery times, Jackson's). Through the last rank this is the
+    pipeline's fill, every microbatch's F and I there, and the drain.
+
+    A B may be fused or split: an I counts the cheaper of I and B, a W what a B
+    costs beyond that (at most W). Said only when every microbatch of a chain
+    runs the same actions (what the heads and tails, read from one, assume).
+    """
+    ranks = graph.shape.ranks
+    lanes = _lane_counts(graph)
+    if lanes is None:
+        return [(0.0, None)] * ranks
+    paths = paths or _Paths(graph)
+    duration = _least_durations(graph, paths.members)
+    found = []
+    for r in range(ranks):
+        heads, tails = paths.heads(r, duration), paths.tails(r, duration)
+        jobs: dict[int, list[tuple[float, float, float]]] = {}
+        for a in paths.members:
+            if a in heads and a in tails:
+                action = graph.actions[a]
+                work = duration[a] * lanes[(action.chain, action.stage, action.kind)]
+                jobs.setdefault(graph.rank[a], []).append((heads[a], tails[a], work))
+        found.append(max(((_one_machine(q_jobs), q) for q, q_jobs in jobs.items()), default=(0.0, None)))
+    return found
+
+
+def _one_machine(jobs: list[tuple[float, float, float]]) -> float:
+    """max over H, T of H + (work of the jobs with head >= H and tail >= T, when there are any) + T."""
+    best = 0.0
+    for h, _, _ in jobs:
+        for _, t, _ in jobs:
+            chosen = [w for hj, tj, w in jobs if hj >= h - TOLERANCE and tj >= t - TOLERANCE]
+            if chosen:  # (an empty choice says nothing)
+                best = max(best, h + sum(chosen) + t)
+    return best
+
+
+def _lane_counts(graph: WorkGraph) -> dict[tuple, int] | None:
+    """How many actions each (chain, stage, kind) runs, when every microbatch of a chain runs each of
+    them (else None); None too for fused work (its I and W are one action)."""
+    if not graph.actions:
+        return None
+    stages, kinds, microbatches, chains = zip(*graph.actions)
+    if _B in set(kinds) or None in set(microbatches):
+        return None
+    count = Counter(zip(chains, stages, kinds))
+    per_chain = Counter(chain for chain, _ in set(zip(chains, microbatches)))
+    if any(n != per_chain[key[0]] for key, n in count.items()):
+        return None
+    return count
+
+
+def _least_durations(graph: WorkGraph, nodes: list[int]) -> dict[int, float]:
+    """The least duration of each of ``nodes`` in any schedule of the work: an I the cheaper of I and
+    B (a fused B holds its I), a W what the cheaper of B and I + W leaves after that (at most W)."""
+    cost, found = graph.costs.duration, {}
+    for a in nodes:
+        action, duration = graph.actions[a], graph.duration[a]
+        if action.kind is _I:
+            duration = min(duration, cost(_B, action.stage))
+        elif action.kind is _W:
+            fused = cost(_B, action.stage) - min(cost(_I, action.stage), cost(_B, action.stage))
+            duration = max(0.0, min(duration, fused))
+        found[a] = duration
+    return found
+
+
+def rank_spans(graph: WorkGraph, limit: float | None) -> tuple[RankSpan, ...]:
+    """What is proved of each rank's span in any schedule of ``graph``'s work within ``limit``."""
+    busy, paths = busy_per_rank(graph), _Paths(graph)
+    through = through_spans(graph, paths)
+    return tuple(RankSpan(r, busy[r], busy[r] + round_trip_idle(graph, r, limit, paths), *through[r])
+                 for r in range(graph.shape.ranks))
+
+
+def span_lower_bound(graph: WorkGraph, limit: float | None) -> float:
+    """A proven lower bound on the worst span of any schedule of ``graph``'s work within ``limit``."""
+    return max((r.span for r in rank_spans(graph, limit)), default=0.0)
+
+
+def bubble_of_span(graph: WorkGraph, span: float) -> float:
+    """The bubble rate a worst span of ``span`` gives (busy time does not depend on the order)."""
+    busy = busy_per_rank(graph)
+    return 1.0 - (sum(busy) / len(busy)) / span if span > 0 else 0.0
+
+
+def bubble_lower_bound(graph: WorkGraph, limit: float | None) -> float:
+    return bubble_of_span(graph, span_lower_bound(graph, limit))
