@@ -117,7 +117,7 @@ def report(result, output: str) -> str:
                                             else f" (tried: {'; '.join(result.placements_tried)})"),
         f"bound: {result.bound_of}"
         + (f"; before any search {_pct(result.work_bound.bubble_rate)} (what simulate reports as its bound "
-           f"on {WORK_SPACE})" if result.work_bound is not None else ""),
+           f"on {WORK_SPACE}{_binding(result.work_bound)})" if result.work_bound is not None else ""),
         f"stopped: {STOP_REASONS[result.stopped]}",
         f"wrote {output}" + ("" if result.improved else " (the input: nothing better found)"),
     ]
@@ -125,6 +125,12 @@ def report(result, output: str) -> str:
         lines.insert(-1, f"note: the input holds {max(before.peak_memory):g} M_B, over the limit {limit:g}; "
                          "the result fits the limit, which can cost time")
     return "\n".join(lines)
+
+
+def _binding(bound) -> str:
+    """Which rank's bound is the bound, and by which argument (``sim.bounds.ARGUMENTS``)."""
+    binding = bound.binding
+    return "" if binding is None else f"; rank {binding.rank}: {binding.argument}"
 
 
 def _pct(value: float) -> str:

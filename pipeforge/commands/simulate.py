@@ -92,7 +92,8 @@ def summary(timeline) -> str:
         f"gap {100 * (timeline.bubble_rate - timeline.bubble_lower_bound):.2f} points  [{ORDERS_SPACE}]",
         f"{'':13}{'':<10} lower bound {100 * work.bubble_rate:.2f}%; "
         f"gap {100 * (timeline.bubble_rate - work.bubble_rate):.2f} points  [{WORK_SPACE}, "
-        f"{_work_limit_text(timeline)}]",
+        f"{_work_limit_text(timeline)}"
+        + ("" if work.binding is None else f"; rank {work.binding.rank}: {work.binding.argument}") + "]",
         "peak memory  " + "  ".join(f"r{r}: {peak:g}" for r, peak in enumerate(timeline.peak_memory))
         + _limit_text(timeline),
     ]
