@@ -106,3 +106,16 @@ costs_strategy = st.builds(
     st.sampled_from([1.0, 2.0, 1.5]), st.sampled_from([1.0, 2.0, 0.5]),
     st.sampled_from([1.0, 0.5, 2.0]), st.sampled_from([0.0, 0.25, 1.0]),
 )
+
+
+VALUES = st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0])
+
+
+@st.composite
+def per_stage_costs(draw, stages: int) -> CostModel:
+    """Uniform costs, some stages' F, I or W changed, some links' latency changed."""
+    base = CostModel(F=draw(VALUES), I=draw(VALUES), W=draw(VALUES), comm=draw(st.sampled_from([0.0, 0.25, 1.0])))
+    changed = draw(st.lists(st.tuples(st.integers(0, stages - 1), st.sampled_from("FIW"), VALUES), max_size=3))
+    per_stage = tuple({(s, k): (s, k, v) for s, k, v in changed}.values())
+    links = tuple(draw(st.lists(st.sampled_from([0.0, 0.5, 2.0]), max_size=stages - 1)))
+    return CostModel(F=base.F, I=base.I, W=base.W, comm=base.comm, per_stage=per_stage, links=links)

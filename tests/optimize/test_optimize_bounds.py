@@ -15,7 +15,7 @@ from pipeforge.optimizer.exact import solve_exact
 from pipeforge.optimizer.greedy import best_zero_bubble_order
 from pipeforge.sim import simulate
 from pipeforge.sim.bounds import ARGUMENTS, rank_spans, span_lower_bound, work_bound
-from tests.optimize.opt_instances import brute_force_best_span, split_work
+from tests.optimize.opt_instances import brute_force_best_span, per_stage_costs, split_work
 
 # (name, defines for a rank count p and microbatch count m, or None where the schedule needs other sizes)
 LIBRARY = {
@@ -32,19 +32,6 @@ LIBRARY = {
     "dualpipev": lambda p, m: {"P": p, "M": 2 * p + m},
     "chimera": lambda p, m: {"P": 2 * ((p + 1) // 2), "M": 2 * ((p + 1) // 2)},
 }
-VALUES = st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0])
-
-
-@st.composite
-def per_stage_costs(draw, stages: int) -> CostModel:
-    """Uniform costs, some stages' F, I or W changed, some links' latency changed."""
-    base = CostModel(F=draw(VALUES), I=draw(VALUES), W=draw(VALUES), comm=draw(st.sampled_from([0.0, 0.25, 1.0])))
-    changed = draw(st.lists(st.tuples(st.integers(0, stages - 1), st.sampled_from("FIW"), VALUES), max_size=3))
-    per_stage = tuple({(s, k): (s, k, v) for s, k, v in changed}.values())
-    links = tuple(draw(st.lists(st.sampled_from([0.0, 0.5, 2.0]), max_size=stages - 1)))
-    return CostModel(F=base.F, I=base.I, W=base.W, comm=base.comm, per_stage=per_stage, links=links)
-
-
 def library_schedule(name: str, p: int, m: int):
     try:
         return pipeforge.load(name, defines=LIBRARY[name](p, m))
