@@ -105,3 +105,28 @@ def test_the_command_line_reports_the_chosen_placement(tmp_path, capsys):
     assert code == 0 and data["placement"]["chosen"] in data["placement"]["tried"]
     assert len(data["placement"]["tried"]) == 3 and "placed" in data["bound"]["of"]
     assert pipeforge.load(str(out)).stages == data["placement"]["stages"]
+
+
+def test_any_bounds_every_layout_and_builds_the_most_promising_first_within_the_time_limit():
+    # Past the time limit no further layout gets greedy orders once one has: with a limit far shorter than
+    # one build, only the layout with the lowest bound (the V, at 1p) is built, and it still wins.
+    schedule = pipeforge.load("1f1b", defines={"P": 8, "M": 24})
+    result = optimize(schedule, costs=ZB_1_5B, memory_limit=8.0, placement="any", strategy="greedy",
+                      weights=0.366, time_limit=0.01)
+    assert result.placement == "v, 2 stages a rank" and result.found_by == "greedy-v"
+    assert len(result.placements_tried) == 3  # each was bounded (the bound covers them all)
+    assert result.after.bubble_rate <= AUTHORS_ZB_V + 5e-6
+
+
+def test_any_skips_a_layout_whose_bound_another_layouts_order_reaches(monkeypatch):
+    # At 1p the V order (ZB-V's .0703) is below the one-stage-a-rank bound (ZB-1p's .1585, proven):
+    # the Zero Bubble builder for the input's own layout need not run, whatever the time limit.
+    from pipeforge.optimizer import greedy
+
+    calls = []
+    original = greedy.best_zero_bubble_order
+    monkeypatch.setattr(greedy, "best_zero_bubble_order", lambda *a, **k: calls.append(a) or original(*a, **k))
+    schedule = pipeforge.load("1f1b", defines={"P": 8, "M": 24})
+    result = optimize(schedule, costs=ZB_1_5B, memory_limit=8.0, placement="any", strategy="greedy",
+                      weights=0.366, time_limit=60.0)
+    assert result.placement == "v, 2 stages a rank" and calls == []
