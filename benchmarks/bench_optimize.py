@@ -5,8 +5,9 @@ paper measured for that row (``zb_profiles.py``: T_F, T_B (pipeforge's I),
 T_W, T_comm) and its M_W / M_B = 0.366. Memory limit 1p = p * M_B (ZB-1p) and
 2p (ZB-2p). The input is 1F1B; optimize (strategy auto) must reach at most the
 paper's bubble rates. Then the heuristic alone at p = 32, m = 256 must take
-under 5 CPU seconds (verification included; CPU, not wall: the machine is shared). ``bench_zb_authors.py`` runs every row of
-the paper beside the authors' own code.
+under 5 CPU seconds (verification included; CPU, not wall: the machine is
+shared). ``bench_zb_authors.py`` runs every row of the paper beside the
+authors' own code.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_optimize.py [--time-limit S]
 """
