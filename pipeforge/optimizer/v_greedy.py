@@ -131,6 +131,10 @@ class _VBuilder:
         self.most_approved = max(self.approved)
         self.count = {(k, c, r): 0 for k in (F, I) for c in (DOWN, UP) for r in range(self.p)}
         self.ends: dict[tuple[int, str], list[float]] = {(s, k): [] for s in range(2 * self.p) for k in (F, I, W)}
+        # per kind, chunk and rank: (stage, duration, memory growth, its ends, its input's ends or None, latency)
+        self.slot = {kind: [[self._slot(kind, chunk, r) for r in range(self.p)] for chunk in (DOWN, UP)]
+                     for kind in (F, I, W)}
+        self.down_forwards = [self.ends[(r, F)] for r in range(self.p)]  # a rank's bubble counts after its first
         self.clock = [0.0] * self.p
         self.held = [0.0] * self.p
         self.bubble = [0.0] * self.p
@@ -138,29 +142,32 @@ class _VBuilder:
         self.pending_w: list[deque[tuple[int, int]]] = [deque() for _ in range(self.p)]
         self.programs: list[list[ActionKey]] = [[] for _ in range(self.p)]
 
+    def _slot(self, kind: str, chunk: int, r: int) -> tuple:
+        shape = self.shape
+        stage, source = shape.stage[chunk][r], shape.source[kind, chunk, r]
+        made, latency = (None, 0.0) if source is None else (self.ends[source[0]], source[1])
+        return stage, shape.cost[kind, chunk, r], shape.grow[kind, chunk, r], self.ends[(stage, kind)], made, latency
+
     # -- the primitive -------------------------------------------------------
 
     def put(self, kind: str, chunk: int, r: int, mb: int | None = None) -> None:
-        shape = self.shape
+        stage, cost, grow, ends, made, latency = self.slot[kind][chunk][r]
         mb = self.count[(kind, chunk, r)] if mb is None else mb
-        held = self.held[r] + shape.grow[kind, chunk, r]
-        if mb >= self.m or held > shape.limit:
+        held = self.held[r] + grow
+        if mb >= self.m or held > self.shape.limit:
             raise DoesNotFit
         clock = start = self.clock[r]
-        source = shape.source[kind, chunk, r]
-        if source is not None:
-            made = self.ends[source[0]]
+        if made is not None:
             if mb >= len(made):
                 raise DoesNotFit
-            if made[mb] + source[1] > start:
-                start = made[mb] + source[1]
-        if self.count[(F, DOWN, r)] > 0:
+            if made[mb] + latency > start:
+                start = made[mb] + latency
+        if self.down_forwards[r]:
             bubble = self.bubble[r] = self.bubble[r] + start - clock
             if bubble > self.worst:
                 self.worst = bubble
-        stage = shape.stage[chunk][r]
-        end = self.clock[r] = start + shape.cost[kind, chunk, r]
-        self.ends[(stage, kind)].append(end)
+        end = self.clock[r] = start + cost
+        ends.append(end)
         self.held[r] = held
         self.programs[r].append((stage, kind, mb, 0))  # an Action's layout, the kind as its letter
         if kind == I:
@@ -174,11 +181,11 @@ class _VBuilder:
 
     def arrival(self, kind: str, chunk: int, r: int) -> float | None:
         """When the next such action's cross-rank input arrives (None: it has none, or it is not made)."""
-        source = self.shape.source[kind, chunk, r]
-        if source is None:
+        made, latency = self.slot[kind][chunk][r][4:]
+        if made is None:
             return None
-        made, mb = self.ends[source[0]], self.count[(kind, chunk, r)]
-        return made[mb] + source[1] if mb < len(made) else None
+        mb = self.count[(kind, chunk, r)]
+        return made[mb] + latency if mb < len(made) else None
 
     def made(self, kind: str, chunk: int, r: int) -> bool:
         return self.arrival(kind, chunk, r) is not None
