@@ -40,7 +40,8 @@ def test_links_equal_to_comm_build_the_same_orders_and_a_slow_link_is_waited_for
     linked = CostModel(F=9.261, I=9.043, W=4.6685, comm=0.601, links=(0.601,) * 15)
     problem = v_problem(8, 24, 16.0, half, 0.366)
     plain = zero_bubble_v_orders(problem)
-    assert [keys for _, keys in plain] == [keys for _, keys in zero_bubble_v_orders(v_problem(8, 24, 16.0, linked, 0.366))]
+    same = zero_bubble_v_orders(v_problem(8, 24, 16.0, linked, 0.366))
+    assert [keys for _, keys in plain] == [keys for _, keys in same]
     assert {knobs for knobs, _ in plain} == set(V_KNOBS)
     # a slow link between the two chunks of the last rank's neighbour changes what the builder waits for
     slow = CostModel(F=9.261, I=9.043, W=4.6685, comm=0.601, links=(0.601,) * 6 + (20.0,) + (0.601,) * 8)
