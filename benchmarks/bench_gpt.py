@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_gpt.py                       # the six schedules, P=4, M=8, 20 steps
     .venv/bin/python benchmarks/bench_gpt.py --schedules gpipe 1f1b --steps 40
+    .venv/bin/python benchmarks/bench_gpt.py --control     # torch against torch: the noise floor now
 
 The model is ``examples/gpt.py``'s GPT (``nn.Embedding``, ``--layers``
 ``nn.TransformerEncoderLayer`` blocks, an LM head; float32 on CPU), the one
@@ -13,7 +14,9 @@ alternating between the two (``benchmarks/_harness.py``). Reported: the medians,
 and the median of the per-step ratios pipeforge / torch (the target is at most
 1.0). The first step's gradients are compared; a relative difference above 1e-4
 is a mismatch (exit 1). A schedule whose run fails is reported with its first
-error and the others still run.
+error and the others still run. ``--control`` puts a second copy of torch's
+schedule in pipeforge's place: the ratios it prints are the spread that the
+machine's load alone gives (an A/A test), to read the others against.
 """
 
 from __future__ import annotations
@@ -66,11 +69,14 @@ def bench_worker(rank: int, nproc: int, config: dict) -> dict:
     ours = {s: copy.deepcopy(m) for s, m in theirs.items()}
     pipe = generated.make_pipeline(ours, loss_fn=lm_loss, timeout=config["timeout"])
     reference = _harness.torch_schedule(config["torch_class"], theirs, info.stages, info.microbatches, lm_loss)
+    if config["control"]:  # torch in pipeforge's place (A/A)
+        pipe_torch = _harness.torch_schedule(config["torch_class"], ours, info.stages, info.microbatches, lm_loss)
     tokens, target = next(token_batches(model, config["rows"]))
     args = (tokens,) if pipe.holds_first else ()
     label = target if pipe.holds_last else None
+    first = pipe_torch if config["control"] else pipe
     return _harness.measure_pair(
-        lambda: pipe.step(*args, target=label), lambda: reference.step(*args, target=label),
+        lambda: first.step(*args, target=label), lambda: reference.step(*args, target=label),
         steps=config["steps"], warmup=config["warmup"], modules=(*ours.values(), *theirs.values()),
         compare=lambda: _harness.max_relative_difference(_harness.gradients(ours), _harness.gradients(theirs)))
 
@@ -89,10 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20, help="measured steps (after --warmup)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--control", action="store_true",
+                        help="torch against torch (A/A): the ratios the machine's load alone gives")
     args = parser.parse_args(argv)
     model = {"vocab": args.vocab, "seq": args.seq, "width": args.width, "heads": args.heads, "layers": args.layers}
     print(f"GPT {model}, rows {args.rows}, P={args.nproc}, M={args.microbatches}, float32, gloo on CPU, "
-          f"median of {args.steps} steps; {_harness.load_average()}")
+          f"median of {args.steps} steps; {_harness.load_average()}"
+          + ("\nCONTROL: torch's schedule in both columns (A/A)" if args.control else ""))
     print(f"{'schedule':<17} {'torch class':<30} {'pipeforge ms':>12} {'torch ms':>9} {'ratio':>6} {'cpu ratio':>9} "
           f"{'main ratio':>10} {'grad diff':>9}")
     failed = False
@@ -101,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             schedule = pipeforge.load(name, defines={"P": args.nproc, "M": args.microbatches})
             module = str(codegen(schedule, out_dir))  # one module per schedule name
             config = {"module": module, "torch_class": SCHEDULES[name], "model": model, "rows": args.rows,
-                      "steps": args.steps, "warmup": args.warmup, "timeout": args.timeout}
+                      "steps": args.steps, "warmup": args.warmup, "timeout": args.timeout, "control": args.control}
             outcomes, error = _harness.run_ranks(bench_worker, args.nproc, config, timeout=args.timeout,
                                                  deadline=args.timeout * 6)
             if error:
