@@ -158,11 +158,12 @@ class Pipeline:
             raise PipelineUsageError(f"{where}: keyword(s) {clash} given both as the batch and as per-stage inputs "
                                      "of stage 0")
         device = self.transport.device
-        chunks = split_inputs(_to_device(args, device), _to_device(kwargs, device), self.info.microbatches, where)
-        shapes = tuple(_metas(chunk) for chunk in chunks)
+        args, kwargs = _to_device(args, device), _to_device(kwargs, device)
+        shapes = _metas((args, kwargs))  # the whole batch's: one shape gives one shape per microbatch
         if self._input_shapes is not None and shapes != self._input_shapes:
             raise PipelineUsageError(f"rank {self.rank}: the batch changed shape since the first step; "
                                      "build a new pipeline for another batch shape")
+        chunks = split_inputs(args, kwargs, self.info.microbatches, where)
         self._input_shapes = shapes
         return chunks
 
