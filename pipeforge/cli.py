@@ -25,11 +25,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(Exit.USAGE, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; only that of ``argv``'s command when it starts with one (start-up:
+    each command's module imports what it needs, and ``verify`` of a large CSV must start quickly)."""
     parser = _Parser(prog="pipeforge", description="Formally checked pipeline-parallel schedules.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for name in COMMANDS:
+    for name in (argv[0],) if argv and argv[0] in COMMANDS else COMMANDS:
         try:
             module = importlib.import_module(f"pipeforge.commands.{name}")
         except ModuleNotFoundError as missing:
@@ -41,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    if argv is None:
+        argv = sys.argv[1:]
+    args = build_parser(argv).parse_args(argv)
     try:
         return args.handler(args)
     except VerificationError as error:

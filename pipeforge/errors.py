@@ -61,6 +61,11 @@ class Span:
     end_col: int | None = None
     source: Source | None = field(default=None, compare=False, repr=False)
 
+    def __init__(self, file: str, line: int, col: int, end_line: int | None = None, end_col: int | None = None,
+                 source: Source | None = None):
+        # the frozen dataclass's six object.__setattr__ calls in one update: a span is made per CSV cell
+        self.__dict__.update(file=file, line=line, col=col, end_line=end_line, end_col=end_col, source=source)
+
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.col}"
 

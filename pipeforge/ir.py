@@ -26,6 +26,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
+from functools import partial
 from typing import NamedTuple
 
 from pipeforge.errors import Span
@@ -81,6 +82,7 @@ STAGE_ONLY_KINDS = frozenset({ActionKind.REDUCE_GRAD, ActionKind.UNSHARD, Action
 _KIND_ALTERNATION = "|".join(
     sorted((kind.value for kind in ActionKind), key=len, reverse=True)
 )
+KIND_OF_TEXT = {kind.value: kind for kind in ActionKind}
 ACTION_RE = re.compile(rf"(?P<stage>\d+)(?P<kind>{_KIND_ALTERNATION})(?P<mb>\d*)(?:@(?P<chain>\d+))?")
 
 
@@ -122,9 +124,16 @@ class Action(NamedTuple):
         return peer_stage(self)
 
 
+_make_action = partial(tuple.__new__, Action)  # Action._make without its length check: a C call
+
+
 def as_action(key: tuple) -> Action:
     """The Action a key names (an Action, or a plain tuple laid out like one)."""
-    return key if type(key) is Action else Action(key[0], ActionKind(key[1]), key[2], key[3])
+    if type(key) is Action:
+        return key
+    if type(key[1]) is ActionKind:
+        return _make_action(key)
+    return _make_action((key[0], ActionKind(key[1]), key[2], key[3]))
 
 
 def parse_action(text: str) -> Action:
@@ -137,14 +146,15 @@ def parse_action(text: str) -> Action:
     match = ACTION_RE.fullmatch(text.strip())
     if match is None:
         raise ValueError(f"{text!r} is not an action: expected STAGE KIND MICROBATCH, like '2F0' or '0SEND_F1'")
-    kind = ActionKind(match["kind"])
-    mb = int(match["mb"]) if match["mb"] else None
-    chain = int(match["chain"]) if match["chain"] else 0
-    if kind.has_microbatch and mb is None:
-        raise ValueError(f"{text!r} needs a microbatch index after {kind.value!r}, like '{match['stage']}{kind.value}0'")
-    if not kind.has_microbatch and mb is not None:
-        raise ValueError(f"{text!r}: {kind.value} takes no microbatch index")
-    return Action(int(match["stage"]), kind, mb, chain)
+    stage, kind_text, mb_text, chain_text = match.groups()
+    kind = KIND_OF_TEXT[kind_text]
+    mb = int(mb_text) if mb_text else None
+    if kind in STAGE_ONLY_KINDS:
+        if mb is not None:
+            raise ValueError(f"{text!r}: {kind.value} takes no microbatch index")
+    elif mb is None:
+        raise ValueError(f"{text!r} needs a microbatch index after {kind.value!r}, like '{stage}{kind.value}0'")
+    return _make_action((int(stage), kind, mb, int(chain_text) if chain_text else 0))
 
 
 @dataclass(frozen=True)
@@ -161,7 +171,14 @@ class Step:
     overlap: bool = False
     span: Span | None = field(default=None, compare=False, repr=False)
 
-    def __post_init__(self) -> None:
+    def __init__(self, actions: tuple[Action, ...] = (), overlap: bool = False, span: Span | None = None):
+        # the frozen dataclass's three object.__setattr__ calls in one update: a step is made per CSV
+        # cell and per lowered group of 10^5-step schedules
+        self.__dict__.update(actions=actions, overlap=overlap, span=span)
+        if overlap or (len(actions) != 1 and not {action[1] for action in actions} <= COMM_KINDS):
+            self._check()  # one action, or a communication group, is always a step
+
+    def _check(self) -> None:
         kinds = {action.is_comm for action in self.actions}
         if len(kinds) > 1:
             raise ValueError(f"step {self} mixes communication and compute actions")
@@ -409,7 +426,7 @@ class Schedule:
     @property
     def is_lowered(self) -> bool:
         """True when communication is written out (by ``lower`` or by hand)."""
-        return any(step.is_group for _, _, step in self.steps())
+        return any(step.actions and step.actions[0].kind in COMM_KINDS for program in self.programs for step in program)
 
     def compute_only(self) -> Schedule:
         """The same schedule with communication, REDUCE_GRAD and idle slots dropped."""
@@ -419,7 +436,7 @@ class Schedule:
         return replace_programs(self, programs)
 
     def action_count(self) -> int:
-        return sum(len(step.actions) for _, _, step in self.steps())
+        return sum(len(step.actions) for program in self.programs for step in program)
 
 
 def cost_fields() -> tuple[str, ...]:

@@ -107,11 +107,11 @@ def parse_rows(file: Source) -> tuple[tuple[Step, ...], ...]:
 def parse_row(line: str, number: int, file: Source) -> tuple[Step, ...]:
     if not line:
         return ()
-    steps, col = [], 1
+    steps, col, name = [], 1, file.name
     for text in line.split(","):
         if text and text[0] not in PADDING_OR_OPEN and text[-1] not in PADDING_OR_OPEN:
-            span = file.span(number, col, number, col + len(text))  # the common case: a bare action
-            steps.append(Step((parse_token(text, span),), span=span))
+            span = Span(name, number, col, number, col + len(text), file)  # the common case: a bare action
+            steps.append(Step((parse_token(text, span),), False, span))
         else:
             steps.append(parse_cell(Cell(text, number, col), file))
         col += len(text) + 1

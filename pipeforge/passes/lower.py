@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 from pipeforge.ir import COMPUTE_KINDS, Action, ActionKind, Schedule, Step, as_action, replace_programs
@@ -83,22 +84,29 @@ class DependencyGraph:
     def of(schedule: Schedule) -> DependencyGraph:
         position = compute_positions(schedule)
         stages = schedule.stages
-        waits: dict[Position, list[Position]] = defaultdict(list)
+        waits: dict[Position, list[Position]] = {}
         transfers: list[CarriedEdge] = []
         carried_once: set[ActionKey] = set()
+        at = position.get
+        edge = partial(tuple.__new__, CarriedEdge)
         for action, here in position.items():  # in program order: rank, then step
             for producers, send, recv in needs(action, stages):
                 if send is None:
                     continue  # the producer is on the same stage: program order decides
                 for producer in producers:
-                    there = position.get(producer)
+                    there = at(producer)
                     # Only a cross-rank edge makes a rank wait: on one rank program order decides, and a
                     # producer written after its consumer is an order error, not a deadlock.
-                    if there is not None and there[0] != here[0]:
+                    if there is None or there[0] == here[0]:
+                        continue
+                    if here in waits:
                         waits[here].append(there)
-                        if send not in carried_once and recv not in carried_once:  # B and I both written
-                            carried_once.update((send, recv))
-                            transfers.append(CarriedEdge(send, recv, there, here))
+                    else:
+                        waits[here] = [there]
+                    if send not in carried_once and recv not in carried_once:  # B and I both written
+                        carried_once.add(send)
+                        carried_once.add(recv)
+                        transfers.append(edge((as_action(send), as_action(recv), there, here)))
         frozen = {step: tuple(producers) for step, producers in waits.items()}
         return DependencyGraph(position, frozen, tuple(transfers))
 
@@ -106,19 +114,20 @@ class DependencyGraph:
 def compute_positions(schedule: Schedule) -> dict[Action, Position]:
     """Where each compute action first occurs on the rank that owns its stage. One written on
     another rank is a ``placement`` error: no communication (nor any wait) is derived from it."""
-    owners = [placement.stage_to_rank for placement in schedule.placements]
     position: dict[Action, Position] = {}
     for rank, program in enumerate(schedule.programs):
+        owned = owned_stages(schedule, rank)
         for index, step in enumerate(program):
             for a in step.actions:
-                if a.kind in COMPUTE_KINDS and a not in position and owned_by(owners, a, rank):
+                if a[1] in COMPUTE_KINDS and a not in position and a[0] in owned.get(a[3], ()):
                     position[a] = (rank, index)
     return position
 
 
-def owned_by(owners: list[tuple[int, ...]], action: Action, rank: int) -> bool:
-    stage, chain = action[0], action[3]
-    return 0 <= chain < len(owners) and 0 <= stage < len(owners[chain]) and owners[chain][stage] == rank
+def owned_stages(schedule: Schedule, rank: int) -> dict[int, frozenset[int]]:
+    """chain -> the stages ``rank`` owns in it."""
+    return {chain: frozenset(s for s, r in enumerate(placement.stage_to_rank) if r == rank)
+            for chain, placement in enumerate(schedule.placements)}
 
 
 # --- lockstep rounds -----------------------------------------------------------------------
@@ -137,8 +146,9 @@ class Rounds:
 def run_rounds(schedule: Schedule, graph: DependencyGraph) -> Rounds:
     """Lockstep rounds, event-driven: a rank is looked at again only when it ran or a producer it
     waits for ran, so the work grows with the steps, not with ranks times rounds."""
-    steps = [[i for i, step in enumerate(program) if step.is_compute] for program in schedule.programs]
-    needs = [[graph.needs.get((rank, i), ()) for i in row] for rank, row in enumerate(steps)]
+    steps = [compute_indices(program) for program in schedule.programs]
+    waits_of = graph.needs.get
+    needs = [[waits_of((rank, i), ()) for i in row] for rank, row in enumerate(steps)]
     done = [0] * len(steps)  # per rank: how many of its compute steps ran
     executed: dict[Position, int] = {}
     order: list[list[tuple[int, int]]] = [[] for _ in steps]
@@ -148,27 +158,35 @@ def run_rounds(schedule: Schedule, graph: DependencyGraph) -> Rounds:
     while candidates:
         ran = []
         for rank in candidates:  # every executed entry is from an earlier round here
-            missing = next((p for p in needs[rank][done[rank]] if p not in executed), None)
-            if missing is None:
-                ran.append(rank)
+            for producer in needs[rank][done[rank]]:
+                if producer not in executed:
+                    waiting[producer].append(rank)
+                    break
             else:
-                waiting[missing].append(rank)
+                ran.append(rank)
         if not ran:
             break
         woken: set[int] = set()
         for rank in ran:
-            index = steps[rank][done[rank]]
+            n = done[rank]
+            index = steps[rank][n]
             executed[(rank, index)] = round_no
             order[rank].append((round_no, index))
-            done[rank] += 1
-            if done[rank] < len(steps[rank]):
+            done[rank] = n + 1
+            if n + 1 < len(steps[rank]):
                 woken.add(rank)
-            woken.update(waiting.pop((rank, index), ()))
+            if (rank, index) in waiting:
+                woken.update(waiting.pop((rank, index)))
         candidates = sorted(woken)
         round_no += 1
     stuck_at = tuple(row[n] if n < len(row) else len(program)
                      for row, n, program in zip(steps, done, schedule.programs))
     return Rounds(executed, tuple(map(tuple, order)), stuck_at, round_no)
+
+
+def compute_indices(program: tuple[Step, ...]) -> list[int]:
+    """The indices of a program's compute steps."""
+    return [i for i, step in enumerate(program) if step.actions and step.actions[0][1] in COMPUTE_KINDS]
 
 
 def next_compute(program: tuple[Step, ...], start: int) -> int:
@@ -198,7 +216,7 @@ class ProgramWriter:
         if not keys:
             return
         span = self.schedule.programs[rank][serves].span
-        self.steps[rank].append(Step(tuple(map(as_action, keys)), span=span))
+        self.steps[rank].append(Step(tuple(keys), span=span))
         self.served[rank].append(serves)
 
     def reduce_grads(self, rank: int, index: int) -> None:
@@ -228,14 +246,15 @@ def last_backwards(schedule: Schedule) -> dict[Position, list[int]]:
     """For each step, the stages whose last B/W on its rank it holds (REDUCE_GRAD goes after it)."""
     last: dict[tuple[int, int], int] = {}
     written: set[tuple[int, int]] = set()
+    reduce_grad = ActionKind.REDUCE_GRAD
     for rank, program in enumerate(schedule.programs):
         for index, step in enumerate(program):
             for action in step.actions:
-                kind = action.kind
+                kind = action[1]
                 if kind in GRADIENT_KINDS:
-                    last[(rank, action.stage)] = index
-                elif kind is ActionKind.REDUCE_GRAD:
-                    written.add((rank, action.stage))
+                    last[(rank, action[0])] = index
+                elif kind is reduce_grad:
+                    written.add((rank, action[0]))
     after: dict[Position, list[int]] = defaultdict(list)
     for (rank, stage), index in sorted(last.items()):
         if (rank, stage) not in written:
@@ -248,6 +267,7 @@ def emit_rounds(writer: ProgramWriter, schedule: Schedule, graph: DependencyGrap
     busy: dict[int, set[int]] = defaultdict(set)  # rank -> rounds with a group to post
     for rank, round_no in groups:
         busy[rank].add(round_no)
+    reduce_after = writer.reduce_after
     for rank, program in enumerate(schedule.programs):
         steps, served = writer.steps[rank], writer.served[rank]
         done = 0
@@ -263,9 +283,9 @@ def emit_rounds(writer: ProgramWriter, schedule: Schedule, graph: DependencyGrap
             keys = groups.get((rank, round_no))
             if keys:
                 serves = index if index is not None else min(next_compute(program, done), len(program) - 1)
-                steps.append(Step(tuple(map(as_action, keys)), False, program[serves].span))
+                steps.append(Step(tuple(keys), False, program[serves].span))
                 served.append(serves)
-            if index is not None and (rank, index) in writer.reduce_after:
+            if index is not None and (rank, index) in reduce_after:
                 writer.reduce_grads(rank, index)
         if rounds.stuck_at[rank] >= len(program):
             writer.passthrough(rank, done, len(program))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import partial
 
 from typing import NamedTuple
 
@@ -46,20 +47,22 @@ def pair_ops(program: Program) -> Pairing:
     lanes: dict[tuple[int, int, bool], list[Op]] = defaultdict(list)
     ops: dict[tuple[int, int], list[Op]] = {}
     unmatched: list[Op] = []
-    for row in program.slots:
+    new_op = partial(tuple.__new__, Op)
+    for rank, row in enumerate(program.slots):
         for slot in row:
             if not slot.group:
                 continue
-            mine = ops[(slot.rank, slot.number)] = []
+            mine = ops[(rank, slot.number)] = []
             for key in slot.acts:
-                op = op_of(program, slot, key)
+                peer, is_send = peer_of(program, key), key[1] in SENDS
+                op = new_op((slot, key, peer, is_send))
                 mine.append(op)
-                if op.peer is None:
+                if peer is None:
                     unmatched.append(op)
-                elif op.is_send:
-                    lanes[(slot.rank, op.peer, True)].append(op)
+                elif is_send:
+                    lanes[(rank, peer, True)].append(op)
                 else:
-                    lanes[(op.peer, slot.rank, False)].append(op)
+                    lanes[(peer, rank, False)].append(op)
     matches, partner = [], {}
     for src, dst, is_send in sorted(lanes):
         if not is_send:
@@ -67,8 +70,9 @@ def pair_ops(program: Program) -> Pairing:
                 unmatched.extend(lanes[(src, dst, False)])
             continue
         out, into = lanes[(src, dst, True)], lanes.get((src, dst, False), [])
-        for send, recv in zip(out, into):
-            matches.append((send, recv))
+        pairs = list(zip(out, into))
+        matches.extend(pairs)
+        for send, recv in pairs:
             partner[id(send)] = recv
             partner[id(recv)] = send
         longer = out if len(out) > len(into) else into
@@ -76,16 +80,16 @@ def pair_ops(program: Program) -> Pairing:
     return Pairing(tuple(matches), tuple(unmatched), ops, partner)
 
 
-def op_of(program: Program, slot: Slot, key: ActionKey) -> Op:
-    """The op of a communication action; ``peer`` is None when its stage, peer stage or chain
+def peer_of(program: Program, key: ActionKey) -> int | None:
+    """The rank owning a communication action's peer stage; None when its stage, peer stage or chain
     does not exist (a placement error): nothing can ever meet such an op. (A microbatch out of
     range is a placement error too, but the op is matched like any other.)"""
     stage, kind, _, chain = key
     peer_stage = stage + PEER_OFFSET[kind]
     owners = program.owners[chain] if 0 <= chain < len(program.owners) else ()
     if not 0 <= stage < len(owners) or not 0 <= peer_stage < len(owners):
-        return Op(slot, key, None, kind in SENDS)
-    return Op(slot, key, owners[peer_stage], kind in SENDS)
+        return None
+    return owners[peer_stage]
 
 
 def check_matching(pairing: Pairing) -> list[Violation]:

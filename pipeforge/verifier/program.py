@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 from pipeforge.errors import Span
@@ -53,20 +54,24 @@ class Program:
         slots = []
         bad: set[ActionKey] = set()
         stages, microbatches, chains = range(checked.stages), range(checked.microbatches), range(checked.chains)
+        new_slot = partial(tuple.__new__, Slot)
         for rank, program in enumerate(checked.programs):
-            row = []
+            row: list[Slot] = []
             shown_steps = program if as_written else written.programs[rank]
+            origin = origins[rank]
             for position, step in enumerate(program):
-                if not step.actions:
-                    continue  # an idle slot means nothing
-                index = origins[rank][position]
                 acts = step.actions
+                if not acts:
+                    continue  # an idle slot means nothing
                 for key in acts:
-                    if key[0] not in stages or key[3] not in chains or (key[2] is not None and key[2] not in microbatches):
+                    stage, kind, mb, chain = key
+                    if stage not in stages or chain not in chains or (mb is not None and mb not in microbatches):
                         bad.add(key)
-                    elif key[1] in PEER_OFFSET and key[0] + PEER_OFFSET[key[1]] not in stages:
+                    elif kind in PEER_OFFSET and stage + PEER_OFFSET[kind] not in stages:
                         bad.add(key)  # a send or receive whose peer stage does not exist
-                row.append(Slot(rank, len(row), index, step, shown_steps[index], step.span, acts, acts[0].kind in COMM_KINDS))
+                index = origin[position]
+                row.append(new_slot((rank, len(row), index, step, shown_steps[index], step.span, acts,
+                                     acts[0][1] in COMM_KINDS)))
             slots.append(tuple(row))
         owners = tuple(p.stage_to_rank for p in checked.placements)
         return Program(checked, tuple(slots), as_written, owners, frozenset(bad))

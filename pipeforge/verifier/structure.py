@@ -10,7 +10,7 @@ these passes linear and quick.
 from __future__ import annotations
 
 from pipeforge.ir import ActionKind
-from pipeforge.semantics import EXCLUDES, GRADIENT_KINDS, PEER_OFFSET, ActionKey, local_needs, output, role
+from pipeforge.semantics import EXCLUDES, GRADIENT_KINDS, PEER_OFFSET, ROLES, ActionKey, local_needs, output, role
 from pipeforge.verifier.program import Program, Slot, text_of, violation_at
 from pipeforge.verifier.report import Violation
 from pipeforge.verifier.sharding import check_sharding, stage_only_placement_problem
@@ -48,8 +48,9 @@ def check_placement(program: Program, chains: dict[int, int]) -> list[Violation]
     owners, bad = program.owners, program.out_of_range
     for row in program.slots:
         for slot in row:
+            rank = slot.rank
             for key in slot.acts:
-                if key not in bad and not chains and well_placed(owners[key[3]], slot.rank, key):
+                if not chains and key not in bad and well_placed(owners[key[3]], rank, key):
                     continue  # the common case
                 reason = placement_problem(program, slot, key, chains)
                 if reason:
@@ -60,10 +61,12 @@ def check_placement(program: Program, chains: dict[int, int]) -> list[Violation]
 def well_placed(owners: tuple[int, ...], rank: int, key: ActionKey) -> bool:
     """An in-range compute or communication action on its stage's rank (and a peer elsewhere)."""
     stage, kind = key[0], key[1]
-    kind_role = role(kind)
+    if owners[stage] != rank:
+        return False
+    kind_role = ROLES[kind]
     if kind_role == "compute":
-        return owners[stage] == rank
-    if kind_role != "comm" or owners[stage] != rank:
+        return True
+    if kind_role != "comm":
         return False
     peer_stage = stage + PEER_OFFSET[kind]
     return 0 <= peer_stage < len(owners) and owners[peer_stage] != rank
@@ -123,7 +126,7 @@ def check_duplicates(program: Program) -> list[Violation]:
     bad = program.out_of_range
     for slot, key in program.actions():
         kind = key[1]
-        if role(kind) == "stage" or key in bad:
+        if ROLES[kind] == "stage" or key in bad:
             continue  # a stage-only action may be written again (each REDUCE_GRAD is a no-op after the first)
         if key in first:
             earlier = first[key]
@@ -142,14 +145,17 @@ def check_duplicates(program: Program) -> list[Violation]:
 
 
 def present_compute(program: Program) -> set[ActionKey]:
-    return {key for _, key in program.actions() if role(key[1]) == "compute"} - program.out_of_range
+    present = {key for row in program.slots for slot in row for key in slot.acts if ROLES[key[1]] == "compute"}
+    return present - program.out_of_range if program.out_of_range else present
 
 
 def check_missing(program: Program, chains: dict[int, int]) -> list[Violation]:
     """Completeness per (stage, microbatch), whatever the chains (an action on the wrong chain is
     a placement error, not a missing one)."""
     sched = program.schedule
-    present = {(stage, kind, mb, 0) for stage, kind, mb, _ in present_compute(program)}
+    present = present_compute(program)
+    if sched.chains > 1:  # (with one chain every action in range is of chain 0 already)
+        present = {(stage, kind, mb, 0) for stage, kind, mb, _ in present}
     found, more = [], 0
     for mb in range(sched.microbatches):
         chain = chains.get(mb, 0)
@@ -242,16 +248,21 @@ def check_rank_order(program: Program, row: tuple[Slot, ...]) -> list[Violation]
     found = []
     bad = program.out_of_range
     stages = program.schedule.stages
+    owners_of = program.owners
     for slot in row:
+        rank = slot.rank
         for key in slot.acts:
-            if key in bad or program.owners[key[3]][key[0]] != slot.rank:
+            if bad and key in bad:
                 continue
-            for need in local_needs(key, stages, program.owners[key[3]], slot.rank):
-                if need[0] not in done and (len(need) == 1 or need[1] not in done) and \
-                        (need[0] in here or (len(need) > 1 and need[1] in here)):
+            owners = owners_of[key[3]]
+            if owners[key[0]] != rank:
+                continue
+            for need in local_needs(key, stages, owners, rank):
+                if need[0] in done or (len(need) > 1 and need[1] in done):
+                    continue
+                if need[0] in here or (len(need) > 1 and need[1] in here):
                     text = " or ".join(map(text_of, need))
-                    found.append(violation_at("order", f"{text_of(key)} needs {text} earlier on rank {slot.rank}",
-                                              slot))
+                    found.append(violation_at("order", f"{text_of(key)} needs {text} earlier on rank {rank}", slot))
         done.update(slot.acts)
     return found
 
