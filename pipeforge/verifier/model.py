@@ -1,8 +1,11 @@
 """The z3 model of a schedule's timing: the checker of record (the only module importing z3).
 
 The constraints (``timing.py`` lists them as tuples) are written as one SMT-LIB
-text and loaded with ``Solver.from_string``; this is several times faster than
-building them through z3's Python API. Three questions are asked:
+text, several times faster than building them through z3's Python API, and given
+to libz3 itself (``Z3_eval_smtlib2_string``, found where the z3-solver package
+keeps it: importing the package's Python bindings costs 50 ms of the command's
+start-up, a tenth of ``verify`` at 32 ranks x 128 microbatches x 2 stages).
+Three questions are asked:
 
 - ``decide`` (``verify --solve``): is the (folded) model satisfiable, with every
   start time a free variable? The event pass's times only seed the search: each
@@ -34,7 +37,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import z3
+import ctypes
+import importlib.util
+import os
+import sys
 
 from pipeforge.verifier.timing import Constraint, Timing
 
@@ -125,10 +131,8 @@ def certificate_text(constraints: list[Constraint], timing: Timing) -> str:
 
 
 def check_certificate(groups: list[list[int]], constraints: list[Constraint], timing: Timing) -> Certificate:
-    solver = z3.Then("solve-eqs", "smt").solver()
-    solver.from_string(certificate_text(constraints, timing))
-    verdict = solver.check()
-    return Certificate(verdict == z3.sat, sum(map(len, groups)))
+    verdict = z3_run(certificate_text(constraints, timing) + "\n(check-sat-using (then solve-eqs smt))")[0]
+    return Certificate(verdict == "sat", sum(map(len, groups)))
 
 
 @dataclass(frozen=True)
@@ -141,22 +145,16 @@ class Decision:
 def decide(constraints: list[Constraint], seed: Timing | None) -> Decision:
     """z3 decides the folded model with free start variables; ``seed`` only guides it."""
     text, variables = decision_text(constraints, seed)
-    solver = z3.SolverFor("QF_LRA")
-    solver.from_string(text)
-    verdict = solver.check()
-    if verdict == z3.unknown:
-        raise RuntimeError(f"internal error: z3 could not decide the timing model ({solver.reason_unknown()})")
-    return Decision(verdict == z3.sat, variables, len(constraints))
+    return Decision(satisfiable(text, "the timing model"), variables, len(constraints))
 
 
-def satisfiable(text: str) -> bool:
-    """z3 decides an SMT-LIB text (the order and completeness models of ``obligations.py``)."""
-    solver = z3.SolverFor("QF_LRA")
-    solver.from_string(text)
-    verdict = solver.check()
-    if verdict == z3.unknown:
-        raise RuntimeError(f"internal error: z3 could not decide a model ({solver.reason_unknown()})")
-    return verdict == z3.sat
+def satisfiable(text: str, what: str = "a model") -> bool:
+    """z3 decides an SMT-LIB text of linear real arithmetic (the timing model, and the order and
+    completeness models of ``obligations.py``)."""
+    verdict, *rest = z3_run(f"(set-logic QF_LRA)\n{text}\n(check-sat)\n(get-info :reason-unknown)")
+    if verdict == "unknown":
+        raise RuntimeError(f"internal error: z3 could not decide {what} ({' '.join(rest)})")
+    return verdict == "sat"
 
 
 def decision_text(constraints: list[Constraint], seed: Timing | None) -> tuple[str, int]:
@@ -224,9 +222,62 @@ def unsat_core(constraints: list[Constraint]) -> list[Constraint] | None:
     slots = sorted({slot for c in unique for slot in slots_of(c)})
     lines = ["(set-option :produce-unsat-cores true)"] + declarations(slots)
     lines.extend(f"(assert (! {smt_of(c)} :named c{i}))" for i, c in enumerate(unique))
-    solver = z3.Solver()
-    solver.from_string("\n".join(lines))
-    if solver.check() != z3.unsat:
+    lines.append("(check-sat)")
+    verdict, *rest = z3_run("\n".join(lines))
+    if verdict != "unsat":
         return None
-    names = {str(name) for name in solver.unsat_core()}
+    lines.append("(get-unsat-core)")
+    core = z3_run("\n".join(lines))[1]
+    names = set(core.strip("()").split())
     return [c for i, c in enumerate(unique) if f"c{i}" in names]
+
+
+# --- libz3 ---------------------------------------------------------------------------------
+
+
+class Z3Library:
+    """One z3 context, driven by SMT-LIB commands (the C API's ``Z3_eval_smtlib2_string``)."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        void = ctypes.c_void_p
+        for name, result, arguments in (("Z3_mk_config", void, []), ("Z3_del_config", None, [void]),
+                                        ("Z3_mk_context", void, [void]), ("Z3_set_error_handler", None, [void, void]),
+                                        ("Z3_eval_smtlib2_string", ctypes.c_char_p, [void, ctypes.c_char_p])):
+            getattr(lib, name).restype = result
+            getattr(lib, name).argtypes = arguments
+        config = lib.Z3_mk_config()
+        self.context = lib.Z3_mk_context(config)
+        lib.Z3_del_config(config)
+        lib.Z3_set_error_handler(self.context, None)  # errors come back in the output (the default handler exits)
+        self.lib = lib
+
+    def run(self, commands: str) -> list[str]:
+        """The output lines of ``commands``, run after a ``(reset)``."""
+        output = self.lib.Z3_eval_smtlib2_string(self.context, ("(reset)\n" + commands).encode()).decode()
+        if "(error" in output:
+            raise RuntimeError(f"internal error: z3 refused the model it was given: {output.strip()[:500]}")
+        return output.splitlines()
+
+
+_z3: Z3Library | None = None
+
+
+def z3_run(commands: str) -> list[str]:
+    global _z3
+    if _z3 is None:
+        _z3 = Z3Library(load_libz3())
+    return _z3.run(commands)
+
+
+def load_libz3() -> ctypes.CDLL:
+    """libz3 from the z3-solver package's folder, without importing its Python bindings; where it is
+    elsewhere (``Z3_LIBRARY_PATH``, the system), as those bindings find it."""
+    spec = importlib.util.find_spec("z3")
+    ext = "dll" if sys.platform in ("win32", "cygwin") else "dylib" if sys.platform == "darwin" else "so"
+    for folder in (spec.submodule_search_locations or ()) if spec else ():
+        path = os.path.join(folder, "lib", f"libz3.{ext}")
+        if os.path.isfile(path):
+            return ctypes.CDLL(path)
+    from z3 import z3core
+
+    return z3core._lib
