@@ -8,6 +8,9 @@ CSV, lowering it into send/recv groups, the checks, z3), once with the default a
 once with ``--solve`` (z3 decides the timing, order and completeness models with
 free variables). Each side is timed in CPU seconds (the machine may be shared:
 CPU time is what the work costs) and wall seconds; the ratios are pipeforge/torch.
+pipeforge's modules are byte-compiled first, into a temporary cache, as an
+installed package's are (with PYTHONDONTWRITEBYTECODE set, as in some shells,
+every process would compile them again: about 0.03 s of each run).
 
     .venv/bin/python benchmarks/bench_verify.py            # 16x64x2, 32x128x2, 64x256x2 (one run each)
     .venv/bin/python benchmarks/bench_verify.py --quick    # 8x32x2 and 16x64x2
@@ -50,9 +53,17 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def pipeforge_process(csv: Path, *flags: str) -> tuple[float, float, str]:
+def process_environment(folder: Path) -> dict[str, str]:
+    """PYTHONPATH at this tree, and a byte-code cache in ``folder`` filled before anything is timed."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONPYCACHEPREFIX=str(folder / "pycache"))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "pipeforge")], env=env, check=True,
+                   capture_output=True)
+    return env
+
+
+def pipeforge_process(csv: Path, env: dict[str, str], *flags: str) -> tuple[float, float, str]:
     """CPU and wall seconds of one whole ``pipeforge verify`` process, and its verdict line."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
     cpu, wall = children_cpu(), time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "pipeforge", "verify", str(csv), *flags], env=env,
                           capture_output=True, text=True)
@@ -63,7 +74,7 @@ def pipeforge_process(csv: Path, *flags: str) -> tuple[float, float, str]:
     return elapsed[1], elapsed[0], done.stdout.splitlines()[0]
 
 
-def compare(ranks: int, microbatches: int, per_rank: int, folder: Path) -> None:
+def compare(ranks: int, microbatches: int, per_rank: int, folder: Path, env: dict[str, str]) -> None:
     schedule = build_torch_schedule("ScheduleInterleaved1F1B", ranks, microbatches, per_rank)
     csv = folder / f"interleaved_{ranks}x{microbatches}x{per_rank}.csv"
     schedule._dump_csv(str(csv), format="compute_only")
@@ -72,7 +83,7 @@ def compare(ranks: int, microbatches: int, per_rank: int, folder: Path) -> None:
     print(f"{size:10s} torch _add_send_recv+_simulate_comms_compute (in process): "
           f"{theirs_cpu:6.2f} s CPU {theirs_wall:6.2f} s wall", flush=True)
     for flags in ((), ("--solve",)):
-        cpu, wall, verdict = pipeforge_process(csv, *flags)
+        cpu, wall, verdict = pipeforge_process(csv, env, *flags)
         name = "pipeforge verify " + (" ".join(flags) or "(default)")
         note = ""
         if (ranks, microbatches, per_rank) == (32, 128, 2) and not flags:
@@ -89,9 +100,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     args = parser.parse_args()
     sizes = ((8, 32, 2), (16, 64, 2)) if args.quick else ((16, 64, 2), (32, 128, 2), (64, 256, 2))
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)", flush=True)
     with tempfile.TemporaryDirectory() as folder:
+        env = process_environment(Path(folder))
         for ranks, microbatches, per_rank in sizes:
-            compare(ranks, microbatches, per_rank, Path(folder))
+            compare(ranks, microbatches, per_rank, Path(folder), env)
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} (after)", flush=True)
 
 
 if __name__ == "__main__":

@@ -436,7 +436,7 @@ class Schedule:
         return replace_programs(self, programs)
 
     def action_count(self) -> int:
-        return sum(len(step.actions) for program in self.programs for step in program)
+        return sum([len(step.actions) for program in self.programs for step in program])
 
 
 def cost_fields() -> tuple[str, ...]:

@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from pipeforge.errors import (Argument, ArgumentError, PipeforgeError, PipeSyntaxError, SemanticError, Source, Span,
                               UsageError, words)
-from pipeforge.ir import IDLE, Action, Placement, Schedule, Step, parse_action
+from pipeforge.ir import COMPUTE_KINDS, IDLE, Action, Placement, Schedule, Step, parse_action
 
 OVERLAP_SUFFIX = "OVERLAP_F_B"
 FORMATS = ("compute_only", "compute_comms")
@@ -179,17 +179,18 @@ class Extent(NamedTuple):
         last_stage = last_microbatch = None
         owners: dict[int, tuple[int, Span, Action]] = {}
         others: dict[int, tuple[int, Span, Action]] = {}
+        top_stage = top_microbatch = -1
         for rank, program in enumerate(programs):
             for step in program:
                 for action in step.actions:
-                    if last_stage is None or action.stage > last_stage[0].stage:
-                        last_stage = (action, step.span)
-                    if action.microbatch is not None and (
-                            last_microbatch is None or action.microbatch > last_microbatch[0].microbatch):
-                        last_microbatch = (action, step.span)
-                    seen = owners if action.is_compute else others
-                    first = seen.setdefault(action.stage, (rank, step.span, action))
-                    if first[0] != rank and action.is_compute:
+                    stage, kind, microbatch, _ = action
+                    if stage > top_stage:
+                        last_stage, top_stage = (action, step.span), stage
+                    if microbatch is not None and microbatch > top_microbatch:
+                        last_microbatch, top_microbatch = (action, step.span), microbatch
+                    compute = kind in COMPUTE_KINDS
+                    first = (owners if compute else others).setdefault(stage, (rank, step.span, action))
+                    if first[0] != rank and compute:
                         raise two_ranks_error(first, rank, step.span, action)
         for stage, first in others.items():
             owners.setdefault(stage, first)

@@ -65,10 +65,11 @@ def verify_schedule(schedule: Schedule, semantics: str, memory_limit: float | No
     pairing = pair_ops(program)
     violations = static_violations(program, pairing, schedule, memory_limit)
     outcome = run(program, pairing, semantics)
+    groups = group_count(program)
     if solve is None:
-        solve = certify and group_count(program) <= SOLVE_BY_DEFAULT_UP_TO
+        solve = certify and groups <= SOLVE_BY_DEFAULT_UP_TO
     solved = decide_timing(program, pairing, semantics, outcome) if solve else False
-    structure_by_z3 = solve and group_count(program) <= STRUCTURE_BY_Z3_UP_TO
+    structure_by_z3 = solve and groups <= STRUCTURE_BY_Z3_UP_TO
     if structure_by_z3:
         decide_structure(program)
     certified = False

@@ -54,34 +54,34 @@ def check_sharding(program: Program) -> list[Violation]:
 
 def check_reduce_grad(program: Program, row: tuple[Slot, ...]) -> list[Violation]:
     """Once per stage on the rank, and after the stage's last B or W there (chains alike)."""
-    last_grad = last_gradient_slot(row)
+    last_grad, reduces = gradients_and_reduces(row)
     first: dict[int, Slot] = {}
     found = []
-    for slot in row:
-        for key in slot.acts:
-            if key[1] != "REDUCE_GRAD":
-                continue
-            stage = key[0]
-            if last_grad.get(stage, -1) >= slot.number:
-                found.append(violation_at("order", f"{text_of(key)} comes before the last B/W of stage {stage} "
-                                          f"on rank {slot.rank}", slot))
-            if key in program.out_of_range:
-                continue
-            if stage in first:
-                found.append(violation_at("duplicate", f"{text_of(key)} again on rank {slot.rank} (first at step "
-                                          f"{first[stage].index}): a stage's gradients are reduced once", slot))
-            first.setdefault(stage, slot)
+    for slot, key in reduces:
+        stage = key[0]
+        if last_grad.get(stage, -1) >= slot.number:
+            found.append(violation_at("order", f"{text_of(key)} comes before the last B/W of stage {stage} "
+                                      f"on rank {slot.rank}", slot))
+        if key in program.out_of_range:
+            continue
+        if stage in first:
+            found.append(violation_at("duplicate", f"{text_of(key)} again on rank {slot.rank} (first at step "
+                                      f"{first[stage].index}): a stage's gradients are reduced once", slot))
+        first.setdefault(stage, slot)
     return found
 
 
-def last_gradient_slot(row: tuple[Slot, ...]) -> dict[int, int]:
-    """Per stage, the number of the rank's last slot holding a B or W of it."""
+def gradients_and_reduces(row: tuple[Slot, ...]) -> tuple[dict[int, int], list[tuple[Slot, ActionKey]]]:
+    """Per stage, the number of the rank's last slot holding a B or W of it; and the rank's REDUCE_GRADs."""
     last: dict[int, int] = {}
+    reduces = []
     for slot in row:
-        for stage, kind, _, _ in slot.acts:
-            if kind in GRADIENT_KINDS:
-                last[stage] = slot.number
-    return last
+        for key in slot.acts:
+            if key[1] in GRADIENT_KINDS:
+                last[key[0]] = slot.number
+            elif key[1] == "REDUCE_GRAD":
+                reduces.append((slot, key))
+    return last, reduces
 
 
 # --- UNSHARD / RESHARD ---------------------------------------------------------------------

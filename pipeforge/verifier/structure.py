@@ -124,23 +124,25 @@ def check_duplicates(program: Program) -> list[Violation]:
     first: dict[ActionKey, Slot] = {}
     backward: dict[tuple, set[ActionKind]] = {}
     bad = program.out_of_range
-    for slot, key in program.actions():
-        kind = key[1]
-        if ROLES[kind] == "stage" or key in bad:
-            continue  # a stage-only action may be written again (each REDUCE_GRAD is a no-op after the first)
-        if key in first:
-            earlier = first[key]
-            found.append(violation_at("duplicate", f"{text_of(key)} again (first at rank {earlier.rank} "
-                                      f"step {earlier.index})", slot))
-            continue
-        first[key] = slot
-        if kind in EXCLUDES:
-            kinds = backward.setdefault((key[0], key[2], key[3]), set())
-            if kinds & EXCLUDES[kind]:
-                other = " or ".join(sorted(EXCLUDES[kind]))
-                found.append(violation_at("duplicate", f"{text_of(key)}: stage {key[0]} microbatch {key[2]} "
-                                          f"already has {other}", slot))
-            kinds.add(kind)
+    for row in program.slots:
+        for slot in row:
+            for key in slot.acts:
+                kind = key[1]
+                if ROLES[kind] == "stage" or (bad and key in bad):
+                    continue  # a stage-only action may be written again (each REDUCE_GRAD is a no-op after the first)
+                if key in first:
+                    earlier = first[key]
+                    found.append(violation_at("duplicate", f"{text_of(key)} again (first at rank {earlier.rank} "
+                                              f"step {earlier.index})", slot))
+                    continue
+                first[key] = slot
+                if kind in EXCLUDES:
+                    kinds = backward.setdefault((key[0], key[2], key[3]), set())
+                    if kinds and kinds & EXCLUDES[kind]:
+                        other = " or ".join(sorted(EXCLUDES[kind]))
+                        found.append(violation_at("duplicate", f"{text_of(key)}: stage {key[0]} microbatch "
+                                                  f"{key[2]} already has {other}", slot))
+                    kinds.add(kind)
     return found
 
 

@@ -93,25 +93,30 @@ def group_slots(program: Program) -> list[list[int]]:
 def model_constraints(program: Program, pairing: Pairing, semantics: str) -> list[Constraint]:
     """The folded timing model over group slots (the certificate is checked against these)."""
     groups = group_slots(program)
-    following: dict[SlotRef, int] = {}
-    found: list[Constraint] = []
-    for rank, numbers in enumerate(groups):
-        for k, j in zip(numbers, numbers[1:]):
-            found.append(("gap", rank, k, j))
-            following[(rank, k)] = j
+    found: list[Constraint] = [("gap", rank, k, j) for rank, numbers in enumerate(groups)
+                               for k, j in zip(numbers, numbers[1:])]
+    if semantics == "rendezvous":
+        found += [("rendezvous", (send.slot.rank, send.slot.number), (recv.slot.rank, recv.slot.number))
+                  for send, recv in pairing.matches]
+    else:
+        found += released(found, pairing, semantics)
+    for op in pairing.unmatched:
+        if semantics != "buffered" or not op.is_send:
+            found.append(("unmatched", key_of(op.slot), op.text))
+    return found
+
+
+def released(gaps: list[Constraint], pairing: Pairing, semantics: str) -> list[Constraint]:
+    """Buffered and nccl: the group after a waiting op's group starts once its partner's group is posted."""
+    following = {(rank, k): j for _, rank, k, j in gaps}
+    found = []
     for send, recv in pairing.matches:
-        if semantics == "rendezvous":
-            found.append(("rendezvous", key_of(send.slot), key_of(recv.slot)))
-            continue
         waiting = ((recv, send), (send, recv)) if semantics == "nccl" else ((recv, send),)
         for op, partner in waiting:  # op's group ends after partner's group is posted
             rank, k = key_of(op.slot)
             if (rank, k) in following:
                 j = following[(rank, k)]
                 found.append(("released", (rank, j), key_of(partner.slot), j - k))
-    for op in pairing.unmatched:
-        if semantics != "buffered" or not op.is_send:
-            found.append(("unmatched", key_of(op.slot), op.text))
     return found
 
 
@@ -123,6 +128,8 @@ def run(program: Program, pairing: Pairing, semantics: str) -> Timing | Stuck:
 
 class Runner:
     """Shared event loop: each rank runs until it blocks; blocked ranks are woken by others."""
+
+    arrives = False  # whether ``arrive`` does anything (the loop skips the call when not)
 
     def __init__(self, program: Program, pairing: Pairing):
         self.program = program
@@ -146,7 +153,8 @@ class Runner:
                     k += 1
                     continue
                 position[rank], ready[rank] = k, now
-                self.arrive(rank)
+                if self.arrives:
+                    self.arrive(rank)
                 if not self.try_group(row[k]):
                     break
                 k, now = position[rank], ready[rank]
@@ -241,10 +249,10 @@ class Rendezvous(Runner):
         # groups holding an op nothing will meet never fire (nor does their component)
         self.poisoned_keys = {key_of(op.slot) for op in pairing.unmatched}
         self.poisoned = {id(self.members[key]) for key in self.poisoned_keys if key in self.members}
-        self.arrived: dict[int, int] = defaultdict(int)
+        self.arrived: dict[int, int] = {}
 
     def try_group(self, slot: Slot) -> bool:
-        key = key_of(slot)
+        key = (slot.rank, slot.number)
         members = self.members.get(key)
         if members is None:  # a group matched with nothing
             if key in self.poisoned_keys:
@@ -252,12 +260,17 @@ class Rendezvous(Runner):
             self.finish(slot.rank, self.ready[slot.rank], 1)
             return True
         label = id(members)
-        self.arrived[label] += 1
-        if label in self.poisoned or self.arrived[label] < len(members):
+        arrived = self.arrived[label] = self.arrived.get(label, 0) + 1
+        if arrived < len(members) or label in self.poisoned:
             return False
-        when = max(self.ready[rank] for rank, _ in members)
-        for rank, _ in members:
-            self.finish(rank, when, 1)
+        ready, position, start, duration = self.ready, self.position, self.start, self.duration
+        when = max([ready[rank] for rank, _ in members])
+        for rank, _ in members:  # each member is its rank's current step: finish it (duration 1)
+            k = position[rank]
+            start[rank][k] = when
+            duration[rank][k] = 1
+            ready[rank] = when + 1
+            position[rank] = k + 1
             if rank != slot.rank:
                 self.queue.append(rank)
         return True
@@ -287,6 +300,7 @@ class Buffered(Runner):
     """Sends complete once posted; a group completes once every receive's send is posted."""
 
     waits_for_receivers = False  # a send completes once posted
+    arrives = True
 
     def __init__(self, program: Program, pairing: Pairing):
         super().__init__(program, pairing)
