@@ -263,16 +263,13 @@ def last_backwards(schedule: Schedule) -> dict[Position, list[int]]:
 
 
 def emit_rounds(writer: ProgramWriter, schedule: Schedule, graph: DependencyGraph, rounds: Rounds) -> None:
-    groups = round_groups(graph, rounds)
-    busy: dict[int, set[int]] = defaultdict(set)  # rank -> rounds with a group to post
-    for rank, round_no in groups:
-        busy[rank].add(round_no)
+    groups = round_groups(graph, rounds, len(schedule.programs))
     reduce_after = writer.reduce_after
     for rank, program in enumerate(schedule.programs):
-        steps, served = writer.steps[rank], writer.served[rank]
+        steps, served, posted = writer.steps[rank], writer.served[rank], groups[rank]
         done = 0
         by_round = dict(rounds.order[rank])
-        for round_no in sorted(busy[rank].union(by_round)):
+        for round_no in sorted(posted.keys() | by_round.keys()):
             index = by_round.get(round_no)
             if index is not None:
                 if index > done:
@@ -280,7 +277,7 @@ def emit_rounds(writer: ProgramWriter, schedule: Schedule, graph: DependencyGrap
                 steps.append(program[index])
                 served.append(index)
                 done = index + 1
-            keys = groups.get((rank, round_no))
+            keys = posted.get(round_no)
             if keys:
                 serves = index if index is not None else min(next_compute(program, done), len(program) - 1)
                 steps.append(Step(tuple(keys), False, program[serves].span))
@@ -291,21 +288,26 @@ def emit_rounds(writer: ProgramWriter, schedule: Schedule, graph: DependencyGrap
             writer.passthrough(rank, done, len(program))
 
 
-def round_groups(graph: DependencyGraph, rounds: Rounds) -> dict[tuple[int, int], list[ActionKey]]:
-    """(rank, round) -> the group posted after that round.
+def round_groups(graph: DependencyGraph, rounds: Rounds, ranks: int) -> list[dict[int, list[Action]]]:
+    """Per rank: round -> the group posted after that round.
 
     Every group lists its sends and receives in one global order (that of the
     transfers), so on each ordered rank pair both ends list one round's transfers
     alike (FIFO-consistent), and even split into groups of one (a torch CSV has
     no groups) the ops meet pair by pair in that global order without deadlock.
     """
-    groups: dict[tuple[int, int], list[ActionKey]] = defaultdict(list)
+    groups: list[dict[int, list[Action]]] = [{} for _ in range(ranks)]
     executed = rounds.executed
     for send, recv, producer, consumer in graph.transfers:
         round_no = executed.get(producer)
-        if round_no is not None:
-            groups[(producer[0], round_no)].append(send)
-            groups[(consumer[0], round_no)].append(recv)
+        if round_no is None:
+            continue
+        for rank, action in ((producer[0], send), (consumer[0], recv)):
+            posted = groups[rank]
+            if round_no in posted:
+                posted[round_no].append(action)
+            else:
+                posted[round_no] = [action]
     return groups
 
 
