@@ -131,7 +131,8 @@ def certificate_text(constraints: list[Constraint], timing: Timing) -> str:
 
 
 def check_certificate(groups: list[list[int]], constraints: list[Constraint], timing: Timing) -> Certificate:
-    verdict = z3_run(certificate_text(constraints, timing) + "\n(check-sat-using (then solve-eqs smt))")[0]
+    verdict = z3_run(certificate_text(constraints, timing) + "\n(check-sat-using (then solve-eqs smt))\n"
+                     "(get-info :reason-unknown)")[0]
     return Certificate(verdict == "sat", sum(map(len, groups)))
 
 
@@ -223,7 +224,7 @@ def unsat_core(constraints: list[Constraint]) -> list[Constraint] | None:
     lines = ["(set-option :produce-unsat-cores true)"] + declarations(slots)
     lines.extend(f"(assert (! {smt_of(c)} :named c{i}))" for i, c in enumerate(unique))
     lines.append("(check-sat)")
-    verdict, *rest = z3_run("\n".join(lines))
+    verdict = z3_run("\n".join(lines) + "\n(get-info :reason-unknown)")[0]
     if verdict != "unsat":
         return None
     lines.append("(get-unsat-core)")
@@ -254,6 +255,8 @@ class Z3Library:
     def run(self, commands: str) -> list[str]:
         """The output lines of ``commands``, run after a ``(reset)``."""
         output = self.lib.Z3_eval_smtlib2_string(self.context, ("(reset)\n" + commands).encode()).decode()
+        if "interrupted from keyboard" in output:  # z3 took the Ctrl-C while it worked: pass it on
+            raise KeyboardInterrupt
         if "(error" in output:
             raise RuntimeError(f"internal error: z3 refused the model it was given: {output.strip()[:500]}")
         return output.splitlines()
