@@ -72,3 +72,33 @@ def test_constraints_read_as_smt_lib():
 
 def test_a_satisfiable_set_has_no_core():
     assert unsat_core([("order", 0, 0), ("duration", 0, 0)]) is None
+
+
+def test_z3_decides_whatever_the_seed_its_variables_are_measured_from():
+    """The seed only moves the origin of each variable (an exact change of variables): a wrong or
+    absurd one changes no verdict, on a schedule that is valid and on one that deadlocks."""
+    from pipeforge.verifier.model import decide
+
+    stuck_rows = [["0RECV_B0", "0F0", "0SEND_F0", "0B0"], ["1RECV_F0", "1F0", "1B0", "1SEND_B0"]]
+    for program, valid in ((program_of(OK), True), (program_of(stuck_rows), False)):
+        pairing = pair_ops(program)
+        for semantics in ("rendezvous", "buffered", "nccl"):
+            proposed = run(program, pairing, semantics)
+            assert isinstance(proposed, Timing) == valid
+            rows = [len(row) for row in program.slots]
+            seeds = [None, Timing(tuple((0,) * n for n in rows), tuple((1,) * n for n in rows)),
+                     Timing(tuple(tuple(range(n, 0, -1)) for n in rows), tuple((1,) * n for n in rows))]
+            if valid:
+                seeds.append(proposed)
+            constraints = model_constraints(program, pairing, semantics)
+            for seed in seeds:
+                assert decide(constraints, seed).satisfiable == valid, (semantics, seed)
+
+
+def test_a_model_z3_refuses_is_an_internal_error_not_a_verdict():
+    import pytest
+
+    from pipeforge.verifier.model import satisfiable
+
+    with pytest.raises(RuntimeError, match="z3 refused"):
+        satisfiable("(assert (> undeclared 1))")
