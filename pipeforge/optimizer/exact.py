@@ -199,13 +199,16 @@ class _Model:
     def __init__(self, graph: Graph, asap: bool, deadline: float):
         text = _ModelText(graph, asap, deadline)
         self.graph, self.by_rank = graph, text.by_rank
-        self.assertions = z3.parse_smt2_string(text.text())
+        # A context of its own: z3's search depends on the ids of the terms a context already holds,
+        # so in the shared one the same model could take 0.2 s in one process and a minute in another.
+        self.context = z3.Context()
+        self.assertions = z3.parse_smt2_string(text.text(), ctx=self.context)
         if time.monotonic() > deadline:
             raise OutOfTime
-        self.solver = z3.Solver()
+        self.solver = z3.Solver(ctx=self.context)
         self.solver.add(self.assertions)
-        self.start = [z3.Real(f"s{a}") for a in range(len(graph.actions))]
-        self.objective = z3.Real("Z")
+        self.start = [z3.Real(f"s{a}", self.context) for a in range(len(graph.actions))]
+        self.objective = z3.Real("Z", self.context)
 
     def order_from_model(self, model: z3.ModelRef | None = None) -> Order:
         model = model if model is not None else self.solver.model()
@@ -259,7 +262,7 @@ class _Bisection:
 
     def minimize(self, seconds: float) -> None:
         """z3's Optimize: when it finishes, its optimum is a proven bound and its model an order."""
-        optimizer = z3.Optimize()
+        optimizer = z3.Optimize(ctx=self.model.context)
         optimizer.add(self.model.assertions)
         objective = optimizer.minimize(self.model.objective)
         optimizer.set("timeout", max(1, int(seconds * 1000)))
@@ -313,7 +316,7 @@ def _as_fraction(value: z3.ExprRef) -> Fraction | None:
 
 def _check(model: _Model, target: float, seconds: float) -> z3.CheckSatResult:
     model.solver.set("timeout", max(1, int(seconds * 1000)))
-    return model.solver.check(model.objective <= z3.RealVal(str(Fraction(target))))
+    return model.solver.check(model.objective <= z3.RealVal(str(Fraction(target)), model.context))
 
 
 def _improvement(graph: Graph, found: Order, high: float) -> tuple[Order, float] | None:
