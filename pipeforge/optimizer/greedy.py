@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from pipeforge.ir import Action, ActionKind, as_action
-from pipeforge.optimizer.evaluate import Problem, stage_growth
+from pipeforge.optimizer.evaluate import TOLERANCE, Problem, stage_growth
 from pipeforge.optimizer.units import integer_units
 from pipeforge.semantics import ActionKey, needs
 
@@ -37,7 +37,6 @@ from pipeforge.semantics import ActionKey, needs
 # fastest there. A key (stage, "F", microbatch, 0) is equal to the Action it names (semantics.ActionKey).
 F, I, W = ActionKind.F.value, ActionKind.I.value, ActionKind.W.value  # noqa: E741
 Kind = str
-TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
