@@ -27,7 +27,9 @@ Three questions are asked:
   variables as the text is written, which is what ``solve-eqs`` does with
   ``(assert (= t v))`` equalities, without parsing 2 x 17k declarations and
   equalities first (measured 4x faster at 32 ranks x 128 microbatches x 2 stages);
-  ``smt`` then decides every substituted constraint. The proposal is the
+  z3's ``simplify`` then evaluates the conjunction of the substituted (ground)
+  constraints to ``true`` or ``false`` (a third faster than asserting it and
+  ``check-sat``, which decides the same ground formula). The proposal is the
   satisfying model: the certificate.
 - ``unsat_core``: given only the constraints along a wait cycle, each asserted
   under a name, which of them are jointly unsatisfiable?
@@ -112,7 +114,8 @@ def declarations(slots, durations: bool = True) -> list[str]:
 
 
 def certificate_text(constraints: list[Constraint], timing: Timing) -> str:
-    """Every constraint of the folded model with the proposed start times substituted."""
+    """The conjunction of every constraint of the folded model with the proposed start times
+    substituted: a ground formula."""
     start = timing.start
 
     def proposed(rank: int, k: int) -> str:
@@ -127,13 +130,13 @@ def certificate_text(constraints: list[Constraint], timing: Timing) -> str:
             terms.append(f"(= {start[c[1][0]][c[1][1]]} {start[c[2][0]][c[2][1]]})")
         else:
             terms.append(smt_of(c, t=proposed))
-    return "(assert (and true " + " ".join(terms) + "))"
+    return "(and true " + " ".join(terms) + ")"
 
 
 def check_certificate(groups: list[list[int]], constraints: list[Constraint], timing: Timing) -> Certificate:
-    verdict = z3_run(certificate_text(constraints, timing) + "\n(check-sat-using (then solve-eqs smt))\n"
-                     "(get-info :reason-unknown)")[0]
-    return Certificate(verdict == "sat", sum(map(len, groups)))
+    """z3 evaluates the ground formula: ``true`` exactly when the proposal satisfies every constraint."""
+    value = z3_run(f"(simplify {certificate_text(constraints, timing)})")[0]
+    return Certificate(value == "true", sum(map(len, groups)))
 
 
 @dataclass(frozen=True)
