@@ -59,7 +59,7 @@ ActionKey = tuple  # an Action, or a plain tuple (stage, kind, microbatch, chain
 __all__ = [
     "COMPUTE_KINDS", "COMM_KINDS", "STAGE_ONLY_KINDS", "ROLES", "NEEDS", "OUTPUTS", "MEMORY", "PARAMETER_MEMORY",
     "PEER_OFFSET",
-    "PARTNER", "SENDS", "GRADIENT_KINDS", "SPLIT", "EXCLUDES", "COMPLETE", "RUNTIME_METHODS", "Need", "Output",
+    "PARTNER", "SENDS", "GRADIENT_KINDS", "NEEDLESS_KINDS", "SPLIT", "EXCLUDES", "COMPLETE", "RUNTIME_METHODS", "Need", "Output",
     "role", "needs", "output", "memory_effect", "memory_delta",
     "held_after_additions", "peer_stage", "partner", "peer_rank", "local_needs", "split",
 ]
@@ -124,6 +124,11 @@ NEEDS: dict[ActionKind, Callable[[int, int | None, int, int], tuple[Need, ...]]]
     SEND_F: _send_forward_needs, SEND_B: _send_backward_needs, RECV_F: _no_needs, RECV_B: _no_needs,
     REDUCE_GRAD: _no_needs, ActionKind.UNSHARD: _no_needs, ActionKind.RESHARD: _no_needs,
 }
+
+
+# The kinds that need nothing before them (the receives and the stage-only kinds): passes that walk
+# every action skip them without asking.
+NEEDLESS_KINDS = frozenset(kind for kind, rule in NEEDS.items() if rule is _no_needs)
 
 
 def needs(action: ActionKey, stages: int) -> tuple[Need, ...]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from pipeforge.errors import UsageError
@@ -71,5 +70,7 @@ def load_input(args: argparse.Namespace):
 
 
 def print_json(obj: object) -> None:
+    import json  # here: most commands print no JSON, and verify's start-up is timed
+
     json.dump(obj, sys.stdout, indent=2, sort_keys=False)
     sys.stdout.write("\n")

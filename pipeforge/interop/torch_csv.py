@@ -22,12 +22,13 @@ import csv
 import io
 import os
 import re
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
 from pipeforge.errors import (Argument, ArgumentError, PipeforgeError, PipeSyntaxError, SemanticError, Source, Span,
                               UsageError, words)
-from pipeforge.ir import COMPUTE_KINDS, IDLE, Action, Placement, Schedule, Step, parse_action
+from pipeforge.ir import COMM_KINDS, COMPUTE_KINDS, IDLE, KIND_OF_TEXT, Action, Placement, Schedule, Step, parse_action
 
 OVERLAP_SUFFIX = "OVERLAP_F_B"
 FORMATS = ("compute_only", "compute_comms")
@@ -108,9 +109,15 @@ def parse_row(line: str, number: int, file: Source) -> tuple[Step, ...]:
     if not line:
         return ()
     steps, col, name = [], 1, file.name
+    plain = PLAIN_ACTION.fullmatch
     for text in line.split(","):
-        if text and text[0] not in PADDING_OR_OPEN and text[-1] not in PADDING_OR_OPEN:
-            span = Span(name, number, col, number, col + len(text), file)  # the common case: a bare action
+        match = plain(text)
+        if match is not None:  # the common case, read in place: nothing parse_action checks can fail
+            stage, kind, microbatch = match.groups()
+            action = _make_action((int(stage), KIND_OF_TEXT[kind], int(microbatch), 0))
+            steps.append(Step((action,), False, Span(name, number, col, number, col + len(text), file)))
+        elif text and text[0] not in PADDING_OR_OPEN and text[-1] not in PADDING_OR_OPEN:
+            span = Span(name, number, col, number, col + len(text), file)  # another bare token
             steps.append(Step((parse_token(text, span),), False, span))
         else:
             steps.append(parse_cell(Cell(text, number, col), file))
@@ -119,6 +126,11 @@ def parse_row(line: str, number: int, file: Source) -> tuple[Step, ...]:
 
 
 PADDING_OR_OPEN = frozenset(" \t(")
+# A bare compute or communication action with its microbatch and no chain (``2F0``, ``0SEND_F1``): the
+# cells of a torch CSV but for idle, overlap and stage-only ones (those take ``parse_cell``/``parse_token``).
+PLAIN_ACTION = re.compile(r"(\d+)(%s)(\d+)" % "|".join(
+    sorted((kind.value for kind in COMPUTE_KINDS | COMM_KINDS), key=len, reverse=True)))
+_make_action = partial(tuple.__new__, Action)  # an Action from its four fields, as ir.parse_action makes it
 
 
 def parse_cell(cell: Cell, file: Source) -> Step:

@@ -29,10 +29,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
 
-from pipeforge.ir import COMPUTE_KINDS, Action, ActionKind, Schedule, Step, as_action, replace_programs
-from pipeforge.semantics import GRADIENT_KINDS, ActionKey, needs
+from pipeforge.ir import COMPUTE_KINDS, Action, ActionKind, Schedule, Step, replace_programs
+from pipeforge.semantics import GRADIENT_KINDS, NEEDS, ActionKey
 
 Position = tuple[int, int]  # (rank, step index in the input program, idle slots counted)
+# An Action from the plain tuple of its four fields that ``semantics`` names it by (kinds are ActionKinds
+# there): ``ir.as_action`` without its checks, a C call made once per carried edge.
+_make_action = partial(tuple.__new__, Action)
 
 
 class CarriedEdge(NamedTuple):
@@ -83,14 +86,15 @@ class DependencyGraph:
     @staticmethod
     def of(schedule: Schedule) -> DependencyGraph:
         position = compute_positions(schedule)
-        stages = schedule.stages
+        last = schedule.stages - 1
         waits: dict[Position, list[Position]] = {}
         transfers: list[CarriedEdge] = []
         carried_once: set[ActionKey] = set()
         at = position.get
         edge = partial(tuple.__new__, CarriedEdge)
         for action, here in position.items():  # in program order: rank, then step
-            for producers, send, recv in needs(action, stages):
+            stage, kind, mb, chain = action
+            for producers, send, recv in NEEDS[kind](stage, mb, chain, last):  # semantics.needs(action), unpacked
                 if send is None:
                     continue  # the producer is on the same stage: program order decides
                 for producer in producers:
@@ -106,7 +110,7 @@ class DependencyGraph:
                     if send not in carried_once and recv not in carried_once:  # B and I both written
                         carried_once.add(send)
                         carried_once.add(recv)
-                        transfers.append(edge((as_action(send), as_action(recv), there, here)))
+                        transfers.append(edge((_make_action(send), _make_action(recv), there, here)))
         frozen = {step: tuple(producers) for step, producers in waits.items()}
         return DependencyGraph(position, frozen, tuple(transfers))
 

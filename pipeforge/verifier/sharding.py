@@ -44,17 +44,39 @@ def check_sharding(program: Program) -> list[Violation]:
     """duplicate, order and missing of the stage-only actions, rank by rank."""
     found: list[Violation] = []
     for row in program.slots:
-        found += check_reduce_grad(program, row)
-        found += check_shard_windows(program, row)
+        last_grad, reduces, sharded = stage_rules_of(row)
+        if reduces:
+            found += check_reduce_grad(program, last_grad, reduces)
+        if sharded:
+            found += check_shard_windows(program, row, sharded)
     return found
+
+
+def stage_rules_of(row: tuple[Slot, ...]) -> tuple[dict[int, int], list[tuple[Slot, ActionKey]], list[ActionKey]]:
+    """One walk of a rank: per stage the number of its last slot holding a B or W of the stage; its
+    REDUCE_GRADs; and its UNSHARDs and RESHARDs."""
+    last: dict[int, int] = {}
+    reduces = []
+    sharded = []
+    for slot in row:
+        for key in slot.acts:
+            kind = key[1]
+            if kind in GRADIENT_KINDS:
+                last[key[0]] = slot.number
+            elif kind in STAGE_ONLY_KINDS:
+                if kind in SHARDING:
+                    sharded.append(key)
+                elif kind is ActionKind.REDUCE_GRAD:
+                    reduces.append((slot, key))
+    return last, reduces, sharded
 
 
 # --- REDUCE_GRAD ---------------------------------------------------------------------------
 
 
-def check_reduce_grad(program: Program, row: tuple[Slot, ...]) -> list[Violation]:
+def check_reduce_grad(program: Program, last_grad: dict[int, int],
+                      reduces: list[tuple[Slot, ActionKey]]) -> list[Violation]:
     """Once per stage on the rank, and after the stage's last B or W there (chains alike)."""
-    last_grad, reduces = gradients_and_reduces(row)
     first: dict[int, Slot] = {}
     found = []
     for slot, key in reduces:
@@ -71,29 +93,12 @@ def check_reduce_grad(program: Program, row: tuple[Slot, ...]) -> list[Violation
     return found
 
 
-def gradients_and_reduces(row: tuple[Slot, ...]) -> tuple[dict[int, int], list[tuple[Slot, ActionKey]]]:
-    """Per stage, the number of the rank's last slot holding a B or W of it; and the rank's REDUCE_GRADs."""
-    last: dict[int, int] = {}
-    reduces = []
-    for slot in row:
-        for key in slot.acts:
-            if key[1] in GRADIENT_KINDS:
-                last[key[0]] = slot.number
-            elif key[1] == "REDUCE_GRAD":
-                reduces.append((slot, key))
-    return last, reduces
-
-
 # --- UNSHARD / RESHARD ---------------------------------------------------------------------
 
 
-def sharded_stages(program: Program, row: tuple[Slot, ...]) -> set[int]:
-    """The stages this rank unshards or reshards (in range): the ones the window rule applies to."""
-    return {key[0] for slot in row for key in slot.acts if key[1] in SHARDING and key not in program.out_of_range}
-
-
-def check_shard_windows(program: Program, row: tuple[Slot, ...]) -> list[Violation]:
-    stages = sharded_stages(program, row)
+def check_shard_windows(program: Program, row: tuple[Slot, ...], sharded: list[ActionKey]) -> list[Violation]:
+    """``sharded``: the rank's UNSHARDs and RESHARDs; the window rule applies to their stages (in range)."""
+    stages = {key[0] for key in sharded if key not in program.out_of_range}
     if not stages:
         return []
     gathered: dict[int, bool] = dict.fromkeys(stages, False)

@@ -10,7 +10,8 @@ these passes linear and quick.
 from __future__ import annotations
 
 from pipeforge.ir import ActionKind
-from pipeforge.semantics import EXCLUDES, GRADIENT_KINDS, PEER_OFFSET, ROLES, ActionKey, local_needs, output, role
+from pipeforge.semantics import (EXCLUDES, GRADIENT_KINDS, NEEDLESS_KINDS, PEER_OFFSET, ROLES, ActionKey, local_needs,
+                                  output, role)
 from pipeforge.verifier.program import Program, Slot, text_of, violation_at
 from pipeforge.verifier.report import Violation
 from pipeforge.verifier.sharding import check_sharding, stage_only_placement_problem
@@ -254,7 +255,7 @@ def check_rank_order(program: Program, row: tuple[Slot, ...]) -> list[Violation]
     for slot in row:
         rank = slot.rank
         for key in slot.acts:
-            if bad and key in bad:
+            if key[1] in NEEDLESS_KINDS or (bad and key in bad):
                 continue
             owners = owners_of[key[3]]
             if owners[key[0]] != rank:
