@@ -21,7 +21,8 @@ layout that leads. Every search times orders in exact integer units
 
 Every strategy stops as soon as the best order reaches the proven lower bound
 (it is optimal); local search stops when its restarts stop improving; nothing
-runs past the time limit. ``OptimizeResult.stopped`` says which (``STOP_REASONS``).
+runs past the time limit, which covers verifying the result (``budget.py``: the search
+stops early enough to leave it its time). ``OptimizeResult.stopped`` says which (``STOP_REASONS``).
 Explicit ``exact`` refuses (``UsageError``) a problem too large for its model.
 
 The memory limit is ``memory_limit``, else the schedule's own, else the
@@ -31,8 +32,9 @@ input did unless a limit says it may.
 Whatever runs, the result is never worse than the input: if no order beats
 the input's worst span (then total span, then makespan) within the memory
 limit, the input is returned unchanged. A new order is verified by
-``pipeforge.verify`` (memory limit included) before it is returned; if it does
-not verify, ``VerificationError`` is raised and nothing is returned.
+``pipeforge.verify`` (memory limit included, timing by its certificate) before
+it is returned; if it does not verify, ``VerificationError`` is raised and
+nothing is returned.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from pipeforge.errors import Argument, ArgumentError, UsageError, VerificationEr
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step
 from pipeforge.semantics import COMPLETE, split
 from pipeforge.sim.bounds import WorkBound, bubble_of_span, work_bound
+from pipeforge._gc import gc_paused
+from pipeforge.optimizer.budget import finish_seconds, search_deadline, timed
 from pipeforge.optimizer.evaluate import (
     Evaluation, Graph, Order, Problem, compute_actions, evaluate, is_complete, schedule_of,
 )
@@ -64,7 +68,6 @@ EXACT_AUTO_ACTIONS = 96   # auto runs exact search up to P * M * 3 = 96 (P=4, M=
 ASAP_ACTIONS = 48         # up to this size the z3 model also fixes ASAP timing (optimal = what sim reports)
 LIST_SCHEDULE_ACTIONS = 300  # beside a Zero Bubble builder, list scheduling runs only up to this size
 LIST_SCHEDULE_MAX = 12000    # and alone up to this one (it is quadratic in the actions of a rank)
-VERIFY_RESERVE, VERIFY_RESERVE_S = 0.15, 1.0  # the part of the time limit kept for verifying the result
 Progress = Callable[[float, str], None]
 
 
@@ -187,7 +190,13 @@ def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit
     if time_limit <= 0:
         raise UsageError(f"the time limit must be positive, got {time_limit!r}")
     started = time.monotonic()
-    deadline = started + time_limit - min(VERIFY_RESERVE_S, VERIFY_RESERVE * time_limit)
+    with gc_paused():  # the search builds ~10^5 small acyclic values (see _gc.py)
+        return _optimize(schedule, costs, memory_limit, strategy, time_limit, progress, weights, placement, started)
+
+
+def _optimize(schedule: Schedule, costs: CostModel | None, memory_limit: float | None, strategy: str,
+              time_limit: float, progress: Progress | None, weights: float | None, placement: str,
+              started: float) -> OptimizeResult:
     compute = schedule.compute_only()
     _require_complete(compute)
     given = Problem.of(compute, costs, memory_limit)
@@ -204,7 +213,11 @@ def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit
         base = replace(base, memory_limit=max(before.peak_memory, default=0.0))
     # Every layout's bound, then their greedy orders, the layout with the lowest bound first (a layout
     # whose bound another's order reaches is skipped), then the rest of the time on the one that leads.
-    runs = [_layout_run(compute, base, layout, strategy, deadline, progress) for layout in tried]
+    runs = [_layout_run(compute, base, layout, strategy, progress) for layout in tried]
+    # The time limit covers verifying and writing the result (budget.py): the search stops before that.
+    deadline = search_deadline(started, time_limit, max(run.finish for run in runs))
+    for run in runs:
+        run.deadline = deadline
     for run in sorted(runs, key=lambda run: run.bound):
         leading = min((run for run in runs if run.best is not None), key=_Search.key, default=None)
         run.start(strategy, None if leading is None else leading.best.evaluation.max_span)
@@ -215,9 +228,10 @@ def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit
     return _in_units(result, units.scale / chunks, [layout.describe(given) for layout in tried])
 
 
-def _layout_run(compute: Schedule, base: Problem, layout: Layout, strategy: str, deadline: float,
+def _layout_run(compute: Schedule, base: Problem, layout: Layout, strategy: str,
                 progress: Progress | None) -> _Search:
-    """A run in ``layout``: its work graph (compiled once) and its proven bound."""
+    """A run in ``layout``: its work graph (compiled once, timed for ``budget.finish_seconds``) and its
+    proven bound; its deadline is set once every layout's is known."""
     problem = layout.problem(base)
     if layout.keeps:
         work = split_actions(compute_actions(compute))
@@ -226,10 +240,10 @@ def _layout_run(compute: Schedule, base: Problem, layout: Layout, strategy: str,
         work = [Action(s, kind, mb) for s in range(problem.stages) for mb in range(problem.microbatches)
                 for kind in (ActionKind.F, ActionKind.I, ActionKind.W)]
         source = None
-    split = Graph(problem, work)
+    split, seconds = timed(lambda: Graph(problem, work))
     if strategy == "exact" and layout.keeps:
         _require_exact_size(split)
-    return _Search(layout, problem, split, deadline, progress, source)
+    return _Search(layout, problem, split, finish_seconds(len(work), seconds), progress, source)
 
 
 def _require_exact_size(split: Graph) -> None:
@@ -264,9 +278,11 @@ def _require_complete(compute: Schedule) -> None:
 class _Search:
     """One optimization: the candidates found so far and the time left."""
 
-    def __init__(self, layout: Layout, problem: Problem, split: Graph, deadline: float, progress: Progress | None,
+    def __init__(self, layout: Layout, problem: Problem, split: Graph, finish: float, progress: Progress | None,
                  source_of: Callable[[], _Candidate | None] | None):
-        self.layout, self.problem, self.split, self.deadline, self.progress = layout, problem, split, deadline, progress
+        self.layout, self.problem, self.split, self.progress = layout, problem, split, progress
+        self.finish = finish  # seconds to verify and write this layout's result (budget.finish_seconds)
+        self.deadline = float("inf")  # set by optimize once every layout's finish is known
         self.source_of, self.source = source_of, None
         self.best: _Candidate | None = None
         self.static = work_bound(split, problem.memory_limit)
@@ -464,14 +480,20 @@ def _verify(result: Schedule, memory_limit: float | None, candidate: _Candidate)
     """Refuse to return an order that is incomplete, stuck or over the memory limit.
 
     Two independent checks: the optimizer's own (every action once on its rank,
-    the ASAP run finishes, the program-order memory fits) and ``pipeforge.verify``.
+    the ASAP run finishes, the program-order memory fits) and ``pipeforge.verify``
+    on the lowered result, every check of ``pipeforge verify`` included. Its
+    timing is settled by the certificate (the event pass proposes a start time
+    for every step, z3 checks them against the timing model: a satisfying
+    assignment, so a proof that nothing waits forever) rather than by z3
+    deciding the model with free start times (``solve``), which adds only a
+    cross-check of the event pass and, on small schedules, most of the time.
     """
     from pipeforge.verifier import verify
 
     graph, order, evaluation = candidate.graph, candidate.order, candidate.evaluation
     if not is_complete(graph, order) or evaluation is None or not evaluation.fits(memory_limit):
         raise VerificationError(f"the optimized order of {result.name!r} is incomplete, stuck or over the memory limit")
-    report = verify(result, memory_limit=memory_limit)
+    report = verify(result, memory_limit=memory_limit, solve=False)
     if not report.valid:
         first = report.violations[0] if report.violations else None
         detail = f": {first.message}" if first is not None else ""
