@@ -43,11 +43,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from pipeforge._gc import gc_paused
 from pipeforge.errors import Argument, ArgumentError, UsageError, VerificationError, words
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step
 from pipeforge.semantics import COMPLETE, split
 from pipeforge.sim.bounds import WorkBound, bubble_of_span, work_bound
-from pipeforge._gc import gc_paused
 from pipeforge.optimizer.budget import finish_seconds, search_deadline, timed
 from pipeforge.optimizer.evaluate import (
     Evaluation, Graph, Order, Problem, compute_actions, evaluate, is_complete, schedule_of,
@@ -55,94 +55,15 @@ from pipeforge.optimizer.evaluate import (
 from pipeforge.optimizer.placement import (
     PLACEMENTS, Layout, chunk_costs, common_chunks, laid_out_schedule, layouts, scale_costs,
 )
+from pipeforge.optimizer.result import STOP_REASONS, Metrics, OptimizeResult, metrics_of
 from pipeforge.optimizer.units import integer_units
 
 STRATEGIES = ("auto", "greedy", "local", "exact")
-STOP_REASONS = {
-    "bound": "the best order reaches the proven lower bound: it is optimal",
-    "stalled": "the search stopped improving before the time limit",
-    "time": "the time limit ran out",
-    "finished": "every setting of the strategy ran",
-}
 EXACT_AUTO_ACTIONS = 96   # auto runs exact search up to P * M * 3 = 96 (P=4, M=8)
 ASAP_ACTIONS = 48         # up to this size the z3 model also fixes ASAP timing (optimal = what sim reports)
 LIST_SCHEDULE_ACTIONS = 300  # beside a Zero Bubble builder, list scheduling runs only up to this size
 LIST_SCHEDULE_MAX = 12000    # and alone up to this one (it is quadratic in the actions of a rank)
 Progress = Callable[[float, str], None]
-
-
-@dataclass(frozen=True)
-class Metrics:
-    bubble_rate: float
-    makespan: float
-    peak_memory: tuple[float, ...]
-    max_span: float
-    spans: tuple[float, ...] = ()
-
-    @staticmethod
-    def of(evaluation: Evaluation) -> Metrics:
-        return Metrics(evaluation.bubble_rate, evaluation.makespan, evaluation.peak_memory,
-                       evaluation.max_span, evaluation.spans)
-
-    def key(self) -> tuple[float, float, float]:
-        """Worst span, total span, makespan: ``Evaluation.key`` without its tie-breaker."""
-        return (round(self.max_span, 9), round(sum(self.spans), 9), round(self.makespan, 9))
-
-    def scaled(self, factor: float) -> Metrics:
-        """The same figures with every time multiplied by ``factor`` (integer units to the input's)."""
-        return replace(self, makespan=self.makespan * factor, max_span=self.max_span * factor,
-                       spans=tuple(span * factor for span in self.spans))
-
-    def to_json(self) -> dict:
-        return {"bubble_rate": self.bubble_rate, "makespan": self.makespan,
-                "peak_memory": list(self.peak_memory), "max_span": self.max_span}
-
-
-@dataclass(frozen=True)
-class OptimizeResult:
-    """The optimized schedule (compute only), the figures before and after, the bound and the gap.
-
-    ``span_bound`` is a proven lower bound on the worst span of any order of
-    the same work within the memory limit (B split into I and W allowed), and
-    ``bound`` the bubble rate it implies (exact when B costs I + W, the
-    default); ``gap`` is ``(after span - span_bound) / after span`` (0: optimal).
-    """
-
-    schedule: Schedule
-    before: Metrics
-    after: Metrics
-    bound: float
-    span_bound: float
-    gap: float
-    optimal: bool
-    improved: bool
-    found_by: str
-    strategy: str
-    seconds: float
-    memory_limit: float | None = None
-    stopped: str = "finished"
-    placement: str = "keep (the input's)"
-    placements_tried: tuple[str, ...] = ("keep (the input's)",)
-    work_bound: WorkBound | None = None  # the bound in the input's placement before any search
-
-    @property
-    def bound_of(self) -> str:
-        """What the bound bounds: every order of the work in each placement tried."""
-        return f"any order of the same work (B split into I and W) within the memory limit, placed " \
-               f"{' or '.join(self.placements_tried)}"
-
-    def to_json(self) -> dict:
-        return {
-            "schedule": self.schedule.name, "strategy": self.strategy, "found_by": self.found_by,
-            "stopped": self.stopped, "stopped_because": STOP_REASONS[self.stopped],
-            "improved": self.improved, "optimal": self.optimal, "memory_limit": self.memory_limit,
-            "placement": {"chosen": self.placement, "tried": list(self.placements_tried),
-                          "stages": self.schedule.stages, "ranks": self.schedule.ranks},
-            "before": self.before.to_json(), "after": self.after.to_json(),
-            "bound": {"bubble_rate": self.bound, "max_span": self.span_bound, "of": self.bound_of,
-                      "static": None if self.work_bound is None else self.work_bound.to_json()},
-            "gap": self.gap, "seconds": self.seconds,
-        }
 
 
 @dataclass(frozen=True)
@@ -163,15 +84,6 @@ class _Outcome:
     span_bound: float
     stopped: str
     static: WorkBound | None = None  # sim.bounds' bound before any search (exact search may prove more)
-
-
-def metrics_of(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> Metrics:
-    """The figures ``pipeforge.sim`` reports for ``schedule``."""
-    from pipeforge.sim import simulate
-
-    timeline = simulate(schedule, costs, memory=memory)
-    spans = tuple(s.span for s in timeline.rank_stats)
-    return Metrics(timeline.bubble_rate, timeline.makespan, timeline.peak_memory, max(spans, default=0.0), spans)
 
 
 def split_actions(actions: list[Action]) -> list[Action]:
@@ -431,7 +343,9 @@ def _result(schedule: Schedule, compute: Schedule, before: Metrics, outcomes: li
         after = replace(after, peak_memory=tuple(peak / layout.chunks for peak in after.peak_memory))
     span_bound = min(span_bound, after.max_span)
     gap = (after.max_span - span_bound) / after.max_span if after.max_span > 0 else 0.0
-    bound = bubble_of_span(outcomes[0].split, span_bound)
+    # every layout's work is the same (chunks divide it), so the same least work per rank (result.py)
+    least_work = lambda span: bubble_of_span(outcomes[0].split, span)  # noqa: E731
+    before, after, bound = before.with_least_work(least_work), after.with_least_work(least_work), least_work(span_bound)
     return OptimizeResult(result, before, after, bound, span_bound, gap, gap <= 1e-6, found_by != "input",
                           found_by, strategy, time.monotonic() - started, limit,
                           "bound" if gap <= 1e-6 else stopped, layout.describe(given),
