@@ -21,7 +21,8 @@ layout that leads. Every search times orders in exact integer units
 
 Every strategy stops as soon as the best order reaches the proven lower bound
 (it is optimal); local search stops when its restarts stop improving; nothing
-runs past the time limit. ``OptimizeResult.stopped`` says which (``STOP_REASONS``).
+runs past the time limit, which covers verifying the result (``budget.py``: the search
+stops early enough to leave it its time). ``OptimizeResult.stopped`` says which (``STOP_REASONS``).
 Explicit ``exact`` refuses (``UsageError``) a problem too large for its model.
 
 The memory limit is ``memory_limit``, else the schedule's own, else the
@@ -31,8 +32,9 @@ input did unless a limit says it may.
 Whatever runs, the result is never worse than the input: if no order beats
 the input's worst span (then total span, then makespan) within the memory
 limit, the input is returned unchanged. A new order is verified by
-``pipeforge.verify`` (memory limit included) before it is returned; if it does
-not verify, ``VerificationError`` is raised and nothing is returned.
+``pipeforge.verify`` (memory limit included, timing by its certificate) before
+it is returned; if it does not verify, ``VerificationError`` is raised and
+nothing is returned.
 """
 
 from __future__ import annotations
@@ -41,105 +43,27 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from pipeforge._gc import gc_paused
 from pipeforge.errors import Argument, ArgumentError, UsageError, VerificationError, words
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step
 from pipeforge.semantics import COMPLETE, split
 from pipeforge.sim.bounds import WorkBound, bubble_of_span, work_bound
+from pipeforge.optimizer.budget import finish_seconds, search_deadline, timed
 from pipeforge.optimizer.evaluate import (
     Evaluation, Graph, Order, Problem, compute_actions, evaluate, is_complete, schedule_of,
 )
 from pipeforge.optimizer.placement import (
     PLACEMENTS, Layout, chunk_costs, common_chunks, laid_out_schedule, layouts, scale_costs,
 )
+from pipeforge.optimizer.result import STOP_REASONS, Metrics, OptimizeResult, metrics_of
 from pipeforge.optimizer.units import integer_units
 
 STRATEGIES = ("auto", "greedy", "local", "exact")
-STOP_REASONS = {
-    "bound": "the best order reaches the proven lower bound: it is optimal",
-    "stalled": "the search stopped improving before the time limit",
-    "time": "the time limit ran out",
-    "finished": "every setting of the strategy ran",
-}
 EXACT_AUTO_ACTIONS = 96   # auto runs exact search up to P * M * 3 = 96 (P=4, M=8)
 ASAP_ACTIONS = 48         # up to this size the z3 model also fixes ASAP timing (optimal = what sim reports)
 LIST_SCHEDULE_ACTIONS = 300  # beside a Zero Bubble builder, list scheduling runs only up to this size
 LIST_SCHEDULE_MAX = 12000    # and alone up to this one (it is quadratic in the actions of a rank)
-VERIFY_RESERVE, VERIFY_RESERVE_S = 0.15, 1.0  # the part of the time limit kept for verifying the result
 Progress = Callable[[float, str], None]
-
-
-@dataclass(frozen=True)
-class Metrics:
-    bubble_rate: float
-    makespan: float
-    peak_memory: tuple[float, ...]
-    max_span: float
-    spans: tuple[float, ...] = ()
-
-    @staticmethod
-    def of(evaluation: Evaluation) -> Metrics:
-        return Metrics(evaluation.bubble_rate, evaluation.makespan, evaluation.peak_memory,
-                       evaluation.max_span, evaluation.spans)
-
-    def key(self) -> tuple[float, float, float]:
-        """Worst span, total span, makespan: ``Evaluation.key`` without its tie-breaker."""
-        return (round(self.max_span, 9), round(sum(self.spans), 9), round(self.makespan, 9))
-
-    def scaled(self, factor: float) -> Metrics:
-        """The same figures with every time multiplied by ``factor`` (integer units to the input's)."""
-        return replace(self, makespan=self.makespan * factor, max_span=self.max_span * factor,
-                       spans=tuple(span * factor for span in self.spans))
-
-    def to_json(self) -> dict:
-        return {"bubble_rate": self.bubble_rate, "makespan": self.makespan,
-                "peak_memory": list(self.peak_memory), "max_span": self.max_span}
-
-
-@dataclass(frozen=True)
-class OptimizeResult:
-    """The optimized schedule (compute only), the figures before and after, the bound and the gap.
-
-    ``span_bound`` is a proven lower bound on the worst span of any order of
-    the same work within the memory limit (B split into I and W allowed), and
-    ``bound`` the bubble rate it implies (exact when B costs I + W, the
-    default); ``gap`` is ``(after span - span_bound) / after span`` (0: optimal).
-    """
-
-    schedule: Schedule
-    before: Metrics
-    after: Metrics
-    bound: float
-    span_bound: float
-    gap: float
-    optimal: bool
-    improved: bool
-    found_by: str
-    strategy: str
-    seconds: float
-    memory_limit: float | None = None
-    stopped: str = "finished"
-    placement: str = "keep (the input's)"
-    placements_tried: tuple[str, ...] = ("keep (the input's)",)
-    work_bound: WorkBound | None = None  # the bound in the input's placement before any search
-
-    @property
-    def bound_of(self) -> str:
-        """What the bound bounds: every order of the work in each placement tried."""
-        return f"any order of the same work (B split into I and W) within the memory limit, placed " \
-               f"{' or '.join(self.placements_tried)}"
-
-    def to_json(self) -> dict:
-        return {
-            "schedule": self.schedule.name, "strategy": self.strategy, "found_by": self.found_by,
-            "stopped": self.stopped, "stopped_because": STOP_REASONS[self.stopped],
-            "improved": self.improved, "optimal": self.optimal, "memory_limit": self.memory_limit,
-            "placement": {"chosen": self.placement, "tried": list(self.placements_tried),
-                          "stages": self.schedule.stages, "ranks": self.schedule.ranks},
-            "before": self.before.to_json(), "after": self.after.to_json(),
-            "bound": {"bubble_rate": self.bound, "max_span": self.span_bound, "of": self.bound_of,
-                      "static": None if self.work_bound is None else self.work_bound.to_json()},
-            "gap": self.gap, "seconds": self.seconds,
-        }
 
 
 @dataclass(frozen=True)
@@ -162,15 +86,6 @@ class _Outcome:
     static: WorkBound | None = None  # sim.bounds' bound before any search (exact search may prove more)
 
 
-def metrics_of(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> Metrics:
-    """The figures ``pipeforge.sim`` reports for ``schedule``."""
-    from pipeforge.sim import simulate
-
-    timeline = simulate(schedule, costs, memory=memory)
-    spans = tuple(s.span for s in timeline.rank_stats)
-    return Metrics(timeline.bubble_rate, timeline.makespan, timeline.peak_memory, max(spans, default=0.0), spans)
-
-
 def split_actions(actions: list[Action]) -> list[Action]:
     """The same work with every B split into I and W (the Zero Bubble split, ``semantics.split``)."""
     return [part for a in actions for part in split(a)]
@@ -187,7 +102,13 @@ def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit
     if time_limit <= 0:
         raise UsageError(f"the time limit must be positive, got {time_limit!r}")
     started = time.monotonic()
-    deadline = started + time_limit - min(VERIFY_RESERVE_S, VERIFY_RESERVE * time_limit)
+    with gc_paused():  # the search builds ~10^5 small acyclic values (see _gc.py)
+        return _optimize(schedule, costs, memory_limit, strategy, time_limit, progress, weights, placement, started)
+
+
+def _optimize(schedule: Schedule, costs: CostModel | None, memory_limit: float | None, strategy: str,
+              time_limit: float, progress: Progress | None, weights: float | None, placement: str,
+              started: float) -> OptimizeResult:
     compute = schedule.compute_only()
     _require_complete(compute)
     given = Problem.of(compute, costs, memory_limit)
@@ -204,7 +125,11 @@ def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit
         base = replace(base, memory_limit=max(before.peak_memory, default=0.0))
     # Every layout's bound, then their greedy orders, the layout with the lowest bound first (a layout
     # whose bound another's order reaches is skipped), then the rest of the time on the one that leads.
-    runs = [_layout_run(compute, base, layout, strategy, deadline, progress) for layout in tried]
+    runs = [_layout_run(compute, base, layout, strategy, progress) for layout in tried]
+    # The time limit covers verifying and writing the result (budget.py): the search stops before that.
+    deadline = search_deadline(started, time_limit, max(run.finish for run in runs))
+    for run in runs:
+        run.deadline = deadline
     for run in sorted(runs, key=lambda run: run.bound):
         leading = min((run for run in runs if run.best is not None), key=_Search.key, default=None)
         run.start(strategy, None if leading is None else leading.best.evaluation.max_span)
@@ -215,9 +140,10 @@ def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit
     return _in_units(result, units.scale / chunks, [layout.describe(given) for layout in tried])
 
 
-def _layout_run(compute: Schedule, base: Problem, layout: Layout, strategy: str, deadline: float,
+def _layout_run(compute: Schedule, base: Problem, layout: Layout, strategy: str,
                 progress: Progress | None) -> _Search:
-    """A run in ``layout``: its work graph (compiled once) and its proven bound."""
+    """A run in ``layout``: its work graph (compiled once, timed for ``budget.finish_seconds``) and its
+    proven bound; its deadline is set once every layout's is known."""
     problem = layout.problem(base)
     if layout.keeps:
         work = split_actions(compute_actions(compute))
@@ -226,10 +152,10 @@ def _layout_run(compute: Schedule, base: Problem, layout: Layout, strategy: str,
         work = [Action(s, kind, mb) for s in range(problem.stages) for mb in range(problem.microbatches)
                 for kind in (ActionKind.F, ActionKind.I, ActionKind.W)]
         source = None
-    split = Graph(problem, work)
+    split, seconds = timed(lambda: Graph(problem, work))
     if strategy == "exact" and layout.keeps:
         _require_exact_size(split)
-    return _Search(layout, problem, split, deadline, progress, source)
+    return _Search(layout, problem, split, finish_seconds(len(work), seconds), progress, source)
 
 
 def _require_exact_size(split: Graph) -> None:
@@ -264,9 +190,11 @@ def _require_complete(compute: Schedule) -> None:
 class _Search:
     """One optimization: the candidates found so far and the time left."""
 
-    def __init__(self, layout: Layout, problem: Problem, split: Graph, deadline: float, progress: Progress | None,
+    def __init__(self, layout: Layout, problem: Problem, split: Graph, finish: float, progress: Progress | None,
                  source_of: Callable[[], _Candidate | None] | None):
-        self.layout, self.problem, self.split, self.deadline, self.progress = layout, problem, split, deadline, progress
+        self.layout, self.problem, self.split, self.progress = layout, problem, split, progress
+        self.finish = finish  # seconds to verify and write this layout's result (budget.finish_seconds)
+        self.deadline = float("inf")  # set by optimize once every layout's finish is known
         self.source_of, self.source = source_of, None
         self.best: _Candidate | None = None
         self.static = work_bound(split, problem.memory_limit)
@@ -415,7 +343,9 @@ def _result(schedule: Schedule, compute: Schedule, before: Metrics, outcomes: li
         after = replace(after, peak_memory=tuple(peak / layout.chunks for peak in after.peak_memory))
     span_bound = min(span_bound, after.max_span)
     gap = (after.max_span - span_bound) / after.max_span if after.max_span > 0 else 0.0
-    bound = bubble_of_span(outcomes[0].split, span_bound)
+    # every layout's work is the same (chunks divide it), so the same least work per rank (result.py)
+    least_work = lambda span: bubble_of_span(outcomes[0].split, span)  # noqa: E731
+    before, after, bound = before.with_least_work(least_work), after.with_least_work(least_work), least_work(span_bound)
     return OptimizeResult(result, before, after, bound, span_bound, gap, gap <= 1e-6, found_by != "input",
                           found_by, strategy, time.monotonic() - started, limit,
                           "bound" if gap <= 1e-6 else stopped, layout.describe(given),
@@ -464,14 +394,20 @@ def _verify(result: Schedule, memory_limit: float | None, candidate: _Candidate)
     """Refuse to return an order that is incomplete, stuck or over the memory limit.
 
     Two independent checks: the optimizer's own (every action once on its rank,
-    the ASAP run finishes, the program-order memory fits) and ``pipeforge.verify``.
+    the ASAP run finishes, the program-order memory fits) and ``pipeforge.verify``
+    on the lowered result, every check of ``pipeforge verify`` included. Its
+    timing is settled by the certificate (the event pass proposes a start time
+    for every step, z3 checks them against the timing model: a satisfying
+    assignment, so a proof that nothing waits forever) rather than by z3
+    deciding the model with free start times (``solve``), which adds only a
+    cross-check of the event pass and, on small schedules, most of the time.
     """
     from pipeforge.verifier import verify
 
     graph, order, evaluation = candidate.graph, candidate.order, candidate.evaluation
     if not is_complete(graph, order) or evaluation is None or not evaluation.fits(memory_limit):
         raise VerificationError(f"the optimized order of {result.name!r} is incomplete, stuck or over the memory limit")
-    report = verify(result, memory_limit=memory_limit)
+    report = verify(result, memory_limit=memory_limit, solve=False)
     if not report.valid:
         first = report.violations[0] if report.violations else None
         detail = f": {first.message}" if first is not None else ""

@@ -146,3 +146,45 @@ def test_bad_weights_are_usage_errors(tmp_path, capsys, item):
     code, text, err = run_cli(capsys, "optimize", "1f1b", "-D", "P=2", "-D", "M=2", "--cost", item,
                               "-o", str(tmp_path / "never.pipe"))
     assert code == 2 and text == "" and "weights" in err
+
+
+# measured costs where the fused B is cheaper than I + W (per stage, one link slower)
+FUSED_CHEAPER = {"units": "ms", "links": [0.1, 0.1, 0.1],
+                 "stages": [{"F": 3.1, "I": 2.9, "W": 2.2, "B": 4.0}, {"F": 3.0, "I": 3.0, "W": 2.1, "B": 4.1},
+                            {"F": 3.1, "I": 2.9, "W": 2.2, "B": 4.0}, {"F": 3.2, "I": 3.1, "W": 2.4, "B": 4.6}]}
+
+
+def test_with_b_cheaper_than_i_plus_w_after_never_reads_below_the_bound(tmp_path, capsys):
+    """The split schedule does more compute than the fused one, so simulate's bubble rate of "after" can
+    fall below the bound's; the report compares spans and counts every bubble on the least work."""
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps(FUSED_CHEAPER), encoding="utf-8")
+    argv = ["optimize", "1f1b", "-D", "P=4", "-D", "M=8", "--costs", str(costs), "--strategy", "greedy",
+            "-o", str(tmp_path / "o.pipe")]
+    code, text, _ = run_cli(capsys, *argv, "--json")
+    data = json.loads(text)
+    before, after, bound = data["before"], data["after"], data["bound"]
+    assert code == 0 and data["improved"] and "least compute" in data["least_work"]
+    assert after["bubble_rate"] < bound["bubble_rate"]  # simulate's own rate of the split schedule
+    assert after["max_span"] >= bound["max_span"] and after["least_work_bubble_rate"] >= bound["bubble_rate"]
+    least = sum(8 * (s["F"] + min(s["B"], s["I"] + s["W"])) for s in FUSED_CHEAPER["stages"]) / 4
+    for figures in (before, after):
+        assert figures["least_work_bubble_rate"] == pytest.approx(1 - least / figures["max_span"])
+    assert bound["least_work_bubble_rate"] == bound["bubble_rate"] == pytest.approx(1 - least / bound["max_span"])
+    code, text, _ = run_cli(capsys, *argv)
+    rows = {line[:13].strip(): line for line in text.splitlines()}
+    assert rows["worst span"].split()[2:5] == [f"{before['max_span']:.4g}", f"{after['max_span']:.4g}",
+                                               f"{bound['max_span']:.4g}"]
+    assert f"{100 * after['least_work_bubble_rate']:.2f}%" in rows["bubble rate"] and "least work" in rows["bubble rate"]
+    assert f"{100 * after['bubble_rate']:.2f}%" in rows["(simulate)"]
+
+
+def test_with_b_equal_to_i_plus_w_the_two_bubble_rates_agree(tmp_path, capsys):
+    code, text, _ = run_cli(capsys, "optimize", "1f1b", "-D", "P=4", "-D", "M=8", "--strategy", "greedy",
+                            "-o", str(tmp_path / "o.pipe"), "--json")
+    data = json.loads(text)
+    for figures in (data["before"], data["after"]):
+        assert figures["least_work_bubble_rate"] == pytest.approx(figures["bubble_rate"])
+    code, text, _ = run_cli(capsys, "optimize", "1f1b", "-D", "P=4", "-D", "M=8", "--strategy", "greedy",
+                            "-o", str(tmp_path / "o.pipe"))
+    assert "(simulate)" not in text

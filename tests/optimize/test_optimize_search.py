@@ -27,7 +27,8 @@ def check_result(schedule, result, limit, costs=None):
     assert result.after.bubble_rate == pytest.approx(timeline.bubble_rate)
     if limit is None or max(result.before.peak_memory) <= limit + 1e-9:
         assert result.after.max_span <= result.before.max_span + 1e-9
-    assert result.bound <= result.after.bubble_rate + 1e-9
+    assert result.span_bound <= result.after.max_span + 1e-9
+    assert result.bound <= result.after.least_work_bubble_rate + 1e-9
     if limit is not None:
         assert max(result.after.peak_memory) <= limit + 1e-9
     if result.improved:
@@ -66,6 +67,26 @@ def test_never_worse_never_invalid_on_v_and_interleaved_placements(p, laps, shap
         assert limit is not None and max(simulate(schedule, costs).peak_memory) > limit
         return
     check_result(schedule, result, result.memory_limit, costs)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=st.integers(2, 4), m=st.integers(2, 6), costs=costs_strategy, fused=st.sampled_from([0.6, 0.8, 1.0, 1.2]),
+       split=st.booleans())
+def test_bubbles_count_one_work_for_before_after_and_bound(p, m, costs, fused, split):
+    """Where a fused B costs less than I + W, a schedule that splits it does more compute; the report's
+    ``least_work_bubble_rate`` counts every schedule and the bound on the same least work, so "after"
+    is never below the bound, while ``bubble_rate`` stays what simulate reports."""
+    costs = CostModel(F=costs.F, I=costs.I, W=costs.W, B=fused * (costs.I + costs.W), comm=costs.comm)
+    schedule = make_schedule(p, m, one_f_one_b(p, m, split), costs)
+    result = optimize(schedule, costs=costs, memory_limit=float(p), time_limit=1.0)
+    least = m * (costs.F + min(costs.B, costs.I + costs.W))  # every rank holds one stage
+    for figures in (result.before, result.after):
+        assert figures.least_work_bubble_rate == pytest.approx(1 - least / figures.max_span)
+        assert figures.bubble_rate == pytest.approx(simulate(schedule if figures is result.before
+                                                             else result.schedule, costs).bubble_rate)
+    assert result.bound == pytest.approx(1 - least / result.span_bound)
+    assert result.after.least_work_bubble_rate >= result.bound - 1e-9
+    assert result.after.least_work_bubble_rate <= result.before.least_work_bubble_rate + 1e-9
 
 
 @pytest.mark.parametrize(("p", "m", "limit", "expected"), [
