@@ -1,23 +1,34 @@
 """The loop closed: profile a GPT with unequal stages, optimize from 1F1B at 1p memory, run, compare.
 
-    .venv/bin/python benchmarks/bench_profile_loop.py                 # P=4, M=8, 10 measured steps
-    .venv/bin/python benchmarks/bench_profile_loop.py --steps 20 --out /tmp/loop
+    .venv/bin/python benchmarks/bench_profile_loop.py            # P=2, M=8, 12 measured rounds, about 2 min
+    .venv/bin/python benchmarks/bench_profile_loop.py --out /tmp/loop --clock wall
 
 1. ``pipeforge profile benchmarks/gpt_unequal.py --stages P`` writes the cost file
    (stage 0 holds the embedding, the last stage the LM head, each about as heavy
-   as two blocks: stages cost about 4 : 2 : 2 : 4).
+   as two blocks).
 2. ``pipeforge optimize 1f1b --costs costs.json --memory-limit P`` (1p memory).
-3. Every library schedule with P stages on P ranks, and the optimized one, is
-   simulated with the cost file (the prediction) and run on P local gloo
-   processes (``pipeforge.runtime.profiling.time_schedules``: the schedules take turns
-   step by step, one torch thread a rank, the step time is the slowest rank's).
-Reported: predicted and measured step time per schedule, measured / predicted,
-the CPU time of a step summed over the ranks divided by its wall time (how many
-cores the step kept busy: the simulator gives every rank a core of its own, so
-when this reaches the machine's core count the bubbles it predicts are not
-idle time but time another rank runs in), the rank correlation (Spearman) and
-the mean relative error, whether the optimized schedule beats 1F1B and ZB-H1
-in the prediction and in the measurement, and the load average before and after.
+3. Every library schedule with P stages on P ranks, the optimized one, a second
+   copy of 1F1B (``1f1b A/A``: the noise of the machine, a ratio that should be 1)
+   and, on 2 ranks, ``deferred-w`` (a schedule built by hand: the last rank fuses
+   B except for its first and last microbatch, whose W it runs at the very end)
+   are simulated with the cost file (the prediction) and run on P local gloo
+   processes (``pipeforge.runtime.profiling.time_schedules``: the schedules take
+   turns step by step, one torch thread a rank, the step time is the slowest
+   rank's), every measured step traced (``pipeline.trace``).
+
+Reported, per schedule: predicted and measured step time, measured / predicted,
+the prediction from the costs the run itself measured (``in-situ``: the median
+F, I, W, B of the traced steps: what is left of the error there is the
+simulator's, the rest the profile's), and how many cores a step kept busy
+(CPU time summed over the ranks / wall time). Then: the rank correlation
+(Spearman) and mean relative error of both predictions; each cost as profiled
+and as run; where a step's time went (compute, waits, the runtime's own work per
+action and outside the program); the measured ratios (median over rounds of the
+per-round ratio) of the optimized schedule to 1F1B and to ZB-H1 beside the
+predicted ones, and the A/A ratio with the spread of its per-round ratios; the
+load average before and after. ``--out`` keeps costs.json, optimized.pipe,
+results.json and, per schedule, ``timeline-NAME.json``: the simulated and one
+measured step side by side as a Chrome/Perfetto trace.
 """
 
 from __future__ import annotations
@@ -35,28 +46,30 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeforge.generator import codegen  # noqa: E402
-from pipeforge.library import load_library_schedule, names  # noqa: E402
 from pipeforge.inputs import load  # noqa: E402
-from pipeforge.runtime.profiling import TimingJob  # noqa: E402
+from pipeforge.library import load_library_schedule, names  # noqa: E402
 from pipeforge.runtime.launch import spawn  # noqa: E402
+from pipeforge.runtime.profiling import TimingJob  # noqa: E402
+from pipeforge.runtime.trace import Trace, chrome_events, compute_costs  # noqa: E402
 from pipeforge.sim import simulate  # noqa: E402
 from pipeforge.sim.costfile import with_cost_file  # noqa: E402
 from pipeforge.sim.costs import memory_for, resolve_costs  # noqa: E402
 
 MODEL = ROOT / "benchmarks" / "gpt_unequal.py"
+AA = "1f1b A/A"
 
 
 def pipeforge_cli(*argv: str) -> str:
     done = subprocess.run([sys.executable, "-m", "pipeforge", *argv], capture_output=True, text=True,
-                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     if done.returncode != 0:
         raise SystemExit(f"pipeforge {' '.join(argv)} failed ({done.returncode}):\n{done.stderr}")
     return done.stdout
 
 
-def predicted(schedule, cost_path: Path) -> float:
+def timeline(schedule, cost_path: Path):
     schedule = with_cost_file(schedule, cost_path)
-    return simulate(schedule, resolve_costs(schedule, None), memory=memory_for(schedule, None)).makespan
+    return simulate(schedule, resolve_costs(schedule, None), memory=memory_for(schedule, None))
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -73,16 +86,61 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return cov / (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
 
 
+def deferred_w(P: int, M: int) -> str:
+    """On 2 ranks: ZB-H1's rank 0; rank 1 splits only its first and last microbatch and runs both W last."""
+    r0 = ["0F0", "0F1"] + [a for m in range(M - 2) for a in (f"0I{m}", f"0W{m}", f"0F{m + 2}")]
+    r0 += [f"0I{M - 2}", f"0W{M - 2}", f"0I{M - 1}", f"0W{M - 1}"]
+    r1 = ["1F0", "1I0"] + [a for m in range(1, M - 1) for a in (f"1F{m}", f"1B{m}")]
+    r1 += [f"1F{M - 1}", f"1I{M - 1}", "1W0", f"1W{M - 1}"]
+    return (f"schedule deferred_w(P = {P}, M = {M}) {{\n    ranks {P}\n    stages {P} placement loop\n"
+            f"    microbatches {M}\n    rank 0 {{ {' '.join(r0)} }}\n    rank 1 {{ {' '.join(r1)} }}\n}}\n")
+
+
+def schedules_to_run(P: int, M: int, optimized: Path, out: Path) -> dict:
+    found = {}
+    for name in names():
+        schedule = load_library_schedule(name, {"P": P, "M": M})
+        if schedule.stages == P and schedule.ranks == P:
+            found[name] = schedule
+    found["optimized"] = load(str(optimized))
+    found[AA] = found["1f1b"]
+    if P == 2 and M >= 3:
+        hand = out / "deferred-w.pipe"
+        hand.write_text(deferred_w(P, M), encoding="utf-8")
+        found["deferred-w"] = load(str(hand))
+    return found
+
+
+def in_situ_costs(profiled: dict, traces: list[Trace]) -> dict:
+    """The profile's cost file with each F, I, W, B replaced by its median in the run's traces."""
+    measured = compute_costs(traces)
+    stages = [{**entry, **{k: round(v, 6) for k, v in measured.get(s, {}).items()}}
+              for s, entry in enumerate(profiled["stages"])]
+    return {**profiled, "stages": stages}
+
+
+def per_round_ratio(a: list[float], b: list[float]) -> list[float]:
+    return [x / y for x, y in zip(a, b)]
+
+
+def quartiles(values: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(values, n=4) if len(values) >= 2 else [values[0]] * 3
+    return q[0], q[2]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--microbatches", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=10, help="measured steps per schedule")
+    parser.add_argument("--steps", type=int, default=12, help="measured rounds (a step of every schedule each)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--profile-steps", type=int, default=5)
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                        help="how the profile times each action (pipeforge profile --clock)")
-    parser.add_argument("--out", help="folder for costs.json, optimized.pipe and results.json (default: temporary)")
+    parser.add_argument("--profile-warmup", type=int, default=3)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="cpu",
+                        help="how the profile times each action (pipeforge profile --clock; cpu: steady under load)")
+    parser.add_argument("--time-limit", type=float, default=10.0, help="optimize --time-limit")
+    parser.add_argument("--out", help="folder for costs.json, optimized.pipe, results.json and timelines "
+                                      "(default: temporary)")
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="pipeforge-loop-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -92,53 +150,38 @@ def main() -> int:
     print(f"{os.cpu_count()} cores; load average {' '.join(f'{x:.2f}' for x in load_before)}")
 
     print(pipeforge_cli("profile", str(MODEL), "--stages", str(P), "--microbatches", str(M),
-                        "--steps", str(args.profile_steps), "--clock", args.clock, "-o", str(costs)))
+                        "--steps", str(args.profile_steps), "--warmup", str(args.profile_warmup),
+                        "--clock", args.clock, "-o", str(costs)))
     print(pipeforge_cli("optimize", "1f1b", "-D", f"P={P}", "-D", f"M={M}", "--costs", str(costs),
-                        "--memory-limit", str(P), "-o", str(optimized)))
+                        "--memory-limit", str(P), "--time-limit", str(args.time_limit), "-o", str(optimized)))
 
-    schedules = {}
-    for name in names():
-        schedule = load_library_schedule(name, {"P": P, "M": M})
-        if schedule.stages == P and schedule.ranks == P:
-            schedules[name] = schedule
-    schedules["optimized"] = load(str(optimized))
-    with tempfile.TemporaryDirectory(prefix="pipeforge-loop-gen-") as gen:
-        paths = []
-        for index, (name, schedule) in enumerate(schedules.items()):
-            folder = Path(gen) / f"s{index}"
-            folder.mkdir()
-            paths.append(str(codegen(schedule, str(folder))))
-        job = TimingJob(str(MODEL), tuple(paths), steps=args.steps, warmup=args.warmup)
-        outcomes = spawn("pipeforge.runtime.profiling:time_schedules", P, job, timeout=300.0,
-                         deadline=60.0 + 10.0 * len(paths) * (args.steps + args.warmup) * 4)
-    failed = [o for o in outcomes if not o.ok]
-    if failed:
-        raise SystemExit("\n".join(f"rank {o.rank}: {o.error}" for o in failed))
-    measured, cpu = outcomes[0].value["ms"], outcomes[0].value["cpu_ms"]
+    schedules = schedules_to_run(P, M, optimized, out)
+    value = measure(schedules, P, args)
+    names_ = list(schedules)
+    traces = {name: [[Trace.from_json(t) for t in rank_traces[i]] for rank_traces in value["traces"]]
+              for i, name in enumerate(names_)}  # name -> rank -> steps
+    all_traces = [t for name in names_ for rank in traces[name] for t in rank]
+    profiled = json.loads(costs.read_text())
+    situ = out / "costs-in-situ.json"
+    situ.write_text(json.dumps(in_situ_costs(profiled, all_traces), indent=2) + "\n")
+
     rows = []
-    print(f"{'schedule':12}{'predicted ms':>14}{'measured ms':>13}{'meas/pred':>11}{'cores busy':>12}")
-    for (name, schedule), ms, cpu_ms in zip(schedules.items(), measured, cpu):
-        guess = predicted(schedule, costs)
-        rows.append({"schedule": name, "predicted_ms": guess, "measured_ms": ms, "cpu_ms": cpu_ms})
-        print(f"{name:12}{guess:>14.1f}{ms:>13.1f}{ms / guess:>11.3f}{cpu_ms / ms:>12.2f}")
-    guesses = [r["predicted_ms"] for r in rows]
-    times = [r["measured_ms"] for r in rows]
-    rho = spearman(guesses, times)
-    errors = [abs(t - g) / t for g, t in zip(guesses, times)]
-    by = {r["schedule"]: r for r in rows}
-    verdict = {
-        "spearman": rho, "mean_relative_error": statistics.mean(errors), "max_relative_error": max(errors),
-        "optimized_beats_1f1b_predicted": by["optimized"]["predicted_ms"] < by["1f1b"]["predicted_ms"],
-        "optimized_beats_zbh1_predicted": by["optimized"]["predicted_ms"] < by["zb-h1"]["predicted_ms"],
-        "optimized_beats_1f1b_measured": by["optimized"]["measured_ms"] < by["1f1b"]["measured_ms"],
-        "optimized_beats_zbh1_measured": by["optimized"]["measured_ms"] < by["zb-h1"]["measured_ms"],
-        "optimized_over_1f1b_measured": by["optimized"]["measured_ms"] / by["1f1b"]["measured_ms"],
-        "optimized_over_zbh1_measured": by["optimized"]["measured_ms"] / by["zb-h1"]["measured_ms"],
-    }
-    print(f"rank correlation (Spearman) {rho:.3f}; relative error mean {verdict['mean_relative_error']:.1%}, "
-          f"max {verdict['max_relative_error']:.1%}")
-    print(f"optimized / 1f1b measured {verdict['optimized_over_1f1b_measured']:.3f}, "
-          f"optimized / zb-h1 measured {verdict['optimized_over_zbh1_measured']:.3f}")
+    print(f"{'schedule':12}{'predicted':>11}{'measured':>10}{'meas/pred':>11}{'in-situ':>9}{'meas/in-situ':>14}"
+          f"{'cores busy':>12}   (ms)")
+    for i, (name, schedule) in enumerate(schedules.items()):
+        guess, situ_line = timeline(schedule, costs), timeline(schedule, situ)
+        ms, cpu_ms = value["ms"][i], value["cpu_ms"][i]
+        rows.append({"schedule": name, "predicted_ms": guess.makespan, "in_situ_ms": situ_line.makespan,
+                     "measured_ms": ms, "cpu_ms": cpu_ms, "steps_ms": value["steps_ms"][i]})
+        print(f"{name:12}{guess.makespan:>11.1f}{ms:>10.1f}{ms / guess.makespan:>11.3f}{situ_line.makespan:>9.1f}"
+              f"{ms / situ_line.makespan:>14.3f}{cpu_ms / ms:>12.2f}")
+        if args.out:
+            write_timeline(out / f"timeline-{name.replace(' ', '').replace('/', '')}.json", situ_line,
+                           [rank[len(rank) // 2] for rank in traces[name]], name)
+    verdict = accuracy(rows)
+    print(costs_table(profiled, json.loads(situ.read_text())))
+    print(breakdown_table(schedules, traces))
+    verdict.update(ratios(rows))
     load_after = os.getloadavg()
     print(f"load average before {' '.join(f'{x:.2f}' for x in load_before)}, "
           f"after {' '.join(f'{x:.2f}' for x in load_after)}")
@@ -147,6 +190,92 @@ def main() -> int:
     (out / "results.json").write_text(json.dumps({"rows": rows, **verdict}, indent=2) + "\n")
     print(f"wrote {out / 'results.json'}")
     return 0
+
+
+def measure(schedules: dict, P: int, args) -> dict:
+    """Every schedule run on P gloo ranks, taking turns; rank 0's step times and every rank's traces."""
+    with tempfile.TemporaryDirectory(prefix="pipeforge-loop-gen-") as gen:
+        paths = []
+        for index, schedule in enumerate(schedules.values()):
+            folder = Path(gen) / f"s{index}"
+            folder.mkdir()
+            paths.append(str(codegen(schedule, str(folder))))
+        job = TimingJob(str(MODEL), tuple(paths), steps=args.steps, warmup=args.warmup, trace=True)
+        outcomes = spawn("pipeforge.runtime.profiling:time_schedules", P, job, timeout=300.0,
+                         deadline=60.0 + 10.0 * len(paths) * (args.steps + args.warmup) * 4)
+    failed = [o for o in outcomes if not o.ok]
+    if failed:
+        raise SystemExit("\n".join(f"rank {o.rank}: {o.error}" for o in failed))
+    ordered = sorted(outcomes, key=lambda o: o.rank)
+    return {**ordered[0].value, "traces": [o.value["traces"] for o in ordered]}
+
+
+def accuracy(rows: list[dict]) -> dict:
+    """Spearman and relative errors of both predictions, over the distinct schedules (the A/A copy left out)."""
+    rows = [r for r in rows if r["schedule"] != AA]
+    times = [r["measured_ms"] for r in rows]
+    verdict = {}
+    for key, label in (("predicted_ms", "profile"), ("in_situ_ms", "in-situ")):
+        guesses = [r[key] for r in rows]
+        errors = [abs(t - g) / t for g, t in zip(guesses, times)]
+        rho = spearman(guesses, times)
+        verdict[label] = {"spearman": rho, "mean_relative_error": statistics.mean(errors),
+                          "max_relative_error": max(errors)}
+        print(f"prediction from the {label} costs: rank correlation (Spearman) {rho:.3f}; relative error mean "
+              f"{statistics.mean(errors):.1%}, max {max(errors):.1%} ({len(rows)} schedules)")
+    return verdict
+
+
+def costs_table(profiled: dict, situ: dict) -> str:
+    lines = ["costs (ms): profiled / in the run (median of the traced steps) = ratio"]
+    for s, (a, b) in enumerate(zip(profiled["stages"], situ["stages"])):
+        parts = [f"{k} {a[k]:.2f}/{b[k]:.2f}={a[k] / b[k]:.2f}" for k in ("F", "I", "W", "B") if k in a and k in b]
+        lines.append(f"  stage {s}: " + "  ".join(parts))
+    return "\n".join(lines)
+
+
+def breakdown_table(schedules: dict, traces: dict) -> str:
+    lines = ["where a step went (ms, median over steps, per rank): compute | waits | runtime per action "
+             "(posts and work between actions) | outside the program (batch split, gradient scaling)"]
+    for name in schedules:
+        cells = []
+        for rank, steps in enumerate(traces[name]):
+            parts = [t.breakdown() for t in steps]
+            med = lambda key: statistics.median(getattr(p, key) for p in parts) * 1000.0  # noqa: E731
+            per_action = statistics.median(p.per_action for p in parts) * 1000.0
+            cells.append(f"r{rank} {med('compute'):.1f} | {med('waits'):.1f} | {per_action:.3f} x "
+                         f"{parts[0].actions} | {med('outside'):.2f}")
+        lines.append(f"  {name:12}" + "   ".join(cells))
+    return "\n".join(lines)
+
+
+def ratios(rows: list[dict]) -> dict:
+    by = {r["schedule"]: r for r in rows}
+    found = {}
+    pairs = [("optimized", "1f1b"), ("optimized", "zb-h1"), (AA, "1f1b")]
+    if "deferred-w" in by:
+        pairs += [("deferred-w", "1f1b"), ("deferred-w", "zb-h1")]
+    print("measured: median over rounds of the per-round ratio (quartiles); predicted from the profile; in-situ")
+    for a, b in pairs:
+        per_round = per_round_ratio(by[a]["steps_ms"], by[b]["steps_ms"])
+        low, high = quartiles(per_round)
+        measured = statistics.median(per_round)
+        predicted = by[a]["predicted_ms"] / by[b]["predicted_ms"]
+        situ = by[a]["in_situ_ms"] / by[b]["in_situ_ms"]
+        found[f"{a} / {b}"] = {"measured": measured, "quartiles": [low, high], "predicted": predicted,
+                               "in_situ": situ, "wins_measured": measured < 1.0, "wins_predicted": predicted < 1.0}
+        print(f"  {a + ' / ' + b:22} measured {measured:.3f} ({low:.3f}-{high:.3f})  predicted {predicted:.3f}  "
+              f"in-situ {situ:.3f}")
+    return {"ratios": found}
+
+
+def write_timeline(path: Path, simulated, measured: list[Trace], name: str) -> None:
+    """The simulated step (process 0) and one measured step (process 1) as one Chrome/Perfetto trace."""
+    from pipeforge.interop.trace import trace_events
+
+    document = {"traceEvents": trace_events(simulated) + chrome_events(measured, pid=1, name=f"measured {name}"),
+                "displayTimeUnit": "ms"}
+    path.write_text(json.dumps(document) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

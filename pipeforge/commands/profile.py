@@ -28,7 +28,8 @@ def register(subparsers) -> None:
     parser.add_argument("--stages", type=int, required=True, help="number of stages (one local process each)")
     parser.add_argument("--microbatches", type=int, help="microbatches per step (default 2 * STAGES)")
     parser.add_argument("--steps", type=int, default=3, help="measured steps (default 3)")
-    parser.add_argument("--warmup", type=int, default=1, help="steps run first and not measured (default 1)")
+    parser.add_argument("--warmup", type=int, default=3,
+                        help="steps of each schedule run first and not measured (default 3: the allocator settles)")
     parser.add_argument("--timeout", type=float, default=120.0, metavar="S",
                         help="seconds any rank may wait for a peer before failing (default 120)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",

@@ -32,6 +32,7 @@ losses are detached, every microbatch's state is released by its backward.
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -72,6 +73,9 @@ class Pipeline:
         self.data_parallel = data_parallel or DataParallel(self.rank, {})
         self.functions = dict(functions or {})
         self.activations: ActivationCount | None = None  # the last step's count (``pipeforge.runtime.memory``)
+        self.trace = False  # True: record every later step's action timings (``pipeforge.runtime.trace``)
+        self.last_trace = None  # the last traced step's ``Trace``
+        self._trace_events: list = []
 
     def register_custom_function(self, kind: Any, function: CustomFunction) -> None:
         """Run ``function(action, ctx)`` instead of the runtime's own for every action of ``kind`` (see
@@ -95,6 +99,11 @@ class Pipeline:
              shared_kwargs: Mapping[str, Any] | None = None,
              stage_kwargs: Mapping[int, Mapping[str, Any]] | None = None, **kwargs: Any) -> Any:
         """One training step over all microbatches; outputs merged on the last stage's rank."""
+        if self.trace:
+            return self._traced(self._step, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs)
+        return self._step(args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs)
+
+    def _step(self, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs) -> Any:
         if self.holds_last and any(r.loss_fn is None for r in self.runners.values() if r.is_last):
             raise PipelineUsageError(f"rank {self.rank} holds the last stage {self.info.stages - 1}: step() trains "
                                      "and needs make_pipeline(loss_fn=...); use eval() for a forward pass only")
@@ -113,15 +122,32 @@ class Pipeline:
              shared_kwargs: Mapping[str, Any] | None = None,
              stage_kwargs: Mapping[int, Mapping[str, Any]] | None = None, **kwargs: Any) -> Any:
         """Forward only, without gradients; losses filled when ``target`` and ``loss_fn`` are given."""
+        if self.trace:
+            return self._traced(self._eval, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs)
+        return self._eval(args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs)
+
+    def _eval(self, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs) -> Any:
         self._sync_replicas()
         ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=False)
         return self._results(ctx, losses, return_outputs)
 
+    def _traced(self, call, *arguments) -> Any:
+        """``call`` with its actions traced into ``last_trace`` (``pipeforge.runtime.trace``)."""
+        from pipeforge.runtime.trace import Trace, TraceEvent
+
+        self._trace_events = []
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        result = call(*arguments)
+        events = self._trace_events
+        events.append(TraceEvent("step", None, None, 0, started, time.perf_counter(), time.thread_time() - cpu_started))
+        self.last_trace = Trace(self.rank, tuple(events))
+        return result
+
     # -- inputs ----------------------------------------------------------------------
 
     def _run(self, args: tuple, kwargs: dict, target: Any, shared: Any, per_stage: Any, training: bool) -> RankContext:
-        ctx = HookedRankContext(self.info, self.rank, self.runners, self.transport, self._caches,
-                                functions=self.functions, data_parallel=self.data_parallel)
+        ctx = self._context_class()(self.info, self.rank, self.runners, self.transport, self._caches,
+                                    functions=self.functions, data_parallel=self.data_parallel)
         ctx.training = training
         if not self.holds_last and target is not None:
             raise PipelineUsageError(f"rank {self.rank} runs stages {self.stages}, not the last stage "
@@ -139,7 +165,16 @@ class Pipeline:
         ctx.finish()
         self.data_parallel.end()  # waits for every gradient reduction REDUCE_GRAD started
         self.activations = ctx.activations
+        if self.trace:
+            self._trace_events = ctx.trace_events
         return ctx
+
+    def _context_class(self) -> type[HookedRankContext]:
+        if not self.trace:
+            return HookedRankContext
+        from pipeforge.runtime.tracing import TracingRankContext
+
+        return TracingRankContext
 
     def _batch(self, args: tuple, kwargs: dict, stage0_inputs: list[dict] | None) -> list[tuple[tuple, dict]]:
         """The batch as microbatches for stage 0 (keyword inputs included)."""

@@ -262,14 +262,18 @@ class TimingJob:
     warmup: int = 2
     timeout: float = 120.0
     threads: int = 1
+    trace: bool = False  # also return every measured step's trace (``pipeforge.runtime.trace``)
 
 
 def time_schedules(rank: int, nproc: int, job: TimingJob) -> dict:
-    """The median step time (ms, the slowest rank's) of each generated module, and the median CPU time
-    of a step summed over the ranks (``cpu_ms``: with the step time, how many cores the step kept busy).
+    """The step times (ms, the slowest rank's) of each generated module, every measured step (``steps_ms``)
+    and their median (``ms``), and the median CPU time of a step summed over the ranks (``cpu_ms``: with
+    the step time, how many cores the step kept busy); with ``job.trace``, every measured step's trace of
+    this rank (``traces``).
 
-    The schedules take turns step by step (after a barrier each), so a change in
-    the machine's load falls on all of them alike.
+    The schedules take turns step by step (after a barrier each), the first of a round moving on by one
+    each round, so a change in the machine's load falls on all of them alike and none always follows
+    the same one.
     """
     import torch
     import torch.distributed as dist
@@ -277,8 +281,11 @@ def time_schedules(rank: int, nproc: int, job: TimingJob) -> dict:
     torch.set_num_threads(job.threads)
     runs = [_timed_pipeline(rank, path, job) for path in job.module_paths]
     samples: list[list[tuple[float, float]]] = [[] for _ in runs]
+    traces: list[list[dict]] = [[] for _ in runs]
     for step in range(job.warmup + job.steps):
-        for index, (pipe, modules, model, batch) in enumerate(runs):
+        for turn in range(len(runs)):
+            index = (turn + step) % len(runs)
+            pipe, modules, model, batch = runs[index]
             dist.barrier()
             started, cpu_started = time.perf_counter(), time.process_time()
             pipe.step(*(batch if pipe.holds_first else ()), target=model["target"] if pipe.holds_last else None,
@@ -292,8 +299,12 @@ def time_schedules(rank: int, nproc: int, job: TimingJob) -> dict:
                     param.grad = None
             if step >= job.warmup:
                 samples[index].append((elapsed.item(), cpu.item()))
+                if job.trace:
+                    traces[index].append(pipe.last_trace.to_json())
     return {"rank": rank, "ms": [statistics.median(w for w, _ in s) for s in samples],
-            "cpu_ms": [statistics.median(c for _, c in s) for s in samples]}
+            "cpu_ms": [statistics.median(c for _, c in s) for s in samples],
+            "steps_ms": [[w for w, _ in s] for s in samples],
+            **({"traces": traces} if job.trace else {})}
 
 
 def _timed_pipeline(rank: int, path: str, job: TimingJob):
@@ -306,5 +317,6 @@ def _timed_pipeline(rank: int, path: str, job: TimingJob):
     held = sorted({stage for stage, _ in generated.SCHEDULE.held(rank)})
     mine = {stage: copy.deepcopy(model["modules"][stage]) for stage in held}
     pipe = generated.make_pipeline(mine, loss_fn=model["loss_fn"], timeout=job.timeout)
+    pipe.trace = job.trace
     batch = model["batch"] if isinstance(model["batch"], tuple) else (model["batch"],)
     return pipe, list(mine.values()), model, batch
