@@ -304,14 +304,9 @@ def round_groups(graph: DependencyGraph, rounds: Rounds, ranks: int) -> list[dic
     executed = rounds.executed
     for send, recv, producer, consumer in graph.transfers:
         round_no = executed.get(producer)
-        if round_no is None:
-            continue
-        for rank, action in ((producer[0], send), (consumer[0], recv)):
-            posted = groups[rank]
-            if round_no in posted:
-                posted[round_no].append(action)
-            else:
-                posted[round_no] = [action]
+        if round_no is not None:
+            groups[producer[0]].setdefault(round_no, []).append(send)
+            groups[consumer[0]].setdefault(round_no, []).append(recv)
     return groups
 
 

@@ -22,6 +22,7 @@ class Op(NamedTuple):
     key: ActionKey
     peer: int | None  # None: no rank owns the peer stage
     is_send: bool
+    at: tuple[int, int]  # its group slot as (rank, slot number): the timing model's name for it
 
     @property
     def text(self) -> str:
@@ -53,11 +54,12 @@ def pair_ops(program: Program) -> Pairing:
         for slot in row:
             if not slot.group:
                 continue
-            mine = ops[(rank, slot.number)] = []
+            at = (rank, slot.number)
+            mine = ops[at] = []
             for key in slot.acts:
                 stage, kind, _, chain = key
                 peer, is_send = peer_at((stage, kind, chain)), kind in SENDS
-                op = new_op((slot, key, peer, is_send))
+                op = new_op((slot, key, peer, is_send, at))
                 mine.append(op)
                 if peer is None:
                     unmatched.append(op)

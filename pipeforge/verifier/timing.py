@@ -96,13 +96,12 @@ def model_constraints(program: Program, pairing: Pairing, semantics: str) -> lis
     found: list[Constraint] = [("gap", rank, k, j) for rank, numbers in enumerate(groups)
                                for k, j in zip(numbers, numbers[1:])]
     if semantics == "rendezvous":
-        found += [("rendezvous", (send.slot.rank, send.slot.number), (recv.slot.rank, recv.slot.number))
-                  for send, recv in pairing.matches]
+        found += [("rendezvous", send.at, recv.at) for send, recv in pairing.matches]
     else:
         found += released(found, pairing, semantics)
     for op in pairing.unmatched:
         if semantics != "buffered" or not op.is_send:
-            found.append(("unmatched", key_of(op.slot), op.text))
+            found.append(("unmatched", op.at, op.text))
     return found
 
 
@@ -113,10 +112,10 @@ def released(gaps: list[Constraint], pairing: Pairing, semantics: str) -> list[C
     for send, recv in pairing.matches:
         waiting = ((recv, send), (send, recv)) if semantics == "nccl" else ((recv, send),)
         for op, partner in waiting:  # op's group ends after partner's group is posted
-            rank, k = key_of(op.slot)
+            rank, k = op.at
             if (rank, k) in following:
                 j = following[(rank, k)]
-                found.append(("released", (rank, j), key_of(partner.slot), j - k))
+                found.append(("released", (rank, j), partner.at, j - k))
     return found
 
 
@@ -213,7 +212,7 @@ class Runner:
         raise NotImplementedError
 
     def unmatched_wait(self, slot: Slot, op: Op) -> Wait:
-        link = ("unmatched", key_of(op.slot), op.text)
+        link = ("unmatched", op.at, op.text)
         ended = op.peer is None or self.finished(op.peer)
         return Wait(slot, text_of(partner_key(op.key)), op.peer, None, (link,), ended)
 
@@ -222,7 +221,7 @@ def components(pairing: Pairing) -> dict[SlotRef, list[SlotRef]]:
     """Group slots joined by matches: each maps to the one shared list of its component's members."""
     members: dict[SlotRef, list[SlotRef]] = {}
     for send, recv in pairing.matches:
-        a, b = key_of(send.slot), key_of(recv.slot)
+        a, b = send.at, recv.at
         la, lb = members.get(a), members.get(b)
         if la is None and lb is None:
             members[a] = members[b] = [a] if a == b else [a, b]
@@ -247,7 +246,7 @@ class Rendezvous(Runner):
         super().__init__(program, pairing)
         self.members = components(pairing)
         # groups holding an op nothing will meet never fire (nor does their component)
-        self.poisoned_keys = {key_of(op.slot) for op in pairing.unmatched}
+        self.poisoned_keys = {op.at for op in pairing.unmatched}
         self.poisoned = {id(self.members[key]) for key in self.poisoned_keys if key in self.members}
         self.arrived: dict[int, int] = {}
 
@@ -285,7 +284,7 @@ class Rendezvous(Runner):
             for op, partner in self.ops(here):
                 if partner is None:
                     return list(path) + [self.unmatched_wait(here, op)]
-                there = key_of(partner.slot)
+                there = partner.at
                 link = ("rendezvous", key_of(here), there)
                 if not self.at_head(there):
                     return list(path) + [Wait(here, partner.text, partner.slot.rank, there, (link,), False)]
@@ -320,7 +319,7 @@ class Buffered(Runner):
                 continue
             if partner is None:
                 return False
-            rank, k = key_of(partner.slot)
+            rank, k = partner.at
             posted = self.posted_at[rank][k]
             if posted is None:  # the sending rank has not reached that group yet
                 self.waiting[(rank, k)].append(slot.rank)
@@ -335,7 +334,7 @@ class Buffered(Runner):
                 continue
             if partner is None:
                 return [self.unmatched_wait(slot, op)]
-            there = key_of(partner.slot)
+            there = partner.at
             if self.posted_at[there[0]][there[1]] is None:
                 link = ("buffered", key_of(slot), there)
                 return [Wait(slot, partner.text, there[0], there, (link,), False)]
