@@ -12,8 +12,9 @@ fixed rate per compute action and a multiple of how long this very process
 took to compile the same work graph (``sim.workgraph``: the same size and the
 same kind of Python work, timed under the machine's current load), plus a
 fixed start-up. On the Table 5 rows (up to 49,152 actions) the finish
-measured 5-7x the compile time and 23-25 µs per action idle; the factors
-below keep about twice that.
+measured 5-7x the compile time and 23-25 µs per action idle, and up to 65 µs
+per action with twice as many runnable processes as cores; the factors below
+keep 2-3x the idle figures (the compile time grows with the load too).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 FINISH_FIXED_S = 0.2         # start-up of the final check (z3's first model) and of the report
-FINISH_PER_ACTION_S = 40e-6  # per compute action of the result, at least (measured idle: 23-25 µs)
-FINISH_PER_COMPILE = 12.0    # times the seconds the work graph took to compile (measured: 5-7x)
+FINISH_PER_ACTION_S = 50e-6  # per compute action of the result, at least (measured idle: 23-25 µs)
+FINISH_PER_COMPILE = 16.0    # times the seconds the work graph took to compile (measured: 5-7x)
 
 T = TypeVar("T")
 

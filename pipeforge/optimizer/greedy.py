@@ -247,6 +247,10 @@ class _RoundBuilder:
         for j in range(1, self.p):
             while extra[j] > 0 and extra[j] >= extra[j - 1] and self.done[F][j] + extra[j] < self.m:
                 extra[j] -= 1
+            # The authors' loop leaves a rank that runs all m forwards more of them than the rank above
+            # has run (a link slower than the stage above it is long); those forwards' inputs do not
+            # exist yet, and the setting would build nothing: cap them at the rank above's.
+            extra[j] = min(extra[j], extra[j - 1])
         return extra
 
     def stop_warm_up(self, clock: float, back: float, j: int) -> bool:

@@ -85,6 +85,16 @@ def test_the_builder_waits_for_each_links_latency_as_the_engine_does(p, m, data,
         assert is_complete(graph, order) and evaluation.fits(limit)
 
 
+def test_a_slow_link_below_a_slow_stage_leaves_no_setting_without_an_order():
+    # The first stage's F is 3x the others' and the link below the second stage is slow: the warm-up
+    # count of the authors' loop gave the second rank all six forwards while the first had run five.
+    costs = CostModel(F=0.5, I=0.5, W=0.5, comm=0.0, per_stage=((0, "F", 1.5),), links=(0.0, 2.0))
+    found, _ = best_evaluation(problem(3, 6, None, costs))
+    assert len(found) == len(KNOB_SETTINGS)
+    for graph, order, evaluation in found:
+        assert is_complete(graph, order)
+
+
 def test_links_equal_to_comm_build_the_same_orders():
     costs = CostModel(F=18.522, I=18.086, W=9.337, comm=0.601)
     linked = CostModel(F=18.522, I=18.086, W=9.337, comm=0.601, links=(0.601,) * 7)
