@@ -113,12 +113,13 @@ def schedules_to_run(P: int, M: int, optimized: Path, out: Path) -> dict:
 
 def in_situ_costs(profiled: dict, traces: list[Trace], single_chain: list[Trace]) -> dict:
     """The profile's cost file with each F, I, W, B replaced by its median in the run's traces, and the
-    step overhead by the median time outside the program of the single-chain schedules' steps."""
+    step and dispatch overheads by their medians over the single-chain schedules' traced steps."""
     measured = compute_costs(traces)
     stages = [{**entry, **{k: round(v, 6) for k, v in measured.get(s, {}).items()}}
               for s, entry in enumerate(profiled["stages"])]
     step = round(statistics.median(t.outside() for t in single_chain) * 1000.0, 6)
-    return {**profiled, "stages": stages, "step": step}
+    dispatch = round(statistics.median(t.dispatch() for t in single_chain) * 1000.0, 6)
+    return {**profiled, "stages": stages, "step": step, "dispatch": dispatch}
 
 
 def per_round_ratio(a: list[float], b: list[float]) -> list[float]:
@@ -235,7 +236,8 @@ def costs_table(profiled: dict, situ: dict) -> str:
     for s, (a, b) in enumerate(zip(profiled["stages"], situ["stages"])):
         parts = [f"{k} {a[k]:.2f}/{b[k]:.2f}={a[k] / b[k]:.2f}" for k in ("F", "I", "W", "B") if k in a and k in b]
         lines.append(f"  stage {s}: " + "  ".join(parts))
-    lines.append(f"  step (beyond the actions) {profiled.get('step', 0):.2f}/{situ.get('step', 0):.2f}; "
+    lines.append(f"  dispatch (per action) {profiled.get('dispatch', 0):.3f}/{situ.get('dispatch', 0):.3f}; "
+                 f"step (beyond the actions) {profiled.get('step', 0):.2f}/{situ.get('step', 0):.2f}; "
                  f"links {profiled['links']}; chain_sum {profiled.get('chain_sum')}")
     return "\n".join(lines)
 

@@ -87,6 +87,7 @@ class _Meter:
         self.times: dict[str, list[float]] = {"F": [], "I": [], "W": [], "B": []}
         self.clock_name = clock
         self.outside: list[float] = []  # ms of each measured step outside its program (``Trace.outside``)
+        self.dispatch: list[float] = []  # ms per compute action of the runtime's own work (``Trace.dispatch``)
         self.saved: dict[int, dict[tuple, int]] = {}  # mb -> (address, elements) -> bytes
         self.used_by_w: dict[int, set[tuple]] = {}
         self.plan_bytes: dict[int, int] = {}
@@ -152,6 +153,9 @@ class _Meter:
     def step_overhead(self) -> float:
         return statistics.median(self.outside) if self.outside else 0.0
 
+    def dispatch_overhead(self) -> float:
+        return statistics.median(self.dispatch) if self.dispatch else 0.0
+
 
 def _nbytes(value) -> int:
     import torch
@@ -192,7 +196,7 @@ def profile_rank(rank: int, nproc: int, job: ProfileJob) -> dict:
     dist.all_gather_object(shapes, [(tuple(p.shape), str(p.dtype)) for p in module.parameters() if p.requires_grad])
     chain_sum = [_chain_sum_time(rank, s, nproc - 1 - s, shapes[s], job.chain_trials) for s in range(nproc)]
     return {"rank": rank, "stage": meter.stage_entry(), "links": links, "step": meter.step_overhead(),
-            "chain_sum": chain_sum}
+            "dispatch": meter.dispatch_overhead(), "chain_sum": chain_sum}
 
 
 def _profiled_pipeline(path: str, rank: int, module, model: dict, meter: _Meter, job: ProfileJob, memory: bool):
@@ -218,6 +222,7 @@ def _measure(pipes: list, model: dict, module, meter: _Meter, job: ProfileJob) -
             _step(pipe, model, module, batch)
             if meter.recording:
                 meter.outside.append(pipe.last_trace.outside(meter.clock_name) * 1000.0)
+                meter.dispatch.append(pipe.last_trace.dispatch(meter.clock_name) * 1000.0)
 
 
 def _step(pipe, model: dict, module, batch: tuple) -> None:
@@ -300,7 +305,8 @@ def cost_file(reports: list[dict]) -> dict:
     step = round(max(r["step"] for r in ordered), 6)
     chain_sum = [round(max(r["chain_sum"][s] for r in ordered if r["chain_sum"][s] is not None), 6)
                  for s in range(len(ordered))]
-    return cost_file_json(stages, links, units="ms", step=step, chain_sum=chain_sum)
+    dispatch = round(statistics.median(r["dispatch"] for r in ordered), 6)
+    return cost_file_json(stages, links, units="ms", step=step, chain_sum=chain_sum, dispatch=dispatch)
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,20 @@ class Trace(NamedTuple):
             return 0.0
         return step.duration - program.duration if clock == "wall" else step.cpu - program.cpu
 
+    def dispatch(self, clock: str = "wall") -> float:
+        """Seconds per compute action the rank's program spent neither computing nor waiting (posting
+        communication, handing tensors on: the runtime's own work); ``clock`` ``cpu``: by CPU time."""
+        program = next((e for e in self.events if e.kind == "program"), None)
+        compute = [e for e in self.events if e.kind in COMPUTE]
+        if program is None or not compute:
+            return 0.0
+        waits = [e for e in self.events if e.kind.startswith("RECV") or e.kind == "finish"]
+        if clock == "wall":
+            rest = program.duration - sum(e.duration for e in compute) - sum(e.duration for e in waits)
+        else:
+            rest = program.cpu - sum(e.cpu for e in compute) - sum(e.cpu for e in waits)
+        return max(rest, 0.0) / len(compute)
+
     def of_kind(self, *kinds: str) -> tuple[TraceEvent, ...]:
         return tuple(e for e in self.events if e.kind in kinds)
 

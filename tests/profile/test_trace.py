@@ -62,6 +62,8 @@ def test_events_are_sane_and_ranks_share_one_clock(traced):
                 (program,) = trace.of_kind("program")
                 assert whole.start <= program.start and program.end <= whole.end
                 assert trace.outside() == pytest.approx(whole.duration - program.duration)
+                assert 0 <= trace.dispatch() <= program.duration / len(trace.of_kind(*COMPUTE))
+                assert trace.dispatch("cpu") >= 0
                 for event in trace.events:
                     assert event.start <= event.end and event.cpu >= 0
                     assert whole.start <= event.start and event.end <= whole.end

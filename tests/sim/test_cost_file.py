@@ -47,6 +47,7 @@ def test_file_gives_durations_links_and_memory_per_stage():
     (lambda d: d.__setitem__("stages", []), "$.stages"),
     (lambda d: d["stages"][0].__setitem__("weight_grad", 500), "$.stages[0].weight_grad"),
     (lambda d: d.__setitem__("step", -1), "$.step"),
+    (lambda d: d.__setitem__("dispatch", "slow"), "$.dispatch"),
     (lambda d: d.__setitem__("chain_sum", [1, 2, 3, 4, 5]), "$.chain_sum"),
     (lambda d: d.__setitem__("chain_sum", [1, None]), "$.chain_sum[1]"),
 ])
@@ -81,6 +82,13 @@ def test_simulate_uses_per_stage_durations(tmp_path, capsys):
     uniform = json.loads(capsys.readouterr().out)
     assert heavy["makespan"] > uniform["makespan"]
     assert [r["busy"] for r in heavy["ranks"]] == [8 * 8.0, 8 * 3.0, 8 * 3.0, 8 * 8.0]
+
+
+def test_dispatch_is_added_to_every_compute_action():
+    costs = cost_file_from_json({**HEAVY_ENDS, "dispatch": 0.25}).costs
+    assert [costs.duration(ActionKind.F, s) for s in range(4)] == [3.25, 1.25, 1.25, 3.25]
+    assert [costs.duration(ActionKind.W, s) for s in range(4)] == [2.25, 1.25, 1.25, 2.25]
+    assert costs.duration(ActionKind.B, 0) == 5.5  # I + W (3 + 2) with the dispatch of each: two actions
 
 
 def test_step_overhead_is_added_to_the_step_time_not_the_makespan(tmp_path, capsys):
