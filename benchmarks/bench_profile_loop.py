@@ -111,12 +111,15 @@ def schedules_to_run(P: int, M: int, optimized: Path, out: Path) -> dict:
     return found
 
 
-def in_situ_costs(profiled: dict, traces: list[Trace]) -> dict:
-    """The profile's cost file with each F, I, W, B replaced by its median in the run's traces."""
+def in_situ_costs(profiled: dict, traces: list[Trace], single_chain: list[Trace]) -> dict:
+    """The profile's cost file with each F, I, W, B replaced by its median in the run's traces, and the
+    step and dispatch overheads by their medians over the single-chain schedules' traced steps."""
     measured = compute_costs(traces)
     stages = [{**entry, **{k: round(v, 6) for k, v in measured.get(s, {}).items()}}
               for s, entry in enumerate(profiled["stages"])]
-    return {**profiled, "stages": stages}
+    step = round(statistics.median(t.outside() for t in single_chain) * 1000.0, 6)
+    dispatch = round(statistics.median(t.dispatch() for t in single_chain) * 1000.0, 6)
+    return {**profiled, "stages": stages, "step": step, "dispatch": dispatch}
 
 
 def per_round_ratio(a: list[float], b: list[float]) -> list[float]:
@@ -163,7 +166,8 @@ def main() -> int:
     all_traces = [t for name in names_ for rank in traces[name] for t in rank]
     profiled = json.loads(costs.read_text())
     situ = out / "costs-in-situ.json"
-    situ.write_text(json.dumps(in_situ_costs(profiled, all_traces), indent=2) + "\n")
+    single = [t for name in names_ if schedules[name].chains == 1 for rank in traces[name] for t in rank]
+    situ.write_text(json.dumps(in_situ_costs(profiled, all_traces, single), indent=2) + "\n")
 
     rows = []
     print(f"{'schedule':12}{'predicted':>11}{'measured':>10}{'meas/pred':>11}{'in-situ':>9}{'meas/in-situ':>14}"
@@ -171,10 +175,11 @@ def main() -> int:
     for i, (name, schedule) in enumerate(schedules.items()):
         guess, situ_line = timeline(schedule, costs), timeline(schedule, situ)
         ms, cpu_ms = value["ms"][i], value["cpu_ms"][i]
-        rows.append({"schedule": name, "predicted_ms": guess.makespan, "in_situ_ms": situ_line.makespan,
-                     "measured_ms": ms, "cpu_ms": cpu_ms, "steps_ms": value["steps_ms"][i]})
-        print(f"{name:12}{guess.makespan:>11.1f}{ms:>10.1f}{ms / guess.makespan:>11.3f}{situ_line.makespan:>9.1f}"
-              f"{ms / situ_line.makespan:>14.3f}{cpu_ms / ms:>12.2f}")
+        rows.append({"schedule": name, "predicted_ms": guess.step_time, "in_situ_ms": situ_line.step_time,
+                     "makespan_ms": guess.makespan, "measured_ms": ms, "cpu_ms": cpu_ms,
+                     "steps_ms": value["steps_ms"][i]})
+        print(f"{name:12}{guess.step_time:>11.1f}{ms:>10.1f}{ms / guess.step_time:>11.3f}{situ_line.step_time:>9.1f}"
+              f"{ms / situ_line.step_time:>14.3f}{cpu_ms / ms:>12.2f}")
         if args.out:
             write_timeline(out / f"timeline-{name.replace(' ', '').replace('/', '')}.json", situ_line,
                            [rank[len(rank) // 2] for rank in traces[name]], name)
@@ -231,6 +236,9 @@ def costs_table(profiled: dict, situ: dict) -> str:
     for s, (a, b) in enumerate(zip(profiled["stages"], situ["stages"])):
         parts = [f"{k} {a[k]:.2f}/{b[k]:.2f}={a[k] / b[k]:.2f}" for k in ("F", "I", "W", "B") if k in a and k in b]
         lines.append(f"  stage {s}: " + "  ".join(parts))
+    lines.append(f"  dispatch (per action) {profiled.get('dispatch', 0):.3f}/{situ.get('dispatch', 0):.3f}; "
+                 f"step (beyond the actions) {profiled.get('step', 0):.2f}/{situ.get('step', 0):.2f}; "
+                 f"links {profiled['links']}; chain_sum {profiled.get('chain_sum')}")
     return "\n".join(lines)
 
 

@@ -277,6 +277,33 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class StepOverhead:
+    """What a training step costs beyond its schedule's actions (a cost file's ``step`` and
+    ``chain_sum``): ``step``, the runtime's own work once a step (splitting the batch, scaling the
+    gradients); ``chain_sum[s]``, summing stage s's gradients between its two replicas on two ranks,
+    which a bidirectional schedule does after its actions (0 past the end). Simulated step time =
+    makespan + ``of(schedule)``."""
+
+    step: float = 0.0
+    chain_sum: tuple[float, ...] = ()
+
+    def of(self, schedule: "Schedule") -> float:
+        """``step``, plus for a bidirectional schedule the most any rank spends summing its stages'
+        gradients across the two chains."""
+        if schedule.chains < 2 or not self.chain_sum:
+            return self.step
+        summing = [sum(self.chain_sum[stage] for chain in range(schedule.chains)
+                       for stage in schedule.stages_on(rank, chain)
+                       if stage < len(self.chain_sum) and schedule.rank_of(stage, 1 - chain) != rank)
+                   for rank in range(schedule.ranks)]
+        return self.step + max(summing, default=0.0)
+
+    @property
+    def given(self) -> bool:
+        return self.step > 0 or any(self.chain_sum)
+
+
+@dataclass(frozen=True)
 class CostModel:
     """Durations of compute actions and the latency of a cross-rank edge.
 
@@ -296,6 +323,7 @@ class CostModel:
     comm: float = 0.0
     per_stage: tuple[tuple[int, str, float], ...] = ()
     links: tuple[float, ...] = ()
+    overhead: StepOverhead = StepOverhead()  # beyond the actions, once a step (not a duration: no --cost flag)
 
     def latency(self, from_stage: int, to_stage: int) -> float:
         """The latency of a transfer from ``from_stage`` to ``to_stage`` across ranks."""
@@ -442,7 +470,7 @@ class Schedule:
 def cost_fields() -> tuple[str, ...]:
     """The names ``--cost`` and a ``costs { }`` block accept: ``CostModel``'s number fields, in order
     (F, I, W, B, comm: not the per-stage tables ``per_stage`` and ``links``)."""
-    return tuple(f.name for f in fields(CostModel) if not isinstance(f.default, tuple))
+    return tuple(f.name for f in fields(CostModel) if not isinstance(f.default, (tuple, StepOverhead)))
 
 
 def replace_programs(schedule: Schedule, programs: tuple[tuple[Step, ...], ...]) -> Schedule:

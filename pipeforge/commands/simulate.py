@@ -97,6 +97,9 @@ def summary(timeline) -> str:
         "peak memory  " + "  ".join(f"r{r}: {peak:g}" for r, peak in enumerate(timeline.peak_memory))
         + _limit_text(timeline),
     ]
+    if timeline.costs.overhead.given:
+        lines.append(f"step time    {timeline.step_time:<10g} the makespan and {timeline.step_time - timeline.makespan:g} "
+                     "a step costs beyond its actions (the cost file's step and chain_sum)")
     return "\n".join(lines)
 
 

@@ -160,6 +160,8 @@ class Pipeline:
         self.data_parallel.begin(training)
         for runner in self.runners.values():
             runner.reset()
+        if self.trace:
+            ctx.begin_program()
         with torch.set_grad_enabled(training):
             self._program(ctx)
         ctx.finish()

@@ -41,6 +41,7 @@ class ProfileJob:
     warmup: int = 1
     timeout: float = 60.0
     link_trials: int = 20
+    chain_trials: int = 5  # exchanges of a stage's gradients (the whole stage: fewer than link trials)
     threads: int = 1  # torch threads per rank: one, so ranks do not fight over cores
     clock: str = "wall"  # "cpu": each action's CPU time on its thread (CLOCKS)
 
@@ -84,6 +85,9 @@ class _Meter:
         self.clock = CLOCKS[clock]
         self.params = {p.untyped_storage().data_ptr() for p in params}
         self.times: dict[str, list[float]] = {"F": [], "I": [], "W": [], "B": []}
+        self.clock_name = clock
+        self.outside: list[float] = []  # ms of each measured step outside its program (``Trace.outside``)
+        self.dispatch: list[float] = []  # ms per compute action of the runtime's own work (``Trace.dispatch``)
         self.saved: dict[int, dict[tuple, int]] = {}  # mb -> (address, elements) -> bytes
         self.used_by_w: dict[int, set[tuple]] = {}
         self.plan_bytes: dict[int, int] = {}
@@ -146,6 +150,12 @@ class _Meter:
         entry = {kind: statistics.median(self.times[kind]) for kind in ("F", "I", "W", "B") if self.times[kind]}
         return {**entry, "activation": float(activation), "weight_grad": float(weight_grad)}
 
+    def step_overhead(self) -> float:
+        return statistics.median(self.outside) if self.outside else 0.0
+
+    def dispatch_overhead(self) -> float:
+        return statistics.median(self.dispatch) if self.dispatch else 0.0
+
 
 def _nbytes(value) -> int:
     import torch
@@ -182,7 +192,11 @@ def profile_rank(rank: int, nproc: int, job: ProfileJob) -> dict:
     sizes = [None] * nproc
     dist.all_gather_object(sizes, meter.output_bytes)
     links = [_link_time(rank, s, sizes[s], job.link_trials) for s in range(nproc - 1)]
-    return {"rank": rank, "stage": meter.stage_entry(), "links": links}
+    shapes = [None] * nproc
+    dist.all_gather_object(shapes, [(tuple(p.shape), str(p.dtype)) for p in module.parameters() if p.requires_grad])
+    chain_sum = [_chain_sum_time(rank, s, nproc - 1 - s, shapes[s], job.chain_trials) for s in range(nproc)]
+    return {"rank": rank, "stage": meter.stage_entry(), "links": links, "step": meter.step_overhead(),
+            "dispatch": meter.dispatch_overhead(), "chain_sum": chain_sum}
 
 
 def _profiled_pipeline(path: str, rank: int, module, model: dict, meter: _Meter, job: ProfileJob, memory: bool):
@@ -204,7 +218,11 @@ def _measure(pipes: list, model: dict, module, meter: _Meter, job: ProfileJob) -
     for step in range(job.warmup + job.steps):
         meter.recording = step >= job.warmup
         for pipe, _ in pipes:
+            pipe.trace = meter.recording
             _step(pipe, model, module, batch)
+            if meter.recording:
+                meter.outside.append(pipe.last_trace.outside(meter.clock_name) * 1000.0)
+                meter.dispatch.append(pipe.last_trace.dispatch(meter.clock_name) * 1000.0)
 
 
 def _step(pipe, model: dict, module, batch: tuple) -> None:
@@ -237,6 +255,41 @@ def _link_time(rank: int, link: int, nbytes: int, trials: int) -> float | None:
     return statistics.median(trips[1:])
 
 
+def _chain_sum_time(rank: int, first: int, second: int, shapes: list[tuple], trials: int) -> float | None:
+    """What a bidirectional schedule does once a step for one stage whose replicas are on ranks ``first``
+    and ``second`` (``Pipeline._reduce_chains``): flatten its gradients, exchange them, add the other's
+    in; the median over ``trials`` (ms, wall), on those two ranks (None elsewhere). One rank holding
+    both replicas adds them in place."""
+    import torch
+    import torch.distributed as dist
+
+    from pipeforge.runtime.gradients import add_flat, flat_grads
+
+    dist.barrier()
+    if rank not in (first, second):
+        return None
+    params = [torch.nn.Parameter(torch.zeros(shape, dtype=getattr(torch, dtype.removeprefix("torch."))))
+              for shape, dtype in shapes]  # the stage's parameters' shapes (the stage's module is on one rank)
+    times = []
+    for _ in range(trials + 1):
+        for param in params:
+            param.grad = torch.ones_like(param)
+        started = time.perf_counter()
+        if first == second:
+            for param in params:
+                param.grad = param.grad + param.grad
+        else:
+            flat = flat_grads(params)
+            incoming = torch.empty_like(flat)
+            peer = second if rank == first else first
+            works = [dist.isend(flat, peer), dist.irecv(incoming, peer)]
+            for work in works:
+                work.wait()
+            add_flat(params, incoming)
+        times.append((time.perf_counter() - started) * 1000.0)
+    return statistics.median(times[1:])
+
+
 def profile_job(rank: int, nproc: int, job: ProfileJob) -> dict:
     """The worker ``spawn`` runs (``pipeforge.runtime.profiling:profile_job``)."""
     return profile_rank(rank, nproc, job)
@@ -249,7 +302,11 @@ def cost_file(reports: list[dict]) -> dict:
     ordered = sorted(reports, key=lambda r: r["rank"])
     stages = [{k: round(v, 6) for k, v in r["stage"].items()} for r in ordered]
     links = [round(ordered[s]["links"][s], 6) for s in range(len(ordered) - 1)]
-    return cost_file_json(stages, links, units="ms")
+    step = round(max(r["step"] for r in ordered), 6)
+    chain_sum = [round(max(r["chain_sum"][s] for r in ordered if r["chain_sum"][s] is not None), 6)
+                 for s in range(len(ordered))]
+    dispatch = round(statistics.median(r["dispatch"] for r in ordered), 6)
+    return cost_file_json(stages, links, units="ms", step=step, chain_sum=chain_sum, dispatch=dispatch)
 
 
 @dataclass(frozen=True)

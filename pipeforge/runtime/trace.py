@@ -10,6 +10,7 @@ record, on this rank, one ``TraceEvent`` per thing it did:
 - ``post``: posting one communication group (``label`` names it, as the schedule
   writes it): the CPU the rank spends handing sends and receives to the backend;
 - ``finish``: the wait for every send at the end of the program;
+- ``program``: the rank's program, from its first action to the end of ``finish``;
 - ``step``: the whole call, from entry to return (splitting the batch, the
   program, summing and scaling gradients).
 
@@ -30,7 +31,7 @@ COMPUTE = ("F", "B", "I", "W")
 
 
 class TraceEvent(NamedTuple):
-    kind: str  # F, B, I, W, RECV_F, RECV_B, post, finish, step
+    kind: str  # F, B, I, W, RECV_F, RECV_B, post, finish, program, step
     stage: int | None
     microbatch: int | None
     chain: int
@@ -62,6 +63,29 @@ class Trace(NamedTuple):
     def end(self) -> float:
         return max(e.end for e in self.events)
 
+    def outside(self, clock: str = "wall") -> float:
+        """Seconds of the step outside its program (splitting the batch, scaling the gradients; ``clock``
+        ``cpu``: the calling thread's CPU time of it), 0 without ``step`` and ``program`` events."""
+        step = next((e for e in self.events if e.kind == "step"), None)
+        program = next((e for e in self.events if e.kind == "program"), None)
+        if step is None or program is None:
+            return 0.0
+        return step.duration - program.duration if clock == "wall" else step.cpu - program.cpu
+
+    def dispatch(self, clock: str = "wall") -> float:
+        """Seconds per compute action the rank's program spent neither computing nor waiting (posting
+        communication, handing tensors on: the runtime's own work); ``clock`` ``cpu``: by CPU time."""
+        program = next((e for e in self.events if e.kind == "program"), None)
+        compute = [e for e in self.events if e.kind in COMPUTE]
+        if program is None or not compute:
+            return 0.0
+        waits = [e for e in self.events if e.kind.startswith("RECV") or e.kind == "finish"]
+        if clock == "wall":
+            rest = program.duration - sum(e.duration for e in compute) - sum(e.duration for e in waits)
+        else:
+            rest = program.cpu - sum(e.cpu for e in compute) - sum(e.cpu for e in waits)
+        return max(rest, 0.0) / len(compute)
+
     def of_kind(self, *kinds: str) -> tuple[TraceEvent, ...]:
         return tuple(e for e in self.events if e.kind in kinds)
 
@@ -74,13 +98,14 @@ class Trace(NamedTuple):
 
     def breakdown(self) -> StepBreakdown:
         """Where this rank's step went (seconds)."""
-        inside = [e for e in self.events if e.kind != "step"]
+        inside = [e for e in self.events if e.kind not in ("step", "program")]
         step = next((e for e in self.events if e.kind == "step"), None)
+        whole = next((e for e in self.events if e.kind == "program"), None)
         first = min((e.start for e in inside), default=0.0)
         last = max((e.end for e in inside), default=0.0)
         compute = [e for e in inside if e.kind in COMPUTE]
-        total = step.duration if step is not None else last - first
-        program = last - first
+        program = whole.duration if whole is not None else last - first
+        total = step.duration if step is not None else program
         busy = sum(e.duration for e in compute)
         waits = sum(e.duration for e in inside if e.kind.startswith("RECV") or e.kind == "finish")
         posts = sum(e.duration for e in inside if e.kind == "post")
@@ -131,7 +156,7 @@ def chrome_events(traces: Iterable[Trace], pid: int = 0, name: str = "measured")
         events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": trace.rank,
                        "args": {"name": f"rank {trace.rank}"}})
         for event in trace.events:
-            if event.kind == "step":
+            if event.kind in ("step", "program"):
                 continue
             label = event.label or f"{event.stage}{event.kind}{event.microbatch}"
             events.append({"name": label, "cat": event.kind, "ph": "X", "pid": pid, "tid": trace.rank,

@@ -16,6 +16,7 @@ class TracingRankContext(HookedRankContext):
         super().__init__(*args, **kwargs)
         self.trace_events: list[TraceEvent] = []
         self._began: tuple[float, float] | None = None  # the running compute's start (wall, cpu)
+        self._program_began: tuple[float, float] | None = None
 
     def _compute(self, kind: str, stage: int, mb: int, chain: int) -> None:
         outer = self._began
@@ -45,8 +46,15 @@ class TracingRankContext(HookedRankContext):
         self.trace_events.append(TraceEvent("post", None, None, 0, started, time.perf_counter(),
                                             time.thread_time() - cpu_started, label))
 
+    def begin_program(self) -> None:
+        """The rank's program starts now (its end is ``finish``'s): the ``program`` event."""
+        self._program_began = (time.perf_counter(), time.thread_time())
+
     def finish(self) -> None:
         started, cpu_started = time.perf_counter(), time.thread_time()
         super().finish()
-        self.trace_events.append(TraceEvent("finish", None, None, 0, started, time.perf_counter(),
-                                            time.thread_time() - cpu_started))
+        ended, cpu_ended = time.perf_counter(), time.thread_time()
+        self.trace_events.append(TraceEvent("finish", None, None, 0, started, ended, cpu_ended - cpu_started))
+        began = self._program_began
+        if began is not None:
+            self.trace_events.append(TraceEvent("program", None, None, 0, began[0], ended, cpu_ended - began[1]))

@@ -11,8 +11,15 @@ The schema (JSON, one object)::
         ...
       ],
       "links": [0.05, 0.05, ...],          # latency of a transfer between stage s and s + 1 (optional)
-      "comm": 0.0                          # latency of any other transfer (optional, default 0)
-    }
+      "comm": 0.0,                         # latency of any other transfer (optional, default 0)
+      "dispatch": 0.1,                     # the runtime's own work per compute action, added to each (optional)
+      "step": 1.5,                         # the runtime's work once a step, beyond the actions (optional)
+      "chain_sum": [40.0, 41.0, ...]       # per stage: summing its gradients across the two chains of a
+    }                                      #   bidirectional schedule, once a step (optional)
+
+``step`` and ``chain_sum`` are added to the simulated makespan to give the step
+time (``ir.StepOverhead``); they never change which order is faster among
+schedules of one placement.
 
 Memory is counted in M_B, the largest stage's ``activation``: stage s adds
 ``activation[s] / M_B`` per F, so a memory limit of ``p`` always admits 1F1B.
@@ -31,10 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeforge.errors import UsageError
-from pipeforge.ir import CostModel, MemorySpec
+from pipeforge.ir import CostModel, MemorySpec, StepOverhead
 
 _STAGE_KEYS = ("F", "I", "W", "B", "activation", "weight_grad")
-_TOP_KEYS = ("units", "stages", "links", "comm")
+_TOP_KEYS = ("units", "stages", "links", "comm", "dispatch", "step", "chain_sum")
 
 
 @dataclass(frozen=True)
@@ -97,10 +104,14 @@ def cost_file_from_json(data: object, name: str = "<costs>") -> StageCosts:
     units = data.get("units")
     if units is not None and not isinstance(units, str):
         raise CostFileError(name, "$.units", "expected a string such as \"ms\"")
-    per_stage = tuple((s, kind, entry[kind]) for s, entry in enumerate(entries)
+    dispatch = _number(data.get("dispatch", 0.0), "$.dispatch", name, positive=False)
+    per_stage = tuple((s, kind, entry[kind] + dispatch) for s, entry in enumerate(entries)
                       for kind in ("F", "I", "W", "B") if kind in entry)
     first = entries[0]
-    costs = CostModel(F=first["F"], I=first["I"], W=first["W"], comm=comm, per_stage=per_stage, links=links)
+    overhead = StepOverhead(_number(data.get("step", 0.0), "$.step", name, positive=False),
+                            _chain_sum(data.get("chain_sum", []), len(stages), name))
+    costs = CostModel(F=first["F"] + dispatch, I=first["I"] + dispatch, W=first["W"] + dispatch, comm=comm,
+                      per_stage=per_stage, links=links, overhead=overhead)
     activation, weight_grad, unit = _memory(entries, name)
     return StageCosts(costs, activation, weight_grad, units, unit)
 
@@ -138,6 +149,13 @@ def _links(links: object, stages: int, name: str) -> tuple[float, ...]:
     return tuple(_number(value, f"$.links[{i}]", name, positive=False) for i, value in enumerate(links))
 
 
+def _chain_sum(values: object, stages: int, name: str) -> tuple[float, ...]:
+    if not isinstance(values, list) or len(values) > stages:
+        raise CostFileError(name, "$.chain_sum", f"expected a list of at most {stages} numbers, one per stage: the "
+                            "time to sum the stage's gradients across the two chains of a bidirectional schedule")
+    return tuple(_number(value, f"$.chain_sum[{i}]", name, positive=False) for i, value in enumerate(values))
+
+
 def _memory(entries: list[dict[str, float]], name: str):
     given = [("activation" in e) for e in entries]
     if any(given) and not all(given):
@@ -160,9 +178,18 @@ def _memory(entries: list[dict[str, float]], name: str):
     return activation, weight_grad, unit
 
 
-def cost_file_json(stage_times: list[dict[str, float]], links: list[float], units: str = "ms") -> dict:
+def cost_file_json(stage_times: list[dict[str, float]], links: list[float], units: str = "ms",
+                   step: float | None = None, chain_sum: list[float] | None = None,
+                   dispatch: float | None = None) -> dict:
     """A cost file's JSON object from measured values (what ``pipeforge profile`` writes)."""
-    return {"units": units, "stages": stage_times, "links": links}
+    data = {"units": units, "stages": stage_times, "links": links}
+    if dispatch is not None:
+        data["dispatch"] = dispatch
+    if step is not None:
+        data["step"] = step
+    if chain_sum is not None:
+        data["chain_sum"] = chain_sum
+    return data
 
 
 def with_cost_file(schedule, path: str | Path | None):

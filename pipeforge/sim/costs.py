@@ -77,8 +77,11 @@ def duration_table(costs: CostModel, stages: int) -> dict[tuple[ActionKind, int]
 
 
 def costs_to_json(costs: CostModel) -> dict:
-    out = {f.name: getattr(costs, f.name) for f in fields(costs) if f.name not in ("per_stage", "links")}
+    out = {f.name: getattr(costs, f.name) for f in fields(costs) if f.name not in ("per_stage", "links", "overhead")}
     out["B"] = costs.B if costs.B is not None else costs.I + costs.W
+    if costs.overhead.given:
+        out["step"] = costs.overhead.step
+        out["chain_sum"] = list(costs.overhead.chain_sum)
     if costs.per_stage:
         out["per_stage"] = [list(entry) for entry in costs.per_stage]
     if costs.links:

@@ -154,6 +154,12 @@ class Timeline:
         return max((s.end for s in self.rank_stats if s.actions), default=0.0)
 
     @property
+    def step_time(self) -> float:
+        """A training step: the makespan plus what the costs say a step costs beyond its actions
+        (``CostModel.overhead``: the runtime's own work, a bidirectional schedule's gradient sum)."""
+        return self.makespan + self.costs.overhead.of(self.schedule)
+
+    @property
     def bubble_rate(self) -> float:
         """The Zero Bubble paper's: ``1 - mean(busy) / max(span)`` over ranks."""
         return bubble_rate_of([s.busy for s in self.rank_stats], [s.span for s in self.rank_stats])
@@ -196,6 +202,7 @@ class Timeline:
         return {
             "schedule": self.name,
             "makespan": self.makespan,
+            "step_time": self.step_time,
             "bubble_rate": self.bubble_rate,
             "peak_memory": list(self.peak_memory),
             "lower_bound": self.lower_bound,

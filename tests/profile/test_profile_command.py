@@ -27,7 +27,9 @@ def test_profile_writes_a_cost_file_that_simulate_reads(tmp_path, capsys, clock)
     assert data["stages"][0]["activation"] == 16 * 256 * 4 + 16 * 64 * 4
     # W reads the Linear's input again (and what I recorded for it)
     assert data["stages"][0]["weight_grad"] >= 16 * 256 * 4
+    assert data["step"] >= 0 and data["dispatch"] >= 0 and len(data["chain_sum"]) == 2 and all(t > 0 for t in data["chain_sum"])
     found = read_cost_file(out)
+    assert found.costs.overhead.step == data["step"]
     assert found.activation[0] == 1.0 and found.costs.links[0] == data["links"][0]
     assert main(["simulate", "1f1b", "-D", "P=2", "--costs", str(out), "--json"]) == 0
 

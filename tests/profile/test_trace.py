@@ -59,6 +59,11 @@ def test_events_are_sane_and_ranks_share_one_clock(traced):
             ranks = [traces[name][rank][step] for rank in range(2)]
             for trace in ranks:
                 (whole,) = trace.of_kind("step")
+                (program,) = trace.of_kind("program")
+                assert whole.start <= program.start and program.end <= whole.end
+                assert trace.outside() == pytest.approx(whole.duration - program.duration)
+                assert 0 <= trace.dispatch() <= program.duration / len(trace.of_kind(*COMPUTE))
+                assert trace.dispatch("cpu") >= 0
                 for event in trace.events:
                     assert event.start <= event.end and event.cpu >= 0
                     assert whole.start <= event.start and event.end <= whole.end
@@ -71,6 +76,8 @@ def test_events_are_sane_and_ranks_share_one_clock(traced):
                 assert parts.step == pytest.approx(parts.outside + parts.compute + parts.waits + parts.posts
                                                    + parts.between)
                 assert parts.compute > 0 and parts.outside >= 0 and parts.between >= -1e-6
+                assert all(program.start <= e.start and e.end <= program.end for e in trace.events
+                           if e.kind not in ("step", "program"))
             # a stage-1 forward starts only after stage 0's forward of the same microbatch ended on rank 0
             first = {e.microbatch: e for e in ranks[0].of_kind("F")}
             for event in ranks[1].of_kind("F"):

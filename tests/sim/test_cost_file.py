@@ -46,6 +46,10 @@ def test_file_gives_durations_links_and_memory_per_stage():
     (lambda d: d["links"].__setitem__(1, "fast"), "$.links[1]"),
     (lambda d: d.__setitem__("stages", []), "$.stages"),
     (lambda d: d["stages"][0].__setitem__("weight_grad", 500), "$.stages[0].weight_grad"),
+    (lambda d: d.__setitem__("step", -1), "$.step"),
+    (lambda d: d.__setitem__("dispatch", "slow"), "$.dispatch"),
+    (lambda d: d.__setitem__("chain_sum", [1, 2, 3, 4, 5]), "$.chain_sum"),
+    (lambda d: d.__setitem__("chain_sum", [1, None]), "$.chain_sum[1]"),
 ])
 def test_bad_values_are_named_by_json_path(change, where):
     data = json.loads(json.dumps(HEAVY_ENDS))
@@ -78,6 +82,33 @@ def test_simulate_uses_per_stage_durations(tmp_path, capsys):
     uniform = json.loads(capsys.readouterr().out)
     assert heavy["makespan"] > uniform["makespan"]
     assert [r["busy"] for r in heavy["ranks"]] == [8 * 8.0, 8 * 3.0, 8 * 3.0, 8 * 8.0]
+
+
+def test_dispatch_is_added_to_every_compute_action():
+    costs = cost_file_from_json({**HEAVY_ENDS, "dispatch": 0.25}).costs
+    assert [costs.duration(ActionKind.F, s) for s in range(4)] == [3.25, 1.25, 1.25, 3.25]
+    assert [costs.duration(ActionKind.W, s) for s in range(4)] == [2.25, 1.25, 1.25, 2.25]
+    assert costs.duration(ActionKind.B, 0) == 5.5  # I + W (3 + 2) with the dispatch of each: two actions
+
+
+def test_step_overhead_is_added_to_the_step_time_not_the_makespan(tmp_path, capsys):
+    data = {**HEAVY_ENDS, "step": 1.5, "chain_sum": [10.0, 20.0, 30.0, 40.0]}
+    found = cost_file_from_json(data)
+    assert found.costs.overhead.step == 1.5 and found.costs.overhead.chain_sum == (10.0, 20.0, 30.0, 40.0)
+    plain = simulate(with_cost_file(library_schedule("1f1b"), _write(tmp_path, HEAVY_ENDS)))
+    loop = simulate(with_cost_file(library_schedule("1f1b"), _write(tmp_path, data)))
+    assert loop.makespan == plain.makespan and loop.step_time == plain.makespan + 1.5  # one chain: no sum
+    # Chimera, 4 ranks: rank r holds stage r (chain 0) and stage 3 - r (chain 1), the other replicas elsewhere
+    chimera = simulate(with_cost_file(library_schedule("chimera", {"P": 4}), _write(tmp_path, data)))
+    assert chimera.step_time == pytest.approx(chimera.makespan + 1.5 + 50.0)
+    assert main(["simulate", "chimera", "-D", "P=4", "--costs", _write(tmp_path, data), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["step_time"] == pytest.approx(shown["makespan"] + 51.5)
+    assert shown["costs"]["step"] == 1.5 and shown["costs"]["chain_sum"] == [10.0, 20.0, 30.0, 40.0]
+    assert main(["simulate", "chimera", "-D", "P=4", "--costs", _write(tmp_path, data)]) == 0
+    assert "step time" in capsys.readouterr().out
+    assert main(["simulate", "chimera", "-D", "P=4", "--costs", _write(tmp_path, HEAVY_ENDS)]) == 0
+    assert "step time" not in capsys.readouterr().out
 
 
 def test_with_cost_file_sets_memory_per_stage(tmp_path):
