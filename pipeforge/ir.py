@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from functools import partial
+from operator import itemgetter
 from typing import NamedTuple
 
 from pipeforge.errors import Span
@@ -175,7 +176,7 @@ class Step:
         # the frozen dataclass's three object.__setattr__ calls in one update: a step is made per CSV
         # cell and per lowered group of 10^5-step schedules
         self.__dict__.update(actions=actions, overlap=overlap, span=span)
-        if overlap or (len(actions) != 1 and not {action[1] for action in actions} <= COMM_KINDS):
+        if overlap or (len(actions) != 1 and not _all_comm(map(_kind_of, actions))):
             self._check()  # one action, or a communication group, is always a step
 
     def _check(self) -> None:
@@ -211,6 +212,9 @@ class Step:
     def __repr__(self) -> str:
         return f"Step({self})"
 
+
+_kind_of = itemgetter(1)  # an action's kind; with _all_comm, Step's common case is checked by C calls
+_all_comm = COMM_KINDS.issuperset
 
 IDLE = Step()
 

@@ -19,7 +19,9 @@ The rules, per kind (each table below has one entry per ``ActionKind``, and
   after ``I(s,m)``; ``sSEND_Fm`` after ``F(s,m)``; ``sSEND_Bm`` after
   ``B/I(s,m)``. An edge between two stages may cross ranks (depending on the
   placement); it is then carried by a send on the producer's rank and a
-  receive on the consumer's (the ``send`` and ``recv`` of a ``Need``);
+  receive on the consumer's (the ``send`` and ``recv`` of a ``Need``). Every need
+  is of the action's own microbatch and chain (``verify``'s order check relies
+  on it, and says so if a rule ever breaks it);
 - **output** (``OUTPUTS``): where a compute action's result goes and, across
   ranks, which send and receive carry it;
 - **memory** (``MEMORY``, ``PARAMETER_MEMORY``): F holds one M_B more; I

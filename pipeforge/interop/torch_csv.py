@@ -18,8 +18,6 @@ chains either, so a bidirectional schedule cannot be exported.
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 import re
 from functools import partial
@@ -300,6 +298,9 @@ def to_csv_text(schedule: Schedule, format: str = "compute_only") -> str:
 
         schedule = lower(schedule)
     keep_stage_only = format == "compute_comms" or not has_communication(schedule)
+    import csv  # here: reading (verify's start-up) needs neither
+    import io
+
     out = io.StringIO()
     writer = csv.writer(out)
     for program in schedule.programs:

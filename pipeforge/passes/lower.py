@@ -273,6 +273,7 @@ def emit_rounds(writer: ProgramWriter, schedule: Schedule, graph: DependencyGrap
         steps, served, posted = writer.steps[rank], writer.served[rank], groups[rank]
         done = 0
         by_round = dict(rounds.order[rank])
+        reduce_here = {index for on, index in reduce_after if on == rank}
         for round_no in sorted(posted.keys() | by_round.keys()):
             index = by_round.get(round_no)
             if index is not None:
@@ -286,7 +287,7 @@ def emit_rounds(writer: ProgramWriter, schedule: Schedule, graph: DependencyGrap
                 serves = index if index is not None else min(next_compute(program, done), len(program) - 1)
                 steps.append(Step(tuple(keys), False, program[serves].span))
                 served.append(serves)
-            if index is not None and (rank, index) in reduce_after:
+            if index in reduce_here:
                 writer.reduce_grads(rank, index)
         if rounds.stuck_at[rank] >= len(program):
             writer.passthrough(rank, done, len(program))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 
 from typing import NamedTuple
 
@@ -37,7 +37,15 @@ class Pairing:
     matches: tuple[tuple[Op, Op], ...]  # (send, recv)
     unmatched: tuple[Op, ...]
     ops: dict[tuple[int, int], list[Op]]  # group slot -> its ops in written order
-    partner: dict[int, Op]  # id(op) -> the op it meets
+
+    @cached_property
+    def partner(self) -> dict[int, Op]:
+        """id(op) -> the op it meets; made on first use (the rendezvous pass of a valid schedule never asks)."""
+        partner = {}
+        for send, recv in self.matches:
+            partner[id(send)] = recv
+            partner[id(recv)] = send
+        return partner
 
     def ops_of(self, where: tuple[int, int]) -> list[tuple[Op, Op | None]]:
         """(op, its partner or None) for each op of the group slot ``where``."""
@@ -67,21 +75,17 @@ def pair_ops(program: Program) -> Pairing:
                     lanes[(rank, peer, True)].append(op)
                 else:
                     lanes[(peer, rank, False)].append(op)
-    matches, partner = [], {}
+    matches = []
     for src, dst, is_send in sorted(lanes):
         if not is_send:
             if (src, dst, True) not in lanes:
                 unmatched.extend(lanes[(src, dst, False)])
             continue
         out, into = lanes[(src, dst, True)], lanes.get((src, dst, False), [])
-        pairs = list(zip(out, into))
-        matches.extend(pairs)
-        for send, recv in pairs:
-            partner[id(send)] = recv
-            partner[id(recv)] = send
+        matches.extend(zip(out, into))
         longer = out if len(out) > len(into) else into
         unmatched.extend(longer[min(len(out), len(into)):])
-    return Pairing(tuple(matches), tuple(unmatched), ops, partner)
+    return Pairing(tuple(matches), tuple(unmatched), ops)
 
 
 def peer_ranks(program: Program) -> dict[tuple[int, ActionKind, int], int]:

@@ -263,7 +263,10 @@ class Rendezvous(Runner):
         if arrived < len(members) or label in self.poisoned:
             return False
         ready, position, start, duration = self.ready, self.position, self.start, self.duration
-        when = max([ready[rank] for rank, _ in members])
+        when = 0  # the latest of the members' ready times (a loop: a component holds a few groups)
+        for rank, _ in members:
+            if ready[rank] > when:
+                when = ready[rank]
         for rank, _ in members:  # each member is its rank's current step: finish it (duration 1)
             k = position[rank]
             start[rank][k] = when
