@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from pipeforge.ir import ActionKind, CostModel, MemorySpec, Schedule
 from pipeforge.sim.work_bounds import (  # noqa: F401  (space 2, re-exported: one module to import bounds from)
     ARGUMENTS, WORK_SPACE, RankSpan, WorkBound, bubble_lower_bound, bubble_of_span, busy_per_rank, rank_spans,
-    round_trip_idle, span_lower_bound, tail_work, through_spans, work_bound,
+    memory_chain_spans, round_trip_idle, span_lower_bound, tail_work, through_spans, work_bound,
 )
 from pipeforge.sim.workgraph import WorkGraph, compile_schedule
 

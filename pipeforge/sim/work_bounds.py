@@ -28,8 +28,21 @@ within the limit, on any placement, per rank (the worst rank's is the bound):
   head after this rank starts and its tail before it ends: the preemptive
   one-machine bound. Through the last rank: the fill, every F and I there and
   the drain (ZB-2p at p=8, m=24 is optimal by it).
+- ``memory chain`` (``memory_chain_spans``, with a limit, one chain): number
+  the microbatches by when the rank starts the F of its lowest stage s
+  (microbatches are alike): F_1 <= F_2 <= ... (F_1 is the span's start). Each
+  F(s) holds at least one count unit of the limit (``count_limit``) until its
+  I (or B) of stage s runs on the rank, so with n = floor(count limit) the
+  rank's (k+n)-th F(s) comes after at least k of those I in its order; the
+  latest of them is of a microbatch started at F_k or later and ends at least
+  one round trip R (F(s) start to I(s) end, least durations) after its F. So
+  F_{k+1} >= F_k + F(s) and F_{k+n} >= F_k + R, and the span is at least the
+  last F(s) plus R plus the W(s) after it. At small limits this is the
+  binding bound (1.5B, p = 8, m = 24 at 0.5p: bubble at least 0.41 where the
+  round trip says 0.26); at p or 2p with the paper's costs a round trip per n
+  microbatches is less than their work, and it says nothing.
 
-``RankSpan`` keeps the three for each rank and names the one that binds.
+``RankSpan`` keeps the four for each rank and names the one that binds.
 """
 
 from __future__ import annotations
@@ -51,35 +64,41 @@ ARGUMENTS = {
     "busy": "the rank's own compute",
     "round trip": "the rank's compute plus the idle its round trips force within the memory limit",
     "through": "the work of another rank that lies between two of this rank's actions, run one at a time",
+    "memory chain": "the rank's forwards, at most floor(limit) of them in flight, each held a round trip",
 }
 
 
 @dataclass(frozen=True)
 class RankSpan:
     """What is proved of rank ``rank``'s span in every schedule of the work: at least ``busy``,
-    ``round_trip`` (busy plus the idle its round trips force within the limit) and ``through``
-    (the one-machine bound through rank ``through_rank``); ``span`` is the largest."""
+    ``round_trip`` (busy plus the idle its round trips force within the limit), ``through``
+    (the one-machine bound through rank ``through_rank``) and ``chain`` (the memory chain);
+    ``span`` is the largest."""
 
     rank: int
     busy: float
     round_trip: float
     through: float = 0.0
     through_rank: int | None = None
+    chain: float = 0.0
 
     @property
     def span(self) -> float:
-        return max(self.busy, self.round_trip, self.through)
+        return max(self.busy, self.round_trip, self.through, self.chain)
 
     @property
     def argument(self) -> str:
-        """``busy``, ``round trip`` or ``through rank q``: the argument that gives ``span``."""
+        """``busy``, ``round trip``, ``through rank q`` or ``memory chain``: the argument that gives ``span``."""
+        if self.chain > max(self.busy, self.round_trip, self.through) + TOLERANCE:
+            return "memory chain"
         if self.through > max(self.busy, self.round_trip) + TOLERANCE:
             return f"through rank {self.through_rank}"
         return "round trip" if self.round_trip > self.busy + TOLERANCE else "busy"
 
     def to_json(self) -> dict:
         return {"rank": self.rank, "span": self.span, "argument": self.argument, "busy": self.busy,
-                "round_trip": self.round_trip, "through": self.through, "through_rank": self.through_rank}
+                "round_trip": self.round_trip, "through": self.through, "through_rank": self.through_rank,
+                "memory_chain": self.chain}
 
 
 @dataclass(frozen=True)
@@ -95,8 +114,8 @@ class WorkBound:
 
     def scaled(self, factor: float) -> WorkBound:
         """The same bound with every time multiplied by ``factor``."""
-        ranks = tuple(RankSpan(r.rank, r.busy * factor, r.round_trip * factor, r.through * factor, r.through_rank)
-                      for r in self.ranks)
+        ranks = tuple(RankSpan(r.rank, r.busy * factor, r.round_trip * factor, r.through * factor, r.through_rank,
+                               r.chain * factor) for r in self.ranks)
         return WorkBound(self.max_span * factor, self.bubble_rate, self.memory_limit, ranks)
 
     @property
@@ -180,14 +199,16 @@ class _Paths:
                     ready.append(b)
         return out
 
-    def from_start_of(self, source: int) -> dict[int, float]:
-        """Earliest start of every action reachable from ``source`` when ``source`` starts at 0."""
+    def from_start_of(self, source: int, duration=None) -> dict[int, float]:
+        """Earliest start of every action reachable from ``source`` when ``source`` starts at 0
+        (``duration``: each action's, by id; default the graph's)."""
+        duration = self.graph.duration if duration is None else duration
         start = {source: 0.0}
         for a in self.order:
             if a not in start:
                 continue
             for b, latency in self.children[a]:
-                start[b] = max(start.get(b, float("-inf")), start[a] + self.graph.duration[a] + latency)
+                start[b] = max(start.get(b, float("-inf")), start[a] + duration[a] + latency)
         return start
 
     def heads(self, r: int, duration: dict[int, float]) -> dict[int, float]:
@@ -351,11 +372,50 @@ def _least_durations(graph: WorkGraph, nodes: list[int]) -> dict[int, float]:
     return found
 
 
+def memory_chain_spans(graph: WorkGraph, limit: float | None, paths: _Paths | None = None) -> list[float]:
+    """Per rank, the memory chain bound on its span (0 where nothing is said: no limit, several chains,
+    a rank without F and I of its lowest stage)."""
+    ranks = graph.shape.ranks
+    count = graph.memory.count_limit(limit, graph.shape.stages) if limit is not None else None
+    if count is None or math.isinf(count) or len(graph.shape.placements) != 1 or not graph.actions:
+        return [0.0] * ranks
+    in_flight = math.floor(count + TOLERANCE)
+    if in_flight < 1:
+        return [0.0] * ranks  # no F fits: no schedule runs, nothing to bound
+    paths = paths or _Paths(graph)
+    duration = _least_durations(graph, paths.members)
+    lanes = Counter((r, a.stage) for a, r in zip(graph.actions, graph.rank) if a.kind is _F)
+    return [_memory_chain(graph, paths, duration, r, in_flight, lanes) for r in range(ranks)]
+
+
+def _memory_chain(graph: WorkGraph, paths: _Paths, duration: dict[int, float], r: int, in_flight: int,
+                  lanes: Counter) -> float:
+    """Rank r's memory chain (``memory chain`` in the module's docstring)."""
+    actions = graph.actions
+    mine = {(actions[a].stage, actions[a].kind): a for a in paths.members if graph.rank[a] == r}
+    forwards = [stage for stage, kind in mine if kind is _F]
+    if not forwards:
+        return 0.0
+    stage = min(forwards)
+    f, i, w = mine.get((stage, _F)), mine.get((stage, _I)), mine.get((stage, _W))
+    if i is None:
+        return 0.0
+    trip = paths.from_start_of(f, duration)[i] + duration[i]  # F(s) start to I(s) end
+    starts: list[float] = []
+    for k in range(lanes[(r, stage)]):
+        start = starts[-1] + duration[f] if starts else 0.0
+        if k >= in_flight:
+            start = max(start, starts[k - in_flight] + trip)
+        starts.append(start)
+    return starts[-1] + trip + (duration[w] if w is not None else 0.0)
+
+
 def rank_spans(graph: WorkGraph, limit: float | None) -> tuple[RankSpan, ...]:
     """What is proved of each rank's span in any schedule of ``graph``'s work within ``limit``."""
     busy, paths = busy_per_rank(graph), _Paths(graph)
     through = through_spans(graph, paths)
-    return tuple(RankSpan(r, busy[r], busy[r] + round_trip_idle(graph, r, limit, paths), *through[r])
+    chain = memory_chain_spans(graph, limit, paths)
+    return tuple(RankSpan(r, busy[r], busy[r] + round_trip_idle(graph, r, limit, paths), *through[r], chain[r])
                  for r in range(graph.shape.ranks))
 
 

@@ -15,7 +15,7 @@ from pipeforge.optimizer.exact import solve_exact
 from pipeforge.optimizer.greedy import best_zero_bubble_order
 from pipeforge.sim import simulate
 from pipeforge.sim.bounds import ARGUMENTS, rank_spans, span_lower_bound, work_bound
-from tests.optimize.opt_instances import brute_force_best_span, per_stage_costs, split_work
+from tests.optimize.opt_instances import brute_force_best_span, per_stage_costs, random_programs, split_work
 
 # (name, defines for a rank count p and microbatch count m, or None where the schedule needs other sizes)
 LIBRARY = {
@@ -137,3 +137,60 @@ def test_exact_search_proves_optimality_at_2p_and_for_v(graph, limit):
     result = solve_exact(graph, start, span_lower_bound(graph, limit), time_limit=60)
     assert result.optimal and result.lower_bound == pytest.approx(result.upper_bound, rel=1e-6)
     assert span_lower_bound(graph, limit) <= result.upper_bound + 1e-9
+
+
+def chunked_graph(shape: str, p: int, m: int, limit: float | None, costs: CostModel, weights: float = 0.5) -> Graph:
+    """Two stages a rank, in a V or in loop order (interleaved), the work split into F, I and W."""
+    stages = 2 * p
+    placement = Placement.v(stages, p) if shape == "v" else Placement.loop(stages, p)
+    problem = Problem(p, stages, m, (placement,), costs, limit, weights)
+    return Graph(problem, [Action(s, k, mb) for s in range(stages) for mb in range(m)
+                           for k in (ActionKind.F, ActionKind.I, ActionKind.W)])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=st.sampled_from(["v", "interleaved"]), p=st.integers(1, 3), m=st.integers(1, 4), data=st.data(),
+       seed=st.integers(0, 10**6), weights=st.sampled_from([0.0, 0.366, 0.5]), slack=st.sampled_from([0.0, 0.5, 2.0]))
+def test_every_bound_holds_for_random_orders_in_v_and_interleaved_placements(shape, p, m, data, seed, weights, slack):
+    # Any order that runs, at its own peak memory (and a little above): no bound exceeds its worst span.
+    costs = data.draw(per_stage_costs(2 * p))
+    graph = chunked_graph(shape, p, m, None, costs, weights)
+    placement = graph.problem.placements[0]
+    programs = random_programs(p, list(graph.actions), seed, placement)
+    evaluation = evaluate(graph, tuple(graph.ids(program) for program in programs))
+    limit = max(evaluation.peak_memory) + slack
+    for proved in rank_spans(graph, limit):  # what is proved of each rank holds for that very rank
+        assert proved.span <= evaluation.spans[proved.rank] + 1e-9
+    assert span_lower_bound(graph, limit) <= evaluation.max_span + 1e-9
+
+
+def test_the_memory_chain_binds_at_small_limits():
+    # 1.5B, p = 8, m = 24 at 0.5p (4 M_B): rank 0 holds at most 4 forwards, each a round trip R; its
+    # 24th forward starts no earlier than 5 R + 3 F, and its span ends R + W after that.
+    costs = CostModel(F=18.522, I=18.086, W=9.337, comm=0.601)
+    problem = loop_problem(8, 24, 4.0, costs, weights=0.366)
+    graph = Graph(problem, split_work(8, 24))
+    bound = work_bound(graph, 4.0)
+    trip = 8 * costs.F + 8 * costs.I + 14 * costs.comm
+    assert bound.binding.rank == 0 and bound.binding.argument == "memory chain"
+    assert bound.max_span == pytest.approx(6 * trip + 3 * costs.F + costs.W)
+    assert bound.bubble_rate == pytest.approx(0.4111, abs=5e-5)  # the round trip alone: 0.2620
+    best = evaluate(graph, tuple(graph.ids(keys) for keys in best_zero_bubble_order(problem).keys))
+    assert bound.max_span <= best.max_span + 1e-9
+
+
+@pytest.mark.parametrize(("shape", "limit", "bound", "optimum"), [
+    ("v", 2.0, 118.0, 147.0),  # 0.5p: one microbatch's two chunks fill a rank
+    ("interleaved", 4.0, 105.0, 109.0),  # 1p
+])
+def test_exact_search_proves_optimality_above_the_bound_for_chunked_placements(shape, limit, bound, optimum):
+    # z3 proves no order beats the optimum although the bound is lower: optimality at small sizes does
+    # not rest on the bound alone.
+    from pipeforge.optimizer.list_schedule import list_schedule_orders
+
+    graph = chunked_graph(shape, 2, 2, limit, CostModel(F=9, I=9, W=5, comm=1), weights=0.4)
+    orders = [tuple(graph.ids(keys) for keys in found) for _, found in list_schedule_orders(graph.problem)]
+    start = min((o for o in orders if evaluate(graph, o).fits(limit)), key=lambda o: evaluate(graph, o).key())
+    assert span_lower_bound(graph, limit) == pytest.approx(bound)
+    result = solve_exact(graph, start, span_lower_bound(graph, limit), time_limit=60)
+    assert result.optimal and result.upper_bound == pytest.approx(optimum)
