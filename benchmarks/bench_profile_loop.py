@@ -27,8 +27,9 @@ action and outside the program); the measured ratios (median over rounds of the
 per-round ratio) of the optimized schedule to 1F1B and to ZB-H1 beside the
 predicted ones, and the A/A ratio with the spread of its per-round ratios; the
 load average before and after. ``--out`` keeps costs.json, optimized.pipe,
-results.json and, per schedule, ``timeline-NAME.json``: the simulated and one
-measured step side by side as a Chrome/Perfetto trace.
+results.json and, per schedule, ``timeline-NAME.json``: the step simulated with
+the run's own costs and one measured step (the median round's) side by side as a
+Chrome/Perfetto trace.
 """
 
 from __future__ import annotations
@@ -278,7 +279,8 @@ def ratios(rows: list[dict]) -> dict:
 
 
 def write_timeline(path: Path, simulated, measured: list[Trace], name: str) -> None:
-    """The simulated step (process 0) and one measured step (process 1) as one Chrome/Perfetto trace."""
+    """The step simulated with the run's costs (process 0) and one measured step (process 1) as one
+    Chrome/Perfetto trace."""
     from pipeforge.interop.trace import trace_events
 
     document = {"traceEvents": trace_events(simulated) + chrome_events(measured, pid=1, name=f"measured {name}"),
