@@ -27,8 +27,9 @@ action and outside the program); the measured ratios (median over rounds of the
 per-round ratio) of the optimized schedule to 1F1B and to ZB-H1 beside the
 predicted ones, and the A/A ratio with the spread of its per-round ratios; the
 load average before and after. ``--out`` keeps costs.json, optimized.pipe,
-results.json and, per schedule, ``timeline-NAME.json``: the simulated and one
-measured step side by side as a Chrome/Perfetto trace.
+results.json and, per schedule, ``timeline-NAME.json``: the step simulated with
+the run's own costs and one measured step (the median round's) side by side as a
+Chrome/Perfetto trace.
 """
 
 from __future__ import annotations
@@ -159,6 +160,8 @@ def main() -> int:
                         "--memory-limit", str(P), "--time-limit", str(args.time_limit), "-o", str(optimized)))
 
     schedules = schedules_to_run(P, M, optimized, out)
+    twins = same_order_as(schedules["optimized"], schedules)
+    print(f"the optimized order is {'the same as ' + ', '.join(twins) if twins else 'none of the library' + chr(39) + 's'}")
     value = measure(schedules, P, args)
     names_ = list(schedules)
     traces = {name: [[Trace.from_json(t) for t in rank_traces[i]] for rank_traces in value["traces"]]
@@ -190,7 +193,7 @@ def main() -> int:
     load_after = os.getloadavg()
     print(f"load average before {' '.join(f'{x:.2f}' for x in load_before)}, "
           f"after {' '.join(f'{x:.2f}' for x in load_after)}")
-    verdict = {**verdict, "cores": os.cpu_count(), "load_before": load_before, "load_after": load_after,
+    verdict = {**verdict, "optimized_same_order_as": twins, "cores": os.cpu_count(), "load_before": load_before, "load_after": load_after,
                "command": " ".join(sys.argv)}
     (out / "results.json").write_text(json.dumps({"rows": rows, **verdict}, indent=2) + "\n")
     print(f"wrote {out / 'results.json'}")
@@ -270,15 +273,29 @@ def ratios(rows: list[dict]) -> dict:
         measured = statistics.median(per_round)
         predicted = by[a]["predicted_ms"] / by[b]["predicted_ms"]
         situ = by[a]["in_situ_ms"] / by[b]["in_situ_ms"]
+        faster = sum(r < 1.0 for r in per_round)
         found[f"{a} / {b}"] = {"measured": measured, "quartiles": [low, high], "predicted": predicted,
-                               "in_situ": situ, "wins_measured": measured < 1.0, "wins_predicted": predicted < 1.0}
-        print(f"  {a + ' / ' + b:22} measured {measured:.3f} ({low:.3f}-{high:.3f})  predicted {predicted:.3f}  "
-              f"in-situ {situ:.3f}")
+                               "in_situ": situ, "faster_rounds": faster, "rounds": len(per_round),
+                               "wins_measured": high < 1.0, "wins_predicted": predicted < 1.0}
+        print(f"  {a + ' / ' + b:22} measured {measured:.3f} ({low:.3f}-{high:.3f}, faster in {faster} of "
+              f"{len(per_round)} rounds)  predicted {predicted:.3f}  in-situ {situ:.3f}")
+    print("  (a win counts when even the upper quartile is below 1; the A/A row shows the noise)")
     return {"ratios": found}
 
 
+def same_order_as(schedule, schedules: dict) -> list[str]:
+    """The library schedules whose compute order on every rank is ``schedule``'s."""
+    def order(s):
+        return tuple(tuple(str(a) for step in program for a in step.actions if a.is_compute) for program in s.programs)
+
+    mine = order(schedule)
+    return [name for name, other in schedules.items() if other is not schedule and name not in ("optimized", AA)
+            and order(other) == mine]
+
+
 def write_timeline(path: Path, simulated, measured: list[Trace], name: str) -> None:
-    """The simulated step (process 0) and one measured step (process 1) as one Chrome/Perfetto trace."""
+    """The step simulated with the run's costs (process 0) and one measured step (process 1) as one
+    Chrome/Perfetto trace."""
     from pipeforge.interop.trace import trace_events
 
     document = {"traceEvents": trace_events(simulated) + chrome_events(measured, pid=1, name=f"measured {name}"),

@@ -100,5 +100,8 @@ def summary(data: dict, args: argparse.Namespace, seconds: float) -> str:
         lines.append(f"{s:>5}{e['F']:>10.3f}{e['I']:>10.3f}{e['W']:>10.3f}{e['B']:>10.3f}{e['activation']:>14.0f}"
                      f"{e['weight_grad']:>14.0f}")
     lines.append("links " + " ".join(f"{s}->{s + 1}: {t:.3f}" for s, t in enumerate(data["links"])))
+    if "step" in data:
+        lines.append(f"runtime: {data.get('dispatch', 0):.3f} an action, {data['step']:.3f} a step beyond its actions; "
+                     "summing a stage's gradients across two chains " + " ".join(f"{t:.3f}" for t in data["chain_sum"]))
     lines.append(f"wrote {args.output}")
     return "\n".join(lines)

@@ -1,0 +1,52 @@
+"""What ``benchmarks/bench_profile_loop.py`` builds besides the library: the hand-built order is a valid
+schedule, and its step time is what the cost model says."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeforge import loads, verify
+from pipeforge.sim import simulate
+from pipeforge.sim.costfile import with_cost_file
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_profile_loop.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_profile_loop", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("microbatches", [3, 8])
+def test_deferred_w_is_valid_and_within_1p(bench, microbatches, tmp_path):
+    schedule = loads(bench.deferred_w(2, microbatches))
+    assert verify(schedule).valid
+    costs = tmp_path / "c.json"
+    costs.write_text(json.dumps({"stages": [{"F": 9, "I": 0.1, "W": 17.4, "B": 17.5, "activation": 98},
+                                            {"F": 9, "I": 9, "W": 9.3, "B": 15.9, "activation": 100}],
+                                 "links": [0.05], "step": 1.5}))
+    timeline = simulate(with_cost_file(schedule, costs))
+    assert max(timeline.peak_memory) <= 2.0  # at most 1p (P = 2 microbatches of the largest stage)
+    assert timeline.step_time == pytest.approx(timeline.makespan + 1.5)
+
+
+def test_spearman_and_in_situ_costs(bench):
+    assert bench.spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+    assert bench.spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+    from pipeforge.runtime.trace import Trace, TraceEvent
+
+    trace = Trace(0, (TraceEvent("step", None, None, 0, 0.0, 0.020, 0.02),
+                      TraceEvent("program", None, None, 0, 0.001, 0.019, 0.018),
+                      TraceEvent("F", 0, 0, 0, 0.002, 0.010, 0.008),
+                      TraceEvent("B", 0, 0, 0, 0.010, 0.018, 0.008)))
+    profiled = {"units": "ms", "stages": [{"F": 1.0, "I": 1.0, "W": 1.0, "B": 2.0, "activation": 5.0}], "links": []}
+    situ = bench.in_situ_costs(profiled, [trace], [trace])
+    assert situ["stages"][0] == {"F": 8.0, "I": 1.0, "W": 1.0, "B": 8.0, "activation": 5.0}
+    assert situ["step"] == pytest.approx(2.0) and situ["dispatch"] == pytest.approx(1.0)
