@@ -91,9 +91,10 @@ def summary(timeline) -> str:
         f"bubble rate  {f'{100 * timeline.bubble_rate:.2f}%':<10} lower bound {100 * timeline.bubble_lower_bound:.2f}%; "
         f"gap {100 * (timeline.bubble_rate - timeline.bubble_lower_bound):.2f} points  [{ORDERS_SPACE}]",
         f"{'':13}{'':<10} lower bound {100 * work.bubble_rate:.2f}%; "
-        f"gap {100 * (timeline.bubble_rate - work.bubble_rate):.2f} points  [{WORK_SPACE}, "
+        f"gap {100 * (timeline.work_bubble_rate - work.bubble_rate):.2f} points  [{WORK_SPACE}, "
         f"{_work_limit_text(timeline)}"
-        + ("" if work.binding is None else f"; rank {work.binding.rank}: {work.binding.argument}") + "]",
+        + ("" if work.binding is None else f"; rank {work.binding.rank}: {work.binding.argument}")
+        + _own_work_rate(timeline) + "]",
         "peak memory  " + "  ".join(f"r{r}: {peak:g}" for r, peak in enumerate(timeline.peak_memory))
         + _limit_text(timeline),
     ]
@@ -101,6 +102,14 @@ def summary(timeline) -> str:
         lines.append(f"step time    {timeline.step_time:<10g} the makespan and {timeline.step_time - timeline.makespan:g} "
                      "a step costs beyond its actions (the cost file's step and chain_sum)")
     return "\n".join(lines)
+
+
+def _own_work_rate(timeline) -> str:
+    """Nothing where the schedule's bubble rate already counts the bound's work, else the rate that does
+    (the gap is taken from it: a fused B cheaper than I + W makes the schedule's own rate incomparable)."""
+    if abs(timeline.work_bubble_rate - timeline.bubble_rate) < 5e-5:
+        return ""
+    return f"; this schedule on that work: {100 * timeline.work_bubble_rate:.2f}%"
 
 
 def _work_limit_text(timeline) -> str:

@@ -133,16 +133,31 @@ class Timeline:
                               graph=self.graph)
 
     @cached_property
-    def work_bound(self):
-        """The bound on every schedule of this work (``pipeforge.sim.bounds.WorkBound``, space 2 there)
-        within the memory limit, else within this schedule's own peak: what ``optimize`` reports."""
+    def split_work(self):
+        """This schedule's work with every B split into I and W (a ``WorkGraph``), as optimize searches it."""
         from pipeforge.semantics import split
-        from pipeforge.sim.bounds import work_bound
         from pipeforge.sim.workgraph import Shape, compile_actions
 
         actions = [part for _, _, a in self.schedule.actions() if a.is_compute for part in split(a)]
-        work = compile_actions(Shape.of(self.schedule), actions, self.costs, self.memory)
-        return work_bound(work, self.work_limit)  # on the split work, as optimize searches it
+        return compile_actions(Shape.of(self.schedule), actions, self.costs, self.memory)
+
+    @cached_property
+    def work_bound(self):
+        """The bound on every schedule of this work (``pipeforge.sim.bounds.WorkBound``, space 2 there)
+        within the memory limit, else within this schedule's own peak: what ``optimize`` reports."""
+        from pipeforge.sim.bounds import work_bound
+
+        return work_bound(self.split_work, self.work_limit)
+
+    @property
+    def work_bubble_rate(self) -> float:
+        """This schedule's bubble rate counted on the least work the work bound counts (each rank's F and
+        the cheaper of B or I + W, ``bounds.busy_per_rank``) rather than on its own busy time: where B and
+        I + W differ the two differ, and only this one is comparable with ``work_bound.bubble_rate`` (never
+        below it, as the worst span is never below the bound's); optimize reports the same rate."""
+        from pipeforge.sim.bounds import bubble_of_span
+
+        return bubble_of_span(self.split_work, max((s.span for s in self.rank_stats), default=0.0))
 
     @property
     def work_limit(self) -> float:
@@ -204,6 +219,7 @@ class Timeline:
             "makespan": self.makespan,
             "step_time": self.step_time,
             "bubble_rate": self.bubble_rate,
+            "least_work_bubble_rate": self.work_bubble_rate,
             "peak_memory": list(self.peak_memory),
             "lower_bound": self.lower_bound,
             "bubble_lower_bound": self.bubble_lower_bound,

@@ -57,3 +57,33 @@ def test_inconsistent_order_exits_1(tmp_path, capsys):
     path.write_text("0B0,0F0\n1F0,1B0\n", encoding="utf-8")
     assert main(["simulate", str(path), "--microbatches", "1"]) == 1
     assert "cannot finish" in capsys.readouterr().err
+
+
+# measured costs where the fused B is cheaper than I + W (as tests/optimize/test_optimize_command.py)
+FUSED_CHEAPER = {"units": "ms", "stages": [{"F": 3.1, "I": 2.9, "W": 2.2, "B": 4.0}, {"F": 3.0, "I": 3.0, "W": 2.1, "B": 4.1},
+                                          {"F": 3.1, "I": 2.9, "W": 2.2, "B": 4.0}, {"F": 3.2, "I": 3.1, "W": 2.4, "B": 4.6}]}
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb-h1", "gpipe"])
+def test_work_bound_gap_counts_the_schedule_on_the_bounds_own_work(tmp_path, capsys, name):
+    """Where B < I + W a split schedule's own bubble rate counts more work than the bound does, so it can
+    read below the bound; the gap is taken from the rate on the bound's (least) work, never negative."""
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps(FUSED_CHEAPER), encoding="utf-8")
+    argv = ["simulate", name, "-D", "P=4", "-D", "M=8", "--costs", str(costs)]
+    assert main([*argv, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    spans = [r["end"] - r["start"] for r in document["ranks"]]
+    least = sum(8 * (s["F"] + min(s["B"], s["I"] + s["W"])) for s in FUSED_CHEAPER["stages"]) / 4
+    on_least_work = 1 - least / max(spans)
+    assert document["least_work_bubble_rate"] == pytest.approx(on_least_work)
+    assert on_least_work >= document["bounds"]["work"]["bubble_rate"] - 1e-9
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    gap = float(out.split("[any schedule")[0].rsplit("gap ", 1)[1].split(" points")[0])
+    assert gap == pytest.approx(100 * (on_least_work - document["bounds"]["work"]["bubble_rate"]), abs=0.006)
+    assert gap >= 0
+    splits = name == "zb-h1"
+    assert ("this schedule on that work" in out) is splits
+    if splits:
+        assert document["bubble_rate"] < on_least_work - 1e-3  # the schedule's own rate counts I + W
