@@ -242,8 +242,10 @@ class _Paths:
 
 
 def _rank_shape(graph: WorkGraph, paths: _Paths, r: int) -> _RankShape | None:
-    """Rank r's round trips (None when it runs no F or no I of the microbatch)."""
+    """Rank r's round trips (None when it runs no F or no I of the microbatch); a trip is timed with
+    each action's least duration (``_least_durations``: a fused B may be cheaper than its I)."""
     actions, duration = graph.actions, graph.duration
+    least = _least_durations(graph, paths.members)
     mine = {k: [a for a in paths.members if graph.rank[a] == r and actions[a].kind is k] for k in (_F, _I, _W)}
     if not mine[_F] or not mine[_I]:
         return None
@@ -256,14 +258,14 @@ def _rank_shape(graph: WorkGraph, paths: _Paths, r: int) -> _RankShape | None:
             firsts[actions[a].chain] = a
     trips = []
     for first in firsts.values():
-        from_first = paths.from_start_of(first)
+        from_first = paths.from_start_of(first, least)
         trips.append(min(from_first.get(a, 0.0) for a in mine[_I]))
     lags, iw, w = [], [], []
     for f in mine[_F]:
         c, stage = actions[f].chain, actions[f].stage
         i, wa = lane.get((c, stage, _I)), lane.get((c, stage, _W))
         if i is not None:
-            lags.append(paths.from_start_of(f)[i] - duration[f])
+            lags.append(paths.from_start_of(f, least)[i] - least[f])
             iw.append(duration[i] + (duration[wa] if wa is not None else 0.0))
         w.append(duration[wa] if wa is not None else 0.0)
     if not trips or not lags:
