@@ -46,6 +46,9 @@ class Source:
         return Span(self.name, line, col, end_line, end_col, self)
 
 
+_set_attribute = object.__setattr__
+
+
 @dataclass(frozen=True)
 class Span:
     """A region of a source text: 1-based line and column, end exclusive.
@@ -63,8 +66,14 @@ class Span:
 
     def __init__(self, file: str, line: int, col: int, end_line: int | None = None, end_col: int | None = None,
                  source: Source | None = None):
-        # the frozen dataclass's six object.__setattr__ calls in one update: a span is made per CSV cell
-        self.__dict__.update(file=file, line=line, col=col, end_line=end_line, end_col=end_col, source=source)
+        # what the frozen dataclass's own __init__ does, with the names bound once: a span is made per
+        # CSV cell, and attributes set one by one keep it one small object (no dict of its own)
+        _set_attribute(self, "file", file)
+        _set_attribute(self, "line", line)
+        _set_attribute(self, "col", col)
+        _set_attribute(self, "end_line", end_line)
+        _set_attribute(self, "end_col", end_col)
+        _set_attribute(self, "source", source)
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.col}"

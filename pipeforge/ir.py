@@ -158,6 +158,9 @@ def parse_action(text: str) -> Action:
     return _make_action((int(stage), kind, mb, int(chain_text) if chain_text else 0))
 
 
+_set_attribute = object.__setattr__
+
+
 @dataclass(frozen=True)
 class Step:
     """One slot of a rank's program.
@@ -173,9 +176,12 @@ class Step:
     span: Span | None = field(default=None, compare=False, repr=False)
 
     def __init__(self, actions: tuple[Action, ...] = (), overlap: bool = False, span: Span | None = None):
-        # the frozen dataclass's three object.__setattr__ calls in one update: a step is made per CSV
-        # cell and per lowered group of 10^5-step schedules
-        self.__dict__.update(actions=actions, overlap=overlap, span=span)
+        # what the frozen dataclass's own __init__ does: attributes set one by one keep a step one small
+        # object (an update of __dict__ costs the same time and gives each step a dict of its own: twice
+        # the memory, and twice the objects to free, of the 10^5 steps of a large schedule)
+        _set_attribute(self, "actions", actions)
+        _set_attribute(self, "overlap", overlap)
+        _set_attribute(self, "span", span)
         if overlap or (len(actions) != 1 and not _all_comm(map(_kind_of, actions))):
             self._check()  # one action, or a communication group, is always a step
 
