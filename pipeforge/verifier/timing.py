@@ -141,20 +141,22 @@ class Runner:
         self.queue = deque(range(len(self.slots)))
 
     def run(self) -> None:
-        slots, position, ready, start = self.slots, self.position, self.ready, self.start
-        while self.queue:
-            rank = self.queue.popleft()
+        slots, position, ready, start, queue = self.slots, self.position, self.ready, self.start, self.queue
+        arrives, try_group = self.arrives, self.try_group
+        while queue:
+            rank = queue.popleft()
             row, k, now, starts = slots[rank], position[rank], ready[rank], start[rank]
-            while k < len(row):
+            end = len(row)
+            while k < end:
                 if not row[k].group:  # compute and stage-only steps never block: duration 1
                     starts[k] = now
                     now += 1
                     k += 1
                     continue
                 position[rank], ready[rank] = k, now
-                if self.arrives:
+                if arrives:
                     self.arrive(rank)
-                if not self.try_group(row[k]):
+                if not try_group(row[k]):
                     break
                 k, now = position[rank], ready[rank]
             position[rank], ready[rank] = k, now
