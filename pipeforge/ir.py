@@ -27,7 +27,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from functools import partial
-from operator import itemgetter
 from typing import NamedTuple
 
 from pipeforge.errors import Span
@@ -182,8 +181,13 @@ class Step:
         _set_attribute(self, "actions", actions)
         _set_attribute(self, "overlap", overlap)
         _set_attribute(self, "span", span)
-        if overlap or (len(actions) != 1 and not _all_comm(map(_kind_of, actions))):
-            self._check()  # one action, or a communication group, is always a step
+        if overlap:
+            self._check()
+        elif len(actions) > 1:  # one action is always a step; several, when all communicate (a group)
+            for action in actions:
+                if action[1] not in COMM_KINDS:
+                    self._check()
+                    break
 
     def _check(self) -> None:
         kinds = {action.is_comm for action in self.actions}
@@ -218,9 +222,6 @@ class Step:
     def __repr__(self) -> str:
         return f"Step({self})"
 
-
-_kind_of = itemgetter(1)  # an action's kind; with _all_comm, Step's common case is checked by C calls
-_all_comm = COMM_KINDS.issuperset
 
 IDLE = Step()
 
