@@ -167,15 +167,16 @@ def check_duplicates(program: Program) -> list[Violation]:
 
 def surely_unique(program: Program) -> bool:
     """The common case, decided by sizes of sets (built in C, a third of the walk's time): every
-    action in range, none written twice (not even a stage-only one, which may be), and B beside
-    neither I nor W. When this says no, ``check_duplicates`` walks the actions to find why."""
+    action in range, none written twice (not even a stage-only one, which may be), and no kind
+    beside one it ``EXCLUDES`` (B beside I or W) anywhere. When this says no, ``check_duplicates``
+    walks the actions to find why."""
     if program.out_of_range:
         return False
     keys = list(_flatten(map(_acts_of, _flatten(program.slots))))
     if len(set(keys)) != len(keys):
         return False
     kinds = set(map(_kind_of, keys))
-    return B not in kinds or not (I in kinds or W in kinds)
+    return not any(kind in kinds and not kinds.isdisjoint(others) for kind, others in EXCLUDES.items())
 
 
 _flatten, _acts_of, _kind_of = _chain.from_iterable, attrgetter("acts"), itemgetter(1)  # C calls
