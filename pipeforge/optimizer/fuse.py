@@ -1,0 +1,140 @@
+"""Keep a B whole or split it: per (stage, microbatch), where the costs say B is cheaper than I + W.
+
+The other strategies reorder one fixed set of actions, every B split into I
+and W (the Zero Bubble split). Where a stage's fused B costs less than its I
+and W together (measured costs often do: one backward pass reuses what the two
+halves each recompute), the best schedule keeps most backwards fused and splits
+only those whose W fills a bubble. This search changes the set of actions:
+
+- **fuse** (stage, microbatch): its I and W become one B, at the I's position
+  or at the W's;
+- **split** (stage, microbatch): its B becomes an I at the B's position and a
+  W right after it (local search may then move the W into a gap).
+
+Only stages where B < I + W are touched: where B = I + W (the Zero Bubble
+tables) a fused B at the I's position times exactly like the I with its W
+right after it, so nothing here could gain and nothing runs. A move is kept
+when the order still runs, fits the memory limit and lowers the evaluation key
+(``Evaluation.key``), as in local search. Every changed set of actions gets its
+own work graph (``Graph``: the memory of a fused B is ``MemorySpec.stage_effect``'s,
+the semantics' one rule); between fuse descents, local search reorders the
+mixed set (``local.local_search``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from pipeforge.ir import Action, ActionKind
+from pipeforge.optimizer.evaluate import TOLERANCE, Evaluation, Graph, Order, Problem, evaluate
+
+F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
+Programs = tuple[tuple[Action, ...], ...]
+Progress = Callable[[float, str], None]
+
+
+def fusable_stages(problem: Problem) -> frozenset[int]:
+    """The stages whose fused B costs less than their I and W together."""
+    cost = problem.costs.duration
+    return frozenset(s for s in range(problem.stages) if cost(B, s) < cost(I, s) + cost(W, s) - TOLERANCE)
+
+
+def graph_of(problem: Problem, programs: Programs) -> tuple[Graph, Order]:
+    """The work graph of ``programs``' actions and their order in it."""
+    graph = Graph(problem, [a for seq in programs for a in seq])
+    return graph, tuple(graph.ids(seq) for seq in programs)
+
+
+def programs_of(graph: Graph, order: Order) -> Programs:
+    return tuple(tuple(graph.actions[a] for a in seq) for seq in order)
+
+
+def fused_everywhere(programs: Programs, stages: frozenset[int]) -> Programs:
+    """Every split pair of ``stages`` fused at its I's position (the seed with the least compute)."""
+    return tuple(tuple(a._replace(kind=B) if a.kind is I else a for a in seq
+                       if not (a.stage in stages and a.kind is W)) if stages else seq for seq in programs)
+
+
+def moves(programs: Programs, stages: frozenset[int]) -> Iterator[Programs]:
+    """Every fuse (at the I, at the W) and split of one (stage, microbatch) of ``stages``."""
+    for r, seq in enumerate(programs):
+        for p, action in enumerate(seq):
+            if action.stage not in stages:
+                continue
+            if action.kind is I:
+                w = seq.index(action._replace(kind=W))
+                fused = action._replace(kind=B)
+                yield _with(programs, r, seq[:p] + (fused,) + seq[p + 1:w] + seq[w + 1:])
+                yield _with(programs, r, seq[:p] + seq[p + 1:w] + (fused,) + seq[w + 1:])
+            elif action.kind is B:
+                yield _with(programs, r, seq[:p] + (action._replace(kind=I), action._replace(kind=W)) + seq[p + 1:])
+
+
+def _with(programs: Programs, r: int, seq: tuple[Action, ...]) -> Programs:
+    return programs[:r] + (seq,) + programs[r + 1:]
+
+
+class FuseSearch:
+    """Fuse descents alternating with local search on the mixed actions, until neither improves."""
+
+    def __init__(self, problem: Problem, deadline: float, target: float, progress: Progress | None = None):
+        self.problem, self.deadline, self.target, self.progress = problem, deadline, target, progress
+        self.stages = fusable_stages(problem)
+        self.limit = problem.memory_limit
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def judge(self, programs: Programs) -> tuple[Graph, Order, Evaluation] | None:
+        graph, order = graph_of(self.problem, programs)
+        evaluation = evaluate(graph, order)
+        if evaluation is None or not evaluation.fits(self.limit):
+            return None
+        return graph, order, evaluation
+
+    def descend(self, best: tuple[Graph, Order, Evaluation]) -> tuple[tuple[Graph, Order, Evaluation], bool]:
+        """First-improvement fuse and split moves until none lowers the key."""
+        improved = True
+        changed = False
+        while improved and self.left() > 0 and not self.reached(best[2]):
+            improved = False
+            for programs in moves(programs_of(best[0], best[1]), self.stages):
+                if self.left() <= 0:
+                    break
+                found = self.judge(programs)
+                if found is not None and found[2].key() < best[2].key():
+                    best, improved, changed = found, True, True
+                    break
+        return best, changed
+
+    def reached(self, evaluation: Evaluation) -> bool:
+        return evaluation.max_span <= self.target + TOLERANCE
+
+    def run(self, seeds: list[tuple[Graph, Order]]) -> tuple[Graph, Order, Evaluation] | None:
+        """The best order found from ``seeds`` (each also with every pair fused), or None."""
+        from pipeforge.optimizer.local import local_search
+
+        starts = []
+        for graph, order in seeds:
+            programs = programs_of(graph, order)
+            starts += [found for found in (self.judge(programs), self.judge(fused_everywhere(programs, self.stages)))
+                       if found is not None]
+        if not starts or not self.stages:
+            return None
+        best = min(starts, key=lambda found: found[2].key())
+        while self.left() > 0 and not self.reached(best[2]):
+            if self.progress is not None:
+                self.progress(0.4, f"fuse search: best worst span {best[2].max_span:g}")
+            best, changed = self.descend(best)
+            if self.left() <= 0 or self.reached(best[2]):
+                break
+            local = local_search(best[0], best[1], time_limit=self.left(), target=self.target, kicks=5)
+            if local.evaluation.key() < best[2].key():
+                best = (best[0], local.order, local.evaluation)
+            elif not changed:
+                break
+        return best
+
+
+__all__ = ["FuseSearch", "fusable_stages", "fused_everywhere", "moves"]
