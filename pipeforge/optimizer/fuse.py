@@ -9,7 +9,8 @@ only those whose W fills a bubble. This search changes the set of actions:
 - **fuse** (stage, microbatch): its I and W become one B, at the I's position
   or at the W's;
 - **split** (stage, microbatch): its B becomes an I at the B's position and a
-  W right after it (local search may then move the W into a gap).
+  W right after it, or before a later action its rank waits for (a gap the W
+  may fill), or at the end of the rank.
 
 Only stages where B < I + W are touched: where B = I + W (the Zero Bubble
 tables) a fused B at the I's position times exactly like the I with its W
@@ -27,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from pipeforge.ir import Action, ActionKind
-from pipeforge.optimizer.evaluate import TOLERANCE, Evaluation, Graph, Order, Problem, evaluate
+from pipeforge.optimizer.evaluate import TOLERANCE, Evaluation, Graph, Order, Problem, evaluate, simulate_order
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
 Programs = tuple[tuple[Action, ...], ...]
@@ -56,8 +57,10 @@ def fused_everywhere(programs: Programs, stages: frozenset[int]) -> Programs:
                        if not (a.stage in stages and a.kind is W)) if stages else seq for seq in programs)
 
 
-def moves(programs: Programs, stages: frozenset[int]) -> Iterator[Programs]:
-    """Every fuse (at the I, at the W) and split of one (stage, microbatch) of ``stages``."""
+def moves(programs: Programs, stages: frozenset[int], idle: frozenset[Action] = frozenset()) -> Iterator[Programs]:
+    """Every fuse (at the I, at the W) and split of one (stage, microbatch) of ``stages``: a split puts
+    the W right after the I, before each later action in ``idle`` (one its rank waits for: a gap the
+    W may fill) and at the end of the rank."""
     for r, seq in enumerate(programs):
         for p, action in enumerate(seq):
             if action.stage not in stages:
@@ -68,11 +71,20 @@ def moves(programs: Programs, stages: frozenset[int]) -> Iterator[Programs]:
                 yield _with(programs, r, seq[:p] + (fused,) + seq[p + 1:w] + seq[w + 1:])
                 yield _with(programs, r, seq[:p] + seq[p + 1:w] + (fused,) + seq[w + 1:])
             elif action.kind is B:
-                yield _with(programs, r, seq[:p] + (action._replace(kind=I), action._replace(kind=W)) + seq[p + 1:])
+                rest = seq[:p] + (action._replace(kind=I),) + seq[p + 1:]
+                for q in [p + 1] + [q for q in range(p + 2, len(seq)) if seq[q] in idle] + [len(seq)]:
+                    yield _with(programs, r, rest[:q] + (action._replace(kind=W),) + rest[q:])
 
 
 def _with(programs: Programs, r: int, seq: tuple[Action, ...]) -> Programs:
     return programs[:r] + (seq,) + programs[r + 1:]
+
+
+def idle_actions(graph: Graph, order: Order) -> frozenset[Action]:
+    """The actions whose rank is idle just before them (they wait for another rank)."""
+    times = simulate_order(graph, order)
+    return frozenset(graph.actions[seq[q]] for seq in order for q in range(1, len(seq))
+                     if times.start[seq[q]] - times.end[seq[q - 1]] > TOLERANCE)
 
 
 class FuseSearch:
@@ -99,7 +111,7 @@ class FuseSearch:
         changed = False
         while improved and self.left() > 0 and not self.reached(best[2]):
             improved = False
-            for programs in moves(programs_of(best[0], best[1]), self.stages):
+            for programs in moves(programs_of(best[0], best[1]), self.stages, idle_actions(best[0], best[1])):
                 if self.left() <= 0:
                     break
                 found = self.judge(programs)
