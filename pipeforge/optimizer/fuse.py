@@ -58,22 +58,29 @@ def fused_everywhere(programs: Programs, stages: frozenset[int]) -> Programs:
 
 
 def moves(programs: Programs, stages: frozenset[int], idle: frozenset[Action] = frozenset()) -> Iterator[Programs]:
-    """Every fuse (at the I, at the W) and split of one (stage, microbatch) of ``stages``: a split puts
-    the W right after the I, before each later action in ``idle`` (one its rank waits for: a gap the
-    W may fill) and at the end of the rank."""
+    """Every fuse (at the I, at the W) and split of one (stage, microbatch) of ``stages``
+    (``moves_of`` each of its I and B)."""
     for r, seq in enumerate(programs):
         for p, action in enumerate(seq):
-            if action.stage not in stages:
-                continue
-            if action.kind is I:
-                w = seq.index(action._replace(kind=W))
-                fused = action._replace(kind=B)
-                yield _with(programs, r, seq[:p] + (fused,) + seq[p + 1:w] + seq[w + 1:])
-                yield _with(programs, r, seq[:p] + seq[p + 1:w] + (fused,) + seq[w + 1:])
-            elif action.kind is B:
-                rest = seq[:p] + (action._replace(kind=I),) + seq[p + 1:]
-                for q in [p + 1] + [q for q in range(p + 2, len(seq)) if seq[q] in idle] + [len(seq)]:
-                    yield _with(programs, r, rest[:q] + (action._replace(kind=W),) + rest[q:])
+            if action.stage in stages:
+                yield from moves_of(programs, r, p, idle)
+
+
+def moves_of(programs: Programs, r: int, p: int, idle: frozenset[Action]) -> Iterator[Programs]:
+    """The moves of the action at position ``p`` of rank ``r``: an I fused with its W (at the I, at
+    the W); a B split, its W right after the I, before each later action in ``idle`` (one its rank
+    waits for: a gap the W may fill) and at the end of the rank; nothing for other kinds."""
+    seq = programs[r]
+    action = seq[p]
+    if action.kind is I:
+        w = seq.index(action._replace(kind=W))
+        fused = action._replace(kind=B)
+        yield _with(programs, r, seq[:p] + (fused,) + seq[p + 1:w] + seq[w + 1:])
+        yield _with(programs, r, seq[:p] + seq[p + 1:w] + (fused,) + seq[w + 1:])
+    elif action.kind is B:
+        rest = seq[:p] + (action._replace(kind=I),) + seq[p + 1:]
+        for q in dict.fromkeys([p + 1] + [q for q in range(p + 2, len(seq)) if seq[q] in idle] + [len(seq)]):
+            yield _with(programs, r, rest[:q] + (action._replace(kind=W),) + rest[q:])
 
 
 def _with(programs: Programs, r: int, seq: tuple[Action, ...]) -> Programs:
@@ -106,19 +113,36 @@ class FuseSearch:
         return graph, order, evaluation
 
     def descend(self, best: tuple[Graph, Order, Evaluation]) -> tuple[tuple[Graph, Order, Evaluation], bool]:
-        """First-improvement fuse and split moves until none lowers the key."""
-        improved = True
-        changed = False
+        """Sweeps over every (stage, microbatch) of a fusable stage, keeping the first of its moves
+        that lowers the key, until a sweep keeps none; returns the best and whether anything changed."""
+        improved, changed = True, False
         while improved and self.left() > 0 and not self.reached(best[2]):
             improved = False
-            for programs in moves(programs_of(best[0], best[1]), self.stages, idle_actions(best[0], best[1])):
-                if self.left() <= 0:
+            targets = [(r, a) for r, seq in enumerate(programs_of(best[0], best[1])) for a in seq
+                       if a.stage in self.stages and a.kind in (I, B)]
+            idle = idle_actions(best[0], best[1])
+            for r, action in targets:
+                if self.left() <= 0 or self.reached(best[2]):
                     break
-                found = self.judge(programs)
-                if found is not None and found[2].key() < best[2].key():
+                found = self.first_better(best, r, action, idle)
+                if found is not None:
                     best, improved, changed = found, True, True
-                    break
+                    idle = idle_actions(best[0], best[1])
         return best, changed
+
+    def first_better(self, best: tuple[Graph, Order, Evaluation], r: int, action: Action,
+                     idle: frozenset[Action]) -> tuple[Graph, Order, Evaluation] | None:
+        """The first move of ``action`` (still an I or a B on rank ``r``) that lowers the key, if any."""
+        programs = programs_of(best[0], best[1])
+        if action not in programs[r]:
+            return None  # an earlier move of this sweep fused or split it
+        for candidate in moves_of(programs, r, programs[r].index(action), idle):
+            if self.left() <= 0:
+                return None
+            found = self.judge(candidate)
+            if found is not None and found[2].key() < best[2].key():
+                return found
+        return None
 
     def reached(self, evaluation: Evaluation) -> bool:
         return evaluation.max_span <= self.target + TOLERANCE
@@ -149,4 +173,4 @@ class FuseSearch:
         return best
 
 
-__all__ = ["FuseSearch", "fusable_stages", "fused_everywhere", "moves"]
+__all__ = ["FuseSearch", "fusable_stages", "fused_everywhere", "moves", "moves_of"]
