@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from benchmarks.bench_profile_loop import deferred_w
 from pipeforge import loads
@@ -108,3 +110,19 @@ def test_fused_b_memory_is_the_semantics_rule():
     from pipeforge.sim.workgraph import peak_memory
     peaks = [peak_memory(graph, seq) for seq in order]
     assert peaks == list(simulate(library("1f1b", 4, 8), CHEAPER).peak_memory)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=st.integers(1, 3), m=st.integers(1, 4), f=st.sampled_from([1.0, 2.0]), i=st.sampled_from([0.5, 1.0, 2.0]),
+       w=st.sampled_from([0.5, 1.0, 2.0]), share=st.sampled_from([0.6, 0.8, 0.95]),
+       name=st.sampled_from(["1f1b", "zb-h1"]), strategy=st.sampled_from(["local", "auto"]))
+def test_fusing_never_worse_never_invalid(p, m, f, i, w, share, name, strategy):
+    costs = CostModel(F=f, I=i, W=w, B=share * (i + w))
+    schedule = library(name, p, m)
+    result = optimize(schedule, costs=costs, memory_limit=p, strategy=strategy, time_limit=1)
+    before = simulate(schedule, costs)
+    if max(before.peak_memory) <= p:
+        assert result.after.max_span <= worst(before) + 1e-9
+    assert result.span_bound <= result.after.max_span + 1e-9
+    if result.improved:
+        check(result, costs, p)
