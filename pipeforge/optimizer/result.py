@@ -93,7 +93,7 @@ class OptimizeResult:
     @property
     def bound_of(self) -> str:
         """What the bound bounds: every order of the work in each placement tried."""
-        return f"any order of the same work (B split into I and W) within the memory limit, placed " \
+        return f"any order of the same work (each B fused or split into I and W) within the memory limit, placed " \
                f"{' or '.join(self.placements_tried)}"
 
     def to_json(self) -> dict:

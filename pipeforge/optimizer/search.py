@@ -49,6 +49,7 @@ from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, St
 from pipeforge.semantics import COMPLETE, split
 from pipeforge.sim.bounds import WorkBound, bubble_of_span, work_bound
 from pipeforge.optimizer.budget import finish_seconds, search_deadline, timed
+from pipeforge.optimizer.fuse import fusable_stages
 from pipeforge.optimizer.evaluate import (
     Evaluation, Graph, Order, Problem, compute_actions, evaluate, is_complete, schedule_of,
 )
@@ -238,12 +239,17 @@ class _Search:
         bound, small = self.bound, len(self.split.actions) <= EXACT_AUTO_ACTIONS
         if strategy == "auto" and self.source_of is not None and not self.reached(bound):
             self.offer(self.source_of())
+        fusing = strategy in ("local", "auto") and bool(fusable_stages(self.problem))
         if strategy in ("local", "auto") and not self.reached(bound):
             start = self.source if strategy == "local" and self.source is not None else self.best
-            share = 0.25 if strategy == "auto" and small else 1.0  # leave most of it to exact search
+            share = 0.25 if strategy == "auto" and small else 0.5 if fusing else 1.0  # leave the rest to exact, fuse
             self.local(start, self.left() * share, bound)
         if (strategy == "exact" or (strategy == "auto" and small)) and not self.reached(bound):
-            self.bound = bound = max(bound, self.exact(bound))
+            # exact search orders the split work only: its bound is no bound on orders that fuse some B
+            proven = self.exact(bound, self.left() * (0.5 if fusing else 1.0))
+            self.bound = bound = bound if fusing else max(bound, proven)
+        if fusing and not self.reached(bound):
+            self.fuse(bound)
         if self.reached(bound):
             self.stopped = "bound"
 
@@ -291,17 +297,30 @@ class _Search:
         self.offer(_Candidate(start.graph, found.order, found.evaluation, "local"))
         self.stopped = "time" if self.left() <= 0 else "stalled"
 
-    def exact(self, bound: float) -> float:
+    def fuse(self, bound: float) -> None:
+        """Keep B fused or split it per (stage, microbatch) (``fuse.py``), from the best order and the input."""
+        from pipeforge.optimizer.fuse import FuseSearch
+
+        seeds = [(c.graph, c.order) for c in (self.best, self.source) if c is not None]
+        if not seeds or self.left() <= 0:
+            return
+        self.tell(0.4, "fuse search: keep B whole or split it")
+        found = FuseSearch(self.problem, self.deadline, bound, self.progress).run(seeds)
+        if found is not None:
+            self.offer(_Candidate(found[0], found[1], found[2], "fuse"))
+        self.stopped = "time" if self.left() <= 0 else "stalled"
+
+    def exact(self, bound: float, seconds: float) -> float:
         """Run z3 from the best order so far on the split work; returns its proven span bound."""
         from pipeforge.optimizer.exact import TooLarge, solve_exact
 
         incumbent = self.best if self.best is not None and self.best.graph is self.split else None
-        if incumbent is None or self.left() <= 0:
+        if incumbent is None or seconds <= 0:
             return 0.0
         self.tell(0.5, "exact search (z3)")
         small = len(self.split.actions) <= ASAP_ACTIONS
         try:
-            found = solve_exact(self.split, incumbent.order, bound, time_limit=self.left(), asap=small,
+            found = solve_exact(self.split, incumbent.order, bound, time_limit=seconds, asap=small,
                                 progress=self.progress)
         except TooLarge:
             return 0.0
