@@ -12,9 +12,13 @@ only those whose W fills a bubble. This search changes the set of actions:
   W right after it, or before a later action its rank waits for (a gap the W
   may fill), or at the end of the rank.
 
-Only stages where B < I + W are touched: where B = I + W (the Zero Bubble
+It runs where some stage's B < I + W, and moves the (stage, microbatch) of
+every stage where B and I + W differ (where B > I + W a split is the cheaper
+one: a fused B in the input is split there); where B = I + W (the Zero Bubble
 tables) a fused B at the I's position times exactly like the I with its W
-right after it, so nothing here could gain and nothing runs. A move is kept
+right after it, so nothing here could gain and nothing runs. Each seed is
+tried as it is and with its least work: every pair fused where B < I + W and
+every B split (its W right after its I) where B > I + W. A move is kept
 when the order still runs, fits the memory limit and lowers the evaluation key
 (``Evaluation.key``), as in local search. Every changed set of actions gets its
 own work graph (``Graph``: the memory of a fused B is ``MemorySpec.stage_effect``'s,
@@ -51,10 +55,24 @@ def programs_of(graph: Graph, order: Order) -> Programs:
     return tuple(tuple(graph.actions[a] for a in seq) for seq in order)
 
 
+def choice_stages(problem: Problem) -> frozenset[int]:
+    """The stages where keeping B whole or splitting it changes the work (B differs from I + W)."""
+    cost = problem.costs.duration
+    return frozenset(s for s in range(problem.stages) if abs(cost(B, s) - cost(I, s) - cost(W, s)) > TOLERANCE)
+
+
 def fused_everywhere(programs: Programs, stages: frozenset[int]) -> Programs:
     """Every split pair of ``stages`` fused at its I's position (the seed with the least compute)."""
-    return tuple(tuple(a._replace(kind=B) if a.kind is I else a for a in seq
+    return tuple(tuple(a._replace(kind=B) if a.kind is I and a.stage in stages else a for a in seq
                        if not (a.stage in stages and a.kind is W)) if stages else seq for seq in programs)
+
+
+def split_everywhere(programs: Programs, stages: frozenset[int]) -> Programs:
+    """Every B of ``stages`` split into its I and, right after it, its W."""
+    return tuple(tuple(part for a in seq
+                       for part in ((a._replace(kind=I), a._replace(kind=W)) if a.kind is B and a.stage in stages
+                                    else (a,)))
+                 for seq in programs)
 
 
 def moves(programs: Programs, stages: frozenset[int], idle: frozenset[Action] = frozenset()) -> Iterator[Programs]:
@@ -99,7 +117,8 @@ class FuseSearch:
 
     def __init__(self, problem: Problem, deadline: float, target: float, progress: Progress | None = None):
         self.problem, self.deadline, self.target, self.progress = problem, deadline, target, progress
-        self.stages = fusable_stages(problem)
+        self.fusable = fusable_stages(problem)
+        self.stages = choice_stages(problem)  # what the moves touch
         self.limit = problem.memory_limit
 
     def left(self) -> float:
@@ -148,17 +167,30 @@ class FuseSearch:
         return evaluation.max_span <= self.target + TOLERANCE
 
     def run(self, seeds: list[tuple[Graph, Order]]) -> tuple[Graph, Order, Evaluation] | None:
-        """The best order found from ``seeds`` (each also with every pair fused), or None."""
-        from pipeforge.optimizer.local import local_search
-
+        """The best order found from ``seeds`` (each also with its least work), or None: a descent from
+        each start, the best first (the best start is often a local optimum of the split work that no
+        single move leaves, while the input's least work is not)."""
         starts = []
         for graph, order in seeds:
             programs = programs_of(graph, order)
-            starts += [found for found in (self.judge(programs), self.judge(fused_everywhere(programs, self.stages)))
-                       if found is not None]
-        if not starts or not self.stages:
+            least = split_everywhere(fused_everywhere(programs, self.fusable), self.stages - self.fusable)
+            starts += [found for found in (self.judge(programs), self.judge(least)) if found is not None]
+        if not starts or not self.fusable:
             return None
-        best = min(starts, key=lambda found: found[2].key())
+        starts.sort(key=lambda found: found[2].key())
+        best = starts[0]
+        for start in starts:
+            if self.left() <= 0 or self.reached(best[2]):
+                break
+            found = self.improve(start)
+            if found[2].key() < best[2].key():
+                best = found
+        return best
+
+    def improve(self, best: tuple[Graph, Order, Evaluation]) -> tuple[Graph, Order, Evaluation]:
+        """Fuse descents alternating with local search from ``best``, until neither improves."""
+        from pipeforge.optimizer.local import local_search
+
         while self.left() > 0 and not self.reached(best[2]):
             if self.progress is not None:
                 self.progress(0.4, f"fuse search: best worst span {best[2].max_span:g}")
@@ -173,4 +205,5 @@ class FuseSearch:
         return best
 
 
-__all__ = ["FuseSearch", "fusable_stages", "fused_everywhere", "moves", "moves_of"]
+__all__ = ["FuseSearch", "choice_stages", "fusable_stages", "fused_everywhere", "moves", "moves_of",
+           "split_everywhere"]

@@ -238,16 +238,17 @@ class _Search:
         (``self.stopped`` says why it stopped)."""
         bound, small = self.bound, len(self.split.actions) <= EXACT_AUTO_ACTIONS
         if strategy == "auto" and self.source_of is not None and not self.reached(bound):
-            self.offer(self.source_of())
+            self.source = self.source_of()  # also a seed of the fuse search
+            self.offer(self.source)
         fusing = strategy in ("local", "auto") and bool(fusable_stages(self.problem))
         if strategy in ("local", "auto") and not self.reached(bound):
             start = self.source if strategy == "local" and self.source is not None else self.best
-            share = 0.25 if strategy == "auto" and small else 0.5 if fusing else 1.0  # leave the rest to exact, fuse
+            share = 0.3 if fusing else 0.25 if strategy == "auto" and small else 1.0  # the rest to fuse or exact
             self.local(start, self.left() * share, bound)
-        if (strategy == "exact" or (strategy == "auto" and small)) and not self.reached(bound):
-            # exact search orders the split work only: its bound is no bound on orders that fuse some B
-            proven = self.exact(bound, self.left() * (0.5 if fusing else 1.0))
-            self.bound = bound = bound if fusing else max(bound, proven)
+        # exact search orders the split work only: where fusing some B may win, its orders are not the space
+        # searched and its bound is no bound, so auto leaves the time to the fuse search
+        if (strategy == "exact" or (strategy == "auto" and small and not fusing)) and not self.reached(bound):
+            self.bound = bound = max(bound, self.exact(bound, self.left()))
         if fusing and not self.reached(bound):
             self.fuse(bound)
         if self.reached(bound):

@@ -65,6 +65,25 @@ def test_loop_costs_reach_the_hand_built_deferred_w():
     assert B in kinds and ActionKind.W in kinds  # some B kept whole, some split
 
 
+# What `pipeforge profile` measured of the same model (dispatch included): the first stage's B costs more
+# than its I + W (its I is almost nothing), the last stage's less; one link of 1.96.
+MIXED = CostModel(per_stage=per_stage([{"F": 13.59, "I": 0.465, "W": 27.05, "B": 28.56},
+                                       {"F": 14.42, "I": 14.72, "W": 14.91, "B": 26.41}]).per_stage,
+                  links=(1.96,))
+
+
+def test_auto_splits_where_b_is_dearer_and_fuses_where_it_is_cheaper():
+    """From 1F1B (every B whole) with the profiled costs, auto at its default limit reaches deferred-w (the
+    first stage's B split, I + W < B there; the last stage's kept whole but for its first and last): it
+    needs the input among the fuse search's seeds and a descent from each seed, not only the best."""
+    hand = simulated(loads(deferred_w(2, 8)), MIXED, 2)
+    result = optimize(library("1f1b", 2, 8), costs=MIXED, memory_limit=2, strategy="auto")
+    timeline = check(result, MIXED, 2)
+    assert worst(timeline) <= worst(hand) + 1e-9
+    assert worst(timeline) < worst(simulated(library("zb-h1", 2, 8), MIXED, 2))
+    assert result.found_by == "fuse"
+
+
 def test_cheaper_b_beats_the_all_split_and_all_fused_library_orders():
     limit = 4
     best = min(worst(simulated(library(name, 4, 8), CHEAPER, limit)) for name in ("1f1b", "zb-h1"))
