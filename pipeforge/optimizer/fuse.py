@@ -1,4 +1,4 @@
-"""Keep a B whole or split it: per (stage, microbatch), where the costs say B is cheaper than I + W.
+"""Keep a B whole or split it: per (stage, microbatch), where the costs say B differs from I + W.
 
 The other strategies reorder one fixed set of actions, every B split into I
 and W (the Zero Bubble split). Where a stage's fused B costs less than its I
@@ -132,7 +132,7 @@ class FuseSearch:
         return graph, order, evaluation
 
     def descend(self, best: tuple[Graph, Order, Evaluation]) -> tuple[tuple[Graph, Order, Evaluation], bool]:
-        """Sweeps over every (stage, microbatch) of a fusable stage, keeping the first of its moves
+        """Sweeps over every (stage, microbatch) of a stage in ``choice_stages``, keeping the first of its moves
         that lowers the key, until a sweep keeps none; returns the best and whether anything changed."""
         improved, changed = True, False
         while improved and self.left() > 0 and not self.reached(best[2]):
@@ -170,12 +170,14 @@ class FuseSearch:
         """The best order found from ``seeds`` (each also with its least work), or None: a descent from
         each start, the best first (the best start is often a local optimum of the split work that no
         single move leaves, while the input's least work is not)."""
+        if not self.fusable:
+            return None
         starts = []
         for graph, order in seeds:
             programs = programs_of(graph, order)
             least = split_everywhere(fused_everywhere(programs, self.fusable), self.stages - self.fusable)
             starts += [found for found in (self.judge(programs), self.judge(least)) if found is not None]
-        if not starts or not self.fusable:
+        if not starts:
             return None
         starts.sort(key=lambda found: found[2].key())
         best = starts[0]

@@ -50,6 +50,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 
 from pipeforge.ir import ActionKind
 from pipeforge.sim.workgraph import WorkGraph
@@ -186,6 +187,11 @@ class _Paths:
         for r, n in Counter(r for r, kind in zip(graph.rank, kinds) if kind is _F).items():
             self.forwards[r] = n
 
+    @cached_property
+    def least(self) -> dict[int, float]:
+        """Each member's least duration in any schedule of the work (``_least_durations``)."""
+        return _least_durations(self.graph, self.members)
+
     def _topological(self) -> list[int]:
         indegree = {a: sum(d in self.children for d, _ in self.graph.deps[a]) for a in self.members}
         ready = [a for a, n in indegree.items() if n == 0]
@@ -245,7 +251,7 @@ def _rank_shape(graph: WorkGraph, paths: _Paths, r: int) -> _RankShape | None:
     """Rank r's round trips (None when it runs no F or no I of the microbatch); a trip is timed with
     each action's least duration (``_least_durations``: a fused B may be cheaper than its I)."""
     actions, duration = graph.actions, graph.duration
-    least = _least_durations(graph, paths.members)
+    least = paths.least
     mine = {k: [a for a in paths.members if graph.rank[a] == r and actions[a].kind is k] for k in (_F, _I, _W)}
     if not mine[_F] or not mine[_I]:
         return None
@@ -319,7 +325,7 @@ def through_spans(graph: WorkGraph, paths: _Paths | None = None) -> list[tuple[f
     if lanes is None:
         return [(0.0, None)] * ranks
     paths = paths or _Paths(graph)
-    duration = _least_durations(graph, paths.members)
+    duration = paths.least
     found = []
     for r in range(ranks):
         heads, tails = paths.heads(r, duration), paths.tails(r, duration)
@@ -385,7 +391,7 @@ def memory_chain_spans(graph: WorkGraph, limit: float | None, paths: _Paths | No
     if in_flight < 1:
         return [0.0] * ranks  # no F fits: no schedule runs, nothing to bound
     paths = paths or _Paths(graph)
-    duration = _least_durations(graph, paths.members)
+    duration = paths.least
     lanes = Counter((r, a.stage) for a, r in zip(graph.actions, graph.rank) if a.kind is _F)
     return [_memory_chain(graph, paths, duration, r, in_flight, lanes) for r in range(ranks)]
 
