@@ -19,7 +19,10 @@
 Reported, per schedule: predicted and measured step time, measured / predicted,
 the prediction from the costs the run itself measured (``in-situ``: the median
 F, I, W, B of the traced steps: what is left of the error there is the
-simulator's, the rest the profile's), and how many cores a step kept busy
+simulator's, the rest the profile's), the prediction from the schedule's own
+costs in the run (``own``: the medians of its own traced steps; where it is
+right and in-situ is not, the costs of an action depend on the schedule around
+it: a W long after its I finds its tensors out of cache), and how many cores a step kept busy
 (CPU time summed over the ranks / wall time). Then: the rank correlation
 (Spearman) and mean relative error of both predictions; each cost as profiled
 and as run; where a step's time went (compute, waits, the runtime's own work per
@@ -123,6 +126,10 @@ def in_situ_costs(profiled: dict, traces: list[Trace], single_chain: list[Trace]
     return {**profiled, "stages": stages, "step": step, "dispatch": dispatch}
 
 
+def file_name(schedule_name: str) -> str:
+    return schedule_name.replace(" ", "").replace("/", "")
+
+
 def per_round_ratio(a: list[float], b: list[float]) -> list[float]:
     return [x / y for x, y in zip(a, b)]
 
@@ -142,6 +149,9 @@ def main() -> int:
     parser.add_argument("--profile-warmup", type=int, default=3)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="cpu",
                         help="how the profile times each action (pipeforge profile --clock; cpu: steady under load)")
+    parser.add_argument("--no-pin", dest="pin", action="store_false",
+                        help="let the ranks move between cores (default: each on a core of its own, "
+                             "where there are enough: profile --pin)")
     parser.add_argument("--time-limit", type=float, default=10.0, help="optimize --time-limit")
     parser.add_argument("--out", help="folder for costs.json, optimized.pipe, results.json and timelines "
                                       "(default: temporary)")
@@ -155,7 +165,7 @@ def main() -> int:
 
     print(pipeforge_cli("profile", str(MODEL), "--stages", str(P), "--microbatches", str(M),
                         "--steps", str(args.profile_steps), "--warmup", str(args.profile_warmup),
-                        "--clock", args.clock, "-o", str(costs)))
+                        "--clock", args.clock, *(["--pin"] if args.pin else []), "-o", str(costs)))
     print(pipeforge_cli("optimize", "1f1b", "-D", f"P={P}", "-D", f"M={M}", "--costs", str(costs),
                         "--memory-limit", str(P), "--time-limit", str(args.time_limit), "-o", str(optimized)))
 
@@ -174,17 +184,23 @@ def main() -> int:
 
     rows = []
     print(f"{'schedule':12}{'predicted':>11}{'measured':>10}{'meas/pred':>11}{'in-situ':>9}{'meas/in-situ':>14}"
-          f"{'cores busy':>12}   (ms)")
+          f"{'own':>8}{'meas/own':>10}{'cores busy':>12}   (ms)")
+    situ_costs = json.loads(situ.read_text())
     for i, (name, schedule) in enumerate(schedules.items()):
-        guess, situ_line = timeline(schedule, costs), timeline(schedule, situ)
+        own = out / f"costs-own-{file_name(name)}.json"
+        mine = [t for rank in traces[name] for t in rank]
+        own.write_text(json.dumps(in_situ_costs(situ_costs, mine, mine if schedule.chains == 1 else single),
+                                  indent=2) + "\n")
+        guess, situ_line, own_line = timeline(schedule, costs), timeline(schedule, situ), timeline(schedule, own)
         ms, cpu_ms = value["ms"][i], value["cpu_ms"][i]
         rows.append({"schedule": name, "predicted_ms": guess.step_time, "in_situ_ms": situ_line.step_time,
-                     "makespan_ms": guess.makespan, "measured_ms": ms, "cpu_ms": cpu_ms,
-                     "steps_ms": value["steps_ms"][i]})
+                     "own_ms": own_line.step_time, "makespan_ms": guess.makespan, "measured_ms": ms,
+                     "cpu_ms": cpu_ms, "steps_ms": value["steps_ms"][i]})
         print(f"{name:12}{guess.step_time:>11.1f}{ms:>10.1f}{ms / guess.step_time:>11.3f}{situ_line.step_time:>9.1f}"
-              f"{ms / situ_line.step_time:>14.3f}{cpu_ms / ms:>12.2f}")
+              f"{ms / situ_line.step_time:>14.3f}{own_line.step_time:>8.1f}{ms / own_line.step_time:>10.3f}"
+              f"{cpu_ms / ms:>12.2f}")
         if args.out:
-            write_timeline(out / f"timeline-{name.replace(' ', '').replace('/', '')}.json", situ_line,
+            write_timeline(out / f"timeline-{file_name(name)}.json", situ_line,
                            [rank[len(rank) // 2] for rank in traces[name]], name)
     verdict = accuracy(rows)
     print(costs_table(profiled, json.loads(situ.read_text())))
@@ -208,7 +224,8 @@ def measure(schedules: dict, P: int, args) -> dict:
             folder = Path(gen) / f"s{index}"
             folder.mkdir()
             paths.append(str(codegen(schedule, str(folder))))
-        job = TimingJob(str(MODEL), tuple(paths), steps=args.steps, warmup=args.warmup, trace=True)
+        job = TimingJob(str(MODEL), tuple(paths), steps=args.steps, warmup=args.warmup, trace=True,
+                        pin=args.pin)
         outcomes = spawn("pipeforge.runtime.profiling:time_schedules", P, job, timeout=300.0,
                          deadline=60.0 + 10.0 * len(paths) * (args.steps + args.warmup) * 4)
     failed = [o for o in outcomes if not o.ok]
@@ -223,7 +240,7 @@ def accuracy(rows: list[dict]) -> dict:
     rows = [r for r in rows if r["schedule"] != AA]
     times = [r["measured_ms"] for r in rows]
     verdict = {}
-    for key, label in (("predicted_ms", "profile"), ("in_situ_ms", "in-situ")):
+    for key, label in (("predicted_ms", "profile"), ("in_situ_ms", "in-situ"), ("own_ms", "own")):
         guesses = [r[key] for r in rows]
         errors = [abs(t - g) / t for g, t in zip(guesses, times)]
         rho = spearman(guesses, times)
@@ -266,19 +283,21 @@ def ratios(rows: list[dict]) -> dict:
     pairs = [("optimized", "1f1b"), ("optimized", "zb-h1"), (AA, "1f1b")]
     if "deferred-w" in by:
         pairs += [("deferred-w", "1f1b"), ("deferred-w", "zb-h1")]
-    print("measured: median over rounds of the per-round ratio (quartiles); predicted from the profile; in-situ")
+    print("measured: median over rounds of the per-round ratio (quartiles); predicted from the profile; in-situ; "
+          "own")
     for a, b in pairs:
         per_round = per_round_ratio(by[a]["steps_ms"], by[b]["steps_ms"])
         low, high = quartiles(per_round)
         measured = statistics.median(per_round)
         predicted = by[a]["predicted_ms"] / by[b]["predicted_ms"]
         situ = by[a]["in_situ_ms"] / by[b]["in_situ_ms"]
+        own = by[a]["own_ms"] / by[b]["own_ms"]
         faster = sum(r < 1.0 for r in per_round)
         found[f"{a} / {b}"] = {"measured": measured, "quartiles": [low, high], "predicted": predicted,
-                               "in_situ": situ, "faster_rounds": faster, "rounds": len(per_round),
+                               "in_situ": situ, "own": own, "faster_rounds": faster, "rounds": len(per_round),
                                "wins_measured": high < 1.0, "wins_predicted": predicted < 1.0}
         print(f"  {a + ' / ' + b:22} measured {measured:.3f} ({low:.3f}-{high:.3f}, faster in {faster} of "
-              f"{len(per_round)} rounds)  predicted {predicted:.3f}  in-situ {situ:.3f}")
+              f"{len(per_round)} rounds)  predicted {predicted:.3f}  in-situ {situ:.3f}  own {own:.3f}")
     print("  (a win counts when even the upper quartile is below 1; the A/A row shows the noise)")
     return {"ratios": found}
 

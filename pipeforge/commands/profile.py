@@ -35,6 +35,9 @@ def register(subparsers) -> None:
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="time each F, I, W, B by the wall clock (default) or by its thread's CPU time "
                              "(CPU only: the work itself, steadier on a loaded machine)")
+    parser.add_argument("--pin", action="store_true",
+                        help="keep each rank on a core of its own (where there are at least STAGES cores): "
+                             "no rank waits for a core another holds")
     parser.add_argument("-o", "--output", required=True, metavar="COSTS.json", help="the cost file to write")
     parser.add_argument("--json", action="store_true", help="print the cost file to stdout too")
     parser.set_defaults(handler=run)
@@ -60,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         (Path(out_dir) / "fused").mkdir()
         job = ProfileJob(str(Path(args.model).resolve()), str(codegen(schedule, out_dir)),
                          str(codegen(fused, str(Path(out_dir) / "fused"))), steps=args.steps,
-                         warmup=args.warmup, timeout=args.timeout, clock=args.clock)
+                         warmup=args.warmup, timeout=args.timeout, clock=args.clock, pin=args.pin)
         outcomes = spawn("pipeforge.runtime.profiling:profile_job", args.stages, job, timeout=args.timeout,
                          deadline=args.timeout * (args.steps + args.warmup + 2) + 30)
     failed = [o for o in outcomes if not o.ok]

@@ -44,12 +44,26 @@ class ProfileJob:
     chain_trials: int = 5  # exchanges of a stage's gradients (the whole stage: fewer than link trials)
     threads: int = 1  # torch threads per rank: one, so ranks do not fight over cores
     clock: str = "wall"  # "cpu": each action's CPU time on its thread (CLOCKS)
+    pin: bool = False  # each rank on a core of its own (``pin_to_core``)
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 """How an action is timed: ``wall``, the time it took; ``cpu``, the CPU time of the thread that ran it
 (a CPU device, where torch computes on the calling thread: the action's own work, without the time its
 process waited for a core on a loaded machine)."""
+
+
+def pin_to_core(rank: int, nproc: int) -> bool:
+    """Keep rank ``rank``'s process (and the threads it starts) on one core of those it may run on, a
+    core a rank, when there are at least ``nproc`` of them: a rank then never waits for a core another
+    rank holds, nor loses its caches to a move. False (nothing done) where there are fewer cores."""
+    import os
+
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else []
+    if len(cores) < nproc:
+        return False
+    os.sched_setaffinity(0, {cores[rank]})
+    return True
 
 
 class ModelFileError(Exception):
@@ -181,6 +195,8 @@ def profile_rank(rank: int, nproc: int, job: ProfileJob) -> dict:
     import torch
     import torch.distributed as dist
 
+    if job.pin:
+        pin_to_core(rank, nproc)
     torch.set_num_threads(job.threads)
     model = load_model(job.model_path, nproc)
     module = model["modules"][rank]
@@ -320,6 +336,7 @@ class TimingJob:
     timeout: float = 120.0
     threads: int = 1
     trace: bool = False  # also return every measured step's trace (``pipeforge.runtime.trace``)
+    pin: bool = False  # each rank on a core of its own (``pin_to_core``)
 
 
 def time_schedules(rank: int, nproc: int, job: TimingJob) -> dict:
@@ -335,6 +352,8 @@ def time_schedules(rank: int, nproc: int, job: TimingJob) -> dict:
     import torch
     import torch.distributed as dist
 
+    if job.pin:
+        pin_to_core(rank, nproc)
     torch.set_num_threads(job.threads)
     runs = [_timed_pipeline(rank, path, job) for path in job.module_paths]
     samples: list[list[tuple[float, float]]] = [[] for _ in runs]

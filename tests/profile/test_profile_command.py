@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,11 +17,11 @@ MODEL = str(Path(__file__).with_name("mlp_model.py"))
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("clock", ["wall", "cpu"])
-def test_profile_writes_a_cost_file_that_simulate_reads(tmp_path, capsys, clock):
+@pytest.mark.parametrize("clock, pin", [("wall", []), ("cpu", ["--pin"])])
+def test_profile_writes_a_cost_file_that_simulate_reads(tmp_path, capsys, clock, pin):
     out = tmp_path / "costs.json"
     assert main(["profile", MODEL, "--stages", "2", "--microbatches", "2", "--steps", "1", "--warmup", "0",
-                 "--clock", clock, "-o", str(out)]) == 0
+                 "--clock", clock, *pin, "-o", str(out)]) == 0
     assert "wrote" in capsys.readouterr().out
     data = json.loads(out.read_text())
     assert data["units"] == "ms" and len(data["stages"]) == 2 and len(data["links"]) == 1
@@ -32,6 +35,17 @@ def test_profile_writes_a_cost_file_that_simulate_reads(tmp_path, capsys, clock)
     assert found.costs.overhead.step == data["step"]
     assert found.activation[0] == 1.0 and found.costs.links[0] == data["links"][0]
     assert main(["simulate", "1f1b", "-D", "P=2", "--costs", str(out), "--json"]) == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
+def test_pin_to_core_keeps_each_rank_on_a_core_of_its_own_only_where_there_are_enough():
+    script = ("import os\nfrom pipeforge.runtime.profiling import pin_to_core\n"
+              "cores = sorted(os.sched_getaffinity(0))\n"
+              "print(pin_to_core(len(cores) + 1, len(cores) + 2), sorted(os.sched_getaffinity(0)) == cores)\n"
+              "print(pin_to_core(len(cores) - 1, len(cores)), sorted(os.sched_getaffinity(0)) == cores[-1:])\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert done.stdout.split() == ["False", "True", "True", "True"]
 
 
 def test_model_file_without_the_function_exits_2(tmp_path, capsys):
