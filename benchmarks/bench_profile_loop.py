@@ -2,10 +2,13 @@
 
     .venv/bin/python benchmarks/bench_profile_loop.py            # P=2, M=8, 12 measured rounds, about 2 min
     .venv/bin/python benchmarks/bench_profile_loop.py --out /tmp/loop --clock wall
+    .venv/bin/python benchmarks/bench_profile_loop.py --blocks 1,3 --microbatches 6 --steps 40
 
 1. ``pipeforge profile benchmarks/gpt_unequal.py --stages P`` writes the cost file
    (stage 0 holds the embedding, the last stage the LM head, each about as heavy
-   as two blocks).
+   as two blocks; ``--blocks 1,3`` puts 1 transformer block on stage 0 and 3 on
+   stage 1, so 2 stages cost about 3 : 5; the default, 2 a stage, makes them
+   4 : 4 on 2 ranks).
 2. ``pipeforge optimize 1f1b --costs costs.json --memory-limit P`` (1p memory).
 3. Every library schedule with P stages on P ranks, the optimized one, a second
    copy of 1F1B (``1f1b A/A``: the noise of the machine, a ratio that should be 1)
@@ -149,6 +152,8 @@ def main() -> int:
     parser.add_argument("--profile-warmup", type=int, default=3)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="cpu",
                         help="how the profile times each action (pipeforge profile --clock; cpu: steady under load)")
+    parser.add_argument("--blocks", help="transformer blocks per stage, comma separated (the model's GPT_BLOCKS; "
+                                         "default 2 a stage)")
     parser.add_argument("--no-pin", dest="pin", action="store_false",
                         help="let the ranks move between cores (default: each on a core of its own, "
                              "where there are enough: profile --pin)")
@@ -156,6 +161,8 @@ def main() -> int:
     parser.add_argument("--out", help="folder for costs.json, optimized.pipe, results.json and timelines "
                                       "(default: temporary)")
     args = parser.parse_args()
+    if args.blocks:
+        os.environ["GPT_BLOCKS"] = args.blocks  # the profile's and the run's ranks inherit it
     out = Path(args.out or tempfile.mkdtemp(prefix="pipeforge-loop-"))
     out.mkdir(parents=True, exist_ok=True)
     P, M = args.ranks, args.microbatches

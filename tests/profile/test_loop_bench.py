@@ -50,3 +50,16 @@ def test_spearman_and_in_situ_costs(bench):
     situ = bench.in_situ_costs(profiled, [trace], [trace])
     assert situ["stages"][0] == {"F": 8.0, "I": 1.0, "W": 1.0, "B": 8.0, "activation": 5.0}
     assert situ["step"] == pytest.approx(2.0) and situ["dispatch"] == pytest.approx(1.0)
+
+
+def test_gpt_blocks_lays_out_the_stages(monkeypatch):
+    spec = importlib.util.spec_from_file_location("gpt_unequal", BENCH.with_name("gpt_unequal.py"))
+    gpt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpt)
+    assert gpt.blocks_per_stage(3) == [gpt.BLOCKS_PER_STAGE] * 3
+    monkeypatch.setenv("GPT_BLOCKS", "1,3")
+    model = gpt.pipeforge_model(2)
+    assert [len(stage.blocks) for stage in model["modules"]] == [1, 3]
+    assert model["modules"][0].embed is not None and model["modules"][1].head is not None
+    with pytest.raises(ValueError, match="expected 3 counts"):
+        gpt.blocks_per_stage(3)
