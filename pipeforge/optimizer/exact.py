@@ -246,7 +246,7 @@ def solve_exact(graph: Graph, incumbent: Order, lower_bound: float, *, time_limi
     while not search.closed() and search.probe(deadline - time.monotonic()):
         if progress is not None:
             spent = 1.0 - max(0.0, deadline - time.monotonic()) / time_limit
-            progress(min(1.0, spent), f"exact search: worst span in [{search.low:.6g}, {search.high:.6g}]")
+            progress(min(1.0, spent), f"exact search: best worst span within {_gap(search.low, search.high):.2%} of the optimum")
     return ExactResult(search.order, min(search.low, search.high), search.high, search.closed(), search.checks)
 
 
@@ -317,6 +317,12 @@ def _as_fraction(value: z3.ExprRef) -> Fraction | None:
 def _check(model: _Model, target: float, seconds: float) -> z3.CheckSatResult:
     model.solver.set("timeout", max(1, int(seconds * 1000)))
     return model.solver.check(model.objective <= z3.RealVal(str(Fraction(target)), model.context))
+
+
+def _gap(low: float, high: float) -> float:
+    """How far above the proven lower bound ``low`` the best span ``high`` may be, as a fraction of it
+    (unit free: the search's integer units never reach the user)."""
+    return (high - low) / low if low > 0 else 0.0
 
 
 def _improvement(graph: Graph, found: Order, high: float) -> tuple[Order, float] | None:
