@@ -131,6 +131,7 @@ def report(result, output: str) -> str:
         f"bound: {result.bound_of}"
         + (f"; before any search {_pct(result.work_bound.bubble_rate)} (what simulate reports as its bound "
            f"on {WORK_SPACE}{_binding(result.work_bound)})" if result.work_bound is not None else ""),
+        *_fuse_line(result),
         f"stopped: {STOP_REASONS[result.stopped]}",
         f"wrote {output}" + ("" if result.improved else " (the input: nothing better found)"),
     ]
@@ -138,6 +139,16 @@ def report(result, output: str) -> str:
         lines.insert(-1, f"note: the input holds {max(before.peak_memory):g} M_B, over the limit {limit:g}; "
                          "the result fits the limit, which can cost time")
     return "\n".join(lines)
+
+
+def _fuse_line(result) -> list[str]:
+    """Which pass kept B whole or split it, where some stage's B costs less than its I + W."""
+    from pipeforge.optimizer.result import FUSE_PASSES
+
+    if result.fuse is None:
+        return []
+    split = "" if result.split_bound is None else f" (split_bound {result.split_bound:.4g})"
+    return [f"fuse: {FUSE_PASSES[result.fuse]}{split}"]
 
 
 def _own_rates(before, after) -> list[str]:

@@ -124,17 +124,27 @@ def evaluate(graph: Graph, order: Order, reuse: tuple[Times, list[int]] | None =
     return None if timing is None else metrics(graph, order, timing)
 
 
-def metrics(graph: Graph, order: Order, timing: Times) -> Evaluation:
-    start, end = timing.start, timing.end
-    spans, busy = [], []
+def metrics(graph: Graph, order: Order, timing: Times, changed: tuple[Evaluation, int] | None = None) -> Evaluation:
+    """The figures of a finished ``timing`` of ``order``, over the nodes the order runs (a mix of the fuse
+    search, ``mixed.py``, leaves some nodes of its graph out). ``changed = (evaluation, r)``: ``order``
+    differs from the one ``evaluation`` measured on rank ``r`` only (same graph but for that rank's
+    nodes), so the other ranks' busy time and peak memory are taken from it."""
+    start, end, duration = timing.start, timing.end, graph.duration
+    spans, total_end, makespan = [], 0.0, 0.0
     for seq in order:
         spans.append(end[seq[-1]] - start[seq[0]] if seq else 0.0)
-        busy.append(sum(graph.duration[a] for a in seq))
-    makespan = max(end, default=0.0)
+        total_end += sum(map(end.__getitem__, seq))
+        makespan = max(makespan, end[seq[-1]] if seq else 0.0)
+    if changed is None:
+        busy = tuple(sum(map(duration.__getitem__, seq)) for seq in order)
+        peaks = tuple(peak_memory(graph, seq) for seq in order)
+    else:
+        base, r = changed
+        busy = base.busy[:r] + (sum(map(duration.__getitem__, order[r])),) + base.busy[r + 1:]
+        peaks = base.peak_memory[:r] + (peak_memory(graph, order[r]),) + base.peak_memory[r + 1:]
     worst = max(spans, default=0.0)
     bubble = 1.0 - (sum(busy) / len(busy)) / worst if worst > 0 else 0.0
-    peaks = tuple(peak_memory(graph, seq) for seq in order)
-    return Evaluation(makespan, bubble, tuple(spans), tuple(busy), peaks, sum(end))
+    return Evaluation(makespan, bubble, tuple(spans), busy, peaks, total_end)
 
 
 def is_complete(graph: Graph, order: Order) -> bool:

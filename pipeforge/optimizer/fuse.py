@@ -20,23 +20,33 @@ right after it, so nothing here could gain and nothing runs. Each seed is
 tried as it is and with its least work: every pair fused where B < I + W and
 every B split (its W right after its I) where B > I + W. A move is kept
 when the order still runs, fits the memory limit and lowers the evaluation key
-(``Evaluation.key``), as in local search. Every changed set of actions gets its
-own work graph (``Graph``: the memory of a fused B is ``MemorySpec.stage_effect``'s,
-the semantics' one rule); between fuse descents, local search reorders the
-mixed set (``local.local_search``).
+(``Evaluation.key``), as in local search.
+
+A move costs a timing, not a compile: every set of actions is a *mix* of the
+split work (``mixed.py``: an I node stands for its fused B), timed from the
+first changed step on (what starts earlier keeps its times, as in local
+search), after a check of the changed rank's memory. ``run`` alternates fuse
+descents with local search on the mix (``local.local_search``); ``polish``
+(after explicit greedy or exact search) runs the descents alone.
 """
 
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cached_property
 
-from pipeforge.ir import Action, ActionKind
-from pipeforge.optimizer.evaluate import TOLERANCE, Evaluation, Graph, Order, Problem, evaluate, simulate_order
+from pipeforge.ir import ActionKind
+from pipeforge.optimizer.evaluate import TOLERANCE, Evaluation, Graph, Order, Problem, evaluate, metrics, simulate_order
+from pipeforge.optimizer.local import fits_memory, local_search
+from pipeforge.optimizer.mixed import MixedWork
+from pipeforge.sim.workgraph import Times
 
-F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
-Programs = tuple[tuple[Action, ...], ...]
+B, I, W = ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
 Progress = Callable[[float, str], None]
+Found = tuple[Graph, Order, Evaluation]
 
 
 def fusable_stages(problem: Problem) -> frozenset[int]:
@@ -45,167 +55,213 @@ def fusable_stages(problem: Problem) -> frozenset[int]:
     return frozenset(s for s in range(problem.stages) if cost(B, s) < cost(I, s) + cost(W, s) - TOLERANCE)
 
 
-def graph_of(problem: Problem, programs: Programs) -> tuple[Graph, Order]:
-    """The work graph of ``programs``' actions and their order in it."""
-    graph = Graph(problem, [a for seq in programs for a in seq])
-    return graph, tuple(graph.ids(seq) for seq in programs)
-
-
-def programs_of(graph: Graph, order: Order) -> Programs:
-    return tuple(tuple(graph.actions[a] for a in seq) for seq in order)
-
-
 def choice_stages(problem: Problem) -> frozenset[int]:
     """The stages where keeping B whole or splitting it changes the work (B differs from I + W)."""
     cost = problem.costs.duration
     return frozenset(s for s in range(problem.stages) if abs(cost(B, s) - cost(I, s) - cost(W, s)) > TOLERANCE)
 
 
-def fused_everywhere(programs: Programs, stages: frozenset[int]) -> Programs:
-    """Every split pair of ``stages`` fused at its I's position (the seed with the least compute)."""
-    return tuple(tuple(a._replace(kind=B) if a.kind is I and a.stage in stages else a for a in seq
-                       if not (a.stage in stages and a.kind is W)) if stages else seq for seq in programs)
+@dataclass(frozen=True)
+class Mix:
+    """One set of actions and its order (``mixed.py``), timed: the fused I nodes, the graph that times
+    them, the order, its times and metrics."""
+
+    fused: frozenset[int]
+    view: Graph
+    order: Order
+    timing: Times
+    evaluation: Evaluation
+
+    @cached_property
+    def starts(self) -> tuple[list[float], ...]:
+        """Each rank's start times in its order (for ``kept_before``: only the mixes moves are made from)."""
+        start = self.timing.start
+        return tuple([start[a] for a in seq] for seq in self.order)
+
+    def kept_before(self, r: int, lo: int) -> list[int]:
+        """Per rank, how many leading actions start before position ``lo`` of rank ``r`` (they keep their times
+        when rank ``r`` changes from ``lo`` on)."""
+        t0 = self.starts[r][lo]
+        kept = [bisect_left(starts, t0) for starts in self.starts]
+        kept[r] = lo
+        return kept
+
+    def idle(self) -> frozenset[int]:
+        """The nodes whose rank is idle just before them (they wait for another rank)."""
+        start, end = self.timing.start, self.timing.end
+        return frozenset(seq[q] for seq in self.order for q in range(1, len(seq))
+                         if start[seq[q]] - end[seq[q - 1]] > TOLERANCE)
 
 
-def split_everywhere(programs: Programs, stages: frozenset[int]) -> Programs:
-    """Every B of ``stages`` split into its I and, right after it, its W."""
-    return tuple(tuple(part for a in seq
-                       for part in ((a._replace(kind=I), a._replace(kind=W)) if a.kind is B and a.stage in stages
-                                    else (a,)))
-                 for seq in programs)
+# A candidate: the fused I nodes, the graph that times them, the order, and where it first differs from the
+# mix it was made from (rank, position), or None for a new start.
+Candidate = tuple[frozenset[int], Graph, Order, tuple[int, int] | None]
 
 
-def moves(programs: Programs, stages: frozenset[int], idle: frozenset[Action] = frozenset()) -> Iterator[Programs]:
-    """Every fuse (at the I, at the W) and split of one (stage, microbatch) of ``stages``
-    (``moves_of`` each of its I and B)."""
-    for r, seq in enumerate(programs):
-        for p, action in enumerate(seq):
-            if action.stage in stages:
-                yield from moves_of(programs, r, p, idle)
+def least_work(work: MixedWork, fused: frozenset[int], order: Order, fuse: frozenset[int],
+               split: frozenset[int]) -> tuple[frozenset[int], Order]:
+    """Every pair of stages ``fuse`` fused at its I's position, every B of stages ``split`` split (its W
+    right after its I): the seed's least work."""
+    actions, weight_of = work.split.actions, work.weight_of
+    now, out = set(fused), []
+    for seq in order:
+        nodes = []
+        for node in seq:
+            stage, kind = actions[node].stage, actions[node].kind
+            if kind is W and stage in fuse:
+                continue
+            nodes.append(node)
+            if kind is I and stage in fuse:
+                now.add(node)
+            elif node in now and stage in split:
+                now.discard(node)
+                nodes.append(weight_of[node])
+        out.append(tuple(nodes))
+    return frozenset(now), tuple(out)
 
 
-def moves_of(programs: Programs, r: int, p: int, idle: frozenset[Action]) -> Iterator[Programs]:
-    """The moves of the action at position ``p`` of rank ``r``: an I fused with its W (at the I, at
-    the W); a B split, its W right after the I, before each later action in ``idle`` (one its rank
-    waits for: a gap the W may fill) and at the end of the rank; nothing for other kinds."""
-    seq = programs[r]
-    action = seq[p]
-    if action.kind is I:
-        w = seq.index(action._replace(kind=W))
-        fused = action._replace(kind=B)
-        yield _with(programs, r, seq[:p] + (fused,) + seq[p + 1:w] + seq[w + 1:])
-        yield _with(programs, r, seq[:p] + seq[p + 1:w] + (fused,) + seq[w + 1:])
-    elif action.kind is B:
-        rest = seq[:p] + (action._replace(kind=I),) + seq[p + 1:]
-        for q in dict.fromkeys([p + 1] + [q for q in range(p + 2, len(seq)) if seq[q] in idle] + [len(seq)]):
-            yield _with(programs, r, rest[:q] + (action._replace(kind=W),) + rest[q:])
+def moves_of(work: MixedWork, mix: Mix, r: int, p: int, idle: frozenset[int]) -> Iterator[Candidate]:
+    """The moves of the I node at position ``p`` of rank ``r``: fused with its W (at the I, at the W)
+    where it is split; split where it stands for its B, its W right after it, before each later node in
+    ``idle`` (one its rank waits for: a gap the W may fill) and at the end of the rank."""
+    seq, node = mix.order[r], mix.order[r][p]
+    w = work.weight_of[node]
+    if node not in mix.fused:
+        fused, view = mix.fused | {node}, work.flip(mix.view, node, True)
+        q = seq.index(w, p + 1)
+        yield fused, view, _with(mix.order, r, seq[:q] + seq[q + 1:]), (r, p)
+        yield fused, view, _with(mix.order, r, seq[:p] + seq[p + 1:q] + (node,) + seq[q + 1:]), (r, p)
+        return
+    fused, view = mix.fused - {node}, work.flip(mix.view, node, False)
+    for q in dict.fromkeys([p + 1] + [q for q in range(p + 2, len(seq)) if seq[q] in idle] + [len(seq)]):
+        yield fused, view, _with(mix.order, r, seq[:q] + (w,) + seq[q:]), (r, p)
 
 
-def _with(programs: Programs, r: int, seq: tuple[Action, ...]) -> Programs:
-    return programs[:r] + (seq,) + programs[r + 1:]
-
-
-def idle_actions(graph: Graph, order: Order) -> frozenset[Action]:
-    """The actions whose rank is idle just before them (they wait for another rank)."""
-    times = simulate_order(graph, order)
-    return frozenset(graph.actions[seq[q]] for seq in order for q in range(1, len(seq))
-                     if times.start[seq[q]] - times.end[seq[q - 1]] > TOLERANCE)
+def _with(order: Order, r: int, seq: tuple[int, ...]) -> Order:
+    return order[:r] + (seq,) + order[r + 1:]
 
 
 class FuseSearch:
-    """Fuse descents alternating with local search on the mixed actions, until neither improves."""
+    """Fuse descents alternating with local search on the mixed actions, until neither improves.
 
-    def __init__(self, problem: Problem, deadline: float, target: float, progress: Progress | None = None):
-        self.problem, self.deadline, self.target, self.progress = problem, deadline, target, progress
+    ``moves`` counts the candidates judged (what ``benchmarks/bench_fuse.py`` reports per second)."""
+
+    def __init__(self, split: Graph, deadline: float, target: float, progress: Progress | None = None):
+        self.work = MixedWork(split)
+        self.problem = problem = split.problem
+        self.deadline, self.target, self.progress = deadline, target, progress
         self.fusable = fusable_stages(problem)
         self.stages = choice_stages(problem)  # what the moves touch
         self.limit = problem.memory_limit
+        self.moves = 0
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def judge(self, programs: Programs) -> tuple[Graph, Order, Evaluation] | None:
-        graph, order = graph_of(self.problem, programs)
-        evaluation = evaluate(graph, order)
-        if evaluation is None or not evaluation.fits(self.limit):
-            return None
-        return graph, order, evaluation
-
-    def descend(self, best: tuple[Graph, Order, Evaluation]) -> tuple[tuple[Graph, Order, Evaluation], bool]:
-        """Sweeps over every (stage, microbatch) of a stage in ``choice_stages``, keeping the first of its moves
-        that lowers the key, until a sweep keeps none; returns the best and whether anything changed."""
-        improved, changed = True, False
-        while improved and self.left() > 0 and not self.reached(best[2]):
-            improved = False
-            targets = [(r, a) for r, seq in enumerate(programs_of(best[0], best[1])) for a in seq
-                       if a.stage in self.stages and a.kind in (I, B)]
-            idle = idle_actions(best[0], best[1])
-            for r, action in targets:
-                if self.left() <= 0 or self.reached(best[2]):
-                    break
-                found = self.first_better(best, r, action, idle)
-                if found is not None:
-                    best, improved, changed = found, True, True
-                    idle = idle_actions(best[0], best[1])
-        return best, changed
-
-    def first_better(self, best: tuple[Graph, Order, Evaluation], r: int, action: Action,
-                     idle: frozenset[Action]) -> tuple[Graph, Order, Evaluation] | None:
-        """The first move of ``action`` (still an I or a B on rank ``r``) that lowers the key, if any."""
-        programs = programs_of(best[0], best[1])
-        if action not in programs[r]:
-            return None  # an earlier move of this sweep fused or split it
-        for candidate in moves_of(programs, r, programs[r].index(action), idle):
-            if self.left() <= 0:
-                return None
-            found = self.judge(candidate)
-            if found is not None and found[2].key() < best[2].key():
-                return found
-        return None
-
     def reached(self, evaluation: Evaluation) -> bool:
         return evaluation.max_span <= self.target + TOLERANCE
 
-    def run(self, seeds: list[tuple[Graph, Order]]) -> tuple[Graph, Order, Evaluation] | None:
+    def judge(self, candidate: Candidate, base: Mix | None = None) -> Mix | None:
+        """``candidate`` timed (from its first change on where ``base`` is the mix it was made from), or
+        None when it cannot run to the end or holds more than the memory limit."""
+        fused, view, order, changed = candidate
+        self.moves += 1
+        reuse = since = None
+        if changed is not None and base is not None:
+            r, lo = changed
+            if not fits_memory(view, order[r], self.limit):
+                return None
+            reuse, since = (base.timing, base.kept_before(r, lo)), (base.evaluation, r)
+        timing = simulate_order(view, order, reuse)
+        if timing is None:
+            return None
+        evaluation = metrics(view, order, timing, since)
+        if not evaluation.fits(self.limit):
+            return None
+        return Mix(fused, view, order, timing, evaluation)
+
+    def starts(self, seeds: list[tuple[Graph, Order]]) -> list[Mix]:
+        """Each seed as it is and with its least work (``least_work``) that runs and fits, the best first."""
+        found = []
+        for graph, order in seeds:
+            fused, mixed = self.work.mix_of(graph, order)
+            least = least_work(self.work, fused, mixed, self.fusable, self.stages - self.fusable)
+            for fused, mixed in ((fused, mixed), least):
+                mix = self.judge((fused, self.work.view(fused), mixed, None))
+                if mix is not None:
+                    found.append(mix)
+        return sorted(found, key=lambda mix: mix.evaluation.key())
+
+    def run(self, seeds: list[tuple[Graph, Order]], local: bool = True) -> Found | None:
         """The best order found from ``seeds`` (each also with its least work), or None: a descent from
         each start, the best first (the best start is often a local optimum of the split work that no
-        single move leaves, while the input's least work is not)."""
+        single move leaves, while the input's least work is not); with ``local``, local search between
+        descents (``improve``)."""
         if not self.fusable:
             return None
-        starts = []
-        for graph, order in seeds:
-            programs = programs_of(graph, order)
-            least = split_everywhere(fused_everywhere(programs, self.fusable), self.stages - self.fusable)
-            starts += [found for found in (self.judge(programs), self.judge(least)) if found is not None]
+        starts = self.starts(seeds)
         if not starts:
             return None
-        starts.sort(key=lambda found: found[2].key())
         best = starts[0]
         for start in starts:
-            if self.left() <= 0 or self.reached(best[2]):
+            if self.left() <= 0 or self.reached(best.evaluation):
                 break
-            found = self.improve(start)
-            if found[2].key() < best[2].key():
+            found = self.improve(start) if local else self.descend(start)[0]
+            if found.evaluation.key() < best.evaluation.key():
                 best = found
-        return best
+        graph, order = self.work.compiled(best.view, best.order)
+        return graph, order, evaluate(graph, order)
 
-    def improve(self, best: tuple[Graph, Order, Evaluation]) -> tuple[Graph, Order, Evaluation]:
+    def polish(self, seeds: list[tuple[Graph, Order]]) -> Found | None:
+        """Fuse descents alone from ``seeds`` (no local search): the cheap pass after greedy or exact search."""
+        return self.run(seeds, local=False)
+
+    def descend(self, best: Mix) -> tuple[Mix, bool]:
+        """Sweeps over every (stage, microbatch) of a stage in ``choice_stages``, keeping the first of its moves
+        that lowers the key, until a sweep keeps none; returns the best and whether anything changed."""
+        improved, changed = True, False
+        actions = self.work.split.actions
+        while improved and self.left() > 0 and not self.reached(best.evaluation):
+            improved = False
+            targets = [(r, node, node in best.fused) for r, seq in enumerate(best.order) for node in seq
+                       if actions[node].kind is I and actions[node].stage in self.stages]
+            idle = best.idle()
+            for r, node, fused in targets:
+                if self.left() <= 0 or self.reached(best.evaluation):
+                    break
+                if (node in best.fused) != fused:
+                    continue  # an earlier move of this sweep fused or split it
+                found = self.first_better(best, r, best.order[r].index(node), idle)
+                if found is not None:
+                    best, improved, changed = found, True, True
+                    idle = best.idle()
+        return best, changed
+
+    def first_better(self, best: Mix, r: int, p: int, idle: frozenset[int]) -> Mix | None:
+        """The first move of the node at position ``p`` of rank ``r`` that lowers the key, if any."""
+        key = best.evaluation.key()
+        for candidate in moves_of(self.work, best, r, p, idle):
+            if self.left() <= 0:
+                return None
+            found = self.judge(candidate, best)
+            if found is not None and found.evaluation.key() < key:
+                return found
+        return None
+
+    def improve(self, best: Mix) -> Mix:
         """Fuse descents alternating with local search from ``best``, until neither improves."""
-        from pipeforge.optimizer.local import local_search
-
-        while self.left() > 0 and not self.reached(best[2]):
+        while self.left() > 0 and not self.reached(best.evaluation):
             if self.progress is not None:
-                self.progress(0.4, f"fuse search: best worst span {best[2].max_span:g}")
+                self.progress(0.4, f"fuse search: best worst span {best.evaluation.max_span:g}")
             best, changed = self.descend(best)
-            if self.left() <= 0 or self.reached(best[2]):
+            if self.left() <= 0 or self.reached(best.evaluation):
                 break
-            local = local_search(best[0], best[1], time_limit=self.left(), target=self.target, kicks=5)
-            if local.evaluation.key() < best[2].key():
-                best = (best[0], local.order, local.evaluation)
+            local = local_search(best.view, best.order, time_limit=self.left(), target=self.target, kicks=5)
+            if local.evaluation.key() < best.evaluation.key():
+                best = self.judge((best.fused, best.view, local.order, None)) or best
             elif not changed:
                 break
         return best
 
 
-__all__ = ["FuseSearch", "choice_stages", "fusable_stages", "fused_everywhere", "moves", "moves_of",
-           "split_everywhere"]
+__all__ = ["FuseSearch", "Mix", "choice_stages", "fusable_stages", "least_work", "moves_of"]

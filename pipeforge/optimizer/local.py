@@ -114,7 +114,7 @@ class _Searcher:
         timing = simulate_order(self.graph, candidate, (self.timing, self.kept_before(r, lo)))
         if timing is None:
             return False
-        result = metrics(self.graph, candidate, timing)
+        result = metrics(self.graph, candidate, timing, (self.best, r))
         if not result.fits(self.limit) or result.key() >= self.best.key():
             return False
         self.accept(candidate, timing, result)

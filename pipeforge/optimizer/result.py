@@ -30,6 +30,19 @@ STOP_REASONS = {
 }
 
 
+# Where some stage's B costs less than its I + W, which pass chose per (stage, microbatch) whether a B stays
+# whole (``optimizer/fuse.py``), per strategy; with B = I + W everywhere none runs and none is reported.
+FUSE_PASSES = {
+    "search": "the fuse search, local search between its descents, kept each B whole or split it per "
+              "(stage, microbatch)",
+    "greedy": "the greedy orders are of the split work (every B as I and W); fuse descents from the best of "
+              "them then kept each B whole or split it per (stage, microbatch), within the time limit",
+    "exact": "exact search orders the split work only (every B as I and W): its proven bound (split_bound) holds "
+             "for those orders, not for orders that keep some B whole; fuse descents from its best then kept each "
+             "B whole or split it per (stage, microbatch), within the time limit",
+}
+
+
 @dataclass(frozen=True)
 class Metrics:
     bubble_rate: float
@@ -89,6 +102,8 @@ class OptimizeResult:
     placement: str = "keep (the input's)"
     placements_tried: tuple[str, ...] = ("keep (the input's)",)
     work_bound: WorkBound | None = None  # the bound in the input's placement before any search
+    fuse: str | None = None  # which pass kept B whole or split it (FUSE_PASSES); None: no stage has B < I + W
+    split_bound: float | None = None  # exact search's bound on orders of the split work only (fuse "exact")
 
     @property
     def bound_of(self) -> str:
@@ -107,6 +122,8 @@ class OptimizeResult:
             "bound": {"bubble_rate": self.bound, "least_work_bubble_rate": self.bound, "max_span": self.span_bound,
                       "of": self.bound_of, "static": None if self.work_bound is None else self.work_bound.to_json()},
             "least_work": LEAST_WORK, "gap": self.gap, "seconds": self.seconds,
+            "fuse": None if self.fuse is None else {"pass": self.fuse, "means": FUSE_PASSES[self.fuse],
+                                                    "split_bound": self.split_bound},
         }
 
 

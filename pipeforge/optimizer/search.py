@@ -61,6 +61,7 @@ from pipeforge.optimizer.units import integer_units
 
 STRATEGIES = ("auto", "greedy", "local", "exact")
 EXACT_AUTO_ACTIONS = 96   # auto runs exact search up to P * M * 3 = 96 (P=4, M=8)
+EXACT_SHARE_FUSING = 0.7  # explicit exact's share of the time where some B < I + W (the fuse descents get the rest)
 ASAP_ACTIONS = 48         # up to this size the z3 model also fixes ASAP timing (optimal = what sim reports)
 LIST_SCHEDULE_ACTIONS = 300  # beside a Zero Bubble builder, list scheduling runs only up to this size
 LIST_SCHEDULE_MAX = 12000    # and alone up to this one (it is quadratic in the actions of a rank)
@@ -85,6 +86,8 @@ class _Outcome:
     span_bound: float
     stopped: str
     static: WorkBound | None = None  # sim.bounds' bound before any search (exact search may prove more)
+    fusing: str | None = None  # which fuse pass ran (result.FUSE_PASSES)
+    split_bound: float | None = None  # explicit exact's bound on orders of the split work only
 
 
 def split_actions(actions: list[Action]) -> list[Action]:
@@ -136,7 +139,8 @@ def _optimize(schedule: Schedule, costs: CostModel | None, memory_limit: float |
         run.start(strategy, None if leading is None else leading.best.evaluation.max_span)
     leader = min(runs, key=lambda run: run.key())
     leader.improve(strategy)
-    outcomes = [_Outcome(run.layout, run.split, run.best, run.bound, run.stopped, run.static) for run in runs]
+    outcomes = [_Outcome(run.layout, run.split, run.best, run.bound, run.stopped, run.static, run.fusing,
+                         run.split_bound) for run in runs]
     result = _result(schedule, compute, before, outcomes, given, strategy, started)
     return _in_units(result, units.scale / chunks, [layout.describe(given) for layout in tried])
 
@@ -201,6 +205,8 @@ class _Search:
         self.static = work_bound(split, problem.memory_limit)
         self.bound = self.static.max_span
         self.stopped = "finished"
+        self.fusing: str | None = None  # which fuse pass ran (result.FUSE_PASSES), None: no stage has B < I + W
+        self.split_bound: float | None = None  # explicit exact's bound where it covers the split work only
 
     def key(self) -> tuple:
         """Runs with a candidate first, the best candidate first."""
@@ -240,17 +246,22 @@ class _Search:
         if strategy == "auto" and self.source_of is not None and not self.reached(bound):
             self.source = self.source_of()  # also a seed of the fuse search
             self.offer(self.source)
-        fusing = strategy in ("local", "auto") and bool(fusable_stages(self.problem))
+        fusing = bool(fusable_stages(self.problem))
+        if fusing:
+            self.fusing = "search" if strategy in ("local", "auto") else strategy
         if strategy in ("local", "auto") and not self.reached(bound):
             start = self.source if strategy == "local" and self.source is not None else self.best
             share = 0.3 if fusing else 0.25 if strategy == "auto" and small else 1.0  # the rest to fuse or exact
             self.local(start, self.left() * share, bound)
         # exact search orders the split work only: where fusing some B may win, its orders are not the space
-        # searched and its bound is no bound, so auto leaves the time to the fuse search
-        if (strategy == "exact" or (strategy == "auto" and small and not fusing)) and not self.reached(bound):
+        # searched and its bound is no bound on the others, so auto leaves the time to the fuse search, and
+        # explicit exact keeps its bound apart (``split_bound``) and leaves the fuse descents their share
+        if strategy == "exact" and fusing and not self.reached(bound):
+            self.split_bound = self.exact(bound, self.left() * EXACT_SHARE_FUSING)
+        elif (strategy == "exact" or (strategy == "auto" and small and not fusing)) and not self.reached(bound):
             self.bound = bound = max(bound, self.exact(bound, self.left()))
         if fusing and not self.reached(bound):
-            self.fuse(bound)
+            self.fuse(bound, local=strategy in ("local", "auto"))
         if self.reached(bound):
             self.stopped = "bound"
 
@@ -298,15 +309,16 @@ class _Search:
         self.offer(_Candidate(start.graph, found.order, found.evaluation, "local"))
         self.stopped = "time" if self.left() <= 0 else "stalled"
 
-    def fuse(self, bound: float) -> None:
-        """Keep B fused or split it per (stage, microbatch) (``fuse.py``), from the best order and the input."""
+    def fuse(self, bound: float, local: bool) -> None:
+        """Keep B fused or split it per (stage, microbatch) (``fuse.py``), from the best order and the input:
+        the fuse search with local search between its descents (``local``), else its descents alone."""
         from pipeforge.optimizer.fuse import FuseSearch
 
         seeds = [(c.graph, c.order) for c in (self.best, self.source) if c is not None]
         if not seeds or self.left() <= 0:
             return
         self.tell(0.4, "fuse search: keep B whole or split it")
-        found = FuseSearch(self.problem, self.deadline, bound, self.progress).run(seeds)
+        found = FuseSearch(self.split, self.deadline, bound, self.progress).run(seeds, local=local)
         if found is not None:
             self.offer(_Candidate(found[0], found[1], found[2], "fuse"))
         self.stopped = "time" if self.left() <= 0 else "stalled"
@@ -327,7 +339,8 @@ class _Search:
             return 0.0
         evaluation = evaluate(self.split, found.order)
         self.offer(_Candidate(self.split, found.order, evaluation, "exact"))
-        self.stopped = "bound" if found.optimal else "time"
+        # proven optimal among orders of the split work: the result is optimal only where no B < I + W
+        self.stopped = ("bound" if self.fusing is None else "finished") if found.optimal else "time"
         return found.lower_bound
 
 
@@ -369,7 +382,8 @@ def _result(schedule: Schedule, compute: Schedule, before: Metrics, outcomes: li
     return OptimizeResult(result, before, after, bound, span_bound, gap, gap <= 1e-6, found_by != "input",
                           found_by, strategy, time.monotonic() - started, limit,
                           "bound" if gap <= 1e-6 else stopped, layout.describe(given),
-                          work_bound=_static_bound(outcomes))
+                          work_bound=_static_bound(outcomes), fuse=next((o.fusing for o in outcomes if o.fusing), None),
+                          split_bound=next((o.split_bound for o in outcomes if o.split_bound is not None), None))
 
 
 def _static_bound(outcomes: list[_Outcome]) -> WorkBound | None:
@@ -398,8 +412,10 @@ def _in_units(result: OptimizeResult, scale: float, tried: list[str]) -> Optimiz
     static = result.work_bound
     if static is not None:
         static = static.scaled(scale)
+    split_bound = None if result.split_bound is None else result.split_bound * scale
     return replace(result, before=result.before.scaled(scale), after=result.after.scaled(scale),
-                   span_bound=result.span_bound * scale, placements_tried=tuple(tried), work_bound=static)
+                   span_bound=result.span_bound * scale, placements_tried=tuple(tried), work_bound=static,
+                   split_bound=split_bound)
 
 
 def _beats_input(best: _Candidate, before: Metrics, within: bool) -> bool:

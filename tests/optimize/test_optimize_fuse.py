@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+import time
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -11,9 +14,11 @@ from pipeforge import loads
 from pipeforge.ir import ActionKind, CostModel, MemorySpec
 from pipeforge.library import load_library_schedule
 from pipeforge.optimizer import optimize
-from pipeforge.optimizer.evaluate import Problem
-from pipeforge.optimizer.fuse import fusable_stages, fused_everywhere, graph_of, moves
+from pipeforge.optimizer.evaluate import Graph, Problem, compute_actions, evaluate, is_complete
+from pipeforge.optimizer.fuse import FuseSearch, Mix, fusable_stages, least_work, moves_of
+from pipeforge.optimizer.search import split_actions
 from pipeforge.sim import simulate
+from pipeforge.sim.workgraph import peak_memory
 from pipeforge.verifier import verify
 
 B = ActionKind.B
@@ -105,30 +110,82 @@ def test_where_b_is_i_plus_w_nothing_is_fused():
     assert with_b.after.max_span == without.after.max_span
 
 
+def split_graph(schedule, costs: CostModel, limit: float) -> Graph:
+    problem = Problem.of(schedule, costs, limit)
+    return Graph(problem, split_actions(compute_actions(schedule.compute_only())))
+
+
+def search_of(schedule, costs: CostModel, limit: float) -> FuseSearch:
+    return FuseSearch(split_graph(schedule, costs, limit), time.monotonic() + 60, 0.0)
+
+
+def input_mix(search: FuseSearch, schedule) -> Mix:
+    """The schedule's own order as a mix, timed."""
+    graph = Graph(search.problem, compute_actions(schedule.compute_only()))
+    fused, order = search.work.mix_of(graph, graph.order_of(schedule.compute_only()))
+    return search.judge((fused, search.work.view(fused), order, None))
+
+
 def test_moves_fuse_at_the_i_or_the_w_and_split_back():
     schedule = library("zb-h1", 2, 4)
-    problem = Problem.of(schedule, LOOP, 2)
-    programs = tuple(tuple(a for step in program for a in step.actions) for program in schedule.compute_only().programs)
-    stages = fusable_stages(problem)
-    assert stages == frozenset({0, 1})
-    fused = fused_everywhere(programs, stages)
-    assert all(a.kind in (ActionKind.F, B) for seq in fused for a in seq)
-    found = list(moves(fused, stages))
+    search = search_of(schedule, LOOP, 2)
+    assert search.fusable == frozenset({0, 1})
+    mix = input_mix(search, schedule)
+    assert not mix.fused and sum(map(len, mix.order)) == 2 * 4 * 3
+    fused, order = least_work(search.work, mix.fused, mix.order, search.fusable, frozenset())
+    assert len(fused) == 2 * 4 and sum(map(len, order)) == 2 * 4 * 2  # every pair fused at its I
+    least = search.judge((fused, search.work.view(fused), order, None))
+    found = [candidate for r, seq in enumerate(least.order) for p, node in enumerate(seq) if node in least.fused
+             for candidate in moves_of(search.work, least, r, p, frozenset())]
     assert 2 * 4 <= len(found) <= 2 * 4 * 2  # per B: its W right after the I, and at the end of the rank
-    for candidate in list(moves(programs, stages))[:4]:
-        assert sum(len(seq) for seq in candidate) == sum(len(seq) for seq in programs) - 1
-        graph_of(problem, candidate)  # every move is a complete set of actions
+    first_i = next(p for p, node in enumerate(mix.order[0]) if mix.view.actions[node].kind is ActionKind.I)
+    fuses = list(moves_of(search.work, mix, 0, first_i, frozenset()))
+    assert len(fuses) == 2  # fused at the I and at the W
+    for fused, view, order, _ in found + fuses:
+        assert sum(map(len, order)) == 2 * 4 * 3 - len(fused)
+        graph, ids = search.work.compiled(view, order)
+        assert is_complete(graph, ids)  # every move is a complete set of actions
 
 
 def test_fused_b_memory_is_the_semantics_rule():
     """A fused B releases the whole activation at once: all-fused ZB-H1 holds what 1F1B holds."""
     schedule = library("zb-h1", 4, 8)
-    problem = Problem.of(schedule, CHEAPER, 4)
-    programs = tuple(tuple(a for step in program for a in step.actions) for program in schedule.compute_only().programs)
-    graph, order = graph_of(problem, fused_everywhere(programs, fusable_stages(problem)))
-    from pipeforge.sim.workgraph import peak_memory
-    peaks = [peak_memory(graph, seq) for seq in order]
-    assert peaks == list(simulate(library("1f1b", 4, 8), CHEAPER).peak_memory)
+    search = search_of(schedule, CHEAPER, 4)
+    mix = input_mix(search, schedule)
+    fused, order = least_work(search.work, mix.fused, mix.order, search.fusable, frozenset())
+    view = search.work.view(fused)
+    assert [peak_memory(view, seq) for seq in order] == list(simulate(library("1f1b", 4, 8), CHEAPER).peak_memory)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=st.integers(2, 4), m=st.integers(1, 5), seed=st.integers(0, 10**6), name=st.sampled_from(["1f1b", "zb-h1"]),
+       costs=st.sampled_from([LOOP, MIXED, CHEAPER]), tight=st.booleans())
+def test_a_move_times_like_its_own_compiled_graph(p, m, seed, name, costs, tight):
+    """Every move of a random walk, timed on the mix from its first change on (``FuseSearch.judge``), gives
+    what ``evaluate`` gives on a work graph compiled from its actions (None both where it cannot run or
+    does not fit the limit): the mix is the fused set's own graph under other ids."""
+    costs = CostModel(per_stage=tuple(entry for entry in costs.per_stage if entry[0] < p) + tuple(
+        (s, kind, value) for s in range(p) for kind, value in (("F", 2.0), ("I", 1.5), ("W", 1.0), ("B", 2.0))
+        if s >= len({e[0] for e in costs.per_stage})), links=costs.links[:p - 1])
+    schedule = library(name, p, m)
+    limit = max(simulate(schedule, costs).peak_memory) if tight else 10.0 ** 9  # tight: the input's own peak
+    search = search_of(schedule, costs, limit)
+    rng = random.Random(seed)
+    mix = input_mix(search, schedule)
+    for _ in range(12):
+        r = rng.randrange(p)
+        nodes = [q for q, node in enumerate(mix.order[r]) if search.work.split.actions[node].kind is ActionKind.I]
+        candidates = list(moves_of(search.work, mix, r, rng.choice(nodes), mix.idle()))
+        candidate = rng.choice(candidates)
+        judged = search.judge(candidate, mix)
+        graph, order = search.work.compiled(candidate[1], candidate[2])
+        compiled = evaluate(graph, order)
+        if compiled is not None and not compiled.fits(search.limit):
+            compiled = None
+        assert (judged is None) == (compiled is None)
+        if judged is not None:
+            assert judged.evaluation == compiled
+            mix = judged
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
