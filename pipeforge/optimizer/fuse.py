@@ -195,18 +195,24 @@ class FuseSearch:
     def run(self, seeds: list[tuple[Graph, Order]], local: bool = True) -> Found | None:
         """The best order found from ``seeds`` (each also with its least work), or None: a descent from
         each start, the best first (the best start is often a local optimum of the split work that no
-        single move leaves, while the input's least work is not); with ``local``, local search between
-        descents (``improve``)."""
+        single move leaves, while the input's least work is not); then, with ``local``, from each descent's
+        end, the best first, local search alternating with descents (``improve``)."""
         if not self.fusable:
             return None
         starts = self.starts(seeds)
         if not starts:
             return None
-        best = starts[0]
+        ends = []
         for start in starts:
+            if self.left() <= 0 or (ends and self.reached(ends[0].evaluation)):
+                break
+            ends.append(self.descend(start)[0])
+            ends.sort(key=lambda mix: mix.evaluation.key())
+        best = min(ends + starts[:1], key=lambda mix: mix.evaluation.key())
+        for end in ends if local else ():
             if self.left() <= 0 or self.reached(best.evaluation):
                 break
-            found = self.improve(start) if local else self.descend(start)[0]
+            found = self.improve(end, descended=True)
             if found.evaluation.key() < best.evaluation.key():
                 best = found
         graph, order = self.work.compiled(best.view, best.order)
@@ -248,12 +254,14 @@ class FuseSearch:
                 return found
         return None
 
-    def improve(self, best: Mix) -> Mix:
-        """Fuse descents alternating with local search from ``best``, until neither improves."""
+    def improve(self, best: Mix, descended: bool = False) -> Mix:
+        """Fuse descents alternating with local search from ``best`` (the end of a descent where
+        ``descended``: local search first), until neither improves."""
         while self.left() > 0 and not self.reached(best.evaluation):
             if self.progress is not None:
                 self.progress(0.4, f"fuse search: best worst span {best.evaluation.max_span:g}")
-            best, changed = self.descend(best)
+            best, changed = (best, False) if descended else self.descend(best)
+            descended = False
             if self.left() <= 0 or self.reached(best.evaluation):
                 break
             local = local_search(best.view, best.order, time_limit=self.left(), target=self.target, kicks=5)
