@@ -14,6 +14,14 @@ Strategies (``strategy=``):
   then exact search when the instance is small (at most ``EXACT_AUTO_ACTIONS``
   actions: local search gets a quarter of the time, exact search the rest).
 
+Where some stage's B costs less than its I + W, each strategy follows its
+orders of the split work with the fuse search (``fuse.py``), which keeps B
+whole or splits it per (stage, microbatch): ``local`` and ``auto`` with local
+search between its descents (auto then skips exact search), ``greedy`` and
+``exact`` with its descents alone; exact's bound covers the split work only
+there and is kept apart (``split_bound``). ``OptimizeResult.fuse`` says which
+(``result.FUSE_PASSES``).
+
 ``placement=`` (``placement.py``) may lay the stages out anew: every layout
 tried gets its greedy orders first, then the rest of the time goes to the
 layout that leads. Every search times orders in exact integer units

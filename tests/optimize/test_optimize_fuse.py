@@ -202,3 +202,77 @@ def test_fusing_never_worse_never_invalid(p, m, f, i, w, share, name, strategy):
     assert result.span_bound <= result.after.max_span + 1e-9
     if result.improved:
         check(result, costs, p)
+
+
+def without_b(costs: CostModel) -> CostModel:
+    """The same costs with B left out (B = I + W): the split work times the same, nothing fuses."""
+    return CostModel(per_stage=tuple(entry for entry in costs.per_stage if entry[1] != "B"), links=costs.links)
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb-h1"])
+def test_explicit_greedy_fuses_where_b_is_cheaper_and_never_loses(name):
+    """Greedy orders the split work; its fuse pass then keeps B whole where that wins: never worse than the
+    greedy orders alone (the same costs without B), here strictly better."""
+    schedule = library(name, 4, 8)
+    alone = optimize(schedule, costs=without_b(CHEAPER), memory_limit=4, strategy="greedy", time_limit=5)
+    result = optimize(schedule, costs=CHEAPER, memory_limit=4, strategy="greedy", time_limit=5)
+    check(result, CHEAPER, 4)
+    assert alone.fuse is None and result.fuse == "greedy" and result.found_by == "fuse"
+    assert result.after.max_span < alone.after.max_span
+    assert result.to_json()["fuse"]["pass"] == "greedy"
+
+
+def test_explicit_exact_keeps_its_split_bound_apart_and_then_fuses():
+    """Exact search proves a bound on orders of the split work only: with B < I + W it is reported as
+    ``split_bound``, never as the bound (a fused order beats it here), and fuse descents follow."""
+    schedule = library("1f1b", 3, 4)
+    alone = optimize(schedule, costs=without_b(CHEAPER3), memory_limit=3, strategy="exact", time_limit=4)
+    result = optimize(schedule, costs=CHEAPER3, memory_limit=3, strategy="exact", time_limit=4)
+    check(result, CHEAPER3, 3)
+    assert alone.fuse is None and alone.split_bound is None
+    assert result.fuse == "exact" and result.split_bound is not None
+    assert result.after.max_span < alone.after.max_span and result.after.max_span < result.split_bound
+    assert result.span_bound <= result.after.max_span + 1e-9
+    assert result.optimal == (result.gap <= 1e-6) and (result.stopped == "bound") == result.optimal
+    data = result.to_json()["fuse"]
+    assert data["pass"] == "exact" and "split work only" in data["means"] and data["split_bound"] == result.split_bound
+
+
+CHEAPER3 = CostModel(per_stage=tuple(entry for entry in CHEAPER.per_stage if entry[0] < 3))
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "exact"])
+def test_where_b_is_i_plus_w_explicit_strategies_run_no_fuse_pass(strategy):
+    given = per_stage([{"F": 1.0, "I": 1.0, "W": 2.0, "B": 3.0}, {"F": 2.0, "I": 1.0, "W": 1.0, "B": 2.0},
+                       {"F": 1.0, "I": 2.0, "W": 1.0, "B": 3.0}])
+    result = optimize(library("1f1b", 3, 4), costs=given, memory_limit=3, strategy=strategy, time_limit=3)
+    assert result.fuse is None and result.found_by != "fuse" and result.to_json()["fuse"] is None
+
+
+@pytest.mark.parametrize("strategy, p, m, limit", [("greedy", 8, 32, 1.5), ("auto", 8, 32, 1.5), ("exact", 4, 8, 2.0)])
+def test_the_fuse_passes_keep_the_time_limit(strategy, p, m, limit):
+    """The fuse descents stop at the search's deadline, which leaves the verification its time (budget.py)."""
+    costs = CostModel(per_stage=tuple((s, kind, value) for s in range(p) for t, kind, value in CHEAPER.per_stage
+                                      if t == s % 4))  # CHEAPER's four stages repeated
+    started = time.monotonic()
+    result = optimize(library("1f1b", p, m), costs=costs, memory_limit=p, strategy=strategy, time_limit=limit)
+    assert result.fuse is not None
+    assert result.seconds <= limit + 1.0 and time.monotonic() - started <= limit + 1.0
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=st.integers(2, 3), m=st.integers(2, 5), values=st.tuples(*[st.floats(0.5, 20)] * 3),
+       share=st.sampled_from([0.6, 0.85, 1.2]), factor=st.floats(1e-3, 1e3),
+       strategy=st.sampled_from(["greedy", "auto"]))
+def test_fusing_does_not_depend_on_units(p, m, values, share, factor, strategy):
+    """Scaling every cost by a positive factor gives the same schedule and bubble rate, fuse pass included
+    (where both searches ran to their end, not to the time limit)."""
+    f, i, w = values
+    results = [optimize(library("1f1b", p, m), costs=CostModel(F=f * k, I=i * k, W=w * k, B=share * (i + w) * k),
+                        memory_limit=p, strategy=strategy, time_limit=10) for k in (1.0, factor)]
+    if "time" in (results[0].stopped, results[1].stopped):
+        return
+    assert results[0].schedule.programs == results[1].schedule.programs
+    assert results[0].found_by == results[1].found_by
+    assert results[0].after.bubble_rate == pytest.approx(results[1].after.bubble_rate, rel=1e-9, abs=1e-12)
+    assert results[1].after.max_span == pytest.approx(results[0].after.max_span * factor, rel=1e-9)
