@@ -85,15 +85,17 @@ def _rank_chain(graph: WorkGraph, paths: _Paths, r: int, count: float, weights: 
     shape = _Shape(
         forward=least[f_low], down=from_low[f_top], back=from_top[i_low] + least[i_low],
         trip=from_low[i_low] + least[i_low], weight=least[w_low] if w_low is not None else 0.0,
-        top_gone=_top_gone(from_top, least, i_top, w_top, count, weights))
+        top_gone=_top_gone(from_top, least, i_top, w_top, count, weights, len(stages)))
     lanes = sum(1 for a, rank in zip(actions, graph.rank) if rank == r and a.kind is _F and a.stage == low)
     return _chain(shape, lanes, count, len(stages), weights)
 
 
 def _top_gone(from_top: dict[int, float], least: dict[int, float], i_top: int, w_top: int | None,
-              count: float, weights: float) -> float:
-    """T1: from F(t) start until its unit is gone (its I ends; its W too when a residue does not fit)."""
-    if w_top is not None and count < 2 + weights - TOLERANCE:
+              count: float, weights: float, held: int) -> float:
+    """T1: from F(t) start until its unit is gone (its I ends; its W too when q + 2 units and a residue do
+    not fit, q = floor(L - h))."""
+    q = math.floor(count - held + TOLERANCE)
+    if w_top is not None and count < q + 2 + weights - TOLERANCE:
         return from_top[w_top] + least[w_top]
     return from_top[i_top] + least[i_top]
 
@@ -112,15 +114,14 @@ def _chain(shape: _Shape, lanes: int, count: float, held: int, weights: float) -
     open_at_b = math.floor(count - held + TOLERANCE)       # others open at a b_j
     pending_at_a = _pending(count - 1, weights)            # others not past their W(s) at an a_j
     pending_at_b = _pending(count - held, weights)
-    alone = held == 2 and count < 3 - TOLERANCE            # no other microbatch open at any b_j
     a: list[float] = []
     b: list[float] = []
     e: list[float] = []
     for j in range(lanes):
         start = a[-1] + shape.forward if a else 0.0
         start = max(start, _after(e, j, open_at_a, 0.0), _after(e, j, pending_at_a, shape.weight))
-        if alone and j > 0:
-            start = max(start, min(e[j - 1], b[j - 1] + shape.top_gone))
+        if j > open_at_b:  # of q + 2 microbatches open at a_j, the first to close ran its F(t) before a_j
+            start = max(start, min(e[j - open_at_b - 1], b[j - open_at_b - 1] + shape.top_gone))
         top = max(start + shape.down, _after(e, j, open_at_b, 0.0), _after(e, j, pending_at_b, shape.weight))
         a.append(start)
         b.append(top)
