@@ -16,7 +16,7 @@ needs an F(s) before it). Microbatch k starts F(t) at ``b_k`` and ends I(s) at
 With least durations (``_Paths.least``): ``D1`` from F(s) start to F(t) start,
 ``D2`` from F(t) start to I(s) end, ``R`` from F(s) start to I(s) end, ``w_s``
 the W(s) after I(s), ``T1`` from F(t) start to I(t) end (to W(t) end when
-``L < 2 + w``).
+``L < q + 2 + w``, q below).
 
 - At ``a_j`` the rank holds the new unit and one for each open microbatch, at
   most ``L``: at most ``floor(L - 1)`` of ``0..j-1`` are open, so one of index
@@ -25,11 +25,12 @@ the W(s) after I(s), ``T1`` from F(t) start to I(t) end (to W(t) end when
   of them, so ``a_j >= e + w_s`` of one of index ``>= j - floor((L-1)/w) - 1``.
 - At ``b_j`` microbatch j itself holds ``h`` units (its F of every stage of the
   rank ran, none of their I): the same with ``L - h`` in place of ``L - 1``.
-- With ``2 <= L < 3`` (h = 2) no other microbatch may be open at any ``b``, so
-  ``a_{j+1} > b_j`` (else ``j + 1`` is open at ``b_j``, or it closed before and
-  ``j`` is open at ``b_{j+1}``); at ``a_{j+1}`` microbatch j holds its unit of s
-  unless it closed, and then its unit of t must be gone: ``a_{j+1} >=
-  min(e_j, b_j + T1)``.
+- With ``q = floor(L - h)``: if microbatches ``j..j+q+1`` are all still open at
+  ``a_{j+q+1}``, the first of them to close, k, started F(t) before it (at a
+  later ``b_k`` the other q + 1 would be open), and at ``a_{j+q+1}`` its unit of
+  t must be gone (1 + q + h > L units otherwise; its W-held rest too when
+  ``q + 2 + w > L``): ``a_{j+q+1} >= min(e_j, b_j + T1)`` in lower bounds. At
+  ``L < 3`` this says that one microbatch's F(t) comes before the next's F(s).
 - ``a_{j+1} >= a_j + F(s)``, ``b_j >= a_j + D1``, ``e_j >= max(a_j + R, b_j + D2)``;
   the span ends no earlier than ``e + w_s`` of the last.
 
