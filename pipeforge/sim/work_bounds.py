@@ -41,8 +41,13 @@ within the limit, on any placement, per rank (the worst rank's is the bound):
   binding bound (1.5B, p = 8, m = 24 at 0.5p: bubble at least 0.41 where the
   round trip says 0.26); at p or 2p with the paper's costs a round trip per n
   microbatches is less than their work, and it says nothing.
+- ``chunk chain`` (``chunk_chain.py``, with a limit, ranks holding several stages of
+  one chain: V, interleaved): the memory chain where a microbatch holds every
+  stage's activation of the rank from its F of the highest to its I there, and
+  the W-held rest until its W; binds where one microbatch's chunks fill most of
+  a rank (V, p = 2, m = 2 at 0.5p: 133 where the others prove 118; optimum 147).
 
-``RankSpan`` keeps the four for each rank and names the one that binds.
+``RankSpan`` keeps the five for each rank and names the one that binds.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from pipeforge.ir import ActionKind
+from pipeforge.sim.chunk_chain import chunk_chain_spans
 from pipeforge.sim.workgraph import WorkGraph
 
 _F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
@@ -66,6 +72,7 @@ ARGUMENTS = {
     "round trip": "the rank's compute plus the idle its round trips force within the memory limit",
     "through": "the work of another rank that lies between two of this rank's actions, run one at a time",
     "memory chain": "the rank's forwards, at most floor(limit) of them in flight, each held a round trip",
+    "chunk chain": "the memory chain of a rank holding several stages, each microbatch holding all of them a while",
 }
 
 
@@ -73,8 +80,8 @@ ARGUMENTS = {
 class RankSpan:
     """What is proved of rank ``rank``'s span in every schedule of the work: at least ``busy``,
     ``round_trip`` (busy plus the idle its round trips force within the limit), ``through``
-    (the one-machine bound through rank ``through_rank``) and ``chain`` (the memory chain);
-    ``span`` is the largest."""
+    (the one-machine bound through rank ``through_rank``), ``chain`` (the memory chain) and
+    ``chunks`` (the chunk chain); ``span`` is the largest."""
 
     rank: int
     busy: float
@@ -82,14 +89,18 @@ class RankSpan:
     through: float = 0.0
     through_rank: int | None = None
     chain: float = 0.0
+    chunks: float = 0.0
 
     @property
     def span(self) -> float:
-        return max(self.busy, self.round_trip, self.through, self.chain)
+        return max(self.busy, self.round_trip, self.through, self.chain, self.chunks)
 
     @property
     def argument(self) -> str:
-        """``busy``, ``round trip``, ``through rank q`` or ``memory chain``: the argument that gives ``span``."""
+        """``busy``, ``round trip``, ``through rank q``, ``memory chain`` or ``chunk chain``: the argument
+        that gives ``span``."""
+        if self.chunks > max(self.busy, self.round_trip, self.through, self.chain) + TOLERANCE:
+            return "chunk chain"
         if self.chain > max(self.busy, self.round_trip, self.through) + TOLERANCE:
             return "memory chain"
         if self.through > max(self.busy, self.round_trip) + TOLERANCE:
@@ -99,7 +110,7 @@ class RankSpan:
     def to_json(self) -> dict:
         return {"rank": self.rank, "span": self.span, "argument": self.argument, "busy": self.busy,
                 "round_trip": self.round_trip, "through": self.through, "through_rank": self.through_rank,
-                "memory_chain": self.chain}
+                "memory_chain": self.chain, "chunk_chain": self.chunks}
 
 
 @dataclass(frozen=True)
@@ -116,7 +127,7 @@ class WorkBound:
     def scaled(self, factor: float) -> WorkBound:
         """The same bound with every time multiplied by ``factor``."""
         ranks = tuple(RankSpan(r.rank, r.busy * factor, r.round_trip * factor, r.through * factor, r.through_rank,
-                               r.chain * factor) for r in self.ranks)
+                               r.chain * factor, r.chunks * factor) for r in self.ranks)
         return WorkBound(self.max_span * factor, self.bubble_rate, self.memory_limit, ranks)
 
     @property
@@ -422,9 +433,9 @@ def rank_spans(graph: WorkGraph, limit: float | None) -> tuple[RankSpan, ...]:
     """What is proved of each rank's span in any schedule of ``graph``'s work within ``limit``."""
     busy, paths = busy_per_rank(graph), _Paths(graph)
     through = through_spans(graph, paths)
-    chain = memory_chain_spans(graph, limit, paths)
-    return tuple(RankSpan(r, busy[r], busy[r] + round_trip_idle(graph, r, limit, paths), *through[r], chain[r])
-                 for r in range(graph.shape.ranks))
+    chain, chunks = memory_chain_spans(graph, limit, paths), chunk_chain_spans(graph, limit, paths)
+    return tuple(RankSpan(r, busy[r], busy[r] + round_trip_idle(graph, r, limit, paths), *through[r], chain[r],
+                          chunks[r]) for r in range(graph.shape.ranks))
 
 
 def span_lower_bound(graph: WorkGraph, limit: float | None) -> float:
