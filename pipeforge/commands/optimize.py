@@ -162,7 +162,9 @@ def _own_rates(before, after) -> list[str]:
 def _binding(bound) -> str:
     """Which rank's bound is the bound, and by which argument (``sim.bounds.ARGUMENTS``)."""
     binding = bound.binding
-    return "" if binding is None else f"; rank {binding.rank}: {binding.argument}"
+    if binding is None:
+        return "" if bound.argument is None else f"; all ranks: {bound.argument}"
+    return f"; rank {binding.rank}: {binding.argument}"
 
 
 def _pct(value: float) -> str:
