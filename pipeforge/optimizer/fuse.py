@@ -121,8 +121,8 @@ def least_work(work: MixedWork, fused: frozenset[int], order: Order, fuse: froze
 
 
 def moves_of(work: MixedWork, mix: Mix, r: int, p: int, idle: frozenset[int]) -> Iterator[Candidate]:
-    """The moves of the I node at position ``p`` of rank ``r``: fused with its W (at the I, at the W)
-    where it is split; split where it stands for its B, its W right after it, before each later node in
+    """The moves of the I node at position ``p`` of rank ``r``: fused with its W (at the I, at the W
+    unless that is the next position) where it is split; split where it stands for its B, its W right after it, before each later node in
     ``idle`` (one its rank waits for: a gap the W may fill) and at the end of the rank."""
     seq, node = mix.order[r], mix.order[r][p]
     w = work.weight_of[node]
@@ -130,7 +130,8 @@ def moves_of(work: MixedWork, mix: Mix, r: int, p: int, idle: frozenset[int]) ->
         fused, view = mix.fused | {node}, work.flip(mix.view, node, True)
         q = seq.index(w, p + 1)
         yield fused, view, _with(mix.order, r, seq[:q] + seq[q + 1:]), (r, p)
-        yield fused, view, _with(mix.order, r, seq[:p] + seq[p + 1:q] + (node,) + seq[q + 1:]), (r, p)
+        if q > p + 1:  # else the W's position is the I's: the same order
+            yield fused, view, _with(mix.order, r, seq[:p] + seq[p + 1:q] + (node,) + seq[q + 1:]), (r, p)
         return
     fused, view = mix.fused - {node}, work.flip(mix.view, node, False)
     for q in dict.fromkeys([p + 1] + [q for q in range(p + 2, len(seq)) if seq[q] in idle] + [len(seq)]):

@@ -11,9 +11,9 @@ rule for both, and a consumer takes either, ``(B, I)``), and nothing needs a W.
 
 A *mix* is an order of split node ids (a fused pair's W absent) with the graph
 that times it (``MixedWork.view``): the split graph's dependencies, shared,
-with its own durations, memory deltas and actions. Changing one pair
-(``MixedWork.flip``) copies those three lists and sets one entry, so a move
-of the fuse search costs a timing, not a compile. ``compiled`` turns a mix
+with its own durations, memory effects and actions. Changing one pair
+(``MixedWork.flip``) copies those per-node lists and sets one entry of each,
+so a move of the fuse search costs a timing, not a compile. ``compiled`` turns a mix
 back into an ordinary graph and order of its actions (B where fused).
 """
 
