@@ -26,8 +26,8 @@ A move costs a timing, not a compile: every set of actions is a *mix* of the
 split work (``mixed.py``: an I node stands for its fused B), timed from the
 first changed step on (what starts earlier keeps its times, as in local
 search), after a check of the changed rank's memory. ``run`` alternates fuse
-descents with local search on the mix (``local.local_search``); ``polish``
-(after explicit greedy or exact search) runs the descents alone.
+descents with local search on the mix (``local.local_search``), or (after
+explicit greedy or exact search) makes the descents alone.
 """
 
 from __future__ import annotations
@@ -197,7 +197,8 @@ class FuseSearch:
         """The best order found from ``seeds`` (each also with its least work), or None: a descent from
         each start, the best first (the best start is often a local optimum of the split work that no
         single move leaves, while the input's least work is not); then, with ``local``, from each descent's
-        end, the best first, local search alternating with descents (``improve``)."""
+        end, the best first, local search alternating with descents (``improve``). Without ``local`` (the
+        cheap pass after explicit greedy or exact search) the descents alone."""
         if not self.fusable:
             return None
         starts = self.starts(seeds)
@@ -219,9 +220,6 @@ class FuseSearch:
         graph, order = self.work.compiled(best.view, best.order)
         return graph, order, evaluate(graph, order)
 
-    def polish(self, seeds: list[tuple[Graph, Order]]) -> Found | None:
-        """Fuse descents alone from ``seeds`` (no local search): the cheap pass after greedy or exact search."""
-        return self.run(seeds, local=False)
 
     def descend(self, best: Mix) -> tuple[Mix, bool]:
         """Sweeps over every (stage, microbatch) of a stage in ``choice_stages``, keeping the first of its moves
