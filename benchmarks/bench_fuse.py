@@ -1,4 +1,4 @@
-"""The fuse search (``optimizer/fuse.py``) beside its previous version, which compiled a work graph per move, in one run.
+"""The fuse search (``optimizer/fuse.py``) beside its previous version (a graph compiled per move), in one run.
 
 The costs are a cost file (``--costs``, ``sim/costfile.py``) written by this
 script for each number of stages, shaped like what ``pipeforge profile``
@@ -170,10 +170,8 @@ def ratio(ours: float | None, theirs: float | None) -> str:
 def descent_problem(p: int, m: int, folder: str):
     """1F1B in integer units (as optimize times it), its split graph, and the input as a seed."""
     schedule = schedule_of(p, m, folder)
-    problem = Problem.of(schedule, integer_units(schedule.costs).costs)
-    from pipeforge.sim import simulate
-    problem = Problem(problem.ranks, problem.stages, problem.microbatches, problem.placements, problem.costs,
-                      max(simulate(schedule).peak_memory), problem.weights, problem.activation, problem.weight_grad)
+    limit = max(pipeforge.simulate(schedule).peak_memory)  # optimize's default: the input's own peak
+    problem = Problem.of(schedule, integer_units(schedule.costs).costs, limit)
     compute = schedule.compute_only()
     graph = Graph(problem, compute_actions(compute))
     return problem, Graph(problem, split_actions(compute_actions(compute))), (graph, graph.order_of(compute))
@@ -238,8 +236,10 @@ def auto(previous, folder: str, time_limit: float) -> bool:
             rows[side] = (tally, result)
         for side, (tally, result) in rows.items():
             theirs = rows.get("previous")
-            extra = f"{ratio(rate(tally), rate(theirs[0])):>13} {ratio(result.after.max_span, theirs[1].after.max_span):>10}" \
-                if side == "this" and theirs else ""
+            extra = ""
+            if side == "this" and theirs:
+                extra = f"{ratio(rate(tally), rate(theirs[0])):>13} " \
+                        f"{ratio(result.after.max_span, theirs[1].after.max_span):>10}"
             print(f"{p:>3} {m:>3} {side:>9} {tally['moves']:>7} {tally['seconds']:>10.2f} {rate(tally):>9.0f}"
                   f" {result.after.max_span:>11.5g} {result.after.least_work_bubble_rate:>7.4f} {result.bound:>7.4f}"
                   f" {result.found_by:>9} {result.seconds:>6.2f}  {extra}")
@@ -266,7 +266,8 @@ def strategies(folder: str, time_limit: float) -> bool:
         for side, result in rows.items():
             extra = ratio(result.after.max_span, rows["no fuse"].after.max_span) if side == "fuse" else ""
             print(f"{strategy:>8} {p:>3} {m:>3} {side:>9} {result.after.max_span:>11.5g}"
-                  f" {result.after.least_work_bubble_rate:>7.4f} {result.found_by:>9} {result.seconds:>6.2f} {extra:>10}")
+                  f" {result.after.least_work_bubble_rate:>7.4f} {result.found_by:>9} {result.seconds:>6.2f}"
+                  f" {extra:>10}")
         ok &= rows["fuse"].after.max_span <= rows["no fuse"].after.max_span + 1e-9
         ok &= rows["fuse"].seconds <= time_limit + 1.0
     print("(span ratio = with the fuse pass / without)")
@@ -281,7 +282,8 @@ def main() -> int:
     parts = args.parts.split(",")
     previous = load_previous()
     if previous is None:
-        print(f"(the previous fuse search, commit {PREVIOUS}, is not in this checkout's history: its columns are left out)")
+        print(f"(the previous fuse search, commit {PREVIOUS}, is not in this checkout's history: "
+              "its columns are left out)")
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
     ok = True
     with tempfile.TemporaryDirectory() as folder:

@@ -122,8 +122,9 @@ def least_work(work: MixedWork, fused: frozenset[int], order: Order, fuse: froze
 
 def moves_of(work: MixedWork, mix: Mix, r: int, p: int, idle: frozenset[int]) -> Iterator[Candidate]:
     """The moves of the I node at position ``p`` of rank ``r``: fused with its W (at the I, at the W
-    unless that is the next position) where it is split; split where it stands for its B, its W right after it, before each later node in
-    ``idle`` (one its rank waits for: a gap the W may fill) and at the end of the rank."""
+    unless that is the next position) where it is split; split where it stands for its B, its W right
+    after it, before each later node in ``idle`` (one its rank waits for: a gap the W may fill) and at
+    the end of the rank."""
     seq, node = mix.order[r], mix.order[r][p]
     w = work.weight_of[node]
     if node not in mix.fused:
@@ -219,7 +220,6 @@ class FuseSearch:
                 best = found
         graph, order = self.work.compiled(best.view, best.order)
         return graph, order, evaluate(graph, order)
-
 
     def descend(self, best: Mix) -> tuple[Mix, bool]:
         """Sweeps over every (stage, microbatch) of a stage in ``choice_stages``, keeping the first of its moves
