@@ -32,12 +32,14 @@ the W(s) after I(s), ``T1`` from F(t) start to I(t) end (to W(t) end when
   ``q + 2 + w > L``): ``a_{j+q+1} >= min(e_j, b_j + T1)`` in lower bounds. At
   ``L < 3`` this says that one microbatch's F(t) comes before the next's F(s).
 - ``a_{j+1} >= a_j + F(s)``, ``b_j >= a_j + D1``, ``e_j >= max(a_j + R, b_j + D2)``;
-  the span ends no earlier than ``e + w_s`` of the last.
+  the span ends no earlier than ``e + w_s`` of the last, nor than ``a_j`` plus
+  the work on the rank of microbatches ``j..m-1`` (all of it follows their F(s)).
 
 Lower bounds ``A_j``, ``B_j``, ``E_j`` of these, computed in order, never
 decrease in j (so "one of index >= i" is bounded by ``E_i``), and the span is
-at least ``E_{m-1} + w_s``. The same holds when a B is not split (it releases
-everything at its end, no earlier than I then W with least durations). At the
+at least ``E_{m-1} + w_s`` and ``A_j`` plus that work. The same holds when a B
+is not split (it releases everything at its end, no earlier than I then W with
+least durations). At the
 small limits where one microbatch's chunks fill most of a rank (V, p = 2,
 m = 2 at 0.5p: 133 where the other arguments prove 118, the optimum 147) this
 binds; at ZB-V's 1p a round trip per ``L`` microbatches is far less than their
@@ -48,7 +50,7 @@ and it says nothing.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from pipeforge.ir import ActionKind
 
@@ -86,7 +88,8 @@ def _rank_chain(graph: WorkGraph, paths: _Paths, r: int, count: float, weights: 
     shape = _Shape(
         forward=least[f_low], down=from_low[f_top], back=from_top[i_low] + least[i_low],
         trip=from_low[i_low] + least[i_low], weight=least[w_low] if w_low is not None else 0.0,
-        top_gone=_top_gone(from_top, least, i_top, w_top, count, weights, len(stages)))
+        top_gone=_top_gone(from_top, least, i_top, w_top, count, weights, len(stages)),
+        work=sum(least[a] for a in mine.values()))
     lanes = sum(1 for a, rank in zip(actions, graph.rank) if rank == r and a.kind is _F and a.stage == low)
     return _chain(shape, lanes, count, len(stages), weights)
 
@@ -101,16 +104,21 @@ def _top_gone(from_top: dict[int, float], least: dict[int, float], i_top: int, w
     return from_top[i_top] + least[i_top]
 
 
-class _Shape:
-    """One microbatch's least times on the rank (see the module doc: F(s), D1, D2, R, w_s, T1)."""
+class _Shape(NamedTuple):
+    """One microbatch's least times on the rank (see the module doc: F(s), D1, D2, R, w_s, T1, and its work)."""
 
-    def __init__(self, forward: float, down: float, back: float, trip: float, weight: float, top_gone: float):
-        self.forward, self.down, self.back, self.trip = forward, down, back, trip
-        self.weight, self.top_gone = weight, top_gone
+    forward: float
+    down: float
+    back: float
+    trip: float
+    weight: float
+    top_gone: float
+    work: float  # all of its F, I and W on the rank
 
 
 def _chain(shape: _Shape, lanes: int, count: float, held: int, weights: float) -> float:
-    """``E_{m-1} + w_s`` of the recurrences in the module doc (``held``: h, the rank's stages)."""
+    """``E_{m-1} + w_s`` of the recurrences in the module doc (``held``: h, the rank's stages), or
+    ``A_j`` plus the work of microbatches ``j..m-1`` where that is more."""
     open_at_a = math.floor(count - 1 + TOLERANCE)          # others open at an a_j
     open_at_b = math.floor(count - held + TOLERANCE)       # others open at a b_j
     pending_at_a = _pending(count - 1, weights)            # others not past their W(s) at an a_j
@@ -127,7 +135,9 @@ def _chain(shape: _Shape, lanes: int, count: float, held: int, weights: float) -
         a.append(start)
         b.append(top)
         e.append(max(start + shape.trip, top + shape.back))
-    return e[-1] + shape.weight if e else 0.0
+    # every action of microbatches j..m-1 on the rank follows their F(s), so comes after a_j
+    filled = max((start + (lanes - j) * shape.work for j, start in enumerate(a)), default=0.0)
+    return max(e[-1] + shape.weight, filled) if e else 0.0
 
 
 def _pending(room: float, weights: float) -> int | None:

@@ -51,7 +51,7 @@ def test_a_v_at_zb_v_memory_is_not_lifted():
     costs = CostModel(F=18.522 / 2, I=18.086 / 2, W=9.337 / 2, comm=0.601)
     graph = chunked_graph("v", 8, 24, 16.0, costs, weights=0.366)
     spans = rank_spans(graph, 16.0)
-    assert all(r.chunks < r.busy for r in spans)
+    assert all(r.chunks <= r.busy + 1e-9 and r.argument != "chunk chain" for r in spans)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
