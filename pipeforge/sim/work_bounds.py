@@ -154,9 +154,18 @@ class WorkBound:
 
     @property
     def argument(self) -> str | None:
-        """The argument that gives the bound (``ARGUMENTS``; a rank's, ``binding.argument``, or ``fill chain``)."""
+        """The argument that gives the bound (``ARGUMENTS``: the binding rank's, or ``fill chain``)."""
         binding = self.binding
-        return "fill chain" if binding is None and self.ranks else None if binding is None else binding.argument
+        if binding is not None:
+            return binding.argument
+        return "fill chain" if self.ranks else None
+
+    @property
+    def binding_text(self) -> str:
+        """Whose bound it is and by which argument, as the commands print it ("" where nothing is said)."""
+        if self.argument is None:
+            return ""
+        return f"{'all ranks' if self.binding is None else f'rank {self.binding.rank}'}: {self.argument}"
 
     def to_json(self) -> dict:
         binding = self.binding
