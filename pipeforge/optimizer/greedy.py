@@ -42,7 +42,7 @@ from pipeforge.ir import Action, ActionKind, as_action
 from pipeforge.optimizer.evaluate import TOLERANCE, Problem, stage_growth
 from pipeforge.optimizer.units import integer_units
 from pipeforge.semantics import ActionKey, needs
-from pipeforge.sim.fill_chain import fill_chain_forwards
+from pipeforge.sim.bounds import fill_chain_forwards
 
 # Kinds as their letters: the builder keys its tables by kind in its hot loop, and an exact str hashes
 # fastest there. A key (stage, "F", microbatch, 0) is equal to the Action it names (semantics.ActionKey).

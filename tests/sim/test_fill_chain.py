@@ -11,8 +11,7 @@ from pipeforge.optimizer.evaluate import Graph, Problem, evaluate
 from pipeforge.optimizer.exact import solve_exact
 from pipeforge.optimizer.greedy import best_zero_bubble_order
 from pipeforge.optimizer.list_schedule import list_schedule_orders
-from pipeforge.sim.bounds import busy_per_rank, work_bound
-from pipeforge.sim.fill_chain import fill_chain_span
+from pipeforge.sim.bounds import busy_per_rank, fill_chain_span, work_bound
 from tests.optimize.opt_instances import (
     brute_force_best_span, fused_work, per_stage_costs, random_programs, split_work,
 )
