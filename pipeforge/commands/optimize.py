@@ -161,10 +161,7 @@ def _own_rates(before, after) -> list[str]:
 
 def _binding(bound) -> str:
     """Which rank's bound is the bound, and by which argument (``sim.bounds.ARGUMENTS``)."""
-    binding = bound.binding
-    if binding is None:
-        return "" if bound.argument is None else f"; all ranks: {bound.argument}"
-    return f"; rank {binding.rank}: {binding.argument}"
+    return f"; {bound.binding_text}" if bound.binding_text else ""
 
 
 def _pct(value: float) -> str:

@@ -93,8 +93,7 @@ def summary(timeline) -> str:
         f"{'':13}{'':<10} lower bound {100 * work.bubble_rate:.2f}%; "
         f"gap {100 * (timeline.work_bubble_rate - work.bubble_rate):.2f} points  [{WORK_SPACE}, "
         f"{_work_limit_text(timeline)}"
-        + ("" if work.argument is None else f"; rank {work.binding.rank}: {work.argument}" if work.binding
-           else f"; all ranks: {work.argument}")
+        + (f"; {work.binding_text}" if work.binding_text else "")
         + _own_work_rate(timeline) + "]",
         "peak memory  " + "  ".join(f"r{r}: {peak:g}" for r, peak in enumerate(timeline.peak_memory))
         + _limit_text(timeline),

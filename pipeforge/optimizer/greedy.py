@@ -21,6 +21,16 @@ The paper tries every combination of its three knobs (eight settings) and keeps
 the order with the smallest worst span by simulation; so does
 ``best_zero_bubble_order``, timing each setting with the builder's own
 clocks (as-soon-as-possible in program order, the same timing as ``evaluate``).
+
+Four more settings (``FILL_SETTINGS``, where the fill chain of
+``pipeforge.sim.fill_chain`` proves that some rank must idle before its first
+I) warm up differently: each rank runs as many F before its first I as the
+fill chain's least choice says (some ranks wait a little for their first I so
+that the ranks before them need not hold more F than fit), then the rounds go
+on as the paper's (``prioritize_i`` and ``fill_small_gaps`` both ways;
+``bubble_before_first_i`` only shapes the paper's warm-up). With the paper's
+costs at 2p (Table 5) they reach the fill chain's bound on every row, where
+the paper's settings leave about twice its idle.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from pipeforge.ir import Action, ActionKind, as_action
 from pipeforge.optimizer.evaluate import TOLERANCE, Problem, stage_growth
 from pipeforge.optimizer.units import integer_units
 from pipeforge.semantics import ActionKey, needs
+from pipeforge.sim.bounds import fill_chain_forwards
 
 # Kinds as their letters: the builder keys its tables by kind in its hot loop, and an exact str hashes
 # fastest there. A key (stage, "F", microbatch, 0) is equal to the Action it names (semantics.ActionKey).
@@ -44,16 +55,19 @@ class Knobs:
     bubble_before_first_i: bool
     prioritize_i: bool
     fill_small_gaps: bool
+    fill_chain_warm_up: bool = False  # warm up as the fill chain's least choice says (FILL_SETTINGS)
 
 
 KNOB_SETTINGS = tuple(
     Knobs(a, b, c) for a in (True, False) for b in (True, False) for c in (True, False)
 )
+FILL_SETTINGS = tuple(Knobs(True, b, c, fill_chain_warm_up=True) for b in (True, False) for c in (True, False))
 # The order they are built in when the search may stop at a bound: the settings that win most often on
-# the Zero Bubble paper's rows first (every 1p and 1.375p row: the first; most 2p rows: the second).
-# Without a stop every setting runs and ties go to the first in KNOB_SETTINGS, as the paper's code does.
+# the Zero Bubble paper's rows first (every 1p and 1.375p row: the first; every 2p row: the fill chain's
+# first). Without a stop every setting runs and ties go to the first in KNOB_SETTINGS, as the paper's
+# code does (the fill chain's settings come after the paper's).
 TRY_FIRST = (Knobs(True, True, False), Knobs(True, True, True))
-BUILD_ORDER = TRY_FIRST + tuple(k for k in KNOB_SETTINGS if k not in TRY_FIRST)
+BUILD_ORDER = TRY_FIRST + FILL_SETTINGS + tuple(k for k in KNOB_SETTINGS if k not in TRY_FIRST)
 
 
 class DoesNotFit(Exception):
@@ -106,14 +120,18 @@ class GreedyOrder:
 
 
 def zero_bubble_orders(problem: Problem, stop_at: float | None = None) -> list[GreedyOrder]:
-    """The orders of every knob setting that fits in memory (the same orders whatever the cost units);
-    with ``stop_at`` (a worst span in the problem's units, e.g. a proven lower bound) the settings are
-    built in ``BUILD_ORDER`` and the building stops at the first order whose worst span reaches it."""
+    """The orders of every knob setting that fits in memory (the same orders whatever the cost units):
+    the paper's, and ``FILL_SETTINGS`` where the fill chain forces idle; with ``stop_at`` (a worst span
+    in the problem's units, e.g. a proven lower bound) the settings are built in ``BUILD_ORDER`` and the
+    building stops at the first order whose worst span reaches it."""
     units = integer_units(problem.costs)
     exact = replace(problem, costs=units.costs)
+    forwards = fill_chain_forwards(exact.shape, exact.costs, exact.memory, exact.memory_limit)
     found = []
-    for knobs in KNOB_SETTINGS if stop_at is None else BUILD_ORDER:
-        builder = _RoundBuilder(exact, knobs)
+    for knobs in KNOB_SETTINGS + FILL_SETTINGS if stop_at is None else BUILD_ORDER:
+        if knobs.fill_chain_warm_up and forwards is None:
+            continue
+        builder = _RoundBuilder(exact, knobs, forwards)
         try:
             kinds = builder.build()
         except DoesNotFit:
@@ -128,7 +146,7 @@ def zero_bubble_orders(problem: Problem, stop_at: float | None = None) -> list[G
 def best_zero_bubble_order(problem: Problem, stop_at: float | None = None) -> GreedyOrder | None:
     """The paper's choice: the setting with the smallest worst span (then total span; ties to the first
     setting in ``KNOB_SETTINGS``); ``stop_at``: see ``zero_bubble_orders``."""
-    rank = {knobs: i for i, knobs in enumerate(KNOB_SETTINGS)}
+    rank = {knobs: i for i, knobs in enumerate(KNOB_SETTINGS + FILL_SETTINGS)}
     return min(zero_bubble_orders(problem, stop_at), key=lambda o: (o.key(), rank[o.knobs]), default=None)
 
 
@@ -153,8 +171,9 @@ class _RoundBuilder:
     Every stage runs each kind in microbatch order, so an action's end is kept in ``ends[kind][stage]``
     at its microbatch's index, and a rank's program as kind letters."""
 
-    def __init__(self, problem: Problem, knobs: Knobs):
+    def __init__(self, problem: Problem, knobs: Knobs, forwards: tuple[int, ...] | None = None):
         self.knobs = knobs
+        self.forwards = forwards  # per stage, F before the first I (the fill chain's; FILL_SETTINGS)
         self.p, self.m = problem.stages, problem.microbatches
         self.cost = {k: [problem.costs.duration(ActionKind(k), s) for s in range(self.p)] for k in (F, I, W)}
         self.grow = stage_growth(problem)  # per kind, per stage (M_B): semantics.MEMORY at the stage's sizes
@@ -233,7 +252,9 @@ class _RoundBuilder:
 
     def extra_warm_up(self) -> list[int]:
         """How many more F each rank runs before its first I: as many as fit before it comes back
-        (over the link from the rank below)."""
+        (over the link from the rank below); under ``fill_chain_warm_up`` as the fill chain says."""
+        if self.knobs.fill_chain_warm_up:
+            return self.fill_chain_extra()
         extra = [0] * self.p
         back = self.needed(self.p - 1, F, 0) + self.cost[I][self.p - 1]
         for j in reversed(range(self.p - 1)):
@@ -251,6 +272,16 @@ class _RoundBuilder:
             # has run (a link slower than the stage above it is long); those forwards' inputs do not
             # exist yet, and the setting would build nothing: cap them at the rank above's.
             extra[j] = min(extra[j], extra[j - 1])
+        return extra
+
+    def fill_chain_extra(self) -> list[int]:
+        """The fill chain's F before the first I, less the one every rank has run, each rank capped at
+        the rank above's (whose F its own wait for) and at m."""
+        extra = [0] * self.p
+        for j in range(self.p):
+            extra[j] = max(0, min(self.forwards[j] - 1, self.m - self.done[F][j]))
+            if j > 0:
+                extra[j] = min(extra[j], extra[j - 1])
         return extra
 
     def stop_warm_up(self, clock: float, back: float, j: int) -> bool:

@@ -64,6 +64,7 @@ from pipeforge.sim.work_bounds import (  # noqa: F401  (space 2, re-exported: on
     ARGUMENTS, WORK_SPACE, RankSpan, WorkBound, bubble_lower_bound, bubble_of_span, busy_per_rank, rank_spans,
     memory_chain_spans, round_trip_idle, span_lower_bound, tail_work, through_spans, work_bound,
 )
+from pipeforge.sim.fill_chain import fill_chain_forwards, fill_chain_span  # noqa: F401  (over all ranks)
 from pipeforge.sim.workgraph import WorkGraph, compile_schedule
 
 _F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W

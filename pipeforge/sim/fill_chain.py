@@ -37,6 +37,12 @@ some choice meets Z (every constraint is monotone in the D after it, so the
 smallest choices meet Z whenever any do). Starting above every requirement,
 the least Z is found by lowering Z to what the current choices need, then
 asking for strictly less, until no choice meets it (``fill_chain_span``).
+
+The least choice is also a recipe: ``fill_chain_forwards`` gives how many F
+each rank runs before its first backward in it, and the Zero Bubble builder
+(``optimizer/greedy.py``, ``FILL_SETTINGS``) warms up that way. With the
+paper's costs at 2p it then reaches this bound on every Table 5 row: the
+bound is tight there, and those schedules are optimal.
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ from dataclasses import dataclass
 from pipeforge.ir import ActionKind
 from pipeforge.sim.workgraph import WorkGraph
 
-_F, _B, _I = ActionKind.F, ActionKind.B, ActionKind.I
+_F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 TOLERANCE = 1e-9   # as work_bounds: how far a count of F may be from the next integer and still be it
 STRICT = 1e-12     # relative: "strictly less" than a worst span (scaled by it, so unit-free)
 MAX_ROUNDS = 10000  # each round lowers the target; a finite number of choices, this is a safety cap
@@ -68,8 +74,11 @@ class _Stage:
 
     def idle(self, window: float) -> float:
         """The least idle before a first backward that starts ``window`` after the rank's start."""
-        count = min(self.fits, math.floor(window / self.forward + TOLERANCE))
-        return max(0.0, window - count * self.forward)
+        return max(0.0, window - self.count(window) * self.forward)
+
+    def count(self, window: float) -> int:
+        """How many F the rank runs in ``window`` (as many as fit)."""
+        return min(self.fits, math.floor(window / self.forward + TOLERANCE))
 
     def next_full(self, window: float) -> float | None:
         """The smallest window at or after ``window`` the rank fills with F (None: the limit forbids it)."""
@@ -79,27 +88,66 @@ class _Stage:
         return (count + 1) * self.forward if count + 1 <= self.fits else None
 
 
+def least_stage_work(costs, stage: int) -> float:
+    """One microbatch's least compute on ``stage``: F and the cheaper of B or I + W (what ``busy`` counts)."""
+    return costs.duration(_F, stage) + min(costs.duration(_B, stage),
+                                           costs.duration(_I, stage) + costs.duration(_W, stage))
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The least worst span over the fill chain's choices (``span``) and, per stage, how many F its rank
+    runs before its first backward in the choice that gives it (``forwards``)."""
+
+    span: float
+    forwards: tuple[int, ...]
+
+
 def fill_chain_span(graph: WorkGraph, limit: float | None, busy: list[float]) -> float:
     """The fill chain's bound on the worst span (0 where it says nothing: several chains, a rank with
     several stages or none, a microbatch without its F or backward on some stage)."""
-    stages = _stages(graph, limit, busy)
-    if stages is None or any(stage.fits < 1 for stage in stages):
-        return 0.0  # (no F fits: no schedule runs, nothing to bound)
-    target = _needs(stages, math.inf)
+    microbatches = _complete_microbatches(graph)
+    if microbatches is None:
+        return 0.0
+    stages = _stages(graph.shape, graph.costs, graph.memory, limit, busy, microbatches)
+    choice = None if stages is None else _least(stages)
+    return 0.0 if choice is None else choice.span
+
+
+def fill_chain_forwards(shape, costs, memory, limit: float | None) -> tuple[int, ...] | None:
+    """For the whole work of ``shape`` (every stage runs F and a backward of each microbatch): how many F
+    each stage's rank runs before its first backward in the least choice, where that choice leaves some
+    rank idle (None where no idle is forced or the chain does not apply). A schedule that wants to meet
+    the bound can start this way (``optimizer.greedy``)."""
+    busy = [0.0] * shape.ranks
+    for s in range(shape.stages):
+        busy[shape.placements[0].stage_to_rank[s]] += shape.microbatches * least_stage_work(costs, s)
+    stages = _stages(shape, costs, memory, limit, busy, shape.microbatches)
+    choice = None if stages is None else _least(stages)
+    if choice is None or choice.span <= max(busy) * (1.0 + STRICT):
+        return None
+    return choice.forwards
+
+
+def _least(stages: list[_Stage]) -> Choice | None:
+    """The least worst span over the choices (None where nothing is proved; see the module doc)."""
+    if any(stage.fits < 1 for stage in stages):
+        return None  # (no F fits: no schedule runs, nothing to bound)
+    found = _choose(stages, math.inf)
     for _ in range(MAX_ROUNDS):
-        if target is None:
-            return 0.0  # (cannot happen: with no cap on idle every choice is admissible)
-        lower = _needs(stages, target * (1.0 - STRICT))
+        if found is None:
+            return None  # (cannot happen: with no cap on idle every choice is admissible)
+        lower = _choose(stages, found.span * (1.0 - STRICT))
         if lower is None:
-            return target
-        target = lower
-    return 0.0  # nothing proved within the cap: say nothing rather than something unproved
+            return found
+        found = lower
+    return None  # nothing proved within the cap: say nothing rather than something unproved
 
 
-def _needs(stages: list[_Stage], target: float) -> float | None:
-    """The worst span the smallest admissible choices need when every rank may idle while its
-    ``busy + idle`` stays within ``target`` (None: no choice meets the target)."""
-    needed, returns = 0.0, None  # returns: from the start of the stage after to its first backward's end
+def _choose(stages: list[_Stage], target: float) -> Choice | None:
+    """The smallest admissible choices when every rank may idle while its ``busy + idle`` stays within
+    ``target``, and the worst span they need (None: no choice meets the target)."""
+    needed, returns, forwards = 0.0, None, []  # returns: from the next stage's start to its first backward's end
     for stage in reversed(stages):
         if stage.busy > target:
             return None
@@ -109,20 +157,17 @@ def _needs(stages: list[_Stage], target: float) -> float | None:
             if window is None:
                 return None
         needed = max(needed, stage.busy + stage.idle(window))
+        forwards.append(stage.count(window))
         returns = window + stage.backward
-    return needed
+    return Choice(needed, tuple(reversed(forwards)))
 
 
-def _stages(graph: WorkGraph, limit: float | None, busy: list[float]) -> list[_Stage] | None:
+def _stages(shape, costs, memory, limit: float | None, busy: list[float], microbatches: int) -> list[_Stage] | None:
     """Each stage's numbers, first stage first (None where the argument does not apply)."""
-    shape, costs = graph.shape, graph.costs
-    if len(shape.placements) != 1 or shape.stages != shape.ranks or shape.stages < 1:
+    if len(shape.placements) != 1 or shape.stages != shape.ranks or shape.stages < 1 or microbatches < 1:
         return None
     to_rank = shape.placements[0].stage_to_rank
-    if sorted(to_rank) != list(range(shape.ranks)) or not graph.actions:
-        return None
-    microbatches = _complete_microbatches(graph)
-    if microbatches is None:
+    if sorted(to_rank) != list(range(shape.ranks)):
         return None
     found = []
     for s in range(shape.stages):
@@ -130,7 +175,7 @@ def _stages(graph: WorkGraph, limit: float | None, busy: list[float]) -> list[_S
         backward = min(costs.duration(_I, s), costs.duration(_B, s))
         if forward <= 0 or backward < 0:
             return None
-        activation = graph.memory.stage_effect(_F, s)[0]
+        activation = memory.stage_effect(_F, s)[0]
         fits = microbatches if limit is None or activation <= 0 else min(
             microbatches, math.floor(limit / activation + TOLERANCE))
         down = costs.latency(s, s + 1) if s + 1 < shape.stages else 0.0

@@ -57,7 +57,7 @@ longer. The least worst ``busy + idle`` over those choices bounds the worst
 span (not any one rank's: ``WorkBound.fill``; ``binding`` is None where it
 binds). At 2p with the paper's costs, where every per-rank argument says only
 busy time, it proves a bubble of 0.0005-0.0033 (1.5B, p = 8, m = 32: busy
-plus 3 (I + 2c - F)).
+plus 3 (I + 2c - F)), and the Zero Bubble builder's fill chain settings reach it.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ from functools import cached_property
 
 from pipeforge.ir import ActionKind
 from pipeforge.sim.chunk_chain import chunk_chain_spans
-from pipeforge.sim.fill_chain import fill_chain_span
+from pipeforge.sim.fill_chain import fill_chain_span, least_stage_work
 from pipeforge.sim.workgraph import WorkGraph
 
 _F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
@@ -154,9 +154,18 @@ class WorkBound:
 
     @property
     def argument(self) -> str | None:
-        """The argument that gives the bound (``ARGUMENTS``; a rank's, ``binding.argument``, or ``fill chain``)."""
+        """The argument that gives the bound (``ARGUMENTS``: the binding rank's, or ``fill chain``)."""
         binding = self.binding
-        return "fill chain" if binding is None and self.ranks else None if binding is None else binding.argument
+        if binding is not None:
+            return binding.argument
+        return "fill chain" if self.ranks else None
+
+    @property
+    def binding_text(self) -> str:
+        """Whose bound it is and by which argument, as the commands print it ("" where nothing is said)."""
+        if self.argument is None:
+            return ""
+        return f"{'all ranks' if self.binding is None else f'rank {self.binding.rank}'}: {self.argument}"
 
     def to_json(self) -> dict:
         binding = self.binding
@@ -177,7 +186,7 @@ def work_bound(graph: WorkGraph, limit: float | None) -> WorkBound:
 def busy_per_rank(graph: WorkGraph) -> list[float]:
     """Each rank's least compute time: F and the cheaper of B or I + W, for each forward it runs."""
     cost, stages = graph.costs.duration, graph.shape.stages
-    per_stage = [cost(_F, s) + min(cost(_B, s), cost(_I, s) + cost(_W, s)) for s in range(stages)]
+    per_stage = [least_stage_work(graph.costs, s) for s in range(stages)]
     busy = [0.0] * graph.shape.ranks
     forwards = Counter((rank, action.stage) for action, rank in zip(graph.actions, graph.rank) if action.kind is _F)
     for (rank, stage), n in forwards.items():

@@ -8,8 +8,10 @@ from hypothesis import strategies as st
 
 from pipeforge.ir import CostModel, Placement
 from pipeforge.optimizer.evaluate import Graph, Problem, evaluate, is_complete
-from pipeforge.optimizer.greedy import KNOB_SETTINGS, best_zero_bubble_order, supports, zero_bubble_orders
-from pipeforge.sim.bounds import span_lower_bound
+from pipeforge.optimizer.greedy import (
+    FILL_SETTINGS, KNOB_SETTINGS, best_zero_bubble_order, supports, zero_bubble_orders,
+)
+from pipeforge.sim.bounds import span_lower_bound, work_bound
 from tests.optimize.opt_instances import costs_strategy, per_stage_costs, split_work
 
 ZB_COSTS = CostModel(F=18.522, I=18.086, W=9.337, comm=0.601)
@@ -108,7 +110,42 @@ def test_the_builder_stops_at_a_bound_it_reaches():
     bound = span_lower_bound(Graph(prob, split_work(8, 24)), 8.0)
     every = zero_bubble_orders(prob)
     stopped = zero_bubble_orders(prob, stop_at=bound)
-    assert len(every) == len(KNOB_SETTINGS) and len(stopped) == 1
+    # (the fill chain forces idle here too: its four settings run beside the paper's eight)
+    assert len(every) == len(KNOB_SETTINGS) + len(FILL_SETTINGS) and len(stopped) == 1
     assert max(stopped[0].spans) == pytest.approx(bound) == pytest.approx(min(max(o.spans) for o in every))
     # without a bound every setting runs and ties go to the first setting, as the paper's code does
     assert best_zero_bubble_order(prob).knobs == next(o.knobs for o in every if o.key() == min(e.key() for e in every))
+
+
+@pytest.mark.parametrize(("m", "costs", "weights"), [
+    (32, CostModel(F=18.513, I=18.086, W=9.331, comm=0.626), 0.366),  # 1.5B, Table 5
+    (24, CostModel(F=29.718, I=29.444, W=19.927, comm=0.527), 0.432),  # 6.2B
+])
+def test_the_fill_chain_settings_reach_the_bound_at_2p(m, costs, weights):
+    # The paper's eight settings leave about twice the idle the fill chain proves (0.0039 against 0.0017
+    # on 1.5B); warming up as the fill chain's least choice says reaches it: optimal.
+    prob = problem(8, m, 16.0, costs, weights)
+    bound = work_bound(Graph(prob, split_work(8, m)), 16.0)
+    assert bound.argument == "fill chain"
+    orders = zero_bubble_orders(prob)
+    found, best = best_evaluation(prob)
+    assert best.max_span == pytest.approx(bound.max_span, abs=1e-9)
+    paper = [e.max_span for (_, _, e), o in zip(found, orders) if not o.knobs.fill_chain_warm_up]
+    assert len(paper) == len(KNOB_SETTINGS) and min(paper) > bound.max_span + 1.0
+    assert best_zero_bubble_order(prob).knobs.fill_chain_warm_up
+    stopped = zero_bubble_orders(prob, stop_at=bound.max_span)
+    assert stopped[-1].knobs == FILL_SETTINGS[0] and len(stopped) == 3  # the paper's two first, then it
+
+
+def test_auto_proves_2p_optimal_from_1f1b_in_any_unit():
+    import pipeforge
+    from pipeforge.optimizer import optimize
+
+    schedule = pipeforge.load("1f1b", defines={"P": 8, "M": 32})
+    rates = []
+    for factor in (1.0, 1000.0):
+        costs = CostModel(F=18.513 * factor, I=18.086 * factor, W=9.331 * factor, comm=0.626 * factor)
+        result = optimize(schedule, costs=costs, memory_limit=16.0, weights=0.366, time_limit=10.0)
+        assert result.stopped == "bound" and result.optimal and result.seconds < 5.0
+        rates.append(result.after.bubble_rate)
+    assert rates[0] == pytest.approx(rates[1], abs=1e-12) and rates[0] == pytest.approx(0.00168, abs=5e-6)

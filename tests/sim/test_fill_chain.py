@@ -11,8 +11,7 @@ from pipeforge.optimizer.evaluate import Graph, Problem, evaluate
 from pipeforge.optimizer.exact import solve_exact
 from pipeforge.optimizer.greedy import best_zero_bubble_order
 from pipeforge.optimizer.list_schedule import list_schedule_orders
-from pipeforge.sim.bounds import busy_per_rank, work_bound
-from pipeforge.sim.fill_chain import fill_chain_span
+from pipeforge.sim.bounds import busy_per_rank, fill_chain_span, work_bound
 from tests.optimize.opt_instances import (
     brute_force_best_span, fused_work, per_stage_costs, random_programs, split_work,
 )
@@ -43,6 +42,7 @@ def test_the_fill_chain_binds_at_2p_with_the_papers_costs():
     assert max(r.span for r in bound.ranks) == pytest.approx(busy)
     assert bound.binding is None and bound.argument == "fill chain"
     assert bound.to_json()["argument"] == "fill chain" and bound.to_json()["rank"] is None
+    assert bound.binding_text == "all ranks: fill chain" and bound.to_json()["fill_chain"] == bound.max_span
     assert bound.max_span == pytest.approx(busy + 3 * (costs.I + 2 * costs.comm - costs.F))
     assert bound.bubble_rate == pytest.approx(0.00168, abs=5e-6)
     greedy = evaluate(graph, tuple(graph.ids(keys) for keys in best_zero_bubble_order(graph.problem).keys))
