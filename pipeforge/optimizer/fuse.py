@@ -258,7 +258,7 @@ class FuseSearch:
         ``descended``: local search first), until neither improves."""
         while self.left() > 0 and not self.reached(best.evaluation):
             if self.progress is not None:
-                self.progress(0.4, f"fuse search: best worst span {best.evaluation.max_span:g}")
+                self.progress(0.4, f"fuse search: best bubble {best.evaluation.bubble_rate:.4f}")
             best, changed = (best, False) if descended else self.descend(best)
             descended = False
             if self.left() <= 0 or self.reached(best.evaluation):
