@@ -30,8 +30,11 @@ it: a W long after its I finds its tensors out of cache), and how many cores a s
 (Spearman) and mean relative error of both predictions; each cost as profiled
 and as run; where a step's time went (compute, waits, the runtime's own work per
 action and outside the program); the measured ratios (median over rounds of the
-per-round ratio) of the optimized schedule to 1F1B and to ZB-H1 beside the
-predicted ones, and the A/A ratio with the spread of its per-round ratios; the
+per-round ratio, with its distribution-free 95 % interval, the sign test's p
+that the schedule is not the faster, and the ratio of the two fastest steps,
+which a slow step cannot move) of the optimized schedule to 1F1B and to ZB-H1
+beside the predicted ones, and the A/A ratio with the spread of its per-round
+ratios (a win: the whole interval below 1); the
 load average before and after. ``--out`` keeps costs.json, optimized.pipe,
 results.json and, per schedule, ``timeline-NAME.json``: the step simulated with
 the run's own costs and one measured step (the median round's) side by side as a
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -290,23 +294,45 @@ def ratios(rows: list[dict]) -> dict:
     pairs = [("optimized", "1f1b"), ("optimized", "zb-h1"), (AA, "1f1b")]
     if "deferred-w" in by:
         pairs += [("deferred-w", "1f1b"), ("deferred-w", "zb-h1")]
-    print("measured: median over rounds of the per-round ratio (quartiles); predicted from the profile; in-situ; "
-          "own")
+    print("measured: median over rounds of the per-round ratio [its 95% confidence interval] (quartiles), the "
+          "sign test's p that it is not faster, the ratio of the fastest steps; predicted from the profile; "
+          "in-situ; own")
     for a, b in pairs:
         per_round = per_round_ratio(by[a]["steps_ms"], by[b]["steps_ms"])
         low, high = quartiles(per_round)
+        ci = median_interval(per_round)
         measured = statistics.median(per_round)
+        fastest = min(by[a]["steps_ms"]) / min(by[b]["steps_ms"])
         predicted = by[a]["predicted_ms"] / by[b]["predicted_ms"]
         situ = by[a]["in_situ_ms"] / by[b]["in_situ_ms"]
         own = by[a]["own_ms"] / by[b]["own_ms"]
         faster = sum(r < 1.0 for r in per_round)
-        found[f"{a} / {b}"] = {"measured": measured, "quartiles": [low, high], "predicted": predicted,
-                               "in_situ": situ, "own": own, "faster_rounds": faster, "rounds": len(per_round),
-                               "wins_measured": high < 1.0, "wins_predicted": predicted < 1.0}
-        print(f"  {a + ' / ' + b:22} measured {measured:.3f} ({low:.3f}-{high:.3f}, faster in {faster} of "
-              f"{len(per_round)} rounds)  predicted {predicted:.3f}  in-situ {situ:.3f}  own {own:.3f}")
-    print("  (a win counts when even the upper quartile is below 1; the A/A row shows the noise)")
+        p_value = sign_test(faster, len(per_round))
+        found[f"{a} / {b}"] = {"measured": measured, "interval_95": list(ci), "quartiles": [low, high],
+                               "fastest_steps": fastest, "predicted": predicted, "in_situ": situ, "own": own,
+                               "faster_rounds": faster, "rounds": len(per_round), "sign_test_p": p_value,
+                               "wins_measured": ci[1] < 1.0, "wins_predicted": predicted < 1.0}
+        print(f"  {a + ' / ' + b:22} measured {measured:.3f} [{ci[0]:.3f}-{ci[1]:.3f}] ({low:.3f}-{high:.3f}), "
+              f"faster in {faster} of {len(per_round)} rounds (p {p_value:.3f}), fastest {fastest:.3f}  "
+              f"predicted {predicted:.3f}  in-situ {situ:.3f}  own {own:.3f}")
+    print("  (a win counts when the whole 95% interval is below 1; the A/A row shows the noise)")
     return {"ratios": found}
+
+
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """The distribution-free interval for the median: order statistics k and n + 1 - k, with k the largest
+    such that fewer than k of n values fall below the median with chance at most (1 - confidence) / 2."""
+    ordered, n = sorted(values), len(values)
+    k, tail = 0, 0.0
+    while k < n // 2 and tail + math.comb(n, k) / 2 ** n <= (1.0 - confidence) / 2:
+        tail += math.comb(n, k) / 2 ** n
+        k += 1
+    return (ordered[k - 1], ordered[n - k]) if k > 0 else (ordered[0], ordered[-1])
+
+
+def sign_test(faster: int, rounds: int) -> float:
+    """The chance of ``faster`` or more faster rounds of ``rounds`` when either is as likely (one-sided)."""
+    return sum(math.comb(rounds, k) for k in range(faster, rounds + 1)) / 2 ** rounds
 
 
 def same_order_as(schedule, schedules: dict) -> list[str]:

@@ -63,3 +63,10 @@ def test_gpt_blocks_lays_out_the_stages(monkeypatch):
     assert model["modules"][0].embed is not None and model["modules"][1].head is not None
     with pytest.raises(ValueError, match="expected 3 counts"):
         gpt.blocks_per_stage(3)
+
+
+def test_median_interval_and_sign_test(bench):
+    assert bench.median_interval([float(x) for x in range(1, 61)]) == (22.0, 39.0)  # the tables' k for n = 60
+    assert bench.median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0)  # too few rounds: the whole range
+    assert bench.sign_test(3, 3) == pytest.approx(1 / 8)
+    assert bench.sign_test(0, 10) == pytest.approx(1.0)
