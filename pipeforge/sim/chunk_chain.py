@@ -50,6 +50,7 @@ and it says nothing.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import TYPE_CHECKING, NamedTuple
 
 from pipeforge.ir import ActionKind
@@ -70,10 +71,11 @@ def chunk_chain_spans(graph: WorkGraph, limit: float | None, paths: _Paths) -> l
     if count is None or math.isinf(count) or len(graph.shape.placements) != 1 or not graph.actions:
         return [0.0] * ranks
     weights = graph.memory.least_weights(graph.shape.stages)
-    return [_rank_chain(graph, paths, r, count, weights) for r in range(ranks)]
+    lanes = Counter((r, a.stage) for a, r in zip(graph.actions, graph.rank) if a.kind is _F)
+    return [_rank_chain(graph, paths, r, count, weights, lanes) for r in range(ranks)]
 
 
-def _rank_chain(graph: WorkGraph, paths: _Paths, r: int, count: float, weights: float) -> float:
+def _rank_chain(graph: WorkGraph, paths: _Paths, r: int, count: float, weights: float, lanes: Counter) -> float:
     actions, least = graph.actions, paths.least
     mine = {(actions[a].stage, actions[a].kind): a for a in paths.members if graph.rank[a] == r}
     stages = sorted({stage for stage, kind in mine if kind is _F})
@@ -90,8 +92,7 @@ def _rank_chain(graph: WorkGraph, paths: _Paths, r: int, count: float, weights: 
         trip=from_low[i_low] + least[i_low], weight=least[w_low] if w_low is not None else 0.0,
         top_gone=_top_gone(from_top, least, i_top, w_top, count, weights, len(stages)),
         work=sum(least[a] for a in mine.values()))
-    lanes = sum(1 for a, rank in zip(actions, graph.rank) if rank == r and a.kind is _F and a.stage == low)
-    return _chain(shape, lanes, count, len(stages), weights)
+    return _chain(shape, lanes[(r, low)], count, len(stages), weights)
 
 
 def _top_gone(from_top: dict[int, float], least: dict[int, float], i_top: int, w_top: int | None,

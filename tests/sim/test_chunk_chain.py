@@ -105,3 +105,22 @@ def _paths(graph):
     from pipeforge.sim.work_bounds import _Paths
 
     return _Paths(graph)
+
+
+@pytest.mark.slow  # z3 on p = 2, 3 and m = 2, 3 at several limits: a minute or two
+@pytest.mark.parametrize("shape", ["v", "interleaved"])
+def test_the_bound_never_exceeds_what_exact_search_finds_at_p_2_and_3(shape):
+    # The bound must be at most every valid order's span; exact search (from the bound without the chunk
+    # chain) finds the optimum or a good order within its time.
+    costs = [CostModel(F=9, I=9, W=5, comm=1), CostModel(F=3, I=1, W=2, comm=0), CostModel(F=1, I=9, W=1, comm=1)]
+    lifted = 0
+    for p, m in ((2, 2), (2, 3), (3, 2), (3, 3)):
+        for limit in (2.0, 2.5, 3.0, 4.0):
+            for k, cost in enumerate(costs):
+                graph = chunked_graph(shape, p, m, limit, cost, weights=0.4)
+                spans = rank_spans(graph, limit)
+                without = max(max(r.busy, r.round_trip, r.through, r.chain) for r in spans)
+                result = solve_exact(graph, fitting_order(graph, limit, k), without, time_limit=3)
+                assert max(r.span for r in spans) <= result.upper_bound + 1e-9
+                lifted += max(r.span for r in spans) > without + 1e-9
+    assert lifted > 0
