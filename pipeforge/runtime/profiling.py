@@ -24,6 +24,7 @@ output between ranks s and s + 1 (median of a few). Times are in milliseconds.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -57,13 +58,20 @@ def pin_to_core(rank: int, nproc: int) -> bool:
     """Keep rank ``rank``'s process (and the threads it starts) on one core of those it may run on, a
     core a rank, when there are at least ``nproc`` of them: a rank then never waits for a core another
     rank holds, nor loses its caches to a move. False (nothing done) where there are fewer cores."""
-    import os
-
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else []
     if len(cores) < nproc:
         return False
     os.sched_setaffinity(0, {cores[rank]})
     return True
+
+
+def _claim_cores(rank: int, nproc: int, job: ProfileJob | TimingJob) -> None:
+    """The rank's torch threads (``job.threads``), on a core of its own where ``job.pin`` asks."""
+    import torch
+
+    if job.pin:
+        pin_to_core(rank, nproc)
+    torch.set_num_threads(job.threads)
 
 
 class ModelFileError(Exception):
@@ -195,9 +203,7 @@ def profile_rank(rank: int, nproc: int, job: ProfileJob) -> dict:
     import torch
     import torch.distributed as dist
 
-    if job.pin:
-        pin_to_core(rank, nproc)
-    torch.set_num_threads(job.threads)
+    _claim_cores(rank, nproc, job)
     model = load_model(job.model_path, nproc)
     module = model["modules"][rank]
     meter = _Meter(list(module.parameters()), job.clock)
@@ -352,9 +358,7 @@ def time_schedules(rank: int, nproc: int, job: TimingJob) -> dict:
     import torch
     import torch.distributed as dist
 
-    if job.pin:
-        pin_to_core(rank, nproc)
-    torch.set_num_threads(job.threads)
+    _claim_cores(rank, nproc, job)
     runs = [_timed_pipeline(rank, path, job) for path in job.module_paths]
     samples: list[list[tuple[float, float]]] = [[] for _ in runs]
     traces: list[list[dict]] = [[] for _ in runs]
