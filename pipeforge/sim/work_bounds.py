@@ -178,9 +178,10 @@ class WorkBound:
 def work_bound(graph: WorkGraph, limit: float | None) -> WorkBound:
     """The bound on space 2 for ``graph``'s work (fused or split, the same work) within ``limit``."""
     ranks = rank_spans(graph, limit)
-    fill = fill_chain_span(graph, limit, busy_per_rank(graph))
+    busy = [r.busy for r in ranks]  # (busy_per_rank's, as rank_spans read it)
+    fill = fill_chain_span(graph, limit, busy)
     span = max(max((r.span for r in ranks), default=0.0), fill)
-    return WorkBound(span, bubble_of_span(graph, span), limit, ranks, fill)
+    return WorkBound(span, _bubble(busy, span), limit, ranks, fill)
 
 
 def busy_per_rank(graph: WorkGraph) -> list[float]:
@@ -477,7 +478,11 @@ def span_lower_bound(graph: WorkGraph, limit: float | None) -> float:
 
 def bubble_of_span(graph: WorkGraph, span: float) -> float:
     """The bubble rate a worst span of ``span`` gives (busy time does not depend on the order)."""
-    busy = busy_per_rank(graph)
+    return _bubble(busy_per_rank(graph), span)
+
+
+def _bubble(busy: list[float], span: float) -> float:
+    """The bubble rate of ranks busy ``busy`` within a worst span of ``span``."""
     return 1.0 - (sum(busy) / len(busy)) / span if span > 0 else 0.0
 
 
