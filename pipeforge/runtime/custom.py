@@ -31,15 +31,17 @@ from typing import Any, Iterator
 
 import torch
 
+from pipeforge.ir import ActionKind
 from pipeforge.runtime.context import RankContext, ScheduleInfo
 from pipeforge.runtime.fsdp import DataParallel
 from pipeforge.runtime.p2p import PipelineError
 from pipeforge.runtime.stage import StageRunner
+from pipeforge.semantics import GRADIENT_KINDS, RUNTIME_METHODS, compute_kind_names
 
-COMPUTE_KINDS = ("F", "B", "I", "W")
+COMPUTE_KINDS = compute_kind_names()  # semantics: F, B, I, W and any compute kind added there
 KINDS = (*COMPUTE_KINDS, "OVERLAP_F_B", "UNSHARD", "RESHARD", "REDUCE_GRAD")
-BACKWARD_KINDS = ("B", "I", "W", "REDUCE_GRAD")
-WEIGHT_GRADIENT_KINDS = ("B", "W")
+BACKWARD_KINDS = (*(kind for kind in COMPUTE_KINDS if kind != "F"), "REDUCE_GRAD")  # only while training
+WEIGHT_GRADIENT_KINDS = tuple(sorted(kind.value for kind in GRADIENT_KINDS))
 
 
 @dataclass(frozen=True)
@@ -145,8 +147,9 @@ class HookedRankContext(RankContext):
         self.data_parallel = data_parallel
         self._collecting: list[StageAction] | None = None
         # the runtime's own compute of each kind (RankContext's, below the custom functions)
+        own = super()
         self._computes: dict[str, Callable[[int, int, int], None]] = {
-            "F": super().forward, "B": super().backward, "I": super().backward_input, "W": super().backward_weight}
+            kind: getattr(own, RUNTIME_METHODS[ActionKind(kind)]) for kind in COMPUTE_KINDS}
 
     # -- what generated rank functions call --------------------------------------
 

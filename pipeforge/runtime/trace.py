@@ -27,7 +27,9 @@ import statistics
 from collections.abc import Iterable
 from typing import NamedTuple
 
-COMPUTE = ("F", "B", "I", "W")
+from pipeforge.semantics import compute_kind_names
+
+COMPUTE = compute_kind_names()  # the compute kinds (semantics)
 
 
 class TraceEvent(NamedTuple):
