@@ -9,8 +9,8 @@ import pytest
 
 from pipeforge.generator import codegen
 from pipeforge.library import load_library_schedule
-from pipeforge.runtime.launch import spawn
-from pipeforge.runtime.profiling import TimingJob
+from pipeforge.tools.launch import spawn
+from pipeforge.tools.step_timing import TimingJob
 from pipeforge.runtime.step_trace import COMPUTE, Trace, TraceEvent, chrome_events, compute_costs
 
 MODEL = str(Path(__file__).with_name("mlp_model.py"))
@@ -26,7 +26,7 @@ def traced(tmp_path_factory):
     for index, schedule in enumerate(schedules):
         (out / str(index)).mkdir()
         paths.append(str(codegen(schedule, str(out / str(index)))))
-    outcomes = spawn("pipeforge.runtime.profiling:time_schedules", 2,
+    outcomes = spawn("pipeforge.tools.step_timing:time_schedules", 2,
                      TimingJob(MODEL, tuple(paths), steps=2, warmup=1, trace=True), timeout=120, deadline=300)
     assert all(o.ok for o in outcomes), [o.error for o in outcomes if not o.ok]
     ordered = sorted(outcomes, key=lambda o: o.rank)
@@ -119,8 +119,8 @@ def untraced_step(rank: int, nproc: int, _payload) -> tuple:
 
     import torch
 
-    from pipeforge.runtime.check import load_module
-    from pipeforge.runtime.profiling import load_model
+    from pipeforge.tools.generated import load_module
+    from pipeforge.tools.profiling import load_model
 
     model = load_model(MODEL, 2)
     with tempfile.TemporaryDirectory() as out:
