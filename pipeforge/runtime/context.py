@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from pipeforge.ir import Action, ActionKind
-from pipeforge.runtime.custom import ActionContext, CustomFunction, StageAction
+from pipeforge.runtime.custom import COMPUTE_KINDS, ActionContext, CustomFunction, StageAction
 from pipeforge.runtime.fsdp import DataParallel
 from pipeforge.runtime.memory import ActivationCount
 from pipeforge.runtime.microbatch import as_tuple
@@ -50,12 +50,12 @@ from pipeforge.runtime.p2p import (
     encode_header,
 )
 from pipeforge.runtime.stage import StageRunner
-from pipeforge.semantics import SENDS, peer_stage
+from pipeforge.semantics import GRADIENT_KINDS, RUNTIME_METHODS, SENDS, peer_stage
 
 SEND_F, RECV_F, SEND_B, RECV_B = ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B
 FORWARD_COMMS = frozenset({SEND_F, RECV_F})  # what eval() keeps
-BACKWARD_KINDS = frozenset({"B", "I", "W", "REDUCE_GRAD"})  # what eval() skips
-WEIGHT_GRADIENT_KINDS = frozenset({"B", "W"})
+BACKWARD_KINDS = frozenset({*(kind for kind in COMPUTE_KINDS if kind != "F"), "REDUCE_GRAD"})  # what eval() skips
+WEIGHT_GRADIENT_KINDS = frozenset(kind.value for kind in GRADIENT_KINDS)  # after them: data_parallel's upcast
 Comm = Action  # what send_f/recv_f/send_b/recv_b return and post takes: the communication action itself
 
 
@@ -139,9 +139,10 @@ class RankContext:
         self._pending: dict[Action, tuple[Posted, tuple[torch.Tensor, ...]]] = {}
         self._sent: list[Posted] = []
         self._collecting: list[StageAction] | None = None  # the overlap step being collected for custom functions
-        # the runtime's own compute of each kind, below the hooks
+        # the runtime's own compute of each kind, below the hooks: ``_<method>`` for the method generated
+        # code calls (``semantics.RUNTIME_METHODS``), which goes through the hooks
         self._computes: dict[str, Callable[[int, int, int], None]] = {
-            "F": self._forward, "B": self._backward, "I": self._backward_input, "W": self._backward_weight}
+            kind: getattr(self, "_" + RUNTIME_METHODS[ActionKind(kind)]) for kind in COMPUTE_KINDS}
         # no hook to run around a compute: actions go straight to their stage
         self._direct = not self.functions and not self.observers and not self.data_parallel.hooks_compute
 

@@ -33,12 +33,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pipeforge.runtime.p2p import PipelineError
+from pipeforge.semantics import compute_kind_names
 
 if TYPE_CHECKING:
     from pipeforge.runtime.context import RankContext, ScheduleInfo
     from pipeforge.runtime.stage import StageRunner
 
-COMPUTE_KINDS = ("F", "B", "I", "W")
+COMPUTE_KINDS = compute_kind_names()  # semantics: F, B, I, W and any compute kind added there
 KINDS = (*COMPUTE_KINDS, "OVERLAP_F_B", "UNSHARD", "RESHARD", "REDUCE_GRAD")
 
 

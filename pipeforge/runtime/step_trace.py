@@ -29,7 +29,9 @@ import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-COMPUTE = ("F", "B", "I", "W")
+from pipeforge.semantics import compute_kind_names
+
+COMPUTE = compute_kind_names()  # the compute kinds (semantics)
 
 
 class TraceEvent(NamedTuple):
