@@ -368,8 +368,8 @@ class RankContext:
             peer = self.caches.peer(comm, self.info)
             transfers += [Transfer(False, t, peer) for t in tensors]
             arriving.append((comm, tensors))
-        if not transfers:
-            return
+        if not transfers and not arriving:
+            return  # (a receive of no tensors, an integer-only activation's gradient, is posted empty)
         posted = self.transport.post(transfers, label)
         if sends:
             self._sent.append(posted)
@@ -560,13 +560,15 @@ class ShapeCache:
         return cached
 
     def gradients_to_send(self, key: tuple, grads: tuple, device: torch.device) -> tuple[torch.Tensor, ...]:
-        """The input gradients of the floating-point inputs (zeros where an input got none)."""
+        """The input gradients of the floating-point inputs, one per such input in order (``grads``
+        holds one for each; zeros where an input got none)."""
         stage, _, mb, chain = key
         metas = self._received.get(Action(stage, RECV_F, mb, chain))
         if metas is None:
             raise PipelineError(f"stage {stage} sends a gradient for microbatch {mb} it never received")
+        floats = [m for m in metas if m.dtype.is_floating_point]
         return tuple(g.contiguous() if g is not None else torch.zeros(m.shape, dtype=m.dtype, device=device)
-                     for g, m in zip(grads, metas) if m.dtype.is_floating_point)
+                     for g, m in zip(grads, floats))
 
 
 def _sendable(output: Any, stage_name: str) -> tuple[torch.Tensor, ...]:

@@ -19,8 +19,9 @@ Bidirectional schedules (two chains, as Chimera): ``stage_modules`` is keyed by
 stage and holds every stage this rank runs in either chain. When a rank runs the
 same stage in both chains, the chain-1 replica is a deep copy of the module,
 refreshed from it at the start of every step. After the program, the two
-replicas' gradients of every stage are summed (a send/receive pair between the
-two ranks, or an addition on one rank), so both end with the same gradients.
+replicas' gradients of every stage from this step are summed (a send/receive
+pair between the two ranks, or an addition on one rank) and added to what the
+module held before the step, so both end with the same gradients.
 With two chains, ``losses`` holds one entry per microbatch, ``None`` for those
 whose last stage ran on the other chain's rank, and outputs merge the
 microbatches this rank finished.
@@ -120,8 +121,10 @@ class Pipeline:
             raise PipelineUsageError(f"rank {self.rank} holds the last stage {self.info.stages - 1}: step() needs "
                                      "target= (split per microbatch and given to loss_fn with the stage's output)")
         self._sync_replicas()
+        earlier = self._set_aside_chain_grads()
         ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=True)
         self._reduce_chains()
+        _add_back(earlier)
         self.tied.sum_gradients(self.transport, self.stage_modules(), self.info)
         if self.scale_grads:
             self._scale(self.info.microbatches)
@@ -291,6 +294,22 @@ class Pipeline:
                     for mine, theirs in zip(runner.module.parameters(), original.module.parameters()):
                         mine.copy_(theirs)
 
+    def _set_aside_chain_grads(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+        """Bidirectional schedules: the gradients held before the step, set aside so that the chains sum
+        this step's gradients alone (``_add_back`` returns them to the modules given to make_pipeline).
+
+        A chain-1 copy on the rank of its chain-0 module starts every step without gradients: what it held
+        was the last step's sum, which counted once already."""
+        if len(self.info.placements) < 2:
+            return []
+        given = {id(p) for m in self.stage_modules().values() for p in m.parameters()}
+        earlier = []
+        for param in self.parameters():
+            if param.grad is not None and id(param) in given:
+                earlier.append((param, param.grad))
+            param.grad = None
+        return earlier
+
     def _reduce_chains(self) -> None:
         """Sum the two replicas' gradients of every stage; both replicas end with the sum."""
         if len(self.info.placements) < 2:
@@ -327,6 +346,12 @@ class Pipeline:
                              f"a bidirectional schedule runs stage {stage} in chain 0 on rank "
                              f"{self.info.rank_of(stage, 0)} and in chain 1 on rank {self.info.rank_of(stage, 1)}: "
                              "build both replicas from one seed, or copy one into the other")
+
+
+def _add_back(earlier: list[tuple[torch.nn.Parameter, torch.Tensor]]) -> None:
+    """The gradients ``Pipeline._set_aside_chain_grads`` set aside, added to this step's."""
+    for param, grad in earlier:
+        param.grad = grad if param.grad is None else grad + param.grad
 
 
 def _keywords(value: Any, where: str) -> dict[str, Any]:
