@@ -41,17 +41,25 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipeforge.runtime.context import RankContext, ScheduleInfo, ShapeCache
-from pipeforge.runtime.custom import CustomFunction, HookedRankContext, kind_name
+from pipeforge.runtime.context import Observer, RankContext, ScheduleInfo, ShapeCache
+from pipeforge.runtime.custom import CustomFunction, kind_name
 from pipeforge.runtime.custom import custom_functions as checked_functions
 from pipeforge.runtime.fsdp import DataParallel, data_parallel, is_sharded
 from pipeforge.runtime.gradients import (
-    TiedParameters, add_flat, add_local, check_same_start, distinct_parameters, flat_grads, local, trained,
+    TiedParameters,
+    add_flat,
+    add_local,
+    check_same_start,
+    distinct_parameters,
+    flat_grads,
+    local,
+    trained,
 )
 from pipeforge.runtime.memory import ActivationCount
 from pipeforge.runtime.microbatch import merge_chunks, split_inputs, split_value
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, TensorMeta, Transfer, Transport
 from pipeforge.runtime.stage import StageRunner
+from pipeforge.runtime.step_trace import Trace, TraceEvent, Tracer
 
 RankProgram = Callable[[RankContext], None]
 
@@ -74,9 +82,10 @@ class Pipeline:
         self.data_parallel = data_parallel or DataParallel(self.rank, {})
         self.functions = dict(functions or {})
         self.activations: ActivationCount | None = None  # the last step's count (``pipeforge.runtime.memory``)
-        self.trace = False  # True: record every later step's action timings (``pipeforge.runtime.trace``)
-        self.last_trace = None  # the last traced step's ``Trace``
-        self._trace_events: list = []
+        self.trace = False  # True: record every later step's action timings (``pipeforge.runtime.step_trace``)
+        self.last_trace: Trace | None = None  # the last traced step's ``Trace``
+        self.observers: list[Observer] = []  # told of every later step's actions (``context.Observer``)
+        self._tracer: Tracer | None = None
 
     def register_custom_function(self, kind: Any, function: CustomFunction) -> None:
         """Run ``function(action, ctx)`` instead of the runtime's own for every action of ``kind`` (see
@@ -135,13 +144,14 @@ class Pipeline:
         return self._results(ctx, losses, return_outputs)
 
     def _traced(self, call, *arguments) -> Any:
-        """``call`` with its actions traced into ``last_trace`` (``pipeforge.runtime.trace``)."""
-        from pipeforge.runtime.trace import Trace, TraceEvent
-
-        self._trace_events = []
+        """``call`` with its actions traced into ``last_trace`` (``pipeforge.runtime.step_trace``)."""
+        tracer = self._tracer = Tracer()
         started, cpu_started = time.perf_counter(), time.thread_time()
-        result = call(*arguments)
-        events = self._trace_events
+        try:
+            result = call(*arguments)
+        finally:
+            self._tracer = None
+        events = tracer.events
         events.append(TraceEvent("step", None, None, 0, started, time.perf_counter(), time.thread_time() - cpu_started))
         self.last_trace = Trace(self.rank, tuple(events))
         return result
@@ -149,9 +159,8 @@ class Pipeline:
     # -- inputs ----------------------------------------------------------------------
 
     def _run(self, args: tuple, kwargs: dict, target: Any, shared: Any, per_stage: Any, training: bool) -> RankContext:
-        ctx = self._context_class()(self.info, self.rank, self.runners, self.transport, self._caches,
-                                    functions=self.functions, data_parallel=self.data_parallel)
-        ctx.training = training
+        ctx = RankContext(self.info, self.rank, self.runners, self.transport, self._caches, training=training,
+                          functions=self.functions, data_parallel=self.data_parallel, observers=self._observers())
         if not self.holds_last and target is not None:
             raise PipelineUsageError(f"rank {self.rank} runs stages {self.stages}, not the last stage "
                                      f"{self.info.stages - 1}: target= goes to the rank holding the last stage")
@@ -163,23 +172,18 @@ class Pipeline:
         self.data_parallel.begin(training)
         for runner in self.runners.values():
             runner.reset()
-        if self.trace:
-            ctx.begin_program()
+        ctx.begin_program()
         with torch.set_grad_enabled(training):
             self._program(ctx)
         ctx.finish()
         self.data_parallel.end()  # waits for every gradient reduction REDUCE_GRAD started
         self.activations = ctx.activations
-        if self.trace:
-            self._trace_events = ctx.trace_events
         return ctx
 
-    def _context_class(self) -> type[HookedRankContext]:
-        if not self.trace:
-            return HookedRankContext
-        from pipeforge.runtime.tracing import TracingRankContext
-
-        return TracingRankContext
+    def _observers(self) -> tuple[Observer, ...]:
+        """The rank context's observers for this call: the tracer when tracing, then ``observers``."""
+        tracer = (self._tracer,) if self._tracer is not None else ()
+        return (*tracer, *self.observers)
 
     def _batch(self, args: tuple, kwargs: dict, stage0_inputs: list[dict] | None) -> list[tuple[tuple, dict]]:
         """The batch as microbatches for stage 0 (keyword inputs included)."""
