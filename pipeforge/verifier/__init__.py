@@ -42,7 +42,7 @@ def verify(schedule: Schedule, *, semantics: str = "rendezvous", memory_limit: f
     ``solve``: z3 decides the timing model with free start times (``True``), or
     only checks the event pass's proposal (``False``); ``None`` solves when the
     model has at most ``SOLVE_BY_DEFAULT_UP_TO`` group steps (where the decision
-    stays within the speed target; see benchmarks/bench_verify.py).
+    stays within the speed target; see benchmarks/verify/against_torch.py).
     """
     if semantics not in SEMANTICS:
         raise UsageError(f"semantics {semantics!r}: expected one of {', '.join(SEMANTICS)}")

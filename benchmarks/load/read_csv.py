@@ -9,22 +9,19 @@ Only the load is timed (best of several runs):
 - torch load: the schedule's own ``_load_csv`` (the above, then torch lowers the
   compute-only form to its runtime form; for compute_comms it only parses).
 
-    .venv/bin/python benchmarks/bench_csv.py
+    python -m benchmarks.load.read_csv
 """
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from torch.distributed.pipelining.schedules import PipelineScheduleMulti
 
-from torch.distributed.pipelining.schedules import PipelineScheduleMulti  # noqa: E402
-
-from pipeforge.interop.torch_csv import read_csv  # noqa: E402
-from tests.torch_stages import build_torch_schedule  # noqa: E402
+from pipeforge.interop.torch_csv import read_csv
+from tests.torch_stages import build_torch_schedule
 
 RANKS, MICROBATCHES, PER_RANK = 32, 128, 2
 

@@ -1,7 +1,7 @@
 """The backward split in I and W against the fused backward B, pipeforge's and torch's, side by side.
 
-    .venv/bin/python benchmarks/bench_split_backward.py                 # 60 rounds, 2 rows a microbatch
-    .venv/bin/python benchmarks/bench_split_backward.py --rounds 200 --rows 4 --clock wall
+    python -m benchmarks.runtime.split_backward                 # 60 rounds, 2 rows a microbatch
+    python -m benchmarks.runtime.split_backward --rounds 200 --rows 4 --clock wall
 
 On the same modules and the same microbatch shapes, each round runs, in turn,
 one forward followed by:
@@ -16,7 +16,7 @@ one forward followed by:
   runtime runs no I and a full backward as W (``stage.py``,
   ``backward_weight_one_chunk``); so does this benchmark.
 
-Modules: the stages of ``benchmarks/gpt_unequal.py`` (first: embedding and
+Modules: the stages of ``benchmarks/profile/gpt_unequal.py`` (first: embedding and
 two blocks; middle: two ``nn.TransformerEncoderLayer`` blocks; last: two
 blocks, the LM head and the loss) and one ``nn.TransformerEncoderLayer``.
 One torch thread; the clock is this thread's CPU time by default (on a shared
@@ -29,27 +29,17 @@ gradients (bit for bit: ``exact``; else the largest relative difference).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.distributed.pipelining._backward import stage_backward, stage_backward_input, stage_backward_weight  # noqa: E402
-
-from pipeforge.runtime.split_backward import SplitBackward, accumulate_weight_gradients  # noqa: E402
 
 
-def gpt_unequal():
-    spec = importlib.util.spec_from_file_location("gpt_unequal", ROOT / "benchmarks" / "gpt_unequal.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+import torch
+from torch import nn
+from torch.distributed.pipelining._backward import stage_backward, stage_backward_input, stage_backward_weight
+
+from benchmarks.profile import gpt_unequal
+from pipeforge.runtime.split_backward import SplitBackward, accumulate_weight_gradients
 
 
 class Case:
@@ -71,7 +61,7 @@ class Case:
 
 
 def cases(rows: int) -> list[Case]:
-    gpt = gpt_unequal()
+    gpt = gpt_unequal
     torch.manual_seed(0)
     first, middle, last = gpt.Stage(True, False), gpt.Stage(False, False), gpt.Stage(False, True)
     hidden = (rows, gpt.SEQ, gpt.WIDTH)

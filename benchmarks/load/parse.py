@@ -1,7 +1,7 @@
 """Parsing and elaborating .pipe beside torch building and reading the same schedule.
 
 The schedule: interleaved 1F1B at 32 ranks x 128 microbatches x 2 stages per rank
-(16,384 compute actions), written parametrically in benchmarks/interleaved_1f1b.pipe.
+(16,384 compute actions), written parametrically in benchmarks/load/interleaved_1f1b.pipe.
 
 - pipeforge: lark parse + compile (cold, grammar loaded), elaborate again with the
   compiled closures (warm), load the canonical explicit form (`pipeforge fmt`
@@ -11,29 +11,27 @@ The schedule: interleaved 1F1B at 32 ranks x 128 microbatches x 2 stages per ran
   _load_csv reading the same CSV (the base PipelineScheduleMulti path: parse the
   cells and validate; the runtime subclass would also lower it).
 
-    .venv/bin/python benchmarks/bench_parse.py [--repeat 5] [-D P=32 -D M=128 -D V=2]
+    python -m benchmarks.load.parse [--repeat 5] [-D P=32 -D M=128 -D V=2]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from torch.distributed.pipelining import schedules as torch_schedules
 
-from torch.distributed.pipelining import schedules as torch_schedules  # noqa: E402
+from pipeforge.ir import parse_step
+from pipeforge.lang import compile_text, load_text
+from pipeforge.lang.elaborate import elaborate
+from pipeforge.lang.parse import parser
+from pipeforge.lang.printer import print_schedule
+from tests.torch_stages import build_torch_schedule, dump_torch_csv
 
-from pipeforge.ir import parse_step  # noqa: E402
-from pipeforge.lang import compile_text, load_text  # noqa: E402
-from pipeforge.lang.elaborate import elaborate  # noqa: E402
-from pipeforge.lang.parse import parser  # noqa: E402
-from pipeforge.lang.printer import print_schedule  # noqa: E402
-from tests.torch_stages import build_torch_schedule, dump_torch_csv  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 PROGRAM = Path(__file__).parent / "interleaved_1f1b.pipe"
 

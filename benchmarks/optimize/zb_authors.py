@@ -25,10 +25,10 @@ work as theirs) over their ``initial_solution``, both timed in this run
 target). The load average is printed before and after.
 
 The authors' code is read from a fetched copy of their repository
-(``benchmarks/zb_authors.py``, ``ZB_AUTHORS_REPO``); without it their
+(``benchmarks/optimize/authors_code.py``, ``ZB_AUTHORS_REPO``); without it their
 columns are left empty and only pipeforge's side runs.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_zb_authors.py [--rows 1.5B,6.2B] [--microbatches 24]
+    python -m benchmarks.optimize.zb_authors [--rows 1.5B,6.2B] [--microbatches 24]
         [--settings 1p,2p,1.375p,V] [--strategies greedy,auto]
 
 Exits 1 when a pipeforge bubble is above the authors' (beyond 1e-9), or its
@@ -39,21 +39,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from dataclasses import dataclass
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchmarks.optimize import authors_code as zb_authors
+from benchmarks.zb_profiles import TABLE_5, Row
 
-import zb_authors  # noqa: E402
-from zb_profiles import TABLE_5, Row  # noqa: E402
-
-import pipeforge  # noqa: E402
-from pipeforge.ir import Action, ActionKind, CostModel, Placement  # noqa: E402
-from pipeforge.optimizer import optimize  # noqa: E402
-from pipeforge.optimizer.evaluate import Graph, Problem, evaluate  # noqa: E402
-from pipeforge.optimizer.greedy import best_zero_bubble_order  # noqa: E402
-from pipeforge.optimizer.v_greedy import zero_bubble_v_orders  # noqa: E402
+import pipeforge
+from pipeforge.ir import Action, ActionKind, CostModel, Placement
+from pipeforge.optimizer import optimize
+from pipeforge.optimizer.evaluate import Graph, Problem, evaluate
+from pipeforge.optimizer.greedy import best_zero_bubble_order
+from pipeforge.optimizer.v_greedy import zero_bubble_v_orders
 
 UNITS = (("ms", 1.0), ("us", 1000.0))
 SPEED_LIMIT = 2.0

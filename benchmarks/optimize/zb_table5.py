@@ -9,23 +9,20 @@ under 5 CPU seconds (verification included; CPU, not wall: the machine is
 shared). ``bench_zb_authors.py`` runs every row of the paper beside the
 authors' own code.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_optimize.py [--time-limit S]
+    python -m benchmarks.optimize.zb_table5 [--time-limit S]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchmarks.zb_profiles import TABLE_5 as PROFILES
 
-from zb_profiles import TABLE_5 as PROFILES  # noqa: E402
-
-import pipeforge  # noqa: E402
-from pipeforge.ir import CostModel  # noqa: E402
-from pipeforge.optimizer import optimize  # noqa: E402
+import pipeforge
+from pipeforge.ir import CostModel
+from pipeforge.optimizer import optimize
 
 ROW = {(row.model, row.m): row for row in PROFILES}
 ZB_COSTS = ROW[("1.5B", 24)].costs

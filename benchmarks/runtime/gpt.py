@@ -1,8 +1,8 @@
 """A small GPT on 4 gloo processes: pipeforge's generated modules against torch's schedules, side by side.
 
-    .venv/bin/python benchmarks/bench_gpt.py                       # the six schedules, P=4, M=8, 20 steps
-    .venv/bin/python benchmarks/bench_gpt.py --schedules gpipe 1f1b --steps 40
-    .venv/bin/python benchmarks/bench_gpt.py --control     # torch against torch: the noise floor now
+    python -m benchmarks.runtime.gpt                       # the six schedules, P=4, M=8, 20 steps
+    python -m benchmarks.runtime.gpt --schedules gpipe 1f1b --steps 40
+    python -m benchmarks.runtime.gpt --control             # torch against torch: the noise floor now
 
 The model is ``examples/gpt.py``'s GPT (``nn.Embedding``, ``--layers``
 ``nn.TransformerEncoderLayer`` blocks, an LM head; float32 on CPU), the one
@@ -10,7 +10,7 @@ The model is ``examples/gpt.py``'s GPT (``nn.Embedding``, ``--layers``
 schedule, one run of ``--nproc`` processes builds the same stage modules twice
 and runs (a) the module ``pipeforge codegen`` writes for the library schedule
 and (b) torch's own schedule class with real ``PipelineStage`` objects, steps
-alternating between the two (``benchmarks/_harness.py``). Reported: the medians,
+alternating between the two (``benchmarks/runtime/_harness.py``). Reported: the medians,
 and the median of the per-step ratios pipeforge / torch (the target is at most
 1.0). The first step's gradients are compared; a relative difference above 1e-4
 is a mismatch (exit 1). A schedule whose run fails is reported with its first
@@ -25,8 +25,8 @@ import argparse
 import sys
 import tempfile
 
-import _harness
-from _harness import TOLERANCE
+from benchmarks.runtime import _harness
+from benchmarks.runtime._harness import TOLERANCE
 
 import pipeforge
 from pipeforge.generator import codegen
@@ -56,7 +56,8 @@ def check_placement(info, class_name: str, ranks: int) -> None:
 def bench_worker(rank: int, nproc: int, config: dict) -> dict:
     import copy
 
-    from gpt import GPTConfig, gpt_stages, lm_loss, token_batches
+    gpt = _harness.example_gpt()
+    GPTConfig, gpt_stages, lm_loss, token_batches = gpt.GPTConfig, gpt.gpt_stages, gpt.lm_loss, gpt.token_batches
 
     from pipeforge.tools.generated import load_module
 

@@ -1,13 +1,13 @@
 """Generated 1F1B and interleaved 1F1B modules against torch's own schedules, side by side.
 
-    .venv/bin/python benchmarks/bench_runtime.py                # gloo on CPU, 2 and 4 processes
-    python benchmarks/bench_runtime.py --backend nccl --nproc 2  # one process per GPU
+    python -m benchmarks.runtime.mlp                             # gloo on CPU, 2 and 4 processes
+    python -m benchmarks.runtime.mlp --backend nccl --nproc 2    # one process per GPU
 
 For each process count, the same float32 MLP stages and the same microbatches
 run through (a) the module ``pipeforge codegen`` writes for the library
 schedule and (b) torch's ``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` with
 real ``PipelineStage`` objects. Steps alternate between the two, each after a
-barrier (``benchmarks/_harness.py``); the reported time of a step is the
+barrier (``benchmarks/runtime/_harness.py``); the reported time of a step is the
 slowest rank's, and the table shows medians. The ``tiny`` model (width 4)
 measures per-step overhead (Python and message latency); the ``wide`` model
 measures a step with real compute.
@@ -29,8 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import _harness
-from _harness import TOLERANCE
+from benchmarks.runtime import _harness
+from benchmarks.runtime._harness import TOLERANCE
 
 import pipeforge
 from pipeforge.generator import codegen

@@ -1,4 +1,4 @@
-"""What the side-by-side runtime benchmarks share (bench_gpt, bench_runtime, bench_fsdp).
+"""What the side-by-side runtime benchmarks share (``gpt``, ``mlp``, ``fsdp`` of ``benchmarks.runtime``).
 
 Each benchmark spawns N local processes (``spawn``); on every rank it builds the
 same stage modules twice and times pipeforge's pipeline against torch's schedule
@@ -14,6 +14,7 @@ wall time), and the first step's worst relative gradient difference.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import statistics
 import sys
@@ -22,15 +23,22 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-for _path in (ROOT, ROOT / "examples"):  # pipeforge from this checkout; examples/gpt.py
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
-from pipeforge.tools.launch import Outcome, spawn  # noqa: E402
+from pipeforge.tools.launch import Outcome, spawn
 
 SIDES = ("pipeforge", "torch")
 TOLERANCE = 1e-4  # relative gradient difference above which a benchmark reports a mismatch
+EXAMPLE_GPT = Path(__file__).resolve().parents[2] / "examples" / "gpt.py"
+
+
+def example_gpt():
+    """``examples/gpt.py`` (not a package: the example runs as a script beside it), imported once."""
+    name = "examples_gpt"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, EXAMPLE_GPT)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # before running it: its dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 # -- on every rank -------------------------------------------------------------------------------

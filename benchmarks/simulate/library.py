@@ -2,7 +2,7 @@
 same schedule and the closed form of the schedule's paper, all simulated by pipeforge.sim on the
 unit cost model (F = I = W = 1, B = 2, comm = 0; Chimera also at F = B = 1, as its paper draws it).
 
-    .venv/bin/python benchmarks/bench_library.py
+    python -m benchmarks.simulate.library
 
 Columns: pipeforge's bubble rate, torch's ("invalid" where torch's order fails verification),
 the paper's closed form, and the ratios library/torch and library/paper (1.000 = the same).
@@ -11,15 +11,12 @@ the paper's closed form, and the ratios library/torch and library/paper (1.000 =
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pipeforge import library  # noqa: E402
-from pipeforge.ir import CostModel  # noqa: E402
-from pipeforge.sim import simulate  # noqa: E402
-from pipeforge.verifier import verify  # noqa: E402
-from tests.library.torch_orders import TORCH_TWINS, torch_schedule  # noqa: E402
+from pipeforge import library
+from pipeforge.ir import CostModel
+from pipeforge.sim import simulate
+from pipeforge.verifier import verify
+from tests.library.torch_orders import TORCH_TWINS, torch_schedule
 
 UNIT = CostModel()
 EQUAL = CostModel(F=1.0, B=1.0)

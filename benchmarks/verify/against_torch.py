@@ -18,9 +18,9 @@ byte-compiled first, into a temporary cache, as an installed package's are (with
 PYTHONDONTWRITEBYTECODE set, as in some shells, every process would compile them
 again: about 0.03 s of each run).
 
-    .venv/bin/python benchmarks/bench_verify.py              # 16x64x2, 32x128x2, 64x256x2, 5 runs each
-    .venv/bin/python benchmarks/bench_verify.py --repeat 3   # fewer runs
-    .venv/bin/python benchmarks/bench_verify.py --quick      # 8x32x2 and 16x64x2
+    python -m benchmarks.verify.against_torch              # 16x64x2, 32x128x2, 64x256x2, 5 runs each
+    python -m benchmarks.verify.against_torch --repeat 3   # fewer runs
+    python -m benchmarks.verify.against_torch --quick      # 8x32x2 and 16x64x2
 """
 
 from __future__ import annotations
@@ -37,12 +37,11 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from torch.distributed.pipelining import schedules as torch_schedules
 
-from torch.distributed.pipelining import schedules as torch_schedules  # noqa: E402
+from tests.torch_stages import build_torch_schedule
 
-from tests.torch_stages import build_torch_schedule  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 TARGET_RATIO = 0.7  # whole-process verify vs torch's in-process dry run, at 32 x 128 x 2 (CPU, medians)
 SOLVE_BUDGET_S = 10.0  # whole-process verify --solve at 64 x 256 x 2 (wall, median)

@@ -7,7 +7,7 @@ pipeforge simulates each on unit costs; torch's reference is
 communication inserted by torch's ``_add_send_recv`` (a lockstep dry run: each action one
 tick, no durations, no memory). The reference's time excludes ``_add_send_recv``.
 
-    .venv/bin/python benchmarks/bench_simulate.py [--ranks 64 --microbatches 256 --repeat 3]
+    python -m benchmarks.simulate.speed [--ranks 64 --microbatches 256 --repeat 3]
 
 Exits 1 when pipeforge takes 1 s or more on the ~100k-action schedule.
 """

@@ -10,7 +10,7 @@ cross-rank data edge. The schedules are the library's ``1f1b``, ``zb-h1`` and
 ``zb-h2``; the paper's ZB-H1 / ZB-H2 are compared where ``zb_profiles`` has
 them.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_zb_table5.py
+    python -m benchmarks.simulate.zb_table5
 
 Beside each rate: the makespan, the peak memory (M_B, with the row's M_W / M_B),
 and pipeforge's bound on the bubble rate for any order keeping that peak.
@@ -20,16 +20,13 @@ Exits 1 when any rate is more than 0.002 from the paper's.
 
 from __future__ import annotations
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchmarks.zb_profiles import TABLE_5
 
-from zb_profiles import TABLE_5  # noqa: E402
-
-import pipeforge  # noqa: E402
-from pipeforge.ir import MemorySpec  # noqa: E402
-from pipeforge.sim import simulate  # noqa: E402
+import pipeforge
+from pipeforge.ir import MemorySpec
+from pipeforge.sim import simulate
 
 TOLERANCE = 0.002
 

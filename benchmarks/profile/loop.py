@@ -1,10 +1,10 @@
 """The loop closed: profile a GPT with unequal stages, optimize from 1F1B at 1p memory, run, compare.
 
-    .venv/bin/python benchmarks/bench_profile_loop.py            # P=2, M=8, 12 measured rounds, about 2 min
-    .venv/bin/python benchmarks/bench_profile_loop.py --out /tmp/loop --clock wall
-    .venv/bin/python benchmarks/bench_profile_loop.py --blocks 1,3 --microbatches 6 --steps 40
+    python -m benchmarks.profile.loop            # P=2, M=8, 12 measured rounds, about 2 min
+    python -m benchmarks.profile.loop --out /tmp/loop --clock wall
+    python -m benchmarks.profile.loop --blocks 1,3 --microbatches 6 --steps 40
 
-1. ``pipeforge profile benchmarks/gpt_unequal.py --stages P`` writes the cost file
+1. ``pipeforge profile benchmarks/profile/gpt_unequal.py --stages P`` writes the cost file
    (stage 0 holds the embedding, the last stage the LM head, each about as heavy
    as two blocks; ``--blocks 1,3`` puts 1 transformer block on stage 0 and 3 on
    stage 1, so 2 stages cost about 3 : 5; the default, 2 a stage, makes them
@@ -53,20 +53,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from pipeforge.generator import codegen
+from pipeforge.inputs import load
+from pipeforge.library import load_library_schedule, names
+from pipeforge.tools.launch import spawn
+from pipeforge.tools.step_timing import TimingJob
+from pipeforge.runtime.trace import Trace, chrome_events, compute_costs
+from pipeforge.sim import simulate
+from pipeforge.sim.costfile import with_cost_file
+from pipeforge.sim.costs import memory_for, resolve_costs
 
-from pipeforge.generator import codegen  # noqa: E402
-from pipeforge.inputs import load  # noqa: E402
-from pipeforge.library import load_library_schedule, names  # noqa: E402
-from pipeforge.tools.launch import spawn  # noqa: E402
-from pipeforge.tools.step_timing import TimingJob  # noqa: E402
-from pipeforge.runtime.trace import Trace, chrome_events, compute_costs  # noqa: E402
-from pipeforge.sim import simulate  # noqa: E402
-from pipeforge.sim.costfile import with_cost_file  # noqa: E402
-from pipeforge.sim.costs import memory_for, resolve_costs  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
-MODEL = ROOT / "benchmarks" / "gpt_unequal.py"
+MODEL = ROOT / "benchmarks" / "profile" / "gpt_unequal.py"
 AA = "1f1b A/A"
 
 

@@ -1,6 +1,6 @@
 """Pipeline x FSDP step time: generated modules against torch's ``_PipelineScheduleRuntime``, side by side.
 
-    .venv/bin/python benchmarks/bench_fsdp.py        # 4 gloo processes: 2 pipeline ranks x 2 shards
+    python -m benchmarks.runtime.fsdp        # 4 gloo processes: 2 pipeline ranks x 2 shards
 
 For each schedule and ``max_active_stages``, the library schedule goes through
 pipeforge's passes (``unshard`` with that ``max_active_stages``, ``reduce_grad``,
@@ -11,7 +11,7 @@ generates a module; torch's
 format="compute_comms")``) with real ``PipelineStage`` objects. Both get the
 same float32 MLP stages, each wrapped with FSDP2's ``fully_shard`` over the
 data-parallel group (``reshard_after_forward=False``). Steps alternate between
-the two, each after a barrier (``benchmarks/_harness.py``); a step's time is the
+the two, each after a barrier (``benchmarks/runtime/_harness.py``); a step's time is the
 slowest rank's; the table shows medians and the median of the per-step ratios. The full gradients after
 the first step are compared; a relative difference above 1e-4 exits 1.
 """
@@ -24,8 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import _harness
-from _harness import TOLERANCE
+from benchmarks.runtime import _harness
+from benchmarks.runtime._harness import TOLERANCE
 
 import pipeforge
 from pipeforge.generator import codegen
