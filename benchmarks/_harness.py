@@ -27,7 +27,7 @@ for _path in (ROOT, ROOT / "examples"):  # pipeforge from this checkout; example
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from pipeforge.runtime.launch import Outcome, spawn  # noqa: E402
+from pipeforge.tools.launch import Outcome, spawn  # noqa: E402
 
 SIDES = ("pipeforge", "torch")
 TOLERANCE = 1e-4  # relative gradient difference above which a benchmark reports a mismatch

@@ -64,7 +64,7 @@ def bench_job(rank: int, job: dict, config: dict, pp_group, dp_group, mesh) -> d
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
-    from pipeforge.runtime.check import load_module
+    from pipeforge.tools.generated import load_module
 
     generated = load_module(job["module_path"])
     info = generated.SCHEDULE

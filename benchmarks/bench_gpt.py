@@ -58,7 +58,7 @@ def bench_worker(rank: int, nproc: int, config: dict) -> dict:
 
     from gpt import GPTConfig, gpt_stages, lm_loss, token_batches
 
-    from pipeforge.runtime.check import load_module
+    from pipeforge.tools.generated import load_module
 
     generated = load_module(config["module"])
     info = generated.SCHEDULE

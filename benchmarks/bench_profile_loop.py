@@ -15,7 +15,7 @@
    and, on 2 ranks, ``deferred-w`` (a schedule built by hand: the last rank fuses
    B except for its first and last microbatch, whose W it runs at the very end)
    are simulated with the cost file (the prediction) and run on P local gloo
-   processes (``pipeforge.runtime.profiling.time_schedules``: the schedules take
+   processes (``pipeforge.tools.step_timing.time_schedules``: the schedules take
    turns step by step, one torch thread a rank, the step time is the slowest
    rank's), every measured step traced (``pipeline.trace``).
 
@@ -59,9 +59,9 @@ sys.path.insert(0, str(ROOT))
 from pipeforge.generator import codegen  # noqa: E402
 from pipeforge.inputs import load  # noqa: E402
 from pipeforge.library import load_library_schedule, names  # noqa: E402
-from pipeforge.runtime.launch import spawn  # noqa: E402
-from pipeforge.runtime.profiling import TimingJob  # noqa: E402
-from pipeforge.runtime.trace import Trace, chrome_events, compute_costs  # noqa: E402
+from pipeforge.tools.launch import spawn  # noqa: E402
+from pipeforge.tools.step_timing import TimingJob  # noqa: E402
+from pipeforge.runtime.step_trace import Trace, chrome_events, compute_costs  # noqa: E402
 from pipeforge.sim import simulate  # noqa: E402
 from pipeforge.sim.costfile import with_cost_file  # noqa: E402
 from pipeforge.sim.costs import memory_for, resolve_costs  # noqa: E402
@@ -237,7 +237,7 @@ def measure(schedules: dict, P: int, args) -> dict:
             paths.append(str(codegen(schedule, str(folder))))
         job = TimingJob(str(MODEL), tuple(paths), steps=args.steps, warmup=args.warmup, trace=True,
                         pin=args.pin)
-        outcomes = spawn("pipeforge.runtime.profiling:time_schedules", P, job, timeout=300.0,
+        outcomes = spawn("pipeforge.tools.step_timing:time_schedules", P, job, timeout=300.0,
                          deadline=60.0 + 10.0 * len(paths) * (args.steps + args.warmup) * 4)
     failed = [o for o in outcomes if not o.ok]
     if failed:
@@ -348,7 +348,7 @@ def same_order_as(schedule, schedules: dict) -> list[str]:
 def write_timeline(path: Path, simulated, measured: list[Trace], name: str) -> None:
     """The step simulated with the run's costs (process 0) and one measured step (process 1) as one
     Chrome/Perfetto trace."""
-    from pipeforge.interop.trace import trace_events
+    from pipeforge.interop.chrome_trace import trace_events
 
     document = {"traceEvents": trace_events(simulated) + chrome_events(measured, pid=1, name=f"measured {name}"),
                 "displayTimeUnit": "ms"}

@@ -51,7 +51,7 @@ def bench_worker(rank: int, nproc: int, config: dict) -> dict:
 
     import torch
 
-    from pipeforge.runtime.check import load_module
+    from pipeforge.tools.generated import load_module
 
     device = torch.device("cuda", torch.cuda.current_device()) if config["backend"] == "nccl" else torch.device("cpu")
     records = {}

@@ -30,6 +30,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from pipeforge.ir import ActionKind
+from pipeforge.semantics import RUNTIME_METHODS, compute_kind_names
+from pipeforge.tools.generated import load_module
+
 MODEL_FUNCTION = "pipeforge_model"
 
 
@@ -65,13 +69,13 @@ def pin_to_core(rank: int, nproc: int) -> bool:
     return True
 
 
-def _claim_cores(rank: int, nproc: int, job: ProfileJob | TimingJob) -> None:
-    """The rank's torch threads (``job.threads``), on a core of its own where ``job.pin`` asks."""
+def claim_cores(rank: int, nproc: int, threads: int, pin: bool) -> None:
+    """The rank's torch threads, on a core of its own where ``pin`` asks."""
     import torch
 
-    if job.pin:
+    if pin:
         pin_to_core(rank, nproc)
-    torch.set_num_threads(job.threads)
+    torch.set_num_threads(threads)
 
 
 class ModelFileError(Exception):
@@ -106,7 +110,7 @@ class _Meter:
     def __init__(self, params, clock: str = "wall"):
         self.clock = CLOCKS[clock]
         self.params = {p.untyped_storage().data_ptr() for p in params}
-        self.times: dict[str, list[float]] = {"F": [], "I": [], "W": [], "B": []}
+        self.times: dict[str, list[float]] = {kind: [] for kind in compute_kind_names()}
         self.clock_name = clock
         self.outside: list[float] = []  # ms of each measured step outside its program (``Trace.outside``)
         self.dispatch: list[float] = []  # ms per compute action of the runtime's own work (``Trace.dispatch``)
@@ -140,8 +144,11 @@ class _Meter:
     def wrap(self, runner, memory: bool = True) -> None:
         """Time the stage's own compute (not the waits for its inputs) by wrapping the runner's methods;
         ``memory``: also count the bytes its F saves (the split pipeline's runner)."""
-        for kind, name in (("F", "forward"), ("I", "backward_input"), ("W", "backward_weight"), ("B", "backward")):
-            setattr(runner, name, self._timed(kind, runner, getattr(runner, name), memory))
+        for kind in compute_kind_names():  # the runner's method of each kind has the rank context's name
+            name = RUNTIME_METHODS[ActionKind(kind)]
+            method = getattr(runner, name, None)
+            if method is not None:
+                setattr(runner, name, self._timed(kind, runner, method, memory))
 
     def _timed(self, kind: str, runner, method, memory: bool):
         def timed(mb, *args, **kwargs):
@@ -169,7 +176,7 @@ class _Meter:
         grads = [sum(self.saved[mb].get(k, 0) for k in keys) + self.plan_bytes.get(mb, 0)
                  for mb, keys in self.used_by_w.items() if mb in self.saved]
         weight_grad = min(statistics.median(grads), activation) if grads else 0
-        entry = {kind: statistics.median(self.times[kind]) for kind in ("F", "I", "W", "B") if self.times[kind]}
+        entry = {kind: statistics.median(self.times[kind]) for kind in compute_kind_names() if self.times[kind]}
         return {**entry, "activation": float(activation), "weight_grad": float(weight_grad)}
 
     def step_overhead(self) -> float:
@@ -203,7 +210,7 @@ def profile_rank(rank: int, nproc: int, job: ProfileJob) -> dict:
     import torch
     import torch.distributed as dist
 
-    _claim_cores(rank, nproc, job)
+    claim_cores(rank, nproc, job.threads, job.pin)
     model = load_model(job.model_path, nproc)
     module = model["modules"][rank]
     meter = _Meter(list(module.parameters()), job.clock)
@@ -222,8 +229,6 @@ def profile_rank(rank: int, nproc: int, job: ProfileJob) -> dict:
 
 
 def _profiled_pipeline(path: str, rank: int, module, model: dict, meter: _Meter, job: ProfileJob, memory: bool):
-    from pipeforge.runtime.check import load_module
-
     pipe = load_module(path).make_pipeline({rank: module}, loss_fn=model["loss_fn"], timeout=job.timeout)
     meter.wrap(pipe.runners[(rank, 0)], memory=memory)
     return pipe, memory
@@ -313,7 +318,7 @@ def _chain_sum_time(rank: int, first: int, second: int, shapes: list[tuple], tri
 
 
 def profile_job(rank: int, nproc: int, job: ProfileJob) -> dict:
-    """The worker ``spawn`` runs (``pipeforge.runtime.profiling:profile_job``)."""
+    """The worker ``spawn`` runs (``pipeforge.tools.profiling:profile_job``)."""
     return profile_rank(rank, nproc, job)
 
 
@@ -329,74 +334,3 @@ def cost_file(reports: list[dict]) -> dict:
                  for s in range(len(ordered))]
     dispatch = round(statistics.median(r["dispatch"] for r in ordered), 6)
     return cost_file_json(stages, links, units="ms", step=step, chain_sum=chain_sum, dispatch=dispatch)
-
-
-@dataclass(frozen=True)
-class TimingJob:
-    """Step times of several generated modules (one per schedule) with one model file."""
-
-    model_path: str
-    module_paths: tuple[str, ...]
-    steps: int = 5
-    warmup: int = 2
-    timeout: float = 120.0
-    threads: int = 1
-    trace: bool = False  # also return every measured step's trace (``pipeforge.runtime.trace``)
-    pin: bool = False  # each rank on a core of its own (``pin_to_core``)
-
-
-def time_schedules(rank: int, nproc: int, job: TimingJob) -> dict:
-    """The step times (ms, the slowest rank's) of each generated module, every measured step (``steps_ms``)
-    and their median (``ms``), and the median CPU time of a step summed over the ranks (``cpu_ms``: with
-    the step time, how many cores the step kept busy); with ``job.trace``, every measured step's trace of
-    this rank (``traces``).
-
-    The schedules take turns step by step (after a barrier each), the first of a round moving on by one
-    each round, so a change in the machine's load falls on all of them alike and none always follows
-    the same one.
-    """
-    import torch
-    import torch.distributed as dist
-
-    _claim_cores(rank, nproc, job)
-    runs = [_timed_pipeline(rank, path, job) for path in job.module_paths]
-    samples: list[list[tuple[float, float]]] = [[] for _ in runs]
-    traces: list[list[dict]] = [[] for _ in runs]
-    for step in range(job.warmup + job.steps):
-        for turn in range(len(runs)):
-            index = (turn + step) % len(runs)
-            pipe, modules, model, batch = runs[index]
-            dist.barrier()
-            started, cpu_started = time.perf_counter(), time.process_time()
-            pipe.step(*(batch if pipe.holds_first else ()), target=model["target"] if pipe.holds_last else None,
-                      return_outputs=False)
-            elapsed = torch.tensor([(time.perf_counter() - started) * 1000.0])
-            cpu = torch.tensor([(time.process_time() - cpu_started) * 1000.0])
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-            dist.all_reduce(cpu, op=dist.ReduceOp.SUM)
-            for module in modules:
-                for param in module.parameters():
-                    param.grad = None
-            if step >= job.warmup:
-                samples[index].append((elapsed.item(), cpu.item()))
-                if job.trace:
-                    traces[index].append(pipe.last_trace.to_json())
-    return {"rank": rank, "ms": [statistics.median(w for w, _ in s) for s in samples],
-            "cpu_ms": [statistics.median(c for _, c in s) for s in samples],
-            "steps_ms": [[w for w, _ in s] for s in samples],
-            **({"traces": traces} if job.trace else {})}
-
-
-def _timed_pipeline(rank: int, path: str, job: TimingJob):
-    import copy
-
-    from pipeforge.runtime.check import load_module
-
-    generated = load_module(path)
-    model = load_model(job.model_path, generated.SCHEDULE.stages)
-    held = sorted({stage for stage, _ in generated.SCHEDULE.held(rank)})
-    mine = {stage: copy.deepcopy(model["modules"][stage]) for stage in held}
-    pipe = generated.make_pipeline(mine, loss_fn=model["loss_fn"], timeout=job.timeout)
-    pipe.trace = job.trace
-    batch = model["batch"] if isinstance(model["batch"], tuple) else (model["batch"],)
-    return pipe, list(mine.values()), model, batch

@@ -25,7 +25,7 @@ from typing import Any
 
 LOCALHOST = "127.0.0.1"
 # torch.autograd imports symbolic_shapes (sympy) on the first backward with explicit gradients
-PRELOAD = ["torch", "torch.distributed", "torch.fx.experimental.symbolic_shapes", "pipeforge.runtime.check"]
+PRELOAD = ["torch", "torch.distributed", "torch.fx.experimental.symbolic_shapes", "pipeforge.tools.reference_check"]
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def run_check(module_path: str, nproc: int, *, steps: int = 2, model: str = "mlp
               timeout: float = 30.0, device: str | None = None) -> dict:
     """``pipeforge run``'s check on ``nproc`` local processes: the verdict, with each failed rank's error."""
     job = {"module_path": module_path, "model": model, "steps": steps, "timeout": timeout, "device": device}
-    outcomes = spawn("pipeforge.runtime.check:check_job_fields", nproc, job, timeout=timeout, backend=backend,
+    outcomes = spawn("pipeforge.tools.reference_check:check_job_fields", nproc, job, timeout=timeout, backend=backend,
                      deadline=timeout * (steps + 2) + 30)
     failed = [o for o in outcomes if not o.ok]
     if failed:

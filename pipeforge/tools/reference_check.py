@@ -11,18 +11,16 @@ gradient of its stages, then the parameters after the steps, and an eval pass.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import os
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from pipeforge.runtime import models
-from pipeforge.runtime.launch import summarize
 from pipeforge.runtime.microbatch import merge_chunks, split_value
+from pipeforge.tools import demo_models as models
+from pipeforge.tools.generated import load_module
+from pipeforge.tools.launch import summarize
 
 RELATIVE_TOLERANCE = 1e-5
 
@@ -79,18 +77,6 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
     return [t for item in value for t in _tensors(item)]
-
-
-def load_module(path: str):
-    """Import a generated module from its file (a unique name per path)."""
-    name = f"pipeforge_generated_{abs(hash(str(Path(path).resolve())))}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def check_rank(rank: int, nproc: int, job: CheckJob, group=None) -> dict:
@@ -191,7 +177,6 @@ class Reference:
         return [p for s in self.stages for p in s.parameters()]
 
 
-
 def sgd(parameters: list[torch.nn.Parameter], learning_rate: float) -> None:
     """Plain SGD, then clear the gradients (torch.optim would import torch._dynamo: seconds per process)."""
     with torch.no_grad():
@@ -204,11 +189,6 @@ def sgd(parameters: list[torch.nn.Parameter], learning_rate: float) -> None:
 def check_job_fields(rank: int, nproc: int, fields: dict) -> dict:
     """One job given as a dict of ``CheckJob`` fields (the parent need not import torch to build it)."""
     return check_rank(rank, nproc, CheckJob(**fields))
-
-
-def check_jobs(rank: int, nproc: int, jobs: list[CheckJob]) -> list[dict]:
-    """Several jobs on one process group (a worker for ``launch.spawn``)."""
-    return [check_rank(rank, nproc, job) for job in jobs]
 
 
 def run_check_from_environment(module_path: str, *, steps: int = 2, model: str = "mlp", backend: str = "gloo",
