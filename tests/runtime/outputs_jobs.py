@@ -19,9 +19,10 @@ pipelining, or the error a rank raised (the refusal the case got).
 from __future__ import annotations
 
 import copy
-import importlib.util
 
 import torch
+
+from pipeforge.tools.generated import load_module
 
 WIDTH = 3
 
@@ -96,13 +97,6 @@ def unpipelined(stages: list[torch.nn.Module], x: torch.Tensor, y: torch.Tensor,
         for param in module.parameters():
             if param.grad is not None:
                 param.grad.div_(microbatches)
-
-
-def load_module(path: str):
-    spec = importlib.util.spec_from_file_location(f"outputs_case_{abs(hash(path))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def run_case(rank: int, path: str, case: list[tuple[str, ...]], seed: int, timeout: float) -> dict:

@@ -15,7 +15,7 @@ import pytest
 
 import pipeforge
 from pipeforge.generator import codegen
-from pipeforge.runtime.launch import spawn
+from pipeforge.tools.launch import spawn
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -81,7 +81,7 @@ def test_a_stage_held_in_both_chains_on_one_rank_trains_right_step_after_step(tm
     assert pipeforge.verify(schedule).valid
     path = str(codegen(schedule, tmp_path / "same_chains.py"))
     job = {"module_path": path, "steps": 3, "timeout": WAIT}
-    outcomes = spawn("pipeforge.runtime.check:check_job_fields", 2, job, timeout=WAIT, deadline=200)
+    outcomes = spawn("pipeforge.tools.reference_check:check_job_fields", 2, job, timeout=WAIT, deadline=200)
     assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
     for outcome in outcomes:
         assert outcome.value["match"], outcome.value
