@@ -60,6 +60,7 @@ import math
 from dataclasses import dataclass
 
 from pipeforge.ir import ActionKind, CostModel, MemorySpec, Schedule
+from pipeforge.semantics import bubble_rate
 from pipeforge.sim.work_bounds import (  # noqa: F401  (space 2, re-exported: one module to import bounds from)
     ARGUMENTS, WORK_SPACE, RankSpan, WorkBound, bubble_lower_bound, bubble_of_span, busy_per_rank, rank_spans,
     memory_chain_spans, round_trip_idle, span_lower_bound, tail_work, through_spans, work_bound,
@@ -148,8 +149,7 @@ class Bounds:
 
     @property
     def bubble_rate(self) -> float:
-        longest = self.max_span
-        return 1.0 - self.mean_busy / longest if longest > 0 else 0.0
+        return bubble_rate(self.mean_busy, self.max_span)
 
     def to_json(self) -> dict:
         return {"space": ORDERS_SPACE, "makespan": self.makespan, "bubble_rate": self.bubble_rate,

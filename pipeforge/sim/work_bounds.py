@@ -68,6 +68,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from pipeforge.ir import ActionKind
+from pipeforge.semantics import bubble_rate
 from pipeforge.sim.chunk_chain import chunk_chain_spans
 from pipeforge.sim.fill_chain import fill_chain_span, least_stage_work
 from pipeforge.sim.workgraph import WorkGraph
@@ -483,7 +484,7 @@ def bubble_of_span(graph: WorkGraph, span: float) -> float:
 
 def _bubble(busy: list[float], span: float) -> float:
     """The bubble rate of ranks busy ``busy`` within a worst span of ``span``."""
-    return 1.0 - (sum(busy) / len(busy)) / span if span > 0 else 0.0
+    return bubble_rate(sum(busy) / len(busy) if busy else 0.0, span)
 
 
 def bubble_lower_bound(graph: WorkGraph, limit: float | None) -> float:
