@@ -61,7 +61,7 @@ from pipeforge.inputs import load  # noqa: E402
 from pipeforge.library import load_library_schedule, names  # noqa: E402
 from pipeforge.tools.launch import spawn  # noqa: E402
 from pipeforge.tools.step_timing import TimingJob  # noqa: E402
-from pipeforge.runtime.trace import Trace, chrome_events, compute_costs  # noqa: E402
+from pipeforge.runtime.step_trace import Trace, chrome_events, compute_costs  # noqa: E402
 from pipeforge.sim import simulate  # noqa: E402
 from pipeforge.sim.costfile import with_cost_file  # noqa: E402
 from pipeforge.sim.costs import memory_for, resolve_costs  # noqa: E402
@@ -348,7 +348,7 @@ def same_order_as(schedule, schedules: dict) -> list[str]:
 def write_timeline(path: Path, simulated, measured: list[Trace], name: str) -> None:
     """The step simulated with the run's costs (process 0) and one measured step (process 1) as one
     Chrome/Perfetto trace."""
-    from pipeforge.interop.trace import trace_events
+    from pipeforge.interop.chrome_trace import trace_events
 
     document = {"traceEvents": trace_events(simulated) + chrome_events(measured, pid=1, name=f"measured {name}"),
                 "displayTimeUnit": "ms"}

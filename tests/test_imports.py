@@ -29,7 +29,7 @@ ALLOWED = {
     "z3": ("verifier/model.py", "optimizer/exact.py"),
     "lark": ("lang/*.py",),
     "jinja2": ("generator.py",),
-    "torch": ("runtime/*.py", "tools/*.py", "commands/run.py"),
+    "torch": ("runtime/*.py", "tools/*.py", "commands/run.py", "models/*.py"),
     "hypothesis": ("testing.py",),
     "cairosvg": ("render/png.py",),
 }

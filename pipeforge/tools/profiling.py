@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from pipeforge.ir import ActionKind
+from pipeforge.semantics import RUNTIME_METHODS, compute_kind_names
 from pipeforge.tools.generated import load_module
 
 MODEL_FUNCTION = "pipeforge_model"
@@ -108,7 +110,7 @@ class _Meter:
     def __init__(self, params, clock: str = "wall"):
         self.clock = CLOCKS[clock]
         self.params = {p.untyped_storage().data_ptr() for p in params}
-        self.times: dict[str, list[float]] = {"F": [], "I": [], "W": [], "B": []}
+        self.times: dict[str, list[float]] = {kind: [] for kind in compute_kind_names()}
         self.clock_name = clock
         self.outside: list[float] = []  # ms of each measured step outside its program (``Trace.outside``)
         self.dispatch: list[float] = []  # ms per compute action of the runtime's own work (``Trace.dispatch``)
@@ -142,8 +144,11 @@ class _Meter:
     def wrap(self, runner, memory: bool = True) -> None:
         """Time the stage's own compute (not the waits for its inputs) by wrapping the runner's methods;
         ``memory``: also count the bytes its F saves (the split pipeline's runner)."""
-        for kind, name in (("F", "forward"), ("I", "backward_input"), ("W", "backward_weight"), ("B", "backward")):
-            setattr(runner, name, self._timed(kind, runner, getattr(runner, name), memory))
+        for kind in compute_kind_names():  # the runner's method of each kind has the rank context's name
+            name = RUNTIME_METHODS[ActionKind(kind)]
+            method = getattr(runner, name, None)
+            if method is not None:
+                setattr(runner, name, self._timed(kind, runner, method, memory))
 
     def _timed(self, kind: str, runner, method, memory: bool):
         def timed(mb, *args, **kwargs):
@@ -171,7 +176,7 @@ class _Meter:
         grads = [sum(self.saved[mb].get(k, 0) for k in keys) + self.plan_bytes.get(mb, 0)
                  for mb, keys in self.used_by_w.items() if mb in self.saved]
         weight_grad = min(statistics.median(grads), activation) if grads else 0
-        entry = {kind: statistics.median(self.times[kind]) for kind in ("F", "I", "W", "B") if self.times[kind]}
+        entry = {kind: statistics.median(self.times[kind]) for kind in compute_kind_names() if self.times[kind]}
         return {**entry, "activation": float(activation), "weight_grad": float(weight_grad)}
 
     def step_overhead(self) -> float:

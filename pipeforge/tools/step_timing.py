@@ -21,7 +21,7 @@ class TimingJob:
     warmup: int = 2
     timeout: float = 120.0
     threads: int = 1
-    trace: bool = False  # also return every measured step's trace (``pipeforge.runtime.trace``)
+    trace: bool = False  # also return every measured step's trace (``pipeforge.runtime.step_trace``)
     pin: bool = False  # each rank on a core of its own (``pin_to_core``)
 
 

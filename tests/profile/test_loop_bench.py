@@ -40,7 +40,7 @@ def test_deferred_w_is_valid_and_within_1p(bench, microbatches, tmp_path):
 def test_spearman_and_in_situ_costs(bench):
     assert bench.spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
     assert bench.spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
-    from pipeforge.runtime.trace import Trace, TraceEvent
+    from pipeforge.runtime.step_trace import Trace, TraceEvent
 
     trace = Trace(0, (TraceEvent("step", None, None, 0, 0.0, 0.020, 0.02),
                       TraceEvent("program", None, None, 0, 0.001, 0.019, 0.018),

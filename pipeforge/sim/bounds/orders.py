@@ -59,6 +59,7 @@ import math
 from dataclasses import dataclass
 
 from pipeforge.ir import ActionKind, CostModel, MemorySpec, Schedule
+from pipeforge.semantics import bubble_rate
 from pipeforge.sim.workgraph import WorkGraph, compile_schedule
 
 _F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
@@ -142,8 +143,7 @@ class Bounds:
 
     @property
     def bubble_rate(self) -> float:
-        longest = self.max_span
-        return 1.0 - self.mean_busy / longest if longest > 0 else 0.0
+        return bubble_rate(self.mean_busy, self.max_span)
 
     def to_json(self) -> dict:
         return {"space": ORDERS_SPACE, "makespan": self.makespan, "bubble_rate": self.bubble_rate,

@@ -67,6 +67,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from pipeforge.ir import ActionKind
+from pipeforge.semantics import bubble_rate
 from pipeforge.sim.bounds.chunk_chain import chunk_chain_spans
 from pipeforge.sim.bounds.fill_chain import fill_chain_span, least_stage_work
 from pipeforge.sim.bounds.paths import Paths
@@ -384,7 +385,7 @@ def bubble_of_span(graph: WorkGraph, span: float) -> float:
 
 def _bubble(busy: list[float], span: float) -> float:
     """The bubble rate of ranks busy ``busy`` within a worst span of ``span``."""
-    return 1.0 - (sum(busy) / len(busy)) / span if span > 0 else 0.0
+    return bubble_rate(sum(busy) / len(busy) if busy else 0.0, span)
 
 
 def bubble_lower_bound(graph: WorkGraph, limit: float | None) -> float:

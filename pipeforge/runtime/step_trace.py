@@ -1,4 +1,4 @@
-"""Opt-in per-action timings of a pipeline's steps: what the rank actually did, and when.
+"""The step trace: opt-in per-action timings of a pipeline's steps, what the rank actually did, and when.
 
 ``pipeline.trace = True`` (off by default) makes every later ``step``/``eval``
 record, on this rank, one ``TraceEvent`` per thing it did:
@@ -17,17 +17,21 @@ record, on this rank, one ``TraceEvent`` per thing it did:
 Times are ``time.perf_counter()`` seconds (one clock for every process of a
 machine: ranks' traces line up), ``cpu`` the CPU time of the calling thread
 during the event (wall minus cpu is time the rank waited: for a peer, or for a
-core). ``pipeline.last_trace`` holds the last call's ``Trace``. Without tracing
-the pipeline runs the plain context, so the untraced step pays nothing for it.
+core). ``pipeline.last_trace`` holds the last call's ``Trace``. ``Tracer`` is the
+rank context's observer that records them; without tracing the context has no
+observer and the untraced step reads no clock.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-COMPUTE = ("F", "B", "I", "W")
+from pipeforge.semantics import compute_kind_names
+
+COMPUTE = compute_kind_names()  # the compute kinds (semantics)
 
 
 class TraceEvent(NamedTuple):
@@ -47,6 +51,59 @@ class TraceEvent(NamedTuple):
     def to_json(self) -> dict:
         return {"kind": self.kind, "stage": self.stage, "microbatch": self.microbatch, "chain": self.chain,
                 "start": self.start, "end": self.end, "cpu": self.cpu, "label": self.label}
+
+
+class Tracer:
+    """An observer of the rank context (``pipeforge.runtime.context.Observer``) recording a ``TraceEvent``
+    per compute, wait, post, the final wait and the program."""
+
+    def __init__(self) -> None:
+        self.events: list[TraceEvent] = []
+        self._computes: list[list[float]] = []  # the running computes' (wall, cpu) starts, innermost last
+        self._program: tuple[float, float] | None = None
+        self._wait: tuple[float, float] = (0.0, 0.0)
+        self._post: tuple[float, float] = (0.0, 0.0)
+        self._finish: tuple[float, float] = (0.0, 0.0)
+
+    def begin_program(self) -> None:
+        self._program = (time.perf_counter(), time.thread_time())
+
+    def begin_compute(self, kind: str, stage: int, mb: int, chain: int) -> None:
+        self._computes.append([time.perf_counter(), time.thread_time()])
+
+    def end_compute(self, kind: str, stage: int, mb: int, chain: int) -> None:
+        started, cpu_started = self._computes.pop()
+        self.events.append(TraceEvent(kind, stage, mb, chain, started, time.perf_counter(),
+                                      time.thread_time() - cpu_started))
+
+    def begin_wait(self, kind: Any, stage: int, mb: int, chain: int) -> None:
+        self._wait = (time.perf_counter(), time.thread_time())
+
+    def end_wait(self, kind: Any, stage: int, mb: int, chain: int) -> None:
+        started, cpu_started = self._wait
+        ended, cpu_ended = time.perf_counter(), time.thread_time()
+        self.events.append(TraceEvent(kind.value, stage, mb, chain, started, ended, cpu_ended - cpu_started))
+        if self._computes:  # the compute that needed the data starts once it is in hand
+            self._computes[-1][:] = (ended, cpu_ended)
+
+    def begin_post(self, comms: tuple) -> None:
+        self._post = (time.perf_counter(), time.thread_time())
+
+    def end_post(self, comms: tuple) -> None:
+        started, cpu_started = self._post
+        self.events.append(TraceEvent("post", None, None, 0, started, time.perf_counter(),
+                                      time.thread_time() - cpu_started, " ".join(map(str, comms))))
+
+    def begin_finish(self) -> None:
+        self._finish = (time.perf_counter(), time.thread_time())
+
+    def end_finish(self) -> None:
+        started, cpu_started = self._finish
+        ended, cpu_ended = time.perf_counter(), time.thread_time()
+        self.events.append(TraceEvent("finish", None, None, 0, started, ended, cpu_ended - cpu_started))
+        if self._program is not None:
+            began, cpu_began = self._program
+            self.events.append(TraceEvent("program", None, None, 0, began, ended, cpu_ended - cpu_began))
 
 
 class Trace(NamedTuple):
