@@ -1,4 +1,4 @@
-"""Lower bounds, one module: each function says which space of schedules it bounds.
+"""Lower bounds on orders of these actions (space 1 below; space 2 is ``work.py``).
 
 Two spaces, both on a given placement and cost model:
 
@@ -50,8 +50,7 @@ What is proved for space 1, for every order:
   limit the span bound is often 0 for long pipelines, which is honest:
   zero-bubble orders exist there (ZB-2p, ZB-V).
 
-What is proved for space 2 is in ``work_bounds.py`` (re-exported here, so this
-stays the one module to import bounds from).
+What is proved for space 2 is in ``work.py``; ``pipeforge.sim.bounds`` exports both.
 """
 
 from __future__ import annotations
@@ -61,11 +60,6 @@ from dataclasses import dataclass
 
 from pipeforge.ir import ActionKind, CostModel, MemorySpec, Schedule
 from pipeforge.semantics import bubble_rate
-from pipeforge.sim.work_bounds import (  # noqa: F401  (space 2, re-exported: one module to import bounds from)
-    ARGUMENTS, WORK_SPACE, RankSpan, WorkBound, bubble_lower_bound, bubble_of_span, busy_per_rank, rank_spans,
-    memory_chain_spans, round_trip_idle, span_lower_bound, tail_work, through_spans, work_bound,
-)
-from pipeforge.sim.fill_chain import fill_chain_forwards, fill_chain_span  # noqa: F401  (over all ranks)
 from pipeforge.sim.workgraph import WorkGraph, compile_schedule
 
 _F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W

@@ -1,7 +1,7 @@
 """The chunk chain: a memory chain for ranks that hold several stages of one chain (V, interleaved).
 
 A lower bound on a rank's span in every schedule of the work within a memory
-limit (space 2 of ``bounds.py``; ``work_bounds.rank_spans`` keeps the largest
+limit (space 2 of ``pipeforge.sim.bounds``; ``work.rank_spans`` keeps the largest
 argument). ``memory chain`` there follows one stage a rank; here the rank holds
 ``h >= 2`` stages of the chain, lowest ``s`` and highest ``t`` (a V: ``s = r``,
 ``t = 2p - 1 - r``; interleaved: ``s = r``, ``t = r + p``), and a microbatch
@@ -13,7 +13,7 @@ until its W). Number the microbatches by when the rank starts their F(s):
 ``a_0 < a_1 < ...`` (``a_0`` is the span's start: everything else on the rank
 needs an F(s) before it). Microbatch k starts F(t) at ``b_k`` and ends I(s) at
 ``e_k``; between ``a_k`` and ``e_k`` it holds at least one unit (it is *open*).
-With least durations (``_Paths.least``): ``D1`` from F(s) start to F(t) start,
+With least durations (``Paths.least``): ``D1`` from F(s) start to F(t) start,
 ``D2`` from F(t) start to I(s) end, ``R`` from F(s) start to I(s) end, ``w_s``
 the W(s) after I(s), ``T1`` from F(t) start to I(t) end (to W(t) end when
 ``L < q + 2 + w``, q below).
@@ -51,19 +51,17 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from pipeforge.ir import ActionKind
-
-if TYPE_CHECKING:
-    from pipeforge.sim.work_bounds import _Paths
-    from pipeforge.sim.workgraph import WorkGraph
+from pipeforge.sim.bounds.paths import Paths
+from pipeforge.sim.workgraph import WorkGraph
 
 _F, _I, _W = ActionKind.F, ActionKind.I, ActionKind.W
 TOLERANCE = 1e-9
 
 
-def chunk_chain_spans(graph: WorkGraph, limit: float | None, paths: _Paths) -> list[float]:
+def chunk_chain_spans(graph: WorkGraph, limit: float | None, paths: Paths) -> list[float]:
     """Per rank, the chunk chain bound on its span (0 where nothing is said: no limit, several chains, a rank
     with one stage, work without I, a limit below what one microbatch holds on the rank)."""
     ranks = graph.shape.ranks
@@ -75,7 +73,7 @@ def chunk_chain_spans(graph: WorkGraph, limit: float | None, paths: _Paths) -> l
     return [_rank_chain(graph, paths, r, count, weights, lanes) for r in range(ranks)]
 
 
-def _rank_chain(graph: WorkGraph, paths: _Paths, r: int, count: float, weights: float, lanes: Counter) -> float:
+def _rank_chain(graph: WorkGraph, paths: Paths, r: int, count: float, weights: float, lanes: Counter) -> float:
     actions, least = graph.actions, paths.least
     mine = {(actions[a].stage, actions[a].kind): a for a in paths.members if graph.rank[a] == r}
     stages = sorted({stage for stage, kind in mine if kind is _F})

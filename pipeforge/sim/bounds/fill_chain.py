@@ -55,7 +55,7 @@ from pipeforge.ir import ActionKind
 from pipeforge.sim.workgraph import WorkGraph
 
 _F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
-TOLERANCE = 1e-9   # as work_bounds: how far a count of F may be from the next integer and still be it
+TOLERANCE = 1e-9   # as work.py: how far a count of F may be from the next integer and still be it
 STRICT = 1e-12     # relative: "strictly less" than a worst span (scaled by it, so unit-free)
 MAX_ROUNDS = 10000  # each round lowers the target; a finite number of choices, this is a safety cap
 

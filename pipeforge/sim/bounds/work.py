@@ -1,8 +1,8 @@
-"""Lower bounds on space 2 of ``bounds.py``: every schedule of this work, whatever its order.
+"""Lower bounds on space 2 of ``pipeforge.sim.bounds``: every schedule of this work, whatever its order.
 
 Every (stage, microbatch) runs its forward and its backward, and a backward may
 be split into I and W (the Zero Bubble split); any order within a memory limit
-L. ``pipeforge.sim.bounds`` re-exports everything here: import from there.
+L. ``pipeforge.sim.bounds`` exports these: import from there.
 
 What is proved for space 2 (``span_lower_bound``), for every schedule of the work
 within the limit, on any placement, per rank (the worst rank's is the bound):
@@ -41,7 +41,7 @@ within the limit, on any placement, per rank (the worst rank's is the bound):
   binding bound (1.5B, p = 8, m = 24 at 0.5p: bubble at least 0.41 where the
   round trip says 0.26); at p or 2p with the paper's costs a round trip per n
   microbatches is less than their work, and it says nothing.
-- ``chunk chain`` (``chunk_chain.py``, with a limit, ranks holding several stages of
+- ``chunk chain`` (``bounds/chunk_chain.py``, with a limit, ranks holding several stages of
   one chain: V, interleaved): the memory chain where a microbatch holds every
   stage's activation of the rank from its F of the highest to its I there, and
   the W-held rest until its W; binds where one microbatch's chunks fill most of
@@ -49,7 +49,7 @@ within the limit, on any placement, per rank (the worst rank's is the bound):
 
 ``RankSpan`` keeps the five for each rank and names the one that binds.
 
-Over all ranks together, ``fill chain`` (``fill_chain.py``: one chain, one
+Over all ranks together, ``fill chain`` (``bounds/fill_chain.py``: one chain, one
 stage a rank): each rank's first backward waits for the next rank's, and
 before it the rank runs only F, at most floor(limit); each rank either idles
 until it comes back or runs one more F and makes every rank before it wait
@@ -65,12 +65,12 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from functools import cached_property
 
 from pipeforge.ir import ActionKind
 from pipeforge.semantics import bubble_rate
-from pipeforge.sim.chunk_chain import chunk_chain_spans
-from pipeforge.sim.fill_chain import fill_chain_span, least_stage_work
+from pipeforge.sim.bounds.chunk_chain import chunk_chain_spans
+from pipeforge.sim.bounds.fill_chain import fill_chain_span, least_stage_work
+from pipeforge.sim.bounds.paths import Paths
 from pipeforge.sim.workgraph import WorkGraph
 
 _F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
@@ -208,93 +208,9 @@ class _RankShape:
     longest_w: float
 
 
-class _Paths:
-    """Longest dependency paths among one microbatch's actions of each chain (data dependencies never
-    cross microbatches or chains, and every microbatch of a chain has the same paths)."""
-
-    def __init__(self, graph: WorkGraph):
-        self.graph = graph
-        actions = graph.actions
-        stages, kinds, microbatches, chains = zip(*actions) if actions else ((), (), (), ())
-        first: dict[int, int] = {}
-        for chain, mb in set(zip(chains, microbatches)):
-            if mb is not None and mb < first.get(chain, mb + 1):
-                first[chain] = mb
-        self.members = [a for a, (mb, chain) in enumerate(zip(microbatches, chains))
-                        if mb is not None and mb == first[chain]]
-        self.children: dict[int, list[tuple[int, float]]] = {a: [] for a in self.members}
-        for a in self.members:
-            for d, latency in graph.deps[a]:
-                if d in self.children:  # not a phantom (an input no action makes)
-                    self.children[d].append((a, latency))
-        self.order = self._topological()
-        self.forwards = [0] * graph.shape.ranks
-        for r, n in Counter(r for r, kind in zip(graph.rank, kinds) if kind is _F).items():
-            self.forwards[r] = n
-
-    @cached_property
-    def least(self) -> dict[int, float]:
-        """Each member's least duration in any schedule of the work (``_least_durations``)."""
-        return _least_durations(self.graph, self.members)
-
-    def _topological(self) -> list[int]:
-        indegree = {a: sum(d in self.children for d, _ in self.graph.deps[a]) for a in self.members}
-        ready = [a for a, n in indegree.items() if n == 0]
-        out = []
-        while ready:
-            a = ready.pop()
-            out.append(a)
-            for b, _ in self.children[a]:
-                indegree[b] -= 1
-                if indegree[b] == 0:
-                    ready.append(b)
-        return out
-
-    def from_start_of(self, source: int, duration=None) -> dict[int, float]:
-        """Earliest start of every action reachable from ``source`` when ``source`` starts at 0
-        (``duration``: each action's, by id; default the graph's)."""
-        duration = self.graph.duration if duration is None else duration
-        start = {source: 0.0}
-        for a in self.order:
-            if a not in start:
-                continue
-            for b, latency in self.children[a]:
-                start[b] = max(start.get(b, float("-inf")), start[a] + duration[a] + latency)
-        return start
-
-    def heads(self, r: int, duration: dict[int, float]) -> dict[int, float]:
-        """For each action after some action of rank r: the least time from the start of r's first
-        action to its start (the longest path from any of r's actions, which starts no earlier)."""
-        rank, head = self.graph.rank, {}
-        for a in self.order:
-            h = head.get(a, -1.0)
-            if rank[a] == r and h < 0.0:
-                h = head[a] = 0.0
-            if h < 0.0:
-                continue
-            for b, latency in self.children[a]:
-                if h + duration[a] + latency > head.get(b, -1.0):
-                    head[b] = h + duration[a] + latency
-        return head
-
-    def tails(self, r: int, duration: dict[int, float]) -> dict[int, float]:
-        """For each action before some action of rank r: the least time from its end to the end of r's
-        last action (the longest path to any of r's actions, which ends no later)."""
-        rank, tail = self.graph.rank, {}
-        for a in reversed(self.order):
-            t = 0.0 if rank[a] == r else -1.0
-            for b, latency in self.children[a]:
-                after = tail.get(b)
-                if after is not None and latency + duration[b] + after > t:
-                    t = latency + duration[b] + after
-            if t >= 0.0:
-                tail[a] = t
-        return tail
-
-
-def _rank_shape(graph: WorkGraph, paths: _Paths, r: int) -> _RankShape | None:
+def _rank_shape(graph: WorkGraph, paths: Paths, r: int) -> _RankShape | None:
     """Rank r's round trips (None when it runs no F or no I of the microbatch); a trip is timed with
-    each action's least duration (``_least_durations``: a fused B may be cheaper than its I)."""
+    each action's least duration (``least_durations``: a fused B may be cheaper than its I)."""
     actions, duration = graph.actions, graph.duration
     least = paths.least
     mine = {k: [a for a in paths.members if graph.rank[a] == r and actions[a].kind is k] for k in (_F, _I, _W)}
@@ -334,9 +250,9 @@ def tail_work(shape: _RankShape, limit: float, weights: float) -> float:
     return best
 
 
-def round_trip_idle(graph: WorkGraph, r: int, limit: float | None, paths: _Paths | None = None) -> float:
+def round_trip_idle(graph: WorkGraph, r: int, limit: float | None, paths: Paths | None = None) -> float:
     """Idle time rank r cannot avoid inside its span (0 when nothing can be said)."""
-    shape = _rank_shape(graph, paths or _Paths(graph), r)
+    shape = _rank_shape(graph, paths or Paths(graph), r)
     if shape is None:
         return 0.0
     stages = graph.shape.stages
@@ -349,13 +265,13 @@ def round_trip_idle(graph: WorkGraph, r: int, limit: float | None, paths: _Paths
     return max(head, tail)
 
 
-def through_spans(graph: WorkGraph, paths: _Paths | None = None) -> list[tuple[float, int | None]]:
+def through_spans(graph: WorkGraph, paths: Paths | None = None) -> list[tuple[float, int | None]]:
     """Per rank r, the one-machine bound through another rank q, and q (``(0, None)`` when nothing is said).
 
     Every action j of q that comes after some action of r and before some
     action of r (in its microbatch's dependencies) starts at least ``head_j``
     after r's first action starts and ends at least ``tail_j`` before r's last
-    action ends (``_Paths.heads``, ``tails``); q runs one action at a time. So
+    action ends (``Paths.heads``, ``tails``); q runs one action at a time. So
     for any thresholds H, T, r's span is at least H + T plus the work of q's
     actions with head >= H and tail >= T (the preemptive one-machine bound with
     release and delivery times, Jackson's). Through the last rank this is the
@@ -369,7 +285,7 @@ def through_spans(graph: WorkGraph, paths: _Paths | None = None) -> list[tuple[f
     lanes = _lane_counts(graph)
     if lanes is None:
         return [(0.0, None)] * ranks
-    paths = paths or _Paths(graph)
+    paths = paths or Paths(graph)
     duration = paths.least
     found = []
     for r in range(ranks):
@@ -410,22 +326,7 @@ def _lane_counts(graph: WorkGraph) -> dict[tuple, int] | None:
     return count
 
 
-def _least_durations(graph: WorkGraph, nodes: list[int]) -> dict[int, float]:
-    """The least duration of each of ``nodes`` in any schedule of the work: an I the cheaper of I and
-    B (a fused B holds its I), a W what the cheaper of B and I + W leaves after that (at most W)."""
-    cost, found = graph.costs.duration, {}
-    for a in nodes:
-        action, duration = graph.actions[a], graph.duration[a]
-        if action.kind is _I:
-            duration = min(duration, cost(_B, action.stage))
-        elif action.kind is _W:
-            fused = cost(_B, action.stage) - min(cost(_I, action.stage), cost(_B, action.stage))
-            duration = max(0.0, min(duration, fused))
-        found[a] = duration
-    return found
-
-
-def memory_chain_spans(graph: WorkGraph, limit: float | None, paths: _Paths | None = None) -> list[float]:
+def memory_chain_spans(graph: WorkGraph, limit: float | None, paths: Paths | None = None) -> list[float]:
     """Per rank, the memory chain bound on its span (0 where nothing is said: no limit, several chains,
     a rank without F and I of its lowest stage)."""
     ranks = graph.shape.ranks
@@ -435,13 +336,13 @@ def memory_chain_spans(graph: WorkGraph, limit: float | None, paths: _Paths | No
     in_flight = math.floor(count + TOLERANCE)
     if in_flight < 1:
         return [0.0] * ranks  # no F fits: no schedule runs, nothing to bound
-    paths = paths or _Paths(graph)
+    paths = paths or Paths(graph)
     duration = paths.least
     lanes = Counter((r, a.stage) for a, r in zip(graph.actions, graph.rank) if a.kind is _F)
     return [_memory_chain(graph, paths, duration, r, in_flight, lanes) for r in range(ranks)]
 
 
-def _memory_chain(graph: WorkGraph, paths: _Paths, duration: dict[int, float], r: int, in_flight: int,
+def _memory_chain(graph: WorkGraph, paths: Paths, duration: dict[int, float], r: int, in_flight: int,
                   lanes: Counter) -> float:
     """Rank r's memory chain (``memory chain`` in the module's docstring)."""
     actions = graph.actions
@@ -465,7 +366,7 @@ def _memory_chain(graph: WorkGraph, paths: _Paths, duration: dict[int, float], r
 
 def rank_spans(graph: WorkGraph, limit: float | None) -> tuple[RankSpan, ...]:
     """What is proved of each rank's span in any schedule of ``graph``'s work within ``limit``."""
-    busy, paths = busy_per_rank(graph), _Paths(graph)
+    busy, paths = busy_per_rank(graph), Paths(graph)
     through = through_spans(graph, paths)
     chain, chunks = memory_chain_spans(graph, limit, paths), chunk_chain_spans(graph, limit, paths)
     return tuple(RankSpan(r, busy[r], busy[r] + round_trip_idle(graph, r, limit, paths), *through[r], chain[r],
