@@ -50,10 +50,10 @@ def watch(pipeline) -> None:
     def hook(optimizer, args, kwargs):
         found = pipeline_ref()
         if found is None or optimizer in checked:
-            return None
+            return
         checked.add(optimizer)
         warn_duplicates(found, optimizer)
-        return None
+        return
 
     handle = register_optimizer_step_pre_hook(hook)
     weakref.finalize(pipeline, handle.remove)

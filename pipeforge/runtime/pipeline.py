@@ -57,8 +57,8 @@ from pipeforge.runtime.gradients import (
 )
 from pipeforge.runtime.memory import ActivationCount
 from pipeforge.runtime.microbatch import merge_chunks, split_inputs, split_value
-from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, TensorMeta, Transfer, Transport
 from pipeforge.runtime.optimizer_watch import watch as watch_optimizers
+from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, TensorMeta, Transfer, Transport
 from pipeforge.runtime.stage import StageRunner
 from pipeforge.runtime.step_trace import Trace, TraceEvent, Tracer
 

@@ -15,6 +15,7 @@ after two SGD steps.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -54,8 +55,9 @@ class Report:
         self.compared += 1
         diff = (got.detach() - want.detach()).abs().max().item() if got.numel() else 0.0
         scale = max(want.detach().abs().max().item() if want.numel() else 0.0, 1e-12)
-        if diff / scale > self.max_rel or diff != diff:
-            self.max_rel, self.worst = diff / scale if diff == diff else float("inf"), what
+        relative = diff / scale if not math.isnan(diff) else math.inf
+        if relative > self.max_rel:
+            self.max_rel, self.worst = relative, what
 
 
 def layers_for(stages: int) -> int:
