@@ -146,7 +146,7 @@ def _with(order: Order, r: int, seq: tuple[int, ...]) -> Order:
 class FuseSearch:
     """Fuse descents alternating with local search on the mixed actions, until neither improves.
 
-    ``moves`` counts the candidates judged (what ``benchmarks/bench_fuse.py`` reports per second)."""
+    ``moves`` counts the candidates judged (what ``benchmarks/optimize/fuse.py`` reports per second)."""
 
     def __init__(self, split: Graph, deadline: float, target: float, progress: Progress | None = None):
         self.work = MixedWork(split)

@@ -23,7 +23,7 @@ the order with the smallest worst span by simulation; so does
 clocks (as-soon-as-possible in program order, the same timing as ``evaluate``).
 
 Four more settings (``FILL_SETTINGS``, where the fill chain of
-``pipeforge.sim.fill_chain`` proves that some rank must idle before its first
+``pipeforge.sim.bounds.fill_chain`` proves that some rank must idle before its first
 I) warm up differently: each rank runs as many F before its first I as the
 fill chain's least choice says (some ranks wait a little for their first I so
 that the ranks before them need not hold more F than fit), then the rounds go

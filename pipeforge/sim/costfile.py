@@ -38,9 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeforge.errors import UsageError
-from pipeforge.ir import CostModel, MemorySpec, StepOverhead
+from pipeforge.ir import ActionKind, CostModel, MemorySpec, StepOverhead
+from pipeforge.semantics import DURATION_DEFAULTS, compute_kind_names
 
-_STAGE_KEYS = ("F", "I", "W", "B", "activation", "weight_grad")
+_DURATIONS = compute_kind_names()  # one duration a compute kind (semantics)
+_REQUIRED = tuple(kind for kind in _DURATIONS if ActionKind(kind) not in DURATION_DEFAULTS)  # F, I, W
+_STAGE_KEYS = (*_REQUIRED, *(kind for kind in _DURATIONS if kind not in _REQUIRED), "activation", "weight_grad")
 _TOP_KEYS = ("units", "stages", "links", "comm", "dispatch", "step", "chain_sum")
 
 
@@ -106,11 +109,11 @@ def cost_file_from_json(data: object, name: str = "<costs>") -> StageCosts:
         raise CostFileError(name, "$.units", "expected a string such as \"ms\"")
     dispatch = _number(data.get("dispatch", 0.0), "$.dispatch", name, positive=False)
     per_stage = tuple((s, kind, entry[kind] + dispatch) for s, entry in enumerate(entries)
-                      for kind in ("F", "I", "W", "B") if kind in entry)
+                      for kind in _DURATIONS if kind in entry)
     first = entries[0]
     overhead = StepOverhead(_number(data.get("step", 0.0), "$.step", name, positive=False),
                             _chain_sum(data.get("chain_sum", []), len(stages), name))
-    costs = CostModel(F=first["F"] + dispatch, I=first["I"] + dispatch, W=first["W"] + dispatch, comm=comm,
+    costs = CostModel(**{kind: first[kind] + dispatch for kind in _REQUIRED}, comm=comm,
                       per_stage=per_stage, links=links, overhead=overhead)
     activation, weight_grad, unit = _memory(entries, name)
     return StageCosts(costs, activation, weight_grad, units, unit)
@@ -118,14 +121,15 @@ def cost_file_from_json(data: object, name: str = "<costs>") -> StageCosts:
 
 def _stage(entry: object, where: str, name: str) -> dict[str, float]:
     if not isinstance(entry, dict):
-        raise CostFileError(name, where, "expected an object with F, I, W (and optionally B, activation, weight_grad)")
+        raise CostFileError(name, where, f"expected an object with {', '.join(_REQUIRED)} (and optionally "
+                            f"{', '.join(_STAGE_KEYS[len(_REQUIRED):])})")
     for key in entry:
         if key not in _STAGE_KEYS:
             raise CostFileError(name, f"{where}.{key}", f"unknown key; expected {', '.join(_STAGE_KEYS)}")
-    for key in ("F", "I", "W"):
+    for key in _REQUIRED:
         if key not in entry:
             raise CostFileError(name, where, f"missing {key!r}")
-    out = {key: _number(value, f"{where}.{key}", name, positive=key in ("F", "I", "W", "B"))
+    out = {key: _number(value, f"{where}.{key}", name, positive=key in _DURATIONS)
            for key, value in entry.items()}
     if "weight_grad" in out and "activation" in out and out["weight_grad"] > out["activation"]:
         raise CostFileError(name, f"{where}.weight_grad", "is more than the stage's activation; "

@@ -40,7 +40,7 @@ from typing import NamedTuple
 from pipeforge._gc import gc_paused
 from pipeforge.errors import VerificationError
 from pipeforge.ir import Action, CostModel, MemorySpec, Schedule, Step, as_action
-from pipeforge.semantics import PARAMETER_MEMORY, held_after_additions
+from pipeforge.semantics import PARAMETER_MEMORY, bubble_rate, held_after_additions
 from pipeforge.sim.costs import costs_to_json, resolve_costs
 from pipeforge.sim.workgraph import Order, Times, WorkGraph, blocking_input, compile_schedule, peak_memory, time_order
 
@@ -233,10 +233,8 @@ class Timeline:
 
 
 def bubble_rate_of(busy: list[float], spans: list[float]) -> float:
-    longest = max(spans, default=0.0)
-    if longest <= 0:
-        return 0.0
-    return 1.0 - (sum(busy) / len(busy)) / longest
+    """The bubble rate of ranks busy ``busy`` over spans ``spans`` (``semantics.bubble_rate``)."""
+    return bubble_rate(sum(busy) / len(busy) if busy else 0.0, max(spans, default=0.0))
 
 
 def simulate(schedule: Schedule, costs: CostModel | None = None, *, memory: MemorySpec | None = None) -> Timeline:

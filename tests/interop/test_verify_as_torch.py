@@ -161,7 +161,7 @@ def agreement_jobs(ranks: int, tmp_path: Path) -> list[tuple[dict, bool]]:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_every_verdict_agrees_with_torchs_runtime_on_gloo(ranks, tmp_path):
-    from pipeforge.runtime.launch import spawn
+    from pipeforge.tools.launch import spawn
 
     cases = agreement_jobs(ranks, tmp_path)
     assert any(not expected for _, expected in cases) and any(expected for _, expected in cases)
