@@ -57,6 +57,7 @@ from pipeforge.runtime.gradients import (
 )
 from pipeforge.runtime.memory import ActivationCount
 from pipeforge.runtime.microbatch import merge_chunks, split_inputs, split_value
+from pipeforge.runtime.optimizer_watch import watch as watch_optimizers
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, TensorMeta, Transfer, Transport
 from pipeforge.runtime.recovery import StepStart
 from pipeforge.runtime.stage import StageRunner
@@ -289,7 +290,8 @@ class Pipeline:
         return {stage: runner.module for (stage, _), runner in sorted(self.runners.items(), reverse=True)}
 
     def parameters(self) -> list[torch.nn.Parameter]:
-        """Every distinct parameter of this rank's modules: one shared by several stages counts once."""
+        """Every distinct parameter of this rank's modules: one shared by several stages counts once.
+        The optimizer's input: ``torch.optim.AdamW(pipe.parameters())``."""
         return distinct_parameters(self.modules())
 
     def _scale(self, divisor: int) -> None:
@@ -427,6 +429,7 @@ def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_m
     transport = Transport(group, rank, wait, device)
     pipeline = Pipeline(info, programs[rank], runners, transport, scale_grads=scale_grads, tied=tied,
                         data_parallel=replicas, functions=functions)
+    watch_optimizers(pipeline)  # a parameter an optimizer lists twice is warned about at its first step
     pipeline.check_replicas_equal()
     tied.check_equal(transport, {stage: stage_modules[stage] for stage in pipeline.stages}, info)
     return pipeline

@@ -14,14 +14,20 @@ backward stops at the stage boundary and hands the input gradient on.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
+from pipeforge.runtime.aux import unwrap as unwrap_aux
 from pipeforge.runtime.microbatch import as_tuple, detached
 from pipeforge.runtime.p2p import PipelineError
-from pipeforge.runtime.split_backward import SplitBackward, WeightPlan, accumulate_weight_gradients
+from pipeforge.runtime.split_backward import (
+    SplitBackward,
+    WeightPlan,
+    accumulate_weight_gradients,
+)
 
 
 @dataclass
@@ -33,6 +39,7 @@ class MicrobatchState:
     roots: tuple[torch.Tensor, ...] = ()
     root_grads: tuple[torch.Tensor | None, ...] = ()
     weight_plan: WeightPlan | None = None  # left by I for W
+    aux: torch.Tensor | None = None  # the stage's auxiliary loss (``pipeforge.runtime.aux``): gradient one
 
 
 @dataclass
@@ -59,7 +66,7 @@ class StageRunner:
         if not self.is_first:
             args = tuple(_as_leaf(a, training) for a in args)
         with torch.set_grad_enabled(training):
-            output = self.module(*args, **(kwargs or {}))
+            output, aux = unwrap_aux(self.module(*args, **(kwargs or {})), self.name)
             wants_loss = self.is_last and (training or target is not None)
             loss = self._loss(output, target) if wants_loss else None
         if self.is_last:
@@ -67,8 +74,13 @@ class StageRunner:
             if loss is not None:
                 self.losses[mb] = loss.detach()
         if training:
-            roots = (loss,) if self.is_last else tuple(t for t in as_tuple(output) if _is_float(t) and _has_graph(t))
-            self.states[mb] = MicrobatchState(args, output, roots)
+            aux = aux if _has_graph(aux) else None
+            if self.is_last:
+                roots = (loss if aux is None else loss + aux,)
+            else:
+                roots = tuple(t for t in as_tuple(output) if _is_float(t) and _has_graph(t))
+                roots += (aux,) if aux is not None else ()
+            self.states[mb] = MicrobatchState(args, output, roots, aux=aux)
         return output
 
     def _loss(self, output: Any, target: Any) -> torch.Tensor | None:
@@ -96,7 +108,7 @@ class StageRunner:
         state.root_grads = tuple(
             grads[i] if i < len(grads) and grads[i] is not None else torch.zeros_like(t)
             for i, t in enumerate(floats) if _has_graph(t)
-        )
+        ) + ((torch.ones_like(state.aux),) if state.aux is not None else ())
         return state
 
     def backward(self, mb: int, grads: tuple | None) -> tuple[torch.Tensor | None, ...]:

@@ -1,4 +1,4 @@
-"""Step times of several generated schedules run with one model file (``benchmarks/bench_profile_loop.py``)."""
+"""Step times of several generated schedules run with one model file (``benchmarks/profile/loop.py``)."""
 
 from __future__ import annotations
 
