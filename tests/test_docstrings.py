@@ -36,9 +36,6 @@ LONGER = {
     "pipeforge/semantics.py": 45,
     "pipeforge/testing.py": 21,
     "pipeforge/tools/profiling.py": 22,
-    "pipeforge/verifier/events.py": 25,
-    "pipeforge/verifier/model.py": 35,
-    "pipeforge/verifier/obligations.py": 22,
 }
 
 
