@@ -4,7 +4,7 @@
     torchrun --nproc-per-node 4 examples/train_gpt.py --schedule zbv     # any library schedule
     torchrun --nproc-per-node 4 examples/train_gpt.py --module gen/my.py # a module `pipeforge codegen` wrote
 
-The steps, as in the README's "Train your model":
+The steps, as in examples/README.md:
 
 1. a pipeline module: ``pipeforge codegen SCHEDULE -o gen/`` ahead of time
    (``--module``), or generated here at startup (``pipeforge.generator.generate``
@@ -18,7 +18,7 @@ The steps, as in the README's "Train your model":
 5. each step: ``pipe.step(tokens, target=next_tokens, losses=losses)`` — the
    batch on the rank holding stage 0, the target on the rank holding the last
    stage (the two may be the same rank), ``None`` elsewhere — then the
-   optimizer over this rank's stage modules.
+   optimizer over ``pipe.parameters()``.
 
 The data is a fixed random token sequence the model learns to continue, so the
 loss falls quickly: enough to see training work without downloading anything.
@@ -78,7 +78,7 @@ def train(args: argparse.Namespace) -> list[float]:
     stage_modules = {stage: pieces[stage] for stage in mine}
     del pieces
     pipe = generated.make_pipeline(stage_modules, loss_fn=lm_loss, timeout=args.timeout)
-    optimizer = torch.optim.AdamW([p for m in stage_modules.values() for p in m.parameters()], lr=args.lr)
+    optimizer = torch.optim.AdamW(pipe.parameters(), lr=args.lr)  # each parameter once, shared ones too
     batches = token_batches(config, args.rows)
     history = []
     for step in range(args.steps):

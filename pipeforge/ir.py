@@ -264,14 +264,6 @@ class Placement:
 
         return Placement(tuple(rank_of(s) for s in range(stages)))
 
-    @staticmethod
-    def from_rank_stages(rank_stages: dict[int, list[int]], stages: int) -> Placement:
-        mapping = [-1] * stages
-        for rank, owned in rank_stages.items():
-            for stage in owned:
-                mapping[stage] = rank
-        return Placement(tuple(mapping))
-
     def rank_of(self, stage: int) -> int:
         return self.stage_to_rank[stage]
 

@@ -61,8 +61,8 @@ ActionKey = tuple  # an Action, or a plain tuple (stage, kind, microbatch, chain
 __all__ = [
     "COMPUTE_KINDS", "COMM_KINDS", "STAGE_ONLY_KINDS", "ROLES", "NEEDS", "OUTPUTS", "MEMORY", "PARAMETER_MEMORY",
     "PEER_OFFSET",
-    "PARTNER", "SENDS", "GRADIENT_KINDS", "NEEDLESS_KINDS", "SPLIT", "EXCLUDES", "COMPLETE", "RUNTIME_METHODS", "Need", "Output",
-    "role", "needs", "output", "memory_effect", "memory_delta",
+    "PARTNER", "SENDS", "GRADIENT_KINDS", "NEEDLESS_KINDS", "SPLIT", "EXCLUDES", "COMPLETE", "REQUIRES", "DURATION_DEFAULTS", "RUNTIME_METHODS", "Need", "Output",
+    "role", "needs", "output", "memory_effect", "memory_delta", "bubble_rate", "compute_kind_names",
     "held_after_additions", "peer_stage", "partner", "peer_rank", "local_needs", "split",
 ]
 
@@ -236,6 +236,16 @@ def memory_delta(kind: ActionKind, weights: float) -> float:
     return added - released
 
 
+# --- the bubble rate -------------------------------------------------------------------------
+
+
+def bubble_rate(mean_busy: float, longest_span: float) -> float:
+    """The Zero Bubble paper's bubble rate, ``1 - mean(busy) / max(span)`` over the ranks (0 for an
+    empty span): simulate's rate of a timeline, the bounds' least rates and optimize's metrics all ask
+    here."""
+    return 1.0 - mean_busy / longest_span if longest_span > 0 else 0.0
+
+
 # --- communication peers -------------------------------------------------------------------
 
 PEER_OFFSET: dict[ActionKind, int] = {SEND_F: 1, RECV_B: 1, RECV_F: -1, SEND_B: -1}
@@ -280,6 +290,23 @@ SPLIT: dict[ActionKind, tuple[ActionKind, ...]] = {B: (I, W)}  # B is I then W (
 EXCLUDES: dict[ActionKind, frozenset[ActionKind]] = {B: frozenset({I, W}), I: frozenset({B}), W: frozenset({B})}
 # What one (stage, microbatch) runs in a complete schedule: F and B, or F and B's parts (sorted by kind).
 COMPLETE: tuple[tuple[ActionKind, ...], ...] = (tuple(sorted((F, B))), tuple(sorted((F, *SPLIT[B]))))
+
+
+# kind -> the kinds the same (stage, microbatch) must also hold when it holds this one (else ``missing``,
+# even beside a B: W without I).
+REQUIRES: dict[ActionKind, tuple[ActionKind, ...]] = {W: (I,)}
+
+
+# kind -> the kinds whose durations its own defaults to the sum of (a cost file or ``--cost`` may leave it
+# out): B = I + W (``ir.CostModel.duration`` applies it).
+DURATION_DEFAULTS: dict[ActionKind, tuple[ActionKind, ...]] = {B: SPLIT[B]}
+
+
+def compute_kind_names() -> tuple[str, ...]:
+    """The compute kinds' texts in a stable order (F, B, I, W, then any other): what the runtime's
+    hooks, traces, cost files and the profiler iterate over instead of spelling them."""
+    order = {"F": 0, "B": 1, "I": 2, "W": 3}
+    return tuple(sorted((kind.value for kind in COMPUTE_KINDS), key=lambda text: (order.get(text, 9), text)))
 
 
 def split(action: Action) -> tuple[Action, ...]:

@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
     require_torch()
     from pipeforge.generator import codegen
     from pipeforge.library import load_library_schedule
-    from pipeforge.runtime.profiling import ProfileJob, cost_file
-    from pipeforge.runtime.launch import spawn
+    from pipeforge.tools.profiling import ProfileJob, cost_file
+    from pipeforge.tools.launch import spawn
     from pipeforge.sim.costfile import cost_file_from_json
 
     microbatches = args.microbatches if args.microbatches is not None else 2 * args.stages
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         job = ProfileJob(str(Path(args.model).resolve()), str(codegen(schedule, out_dir)),
                          str(codegen(fused, str(Path(out_dir) / "fused"))), steps=args.steps,
                          warmup=args.warmup, timeout=args.timeout, clock=args.clock, pin=args.pin)
-        outcomes = spawn("pipeforge.runtime.profiling:profile_job", args.stages, job, timeout=args.timeout,
+        outcomes = spawn("pipeforge.tools.profiling:profile_job", args.stages, job, timeout=args.timeout,
                          deadline=args.timeout * (args.steps + args.warmup + 2) + 30)
     failed = [o for o in outcomes if not o.ok]
     if failed:

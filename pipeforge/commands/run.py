@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
                          f"--print-torchrun gives the line that runs the check across machines")
     require_torch()
     require_cuda(args)
-    from pipeforge.runtime.launch import resolve_backend
+    from pipeforge.tools.launch import resolve_backend
 
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", nproc)) if args.from_env else nproc
     args.backend = resolve_backend(args.backend, local_ranks)
@@ -99,11 +99,11 @@ def require_cuda(args: argparse.Namespace) -> None:
 
 def _check(args: argparse.Namespace, module: str, nproc: int) -> dict | None:
     if args.from_env:
-        from pipeforge.runtime.check import run_check_from_environment
+        from pipeforge.tools.reference_check import run_check_from_environment
 
         return run_check_from_environment(module, steps=args.steps, model=args.model, backend=args.backend,
                                           timeout=args.timeout, device=args.device)
-    from pipeforge.runtime.launch import run_check
+    from pipeforge.tools.launch import run_check
 
     return run_check(module, nproc, steps=args.steps, model=args.model, backend=args.backend, timeout=args.timeout,
                      device=args.device)

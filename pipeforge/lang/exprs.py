@@ -250,12 +250,3 @@ _BUILDERS: dict[str, Callable[[Tree, Source], Eval]] = {
 def compile_expr(tree: Tree, file: Source) -> Eval:
     """A closure computing the expression ``tree`` in an environment."""
     return _BUILDERS[tree.data](tree, file)
-
-
-def constant_value(tree: Tree) -> object | None:
-    """The value of a literal expression, or None when it depends on names."""
-    if tree.data == "int_":
-        return int(tree.children[0])
-    if tree.data == "neg" and tree.children[0].data == "int_":
-        return -int(tree.children[0].children[0])
-    return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Placement, Schedule, Step, replace_programs
+from pipeforge.semantics import bubble_rate
 from pipeforge.sim.workgraph import Order, Shape, Times, WorkGraph, canonical, peak_memory, time_order
 
 TOLERANCE = 1e-9
@@ -143,7 +144,7 @@ def metrics(graph: Graph, order: Order, timing: Times, changed: tuple[Evaluation
         busy = base.busy[:r] + (sum(map(duration.__getitem__, order[r])),) + base.busy[r + 1:]
         peaks = base.peak_memory[:r] + (peak_memory(graph, order[r]),) + base.peak_memory[r + 1:]
     worst = max(spans, default=0.0)
-    bubble = 1.0 - (sum(busy) / len(busy)) / worst if worst > 0 else 0.0
+    bubble = bubble_rate(sum(busy) / len(busy) if busy else 0.0, worst)
     return Evaluation(makespan, bubble, tuple(spans), busy, peaks, total_end)
 
 

@@ -1,9 +1,9 @@
 """What generated pipeline modules import: the rank context, the Pipeline, transport and microbatches.
 
 A generated module calls ``build_pipeline`` from its ``make_pipeline``; its rank
-functions call the methods of ``RankContext``. The names load lazily so that
-``pipeforge.runtime.launch`` (which only starts processes) never imports torch
-in the parent process.
+functions call the methods of ``RankContext``. Nothing else lives here (the tools
+around the runtime are ``pipeforge.tools``). The names load lazily, so importing
+this package alone imports no torch.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """Custom functions per action kind, torch's ``register_custom_function`` for generated pipelines.
 
+(The rank context runs them: ``RankContext.issue`` in ``pipeforge.runtime.context``.)
+
 ``make_pipeline(..., custom_functions={"OVERLAP_F_B": fn})`` (or
 ``pipeline.register_custom_function("OVERLAP_F_B", fn)``) makes ``fn(action,
 ctx)`` run instead of the runtime's own implementation of every action of that
@@ -25,21 +27,20 @@ built-in F/B for the halves instead). In ``eval()`` backward actions and
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pipeforge.runtime.context import RankContext, ScheduleInfo
-from pipeforge.runtime.fsdp import DataParallel
 from pipeforge.runtime.p2p import PipelineError
-from pipeforge.runtime.stage import StageRunner
+from pipeforge.semantics import compute_kind_names
 
-COMPUTE_KINDS = ("F", "B", "I", "W")
+if TYPE_CHECKING:
+    from pipeforge.runtime.context import RankContext, ScheduleInfo
+    from pipeforge.runtime.stage import StageRunner
+
+COMPUTE_KINDS = compute_kind_names()  # semantics: F, B, I, W and any compute kind added there
 KINDS = (*COMPUTE_KINDS, "OVERLAP_F_B", "UNSHARD", "RESHARD", "REDUCE_GRAD")
-BACKWARD_KINDS = ("B", "I", "W", "REDUCE_GRAD")
-WEIGHT_GRADIENT_KINDS = ("B", "W")
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def custom_functions(functions: dict | None) -> dict[str, CustomFunction]:
 class ActionContext:
     """What a custom function gets besides its action (torch's ``_PipelineContext`` and the stage)."""
 
-    def __init__(self, rank_context: HookedRankContext, action: StageAction):
+    def __init__(self, rank_context: RankContext, action: StageAction):
         self._ctx = rank_context
         self.action = action
 
@@ -122,7 +123,7 @@ class ActionContext:
         return {mb: loss for runner in self._ctx.runners.values() for mb, loss in runner.losses.items()}
 
     def runner(self, stage: int, chain: int = 0) -> StageRunner:
-        return self._ctx._runner(stage, chain)
+        return self._ctx.runner(stage, chain)
 
     def module(self, stage: int, chain: int = 0) -> torch.nn.Module:
         return self.runner(stage, chain).module
@@ -134,101 +135,3 @@ class ActionContext:
     def run(self, action: StageAction) -> None:
         """What the pipeline does for ``action``: its kind's custom function if registered, else the default."""
         self._ctx.issue(action)
-
-
-class HookedRankContext(RankContext):
-    """A ``RankContext`` whose compute actions go through custom functions and the stages' data parallelism."""
-
-    def __init__(self, *args, functions: dict[str, CustomFunction], data_parallel: DataParallel, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.functions = functions
-        self.data_parallel = data_parallel
-        self._collecting: list[StageAction] | None = None
-        # the runtime's own compute of each kind (RankContext's, below the custom functions)
-        self._computes: dict[str, Callable[[int, int, int], None]] = {
-            "F": super().forward, "B": super().backward, "I": super().backward_input, "W": super().backward_weight}
-
-    # -- what generated rank functions call --------------------------------------
-
-    def forward(self, stage: int, mb: int, chain: int = 0) -> None:
-        self._issue_compute("F", stage, mb, chain)
-
-    def backward(self, stage: int, mb: int, chain: int = 0) -> None:
-        self._issue_compute("B", stage, mb, chain)
-
-    def backward_input(self, stage: int, mb: int, chain: int = 0) -> None:
-        self._issue_compute("I", stage, mb, chain)
-
-    def backward_weight(self, stage: int, mb: int, chain: int = 0) -> None:
-        self._issue_compute("W", stage, mb, chain)
-
-    def reduce_grad(self, stage: int, chain: int = 0) -> None:
-        self.issue(StageAction("REDUCE_GRAD", stage))
-
-    def unshard(self, stage: int, chain: int = 0) -> None:
-        self.issue(StageAction("UNSHARD", stage))
-
-    def reshard(self, stage: int, chain: int = 0) -> None:
-        self.issue(StageAction("RESHARD", stage))
-
-    @contextmanager
-    def overlap(self) -> Iterator[None]:
-        """An overlap step: its actions are collected, then issued as one OVERLAP_F_B."""
-        if self._collecting is not None:
-            raise PipelineError(f"rank {self.rank}: an overlap step inside another")
-        self._collecting = []
-        try:
-            yield
-            halves = tuple(self._collecting)
-        finally:
-            self._collecting = None
-        self.issue(StageAction("OVERLAP_F_B", None, sub_actions=halves))
-
-    # -- dispatch --------------------------------------------------------------------
-
-    def issue(self, action: StageAction) -> None:
-        if self._collecting is not None:
-            self._collecting.append(action)
-            return
-        if not self.training and action.kind in BACKWARD_KINDS:
-            return
-        function = self.functions.get(action.kind)
-        if function is None:
-            self.run_default(action)
-        else:
-            function(action, ActionContext(self, action))
-
-    def _issue_compute(self, kind: str, stage: int, mb: int, chain: int) -> None:
-        """``issue`` of a compute action; without a custom function for its kind (the common case) the
-        default runs at once, without making the ``StageAction`` only a custom function would see."""
-        if self._collecting is None and kind not in self.functions:
-            self._compute(kind, stage, mb, chain)
-        else:
-            self.issue(StageAction(kind, stage, mb, chain))
-
-    def _compute(self, kind: str, stage: int, mb: int, chain: int) -> None:
-        """The default of a compute action: the stage's data parallelism around the runtime's own compute."""
-        if not self.training and kind != "F":
-            return
-        self.data_parallel.before_compute(stage, kind != "F")
-        self._computes[kind](stage, mb, chain)
-        if kind in WEIGHT_GRADIENT_KINDS and stage in self.data_parallel.upcasting:
-            self.data_parallel.after_weight_gradients(stage)
-
-    def run_default(self, action: StageAction) -> None:
-        kind = action.kind
-        if kind in self._computes:
-            self._compute(kind, action.stage, action.microbatch, action.chain)
-        elif kind == "OVERLAP_F_B":
-            with self.activations.overlap():  # one step for the activation count: additions, then releases
-                for half in action.sub_actions:
-                    self.issue(half)
-        elif kind == "UNSHARD":
-            self.data_parallel.unshard(action.stage)
-        elif kind == "RESHARD":
-            self.data_parallel.reshard(action.stage)
-        elif kind == "REDUCE_GRAD":
-            super().reduce_grad(action.stage)
-            self.data_parallel.reduce(action.stage)
-        else:
-            raise PipelineError(f"rank {self.rank}: unknown action kind {kind!r}")

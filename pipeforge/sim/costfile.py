@@ -1,33 +1,10 @@
 """Per-stage cost files (``--costs FILE``): read, check and write.
 
-The schema (JSON, one object)::
-
-    {
-      "units": "ms",                       # the unit of every time below (free text, optional)
-      "stages": [                          # one entry per stage, stage 0 first
-        {"F": 1.2, "I": 1.1, "W": 0.9,     # durations; "B" optional (default I + W)
-         "activation": 4096,               # bytes one F leaves saved until its backward (optional)
-         "weight_grad": 1024},             # the part of it only W releases (optional)
-        ...
-      ],
-      "links": [0.05, 0.05, ...],          # latency of a transfer between stage s and s + 1 (optional)
-      "comm": 0.0,                         # latency of any other transfer (optional, default 0)
-      "dispatch": 0.1,                     # the runtime's own work per compute action, added to each (optional)
-      "step": 1.5,                         # the runtime's work once a step, beyond the actions (optional)
-      "chain_sum": [40.0, 41.0, ...]       # per stage: summing its gradients across the two chains of a
-    }                                      #   bidirectional schedule, once a step (optional)
-
-``step`` and ``chain_sum`` are added to the simulated makespan to give the step
-time (``ir.StepOverhead``); they never change which order is faster among
-schedules of one placement.
-
-Memory is counted in M_B, the largest stage's ``activation``: stage s adds
-``activation[s] / M_B`` per F, so a memory limit of ``p`` always admits 1F1B.
-Without ``activation`` every stage adds 1; without ``weight_grad`` W releases
-``weights`` (``--cost weights=``, default 0.5) of a stage's activation.
-
-Errors name the file and the JSON path of the bad value (``costs.json: $.stages[2].F:
-expected a number > 0``) and are ``UsageError``s (exit 2).
+``read_cost_file(path)`` / ``cost_file_from_json(data)`` -> ``StageCosts`` (per-stage durations, link
+latencies, memory in M_B, per-step overhead); ``cost_file_json(...)`` writes what ``pipeforge profile``
+measured; ``with_cost_file(schedule, path)`` is the schedule on those costs. Errors name the file and
+the JSON path of the bad value (``costs.json: $.stages[2].F: expected a number > 0``) and are
+``CostFileError``s, ``UsageError``s (exit 2). The schema: ``docs/language.md`` (Cost files).
 """
 
 from __future__ import annotations
@@ -38,9 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeforge.errors import UsageError
-from pipeforge.ir import CostModel, MemorySpec, StepOverhead, cost_problem
+from pipeforge.ir import ActionKind, CostModel, MemorySpec, StepOverhead, cost_problem
+from pipeforge.semantics import DURATION_DEFAULTS, compute_kind_names
 
-_STAGE_KEYS = ("F", "I", "W", "B", "activation", "weight_grad")
+_DURATIONS = compute_kind_names()  # one duration a compute kind (semantics)
+_REQUIRED = tuple(kind for kind in _DURATIONS if ActionKind(kind) not in DURATION_DEFAULTS)  # F, I, W
+_STAGE_KEYS = (*_REQUIRED, *(kind for kind in _DURATIONS if kind not in _REQUIRED), "activation", "weight_grad")
 _TOP_KEYS = ("units", "stages", "links", "comm", "dispatch", "step", "chain_sum")
 
 
@@ -108,11 +88,11 @@ def cost_file_from_json(data: object, name: str = "<costs>") -> StageCosts:
         raise CostFileError(name, "$.units", "expected a string such as \"ms\"")
     dispatch = _number(data.get("dispatch", 0.0), "$.dispatch", name, positive=False)
     per_stage = tuple((s, kind, entry[kind] + dispatch) for s, entry in enumerate(entries)
-                      for kind in ("F", "I", "W", "B") if kind in entry)
+                      for kind in _DURATIONS if kind in entry)
     first = entries[0]
     overhead = StepOverhead(_number(data.get("step", 0.0), "$.step", name, positive=False),
                             _chain_sum(data.get("chain_sum", []), len(stages), name))
-    costs = CostModel(F=first["F"] + dispatch, I=first["I"] + dispatch, W=first["W"] + dispatch, comm=comm,
+    costs = CostModel(**{kind: first[kind] + dispatch for kind in _REQUIRED}, comm=comm,
                       per_stage=per_stage, links=links, overhead=overhead)
     activation, weight_grad, unit = _memory(entries, name)
     return StageCosts(costs, activation, weight_grad, units, unit)
@@ -120,15 +100,16 @@ def cost_file_from_json(data: object, name: str = "<costs>") -> StageCosts:
 
 def _stage(entry: object, where: str, name: str) -> dict[str, float]:
     if not isinstance(entry, dict):
-        raise CostFileError(name, where, "expected an object with F, I, W (and optionally B, activation, weight_grad)")
+        raise CostFileError(name, where, f"expected an object with {', '.join(_REQUIRED)} (and optionally "
+                            f"{', '.join(_STAGE_KEYS[len(_REQUIRED):])})")
     for key in entry:
         if key not in _STAGE_KEYS:
             raise CostFileError(name, f"{where}.{key}", f"unknown key; expected {', '.join(_STAGE_KEYS)}")
-    for key in ("F", "I", "W"):
+    for key in _REQUIRED:
         if key not in entry:
             raise CostFileError(name, where, f"missing {key!r}")
-    out = {key: _number(value, f"{where}.{key}", name, positive=key in ("F", "I", "W", "B"),
-                        duration=key in ("F", "I", "W", "B")) for key, value in entry.items()}
+    out = {key: _number(value, f"{where}.{key}", name, positive=key in _DURATIONS, duration=key in _DURATIONS)
+           for key, value in entry.items()}
     if "weight_grad" in out and "activation" in out and out["weight_grad"] > out["activation"]:
         raise CostFileError(name, f"{where}.weight_grad", "is more than the stage's activation; "
                             "it is the part of the activation that only W releases")

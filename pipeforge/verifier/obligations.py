@@ -14,9 +14,10 @@ these models, and a different verdict is an internal error:
   ``check_rank_order``) ``p[consumer] - p[producer] >= 1`` for the first
   occurrence of an alternative. All satisfiable iff ``check_order`` finds no
   ``order`` (the data dependencies; the stage-only actions' order is sharding.py's).
-- ``completeness_text``: a Boolean per (kind, stage, microbatch) of F, B, I, W,
-  each fixed by what the schedule holds, and for every (stage, microbatch)
-  ``F and (B or (I and W)) and (W => I)``; for written communication also every
+- ``completeness_text``: a Boolean per (kind, stage, microbatch) of the kinds
+  completeness speaks of, each fixed by what the schedule holds, and for every
+  (stage, microbatch) one of ``semantics.COMPLETE``'s alternatives (``F and
+  (B or (I and W))``) and each of ``semantics.REQUIRES`` (``W => I``); for written communication also every
   needed send and receive on its rank. Satisfiable iff ``check_missing`` and
   ``check_needed_comms`` find nothing ``missing``.
 """
@@ -24,7 +25,7 @@ these models, and a different verdict is an internal error:
 from __future__ import annotations
 
 from pipeforge.ir import COMPUTE_KINDS
-from pipeforge.semantics import ActionKey, local_needs
+from pipeforge.semantics import COMPLETE, REQUIRES, ActionKey, local_needs
 from pipeforge.verifier.program import Program
 from pipeforge.verifier.structure import needed_comms, present_compute
 
@@ -67,15 +68,19 @@ def completeness_text(program: Program) -> str:
     sched = program.schedule
     present = {(stage, kind, mb) for stage, kind, mb, _ in present_compute(program)}
     lines, facts, goals = [], [], []
+    kinds = sorted({kind for alternative in COMPLETE for kind in alternative} | set(REQUIRES)
+                   | {kind for required in REQUIRES.values() for kind in required})
     for stage in range(sched.stages):
         for mb in range(sched.microbatches):
             names = {}
-            for kind in ("F", "B", "I", "W"):
-                name = names[kind] = f"h{kind}_{stage}_{mb}"
+            for kind in kinds:
+                name = names[kind] = f"h{kind.value}_{stage}_{mb}"
                 lines.append(f"(declare-const {name} Bool)")
                 facts.append(name if (stage, kind, mb) in present else f"(not {name})")
-            f, b, i, w = names["F"], names["B"], names["I"], names["W"]
-            goals.append(f"(and {f} (or {b} (and {i} {w})) (=> {w} {i}))")
+            complete = " ".join(f"(and {' '.join(names[k] for k in alternative)})" for alternative in COMPLETE)
+            required = " ".join(f"(=> {names[kind]} {names[other]})"
+                                for kind, others in REQUIRES.items() for other in others)
+            goals.append(f"(and (or {complete}) {required})")
     if program.as_written:
         placed = {(key, slot.rank) for slot, key in program.actions() if key[1] not in COMPUTE_KINDS}
         for n, (key, rank) in enumerate(needed_comms(program).items()):

@@ -13,7 +13,7 @@ from itertools import chain as _chain
 from operator import attrgetter, itemgetter
 
 from pipeforge.ir import ActionKind
-from pipeforge.semantics import (EXCLUDES, GRADIENT_KINDS, NEEDLESS_KINDS, PEER_OFFSET, ROLES, ActionKey, local_needs,
+from pipeforge.semantics import (EXCLUDES, GRADIENT_KINDS, REQUIRES, NEEDLESS_KINDS, PEER_OFFSET, ROLES, ActionKey, local_needs,
                                   output, role)
 from pipeforge.verifier.program import Program, Slot, text_of, violation_at
 from pipeforge.verifier.report import Violation
@@ -227,8 +227,9 @@ def missing_of(present: set[ActionKey], stage: int, mb: int) -> list[str]:
         what.append(f"no backward ({name(B)}, or {name(I)} and {name(W)})")
     elif not has_b and has_i and not has_w:
         what.append(f"{name(I)} without {name(W)}")
-    if has_w and not has_i:  # even beside a B (which is then also a duplicate)
-        what.append(f"{name(W)} without {name(I)}")
+    for kind, others in REQUIRES.items():  # W without I, even beside a B (which is then also a duplicate)
+        if (stage, kind, mb, 0) in present:
+            what.extend(f"{name(kind)} without {name(other)}" for other in others if (stage, other, mb, 0) not in present)
     return what
 
 

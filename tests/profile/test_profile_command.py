@@ -39,7 +39,7 @@ def test_profile_writes_a_cost_file_that_simulate_reads(tmp_path, capsys, clock,
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
 def test_pin_to_core_keeps_each_rank_on_a_core_of_its_own_only_where_there_are_enough():
-    script = ("import os\nfrom pipeforge.runtime.profiling import pin_to_core\n"
+    script = ("import os\nfrom pipeforge.tools.profiling import pin_to_core\n"
               "cores = sorted(os.sched_getaffinity(0))\n"
               "print(pin_to_core(len(cores) + 1, len(cores) + 2), sorted(os.sched_getaffinity(0)) == cores)\n"
               "print(pin_to_core(len(cores) - 1, len(cores)), sorted(os.sched_getaffinity(0)) == cores[-1:])\n")

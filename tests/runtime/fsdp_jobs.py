@@ -56,7 +56,7 @@ def full(tensor):
 
 def reference_step(stages, batches, microbatches: int) -> list:
     """Losses of every replica's microbatches; grads averaged over replicas, as data parallelism does."""
-    from pipeforge.runtime import models
+    from pipeforge.tools import demo_models as models
     from pipeforge.runtime.microbatch import split_value
 
     losses = []
@@ -73,8 +73,9 @@ def reference_step(stages, batches, microbatches: int) -> list:
 def replicated_job(rank: int, job: dict, pipeline_group, dp_group) -> dict:
     import torch.distributed as dist
 
-    from pipeforge.runtime import models
-    from pipeforge.runtime.check import load_module, sgd
+    from pipeforge.tools import demo_models as models
+    from pipeforge.tools.generated import load_module
+    from pipeforge.tools.reference_check import sgd
 
     generated = load_module(job["module_path"])
     info = generated.SCHEDULE
@@ -135,7 +136,8 @@ def replicated_jobs(rank: int, nproc: int, jobs: list[dict]) -> list[dict]:
 def tied_job(rank: int, job: dict, pipeline_group, dp_group) -> dict:
     """The zoo's GPT with its LM head tied to the token embedding, every stage sharded (``fsdp=True``) or
     replicated (``dp``), against the unpipelined tied model in float64 (one parameter, both uses summed)."""
-    from pipeforge.runtime.check import load_module, sgd
+    from pipeforge.tools.generated import load_module
+    from pipeforge.tools.reference_check import sgd
     from pipeforge.runtime.p2p import PipelineUsageError
     from tests.zoo import models as zoo
 
@@ -195,8 +197,8 @@ def mixed_precision_job(rank: int, job: dict, pipeline_group, dp_group) -> dict:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from pipeforge.runtime import models
-    from pipeforge.runtime.check import load_module
+    from pipeforge.tools import demo_models as models
+    from pipeforge.tools.generated import load_module
     from pipeforge.runtime.microbatch import split_value
 
     generated = load_module(job["module_path"])

@@ -18,7 +18,7 @@ import pipeforge
 from pipeforge.generator import codegen
 from pipeforge.passes import PassOptions, apply_passes, lower
 from pipeforge.runtime.custom import KINDS, custom_functions
-from pipeforge.runtime.launch import spawn
+from pipeforge.tools.launch import spawn
 from pipeforge.runtime.p2p import PipelineError
 
 
@@ -49,8 +49,9 @@ OVERLAPPED: list[tuple[str, ...]] = []
 def custom_job(rank: int, job: dict) -> dict:
     from torch.distributed.pipelining import schedules as torch_schedules
 
-    from pipeforge.runtime import models
-    from pipeforge.runtime.check import Differences, Reference, load_module, sgd
+    from pipeforge.tools import demo_models as models
+    from pipeforge.tools.generated import load_module
+    from pipeforge.tools.reference_check import Differences, Reference, sgd
 
     generated = load_module(job["module_path"])
     info = generated.SCHEDULE

@@ -15,7 +15,7 @@ from pipeforge.cli import main
 from pipeforge.errors import ArgumentError, VerificationError
 from pipeforge.generator import codegen, generate
 from pipeforge.passes import defer_recv
-from pipeforge.runtime.launch import spawn, summarize
+from pipeforge.tools.launch import spawn, summarize
 from pipeforge.verifier import verify
 
 CASES = [("1f1b", 4, 8), ("interleaved-1f1b", 2, 4), ("zbv", 2, 4)]
@@ -49,7 +49,7 @@ def test_codegen_accepts_deferred_receives(tmp_path, capsys):
 
 
 def run_jobs(rank: int, nproc: int, jobs: list[dict]) -> list[dict]:
-    from pipeforge.runtime.check import CheckJob, check_rank
+    from pipeforge.tools.reference_check import CheckJob, check_rank
 
     return [check_rank(rank, nproc, CheckJob(**job)) for job in jobs]
 

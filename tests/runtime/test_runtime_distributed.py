@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 
 import pipeforge
-import pipeforge.runtime.models
+import pipeforge.tools.demo_models
 from pipeforge.generator import codegen
 from pipeforge.library import names
-from pipeforge.runtime.launch import spawn, summarize
+from pipeforge.tools.launch import spawn, summarize
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
 
@@ -44,7 +44,7 @@ def library_jobs(ranks: int, out_dir) -> tuple[list[dict], list[tuple]]:
 
 
 def run_jobs(rank: int, nproc: int, jobs: list[dict]) -> list[dict]:
-    from pipeforge.runtime.check import CheckJob, check_rank
+    from pipeforge.tools.reference_check import CheckJob, check_rank
 
     return [check_rank(rank, nproc, CheckJob(**job)) for job in jobs]
 
@@ -70,8 +70,8 @@ def chimera_replica_grads(rank: int, nproc: int, path: str) -> dict:
     """Train one step of Chimera; return each stage replica's flattened gradient on this rank."""
     import torch
 
-    from pipeforge.runtime import models
-    from pipeforge.runtime.check import load_module
+    from pipeforge.tools import demo_models as models
+    from pipeforge.tools.generated import load_module
 
     generated = load_module(path)
     info = generated.SCHEDULE
@@ -104,7 +104,7 @@ def pipelines_in_subgroups(rank: int, nproc: int, path: str) -> dict:
     """Data parallel over two pipeline groups: ranks {0, 1} and {2, 3} each run the schedule."""
     import torch.distributed as dist
 
-    from pipeforge.runtime.check import CheckJob, check_rank
+    from pipeforge.tools.reference_check import CheckJob, check_rank
 
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     mine = groups[rank // 2]
@@ -123,8 +123,8 @@ def test_a_pipeline_in_a_sub_group_composes_with_data_parallel(tmp_path):
 
 def step_and_eval_results(rank: int, nproc: int, path: str) -> dict:
     """What step() and eval() return on each rank, with and without outputs and losses."""
-    from pipeforge.runtime import models
-    from pipeforge.runtime.check import load_module
+    from pipeforge.tools import demo_models as models
+    from pipeforge.tools.generated import load_module
 
     generated = load_module(path)
     info = generated.SCHEDULE
@@ -150,7 +150,7 @@ def test_step_and_eval_return_what_torch_returns(tmp_path):
     assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
     first, last = outcomes[0].value, outcomes[1].value
     assert first == {"quiet": None, "losses": 0, "shape": None, "eval_shape": None, "eval_losses": 0}
-    width = pipeforge.runtime.models.widths(2)[-1]
+    width = pipeforge.tools.demo_models.widths(2)[-1]
     assert last == {"quiet": None, "losses": 4, "shape": (9, width), "eval_shape": (9, width), "eval_losses": 4}
 
 
@@ -160,8 +160,8 @@ def shared_parameter_grads(rank: int, nproc: int, path: str) -> dict:
 
     import torch
 
-    from pipeforge.runtime import models
-    from pipeforge.runtime.check import load_module
+    from pipeforge.tools import demo_models as models
+    from pipeforge.tools.generated import load_module
 
     generated = load_module(path)
     info = generated.SCHEDULE

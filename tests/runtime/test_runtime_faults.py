@@ -10,7 +10,7 @@ import torch
 
 import pipeforge
 from pipeforge.generator import codegen
-from pipeforge.runtime.launch import spawn
+from pipeforge.tools.launch import spawn
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 
@@ -35,8 +35,8 @@ class Sabotaged(torch.nn.Module):
 
 
 def sabotaged_run(rank: int, nproc: int, payload: tuple) -> float:
-    from pipeforge.runtime import models
-    from pipeforge.runtime.check import load_module
+    from pipeforge.tools import demo_models as models
+    from pipeforge.tools.generated import load_module
 
     path, victim, how, when = payload
     generated = load_module(path)
@@ -98,7 +98,7 @@ def test_an_activation_that_changes_shape_is_named(one_f_one_b):
 def bad_modules(rank: int, nproc: int, path: str) -> str:
     import torch
 
-    from pipeforge.runtime.check import load_module
+    from pipeforge.tools.generated import load_module
 
     generated = load_module(path)
     try:

@@ -19,7 +19,7 @@ import pytest
 import pipeforge
 from pipeforge.generator import codegen
 from pipeforge.interop.torch_csv import read_csv_text, to_csv_text
-from pipeforge.runtime.launch import spawn
+from pipeforge.tools.launch import spawn
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from pipeforge.runtime.launch import free_port, resolve_backend, spawn, summarize
+from pipeforge.tools.launch import free_port, resolve_backend, spawn, summarize
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 
@@ -33,7 +33,7 @@ def test_every_rank_runs_in_one_gloo_group():
 
 
 def test_a_worker_named_by_string():
-    outcomes = spawn("pipeforge.runtime.launch:free_port", 1, timeout=20)
+    outcomes = spawn("pipeforge.tools.launch:free_port", 1, timeout=20)
     assert outcomes[0].ok is False and "free_port() takes 0 positional arguments" in outcomes[0].error
 
 

@@ -20,7 +20,7 @@ import pipeforge
 from pipeforge.generator import codegen
 from pipeforge.ir import MemorySpec
 from pipeforge.library import names
-from pipeforge.runtime.launch import spawn
+from pipeforge.tools.launch import spawn
 from pipeforge.runtime.memory import WEIGHTS, ActivationCount
 from pipeforge.sim import simulate
 
@@ -39,8 +39,8 @@ def library_schedules(ranks: int) -> list:
 
 def peaks_of_every_module(rank: int, nproc: int, paths: list[str]) -> list[tuple[float, ...]]:
     """One training step of each module with the mlp model; this rank's peak for each weights value."""
-    from pipeforge.runtime import models
-    from pipeforge.runtime.check import load_module
+    from pipeforge.tools import demo_models as models
+    from pipeforge.tools.generated import load_module
 
     found = []
     for path in paths:

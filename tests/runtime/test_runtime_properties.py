@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import pipeforge.testing
 from pipeforge.generator import codegen
-from pipeforge.runtime.launch import spawn, summarize
+from pipeforge.tools.launch import spawn, summarize
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -27,7 +27,7 @@ SCHEDULES = st.one_of(
 
 
 def run_both_models(rank: int, nproc: int, path: str) -> list[dict]:
-    from pipeforge.runtime.check import CheckJob, check_rank
+    from pipeforge.tools.reference_check import CheckJob, check_rank
 
     return [check_rank(rank, nproc, CheckJob(path, model=model, steps=1, timeout=20.0)) for model in ("mlp", "tuple")]
 

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from pipeforge.runtime import models
+from pipeforge.tools import demo_models as models
 from pipeforge.runtime.p2p import PipelineError
 from pipeforge.runtime.stage import StageRunner
 

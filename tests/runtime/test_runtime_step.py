@@ -12,7 +12,7 @@ import pytest
 
 import pipeforge
 from pipeforge.generator import codegen
-from pipeforge.runtime.launch import spawn
+from pipeforge.tools.launch import spawn
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -89,7 +89,7 @@ def step_contract(rank: int, nproc: int, path: str) -> dict:
 
     import torch
 
-    from pipeforge.runtime.check import load_module
+    from pipeforge.tools.generated import load_module
 
     full = build_stages()
     want = copy.deepcopy(full)
@@ -153,8 +153,8 @@ def misuse(rank: int, nproc: int, paths: dict) -> dict:
     import torch
 
     from pipeforge.runtime import PipelineUsageError
-    from pipeforge.runtime.check import load_module
-    from pipeforge.runtime import models
+    from pipeforge.tools.generated import load_module
+    from pipeforge.tools import demo_models as models
     from tests.zoo import models as zoo
 
     generated = load_module(paths["1f1b"])

@@ -135,7 +135,7 @@ def run_cases(rank: int, nproc: int, cases: list[Case]) -> list[dict]:
 
 
 def run_case(rank: int, case: Case) -> Report:
-    from pipeforge.runtime.check import load_module
+    from pipeforge.tools.generated import load_module
 
     info = load_module(case.module_path).SCHEDULE
     want = expected(case.model, info.stages, info.microbatches, case)
@@ -172,7 +172,7 @@ def run_case(rank: int, case: Case) -> Report:
 
 class PipeforgeRunner:
     def __init__(self, case: Case, info, mine: dict):
-        from pipeforge.runtime.check import load_module
+        from pipeforge.tools.generated import load_module
 
         generated = load_module(case.module_path)
         tied = zoo.tied_parameters(case.model, info.stages)

@@ -19,7 +19,7 @@ import pytest
 import pipeforge
 from pipeforge.generator import codegen
 from pipeforge.library import names
-from pipeforge.runtime.launch import spawn
+from pipeforge.tools.launch import spawn
 from tests.zoo.harness import TORCH_SCHEDULES, Case
 from tests.zoo.models import MODELS
 
