@@ -58,7 +58,13 @@ from pipeforge.runtime.gradients import (
 from pipeforge.runtime.memory import ActivationCount
 from pipeforge.runtime.microbatch import merge_chunks, split_inputs, split_value
 from pipeforge.runtime.optimizer_watch import watch as watch_optimizers
-from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, TensorMeta, Transfer, Transport
+from pipeforge.runtime.p2p import (
+    PipelineError,
+    PipelineUsageError,
+    TensorMeta,
+    Transfer,
+    Transport,
+)
 from pipeforge.runtime.stage import StageRunner
 from pipeforge.runtime.step_trace import Trace, TraceEvent, Tracer
 
@@ -130,6 +136,15 @@ class Pipeline:
         if self.scale_grads:
             self._scale(self.info.microbatches)
         return self._results(ctx, losses, return_outputs)
+
+    def check(self, *args: Any, target: Any = None, shared_kwargs: Mapping[str, Any] | None = None,
+              stage_kwargs: Mapping[int, Mapping[str, Any]] | None = None, **kwargs: Any) -> None:
+        """Before the first step, on every rank, with ``step()``'s arguments: microbatch 0 through every stage,
+        stage by stage; a non-tensor output, a failing module or loss, reentrant checkpointing under a split
+        backward raise the same ``PipelineUsageError`` on every rank (``pipeforge.runtime.preflight``)."""
+        from pipeforge.runtime.preflight import check
+
+        check(self, args, kwargs, target, shared_kwargs, stage_kwargs)
 
     def eval(self, *args: Any, target: Any = None, losses: list | None = None, return_outputs: bool = True,
              shared_kwargs: Mapping[str, Any] | None = None,
@@ -450,7 +465,8 @@ def _runners(info: ScheduleInfo, rank: int, stage_modules: Any, loss_fn) -> dict
         if chain == 1 and (stage, 0) in held:
             module = copy.deepcopy(module)
         last = stage == info.stages - 1
-        runners[(stage, chain)] = StageRunner(module, stage, chain, stage == 0, last, loss_fn if last else None)
+        runners[(stage, chain)] = StageRunner(module, stage, chain, stage == 0, last, loss_fn if last else None,
+                                              rank=rank)
     return runners
 
 
