@@ -21,8 +21,6 @@ LONGER = {
     "pipeforge/lang/__init__.py": 16,
     "pipeforge/library/__init__.py": 30,
     "pipeforge/library/v_half.py": 23,
-    "pipeforge/models/hf.py": 20,
-    "pipeforge/models/split.py": 27,
     "pipeforge/passes/defer_recv.py": 18,
     "pipeforge/passes/lower.py": 22,
     "pipeforge/passes/unshard.py": 16,
