@@ -49,7 +49,7 @@ from typing import NamedTuple
 import jinja2
 
 from pipeforge.errors import Argument, ArgumentError, CodegenError, UsageError, VerificationError, words
-from pipeforge.files import write_atomically
+from pipeforge.files import locked_output, module_head, refuse_special
 from pipeforge.ir import Action, Schedule, Step
 from pipeforge.resources import templates_dir
 from pipeforge.semantics import RUNTIME_METHODS
@@ -369,54 +369,54 @@ def codegen(schedule: Schedule, output: str | os.PathLike, *, locations: bool = 
     if not force:
         check_replaceable(path, schedule)
     files = generate_files(schedule, path.stem, locations=locations, semantics=semantics)
-    write_files(path, files)
+    write_files(path, files, replaceable=None if force else lambda target: check_replaceable(target, schedule))
     return path
 
 
-def write_files(path: Path, files: GeneratedFiles) -> None:
+def write_files(path: Path, files: GeneratedFiles, *, replaceable=None) -> None:
     """All or nothing: the rank modules into a temporary folder renamed to ``files.rank_folder`` (a name
     no other output has), then the module itself atomically; then older rank folders of this module go.
-    At every moment the module on disk names a complete folder. Each rank module is compiled first (none
-    is written if one does not compile), and its bytecode is written to ``__pycache__`` beside it, so the
-    rank that imports it does not compile it again."""
+    At every moment the module on disk names a complete folder. It all happens under the lock every
+    pipeforge writer takes on the folder (``files.locked_output``; ``replaceable(path)`` runs under it).
+    Each rank module is compiled first (none is written if one does not compile), and its bytecode is
+    written to ``__pycache__`` beside it, so the rank that imports it does not compile it again."""
     directory = path.parent
     folder = directory / files.rank_folder
     codes = [_compile(text, f"rank {rank}", str((folder / f"rank_{rank}.py").resolve()))
              for rank, text in enumerate(files.ranks)]
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UsageError(f"cannot create folder {str(directory)!r}: {error.strerror or error}") from None
-    if path.is_dir():
-        raise UsageError(f"cannot write {str(path)!r}: it is a directory; name a file")
-    created = not folder.is_dir()
-    if created:
+    with locked_output(path, make_dirs=True, replaceable=replaceable) as write_module:
+        created = not folder.is_dir()
+        if created:
+            _write_folder(folder, files, codes)
         try:
-            staging = Path(tempfile.mkdtemp(prefix=f".{files.rank_folder}.", suffix=".tmp", dir=directory))
-        except OSError as error:
-            raise UsageError(f"cannot write {str(path)!r}: {error.strerror or error}") from None
-        try:
-            for rank, (text, code) in enumerate(zip(files.ranks, codes)):
-                _write_module(staging / f"rank_{rank}.py", text, code)
-            os.chmod(staging, 0o777 & ~_umask())
-            os.rename(staging, folder)
-        except OSError as error:
-            shutil.rmtree(staging, ignore_errors=True)
-            if not folder.is_dir():  # else another codegen wrote the same folder just now
-                raise UsageError(f"cannot write {str(folder)!r}: {error.strerror or error}") from None
+            write_module(files.main)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            if created:  # the module on disk (if any) still names its own folder
+                shutil.rmtree(folder, ignore_errors=True)
             raise
+        stale = re.compile(re.escape(f"{path.stem}_ranks_") + f"[0-9a-f]{{{DIGEST_LENGTH}}}")
+        for other in directory.iterdir():
+            if other.name != files.rank_folder and stale.fullmatch(other.name) and other.is_dir():
+                shutil.rmtree(other, ignore_errors=True)
+
+
+def _write_folder(folder: Path, files: GeneratedFiles, codes: list[CodeType]) -> None:
+    """The rank modules in a temporary folder beside ``folder``, renamed to it once complete."""
     try:
-        write_atomically(path, files.main)
+        staging = Path(tempfile.mkdtemp(prefix=f".{files.rank_folder}.", suffix=".tmp", dir=folder.parent))
+    except OSError as error:
+        raise UsageError(f"cannot write {str(folder)!r}: {error.strerror or error}") from None
+    try:
+        for rank, (text, code) in enumerate(zip(files.ranks, codes)):
+            _write_module(staging / f"rank_{rank}.py", text, code)
+        os.chmod(staging, 0o777 & ~_umask())
+        os.rename(staging, folder)
+    except OSError as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise UsageError(f"cannot write {str(folder)!r}: {error.strerror or error}") from None
     except BaseException:
-        if created:  # the module on disk (if any) still names its own folder
-            shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
         raise
-    stale = re.compile(re.escape(f"{path.stem}_ranks_") + f"[0-9a-f]{{{DIGEST_LENGTH}}}")
-    for other in directory.iterdir():
-        if other.name != files.rank_folder and stale.fullmatch(other.name) and other.is_dir():
-            shutil.rmtree(other, ignore_errors=True)
 
 
 def rank_folder(path: Path) -> Path | None:
@@ -474,8 +474,9 @@ def import_name(text: str, what: Argument) -> Ident:
 
 def check_replaceable(path: Path, schedule: Schedule) -> None:
     """Refuse to overwrite ``path`` unless it is absent or the module of this same schedule."""
-    if not path.exists() or path.is_dir():
-        return  # a folder is refused by write_atomically
+    if not os.path.lexists(path):
+        return
+    refuse_special(path, str(path))  # a folder, FIFO or device: never replaced, --force or not
     held = generated_schedule(path)
     ours = (schedule.name, dict(schedule.params))
     if held == ours:
@@ -490,9 +491,8 @@ def check_replaceable(path: Path, schedule: Schedule) -> None:
 
 def generated_schedule(path: Path) -> tuple[str, dict] | None:
     """``(schedule name, PARAMS)`` of a module codegen wrote, read without running it; None otherwise."""
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+    tree = module_head(path)
+    if tree is None:
         return None
     found: dict[str, object] = {}
     for node in tree.body:
