@@ -1,19 +1,12 @@
 """Verify a schedule as torch's ``_PipelineScheduleRuntime`` (or torchtitan's launcher) will run it.
 
-``verify_as(schedule, target="torch"|"torchtitan")`` builds the program torch runs
-(``passes.torch_lowering``: torch's own lowering of a compute-only schedule; a
-schedule with written communication runs as written, each action its own batch)
-and verifies it under the semantics of torch's runtime on gloo: a send or receive
-is posted without waiting (``_batch_p2p``), sends are waited for only at the end
-of the step, and a compute action waits for the receive it consumes. So the program
-is checked under ``buffered`` with each receive moved to just before its consumer,
-keeping the order of receives from one peer (which decides the pairing).
-``torchtitan`` adds the launcher's placement check (``interop.torchtitan``).
-
-The result holds the report of that program (steps count the program as checked:
-each receive where torch waits for it), pipeforge's own verdict on the compute order,
-torch's refusal where it refuses to build the schedule, and the difference where
-torch's lowering makes a valid compute order invalid.
+``verify_as(schedule, target="torch"|"torchtitan")`` -> ``TargetVerdict``: the program torch runs
+(``passes.torch_lowering`` for a compute-only schedule; written communication as written, each action
+its own batch) verified under torch's runtime's semantics on gloo (``buffered``, each receive moved to
+just before its consumer, receives from one peer kept in order); pipeforge's own verdict on the compute
+order; torch's refusal where it refuses the schedule; the difference where torch's lowering makes a
+valid compute order invalid. ``torchtitan`` adds the launcher's placement check
+(``interop.torchtitan``). The semantics, and what torch's lowering was found to do: ``docs/torch.md``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Losses right by construction over microbatches: the token mean of a padded batch.
 
-Averaging ``cross_entropy(ignore_index=-100)`` over microbatches is not the
-batch's token mean when microbatches hold different numbers of valid tokens.
-``TokenMeanLoss`` sums each microbatch's token losses and divides by the valid
-tokens of the whole batch, so the microbatches' losses add up to the batch's
-token mean and their gradients to its gradient::
-
-    loss_fn = TokenMeanLoss()                       # ignore_index=-100
-    pipe = module.make_pipeline(stages, loss_fn=loss_fn, scale_grads=False)
-    pipe.step(..., target=loss_fn.batch(target))    # on the rank holding the last stage
-
-``scale_grads=False`` because the division is done already (by the valid-token
-count, not by the microbatch count). With data parallelism, pass the count over
-every replica's batch: ``loss_fn.batch(target, count=global_count)``. An
-auxiliary loss a stage returns (``pipeforge.runtime.aux.WithAuxLoss``) is added
-once per microbatch; under ``scale_grads=False`` divide its coefficient by the
-microbatch count for a mean.
+``TokenMeanLoss(ignore_index=-100)`` sums each microbatch's token losses and divides by the valid tokens
+of the whole batch (``loss_fn.batch(target, count=...)`` on the rank holding the last stage; ``count``
+over every replica's batch with data parallelism), so the microbatches' losses add up to the batch's
+token mean and their gradients to its gradient. Use it with ``make_pipeline(..., scale_grads=False)``:
+the division is done already. An auxiliary loss a stage returns (``runtime.aux.WithAuxLoss``) is added
+once per microbatch. Usage: ``docs/models.md``.
 """
 
 from __future__ import annotations

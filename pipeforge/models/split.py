@@ -24,7 +24,8 @@ A model on the meta device is materialized for the owned stages only
 (``pipeforge.models.materialize``): each part (embedding, each layer, norm,
 head) is initialized from its own seed, so a rank's layers get the values the
 whole model materialized with the same seed has; or its values come from
-``state_dict``.
+``state_dict``: a mapping of the model's names, or safetensors files (a file,
+a list, a directory of shards) of which only the owned tensors are read.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class Split:
 
 def split(model: nn.Module, stages: int, *, owned: Sequence[int] | None = None,
           layers: Sequence[int] | None = None, costs=None, untie: bool = False,
-          seed: int = 0, state_dict: Mapping[str, torch.Tensor] | None = None,
+          seed: int = 0, state_dict=None,
           device: torch.device | str | None = None, aux_loss: bool = True) -> Split:
     """Cut ``model`` into ``stages`` stage modules; see the module docstring."""
     if not isinstance(stages, int) or stages < 1:

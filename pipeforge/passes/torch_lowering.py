@@ -1,20 +1,11 @@
 """torch_lowering: the program torch's ``_PipelineScheduleRuntime`` runs for a compute-only schedule.
 
-``_PipelineScheduleRuntime._load_csv`` (and ``_prepare_schedule_with_comms``) take a
-compute-only order and, on every rank: drop idle cells, check it
-(``_validate_schedule``), add UNSHARD/RESHARD (``_add_unshard_reshard``, three stages
-gathered at most), add REDUCE_GRAD after a stage's M-th B or W (``_add_reduce_grad``),
-then add sends and receives for all ranks at once (``_add_send_recv``: ranks visited
-in order, each rank's next action taken when its input is there, its send right
-after it, its receive appended to the consumer's rank at that moment) and, with
-``defer_pp_recv``, move the receives (``_defer_recv_ops``). Each action is one step:
-torch posts every send and receive as its own batch.
-
-``torch_lowering`` runs torch's own functions when torch is importable and this
-module's equal reimplementation otherwise (``by`` says which; tests/passes check they
-give the same program). Where torch refuses (its assertion at construction), the
-result holds torch's message instead of a program. Inserted steps carry the span of
-the compute step they serve (a receive: its consumer's), so reports point into the CSV.
+``torch_lowering(schedule, defer_pp_recv=...)`` gives each rank's actions as torch's ``_load_csv`` builds
+them (idle cells dropped, ``_validate_schedule``, ``_add_unshard_reshard``, ``_add_reduce_grad``,
+``_add_send_recv``, and ``_defer_recv_ops`` with ``defer_pp_recv``), one action a step, each inserted step
+carrying the span of the compute step it serves. It runs torch's own functions when torch is importable
+and an equal reimplementation otherwise (``by`` says which; tests/passes check they agree); where torch
+refuses, the result holds torch's message instead of a program. How torch lowers: ``docs/torch.md``.
 """
 
 from __future__ import annotations
@@ -46,7 +37,8 @@ class TorchLowering(NamedTuple):
 
 
 def torch_lowering(schedule: Schedule, *, defer_pp_recv: bool = False, use_torch: bool | None = None) -> TorchLowering:
-    """What ``_PipelineScheduleRuntime`` makes of the compute-only ``schedule`` (see the module docstring)."""
+    """What ``_PipelineScheduleRuntime`` makes of the compute-only ``schedule`` (see the module docstring;
+    ``use_torch``: torch's own functions, default where torch is importable)."""
     if use_torch is None:
         use_torch = torch_available()
     rows = [[step for step in program if not step.is_idle] for program in schedule.programs]
