@@ -31,7 +31,7 @@ a list, a directory of shards) of which only the owned tensors are read.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
