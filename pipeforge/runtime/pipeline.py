@@ -1,33 +1,13 @@
 """``Pipeline``: what a generated module's ``make_pipeline`` returns.
 
-``step(*args, target=None, losses=None, return_outputs=True, **kwargs)`` has
-torch's ``schedule.step`` semantics: the rank(s) holding stage 0 pass the
-whole batch (positional and keyword arguments), split into microbatches as torch
-splits them (``pipeforge.runtime.microbatch``); the rank(s) holding the last
-stage pass ``target`` (split likewise) and get ``losses`` cleared and filled
-and the merged outputs back; gradients accumulate into ``.grad`` and are divided
-by the number of microbatches when ``scale_grads`` (once per parameter, however
-many stages on the rank hold it).
-
-Inputs that every stage needs (attention masks, position ids) go in
-``shared_kwargs={name: value}``: every stage module this rank runs receives them
-as keyword arguments, split per microbatch like the batch. ``stage_kwargs={stage:
-{name: value}}`` gives keyword arguments to one stage only. Every rank may pass
-the same dicts; a rank uses the entries of the stages it holds.
-
-Bidirectional schedules (two chains, as Chimera): ``stage_modules`` is keyed by
-stage and holds every stage this rank runs in either chain. When a rank runs the
-same stage in both chains, the chain-1 replica is a deep copy of the module,
-refreshed from it at the start of every step. After the program, the two
-replicas' gradients of every stage from this step are summed (a send/receive
-pair between the two ranks, or an addition on one rank) and added to what the
-module held before the step, so both end with the same gradients.
-With two chains, ``losses`` holds one entry per microbatch, ``None`` for those
-whose last stage ran on the other chain's rank, and outputs merge the
-microbatches this rank finished.
-
-After ``step`` returns nothing of its autograd graph is alive: the outputs and
-losses are detached, every microbatch's state is released by its backward.
+``step(*args, target=None, losses=None, return_outputs=True, shared_kwargs=None, stage_kwargs=None,
+**kwargs)`` runs this rank's program with torch's ``schedule.step`` semantics: the batch on the rank(s)
+holding stage 0, split into microbatches as torch splits it (``microbatch.py``); ``target`` on the
+rank(s) holding the last stage, where ``losses`` is filled and the merged outputs come back; gradients
+accumulated into ``.grad`` (divided by the microbatch count when ``scale_grads``, once per parameter),
+a bidirectional schedule's replicas summed, and nothing of the step's autograd graph alive afterwards.
+``eval`` runs the forwards only; ``check`` the preflight (``preflight.py``); ``parameters()`` every
+distinct parameter, for the optimizer. The whole contract: ``docs/runtime.md``.
 """
 
 from __future__ import annotations
