@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -8,7 +8,6 @@ import torch
 import pipeforge
 from tests.models import families
 
-pytest.importorskip("transformers")
 
 
 def values(module):

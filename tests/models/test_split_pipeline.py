@@ -23,7 +23,6 @@ from pipeforge.tools.launch import spawn
 from tests.models import families
 from tests.models.pipeline_jobs import Case
 
-pytest.importorskip("transformers")
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(1200)]
 
 ROUNDING = 1e-12
