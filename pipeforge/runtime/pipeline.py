@@ -515,4 +515,5 @@ def _refuse_shared_parameters(rank: int, stage_modules: Mapping[int, torch.nn.Mo
                 raise PipelineUsageError(
                     f"rank {rank}: stage {first[0]} ({first[1]!r}) and stage {stage} ({name!r}) share one parameter; "
                     "a bidirectional schedule sums each stage's gradients across its two chains, so stages must not "
-                    "share parameters: give each stage its own copy and name them in make_pipeline(tied_parameters=...)")
+                    "share parameters: give each stage its own copy and name them in "
+                    "make_pipeline(tied_parameters=...) (pipeforge.split(..., untie=True) does both)")
