@@ -15,7 +15,7 @@ model is materialized for the owned stages only, from per-part seeds or a ``stat
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
