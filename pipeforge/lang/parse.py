@@ -9,25 +9,12 @@ message says what was expected, with friendly wording for common mistakes
 
 from __future__ import annotations
 
-from functools import cache
-
-from lark import Lark, Tree
+from lark import Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
-from pipeforge.errors import PipeSyntaxError, Source, Span
-from pipeforge.resources import grammar_file
-
-
-@cache
-def parser() -> Lark:
-    return Lark(
-        grammar_file().read_text(encoding="utf-8"),
-        parser="lalr",
-        lexer="contextual",
-        propagate_positions=True,
-        maybe_placeholders=True,
-        cache=False,
-    )
+from pipeforge.errors import PipeSyntaxError, Source
+from pipeforge.lang import diagnose
+from pipeforge.lang.lark_parser import parser
 
 
 def parse_text(source: Source) -> Tree:
@@ -41,8 +28,6 @@ def parse_text(source: Source) -> Tree:
 
 
 def to_syntax_error(error: UnexpectedInput, text: str, file: Source) -> PipeSyntaxError:
-    from pipeforge.lang import diagnose
-
     if isinstance(error, UnexpectedCharacters):
         return diagnose.bad_character(error, text, file)
     if isinstance(error, UnexpectedToken):

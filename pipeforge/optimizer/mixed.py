@@ -4,7 +4,7 @@ The fuse search (``fuse.py``) tries thousands of sets of actions that differ
 only in which (stage, microbatch) backwards are fused. Rather than compile a
 work graph for each, the split work is compiled once (``Graph``: every B as its
 I and W) and an I node may *stand for* its fused B: it takes the B's duration,
-memory effect (``MemorySpec.stage_effect``) and action, and its W node is left
+memory effect (``semantics.stage_effect``) and action, and its W node is left
 out of the order. That is the fused set's own work graph under other ids: a B
 needs what its I needs and feeds what its I feeds (``semantics.NEEDS`` has one
 rule for both, and a consumer takes either, ``(B, I)``), and nothing needs a W.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from pipeforge.ir import Action, ActionKind
 from pipeforge.optimizer.evaluate import Graph, Order
+from pipeforge.semantics import stage_effect
 
 B, I, W = ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
 
@@ -42,7 +43,7 @@ class MixedWork:
             self.weight_of[node] = index[action._replace(kind=W)]
             self.fused_action[node] = action._replace(kind=B)
             self.fused_duration[node] = problem.costs.duration(B, action.stage)
-            self.fused_effect[node] = memory.stage_effect(B, action.stage)
+            self.fused_effect[node] = stage_effect(memory, B, action.stage)
 
     def view(self, fused: frozenset[int]) -> Graph:
         """The graph that times a mix whose I nodes in ``fused`` stand for their B (a copy of the split
