@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 from pipeforge.errors import (Argument, ArgumentError, PipeforgeError, PipeSyntaxError, SemanticError, Source, Span,
                               UsageError, words)
-from pipeforge.files import write_atomically
+from pipeforge.files import read_bounded, write_atomically
 from pipeforge.ir import (COMM_KINDS, COMPUTE_KINDS, IDLE, KIND_OF_TEXT, Action, Placement, Schedule, Step, make_action,
                           parse_action)
 from pipeforge.passes.lower import lower
@@ -61,9 +61,7 @@ def read_csv(
     """Read a torch schedule CSV file into a Schedule (see ``read_csv_text``)."""
     file = str(path)
     try:
-        text = Path(file).read_text(encoding="utf-8")
-    except OSError as error:
-        raise UsageError(f"cannot read {file!r}: {error.strerror or error}") from None
+        text = read_bounded(file, "schedule file").decode("utf-8")
     except UnicodeDecodeError:
         raise PipeSyntaxError(f"{file!r} is not UTF-8 text; expected a torch schedule CSV") from None
     return read_csv_text(text, filename=file, stages=stages, microbatches=microbatches, placement=placement)
@@ -128,7 +126,7 @@ def parse_row(line: str, number: int, file: Source) -> tuple[Step, ...]:
 PADDING_OR_OPEN = frozenset(" \t(")
 # A bare compute or communication action with its microbatch and no chain (``2F0``, ``0SEND_F1``): the
 # cells of a torch CSV but for idle, overlap and stage-only ones (those take ``parse_cell``/``parse_token``).
-PLAIN_ACTION = re.compile(r"(\d+)(%s)(\d+)" % "|".join(
+PLAIN_ACTION = re.compile(r"([0-9]+)(%s)([0-9]+)" % "|".join(
     sorted((kind.value for kind in COMPUTE_KINDS | COMM_KINDS), key=len, reverse=True)))
 
 

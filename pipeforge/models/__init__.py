@@ -9,6 +9,7 @@ runtime does not import it.
 
 from __future__ import annotations
 
+from pipeforge.models.losses import TokenMeanLoss
 from pipeforge.models.split import Split, split
 
-__all__ = ["Split", "split"]
+__all__ = ["Split", "TokenMeanLoss", "split"]

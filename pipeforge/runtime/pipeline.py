@@ -57,7 +57,9 @@ from pipeforge.runtime.gradients import (
 )
 from pipeforge.runtime.memory import ActivationCount
 from pipeforge.runtime.microbatch import merge_chunks, split_inputs, split_value
+from pipeforge.runtime.optimizer_watch import watch as watch_optimizers
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, TensorMeta, Transfer, Transport
+from pipeforge.runtime.recovery import StepStart
 from pipeforge.runtime.stage import StageRunner
 from pipeforge.runtime.step_trace import Trace, TraceEvent, Tracer
 
@@ -78,6 +80,7 @@ class Pipeline:
         self.scale_grads = scale_grads
         self.tied = tied
         self._caches = ShapeCache()
+        self._start = StepStart(info, self.rank)  # what a step begins with, and a failed step leaves
         self._input_shapes: tuple | None = None
         self.data_parallel = data_parallel or DataParallel(self.rank, {})
         self.functions = dict(functions or {})
@@ -109,9 +112,20 @@ class Pipeline:
              shared_kwargs: Mapping[str, Any] | None = None,
              stage_kwargs: Mapping[int, Mapping[str, Any]] | None = None, **kwargs: Any) -> Any:
         """One training step over all microbatches; outputs merged on the last stage's rank."""
-        if self.trace:
-            return self._traced(self._step, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs)
-        return self._step(args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs)
+        return self._guarded(self._step, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs)
+
+    def _guarded(self, call, *arguments) -> Any:
+        """``call`` (a step or an eval); if it fails once its communication began (``StepStart.begin``),
+        nothing of it is left to meet the next one (``pipeforge.runtime.recovery``)."""
+        self._start.begun = False
+        try:
+            if self.trace:
+                return self._traced(call, *arguments)
+            return call(*arguments)
+        except BaseException:
+            if self._start.begun:  # a call refused before it communicated leaves nothing behind
+                self._start.failed(self.transport)
+            raise
 
     def _step(self, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs) -> Any:
         if self.holds_last and any(r.loss_fn is None for r in self.runners.values() if r.is_last):
@@ -122,21 +136,30 @@ class Pipeline:
                                      "target= (split per microbatch and given to loss_fn with the stage's output)")
         self._sync_replicas()
         earlier = self._set_aside_chain_grads()
-        ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=True)
-        self._reduce_chains()
-        _add_back(earlier)
+        try:
+            ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=True)
+            self._reduce_chains()
+        finally:
+            _add_back(earlier)
         self.tied.sum_gradients(self.transport, self.stage_modules(), self.info)
         if self.scale_grads:
             self._scale(self.info.microbatches)
         return self._results(ctx, losses, return_outputs)
 
+    def check(self, *args: Any, target: Any = None, shared_kwargs: Mapping[str, Any] | None = None,
+              stage_kwargs: Mapping[int, Mapping[str, Any]] | None = None, **kwargs: Any) -> None:
+        """Before the first step, on every rank, with ``step()``'s arguments: microbatch 0 through every stage,
+        stage by stage; a non-tensor output, a failing module or loss, reentrant checkpointing under a split
+        backward raise the same ``PipelineUsageError`` on every rank (``pipeforge.runtime.preflight``)."""
+        from pipeforge.runtime.preflight import check
+
+        check(self, args, kwargs, target, shared_kwargs, stage_kwargs)
+
     def eval(self, *args: Any, target: Any = None, losses: list | None = None, return_outputs: bool = True,
              shared_kwargs: Mapping[str, Any] | None = None,
              stage_kwargs: Mapping[int, Mapping[str, Any]] | None = None, **kwargs: Any) -> Any:
         """Forward only, without gradients; losses filled when ``target`` and ``loss_fn`` are given."""
-        if self.trace:
-            return self._traced(self._eval, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs)
-        return self._eval(args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs)
+        return self._guarded(self._eval, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs)
 
     def _eval(self, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs) -> Any:
         self._sync_replicas()
@@ -169,6 +192,8 @@ class Pipeline:
         if self.holds_last and target is not None:
             device = self.transport.device
             ctx.targets = split_value(_to_device(target, device), self.info.microbatches, f"rank {self.rank}: target")
+        # the arguments were fine: the step's communication starts (recovery.StepStart)
+        self._caches = ctx.caches = self._start.begin(self.transport, self._caches)
         self.data_parallel.begin(training)
         for runner in self.runners.values():
             runner.reset()
@@ -274,7 +299,8 @@ class Pipeline:
         return {stage: runner.module for (stage, _), runner in sorted(self.runners.items(), reverse=True)}
 
     def parameters(self) -> list[torch.nn.Parameter]:
-        """Every distinct parameter of this rank's modules: one shared by several stages counts once."""
+        """Every distinct parameter of this rank's modules: one shared by several stages counts once.
+        The optimizer's input: ``torch.optim.AdamW(pipe.parameters())``."""
         return distinct_parameters(self.modules())
 
     def _scale(self, divisor: int) -> None:
@@ -412,6 +438,7 @@ def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_m
     transport = Transport(group, rank, wait, device)
     pipeline = Pipeline(info, programs[rank], runners, transport, scale_grads=scale_grads, tied=tied,
                         data_parallel=replicas, functions=functions)
+    watch_optimizers(pipeline)  # a parameter an optimizer lists twice is warned about at its first step
     pipeline.check_replicas_equal()
     tied.check_equal(transport, {stage: stage_modules[stage] for stage in pipeline.stages}, info)
     return pipeline
@@ -447,7 +474,8 @@ def _runners(info: ScheduleInfo, rank: int, stage_modules: Any, loss_fn) -> dict
         if chain == 1 and (stage, 0) in held:
             module = copy.deepcopy(module)
         last = stage == info.stages - 1
-        runners[(stage, chain)] = StageRunner(module, stage, chain, stage == 0, last, loss_fn if last else None)
+        runners[(stage, chain)] = StageRunner(module, stage, chain, stage == 0, last, loss_fn if last else None,
+                                              rank=rank)
     return runners
 
 

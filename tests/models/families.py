@@ -19,17 +19,18 @@ FAMILIES = HF + PLAIN
 MOE = ("mixtral", "qwen2-moe")
 
 
-def config(name: str):
+def config(name: str, layers: int = LAYERS):
     import transformers as tf
 
-    common = {"vocab_size": VOCAB, "hidden_size": WIDTH, "num_hidden_layers": LAYERS, "num_attention_heads": 4,
+    common = {"vocab_size": VOCAB, "hidden_size": WIDTH, "num_hidden_layers": layers, "num_attention_heads": 4,
                   "num_key_value_heads": 2, "max_position_embeddings": 4 * SEQ, "intermediate_size": 2 * WIDTH,
                   "attn_implementation": "eager", "experts_implementation": "eager"}
     if name in ("llama", "llama-tied"):
         return tf.LlamaConfig(**common, tie_word_embeddings=name == "llama-tied")
     if name == "gpt2":
-        return tf.GPT2Config(vocab_size=VOCAB, n_embd=WIDTH, n_layer=LAYERS, n_head=4, n_positions=4 * SEQ,
-                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager")
+        return tf.GPT2Config(vocab_size=VOCAB, n_embd=WIDTH, n_layer=layers, n_head=4, n_positions=4 * SEQ,
+                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager",
+                             bos_token_id=0, eos_token_id=0)
     if name == "qwen2":  # layers 2 and 3 use a sliding window of 3 tokens, picked by their global index
         return tf.Qwen2Config(**common, use_sliding_window=True, sliding_window=3, max_window_layers=2,
                               tie_word_embeddings=False)
@@ -45,11 +46,11 @@ def config(name: str):
 
 
 class LayerList(nn.Module):
-    def __init__(self):
+    def __init__(self, layers: int = LAYERS):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, WIDTH)
         self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(WIDTH), nn.Linear(WIDTH, WIDTH), nn.Tanh())
-                                    for _ in range(LAYERS))
+                                    for _ in range(layers))
         self.head = nn.Linear(WIDTH, VOCAB)
 
     def forward(self, x):
@@ -59,22 +60,22 @@ class LayerList(nn.Module):
         return self.head(x)
 
 
-def _plain(name: str) -> nn.Module:
+def _plain(name: str, layers: int) -> nn.Module:
     if name == "layer-list":
-        return LayerList()
+        return LayerList(layers)
     return nn.Sequential(nn.Embedding(VOCAB, WIDTH), *[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU())
-                                                       for _ in range(LAYERS)], nn.Linear(WIDTH, VOCAB))
+                                                       for _ in range(layers)], nn.Linear(WIDTH, VOCAB))
 
 
-def build(name: str, seed: int = 0, meta: bool = False) -> nn.Module:
+def build(name: str, seed: int = 0, meta: bool = False, layers: int = LAYERS) -> nn.Module:
     torch.manual_seed(seed)
     with torch.device("meta" if meta else "cpu"):
         if name in PLAIN:
-            model = _plain(name)
+            model = _plain(name, layers)
         else:
             from transformers import AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_config(config(name), dtype=torch.float64)
+            model = AutoModelForCausalLM.from_config(config(name, layers), dtype=torch.float64)
     model = model.to(torch.float64)
     model.train()
     return model

@@ -8,7 +8,7 @@
    per-rank arguments are in ``work.py`` and ``chunk_chain.py``, the one over all ranks together in
    ``fill_chain.py``; all of them walk the longest paths of ``paths.py``.
 
-Import bounds from here.
+Import bounds from here. Why each holds: ``docs/bounds.md``.
 """
 
 from pipeforge.sim.bounds.fill_chain import fill_chain_forwards, fill_chain_span

@@ -1,50 +1,10 @@
 """The chunk chain: a memory chain for ranks that hold several stages of one chain (V, interleaved).
 
-A lower bound on a rank's span in every schedule of the work within a memory
-limit (space 2 of ``pipeforge.sim.bounds``; ``work.rank_spans`` keeps the largest
-argument). ``memory chain`` there follows one stage a rank; here the rank holds
-``h >= 2`` stages of the chain, lowest ``s`` and highest ``t`` (a V: ``s = r``,
-``t = 2p - 1 - r``; interleaved: ``s = r``, ``t = r + p``), and a microbatch
-holds more than one activation on it for part of its round trip.
-
-Time in count units of the limit (``MemorySpec.count_limit``: every F adds at
-least one, ``L`` in all; after its I a stage still holds ``w >= least_weights``
-until its W). Number the microbatches by when the rank starts their F(s):
-``a_0 < a_1 < ...`` (``a_0`` is the span's start: everything else on the rank
-needs an F(s) before it). Microbatch k starts F(t) at ``b_k`` and ends I(s) at
-``e_k``; between ``a_k`` and ``e_k`` it holds at least one unit (it is *open*).
-With least durations (``Paths.least``): ``D1`` from F(s) start to F(t) start,
-``D2`` from F(t) start to I(s) end, ``R`` from F(s) start to I(s) end, ``w_s``
-the W(s) after I(s), ``T1`` from F(t) start to I(t) end (to W(t) end when
-``L < q + 2 + w``, q below).
-
-- At ``a_j`` the rank holds the new unit and one for each open microbatch, at
-  most ``L``: at most ``floor(L - 1)`` of ``0..j-1`` are open, so one of index
-  ``>= j - floor(L - 1) - 1`` has ended its I(s): ``a_j >= e`` of it. Those not
-  yet past their W(s) hold at least ``w`` each: at most ``floor((L - 1) / w)``
-  of them, so ``a_j >= e + w_s`` of one of index ``>= j - floor((L-1)/w) - 1``.
-- At ``b_j`` microbatch j itself holds ``h`` units (its F of every stage of the
-  rank ran, none of their I): the same with ``L - h`` in place of ``L - 1``.
-- With ``q = floor(L - h)``: if microbatches ``j..j+q+1`` are all still open at
-  ``a_{j+q+1}``, the first of them to close, k, started F(t) before it (at a
-  later ``b_k`` the other q + 1 would be open), and at ``a_{j+q+1}`` its unit of
-  t must be gone (1 + q + h > L units otherwise; its W-held rest too when
-  ``q + 2 + w > L``): ``a_{j+q+1} >= min(e_j, b_j + T1)`` in lower bounds. At
-  ``L < 3`` this says that one microbatch's F(t) comes before the next's F(s).
-- ``a_{j+1} >= a_j + F(s)``, ``b_j >= a_j + D1``, ``e_j >= max(a_j + R, b_j + D2)``;
-  the span ends no earlier than ``e + w_s`` of the last, nor than ``a_j`` plus
-  the work on the rank of microbatches ``j..m-1`` (all of it follows their F(s)).
-
-Lower bounds ``A_j``, ``B_j``, ``E_j`` of these, computed in order, never
-decrease in j (so "one of index >= i" is bounded by ``E_i``), and the span is
-at least ``E_{m-1} + w_s`` and ``A_j`` plus that work. The same holds when a B
-is not split (it releases everything at its end, no earlier than I then W with
-least durations). At the
-small limits where one microbatch's chunks fill most of a rank (V, p = 2,
-m = 2 at 0.5p: 133 where the other arguments prove 118, the optimum 147) this
-binds; at ZB-V's 1p a round trip per ``L`` microbatches is far less than their
-work (Little's law: about 7 of 16 units held on average on Table 5's rows)
-and it says nothing.
+``chunk_chain_spans(graph, limit, paths)``: for each rank, a lower bound on its span in every schedule
+of the work within the memory limit (space 2 of ``pipeforge.sim.bounds``; ``work.rank_spans`` keeps
+the largest argument), counting that a microbatch holds an activation of every stage of the rank for
+part of its round trip; 0 where it says nothing (no limit, a rank with one stage, ...). The proof:
+``docs/bounds.md`` (The chunk chain).
 """
 
 from __future__ import annotations

@@ -1,48 +1,11 @@
 """The fill chain: a bound on the worst span of every schedule of the work, over all ranks together.
 
-For one chain with one stage a rank (stage s on rank r_s, any order of the
-ranks), every (stage, microbatch) running F and a backward (I, or a fused B).
-Let S_s be when rank r_s starts (its first action: an F of stage s, since
-everything else on the rank needs one) and S_s + D_s when it starts its first
-backward. Three facts hold in every schedule:
-
-- ``S_{s+1} >= S_s + F_s + c``: rank r_{s+1} starts with the F of some
-  microbatch, which waits for that microbatch's F on stage s (not before S_s);
-- ``D_s >= F_s + c + D_{s+1} + I_{s+1} + c'``: the first backward on stage s
-  (of some microbatch) waits for that microbatch's backward on stage s + 1,
-  which starts no earlier than the first backward there; ``D_last >= F_last``
-  (``I`` is the least backward, the cheaper of I and B; ``c``, ``c'`` the
-  link's latency each way);
-- before its first backward a rank runs only F (a W needs its I), each holding
-  its activation until a backward releases it: at most
-  ``n_s = min(m, floor(limit / activation_s))`` of them. So in the window of
-  length D_s the rank is idle at least
-  ``idle_s(D_s) = D_s - F_s * min(n_s, floor(D_s / F_s))``.
-
-A rank's span is at least its compute (``busy``, as the other arguments
-count it) plus that idle, so the worst span is at least
-``min over D satisfying the chain of max_s (busy_s + idle_s(D_s))``. Each rank
-chooses between idling until the next backward comes back (which keeps D_s,
-and with it every D upstream, short) and running one more F (no idle here, but
-D_s jumps to the next multiple of F_s, pushing every rank before it later,
-where the limit caps how many F can fill the wait). No choice makes every rank
-idle-free when the F that fill the round trips add up past the limit upstream
-(with the Zero Bubble paper's costs, ``I + 2c > F``: each rank would need three
-more F in flight than the rank after it, 22 on rank 0 at p = 8 where 2p
-allows 16); the bound is the least worst span any choice leaves.
-
-Computing it: for a target Z each rank may idle up to ``Z - busy_s``; taking
-the smallest admissible D_s on every stage, last stage first, decides whether
-some choice meets Z (every constraint is monotone in the D after it, so the
-smallest choices meet Z whenever any do). Starting above every requirement,
-the least Z is found by lowering Z to what the current choices need, then
-asking for strictly less, until no choice meets it (``fill_chain_span``).
-
-The least choice is also a recipe: ``fill_chain_forwards`` gives how many F
-each rank runs before its first backward in it, and the Zero Bubble builder
-(``optimizer/greedy.py``, ``FILL_SETTINGS``) warms up that way. With the
-paper's costs at 2p it then reaches this bound on every Table 5 row: the
-bound is tight there, and those schedules are optimal.
+For one chain with one stage a rank: ``fill_chain_span(graph, limit, busy)`` is the least, over every
+choice of how many forwards each rank runs before its first backward, of the worst ``busy + idle`` that
+choice leaves (space 2 of ``pipeforge.sim.bounds``; 0 where it does not apply).
+``fill_chain_forwards(shape, costs, memory, limit)`` gives that least choice where it forces idle: the
+warm-up the Zero Bubble builder (``optimizer/greedy.py``) follows. The proof and how it is computed:
+``docs/bounds.md`` (The fill chain).
 """
 
 from __future__ import annotations

@@ -1,56 +1,10 @@
-"""Lower bounds on orders of these actions (space 1 below; space 2 is ``work.py``).
+"""Lower bounds on every order of these actions (space 1 of ``pipeforge.sim.bounds``).
 
-Two spaces, both on a given placement and cost model:
-
-1. **Orders of these actions** (``compute_bounds`` -> ``Bounds``): the
-   schedule's compute actions are fixed (which F/B/I/W run on which rank; a B
-   stays a B); only their order on each rank may change, timed as soon as
-   possible, within the memory limit when one is given. ``simulate`` reports
-   these as ``lower_bound`` (makespan) and ``bubble_lower_bound``: how far this
-   order is from the best order of its own actions.
-2. **Schedules of this work** (``work_bound`` -> ``WorkBound``): every
-   (stage, microbatch) runs its forward and its backward, and a backward may be
-   split into I and W (the Zero Bubble split); any order within a memory limit
-   L (the declared limit, else the schedule's own peak). ``optimize`` searches
-   this space and reports this bound; ``simulate`` reports the same number
-   (``bounds.work``) for the same input: how far the schedule is from the best
-   one that holds no more activations.
-
-Makespan is measured from time 0, a rank's span from its own first action to
-its last; the bubble rate is ``1 - mean(busy) / max(span)``. A makespan bound
-and a span bound therefore differ in general; where a rank must start at 0 and
-end last, they meet (below), so a schedule optimal for one is shown optimal
-for the other (1F1B: makespan bound 33 and bubble bound 27.27% at P=4, M=8).
-
-What is proved for space 1, for every order:
-
-- **work**: a rank finishes no earlier than the sum of its durations.
-- **critical path**: no earlier than the longest chain of data dependencies
-  (one microbatch up through every stage and back, ``comm`` added on each
-  cross-rank edge), computed on the work graph with unlimited ranks.
-- **head and tail** (per rank r): r cannot start before ``head_r``, the
-  earliest any of its actions could start; after r's last action finishes,
-  at least ``tail_r`` (the shortest remaining dependency chain after any of
-  r's actions) must still run. So makespan >= head_r + work_r + tail_r.
-- **memory** (only with a limit L, in M_B; the Zero Bubble paper's ZB-H1/H2
-  reasoning made exact): before ``first_backward_r``, the earliest time any
-  B/I of rank r can start, r can run only forwards (W needs I), nothing is
-  released, and each F adds one M_B, so at most floor(L) forwards run there:
-  at most ``pre_r`` = the sum of the floor(L) longest F durations on r. Hence
-  r finishes no earlier than ``first_backward_r + work_r - pre_r``. With
-  F = I = W = 1 and L = P this gives the ZB-H1 makespan (P-1) + 3M exactly.
-- **spans**: a rank's first action is a forward F(s,m), and any B/I(s',m') on
-  the rank is at least ``loop`` after its own F(s',m') (up to the last stage
-  and back); before then at most ``pre_r`` of forward work fits (all of r's
-  forwards when memory is unlimited). So
-  ``span_r >= work_r + max(0, min loop_r - pre_r)``. And when r holds stage 0
-  of every chain it runs (so in any order that runs, its first action is an
-  F(0,m), at time 0) and every action nothing depends on (so it ends last),
-  ``span_r`` is the makespan: ``span_r >= makespan bound``. Without a memory
-  limit the span bound is often 0 for long pipelines, which is honest:
-  zero-bubble orders exist there (ZB-2p, ZB-V).
-
-What is proved for space 2 is in ``work.py``; ``pipeforge.sim.bounds`` exports both.
+``compute_bounds(schedule, costs, memory, busy=...)`` -> ``Bounds``: the makespan and bubble-rate bounds
+over orders of the schedule's own compute actions on each rank (timed as soon as possible, within the
+memory limit when there is one), with each rank's ``RankBound`` (work, head, tail, first backward, loop).
+These are ``simulate``'s ``lower_bound`` and ``bubble_lower_bound``. The arguments (work, critical
+path, head and tail, memory, spans) and why they hold: ``docs/bounds.md``.
 """
 
 from __future__ import annotations

@@ -1,63 +1,12 @@
-"""Lower bounds on space 2 of ``pipeforge.sim.bounds``: every schedule of this work, whatever its order.
+"""Lower bounds on every schedule of this work (space 2 of ``pipeforge.sim.bounds``), whatever its order.
 
-Every (stage, microbatch) runs its forward and its backward, and a backward may
-be split into I and W (the Zero Bubble split); any order within a memory limit
-L. ``pipeforge.sim.bounds`` exports these: import from there.
-
-What is proved for space 2 (``span_lower_bound``), for every schedule of the work
-within the limit, on any placement, per rank (the worst rank's is the bound):
-
-- ``busy``: a rank's span is at least its compute (F, and the cheaper of B or I + W);
-- ``round trip``: a rank's first action is an F of the lowest stage it holds
-  (every other action of the rank needs one before it on the rank). No I of a
-  stage s on the rank can start before one *round trip* after that first
-  start: the longest dependency path from that F to I(s) (the F down to the
-  loss and the I back, with ``comm`` on every cross-rank hop). Before the
-  earliest of them the rank can run only F, at most ``floor(limit)`` (nothing
-  is released before an I), each no longer than its longest F: the rest of
-  that window is idle (*head*). After the rank's last F, the I of that
-  microbatch and stage waits its own round trip (less the F); meanwhile the
-  rank can run only the I and W of what it still holds, capped by the limit:
-  ``k`` with I pending and ``j`` with only W pending need
-  ``k + weights * j <= limit`` (*tail*). When the rank cannot run every F
-  before its first I, the two idle windows are disjoint and add up. For one
-  stage a rank in loop order, at p=8, m=24, limit 8 and the Zero Bubble
-  paper's costs, this equals ZB-1p's span on rank 0: that schedule is optimal.
-- ``through rank q`` (``through_spans``): the actions of another rank q that
-  lie between two of this rank's actions run one at a time, each at least its
-  head after this rank starts and its tail before it ends: the preemptive
-  one-machine bound. Through the last rank: the fill, every F and I there and
-  the drain (ZB-2p at p=8, m=24 is optimal by it).
-- ``memory chain`` (``memory_chain_spans``, with a limit, one chain): number
-  the microbatches by when the rank starts the F of its lowest stage s
-  (microbatches are alike): F_1 <= F_2 <= ... (F_1 is the span's start). Each
-  F(s) holds at least one count unit of the limit (``count_limit``) until its
-  I (or B) of stage s runs on the rank, so with n = floor(count limit) the
-  rank's (k+n)-th F(s) comes after at least k of those I in its order; the
-  latest of them is of a microbatch started at F_k or later and ends at least
-  one round trip R (F(s) start to I(s) end, least durations) after its F. So
-  F_{k+1} >= F_k + F(s) and F_{k+n} >= F_k + R, and the span is at least the
-  last F(s) plus R plus the W(s) after it. At small limits this is the
-  binding bound (1.5B, p = 8, m = 24 at 0.5p: bubble at least 0.41 where the
-  round trip says 0.26); at p or 2p with the paper's costs a round trip per n
-  microbatches is less than their work, and it says nothing.
-- ``chunk chain`` (``bounds/chunk_chain.py``, with a limit, ranks holding several stages of
-  one chain: V, interleaved): the memory chain where a microbatch holds every
-  stage's activation of the rank from its F of the highest to its I there, and
-  the W-held rest until its W; binds where one microbatch's chunks fill most of
-  a rank (V, p = 2, m = 2 at 0.5p: 133 where the others prove 118; optimum 147).
-
-``RankSpan`` keeps the five for each rank and names the one that binds.
-
-Over all ranks together, ``fill chain`` (``bounds/fill_chain.py``: one chain, one
-stage a rank): each rank's first backward waits for the next rank's, and
-before it the rank runs only F, at most floor(limit); each rank either idles
-until it comes back or runs one more F and makes every rank before it wait
-longer. The least worst ``busy + idle`` over those choices bounds the worst
-span (not any one rank's: ``WorkBound.fill``; ``binding`` is None where it
-binds). At 2p with the paper's costs, where every per-rank argument says only
-busy time, it proves a bubble of 0.0005-0.0033 (1.5B, p = 8, m = 32: busy
-plus 3 (I + 2c - F)), and the Zero Bubble builder's fill chain settings reach it.
+Every (stage, microbatch) runs its forward and its backward, a backward possibly split into I and W,
+within a memory limit, on any placement. ``work_bound(graph, limit)`` -> ``WorkBound``: per rank a
+``RankSpan`` holding the five arguments (``busy``, ``round trip``, ``through rank q``, ``memory chain``,
+``chunk chain``: ``chunk_chain.py``) and naming the one that binds, and the ``fill chain`` over all
+ranks (``fill_chain.py``); the worst span and bubble rate none of those schedules can beat. This is
+``optimize``'s ``bound`` and ``simulate``'s ``bounds.work``. The statements are in
+``docs/optimize.md`` (Bounds), the proofs in ``docs/bounds.md``. Import from ``pipeforge.sim.bounds``.
 """
 
 from __future__ import annotations
