@@ -26,8 +26,10 @@ import jinja2
 from pipeforge.errors import Argument, ArgumentError, CodegenError, UsageError, VerificationError, words
 from pipeforge.files import module_head, refuse_special, write_atomically
 from pipeforge.ir import Action, Schedule, Step
+from pipeforge.passes.lower import lower_with_origins
 from pipeforge.resources import templates_dir
 from pipeforge.semantics import RUNTIME_METHODS
+from pipeforge.verifier import verify
 
 TEMPLATE = "pipeline.py.j2"
 RUNTIME_SEMANTICS = ("rendezvous", "buffered")  # what generated code may be verified under (generate)
@@ -212,9 +214,6 @@ def generate(schedule: Schedule, *, locations: bool = True, semantics: str = "re
     for its matching send to be posted, which is the buffered reading
     (``docs/runtime.md``).
     """
-    from pipeforge.passes.lower import lower_with_origins
-    from pipeforge.verifier import verify
-
     if semantics not in RUNTIME_SEMANTICS:
         raise ArgumentError(Argument("semantics", value=repr(semantics)),
                             f"the runtime follows {' or '.join(RUNTIME_SEMANTICS)}")

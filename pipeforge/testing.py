@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from hypothesis import strategies as st
 
 from pipeforge.ir import IDLE, Action, ActionKind, MemorySpec, Placement, Schedule, Step, as_action
+from pipeforge.passes.lower import lower
 from pipeforge.semantics import GRADIENT_KINDS, SPLIT, memory_effect, needs, output
 
 K = ActionKind
@@ -99,8 +100,6 @@ def _schedules(draw, options: Options) -> Schedule:
         run.advance(draw, options)
     schedule = Schedule("random", ranks, stages, microbatches, (placement,), run.programs())
     if options.comms == "lower":
-        from pipeforge.passes.lower import lower
-
         schedule = lower(schedule)
     if options.memory:
         weights = draw(st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]))

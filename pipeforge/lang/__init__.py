@@ -17,6 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from pipeforge.errors import PipeSyntaxError, Source
+from pipeforge.files import read_bounded
 from pipeforge.ir import Schedule
 from pipeforge.lang.elaborate import CompiledSchedule, compile_file, elaborate, pick
 from pipeforge.lang.parse import parse_text
@@ -78,8 +79,6 @@ def compile_source(source: Source) -> tuple[CompiledSchedule, ...]:
 
 
 def _read(path: str | Path) -> str:
-    from pipeforge.files import read_bounded
-
     data = read_bounded(path, "schedule file")
     try:
         return data.decode("utf-8")

@@ -12,11 +12,15 @@ rates): ``docs/library.md``.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
+from importlib import import_module
 from pathlib import Path
 
 from pipeforge.errors import Argument, ArgumentError, UsageError
 from pipeforge.ir import Schedule
+from pipeforge.lang import default_offsets, load_text, schedule_names
+from pipeforge.lang.printer import print_schedule
 from pipeforge.resources import library_dir
 
 SUFFIX = ".pipe"
@@ -62,11 +66,9 @@ def description_of(text: str) -> str:
 
 def load_library_schedule(name: str, defines: dict[str, int] | None = None) -> Schedule:
     """Library schedule ``name`` elaborated with ``defines`` over its defaults."""
-    from pipeforge import loads
-
     if name in GENERATED:
         return _build(name, defines or {})
-    return loads(source(name), defines=defines or {}, filename=str(path(name)))
+    return load_text(source(name), defines=defines or {}, filename=str(path(name)))
 
 
 def source_with_defaults(name: str, defines: dict[str, int] | None = None) -> str:
@@ -95,8 +97,6 @@ def _parameters(name: str, text: str) -> tuple[tuple[str, int, tuple[int, int]],
 
 @cache
 def _header_parameters(file: str, text: str) -> tuple[tuple[str, int, tuple[int, int]], ...]:
-    from pipeforge.lang import default_offsets, schedule_names
-
     names = schedule_names(text)
     if len(names) != 1:
         raise UsageError(f"{file}: a library file holds exactly one schedule, found {len(names)}")
@@ -107,8 +107,6 @@ def _header_parameters(file: str, text: str) -> tuple[tuple[str, int, tuple[int,
 
 
 def _generator(name: str):
-    from importlib import import_module
-
     return import_module(GENERATED[name])
 
 
@@ -125,10 +123,6 @@ def _build(name: str, defines: dict[str, int]) -> Schedule:
 
 def _generated_source(name: str, defines: dict[str, int]) -> str:
     """The built schedule as explicit .pipe source: its description, the values it was built for, no parameters."""
-    from dataclasses import replace
-
-    from pipeforge.lang.printer import print_schedule
-
     schedule = _build(name, defines)
     values = " ".join(f"{param}={value}" for param, value in schedule.params)
     flags = " ".join(f"-D {param}=..." for param, _ in schedule.params)

@@ -22,6 +22,7 @@ from typing import Any
 
 from pipeforge.ir import ActionKind
 from pipeforge.semantics import RUNTIME_METHODS, compute_kind_names
+from pipeforge.sim.costfile import cost_file_json
 from pipeforge.tools.generated import load_module
 
 MODEL_FUNCTION = "pipeforge_model"
@@ -197,7 +198,6 @@ def _plan_bytes(plan) -> int:
 
 def profile_rank(rank: int, nproc: int, job: ProfileJob) -> dict:
     """One rank's measurements: its stage's entry and the link to the next stage (ms)."""
-    import torch
     import torch.distributed as dist
 
     claim_cores(rank, nproc, job.threads, job.pin)
@@ -314,8 +314,6 @@ def profile_job(rank: int, nproc: int, job: ProfileJob) -> dict:
 
 def cost_file(reports: list[dict]) -> dict:
     """The cost file (``pipeforge.sim.costfile`` schema) from every rank's report."""
-    from pipeforge.sim.costfile import cost_file_json
-
     ordered = sorted(reports, key=lambda r: r["rank"])
     stages = [{k: round(v, 6) for k, v in r["stage"].items()} for r in ordered]
     links = [round(ordered[s]["links"][s], 6) for s in range(len(ordered) - 1)]
