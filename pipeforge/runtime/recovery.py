@@ -6,8 +6,10 @@ A script may catch a step's error (a bad batch, a peer that timed out) and call
 - on gloo every step posts under its own tag (``Transport.begin_step``): what
   a failed step left posted is never matched by a later step's messages, and
   it is kept alive (``Transport.abandon``: gloo may still write into it);
-- every step starts with one word to and from each neighbouring rank: whether
-  this rank's last step failed. A rank whose last step failed, or that hears
+- every step starts with two words to and from each neighbouring rank: whether
+  this rank's last step failed, and whether it refuses this one (a tensor that
+  does not split like the batch, ``pipeforge.runtime.rows``: the neighbours
+  refuse with it instead of waiting for it). A rank whose last step failed, or that hears
   so from a neighbour, or whose greeting fails (gloo closes a connection on a
   timeout), joins its neighbours in a fresh gloo group for the pipeline
   (``Transport.reconnect``, a rendezvous on the store named by the step) and
@@ -15,8 +17,7 @@ A script may catch a step's error (a bad batch, a peer that timed out) and call
   activation each way.
 
 Every rank must call ``step``/``eval`` the same number of times (a step's tag is
-its count), as a pipeline needs anyway; a call refused for its arguments before it
-communicated does not count. A failure is recovered when every rank
+its count, refused calls included), as a pipeline needs anyway. A failure is recovered when every rank
 failed the step or neighbours a rank that did: always on 2 ranks, and on more
 whenever the failure stalled the others into timing out (a pipeline's ranks
 wait on each other, so a rank that fails mid-step stalls every rank). NCCL
@@ -32,7 +33,7 @@ from datetime import timedelta
 import torch
 
 from pipeforge.runtime.context import ScheduleInfo, ShapeCache
-from pipeforge.runtime.p2p import PipelineError, Transfer, Transport
+from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, Transfer, Transport
 
 _PIPELINES = itertools.count()  # every rank builds its pipelines in one order: the n-th is named alike on each
 
@@ -52,19 +53,21 @@ class StepStart:
 
     def __init__(self, info: ScheduleInfo, rank: int):
         self.info = info
+        self.rank = rank
         self.peers = neighbours(info, rank)
         self.name = f"pipeforge/pipeline/{next(_PIPELINES)}/{info.name}"
         self.failed_last = False
         self.begun = False  # this call's communication began (what a failure must clean up after)
 
-    def begin(self, transport: Transport, caches: ShapeCache) -> ShapeCache:
-        """A new tag, the greeting, a fresh group if a rank failed; the shape cache the step uses."""
-        transport.begin_step()
+    def begin(self, transport: Transport, caches: ShapeCache, refusal: str | None = None) -> ShapeCache:
+        """The greeting, a fresh group if a rank failed; the shape cache the step uses. ``refusal``: why this
+        rank refuses the step (its arguments): it raises it, and its neighbours refuse with it."""
         self.begun = True
         if not self.peers:
             self.failed_last = False
-            return caches
-        mine = torch.tensor([int(self.failed_last)], dtype=torch.int64, device=transport.device)
+            return self._refuse(refusal, [])
+        mine = torch.tensor([int(self.failed_last), int(refusal is not None)], dtype=torch.int64,
+                            device=transport.device)
         theirs = {peer: torch.zeros_like(mine) for peer in self.peers}
         transfers = [t for peer in self.peers for t in (Transfer(True, mine, peer), Transfer(False, theirs[peer], peer))]
         try:
@@ -75,12 +78,23 @@ class StepStart:
                 raise
             transport.abandon()
             broken = True
-        if not (self.failed_last or broken or any(word.item() for word in theirs.values())):
-            return caches
-        if transport.reconnectable:
-            transport.reconnect(f"{self.name}/step/{transport.tag}", self.info.ranks, _rendezvous(transport))
-        self.failed_last = False
-        return ShapeCache()
+        refused = [peer for peer, word in theirs.items() if not broken and word[1].item()]
+        if self.failed_last or broken or any(word[0].item() for word in theirs.values()):
+            if transport.reconnectable:
+                transport.reconnect(f"{self.name}/step/{transport.tag}", self.info.ranks, _rendezvous(transport))
+            self.failed_last = False
+            caches = ShapeCache()
+        return self._refuse(refusal, refused) or caches
+
+    def _refuse(self, refusal: str | None, refused: list[int]) -> None:
+        """Raise this rank's refusal, or a neighbour's; nothing was left in flight (``begun`` is cleared)."""
+        if refusal is None and not refused:
+            return
+        self.begun = False
+        if refusal is not None:
+            raise PipelineUsageError(refusal)
+        raise PipelineUsageError(f"rank {self.rank}: rank {refused[0]} refused this "
+                                 "step for its arguments (its error names the argument)")
 
     def failed(self, transport: Transport) -> None:
         """The step failed on this rank: what it left in flight is abandoned; the next step starts afresh."""
