@@ -8,7 +8,7 @@ import sys
 from pipeforge.commands import wording
 from pipeforge.commands.common import add_input_arguments, load_input, print_json
 from pipeforge.commands.exits import Exit
-from pipeforge.errors import PipeSyntaxError, SemanticError
+from pipeforge.errors import PipeSyntaxError, SemanticError, printable
 
 
 def register(subparsers) -> None:
@@ -70,7 +70,7 @@ def check(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report.to_json())
     else:
-        print(report.render(), file=sys.stdout)
+        print(printable(report.render(), keep="\n"), file=sys.stdout)
         hint = csv_deadlock_hint(args, schedule, report)
         if hint:
             print(hint, file=sys.stdout)

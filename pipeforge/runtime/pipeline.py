@@ -1,33 +1,13 @@
 """``Pipeline``: what a generated module's ``make_pipeline`` returns.
 
-``step(*args, target=None, losses=None, return_outputs=True, **kwargs)`` has
-torch's ``schedule.step`` semantics: the rank(s) holding stage 0 pass the
-whole batch (positional and keyword arguments), split into microbatches as torch
-splits them (``pipeforge.runtime.microbatch``); the rank(s) holding the last
-stage pass ``target`` (split likewise) and get ``losses`` cleared and filled
-and the merged outputs back; gradients accumulate into ``.grad`` and are divided
-by the number of microbatches when ``scale_grads`` (once per parameter, however
-many stages on the rank hold it).
-
-Inputs that every stage needs (attention masks, position ids) go in
-``shared_kwargs={name: value}``: every stage module this rank runs receives them
-as keyword arguments, split per microbatch like the batch. ``stage_kwargs={stage:
-{name: value}}`` gives keyword arguments to one stage only. Every rank may pass
-the same dicts; a rank uses the entries of the stages it holds.
-
-Bidirectional schedules (two chains, as Chimera): ``stage_modules`` is keyed by
-stage and holds every stage this rank runs in either chain. When a rank runs the
-same stage in both chains, the chain-1 replica is a deep copy of the module,
-refreshed from it at the start of every step. After the program, the two
-replicas' gradients of every stage from this step are summed (a send/receive
-pair between the two ranks, or an addition on one rank) and added to what the
-module held before the step, so both end with the same gradients.
-With two chains, ``losses`` holds one entry per microbatch, ``None`` for those
-whose last stage ran on the other chain's rank, and outputs merge the
-microbatches this rank finished.
-
-After ``step`` returns nothing of its autograd graph is alive: the outputs and
-losses are detached, every microbatch's state is released by its backward.
+``step(*args, target=None, losses=None, return_outputs=True, shared_kwargs=None, stage_kwargs=None,
+**kwargs)`` runs this rank's program with torch's ``schedule.step`` semantics: the batch on the rank(s)
+holding stage 0, split into microbatches as torch splits it (``microbatch.py``); ``target`` on the
+rank(s) holding the last stage, where ``losses`` is filled and the merged outputs come back; gradients
+accumulated into ``.grad`` (divided by the microbatch count when ``scale_grads``, once per parameter),
+a bidirectional schedule's replicas summed, and nothing of the step's autograd graph alive afterwards.
+``eval`` runs the forwards only; ``check`` the preflight (``preflight.py``); ``parameters()`` every
+distinct parameter, for the optimizer. The whole contract: ``docs/runtime.md``.
 """
 
 from __future__ import annotations
@@ -149,6 +129,15 @@ class Pipeline:
         if self.scale_grads:
             self._scale(self.info.microbatches)
         return self._results(ctx, losses, return_outputs)
+
+    def check(self, *args: Any, target: Any = None, shared_kwargs: Mapping[str, Any] | None = None,
+              stage_kwargs: Mapping[int, Mapping[str, Any]] | None = None, **kwargs: Any) -> None:
+        """Before the first step, on every rank, with ``step()``'s arguments: microbatch 0 through every stage,
+        stage by stage; a non-tensor output, a failing module or loss, reentrant checkpointing under a split
+        backward raise the same ``PipelineUsageError`` on every rank (``pipeforge.runtime.preflight``)."""
+        from pipeforge.runtime.preflight import check
+
+        check(self, args, kwargs, target, shared_kwargs, stage_kwargs)
 
     def eval(self, *args: Any, target: Any = None, losses: list | None = None, return_outputs: bool = True,
              shared_kwargs: Mapping[str, Any] | None = None,
@@ -472,7 +461,8 @@ def _runners(info: ScheduleInfo, rank: int, stage_modules: Any, loss_fn) -> dict
         if chain == 1 and (stage, 0) in held:
             module = copy.deepcopy(module)
         last = stage == info.stages - 1
-        runners[(stage, chain)] = StageRunner(module, stage, chain, stage == 0, last, loss_fn if last else None)
+        runners[(stage, chain)] = StageRunner(module, stage, chain, stage == 0, last, loss_fn if last else None,
+                                              rank=rank)
     return runners
 
 
@@ -502,4 +492,5 @@ def _refuse_shared_parameters(rank: int, stage_modules: Mapping[int, torch.nn.Mo
                 raise PipelineUsageError(
                     f"rank {rank}: stage {first[0]} ({first[1]!r}) and stage {stage} ({name!r}) share one parameter; "
                     "a bidirectional schedule sums each stage's gradients across its two chains, so stages must not "
-                    "share parameters: give each stage its own copy and name them in make_pipeline(tied_parameters=...)")
+                    "share parameters: give each stage its own copy and name them in "
+                    "make_pipeline(tied_parameters=...) (pipeforge.split(..., untie=True) does both)")

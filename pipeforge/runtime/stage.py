@@ -15,6 +15,7 @@ backward stops at the stage boundary and hands the input gradient on.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,18 @@ from pipeforge.runtime.split_backward import (
     WeightPlan,
     accumulate_weight_gradients,
 )
+
+
+class StageError(PipelineError):
+    """An exception inside a stage's module during ``step()``/``eval()``, with where it happened."""
+
+    def __init__(self, runner: StageRunner, kind: str, mb: int, error: Exception):
+        self.rank, self.stage, self.chain, self.microbatch = runner.rank, runner.stage, runner.chain, mb
+        self.original = error
+        self.action = f"{runner.stage}{kind}{mb}" + (f"@{runner.chain}" if runner.chain else "")
+        where = f"rank {runner.rank}: " if runner.rank is not None else ""
+        super().__init__(f"{where}{runner.name}, microbatch {mb}, action {self.action}: "
+                         f"{type(error).__name__}: {error}")
 
 
 @dataclass
@@ -54,6 +67,7 @@ class StageRunner:
     losses: dict[int, torch.Tensor] = field(default_factory=dict)
     outputs: dict[int, Any] = field(default_factory=dict)
     split: SplitBackward = field(default_factory=SplitBackward)  # what I keeps between microbatches
+    rank: int | None = None  # named in errors
 
     @property
     def name(self) -> str:
@@ -65,7 +79,7 @@ class StageRunner:
         this stage's own inputs (the batch's keywords on stage 0, per-stage inputs on every stage)."""
         if not self.is_first:
             args = tuple(_as_leaf(a, training) for a in args)
-        with torch.set_grad_enabled(training):
+        with torch.set_grad_enabled(training), self._named("F", mb):
             output, aux = unwrap_aux(self.module(*args, **(kwargs or {})), self.name)
             wants_loss = self.is_last and (training or target is not None)
             loss = self._loss(output, target) if wants_loss else None
@@ -116,7 +130,8 @@ class StageRunner:
         state = self._set_output_grads(mb, grads)
         del self.states[mb]
         if state.roots:
-            torch.autograd.backward(state.roots, state.root_grads)
+            with self._named("B", mb):
+                torch.autograd.backward(state.roots, state.root_grads)
         return () if self.is_first else tuple(a.grad for a in state.inputs if _is_float(a))
 
     def backward_input(self, mb: int, grads: tuple | None) -> tuple[torch.Tensor | None, ...]:
@@ -124,7 +139,8 @@ class StageRunner:
         grads returned."""
         state = self._set_output_grads(mb, grads)
         wanted = [a for a in state.inputs if isinstance(a, torch.Tensor) and a.requires_grad] if not self.is_first else []
-        found, state.weight_plan = self.split.backward_input(state.roots, state.root_grads, wanted, self._params())
+        with self._named("I", mb):
+            found, state.weight_plan = self.split.backward_input(state.roots, state.root_grads, wanted, self._params())
         by_id = {id(a): g for a, g in zip(wanted, found)}
         return tuple(by_id.get(id(a)) for a in state.inputs if _is_float(a))
 
@@ -134,7 +150,18 @@ class StageRunner:
         if state.weight_plan is None:
             raise PipelineError(f"{self.name}: W of microbatch {mb} before its I")
         del self.states[mb]
-        accumulate_weight_gradients(state.weight_plan)
+        with self._named("W", mb):
+            accumulate_weight_gradients(state.weight_plan)
+
+    @contextmanager
+    def _named(self, kind: str, mb: int):
+        """An exception of the user's module (or its autograd) re-raised naming rank, stage, microbatch, action."""
+        try:
+            yield
+        except PipelineError:
+            raise
+        except Exception as error:
+            raise StageError(self, kind, mb, error) from error
 
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]

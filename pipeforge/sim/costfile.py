@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeforge.errors import UsageError
-from pipeforge.ir import ActionKind, CostModel, MemorySpec, StepOverhead
+from pipeforge.ir import ActionKind, CostModel, MemorySpec, StepOverhead, cost_problem
 from pipeforge.semantics import DURATION_DEFAULTS, compute_kind_names
 
 _DURATIONS = compute_kind_names()  # one duration a compute kind (semantics)
@@ -58,10 +58,12 @@ class CostFileError(UsageError):
 def read_cost_file(path: str | Path) -> StageCosts:
     """The cost file at ``path``, checked (``CostFileError`` naming the file and JSON path)."""
     name = str(path)
+    from pipeforge.files import read_bounded
+
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise CostFileError(name, "", f"cannot read it: {err.strerror or err}") from None
+        text = read_bounded(path, "cost file").decode("utf-8")  # a UsageError naming the file if unreadable
+    except UnicodeDecodeError as err:
+        raise CostFileError(name, f"byte {err.start}", "not UTF-8 text") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
@@ -106,7 +108,7 @@ def _stage(entry: object, where: str, name: str) -> dict[str, float]:
     for key in _REQUIRED:
         if key not in entry:
             raise CostFileError(name, where, f"missing {key!r}")
-    out = {key: _number(value, f"{where}.{key}", name, positive=key in _DURATIONS)
+    out = {key: _number(value, f"{where}.{key}", name, positive=key in _DURATIONS, duration=key in _DURATIONS)
            for key, value in entry.items()}
     if "weight_grad" in out and "activation" in out and out["weight_grad"] > out["activation"]:
         raise CostFileError(name, f"{where}.weight_grad", "is more than the stage's activation; "
@@ -114,11 +116,14 @@ def _stage(entry: object, where: str, name: str) -> dict[str, float]:
     return out
 
 
-def _number(value: object, where: str, name: str, *, positive: bool) -> float:
+def _number(value: object, where: str, name: str, *, positive: bool, duration: bool = True) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise CostFileError(name, where, f"expected a finite number, got {json.dumps(value)}")
     if value < 0 or (positive and value == 0):
         raise CostFileError(name, where, f"expected a number {'> 0' if positive else '>= 0'}, got {value!r}")
+    problem = cost_problem(float(value)) if duration else None
+    if problem is not None:
+        raise CostFileError(name, where, problem)
     return float(value)
 
 
