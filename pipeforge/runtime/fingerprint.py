@@ -1,26 +1,12 @@
-"""Ranks agree on what they run before they compute: each rank's program checked and fingerprinted.
+"""Ranks agree on what they run before they compute.
 
-``agree(info, programs, rank, transport)`` runs at ``make_pipeline``, before any
-compute. It records this rank's program (runs the rank function against a
-recorder: the calls a generated rank function makes, in order, as actions) and
-
-- checks it against ``SCHEDULE``: every action's stage and chain placed on this
-  rank, microbatches in range, no (stage, microbatch) run twice, a backward for
-  every forward and a W for every I, every microbatch forwarded on a stage this
-  rank holds in every chain (an edited or truncated module is refused here);
-- exchanges a fingerprint with every other rank: the pipeforge version, the
-  schedule's name, sizes and placement, the module's ``PARAMS``, a digest of
-  the rank programs the module holds, the number of forwards per stage, and
-  the messages this rank's program sends to and receives from each peer (the
-  digest is left out where the module holds only this rank's function).
-
-Every rank compares every fingerprint with every other, so all refuse together
-(``PipelineUsageError``), naming the ranks and what differs: another version,
-schedule, parameter or module; a message one rank sends that its peer does
-not receive at that point (other microbatch counts, another order); a stage
-whose forwards do not add up to the microbatches. Nothing here depends on the
-generated module's layout beyond ``SCHEDULE``, the rank functions and the
-``PARAMS`` their module holds.
+``agree(info, programs, rank, transport)``, at ``make_pipeline``: this rank's program is recorded
+(``record``: the calls its rank function makes, as actions) and checked against ``SCHEDULE``
+(``check_program``), then its ``fingerprint`` (version, schedule, sizes, placement, ``PARAMS``, a digest
+of the rank functions, forwards per stage, the messages to and from each peer in order) is exchanged with
+every other rank; on any difference every rank raises ``PipelineUsageError`` naming the ranks and what
+differs (``disagreement``). Needs only ``SCHEDULE``, the rank functions and their module's ``PARAMS``.
+What is compared and why: ``docs/runtime-internals.md`` (Ranks agree).
 """
 
 from __future__ import annotations

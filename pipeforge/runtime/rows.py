@@ -1,18 +1,11 @@
-"""Every tensor split into microbatches splits like the batch: checked across ranks on the first step.
+"""Every tensor split into microbatches splits like the batch, checked across ranks.
 
-The rank holding stage 0 knows the batch's rows; a target (on the rank of the
-last stage) and per-stage inputs (``shared_kwargs``, ``stage_kwargs``, on any
-rank) are split on dim 0 into the same microbatches, so each must split like
-the batch: its rows a whole multiple ``k`` of the batch's, every microbatch ``k``
-times the batch's microbatch (a target of one row per token, flattened, does).
-A tensor that does not is refused, naming the rank and the argument, never
-broadcast against another microbatch's rows.
-
-On the first call (``step`` or ``eval``) the lowest rank holding stage 0 sends
-the batch's rows to every other rank, each answers whether its tensors split
-like it, and every rank refuses together if one does not. Later calls check
-against the rows learned then (the batch keeps its shape from step to step) and
-say so in the step's greeting, so the neighbours refuse with them.
+``BatchRows(info, rank).agree(transport, named)`` on the first call learns the batch's rows from the
+lowest rank holding stage 0 (every other rank answers, and all refuse together); ``problem_known(named)``
+checks later calls against them (the step's greeting carries the refusal). ``named_tensors`` lists a
+call's split tensors with their rows. A tensor splits like the batch (``splits_like``) when its rows are
+the batch's or a whole multiple ``k`` whose microbatches are ``k`` times the batch's (a flattened
+per-token target); anything else is a ``PipelineUsageError`` naming the rank and the argument.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ the batch trained, four losses ``None``).
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
@@ -51,7 +52,7 @@ def generate(tmp_path, name: str, label: str, **defines) -> str:
 
 def edited(tmp_path, source: str, label: str, change) -> str:
     path = tmp_path / f"{label}.py"
-    path.write_text(change(open(source).read()))
+    path.write_text(change(Path(source).read_text()))
     return str(path)
 
 
@@ -89,9 +90,6 @@ def cut_last_backward(text: str) -> str:
     return head + "def rank_1(" + "\n".join(lines[:index] + lines[index + 1:]) + "\n\n\n" + tail
 
 
-pytestmark_distributed = [pytest.mark.distributed, pytest.mark.timeout(240)]
-
-
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
 def test_ranks_running_one_module_build_their_pipelines(refusals):
@@ -101,11 +99,9 @@ def test_ranks_running_one_module_build_their_pipelines(refusals):
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("case,fragment", [
-    ("another schedule", r"rank 0 and rank 1 run different pipelines: schedule \"one_f_one_b\" on rank 0, "
-                         r"\"gpipe\" on rank 1"),
+    ("another schedule", r"rank 0 and rank 1 run different pipelines: schedule \"one_f_one_b\" on rank 0, \"gpipe\""),
     ("another microbatch count", r"rank 0 and rank 1 run different pipelines: microbatches 4 on rank 0, 8 on rank 1"),
-    ("schedule says 8, programs run 4", r"rank 0's module is not what its SCHEDULE says: .*forwards microbatches "
-                                        r"0\.\.3 on stage 0; SCHEDULE says 8 microbatches"),
+    ("schedule says 8, programs run 4", r"rank 0's module is not what its SCHEDULE says: .*forwards microbatches 0\.\.3"),
     ("another order on rank 1", r"rank 0 and rank 1 run different pipelines: module"),
     ("a truncated rank function", r"rank 1's module is not what its SCHEDULE says: .*runs 1F3 but never its backward"),
 ])
@@ -154,8 +150,9 @@ def test_random_pairs_of_different_generated_modules_are_refused_before_compute(
     cases = []
     for index, (first, second) in enumerate(different_pairs(12)):
         paths = [str(codegen(s, tmp_path / f"pair{index}_{side}.py")) for side, s in enumerate((first, second))]
-        programs = [open(p).read().partition("def rank_0(")[2].partition("PROGRAMS")[0] for p in paths]
-        header = [open(p).read().partition("def rank_0(")[0].split("PARAMS")[0].split("SCHEDULE")[1] for p in paths]
+        texts = [Path(p).read_text() for p in paths]
+        programs = [t.partition("def rank_0(")[2].partition("PROGRAMS")[0] for t in texts]
+        header = [t.partition("def rank_0(")[0].split("PARAMS")[0].split("SCHEDULE")[1] for t in texts]
         if (programs[0], header[0]) != (programs[1], header[1]):
             cases.append(paths)
     assert len(cases) >= 8
