@@ -15,18 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 MOST = 15  # lines; aim for about 10
 # Modules not yet cut to their contract, with their length now: this list only shrinks.
 LONGER = {
-    "pipeforge/generator.py": 22,
-    "pipeforge/interop/torch_csv.py": 16,
     "pipeforge/ir.py": 20,
-    "pipeforge/lang/__init__.py": 16,
-    "pipeforge/library/__init__.py": 30,
-    "pipeforge/library/v_half.py": 23,
     "pipeforge/passes/defer_recv.py": 18,
     "pipeforge/passes/lower.py": 22,
     "pipeforge/passes/unshard.py": 16,
     "pipeforge/semantics.py": 45,
-    "pipeforge/testing.py": 21,
-    "pipeforge/tools/profiling.py": 22,
 }
 
 
