@@ -6,11 +6,12 @@ exceptions stop here: ``parse_text`` raises only ``PipeSyntaxError``, whose
 message says what was expected, with friendly wording for common mistakes
 (see ``diagnose.py``).
 
-Bounded: a text nesting more than ``MAX_DEPTH`` levels (blocks, parentheses,
-operators; a chain of one operator level such as a flat sum counts once) or
-holding an integer literal of more than ``MAX_INT_DIGITS`` digits is refused at
-the place that goes past the bound, so no later walk of the tree depends on
-Python's recursion limit.
+Bounded: a text of more than ``MAX_TOKENS`` tokens (a run of torch steps is
+one) or more than ``MAX_ACTIONS`` torch steps in its runs, nesting more than ``MAX_DEPTH`` levels (blocks, parentheses, operators; a
+chain of one operator level such as a flat sum counts once) or holding an
+integer literal of more than ``MAX_INT_DIGITS`` digits is refused at the place
+that goes past the bound: the parse stops there, and no later walk of the tree
+depends on Python's recursion limit.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 from pipeforge.errors import PipeSyntaxError, Source, Span
+from pipeforge.lang.context import MAX_ACTIONS
 from pipeforge.resources import grammar_file
 
 
@@ -33,7 +35,29 @@ def parser() -> Lark:
         propagate_positions=True,
         maybe_placeholders=True,
         cache=False,
+        postlex=_TokenBudget(),
     )
+
+
+MAX_TOKENS = 250_000  # the canonical form (`pipeforge fmt`) of the largest schedule has a few per rank
+
+
+class _TooManyTokens(Exception):
+    def __init__(self, token: Token) -> None:
+        super().__init__(token)
+        self.token = token
+
+
+class _TokenBudget:
+    """lark's post-lexer hook: stops the parse at the token past ``MAX_TOKENS`` (memory grows per token)."""
+
+    always_accept = ()
+
+    def process(self, stream):
+        for count, token in enumerate(stream, start=1):
+            if count > MAX_TOKENS:
+                raise _TooManyTokens(token)
+            yield token
 
 
 MAX_DEPTH = 100
@@ -52,6 +76,10 @@ def parse_text(source: Source) -> Tree:
         raise to_syntax_error(error, source.text, source) from None
     except RecursionError:
         raise PipeSyntaxError("the text nests too deeply to parse", source.span(1, 1)) from None
+    except _TooManyTokens as stop:
+        raise PipeSyntaxError(f"this text has more than {MAX_TOKENS} tokens; write long explicit programs as "
+                              "runs of torch steps ('0F0 1F0 _ ...', as 'pipeforge fmt' prints them)",
+                              _span(stop.token, source)) from None
     check_bounds(tree, source)
     return tree
 
@@ -59,6 +87,7 @@ def parse_text(source: Source) -> Tree:
 def check_bounds(tree: Tree, source: Source) -> None:
     """Refuse (PipeSyntaxError at its place) nesting deeper than MAX_DEPTH or a too long integer; iterative."""
     stack: list[tuple[Tree, int]] = [(tree, 0)]
+    steps = 0
     while stack:
         node, depth = stack.pop()
         if depth > MAX_DEPTH:
@@ -72,6 +101,11 @@ def check_bounds(tree: Tree, source: Source) -> None:
             elif isinstance(child, Token) and child.type == "INT" and len(child) > MAX_INT_DIGITS:
                 raise PipeSyntaxError(f"this integer has {len(child)} digits; at most {MAX_INT_DIGITS} "
                                       "(256 bits) are read", _span(child, source))
+            elif isinstance(child, Token) and child.type == "STEP_RUN":
+                steps += len(child.split())  # about one a step (a group's actions count each): a bound, cheaply
+                if steps > MAX_ACTIONS:
+                    raise PipeSyntaxError(f"this text writes more than {MAX_ACTIONS} torch steps, more than a "
+                                        "schedule may emit", _span(child, source))
 
 
 def _span(node: Tree | Token, source: Source) -> Span:
