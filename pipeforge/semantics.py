@@ -50,7 +50,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
-from pipeforge.ir import COMM_KINDS, COMPUTE_KINDS, STAGE_ONLY_KINDS, Action, ActionKind
+from pipeforge.ir import COMM_KINDS, COMPUTE_KINDS, STAGE_ONLY_KINDS, Action, ActionKind, MemorySpec
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
 SEND_F, RECV_F, SEND_B, RECV_B = ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B
@@ -62,8 +62,8 @@ __all__ = [
     "COMPUTE_KINDS", "COMM_KINDS", "STAGE_ONLY_KINDS", "ROLES", "NEEDS", "OUTPUTS", "MEMORY", "PARAMETER_MEMORY",
     "PEER_OFFSET",
     "PARTNER", "SENDS", "GRADIENT_KINDS", "NEEDLESS_KINDS", "SPLIT", "EXCLUDES", "COMPLETE", "REQUIRES", "DURATION_DEFAULTS", "RUNTIME_METHODS", "Need", "Output",
-    "role", "needs", "output", "memory_effect", "memory_delta", "bubble_rate", "compute_kind_names",
-    "held_after_additions", "peer_stage", "partner", "peer_rank", "local_needs", "split",
+    "role", "needs", "output", "memory_effect", "stage_effect", "memory_delta", "bubble_rate", "compute_kind_names",
+    "held_after_additions", "peer_stage", "partner", "local_needs", "split",
 ]
 
 
@@ -208,12 +208,19 @@ def memory_effect(kind: ActionKind, weights: float, activation: float = 1.0,
                   weight_grad: float | None = None, unsharded: float = 0.0) -> tuple[float, float]:
     """``(added, released)`` memory of one ``kind`` action, in M_B, on a stage whose F holds
     ``activation`` (default 1) of which W releases ``weight_grad`` (default ``weights * activation``)
-    and whose gathered parameters take ``unsharded``; ``MemorySpec.stage_effect`` asks here with a
-    stage's sizes."""
+    and whose gathered parameters take ``unsharded``; ``stage_effect`` asks here with a stage's sizes."""
     added, released, per_weight = MEMORY[kind]
     grad = weights * activation if weight_grad is None else weight_grad
     gathered, freed = PARAMETER_MEMORY.get(kind, (0.0, 0.0))
     return added * activation + gathered * unsharded, released * activation + per_weight * grad + freed * unsharded
+
+
+def stage_effect(memory: MemorySpec, kind: ActionKind, stage: int) -> tuple[float, float]:
+    """``(added, released)`` of one ``kind`` action on ``stage`` under ``memory``: F adds the stage's
+    activation, B releases it, I all but its weight_grad, W that; UNSHARD adds ``unsharded``, RESHARD
+    releases it (M_B)."""
+    return memory_effect(kind, memory.weights, memory.stage_activation(stage), memory.stage_weight_grad(stage),
+                         memory.unsharded)
 
 
 def held_after_additions(steps: Iterable[Iterable[tuple[float, float]]]) -> Iterator[float]:
@@ -265,11 +272,6 @@ def partner(action: ActionKey) -> ActionKey:
     """The action the peer must post to meet communication action ``action``."""
     s, kind, m, c = action
     return (s + PEER_OFFSET[kind], PARTNER[kind], m, c)
-
-
-def peer_rank(action: ActionKey, placements) -> int:
-    """The rank at the other end of a communication action (``placements``: one ``Placement`` a chain)."""
-    return placements[action[3]].stage_to_rank[peer_stage(action)]
 
 
 # --- what generated code calls --------------------------------------------------------------

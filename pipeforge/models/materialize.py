@@ -9,8 +9,9 @@ initializer (a Hugging Face model's ``_init_weights``; else ``reset_parameters``
 So any set of owned stages gets the values that the whole model, materialized
 the same way, has. A tied group takes the value its first entry's part gives
 (the embedding, for a tied LM head, as Hugging Face ties the head to it after
-init), built on the side. ``state_dict`` (the model's names) then overwrites the parameters'
-values. The caller's random state is left as it was.
+init), built on the side. ``state_dict`` (the model's names: a mapping, or safetensors files read
+for the owned parameters only, ``pipeforge.models.checkpoint``) then
+overwrites the parameters' values. The caller's random state is left as it was.
 """
 
 from __future__ import annotations
@@ -116,6 +117,9 @@ def _built_aside(every, source: tuple[int, str], init, seed: int, device) -> tor
 
 
 def _load(modules, names, state_dict) -> None:
+    from pipeforge.models.checkpoint import values
+
+    state_dict = values(state_dict)
     missing = []
     with torch.no_grad():
         for stage, module in modules.items():

@@ -1,28 +1,12 @@
 """The rank context: what a generated rank function calls, one method per kind of action.
 
-A generated module holds one function per rank, ``rank_3(ctx)``, whose body is
-the rank's steps in order; ``ctx`` is a ``RankContext``. Data moves like this:
-
-- ``forward(s, m)`` takes its input from the batch (stage 0), from the previous
-  stage on this rank (handed over, no communication) or from the receive that
-  ``post`` posted earlier (waited here, where the data is used);
-- ``post(...)`` issues one communication group together (``p2p.Transport``);
-  sends take what ``forward`` / ``backward`` left in the outbox; a send never
-  waits for its peer (sends are waited at the end of the step), a receive is
-  waited where its data is used;
-- ``backward`` / ``backward_input`` / ``backward_weight`` mirror it for gradients.
-
-Hook points (every pipeline runs this one class; nothing overrides its methods):
-``functions`` (custom functions per action kind, ``pipeforge.runtime.custom``)
-replace the runtime's own implementation of a kind; ``data_parallel``
-(``pipeforge.runtime.fsdp``) runs around every compute and does UNSHARD,
-RESHARD and REDUCE_GRAD; ``observers`` (``Observer``: the step trace of
-``pipeforge.runtime.step_trace``, records) are told when each compute, wait,
-post and the final wait begin and end. Without custom functions, data-parallel
-stages or observers an action goes straight to its stage.
-
-In eval mode backward actions and backward communication are skipped: a valid
-schedule stays valid without them (the forward transfers keep their order).
+``RankContext`` (one per rank and step) is the ``ctx`` of a generated ``rank_3(ctx)``: ``forward``,
+``backward``, ``backward_input``, ``backward_weight`` (method names from ``semantics.RUNTIME_METHODS``)
+compute a stage's action, taking inputs from the batch, the previous stage on this rank or a posted
+receive (waited where used); ``post`` issues one communication group (``p2p.Transport``). Its hook
+points, the same for every pipeline: ``functions`` (custom functions, ``custom.py``), ``data_parallel``
+(``fsdp.py``: UNSHARD, RESHARD, REDUCE_GRAD), ``observers`` (``Observer``: the step trace). In eval mode
+backward actions and communication are skipped. How data moves: ``docs/runtime-internals.md``.
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """Custom functions per action kind, torch's ``register_custom_function`` for generated pipelines.
 
-(The rank context runs them: ``RankContext.issue`` in ``pipeforge.runtime.context``.)
-
-``make_pipeline(..., custom_functions={"OVERLAP_F_B": fn})`` (or
-``pipeline.register_custom_function("OVERLAP_F_B", fn)``) makes ``fn(action,
-ctx)`` run instead of the runtime's own implementation of every action of that
-kind on this rank: ``F``, ``B``, ``I``, ``W``, ``OVERLAP_F_B`` (an overlap step
-of the schedule, ``(0F7;7B3)``), ``UNSHARD``, ``RESHARD`` or ``REDUCE_GRAD``. As
-in torch, ``action`` says what to do (``kind``, ``stage``, ``microbatch``, and
-for ``OVERLAP_F_B`` its ``sub_actions``, both halves) and ``ctx`` gives what
-torch's ``_PipelineContext`` gives (the microbatched inputs, targets and losses)
-plus the stage (``ctx.module(stage)``, ``ctx.runner(stage)``) and the
-runtime's own implementations: ``ctx.default(action)`` does what the pipeline
-does without a custom function; ``ctx.run(action)`` does what the pipeline does
-for ``action`` (its kind's custom function if one is registered, else the
-default). A custom function usually wraps ``ctx.default`` (timing, streams,
-an all-to-all of its own) or, for ``OVERLAP_F_B``, runs the two halves
-together, for instance on two threads.
-
-Without an ``OVERLAP_F_B`` function an overlap step runs its actions one after
-the other, each through its own kind's function (torch's runtime calls its
-built-in F/B for the halves instead). In ``eval()`` backward actions and
-``REDUCE_GRAD`` do not run, so their functions are not called.
+``custom_functions({kind: fn})`` checks and names the functions of ``make_pipeline(custom_functions=...)``
+(kinds ``F``, ``B``, ``I``, ``W``, ``OVERLAP_F_B``, ``UNSHARD``, ``RESHARD``, ``REDUCE_GRAD``, or
+torch's ``_ComputationType`` names); ``fn(action, ctx)`` then runs instead of the runtime's own
+implementation of every action of that kind on the rank, with a ``StageAction`` (``kind``, ``stage``,
+``microbatch``, ``sub_actions``) and an ``ActionContext`` (inputs, targets, losses, ``module(stage)``,
+``default(action)``, ``run(action)``). The rank context runs them (``RankContext.issue``). The whole
+contract: ``docs/runtime-fsdp.md`` (Custom functions).
 """
 
 from __future__ import annotations

@@ -1,33 +1,13 @@
 """``Pipeline``: what a generated module's ``make_pipeline`` returns.
 
-``step(*args, target=None, losses=None, return_outputs=True, **kwargs)`` has
-torch's ``schedule.step`` semantics: the rank(s) holding stage 0 pass the
-whole batch (positional and keyword arguments), split into microbatches as torch
-splits them (``pipeforge.runtime.microbatch``); the rank(s) holding the last
-stage pass ``target`` (split likewise) and get ``losses`` cleared and filled
-and the merged outputs back; gradients accumulate into ``.grad`` and are divided
-by the number of microbatches when ``scale_grads`` (once per parameter, however
-many stages on the rank hold it).
-
-Inputs that every stage needs (attention masks, position ids) go in
-``shared_kwargs={name: value}``: every stage module this rank runs receives them
-as keyword arguments, split per microbatch like the batch. ``stage_kwargs={stage:
-{name: value}}`` gives keyword arguments to one stage only. Every rank may pass
-the same dicts; a rank uses the entries of the stages it holds.
-
-Bidirectional schedules (two chains, as Chimera): ``stage_modules`` is keyed by
-stage and holds every stage this rank runs in either chain. When a rank runs the
-same stage in both chains, the chain-1 replica is a deep copy of the module,
-refreshed from it at the start of every step. After the program, the two
-replicas' gradients of every stage from this step are summed (a send/receive
-pair between the two ranks, or an addition on one rank) and added to what the
-module held before the step, so both end with the same gradients.
-With two chains, ``losses`` holds one entry per microbatch, ``None`` for those
-whose last stage ran on the other chain's rank, and outputs merge the
-microbatches this rank finished.
-
-After ``step`` returns nothing of its autograd graph is alive: the outputs and
-losses are detached, every microbatch's state is released by its backward.
+``step(*args, target=None, losses=None, return_outputs=True, shared_kwargs=None, stage_kwargs=None,
+**kwargs)`` runs this rank's program with torch's ``schedule.step`` semantics: the batch on the rank(s)
+holding stage 0, split into microbatches as torch splits it (``microbatch.py``); ``target`` on the
+rank(s) holding the last stage, where ``losses`` is filled and the merged outputs come back; gradients
+accumulated into ``.grad`` (divided by the microbatch count when ``scale_grads``, once per parameter),
+a bidirectional schedule's replicas summed, and nothing of the step's autograd graph alive afterwards.
+``eval`` runs the forwards only; ``check`` the preflight (``preflight.py``); ``parameters()`` every
+distinct parameter, for the optimizer. The whole contract: ``docs/runtime.md``.
 """
 
 from __future__ import annotations
@@ -59,6 +39,7 @@ from pipeforge.runtime.memory import ActivationCount
 from pipeforge.runtime.microbatch import merge_chunks, split_inputs, split_value
 from pipeforge.runtime.optimizer_watch import watch as watch_optimizers
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, TensorMeta, Transfer, Transport
+from pipeforge.runtime.records import Recorder, resolve_directory
 from pipeforge.runtime.recovery import StepStart
 from pipeforge.runtime.stage import StageRunner
 from pipeforge.runtime.step_trace import Trace, TraceEvent, Tracer
@@ -89,6 +70,7 @@ class Pipeline:
         self.last_trace: Trace | None = None  # the last traced step's ``Trace``
         self.observers: list[Observer] = []  # told of every later step's actions (``context.Observer``)
         self._tracer: Tracer | None = None
+        self.recorder: Recorder | None = None  # records where this rank was when a step fails (``records``)
 
     def register_custom_function(self, kind: Any, function: CustomFunction) -> None:
         """Run ``function(action, ctx)`` instead of the runtime's own for every action of ``kind`` (see
@@ -197,18 +179,42 @@ class Pipeline:
         self.data_parallel.begin(training)
         for runner in self.runners.values():
             runner.reset()
-        ctx.begin_program()
-        with torch.set_grad_enabled(training):
-            self._program(ctx)
-        ctx.finish()
+        if self.recorder is None:
+            self._run_program(ctx, training)
+        else:
+            self._recorded(ctx, training)
         self.data_parallel.end()  # waits for every gradient reduction REDUCE_GRAD started
         self.activations = ctx.activations
         return ctx
 
+    def _run_program(self, ctx: RankContext, training: bool) -> None:
+        ctx.begin_program()
+        with torch.set_grad_enabled(training):
+            self._program(ctx)
+        ctx.finish()
+
+    def _recorded(self, ctx: RankContext, training: bool) -> None:
+        """``_run_program`` leaving a record of this rank's place when it raises (``pipeforge.runtime.records``)."""
+        recorder = self.recorder
+        recorder.begin_step()
+        try:
+            self._run_program(ctx, training)
+        except BaseException as error:
+            path = recorder.failed(error)
+            where = f"rank {self.rank}'s record: {path}" if path else f"rank {self.rank}: no record could be written"
+            error.add_note(f"pipeforge: {where} (pipeforge diagnose {recorder.directory})")
+            if isinstance(error, PipelineError) and error.args and isinstance(error.args[0], str):
+                error.args = (f"{error.args[0]} [{where}]", *error.args[1:])
+            raise
+        finally:
+            recorder.end_step()
+        recorder.finished()
+
     def _observers(self) -> tuple[Observer, ...]:
-        """The rank context's observers for this call: the tracer when tracing, then ``observers``."""
+        """The rank context's observers for this call: the tracer when tracing, the recorder, then ``observers``."""
         tracer = (self._tracer,) if self._tracer is not None else ()
-        return (*tracer, *self.observers)
+        recorder = (self.recorder,) if self.recorder is not None else ()
+        return (*tracer, *recorder, *self.observers)
 
     def _batch(self, args: tuple, kwargs: dict, stage0_inputs: list[dict] | None) -> list[tuple[tuple, dict]]:
         """The batch as microbatches for stage 0 (keyword inputs included)."""
@@ -414,8 +420,9 @@ def _to_device(value: Any, device: torch.device) -> Any:
 def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_modules: dict[int, torch.nn.Module],
                    *, loss_fn=None, rank=None, group=None, device=None, scale_grads=True,
                    timeout: float | None = None, tied_parameters=None, dp_group=None, fsdp: bool = False,
-                   custom_functions: dict | None = None) -> Pipeline:
-    """Wire a generated module's rank programs to this process's stage modules."""
+                   custom_functions: dict | None = None, records=None) -> Pipeline:
+    """Wire a generated module's rank programs to this process's stage modules; ``records`` (or
+    ``PIPEFORGE_RECORDS``): the directory where a failed or overdue step leaves this rank's record."""
     if not dist.is_initialized():
         raise PipelineError("torch.distributed is not initialized: call init_process_group first")
     size = dist.get_world_size(group)
@@ -439,6 +446,9 @@ def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_m
     pipeline = Pipeline(info, programs[rank], runners, transport, scale_grads=scale_grads, tied=tied,
                         data_parallel=replicas, functions=functions)
     watch_optimizers(pipeline)  # a parameter an optimizer lists twice is warned about at its first step
+    directory = resolve_directory(records)
+    if directory is not None:
+        pipeline.recorder = Recorder(directory, info, rank, programs[rank], timeout)
     pipeline.check_replicas_equal()
     tied.check_equal(transport, {stage: stage_modules[stage] for stage in pipeline.stages}, info)
     return pipeline
@@ -505,4 +515,5 @@ def _refuse_shared_parameters(rank: int, stage_modules: Mapping[int, torch.nn.Mo
                 raise PipelineUsageError(
                     f"rank {rank}: stage {first[0]} ({first[1]!r}) and stage {stage} ({name!r}) share one parameter; "
                     "a bidirectional schedule sums each stage's gradients across its two chains, so stages must not "
-                    "share parameters: give each stage its own copy and name them in make_pipeline(tied_parameters=...)")
+                    "share parameters: give each stage its own copy and name them in "
+                    "make_pipeline(tied_parameters=...) (pipeforge.split(..., untie=True) does both)")

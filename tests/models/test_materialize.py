@@ -8,7 +8,6 @@ import torch
 import pipeforge
 from tests.models import families
 
-pytest.importorskip("transformers")
 
 
 def values(module):
@@ -72,3 +71,19 @@ def test_buffers_the_init_does_not_draw_are_the_models_own():
     """The rotary table is computed, not drawn: it equals that of the model built normally."""
     cut = pipeforge.split(families.build("llama", meta=True), 2, owned=[1])
     assert torch.equal(cut.modules[1].rotary.inv_freq, families.build("llama").model.rotary_emb.inv_freq)
+
+
+def test_values_from_safetensors_shards_read_for_the_owned_stages(tmp_path):
+    from safetensors.torch import save_file
+
+    source = families.build("llama-tied")
+    state = {k: v.contiguous() for k, v in source.state_dict().items() if k != "lm_head.weight"}  # tied: saved once
+    keys = sorted(state)
+    save_file({k: state[k] for k in keys[: len(keys) // 2]}, tmp_path / "model-00001-of-00002.safetensors")
+    save_file({k: state[k] for k in keys[len(keys) // 2:]}, tmp_path / "model-00002-of-00002.safetensors")
+    cut = pipeforge.split(families.build("llama-tied", meta=True), 2, owned=[1], state_dict=tmp_path)
+    assert torch.equal(cut.modules[1].head.weight, source.model.embed_tokens.weight)
+    got, want = cut.modules[1].layers["2"].self_attn.q_proj.weight, source.model.layers[2].self_attn.q_proj.weight
+    assert torch.equal(got, want)
+    with pytest.raises(pipeforge.UsageError, match="names no .safetensors file"):
+        pipeforge.split(families.build("llama", meta=True), 2, state_dict=tmp_path / "missing")
