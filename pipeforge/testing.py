@@ -1,24 +1,10 @@
 """Hypothesis strategies for property-testing code that reads, writes or transforms schedules.
 
-    from hypothesis import given
-    import pipeforge.testing
-
-    @given(pipeforge.testing.schedules(max_ranks=4))
-    def test_my_pass_keeps_schedules_valid(schedule):
-        assert pipeforge.verify(my_pass(schedule)).valid
-
-    @given(pipeforge.testing.mutated_schedules(max_ranks=3, lowered=True))
-    def test_my_checker_agrees_with_verify(schedule): ...
-
-``schedules`` draws VALID schedules: it picks ranks, stages, microbatches and a
-placement, splits each (stage, microbatch) backward into I and W or not, and
-then simulates a random global execution (at every point any action whose
-inputs are ready may run next), appending each action to its rank's program.
-The compute order is therefore consistent by construction. ``mutations``
-breaks a schedule in one of the ways people break them by hand; the result is
-usually (not always) invalid.
-
-hypothesis is needed only by this module (``pip install 'pipeforge[testing]'``).
+``schedules(max_ranks=..., ...)`` draws valid schedules (their compute order consistent by construction:
+a random global execution, each action appended to its rank's program); ``mutations(schedule)`` and
+``mutated_schedules(...)`` break one in the ways people break them by hand (``MUTATIONS``), usually (not
+always) into an invalid one. hypothesis is needed only by this module (``pip install
+'pipeforge[testing]'``). An example, and how schedules are drawn: ``docs/library.md``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """torch.distributed.pipelining's schedule CSV, read into the IR and written back.
 
-torch writes one row per rank, one action string per cell (``2F0``,
-``0SEND_F1``, ``3REDUCE_GRAD``, ``(0F7;7B3)OVERLAP_F_B``), an empty cell for an
-idle slot (a ``None`` action). Two forms exist: ``compute_only`` (F, B, I, W,
-overlaps, idle cells) and ``compute_comms`` (the lowered runtime form, with
-sends, receives, REDUCE_GRAD, UNSHARD and RESHARD, no idle cells).
-
-Reading is strict where torch's regex is lenient: ``0BW3``, ``0F``, ``F0`` and
-trailing text are refused with ``file:line:col`` (line = rank + 1, col = the
-cell's column) and a caret. Stages, microbatches and the placement are inferred
-from the cells unless stated, and checked against the cells when stated.
-
-torch has no group notation: a communication group ``[a b]`` is written as
-consecutive cells, and each cell reads back as a group of one. torch has no
-chains either, so a bidirectional schedule cannot be exported.
+``read_csv(path, stages=None, microbatches=None, placement=None)`` / ``read_csv_text(...)`` -> ``Schedule``:
+one row per rank, one torch action string per cell (``compute_only`` or ``compute_comms``), read
+strictly (a malformed cell is a ``PipeSyntaxError`` at ``file:line:col``, line = rank + 1), the shape
+inferred from the cells unless stated and checked against them when stated. ``write_csv`` /
+``to_csv_text(schedule, format)``: the schedule as torch writes it (a group as consecutive cells; a
+bidirectional schedule is refused: torch has no chains). The format: ``docs/cli.md`` (convert).
 """
 
 from __future__ import annotations

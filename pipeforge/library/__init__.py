@@ -1,33 +1,13 @@
 """The built-in schedules: one parametric ``.pipe`` file each, named by its file.
 
-``gpipe.pipe`` is the library schedule ``gpipe``. The first line of every file
-is a comment with its one-line description; its parameters and their defaults
-are those of its ``schedule NAME(P = 4, ...)`` header.
-
-A schedule no closed form describes is built by a module instead (``GENERATED``:
-``v-half``, whose warm-up and cool-down come from a greedy search). Such a
-module has ``DESCRIPTION``, ``PARAMETERS`` (name, default) and ``build(**params)``;
-its ``source`` is the built schedule printed as explicit ``.pipe`` for the
-parameters given (a file without parameters: they are baked in).
-
     names()                          -> ['1f1b', 'chimera', ...]
     describe('1f1b')                 -> ('One forward, ...', [('P', 4), ('M', 8)])
     load_library_schedule('1f1b', {'P': 8})
     source_with_defaults('1f1b', {'P': 8})   # the file, with P = 8 as its default
 
-What the tests (tests/library/) hold them to:
-
-- gpipe, interleaved-1f1b, looped-bfs, interleaved-zb, zbv, dualpipev issue exactly
-  the compute order of their torch 2.13 twins on every case of torch's own tests;
-  1f1b does too except on the last rank, where torch's Schedule1F1B never forwards
-  microbatch 0 and forwards a microbatch M that does not exist (it fails verify);
-  zb-h1 is torch's ScheduleInterleavedZeroBubble with one stage per rank.
-- Bubble rates on F = I = W = 1, B = 2, comm = 0: gpipe and 1f1b (P-1)/(M+P-1);
-  interleaved-1f1b (P-1)/(VM+P-1) iff M >= P; zb-h1 (P-1)/(3M+P-1) iff M >= P;
-  zb-h2 and zbv 0 iff M >= 2P-1; chimera (P-2)/(2M+P-2) on F = B = 1; v-min below
-  1f1b's, with at most P // 3 + 1 of 1F1B's microbatch activations when I frees them;
-  v-half d/(6M+d) with d = 6((P-1)//2) - 1 for P >= 3, M >= P+2 (about P/2M), holding
-  2 min(M, P//2+1) stage-microbatches (about half of 1F1B's activations).
+A file's first line is its description, its header its parameters; ``GENERATED`` names the schedules
+a module builds instead (``v-half``). What the tests hold each schedule to (torch's orders, bubble
+rates): ``docs/library.md``.
 """
 
 from __future__ import annotations

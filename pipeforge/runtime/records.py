@@ -1,20 +1,12 @@
 """Records of where a rank was when its step failed or hung (``make_pipeline(records=DIR)``).
 
-A ``Recorder`` is one of the rank context's observers: it keeps, in memory and in
-O(1) per action, the last action this rank started and the last it finished, the
-communication posted and not yet complete, and what it waits for. It writes
-``DIR/rank-<r>.json`` (atomically) when the step raises (a timeout, a dead peer, an
-error in a stage) and, when a timeout is set, also once the step has run that long
-without ending (a rank stopped inside a compute or a wait without a timeout leaves
-its record too); a step that ends well writes a record saying so (the rank a hung peer
-waits for may have finished). ``pipeforge diagnose DIR``
-reads the records of all ranks (``pipeforge.tools.diagnose``).
-
-The record (``FORMAT``): schedule name and fingerprint (``ScheduleInfo``'s facts),
-the generated module that ran (path and SHA-256 of its text), rank, host, pid, the
-step index (steps this pipeline had started), state (``failed``, ``running`` when the
-timeout passed, or ``finished``), the error, ``last_started``, ``last_finished``, ``waiting_for``,
-``posted_unfinished`` and ``phase`` (``program`` or ``finish``: waiting for sends).
+``Recorder``, one of the rank context's observers, keeps in O(1) per action the last action started and
+finished, the communication posted and not complete, and what the rank waits for; it writes
+``DIR/rank-<r>.json`` atomically when the step raises, once the step has run past its timeout, and when
+it ends well. The record (``FORMAT``): schedule name and ``fingerprint``, the generated module (path,
+SHA-256), rank, host, pid, step index, state (``failed``, ``running``, ``finished``), the error,
+``last_started``, ``last_finished``, ``waiting_for``, ``posted_unfinished``, ``phase``.
+``pipeforge diagnose DIR`` reads them (``tools/diagnose.py``; ``docs/torch.md``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 latencies, memory in M_B, per-step overhead); ``cost_file_json(...)`` writes what ``pipeforge profile``
 measured; ``with_cost_file(schedule, path)`` is the schedule on those costs. Errors name the file and
 the JSON path of the bad value (``costs.json: $.stages[2].F: expected a number > 0``) and are
-``CostFileError``s, ``UsageError``s (exit 2). The schema: ``docs/language.md`` (Cost files).
+``CostFileError``s, ``UsageError``s (exit 2). The schema: ``docs/language.md`` (cost file).
 """
 
 from __future__ import annotations

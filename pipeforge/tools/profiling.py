@@ -8,18 +8,8 @@ The user's model file (a ``.py``) defines::
                 "target": y,         # the last stage's target for one step, split on dim 0
                 "loss_fn": fn}       # fn(output, target) -> scalar loss
 
-Every rank calls it (build from a fixed seed: the ranks must agree) and keeps its
-own stage. The model runs ZB-H1 (stage s on rank s, backward split into I and W)
-and 1F1B (for the fused backward B), one step of each in turn, on local gloo
-processes for ``warmup + steps`` steps each; each F, I, W and B is timed on its
-rank around the stage's own compute (not the waits for its inputs), and the
-median over the measured steps' microbatches is the stage's cost. Taking turns
-puts B and I + W under the same load of the machine, which decides whether a
-split pays. ``activation`` is the bytes
-of the tensors one F saves for backward (parameters excluded, each tensor
-counted once); ``weight_grad`` the bytes of those the W pass still reads plus the
-gradients I records for W. ``links[s]`` is half the round trip of stage s's
-output between ranks s and s + 1 (median of a few). Times are in milliseconds.
+It runs ZB-H1 and 1F1B in turn on local gloo processes and returns the cost file (median F, I, W, B
+in ms, activation and weight-gradient bytes, link times): what each number is, ``docs/profile.md``.
 """
 
 from __future__ import annotations
