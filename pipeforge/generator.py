@@ -1,30 +1,13 @@
 """Codegen: a verified, lowered schedule rendered into Python modules.
 
-``codegen`` writes the module a user loads (``templates/pipeline.py.j2``: imports
-only torch and ``pipeforge.runtime``; ``SCHEDULE``, ``stages_of_rank``,
-``make_pipeline``) and beside it the folder ``<module>_ranks_<digest>`` with one
-module per rank (``rank.py.j2``), whose function's body is that rank's steps in
-order; ``make_pipeline`` imports only its rank's (docs/runtime.md).
-``generate`` returns one module holding every rank's function instead. Each
-step carries a comment with its torch token, its ``.pipe`` location
-``file:line:col`` and the step index ``verify`` reports for it (``# 0F1
-x.pipe:8:9 step 2``), so a verify message and the generated line can be
-matched; ``locations=False`` leaves the comments out so golden files stay
-stable.
-
-The module is named after the output: ``-o DIR/NAME.py``, or ``--name NAME``
-in ``DIR``, else the schedule's name. An existing file there is replaced only
-when it is the module of the same schedule (same name and parameters): writing
-another schedule's module over it needs ``force`` (two schedules never overwrite
-each other's module silently).
-
-Nothing from the schedule reaches the module as code except what the jinja2
-``finalize`` hook lets through: an ``Ident`` (checked with ``str.isidentifier``
-and ``keyword.iskeyword``) and a ``Comment`` (printable, one line) verbatim,
-``repr()`` of an int, a finite float, a str, a bool or None, and calls and rows
-built of those. Anything else raises ``CodegenError``. Every module is compiled
-before it is written, the whole output is written all or nothing, and the same
-schedule gives byte-identical text.
+``codegen(schedule, output, name=None, force=False)`` writes ``OUT.py`` (or ``DIR/<name>.py``: ``SCHEDULE``,
+``stages_of_rank``, ``make_pipeline``; ``templates/pipeline.py.j2``, importing only torch and
+``pipeforge.runtime``) and beside it ``<name>_ranks_<digest>/rank_<r>.py``, each rank's function, all or
+nothing, replacing only the module of the same schedule unless ``force``; ``generate`` returns one module of
+every rank instead (``docs/runtime.md``). Each step is commented with its torch token, ``file:line:col`` and
+verify's step index unless ``locations=False``. Nothing from the schedule reaches code but an ``Ident``, a
+printable one-line ``Comment`` and ``repr()`` of an int, finite float, str, bool or None (jinja2's
+``finalize``; else ``CodegenError``). Compiled before written; the same schedule gives the same bytes.
 """
 
 from __future__ import annotations
@@ -51,13 +34,15 @@ import jinja2
 from pipeforge.errors import Argument, ArgumentError, CodegenError, UsageError, VerificationError, words
 from pipeforge.files import locked_output, module_head, refuse_special
 from pipeforge.ir import Action, Schedule, Step
+from pipeforge.passes.lower import lower_with_origins
 from pipeforge.resources import templates_dir
-from pipeforge.semantics import RUNTIME_METHODS
+from pipeforge.semantics import RUNTIME_METHODS, Semantics
+from pipeforge.verifier import verify
 
 TEMPLATE = "pipeline.py.j2"  # the module a user loads
 RANK_TEMPLATE = "rank.py.j2"  # one rank's module beside it (both include rank_body.py.j2)
 DIGEST_LENGTH = 12  # hex digits of the rank modules' digest in their folder's name
-RUNTIME_SEMANTICS = ("rendezvous", "buffered")  # what generated code may be verified under (generate)
+RUNTIME_SEMANTICS = (Semantics.RENDEZVOUS, Semantics.BUFFERED)  # what generated code may be verified under
 
 
 class Ident(str):
@@ -314,15 +299,12 @@ def render_files(schedule: Schedule, module: str, *, locations: bool = True,
     return GeneratedFiles(main, folder, ranks)
 
 
-def _verified_lowering(schedule: Schedule, semantics: str):
+def _verified_lowering(schedule: Schedule, semantics: Semantics | str):
     """The lowered schedule, verified: lowered once here, and the lowered program verified (as written:
     what verify checks a compute-only schedule as); when it does not verify, the schedule as given is
     verified for the report, so its step indices are the ones ``pipeforge verify`` reports."""
-    from pipeforge.passes.lower import lower_with_origins
-    from pipeforge.verifier import verify
-
     if semantics not in RUNTIME_SEMANTICS:
-        raise ArgumentError(Argument("semantics", value=repr(semantics)),
+        raise ArgumentError(Argument("semantics", value=repr(str(semantics))),
                             f"the runtime follows {' or '.join(RUNTIME_SEMANTICS)}")
     lowered = lower_with_origins(schedule)
     report = verify(lowered.schedule, semantics=semantics)
@@ -335,7 +317,7 @@ def _verified_lowering(schedule: Schedule, semantics: str):
     return lowered
 
 
-def generate(schedule: Schedule, *, locations: bool = True, semantics: str = "rendezvous") -> str:
+def generate(schedule: Schedule, *, locations: bool = True, semantics: Semantics | str = Semantics.RENDEZVOUS) -> str:
     """Lower (when compute-only), verify, and render one module with every rank's function (what a
     training script renders at start-up and ``exec``s); an invalid schedule raises ``VerificationError``.
 
@@ -352,14 +334,14 @@ def generate(schedule: Schedule, *, locations: bool = True, semantics: str = "re
 
 
 def generate_files(schedule: Schedule, module: str, *, locations: bool = True,
-                   semantics: str = "rendezvous") -> GeneratedFiles:
+                   semantics: Semantics | str = Semantics.RENDEZVOUS) -> GeneratedFiles:
     """``generate``, as the files ``codegen`` writes: the module ``module`` and one module per rank."""
     lowered = _verified_lowering(schedule, semantics)
     return render_files(lowered.schedule, module, locations=locations, origins=lowered.origins)
 
 
 def codegen(schedule: Schedule, output: str | os.PathLike, *, locations: bool = True, name: str | None = None,
-            force: bool = False, semantics: str = "rendezvous") -> Path:
+            force: bool = False, semantics: Semantics | str = Semantics.RENDEZVOUS) -> Path:
     """Write the module and its rank modules; return the module's path: ``output`` itself when it ends in
     ``.py``, else ``output/<name or schedule name>.py``. The rank modules go in the folder
     ``<name>_ranks_<digest>`` beside it. Refuses (``UsageError``) a name that is not a Python identifier,

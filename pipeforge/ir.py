@@ -1,23 +1,12 @@
 """The intermediate representation: actions, steps, placements, schedules.
 
-Everything here is an immutable value. Passes take a ``Schedule`` and return a
-new one (``dataclasses.replace``). Source spans ride along for error reports
-but are left out of equality, so two schedules that say the same thing compare
-equal wherever they were written.
-
-Text forms follow torch.distributed.pipelining:
-
-- an action is ``{stage}{KIND}{microbatch}``: ``2F0``, ``1I3``, ``0SEND_F1``,
-  ``3REDUCE_GRAD`` (no microbatch); an action of chain 1 of a bidirectional
-  schedule carries ``@1``: ``2F0@1``;
-- a step is one action, an overlap ``(0F7;7B3)`` (compute issued together),
-  a communication group ``[0SEND_F1 0RECV_B0]`` (posted together, as one
-  ``batch_isend_irecv``), or an idle slot ``_``.
-
-Direction of communication (torch's convention): ``sSEND_Fm`` sends stage s's
-output to stage s+1; ``sRECV_Fm`` receives stage s's input from stage s-1;
-``sSEND_Bm`` sends stage s's input gradient to stage s-1; ``sRECV_Bm``
-receives stage s's output gradient from stage s+1.
+Everything here is an immutable value; passes take a ``Schedule`` and return a new one. Source spans
+ride along for error reports but are left out of equality. Every value has torch's text form and a
+parser for it (``parse_action``, ``parse_step``): an action ``{stage}{KIND}{microbatch}`` (``2F0``,
+``0SEND_F1``, ``3REDUCE_GRAD``; chain 1 of a bidirectional schedule ``2F0@1``); a step one action, an
+overlap ``(0F7;7B3)``, a communication group ``[0SEND_F1 0RECV_B0]`` or idle ``_``. ``sSEND_Fm`` sends
+stage s's output to stage s+1, ``sSEND_Bm`` its input gradient to s-1 (torch's direction). The IR holds
+values only; the rules about them are ``semantics.py``'s.
 """
 
 from __future__ import annotations
@@ -118,14 +107,8 @@ class Action(NamedTuple):
     def is_comm(self) -> bool:
         return self.kind in COMM_KINDS
 
-    def peer_stage(self) -> int:
-        """The stage at the other end of a communication action (``pipeforge.semantics.peer_stage``)."""
-        from pipeforge.semantics import peer_stage
 
-        return peer_stage(self)
-
-
-_make_action = partial(tuple.__new__, Action)  # Action._make without its length check: a C call
+make_action = partial(tuple.__new__, Action)  # Action._make without its length check: a C call
 
 
 def as_action(key: tuple) -> Action:
@@ -133,8 +116,8 @@ def as_action(key: tuple) -> Action:
     if type(key) is Action:
         return key
     if type(key[1]) is ActionKind:
-        return _make_action(key)
-    return _make_action((key[0], ActionKind(key[1]), key[2], key[3]))
+        return make_action(key)
+    return make_action((key[0], ActionKind(key[1]), key[2], key[3]))
 
 
 def parse_action(text: str) -> Action:
@@ -155,7 +138,7 @@ def parse_action(text: str) -> Action:
             raise ValueError(f"{text!r}: {kind.value} takes no microbatch index")
     elif mb is None:
         raise ValueError(f"{text!r} needs a microbatch index after {kind.value!r}, like '{stage}{kind.value}0'")
-    return _make_action((int(stage), kind, mb, int(chain_text) if chain_text else 0))
+    return make_action((int(stage), kind, mb, int(chain_text) if chain_text else 0))
 
 
 _set_attribute = object.__setattr__
@@ -375,15 +358,6 @@ class MemorySpec:
             return self.weight_grad[stage]
         return self.weights * self.stage_activation(stage)
 
-    def stage_effect(self, kind: ActionKind, stage: int) -> tuple[float, float]:
-        """``(added, released)`` of one action on ``stage``: F adds ``activation[s]``, B releases it, I
-        all but ``weight_grad[s]``, W that; UNSHARD adds ``unsharded``, RESHARD releases it (M_B); the
-        rule is ``pipeforge.semantics.MEMORY`` and ``PARAMETER_MEMORY``."""
-        from pipeforge.semantics import memory_effect
-
-        return memory_effect(kind, self.weights, self.stage_activation(stage), self.stage_weight_grad(stage),
-                             self.unsharded)
-
     def count_limit(self, limit: float | None, stages: int) -> float | None:
         """``limit`` (M_B) as a number of F a rank may hold: each adds at least the smallest stage's
         activation, so at most ``limit / min(activation)`` (what the bounds reason in)."""
@@ -438,10 +412,6 @@ class Schedule:
 
     def stages_on(self, rank: int, chain: int = 0) -> tuple[int, ...]:
         return self.placements[chain].stages_on(rank)
-
-    def peer_rank(self, action: Action) -> int:
-        """The rank at the other end of a communication action."""
-        return self.rank_of(action.peer_stage(), action.chain)
 
     def steps(self) -> Iterator[tuple[int, int, Step]]:
         """Every (rank, index, step), rank by rank."""

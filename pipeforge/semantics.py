@@ -1,56 +1,23 @@
 """The rules of a pipeline schedule, written once (docs/semantics.md; DESIGN.md, "The formal model").
 
-Every subsystem that needs a fact about actions asks here: ``lower`` (which
-edges cross ranks and what carries them), the structural checks of ``verify``
-(what each action needs earlier, what is complete), the work graph that the
-simulator and every optimizer time (``pipeforge.sim.workgraph``), the bounds,
-``pipeforge.testing`` and the runtime. Only ``tests/verify/oracle.py`` keeps
-its own copy, on purpose: it is the independent second reading.
-
-The rules, per kind (each table below has one entry per ``ActionKind``, and
-``tests/test_semantics.py`` fails when a kind is missing from any of them):
-
-- **role**: compute (F, B, I, W), communication (SEND_F, RECV_F, SEND_B,
-  RECV_B) or stage-only (REDUCE_GRAD, UNSHARD, RESHARD; no microbatch) — the
-  sets are ``ir.COMPUTE_KINDS``, ``ir.COMM_KINDS``, ``ir.STAGE_ONLY_KINDS``;
-- **needs** (``NEEDS``): what must have happened before an action: ``F(s,m)``
-  after ``F(s-1,m)``; ``B/I(s,m)`` after ``F(s,m)`` and after ``B/I(s+1,m)``
-  (the last stage's backward after its own forward: the loss); ``W(s,m)``
-  after ``I(s,m)``; ``sSEND_Fm`` after ``F(s,m)``; ``sSEND_Bm`` after
-  ``B/I(s,m)``. An edge between two stages may cross ranks (depending on the
-  placement); it is then carried by a send on the producer's rank and a
-  receive on the consumer's (the ``send`` and ``recv`` of a ``Need``). Every need
-  is of the action's own microbatch and chain (``verify``'s order check relies
-  on it, and says so if a rule ever breaks it);
-- **output** (``OUTPUTS``): where a compute action's result goes and, across
-  ranks, which send and receive carry it;
-- **memory** (``MEMORY``, ``PARAMETER_MEMORY``): F holds one M_B more; I
-  releases ``M_B - M_W``; W releases ``M_W``; B releases ``M_B`` (``weights``
-  = M_W / M_B); ``UNSHARD`` holds a stage's gathered parameters (``memory {
-  unsharded = X }``, in M_B) until its ``RESHARD``; a step's additions count
-  before its releases (``held_after_additions``: what verify compares with the
-  limit and what simulate's peak is the largest of);
-- **peer** (``PEER_OFFSET``, ``PARTNER``): a communication action's peer stage
-  and the action that meets it there (torch's direction: ``sSEND_Fm`` to
-  ``(s+1)RECV_Fm``, ``sSEND_Bm`` to ``(s-1)RECV_Bm``);
-- **gradients**: ``REDUCE_GRAD`` of a stage comes after that stage's last B or
-  W on the rank (``GRADIENT_KINDS``); a B is an I then a W (``SPLIT``), and one
-  (stage, microbatch) has either B or I and W (``EXCLUDES``).
-
-Keys. An ``Action`` is a NamedTuple ``(stage, kind, microbatch, chain)``.
-The functions here take an Action and name the actions they return as plain
-tuples of those four fields: equal to the Action and hashing the same, they
-look up dicts and sets of Actions without making one (a plain tuple costs a
-fifth of a NamedTuple, and these run once per action of 100k-action
-schedules). ``ir.as_action`` turns one into an Action to show or store it.
+Every subsystem that needs a fact about actions asks here (lower, verify, the work graph that simulate,
+the bounds and every optimizer time, testing, the runtime); only ``tests/verify/oracle.py`` keeps its own
+copy, on purpose. One table per fact, one entry per ``ActionKind`` (``tests/test_semantics.py`` fails
+when a kind is missing): ``ROLES``, ``NEEDS`` (``needs``, ``local_needs``), ``OUTPUTS``, ``MEMORY`` and
+``PARAMETER_MEMORY`` (``memory_effect``, ``stage_effect``, ``held_after_additions``), ``PEER_OFFSET`` and
+``PARTNER``, ``GRADIENT_KINDS``, ``SPLIT``, ``EXCLUDES``, ``COMPLETE``, ``REQUIRES``, ``RUNTIME_METHODS``;
+``bubble_rate``. The functions take an ``Action`` and return actions as plain ``(stage, kind,
+microbatch, chain)`` tuples, equal to the Actions and hashing the same. Each rule: ``docs/semantics.md``;
+where each is used: ``docs/architecture.md``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from enum import Enum
 from typing import NamedTuple
 
-from pipeforge.ir import COMM_KINDS, COMPUTE_KINDS, STAGE_ONLY_KINDS, Action, ActionKind
+from pipeforge.ir import COMM_KINDS, COMPUTE_KINDS, STAGE_ONLY_KINDS, Action, ActionKind, MemorySpec
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
 SEND_F, RECV_F, SEND_B, RECV_B = ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B
@@ -60,10 +27,10 @@ ActionKey = tuple  # an Action, or a plain tuple (stage, kind, microbatch, chain
 
 __all__ = [
     "COMPUTE_KINDS", "COMM_KINDS", "STAGE_ONLY_KINDS", "ROLES", "NEEDS", "OUTPUTS", "MEMORY", "PARAMETER_MEMORY",
-    "PEER_OFFSET",
-    "PARTNER", "SENDS", "GRADIENT_KINDS", "NEEDLESS_KINDS", "SPLIT", "EXCLUDES", "COMPLETE", "REQUIRES", "DURATION_DEFAULTS", "RUNTIME_METHODS", "Need", "Output",
-    "role", "needs", "output", "memory_effect", "memory_delta", "bubble_rate", "compute_kind_names",
-    "held_after_additions", "peer_stage", "partner", "peer_rank", "local_needs", "split",
+    "PEER_OFFSET", "PARTNER", "SENDS", "Semantics", "GRADIENT_KINDS", "NEEDLESS_KINDS", "SPLIT", "EXCLUDES",
+    "COMPLETE", "REQUIRES", "DURATION_DEFAULTS", "RUNTIME_METHODS", "Need", "Output",
+    "role", "needs", "output", "memory_effect", "stage_effect", "memory_delta", "bubble_rate", "compute_kind_names",
+    "held_after_additions", "peer_stage", "partner", "local_needs", "split",
 ]
 
 
@@ -208,12 +175,19 @@ def memory_effect(kind: ActionKind, weights: float, activation: float = 1.0,
                   weight_grad: float | None = None, unsharded: float = 0.0) -> tuple[float, float]:
     """``(added, released)`` memory of one ``kind`` action, in M_B, on a stage whose F holds
     ``activation`` (default 1) of which W releases ``weight_grad`` (default ``weights * activation``)
-    and whose gathered parameters take ``unsharded``; ``MemorySpec.stage_effect`` asks here with a
-    stage's sizes."""
+    and whose gathered parameters take ``unsharded``; ``stage_effect`` asks here with a stage's sizes."""
     added, released, per_weight = MEMORY[kind]
     grad = weights * activation if weight_grad is None else weight_grad
     gathered, freed = PARAMETER_MEMORY.get(kind, (0.0, 0.0))
     return added * activation + gathered * unsharded, released * activation + per_weight * grad + freed * unsharded
+
+
+def stage_effect(memory: MemorySpec, kind: ActionKind, stage: int) -> tuple[float, float]:
+    """``(added, released)`` of one ``kind`` action on ``stage`` under ``memory``: F adds the stage's
+    activation, B releases it, I all but its weight_grad, W that; UNSHARD adds ``unsharded``, RESHARD
+    releases it (M_B)."""
+    return memory_effect(kind, memory.weights, memory.stage_activation(stage), memory.stage_weight_grad(stage),
+                         memory.unsharded)
 
 
 def held_after_additions(steps: Iterable[Iterable[tuple[float, float]]]) -> Iterator[float]:
@@ -246,6 +220,23 @@ def bubble_rate(mean_busy: float, longest_span: float) -> float:
     return 1.0 - mean_busy / longest_span if longest_span > 0 else 0.0
 
 
+# --- how communication completes ------------------------------------------------------------
+
+class Semantics(str, Enum):
+    """The readings of communication ``verify`` checks a schedule under (docs/semantics.md): ``rendezvous``
+    (a send and its receive complete together), ``buffered`` (a send completes once posted, a receive once
+    its send is), ``nccl`` (every op once its partner is posted). A ``str`` Enum like ``ActionKind``:
+    ``Semantics.NCCL == "nccl"``, and its text in JSON and messages."""
+
+    RENDEZVOUS = "rendezvous"
+    BUFFERED = "buffered"
+    NCCL = "nccl"
+
+    __hash__ = str.__hash__
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
 # --- communication peers -------------------------------------------------------------------
 
 PEER_OFFSET: dict[ActionKind, int] = {SEND_F: 1, RECV_B: 1, RECV_F: -1, SEND_B: -1}
@@ -265,11 +256,6 @@ def partner(action: ActionKey) -> ActionKey:
     """The action the peer must post to meet communication action ``action``."""
     s, kind, m, c = action
     return (s + PEER_OFFSET[kind], PARTNER[kind], m, c)
-
-
-def peer_rank(action: ActionKey, placements) -> int:
-    """The rank at the other end of a communication action (``placements``: one ``Placement`` a chain)."""
-    return placements[action[3]].stage_to_rank[peer_stage(action)]
 
 
 # --- what generated code calls --------------------------------------------------------------

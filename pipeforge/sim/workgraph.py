@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from pipeforge.ir import COMPUTE_KINDS, Action, CostModel, MemorySpec, Placement, Schedule
-from pipeforge.semantics import ActionKey, needs
+from pipeforge.semantics import ActionKey, needs, stage_effect
 from pipeforge.sim.costs import duration_table
 
 Order = tuple[tuple[int, ...], ...]
@@ -97,8 +97,8 @@ class Shape(NamedTuple):
 
 
 def _memory_effects(actions: list[Action], memory: MemorySpec) -> dict[tuple, tuple[float, float]]:
-    """``(added, released)`` per (kind, stage) present (``MemorySpec.stage_effect``: semantics.MEMORY)."""
-    return {key: memory.stage_effect(*key) for key in {(a.kind, a.stage) for a in actions}}
+    """``(added, released)`` per (kind, stage) present (``semantics.stage_effect``)."""
+    return {key: stage_effect(memory, *key) for key in {(a.kind, a.stage) for a in actions}}
 
 
 def _first_present(index: dict[Action, int], producers: tuple[ActionKey, ...]) -> int | None:
@@ -234,6 +234,28 @@ def _resume(order: Order, resume: tuple[Times, list[int]], start: list[float], e
             start[a], end[a] = times.start[a], times.end[a]
         done[r] = kept[r]
         free[r] = times.end[seq[kept[r] - 1]] if kept[r] else 0.0
+
+
+def topological_order(graph: WorkGraph, nodes: list[int] | None = None) -> list[int]:
+    """``nodes`` (default: every real node), each after those of them it depends on; a dependency outside
+    ``nodes`` (or a phantom) is not waited for. Data dependencies never form a cycle."""
+    n, deps = len(graph.actions), graph.deps
+    chosen = range(n) if nodes is None else nodes
+    inside = None if nodes is None else set(nodes)
+    waiting_on = [0] * n
+    users: list[list[int]] = [[] for _ in range(n)]
+    for a in chosen:
+        for d, _ in deps[a]:
+            if d < n and (inside is None or d in inside):
+                users[d].append(a)
+                waiting_on[a] += 1
+    found = [a for a in chosen if not waiting_on[a]]
+    for a in found:  # the list grows while it is read
+        for user in users[a]:
+            waiting_on[user] -= 1
+            if not waiting_on[user]:
+                found.append(user)
+    return found
 
 
 def blocking_input(graph: WorkGraph, times: Times, node: int) -> int:

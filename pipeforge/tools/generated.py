@@ -23,7 +23,7 @@ def load_module(path: str) -> ModuleType:
 def generated_text(path: str | Path) -> str:
     """The text of a module ``pipeforge codegen`` wrote and of its rank modules, in rank order: the whole
     program as one string (what a test or a reader greps)."""
-    from pipeforge.generator import rank_folder
+    from pipeforge.generator import rank_folder  # here, not above: load_module (in every rank) needs no jinja2
 
     path = Path(path)
     texts = [path.read_text(encoding="utf-8")]

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from pipeforge.ir import ActionKind, MemorySpec
-from pipeforge.semantics import ActionKey, held_after_additions
+from pipeforge.semantics import ActionKey, held_after_additions, stage_effect
 from pipeforge.verifier.program import Program, violation_at
 from pipeforge.verifier.report import Violation
 
 
 def check_memory(program: Program, limit: float | None, memory: MemorySpec) -> list[Violation]:
     """The first step on each rank whose additions take what it holds (activations, and gathered
-    parameters where ``memory.unsharded`` sizes them) over ``limit``: ``MemorySpec.stage_effect`` of
+    parameters where ``memory.unsharded`` sizes them) over ``limit``: ``semantics.stage_effect`` of
     every action, walked by ``semantics.held_after_additions`` (simulate's peak is the same walk)."""
     if limit is None:
         return []
@@ -19,7 +19,7 @@ def check_memory(program: Program, limit: float | None, memory: MemorySpec) -> l
     def effect_of(key: ActionKey) -> tuple[float, float]:
         found = effects.get((key[1], key[0]))
         if found is None:
-            found = effects[key[1], key[0]] = memory.stage_effect(ActionKind(key[1]), key[0])
+            found = effects[key[1], key[0]] = stage_effect(memory, ActionKind(key[1]), key[0])
         return found
 
     if not memory.uniform:
