@@ -15,7 +15,6 @@ backward stops at the stage boundary and hands the input gradient on.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,8 +151,12 @@ class StageRunner:
         grads returned."""
         state = self._set_output_grads(mb, grads)
         wanted = [a for a in state.inputs if isinstance(a, torch.Tensor) and a.requires_grad] if not self.is_first else []
-        with self._named("I", mb):
+        try:
             found, state.weight_plan = self.split.backward_input(state.roots, state.root_grads, wanted, self._params())
+        except PipelineError:
+            raise
+        except Exception as error:
+            raise StageError(self, "I", mb, error) from error
         by_id = {id(a): g for a, g in zip(wanted, found)}
         return tuple(by_id.get(id(a)) for a in state.inputs if _is_float(a))
 
@@ -163,18 +166,12 @@ class StageRunner:
         if state.weight_plan is None:
             raise PipelineError(f"{self.name}: W of microbatch {mb} before its I")
         del self.states[mb]
-        with self._named("W", mb):
-            accumulate_weight_gradients(state.weight_plan)
-
-    @contextmanager
-    def _named(self, kind: str, mb: int):
-        """An exception of the user's module (or its autograd) re-raised naming rank, stage, microbatch, action."""
         try:
-            yield
+            accumulate_weight_gradients(state.weight_plan)
         except PipelineError:
             raise
         except Exception as error:
-            raise StageError(self, kind, mb, error) from error
+            raise StageError(self, "W", mb, error) from error
 
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]
