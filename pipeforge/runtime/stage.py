@@ -82,7 +82,7 @@ class StageRunner:
                 return self.forward(mb, args, target, training, kwargs)
         if not self.is_first:
             args = tuple(_as_leaf(a, training) for a in args)
-        try:  # what self._named does, without a context manager per action
+        try:
             result = self.module(*args, **kwargs) if kwargs else self.module(*args)
             output, aux = unwrap_aux(result, self.name) if isinstance(result, WithAuxLoss) else (result, None)
             wants_loss = self.is_last and (training or target is not None)
@@ -138,7 +138,7 @@ class StageRunner:
         state = self._set_output_grads(mb, grads)
         del self.states[mb]
         if state.roots:
-            try:  # self._named, inline
+            try:
                 torch.autograd.backward(state.roots, state.root_grads)
             except PipelineError:
                 raise
