@@ -26,7 +26,8 @@ def verify_cut(model: nn.Module, every: dict[int, nn.Module]) -> None:
         return
     modes = [(m, m.training) for m in model.modules()] + [(m, m.training) for s in every.values() for m in s.modules()]
     try:
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
+        with torch.random.fork_rng(devices=[example.device] if example.device.type == "cuda" else []), \
+                torch.no_grad():
             model.eval()
             for stage in every.values():
                 stage.eval()
