@@ -39,7 +39,7 @@ from pipeforge.errors import Argument, ArgumentError, CodegenError, UsageError, 
 from pipeforge.files import write_atomically
 from pipeforge.ir import Action, Schedule, Step
 from pipeforge.resources import templates_dir
-from pipeforge.semantics import RUNTIME_METHODS
+from pipeforge.semantics import RUNTIME_METHODS, offloaded, recomputed
 
 TEMPLATE = "pipeline.py.j2"
 RUNTIME_SEMANTICS = ("rendezvous", "buffered")  # what generated code may be verified under (generate)
@@ -202,6 +202,8 @@ def render_module(schedule: Schedule, *, locations: bool = True,
         "microbatches": _int(schedule.microbatches),
         "placements": tuple(_ints(p.stage_to_rank) for p in schedule.placements),
         "params": tuple((str(name), _int(value)) for name, value in schedule.params),
+        "recomputed": tuple(tuple(_ints(key)) for key in sorted(recomputed(a for _, _, a in schedule.actions()))),
+        "offloaded": tuple(tuple(_ints(key)) for key in sorted(offloaded(a for _, _, a in schedule.actions()))),
         "programs": tuple(rank_view(r, program, origins[r], locations)
                           for r, program in enumerate(schedule.programs)),
     }

@@ -51,6 +51,9 @@ class ActionKind(str, Enum):
     REDUCE_GRAD = "REDUCE_GRAD"
     UNSHARD = "UNSHARD"
     RESHARD = "RESHARD"
+    R = "R"  # recompute: the forward of (s, m) again, its activations back, before the backward
+    OFFLOAD = "OFFLOAD"  # the activations of (s, m) to host memory (a copy beside the compute)
+    RELOAD = "RELOAD"  # ... and back, before the backward
 
     __hash__ = str.__hash__
     __str__ = str.__str__
@@ -75,7 +78,8 @@ class ActionKind(str, Enum):
 
 
 # The three roles of a kind (every kind has exactly one; pipeforge.semantics holds the rest of its rules).
-COMPUTE_KINDS = frozenset({ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W})
+COMPUTE_KINDS = frozenset({ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W, ActionKind.R,
+                           ActionKind.OFFLOAD, ActionKind.RELOAD})
 COMM_KINDS = frozenset({ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B})
 STAGE_ONLY_KINDS = frozenset({ActionKind.REDUCE_GRAD, ActionKind.UNSHARD, ActionKind.RESHARD})
 
@@ -316,7 +320,10 @@ class CostModel:
     between stage s and stage s + 1 (either direction); links past its end cost
     ``comm``.
     Each compute kind's duration is the field of its name (``cost_fields``
-    lists them for the ``--cost`` flag and ``costs { }`` blocks).
+    lists them for the ``--cost`` flag and ``costs { }`` blocks). ``R`` (a
+    recompute) defaults to the stage's F; ``OFFLOAD`` and ``RELOAD`` (a copy
+    of one microbatch's activations to host memory and back, on the rank's
+    copy lane) default to the stage's F too.
     """
 
     F: float = 1.0
@@ -324,6 +331,9 @@ class CostModel:
     W: float = 1.0
     B: float | None = None
     comm: float = 0.0
+    R: float | None = None
+    OFFLOAD: float | None = None
+    RELOAD: float | None = None
     per_stage: tuple[tuple[int, str, float], ...] = ()
     links: tuple[float, ...] = ()
     overhead: StepOverhead = StepOverhead()  # beyond the actions, once a step (not a duration: no --cost flag)
@@ -342,7 +352,8 @@ class CostModel:
         if kind is ActionKind.B:
             return self.B if self.B is not None else self.duration(ActionKind.I, stage) + self.duration(ActionKind.W, stage)
         if kind in COMPUTE_KINDS:
-            return getattr(self, kind._value_)  # the field named by the kind: a new compute kind adds one
+            value = getattr(self, kind._value_)  # the field named by the kind: a new compute kind adds one
+            return self.duration(ActionKind.F, stage) if value is None else value  # R, OFFLOAD, RELOAD: as F
         return 0.0
 
 
@@ -358,6 +369,10 @@ class MemorySpec:
     Per stage (empty: every stage alike): ``activation[s]`` is what one F on stage
     s adds, in M_B (default 1); ``weight_grad[s]`` the part of it W releases
     (default ``weights * activation[s]``), so I releases the rest.
+
+    ``checkpoint`` (``checkpoints[s]`` per stage): what an F whose (stage,
+    microbatch) is recomputed (an R follows) holds instead of its activations:
+    the stage's input, in M_B (default 0); R adds the rest back.
     """
 
     limit: float | None = None
@@ -365,6 +380,8 @@ class MemorySpec:
     unsharded: float = 0.0
     activation: tuple[float, ...] = ()
     weight_grad: tuple[float, ...] = ()
+    checkpoint: float = 0.0
+    checkpoints: tuple[float, ...] = ()
 
     def stage_activation(self, stage: int) -> float:
         return self.activation[stage] if stage < len(self.activation) else 1.0
@@ -374,14 +391,20 @@ class MemorySpec:
             return self.weight_grad[stage]
         return self.weights * self.stage_activation(stage)
 
-    def stage_effect(self, kind: ActionKind, stage: int) -> tuple[float, float]:
-        """``(added, released)`` of one action on ``stage``: F adds ``activation[s]``, B releases it, I
-        all but ``weight_grad[s]``, W that; UNSHARD adds ``unsharded``, RESHARD releases it (M_B); the
-        rule is ``pipeforge.semantics.MEMORY`` and ``PARAMETER_MEMORY``."""
+    def stage_checkpoint(self, stage: int) -> float:
+        """What a recomputed F of ``stage`` keeps (M_B), never more than its activation."""
+        value = self.checkpoints[stage] if stage < len(self.checkpoints) else self.checkpoint
+        return min(value, self.stage_activation(stage))
+
+    def stage_effect(self, kind: ActionKind, stage: int, recomputed: bool = False) -> tuple[float, float]:
+        """``(added, released)`` of one action on ``stage``: F adds ``activation[s]`` (``checkpoint[s]``
+        when its (stage, microbatch) is ``recomputed``), R the rest, B releases it, I all but
+        ``weight_grad[s]``, W that; UNSHARD adds ``unsharded``, RESHARD releases it (M_B); the rule is
+        ``pipeforge.semantics.MEMORY``, ``RECOMPUTED_MEMORY`` and ``PARAMETER_MEMORY``."""
         from pipeforge.semantics import memory_effect
 
         return memory_effect(kind, self.weights, self.stage_activation(stage), self.stage_weight_grad(stage),
-                             self.unsharded)
+                             self.unsharded, self.stage_checkpoint(stage) if recomputed else None)
 
     def count_limit(self, limit: float | None, stages: int) -> float | None:
         """``limit`` (M_B) as a number of F a rank may hold: each adds at least the smallest stage's

@@ -30,6 +30,7 @@ from pipeforge.runtime.microbatch import as_tuple
 from pipeforge.runtime.p2p import (
     PipelineError, Posted, TensorMeta, Transfer, Transport, decode_header, empty_header, encode_header,
 )
+from pipeforge.runtime.saved import SavedActivations
 from pipeforge.runtime.stage import StageRunner
 from pipeforge.semantics import SENDS, peer_stage
 
@@ -47,6 +48,8 @@ class ScheduleInfo:
     stages: int
     microbatches: int
     placements: tuple[tuple[int, ...], ...]
+    recomputed: tuple[tuple[int, int, int], ...] = ()  # (stage, microbatch, chain) that R rebuilds
+    offloaded: tuple[tuple[int, int, int], ...] = ()  # (stage, microbatch, chain) that OFFLOAD moves to host
 
     def rank_of(self, stage: int, chain: int = 0) -> int:
         return self.placements[chain][stage]
@@ -86,6 +89,8 @@ class RankContext:
         self._pending: dict[tuple[str, int, int, int], tuple[Posted, tuple[torch.Tensor, ...]]] = {}
         self._sent: list[Posted] = []
         self.activations = ActivationCount()  # what simulate's memory model counts (O(1) per action)
+        self.saved = SavedActivations(frozenset(info.recomputed), frozenset(info.offloaded),
+                                      transport.device)  # R, OFFLOAD, RELOAD: runtime/saved.py
 
     # -- the actions a generated rank function calls -------------------------------
 
@@ -96,9 +101,12 @@ class RankContext:
         if own is not None:
             kwargs = {**kwargs, **own[mb]}
         target = self.targets[mb] if runner.is_last and self.targets else None
-        output = runner.forward(mb, args, target, self.training, kwargs)
+        if self.saved.active:
+            output = self.saved.forward(runner, mb, args, target, self.training, kwargs)
+        else:
+            output = runner.forward(mb, args, target, self.training, kwargs)
         if self.training:
-            self.activations.forward()
+            self.activations.record(ActionKind.F, (stage, mb, chain) in self.saved.recomputed)
         if runner.is_last:
             return
         if self._local(stage + 1, chain):
@@ -108,12 +116,14 @@ class RankContext:
 
     def backward(self, stage: int, mb: int, chain: int = 0) -> None:
         if self.training:
+            self.saved.wait((stage, mb, chain))
             runner = self._runner(stage, chain)
             self._hand_back(runner, runner.backward(mb, self._output_grads(runner, mb)), mb)
             self.activations.backward()
 
     def backward_input(self, stage: int, mb: int, chain: int = 0) -> None:
         if self.training:
+            self.saved.wait((stage, mb, chain))
             runner = self._runner(stage, chain)
             self._hand_back(runner, runner.backward_input(mb, self._output_grads(runner, mb)), mb)
             self.activations.backward_input()
@@ -122,6 +132,24 @@ class RankContext:
         if self.training:
             self._runner(stage, chain).backward_weight(mb)
             self.activations.backward_weight()
+
+    def recompute(self, stage: int, mb: int, chain: int = 0) -> None:
+        """R: the forward of a recomputed microbatch again, under autograd, from its checkpoint."""
+        if self.training:
+            self.saved.recompute(self._runner(stage, chain), mb)
+            self.activations.record(ActionKind.R)
+
+    def offload(self, stage: int, mb: int, chain: int = 0) -> None:
+        """OFFLOAD: the microbatch's saved tensors to host memory."""
+        if self.training:
+            self.saved.offload(self._runner(stage, chain), mb)
+            self.activations.record(ActionKind.OFFLOAD)
+
+    def reload(self, stage: int, mb: int, chain: int = 0) -> None:
+        """RELOAD: the microbatch's saved tensors back to the device (waited before its backward)."""
+        if self.training:
+            self.saved.reload(self._runner(stage, chain), mb)
+            self.activations.record(ActionKind.RELOAD)
 
     def reduce_grad(self, stage: int, chain: int = 0) -> None:
         """The stage's gradients are complete on this rank (every replica of it here: REDUCE_GRAD

@@ -36,12 +36,13 @@ from pipeforge.runtime.context import RankContext, ScheduleInfo
 from pipeforge.runtime.fsdp import DataParallel
 from pipeforge.runtime.p2p import PipelineError
 from pipeforge.runtime.stage import StageRunner
-from pipeforge.semantics import GRADIENT_KINDS, RUNTIME_METHODS, compute_kind_names
+from pipeforge.semantics import GRADIENT_KINDS, RUNTIME_METHODS, compute_kind_names, lane
 
 COMPUTE_KINDS = compute_kind_names()  # semantics: F, B, I, W and any compute kind added there
 KINDS = (*COMPUTE_KINDS, "OVERLAP_F_B", "UNSHARD", "RESHARD", "REDUCE_GRAD")
 BACKWARD_KINDS = (*(kind for kind in COMPUTE_KINDS if kind != "F"), "REDUCE_GRAD")  # only while training
 WEIGHT_GRADIENT_KINDS = tuple(sorted(kind.value for kind in GRADIENT_KINDS))
+FORWARD_KINDS = ("F", "R")  # run the stage's forward (R again, under autograd)
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,15 @@ class HookedRankContext(RankContext):
     def backward_weight(self, stage: int, mb: int, chain: int = 0) -> None:
         self._issue_compute("W", stage, mb, chain)
 
+    def recompute(self, stage: int, mb: int, chain: int = 0) -> None:
+        self._issue_compute("R", stage, mb, chain)
+
+    def offload(self, stage: int, mb: int, chain: int = 0) -> None:
+        self._issue_compute("OFFLOAD", stage, mb, chain)
+
+    def reload(self, stage: int, mb: int, chain: int = 0) -> None:
+        self._issue_compute("RELOAD", stage, mb, chain)
+
     def reduce_grad(self, stage: int, chain: int = 0) -> None:
         self.issue(StageAction("REDUCE_GRAD", stage))
 
@@ -213,7 +223,10 @@ class HookedRankContext(RankContext):
         """The default of a compute action: the stage's data parallelism around the runtime's own compute."""
         if not self.training and kind != "F":
             return
-        self.data_parallel.before_compute(stage, kind != "F")
+        if lane(ActionKind(kind)) == "copy":  # OFFLOAD, RELOAD: the stage's parameters play no part
+            self._computes[kind](stage, mb, chain)
+            return
+        self.data_parallel.before_compute(stage, kind not in FORWARD_KINDS)
         self._computes[kind](stage, mb, chain)
         if kind in WEIGHT_GRADIENT_KINDS and stage in self.data_parallel.upcasting:
             self.data_parallel.after_weight_gradients(stage)

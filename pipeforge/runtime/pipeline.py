@@ -73,6 +73,8 @@ class Pipeline:
         self.data_parallel = data_parallel or DataParallel(self.rank, {})
         self.functions = dict(functions or {})
         self.activations: ActivationCount | None = None  # the last step's count (``pipeforge.runtime.memory``)
+        self.count_saved = False  # set True: count the bytes of saved activations (``runtime/saved.py``)
+        self.saved_peak: int | None = None  # the last step's peak bytes of saved activations on this rank
         self.trace = False  # True: record every later step's action timings (``pipeforge.runtime.trace``)
         self.last_trace = None  # the last traced step's ``Trace``
         self._trace_events: list = []
@@ -149,6 +151,8 @@ class Pipeline:
         ctx = self._context_class()(self.info, self.rank, self.runners, self.transport, self._caches,
                                     functions=self.functions, data_parallel=self.data_parallel)
         ctx.training = training
+        if self.count_saved:
+            ctx.saved.start_counting()
         if not self.holds_last and target is not None:
             raise PipelineUsageError(f"rank {self.rank} runs stages {self.stages}, not the last stage "
                                      f"{self.info.stages - 1}: target= goes to the rank holding the last stage")
@@ -167,6 +171,8 @@ class Pipeline:
         ctx.finish()
         self.data_parallel.end()  # waits for every gradient reduction REDUCE_GRAD started
         self.activations = ctx.activations
+        self.saved_peak = ctx.saved.counter.peak if ctx.saved.counter is not None else None
+        ctx.saved.finish()
         if self.trace:
             self._trace_events = ctx.trace_events
         return ctx

@@ -9,7 +9,7 @@ from functools import cached_property, partial
 from typing import NamedTuple
 
 from pipeforge.ir import ActionKind, MemorySpec
-from pipeforge.semantics import PEER_OFFSET, SENDS, ActionKey, held_after_additions
+from pipeforge.semantics import PEER_OFFSET, SENDS, ActionKey, effects_of, held_after_additions
 from pipeforge.semantics import partner as partner_key
 from pipeforge.verifier.program import Program, Slot, text_of, violation_at
 from pipeforge.verifier.report import Violation
@@ -124,15 +124,8 @@ def check_memory(program: Program, limit: float | None, memory: MemorySpec) -> l
     every action, walked by ``semantics.held_after_additions`` (simulate's peak is the same walk)."""
     if limit is None:
         return []
-    effects: dict[tuple, tuple[float, float]] = {}
-
-    def effect_of(key: ActionKey) -> tuple[float, float]:
-        found = effects.get((key[1], key[0]))
-        if found is None:
-            found = effects[key[1], key[0]] = memory.stage_effect(ActionKind(key[1]), key[0])
-        return found
-
-    if not memory.uniform:
+    effect_of = effects_of(memory, (key for row in program.slots for slot in row for key in slot.acts))
+    if not memory.uniform or any(key[1] == "R" for row in program.slots for slot in row for key in slot.acts):
         what = "M_B of activations"
     else:
         what = "microbatches of activations" + (" and unsharded parameters" if memory.unsharded else "")
