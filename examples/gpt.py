@@ -1,4 +1,4 @@
-"""The small GPT of ``examples/train_gpt.py`` and ``benchmarks/bench_gpt.py``, cut into pipeline stages.
+"""The small GPT of ``examples/train_gpt.py`` and ``benchmarks/runtime/gpt.py``, cut into pipeline stages.
 
 ``nn.Embedding`` for tokens and positions, ``layers`` pre-norm causal
 ``nn.TransformerEncoderLayer`` blocks, a ``LayerNorm`` and a linear LM head, in

@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Action", "ActionKind", "CostModel", "MemorySpec", "Placement", "Schedule", "Step",
     "PipeforgeError", "PipeSyntaxError", "SemanticError", "UsageError", "VerificationError",
-    "load", "loads", "verify", "simulate", "optimize", "codegen", "lower",
+    "load", "loads", "verify", "simulate", "optimize", "codegen", "lower", "split",
 ]
 
 
@@ -62,3 +62,11 @@ def codegen(schedule: Schedule, out_dir: str, **options):
     from pipeforge.generator import codegen as codegen_schedule
 
     return codegen_schedule(schedule, out_dir, **options)
+
+
+def split(model, stages: int, *, owned=None, layers=None, costs=None, **options):
+    """Cut ``model`` into stage modules (``.modules``) with its ties (``.tied_parameters``) for
+    ``make_pipeline``; see ``pipeforge.models.split``. Imports torch."""
+    from pipeforge.models.split import split as split_model
+
+    return split_model(model, stages, owned=owned, layers=layers, costs=costs, **options)

@@ -10,10 +10,12 @@ arguments of a call; they are printed with the flags that set them
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 
 from pipeforge.commands import wording
+from pipeforge.commands.common import refuse_output_over_input
 from pipeforge.commands.exits import Exit
 from pipeforge.errors import PipeforgeError, VerificationError
 
@@ -47,7 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         argv = sys.argv[1:]
     args = build_parser(argv).parse_args(argv)
     try:
-        return args.handler(args)
+        refuse_output_over_input(args)
+        code = args.handler(args)
+        if sys.stdout is not None:  # None when started with stdout closed
+            sys.stdout.flush()  # a full disk or a closed pipe is this command's error, not the interpreter's at exit
+        return code
     except VerificationError as error:
         print(wording.render(error), file=sys.stderr)
         return Exit.INVALID
@@ -61,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         _silence_stdout()
         return Exit.OK
     except OSError as error:
+        if error.filename is None and error.errno in _WRITE_ERRORS:
+            # stdout could not take the output: `pipeforge library > /dev/full`
+            _silence_stdout()
+            print(f"error: cannot write the output: {error.strerror or error}", file=sys.stderr)
+            return Exit.USAGE
         if error.filename is None:
             return _report_bug()
         # A file the user named could not be read or written (permissions, a full disk, ...).
@@ -68,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         return Exit.USAGE
     except Exception:
         return _report_bug()
+
+
+_WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS, errno.EBADF}
 
 
 def _report_bug() -> int:

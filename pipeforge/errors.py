@@ -14,6 +14,7 @@ schedule, for ``VerificationError``).
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -35,7 +36,12 @@ class Source:
 
     @cached_property
     def lines(self) -> tuple[str, ...]:
-        return tuple(self.text.splitlines())
+        """The lines as lark counts them: split at ``\\n`` only (a form feed, a lone ``\\r`` or U+2028
+        stays inside its line), the ``\\r`` of ``\\r\\n`` left out."""
+        lines = self.text.split("\n")
+        if lines and not lines[-1]:
+            lines.pop()
+        return tuple(line[:-1] if line.endswith("\r") else line for line in lines)
 
     def line(self, number: int) -> str | None:
         """The text of the 1-based line ``number``, or None past the end."""
@@ -83,19 +89,54 @@ def source_line(span: Span) -> str | None:
     return span.source.line(span.line) if span.source is not None else None
 
 
+def printable_char(char: str) -> str:
+    """``char`` itself, or its escape (``\\x1b``, ``\\u2028``) when a terminal or XML would act on it:
+    control and format characters (ESC, bidi overrides) and line or paragraph separators."""
+    if char == "\t" or (" " <= char <= "~") or unicodedata.category(char) not in _UNPRINTABLE:
+        return char
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+_UNPRINTABLE = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
+
+
+def printable(text: str, keep: str = "") -> str:
+    """``text`` with every character ``printable_char`` escapes escaped, except those in ``keep``."""
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(char if char in keep else printable_char(char) for char in text)
+
+
 def caret_block(span: Span) -> str:
-    """The source line of ``span`` and a caret line under it (empty if unknown)."""
+    """The source line of ``span`` (control characters escaped) and a caret line under it (empty if unknown)."""
     line = source_line(span)
     if line is None:
         return ""
-    line = line.expandtabs(1)
+    shown = [printable_char(char) if char != "\t" else " " for char in line]
     start = max(span.col - 1, 0)
     if span.end_line == span.line and span.end_col and span.end_col > span.col:
         width = span.end_col - span.col
     else:
         width = 1
     width = max(1, min(width, max(len(line) - start, 1)))
-    return f"    {line}\n    {' ' * start}{'^' * width}"
+    first, last = _window(len(shown), start, width)
+    shown = (["..."] if first else []) + shown[first:last] + (["..."] if last < len(line) else [])
+    start -= first - (1 if first else 0)
+    indent = sum(map(len, shown[:start])) + max(0, start - len(shown))
+    marked = max(1, sum(map(len, shown[start:start + min(width, last - first)])))
+    return f"    {''.join(shown)}\n    {' ' * indent}{'^' * marked}"
+
+
+SHOWN_COLUMNS = 120  # of a long source line, the part around the caret that is echoed
+
+
+def _window(length: int, start: int, width: int) -> tuple[int, int]:
+    """The range of a line of ``length`` characters echoed under an error at ``start``: all of it when short."""
+    if length <= SHOWN_COLUMNS:
+        return 0, length
+    first = max(0, min(start - SHOWN_COLUMNS // 3, length - SHOWN_COLUMNS))
+    return first, min(length, first + max(SHOWN_COLUMNS, min(width, SHOWN_COLUMNS)))
 
 
 @dataclass(frozen=True)
@@ -178,7 +219,7 @@ class PipeforgeError(Exception):
             if block:
                 parts.append(block)
         parts.extend(f"note: {note}" for note in self.notes)
-        return "\n".join(parts)
+        return printable("\n".join(parts), keep="\n")  # a name or message from a file cannot drive the terminal
 
 
 def _rebuilt(cls: type[PipeforgeError], message: str, state: dict) -> PipeforgeError:

@@ -1,20 +1,146 @@
-"""Writing output files atomically: a temporary file beside the target, then a rename.
+"""Reading input files within bounds; writing output files atomically.
 
+Every file pipeforge reads (.pipe, CSV, cost files, a module at an output path)
+goes through ``read_bounded``: it must be a regular file (a FIFO, device or
+folder is refused before it is opened, so nothing blocks or streams forever)
+no larger than the limit for its kind (``LIMITS``, named in the message).
 Every file pipeforge writes (.pipe, CSV, pictures, traces, generated modules)
 goes through ``write_atomically``, so an error never leaves a half-written file.
 """
 
 from __future__ import annotations
 
+import ast
 import os
+import re
+import stat
 import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pipeforge.errors import UsageError
 
+MiB = 1 << 20
 
-def write_atomically(path: str | os.PathLike, data: bytes | str, *, make_dirs: bool = False) -> None:
-    """Write ``data`` (text is UTF-8, newlines as given) to ``path``, all or nothing."""
+# The most bytes read of each kind of input. A .pipe or CSV of 2,000,000 actions (the language's
+# bound, pipeforge.lang.context.MAX_ACTIONS) in its explicit form fits in 32 MiB.
+LIMITS = {
+    "schedule file": 32 * MiB,  # a .pipe file or a torch CSV
+    "cost file": 4 * MiB,  # simulate/optimize --costs
+    "module file": 4 * MiB,  # how much of a file at codegen's output path is read to judge it (module_head)
+}
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def read_bounded(path: str | os.PathLike, kind: str, *, head: int | None = None) -> bytes:
+    """The bytes of the regular file at ``path``, a ``UsageError`` naming it otherwise.
+
+    ``kind`` is a key of ``LIMITS``: a larger file is refused, naming the limit.
+    ``head``: read at most that many bytes from the start instead, whatever the size.
+    """
+    name = str(path)
+    limit = LIMITS[kind]
+    info = _stat(name, lambda: os.stat(name))
+    _require_regular(name, info, kind)
+    if head is None and info.st_size > limit:
+        raise _too_large(name, info.st_size, kind)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(name, flags)
+    except OSError as error:
+        raise _cannot_read(name, error) from None
+    try:
+        info = _stat(name, lambda: os.fstat(fd))  # what was opened: a FIFO put there since the check is refused too
+        _require_regular(name, info, kind)
+        wanted = head if head is not None else limit + 1
+        data = _read_up_to(name, fd, wanted)
+    finally:
+        os.close(fd)
+    if head is None and len(data) > limit:  # it grew since the check
+        raise _too_large(name, len(data), kind)
+    return data
+
+
+def module_head(path: str | os.PathLike) -> ast.Module | None:
+    """The top-level statements of a Python file before its first function or class, or None.
+
+    For judging what a file at an output path holds (``generator.generated_schedule``)
+    without parsing it whole: at most ``LIMITS["module file"]`` bytes are read, and a
+    head that is not Python, nests too deeply for the parser, or cannot be read
+    (a FIFO, a device, no permission) gives None.
+    """
+    try:
+        data = read_bounded(path, "module file", head=LIMITS["module file"])
+    except UsageError:
+        return None
+    cut = re.search(rb"^(def|class|async|@)", data, re.MULTILINE)
+    try:
+        return ast.parse(data[:cut.start()] if cut else data)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):  # the parser's own stack overflows
+        return None
+
+
+def _stat(name: str, call) -> os.stat_result:
+    try:
+        return call()
+    except OSError as error:
+        raise _cannot_read(name, error) from None
+
+
+def _too_large(name: str, size: int, kind: str) -> UsageError:
+    return UsageError(f"{name!r} holds {size} bytes; a {kind} may hold at most {_size_text(LIMITS[kind])}")
+
+
+def _require_regular(name: str, info: os.stat_result, kind: str) -> None:
+    if stat.S_ISREG(info.st_mode):
+        return
+    what = next((text for test, text in _KINDS if test(info.st_mode)), "not a regular file")
+    raise UsageError(f"{name!r} is {what}, not a regular file; expected a {kind}")
+
+
+def _read_up_to(name: str, fd: int, count: int) -> bytes:
+    chunks: list[bytes] = []
+    left = count
+    while left > 0:
+        try:
+            chunk = os.read(fd, min(left, 4 * MiB))
+        except OSError as error:
+            raise _cannot_read(name, error) from None
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _cannot_read(name: str, error: OSError) -> UsageError:
+    if isinstance(error, FileNotFoundError):
+        return UsageError(f"cannot read {name!r}: no such file")
+    return UsageError(f"cannot read {name!r}: {error.strerror or error}")
+
+
+def _size_text(size: int) -> str:
+    return f"{size // MiB} MiB" if size % MiB == 0 else f"{size} bytes"
+
+
+def write_atomically(path: str | os.PathLike, data: bytes | str, *, make_dirs: bool = False,
+                     replaceable: Callable[[Path], None] | None = None) -> None:
+    """Write ``data`` (text is UTF-8, newlines as given) to ``path``, all or nothing.
+
+    ``replaceable(path)`` raises when what is at ``path`` must not be replaced; it runs
+    under a lock on the folder that every pipeforge writer there takes, so of two
+    writers of one output the second sees the first's file (never both succeed
+    silently). A FIFO, device or socket at ``path`` is refused, never replaced.
+    """
     target = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
     directory = target.parent if str(target.parent) else Path(".")
@@ -25,12 +151,31 @@ def write_atomically(path: str | os.PathLike, data: bytes | str, *, make_dirs: b
             raise UsageError(f"cannot create folder {str(directory)!r}: {error.strerror or error}") from None
     if not directory.is_dir():
         raise UsageError(f"cannot write {str(path)!r}: directory {str(directory)!r} does not exist")
-    if target.is_dir():
-        raise UsageError(f"cannot write {str(path)!r}: it is a directory; name a file")
+    with _folder_lock(directory, str(path)):
+        refuse_special(target, str(path))
+        if replaceable is not None:
+            replaceable(target)
+        _replace(target, payload, directory, str(path))
+
+
+def refuse_special(target: Path, name: str) -> None:
+    """Refuse (UsageError) to write ``target`` when it is a folder, FIFO, device or socket (links followed)."""
+    try:
+        info = target.stat()
+    except OSError:  # absent, a dangling link, ...: the rename decides
+        return
+    if stat.S_ISDIR(info.st_mode):
+        raise UsageError(f"cannot write {name!r}: it is a directory; name a file")
+    if not stat.S_ISREG(info.st_mode):
+        what = next((text for test, text in _KINDS if test(info.st_mode)), "not a regular file")
+        raise UsageError(f"cannot write {name!r}: it is {what}; pipeforge writes regular files only")
+
+
+def _replace(target: Path, payload: bytes, directory: Path, name: str) -> None:
     try:
         handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     except OSError as error:
-        raise UsageError(f"cannot write {str(path)!r}: {error.strerror or error}") from None
+        raise UsageError(f"cannot write {name!r}: {error.strerror or error}") from None
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(payload)
@@ -38,10 +183,43 @@ def write_atomically(path: str | os.PathLike, data: bytes | str, *, make_dirs: b
         os.replace(temporary, target)
     except OSError as error:  # disk full, a read-only target, ...
         Path(temporary).unlink(missing_ok=True)
-        raise UsageError(f"cannot write {str(path)!r}: {error.strerror or error}") from None
+        raise UsageError(f"cannot write {name!r}: {error.strerror or error}") from None
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+LOCK_WAIT = 60.0  # seconds a writer waits for another pipeforge writing into the same folder
+
+
+@contextmanager
+def _folder_lock(directory: Path, name: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``directory`` itself (no lock file left behind) while held."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        raise UsageError(f"cannot write {name!r}: {error.strerror or error}") from None
+    try:
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise UsageError(f"cannot write {name!r}: another process has held the lock on "
+                                     f"{str(directory)!r} for {LOCK_WAIT:.0f} s") from None
+                time.sleep(0.01)
+            except OSError:  # a file system without flock: no lock
+                break
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _umask() -> int:

@@ -36,7 +36,7 @@ from pathlib import Path
 import jinja2
 
 from pipeforge.errors import Argument, ArgumentError, CodegenError, UsageError, VerificationError, words
-from pipeforge.files import write_atomically
+from pipeforge.files import module_head, refuse_special, write_atomically
 from pipeforge.ir import Action, Schedule, Step
 from pipeforge.resources import templates_dir
 from pipeforge.semantics import RUNTIME_METHODS, offloaded, recomputed
@@ -250,7 +250,8 @@ def codegen(schedule: Schedule, output: str | os.PathLike, *, locations: bool = 
     if not force:
         check_replaceable(path, schedule)
     text = generate(schedule, locations=locations, semantics=semantics)
-    write_atomically(path, text, make_dirs=True)
+    write_atomically(path, text, make_dirs=True,
+                     replaceable=None if force else lambda target: check_replaceable(target, schedule))
     return path
 
 
@@ -276,8 +277,9 @@ def import_name(text: str, what: Argument) -> Ident:
 
 def check_replaceable(path: Path, schedule: Schedule) -> None:
     """Refuse to overwrite ``path`` unless it is absent or the module of this same schedule."""
-    if not path.exists() or path.is_dir():
-        return  # a folder is refused by write_atomically
+    if not os.path.lexists(path):
+        return
+    refuse_special(path, str(path))  # a folder, FIFO or device: never replaced, --force or not
     held = generated_schedule(path)
     ours = (schedule.name, dict(schedule.params))
     if held == ours:
@@ -292,9 +294,8 @@ def check_replaceable(path: Path, schedule: Schedule) -> None:
 
 def generated_schedule(path: Path) -> tuple[str, dict] | None:
     """``(schedule name, PARAMS)`` of a module codegen wrote, read without running it; None otherwise."""
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+    tree = module_head(path)
+    if tree is None:
         return None
     found: dict[str, object] = {}
     for node in tree.body:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pipeforge.errors import Argument, UsageError, words
@@ -29,7 +30,7 @@ def load(
     if any(v is not None for v in (stages, microbatches, placement)):
         raise UsageError(words(Argument("stages"), ", ", Argument("microbatches"), " and ", Argument("placement"),
                                " apply to a torch CSV; a .pipe file states them"))
-    if file.suffix == ".pipe" or file.exists():
+    if file.suffix == ".pipe" or os.path.lexists(file):  # a broken or looping link is a file's error too
         from pipeforge.lang import load_file
 
         return load_file(path, defines=defines, schedule=schedule)

@@ -22,6 +22,7 @@ receives stage s's output gradient from stage s+1.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
@@ -87,7 +88,7 @@ _KIND_ALTERNATION = "|".join(
     sorted((kind.value for kind in ActionKind), key=len, reverse=True)
 )
 KIND_OF_TEXT = {kind.value: kind for kind in ActionKind}
-ACTION_RE = re.compile(rf"(?P<stage>\d+)(?P<kind>{_KIND_ALTERNATION})(?P<mb>\d*)(?:@(?P<chain>\d+))?")
+ACTION_RE = re.compile(rf"(?P<stage>[0-9]+)(?P<kind>{_KIND_ALTERNATION})(?P<mb>[0-9]*)(?:@(?P<chain>[0-9]+))?")
 
 
 class Action(NamedTuple):
@@ -497,6 +498,24 @@ def cost_fields() -> tuple[str, ...]:
     """The names ``--cost`` and a ``costs { }`` block accept: ``CostModel``'s number fields, in order
     (F, I, W, B, comm: not the per-stage tables ``per_stage`` and ``links``)."""
     return tuple(f.name for f in fields(CostModel) if not isinstance(f.default, (tuple, StepOverhead)))
+
+
+COST_RANGE = (1e-12, 1e12)  # a nonzero duration: sums, ratios and counts of them stay far inside float's range
+
+
+def cost_problem(value: float) -> str | None:
+    """What is wrong with ``value`` as a duration (compute, communication, overhead), or None.
+
+    Zero is a duration (no communication cost); otherwise it lies in ``COST_RANGE``, so
+    that no sum overflows and no ratio of two durations (how many forwards fit a window)
+    underflows or overflows.
+    """
+    low, high = COST_RANGE
+    if math.isnan(value) or value < 0:
+        return f"a cost must be a number >= 0, got {value!r}"
+    if value != 0 and not low <= value <= high:
+        return f"a nonzero cost must be between {low:g} and {high:g}, got {value!r}"
+    return None
 
 
 def replace_programs(schedule: Schedule, programs: tuple[tuple[Step, ...], ...]) -> Schedule:

@@ -64,7 +64,7 @@ if [ "$GPUS" -ge 2 ]; then
     for spec in "1f1b -D M=8" "interleaved-1f1b -D M=8" "zbv -D M=8" "dualpipev -D M=8" "chimera -D M=8"; do
         check "nccl run $spec on $N GPUs" 60 $PF run $spec -D P=$N --nproc $N --backend nccl --model tuple --timeout 30
     done
-    check "bench nccl, $N GPUs" 90 $PY benchmarks/bench_runtime.py --backend nccl --nproc 2 $([ "$N" -ge 4 ] && echo 4) \
+    check "bench nccl, $N GPUs" 90 $PY -m benchmarks.runtime.mlp --backend nccl --nproc 2 $([ "$N" -ge 4 ] && echo 4) \
         --width 4096 --rows 2048 --steps 8 --timeout 30
 elif [ "$GPUS" -eq 1 ]; then
     if run_step "nccl: two ranks sharing the one GPU" 45 $PF run 1f1b -D P=2 -D M=4 --backend nccl --timeout 15; then
@@ -81,14 +81,14 @@ elif [ "$GPUS" -eq 1 ]; then
         check "gloo run $spec, CUDA tensors, ranks sharing the GPU" 40 $PF run $spec --backend gloo --device cuda \
             --model tuple --timeout 30
     done
-    check "bench nccl, one rank on the GPU" 60 $PY benchmarks/bench_runtime.py --backend nccl --nproc 1 \
+    check "bench nccl, one rank on the GPU" 60 $PY -m benchmarks.runtime.mlp --backend nccl --nproc 1 \
         --width 4096 --rows 2048 --steps 8 --timeout 30
 else
     echo "no GPU visible: NCCL checks skipped"
 fi
 
 check "gloo run 1f1b on 4 processes (the README's main job)" 40 $PF run 1f1b -D P=4 -D M=8
-check "bench gloo on the CPUs, 2 and 4 processes" 90 $PY benchmarks/bench_runtime.py --nproc 2 4 --steps 8
+check "bench gloo on the CPUs, 2 and 4 processes" 90 $PY -m benchmarks.runtime.mlp --nproc 2 4 --steps 8
 
 echo "== done in ${SECONDS}s: $failures failed step(s)"
 [ "$failures" -eq 0 ] || exit 1

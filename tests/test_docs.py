@@ -94,3 +94,24 @@ def test_the_checks_can_fail(tmp_path):
     assert _relative_links(page) == ["missing.md", "#title", "#nowhere"]
     assert _anchors(page) == {"title"}
     assert not _named("--solve", "`--solved`") and _named("-o", "`-o OUT`") and not _named("-o", "--output")
+
+
+def _mentions(pattern: str) -> list[tuple[str, str]]:
+    """(file, match) of ``pattern`` in the prose, code and scripts that name benchmarks."""
+    files = [*PAGES, *ROOT.glob("pipeforge/**/*.py"), *ROOT.glob("tests/**/*.py"), *ROOT.glob("benchmarks/**/*.py"),
+             *ROOT.glob("scripts/*"), *ROOT.glob("examples/*.py")]
+    return [(str(f.relative_to(ROOT)), m) for f in files if f.is_file() and f != Path(__file__)
+            for m in re.findall(pattern, f.read_text(errors="replace"))]
+
+
+def test_named_benchmarks_exist():
+    paths = [(f, m) for f, m in _mentions(r"benchmarks/[\w/]+\.\w+") if not (ROOT / m).exists()]
+    modules = [(f, m) for f, m in _mentions(r"-m (benchmarks(?:\.\w+)+)")
+               if not (ROOT / (m.replace(".", "/") + ".py")).exists()]
+    assert not paths + modules, f"named but missing: {paths + modules}"
+
+
+def test_benchmarks_leave_sys_path_alone():
+    """They run as ``python -m benchmarks.KIND.NAME`` from the root: no script edits ``sys.path``."""
+    edits = [str(f.relative_to(ROOT)) for f in ROOT.glob("benchmarks/**/*.py") if "sys.path" in f.read_text()]
+    assert edits == []

@@ -126,11 +126,10 @@ def test_codegen_and_the_runtime_know_every_kind_they_run():
     from pipeforge.generator import METHODS
 
     from pipeforge.runtime.context import RankContext
-    from pipeforge.runtime.custom import HookedRankContext  # the context of FSDP hooks (UNSHARD, RESHARD)
 
     assert set(METHODS) == set(ALL)
     for kind, method in METHODS.items():
-        assert callable(getattr(RankContext, method, None) or getattr(HookedRankContext, method, None)), kind
+        assert callable(getattr(RankContext, method, None)), kind
 
 
 # --- Action is the fast key ------------------------------------------------------------------

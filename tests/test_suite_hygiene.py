@@ -12,7 +12,7 @@ import ast
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
-OPTIONAL_THIRD_PARTY = {"cairosvg"}  # needs the system's libcairo; pipeforge[png]
+OPTIONAL_THIRD_PARTY = {"cairosvg", "torchtitan"}  # libcairo (pipeforge[png]); torchtitan (pipeforge[torchtitan], --no-deps)
 
 
 def _test_files() -> list[Path]:

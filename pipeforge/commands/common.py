@@ -55,6 +55,27 @@ def check_width(width: int | None) -> None:
         raise UsageError(f"--width {width}: expected 0 to {MAX_WIDTH} (columns or pixels)")
 
 
+OUTPUT_ATTRIBUTES = ("output", "out", "out_dir")  # -o / OUT of the commands that write a file
+
+
+def refuse_output_over_input(args: argparse.Namespace) -> None:
+    """An output that is the input file itself (or a link to it) would replace the schedule being read."""
+    import os
+
+    path = getattr(args, "path", None) or getattr(args, "model", None)
+    if not path or not os.path.isfile(path):
+        return
+    for attribute in OUTPUT_ATTRIBUTES:
+        output = getattr(args, attribute, None)
+        try:
+            same = output is not None and os.path.samefile(path, output)
+        except OSError:  # the output does not exist yet, or cannot be looked at: the write decides
+            same = False
+        if same:
+            raise UsageError(f"the output {output!r} is the input {path!r}: writing it would replace what is "
+                             "being read; name another output file")
+
+
 def load_input(args: argparse.Namespace):
     """The Schedule that PATH and the flags name."""
     from pipeforge.inputs import load

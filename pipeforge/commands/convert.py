@@ -4,7 +4,7 @@
   default ``compute_comms`` when the input spells out communication, else
   ``compute_only``);
 - ``OUT.pipe``: canonical ``.pipe`` source (``pipeforge.lang.printer``);
-- ``OUT.json``: a Chrome/Perfetto trace (``pipeforge.interop.trace``).
+- ``OUT.json``: a Chrome/Perfetto trace (``pipeforge.interop.chrome_trace``).
 
 The output is written atomically: on any error nothing is left at OUT.
 """
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     schedule = load_input(args)
     try:
         if suffix == ".json":
-            from pipeforge.interop.trace import write_trace
+            from pipeforge.interop.chrome_trace import write_trace
 
             write_trace(schedule, args.out)
         else:

@@ -51,7 +51,7 @@ def write_picture(timeline, path: str, suffix: str, *, title: str | None = None,
 
         render_png(timeline, path, title=title)
     elif suffix == ".json":
-        from pipeforge.interop.trace import write_trace
+        from pipeforge.interop.chrome_trace import write_trace
 
         write_trace(timeline, path)
     else:

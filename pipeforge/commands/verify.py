@@ -8,7 +8,7 @@ import sys
 from pipeforge.commands import wording
 from pipeforge.commands.common import add_input_arguments, load_input, print_json
 from pipeforge.commands.exits import Exit
-from pipeforge.errors import PipeSyntaxError, SemanticError
+from pipeforge.errors import PipeSyntaxError, SemanticError, printable
 
 
 def register(subparsers) -> None:
@@ -28,6 +28,17 @@ def register(subparsers) -> None:
                        help="z3 only checks the event pass's timing (the certificate)")
     parser.add_argument("--memory-limit", type=float, metavar="X",
                         help="activation memory limit per rank in M_B (overrides the schedule's)")
+    parser.add_argument("--as", dest="target", choices=("torch", "torchtitan"),
+                        help="check the program torch's _PipelineScheduleRuntime runs for this schedule (its own "
+                             "lowering, under its runtime's semantics); torchtitan: also the stages its launcher "
+                             "builds on each rank (docs/torch.md)")
+    parser.add_argument("--defer-pp-recv", action="store_true",
+                        help="with --as: torch's defer_pp_recv=True (receives moved next to their consumers)")
+    parser.add_argument("--pp-schedule", metavar="NAME", default="1F1B",
+                        help="with --as torchtitan: its pipeline_parallel_schedule (default 1F1B, torchtitan's)")
+    parser.add_argument("--layers", type=int, metavar="N", help="with --as torchtitan: the model's layer count")
+    parser.add_argument("--layers-per-stage", type=int, metavar="N",
+                        help="with --as torchtitan: its pipeline_parallel_layers_per_stage")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run)
 
@@ -53,15 +64,35 @@ def check(args: argparse.Namespace) -> int:
         from pipeforge.sim.costs import memory_for
 
         memory_for(schedule, args.memory_limit)  # refuses a limit that is not a positive number
+    if args.target is not None:
+        return check_as(args, schedule)
     report = verify(schedule, semantics=args.semantics, memory_limit=args.memory_limit, solve=args.solve)
     if args.json:
         print_json(report.to_json())
     else:
-        print(report.render(), file=sys.stdout)
+        print(printable(report.render(), keep="\n"), file=sys.stdout)
         hint = csv_deadlock_hint(args, schedule, report)
         if hint:
             print(hint, file=sys.stdout)
     return Exit.OK if report.valid else Exit.INVALID
+
+
+def check_as(args: argparse.Namespace, schedule) -> int:
+    """``--as torch|torchtitan``: the verdict on the program torch runs (and the stages torchtitan builds)."""
+    from pipeforge.errors import UsageError
+    from pipeforge.interop.torch_target import verify_as
+    from pipeforge.interop.torchtitan import Launcher, check_name
+
+    if schedule.chains > 1:
+        raise UsageError(f"--as {args.target}: {schedule.name!r} is bidirectional ({schedule.chains} chains); torch's "
+                         "runtime runs one chain")
+    launcher = Launcher(check_name(args.pp_schedule), args.layers, args.layers_per_stage)
+    verdict = verify_as(schedule, args.target, defer_pp_recv=args.defer_pp_recv, launcher=launcher)
+    if args.json:
+        print_json(verdict.to_json())
+    else:
+        print(verdict.render(), file=sys.stdout)
+    return Exit.OK if verdict.valid else Exit.INVALID
 
 
 def csv_deadlock_hint(args: argparse.Namespace, schedule, report) -> str | None:

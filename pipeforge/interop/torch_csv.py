@@ -58,10 +58,10 @@ def read_csv(
 ) -> Schedule:
     """Read a torch schedule CSV file into a Schedule (see ``read_csv_text``)."""
     file = str(path)
+    from pipeforge.files import read_bounded
+
     try:
-        text = Path(file).read_text(encoding="utf-8")
-    except OSError as error:
-        raise UsageError(f"cannot read {file!r}: {error.strerror or error}") from None
+        text = read_bounded(file, "schedule file").decode("utf-8")
     except UnicodeDecodeError:
         raise PipeSyntaxError(f"{file!r} is not UTF-8 text; expected a torch schedule CSV") from None
     return read_csv_text(text, filename=file, stages=stages, microbatches=microbatches, placement=placement)
@@ -126,7 +126,7 @@ def parse_row(line: str, number: int, file: Source) -> tuple[Step, ...]:
 PADDING_OR_OPEN = frozenset(" \t(")
 # A bare compute or communication action with its microbatch and no chain (``2F0``, ``0SEND_F1``): the
 # cells of a torch CSV but for idle, overlap and stage-only ones (those take ``parse_cell``/``parse_token``).
-PLAIN_ACTION = re.compile(r"(\d+)(%s)(\d+)" % "|".join(
+PLAIN_ACTION = re.compile(r"([0-9]+)(%s)([0-9]+)" % "|".join(
     sorted((kind.value for kind in COMPUTE_KINDS | COMM_KINDS), key=len, reverse=True)))
 _make_action = partial(tuple.__new__, Action)  # an Action from its four fields, as ir.parse_action makes it
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pipeforge.errors import PipeSyntaxError, Source, UsageError
+from pipeforge.errors import PipeSyntaxError, Source
 from pipeforge.ir import Schedule
 from pipeforge.lang.elaborate import CompiledSchedule, compile_file, elaborate, pick
 from pipeforge.lang.parse import parse_text
@@ -83,14 +83,9 @@ def compile_source(source: Source) -> tuple[CompiledSchedule, ...]:
 
 
 def _read(path: str | Path) -> str:
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"no such file: {str(path)!r}") from None
-    except IsADirectoryError:
-        raise UsageError(f"{str(path)!r} is a directory, not a .pipe file") from None
-    except OSError as error:
-        raise UsageError(f"cannot read {str(path)!r}: {error.strerror or error}") from None
+    from pipeforge.files import read_bounded
+
+    data = read_bounded(path, "schedule file")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from lark import Tree
 
 from pipeforge.errors import SemanticError, Source, Span
-from pipeforge.ir import CostModel, MemorySpec, Placement, cost_fields
+from pipeforge.ir import CostModel, MemorySpec, Placement, cost_fields, cost_problem
 from pipeforge.lang.context import MAX_COUNT, Elaboration
 from pipeforge.lang.exprs import compile_expr, require_int, require_number, span_of
 
@@ -189,6 +189,9 @@ def _build_cost_entry(tree: Tree, file: Source):
         number = require_number(value(env), value_span, f"the cost {key}")
         if not number >= 0:
             raise SemanticError(f"the cost {key} must not be negative, got {number!r}", value_span)
+        problem = cost_problem(number)
+        if problem is not None:
+            raise SemanticError(f"the cost {key}: {problem}", value_span)
         if index is None:
             fields[key] = number
             return

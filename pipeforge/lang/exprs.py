@@ -5,10 +5,17 @@
 loop body that runs a thousand times calls closures, never lark. Errors (an
 undefined name, division by zero) are ``SemanticError`` at the span of the
 sub-expression that failed.
+
+Bounded: a value is an integer of at most ``MAX_INT_BITS`` bits or a finite
+float (a result beyond is an error at its place, so doubling a name in a loop
+cannot grow without end), and a chain of one operator level (``a + b - c + ...``,
+``a * b // c``, ``x and y and z``) is one closure over a list, so a long flat
+sum needs no recursion; nesting depth is bounded when parsing (``parse.py``).
 """
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 
@@ -74,44 +81,88 @@ def _name(tree: Tree, file: Source) -> Eval:
     return lookup
 
 
+MAX_INT_BITS = 256  # far beyond any count a schedule means; a value past it is an error, not a slow bignum
+
+
+def bounded(value: object, span: Span) -> object:
+    """``value`` itself when it is within the language's bounds; a SemanticError at ``span`` otherwise."""
+    if type(value) is int:
+        if value.bit_length() > MAX_INT_BITS:
+            raise SemanticError(f"the result is too large a number (more than {MAX_INT_BITS} bits)", span)
+    elif type(value) is float and not math.isfinite(value):
+        raise SemanticError("the result is too large a number (beyond a float's range)", span)
+    return value
+
+
 def _combine(op: Callable[[object, object], object], a: object, b: object, where: str, span: Span) -> object:
     """``op(a, b)``, with the language's errors for operands it cannot combine and results too large."""
     try:
-        return op(a, b)
+        return bounded(op(a, b), span)
     except TypeError:
         raise SemanticError(f"cannot combine {describe(a)} and {describe(b)} {where}", span) from None
     except OverflowError:
         raise SemanticError("the result is too large a number", span) from None
 
 
-def _arithmetic(op: Callable[[object, object], object]) -> Callable[[Tree, Source], Eval]:
-    def build(tree: Tree, file: Source) -> Eval:
-        left, right = (compile_expr(child, file) for child in tree.children)
-        span = span_of(tree, file)
+def _divided(op: Callable[[object, object], object], symbol: str, divisor_span: Span):
+    def apply(a: object, b: object, span: Span) -> object:
+        if b == 0:
+            raise SemanticError(f"division by zero: the right side of {symbol!r} is 0", divisor_span)
+        return _combine(op, a, b, f"with {symbol!r}", span)
 
-        def apply(env: Env) -> object:
-            return _combine(op, left(env), right(env), "here", span)
-
-        return apply
-
-    return build
+    return apply
 
 
-def _division(op: Callable[[object, object], object], symbol: str) -> Callable[[Tree, Source], Eval]:
-    def build(tree: Tree, file: Source) -> Eval:
-        left, right = (compile_expr(child, file) for child in tree.children)
-        span = span_of(tree, file)
-        divisor_span = span_of(tree.children[1], file)
+def _plain(op: Callable[[object, object], object]):
+    return lambda a, b, span: _combine(op, a, b, "here", span)
 
-        def apply(env: Env) -> object:
-            a, b = left(env), right(env)
-            if b == 0:
-                raise SemanticError(f"division by zero: the right side of {symbol!r} is 0", divisor_span)
-            return _combine(op, a, b, f"with {symbol!r}", span)
 
-        return apply
+# One precedence level each: a left-nested chain of these (``a + b - c``) is compiled as one list.
+_LEVELS = {"add": "sum", "sub": "sum", "mul": "product", "floordiv": "product", "mod": "product",
+           "and_": "and", "or_": "or"}
 
-    return build
+
+def _chain(tree: Tree, file: Source) -> Eval:
+    """``a op1 b op2 c ...`` (a left-nested tree of one level) as one loop: no recursion for its length."""
+    level, links = _LEVELS[tree.data], []
+    node = tree
+    while isinstance(node, Tree) and _LEVELS.get(node.data) == level:
+        links.append(node)
+        node = node.children[0]
+    first = compile_expr(node, file)
+    steps = [(_step(link, file), compile_expr(link.children[1], file), span_of(link, file))
+             for link in reversed(links)]
+    if level in ("and", "or"):
+        return _logical(first, [right for _, right, _ in steps], level == "and")
+
+    def apply(env: Env) -> object:
+        value = first(env)
+        for combine, right, span in steps:
+            value = combine(value, right(env), span)
+        return value
+
+    return apply
+
+
+def _step(link: Tree, file: Source):
+    data = link.data
+    if data in ("floordiv", "mod"):
+        return _divided(operator.floordiv if data == "floordiv" else operator.mod, "//" if data == "floordiv" else "%",
+                        span_of(link.children[1], file))
+    return _plain({"add": operator.add, "sub": operator.sub, "mul": operator.mul}.get(data, operator.add))
+
+
+def _logical(first: Eval, rest: list[Eval], conjunction: bool) -> Eval:
+    """``first and r1 and r2 ...`` (or ``or``): a condition, evaluated left to right, stopping early."""
+    def apply(env: Env) -> bool:
+        if bool(first(env)) != conjunction:
+            return not conjunction
+        for right in rest:
+            if bool(right(env)) != conjunction:
+                return not conjunction
+        return conjunction
+
+    return apply
 
 
 def _compare(op: Callable[[object, object], bool]) -> Callable[[Tree, Source], Eval]:
@@ -130,16 +181,6 @@ def _compare(op: Callable[[object, object], bool]) -> Callable[[Tree, Source], E
     return build
 
 
-def _and(tree: Tree, file: Source) -> Eval:
-    left, right = (compile_expr(child, file) for child in tree.children)
-    return lambda env: bool(left(env)) and bool(right(env))
-
-
-def _or(tree: Tree, file: Source) -> Eval:
-    left, right = (compile_expr(child, file) for child in tree.children)
-    return lambda env: bool(left(env)) or bool(right(env))
-
-
 def _not(tree: Tree, file: Source) -> Eval:
     inner = compile_expr(tree.children[0], file)
     return lambda env: not inner(env)
@@ -153,7 +194,7 @@ def _neg(tree: Tree, file: Source) -> Eval:
         value = inner(env)
         if type(value) not in (int, float):
             raise SemanticError(f"cannot negate {describe(value)}", span)
-        return -value
+        return bounded(-value, span)
 
     return negate
 
@@ -175,30 +216,30 @@ def _extremum(pick: Callable[..., object], name: str) -> Callable[[Tree, Source]
 
 
 def _int_literal(tree: Tree, file: Source) -> Eval:
-    return _constant(int(tree.children[0]))
+    return _constant(bounded(int(tree.children[0]), span_of(tree, file)))
 
 
 def _float_literal(tree: Tree, file: Source) -> Eval:
-    return _constant(float(tree.children[0]))
+    return _constant(bounded(float(tree.children[0]), span_of(tree, file)))
 
 
 _BUILDERS: dict[str, Callable[[Tree, Source], Eval]] = {
     "int_": _int_literal,
     "float_": _float_literal,
     "name": _name,
-    "add": _arithmetic(operator.add),
-    "sub": _arithmetic(operator.sub),
-    "mul": _arithmetic(operator.mul),
-    "floordiv": _division(operator.floordiv, "//"),
-    "mod": _division(operator.mod, "%"),
+    "add": _chain,
+    "sub": _chain,
+    "mul": _chain,
+    "floordiv": _chain,
+    "mod": _chain,
     "eq": _compare(operator.eq),
     "ne": _compare(operator.ne),
     "lt": _compare(operator.lt),
     "le": _compare(operator.le),
     "gt": _compare(operator.gt),
     "ge": _compare(operator.ge),
-    "and_": _and,
-    "or_": _or,
+    "and_": _chain,
+    "or_": _chain,
     "not_": _not,
     "neg": _neg,
     "min_": _extremum(min, "min"),

@@ -1,20 +1,10 @@
 """The time limit covers the final check: how long the search may run.
 
-``optimize``'s time limit bounds the whole run: the search, then building the
-chosen order's schedule, verifying it (``pipeforge.verify``, which nothing
-skips) and, in the command, printing it. Those last steps take time that
-grows with the schedule (about 25 µs per compute action on an idle core,
-most of it ``verify``; they can take several times that on a loaded
-machine), so the search stops early enough to leave them their time.
-
-``finish_seconds`` estimates that time, conservatively, as the larger of a
-fixed rate per compute action and a multiple of how long this very process
-took to compile the same work graph (``sim.workgraph``: the same size and the
-same kind of Python work, timed under the machine's current load), plus a
-fixed start-up. On the Table 5 rows (up to 49,152 actions) the finish
-measured 5-7x the compile time and 23-25 µs per action idle, and up to 65 µs
-per action with twice as many runnable processes as cores; the factors below
-keep 2-3x the idle figures (the compile time grows with the load too).
+``finish_seconds(actions, compile_seconds)``: a conservative estimate of what building the chosen
+order's schedule, verifying it and printing it will take (the larger of ``FINISH_PER_ACTION_S`` a
+compute action and ``FINISH_PER_COMPILE`` times the work graph's compile time in this process, plus
+``FINISH_FIXED_S``); ``search_deadline(started, time_limit, finish)``: when the search must stop to
+leave it that time. The measurements behind the factors: ``benchmarks/README.md``.
 """
 
 from __future__ import annotations

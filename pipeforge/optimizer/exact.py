@@ -1,37 +1,11 @@
 """Exact search for small instances: a z3 model of every order, bisection on the worst span.
 
-Why this is the second module that imports z3 (STYLE.md keeps z3 in
-``pipeforge/verifier/model.py``): the verifier asks z3 whether *one given* order
-can run; here z3 *chooses* the order, which is a different model (a Boolean
-per pair of actions on a rank, a start time per action, an objective) with a
-different life cycle (many incremental checks under a deadline). z3 is already
-a dependency; CP-SAT or a MILP solver would scale further but would add one.
-
-The model, for every compute action ``a`` with duration ``d(a)``:
-
-- ``start(a) >= 0``; for each data dependency ``p -> a``:
-  ``start(a) >= start(p) + d(p) + latency`` (``comm`` across ranks);
-- no overlap on a rank: for each pair, a Boolean ``before(a, b)`` and
-  ``start(b) >= start(a) + d(a)`` or the reverse;
-- memory, in program order: after each F, what the rank holds (1 per F before
-  it, minus what the I and W before it release) stays within the limit;
-- ASAP timing (``asap=True``): each action starts exactly when the last of its
-  inputs or its predecessor on the rank has ended, so the model's spans are
-  those ``pipeforge.sim`` reports for the chosen order;
-- ``span(r) = end of r's last action - start of r's first``; ``Z >= span(r)``.
-
-First z3's ``Optimize`` minimizes Z outright (measured here: P=4, M=6 proven
-optimal in 21 s, where bisection alone had not closed the gap in 60 s). If it
-runs out of time, the search asks "is there an order with Z <= target?" by
-bisection between a proven lower bound and the best order found: "unsat"
-raises the lower bound, "sat" yields a better order. The answer is optimal
-when the two meet, else the best order with the proven bound and the gap.
-
-The model is written as SMT-LIB text and parsed by z3 in one call (one Python
-call per constraint took 8-24 s at P=8, M=32); the clock is read every few
-hundred constraints, so a short time limit is kept even while building.
-Models with more than ``MAX_ORDER_PAIRS`` ordering Booleans are refused
-(``TooLarge``): z3 cannot search them in any useful time.
+``solve_exact(graph, incumbent, lower_bound, time_limit=...)`` -> ``ExactResult``: the best order z3
+finds of the graph's actions within the memory limit and the time limit, with a proven lower bound on
+its worst span (optimal when the two meet). ``TooLarge`` for more than ``MAX_ORDER_PAIRS`` ordering
+decisions, ``OutOfTime`` when the deadline passes while building. The second module that imports z3
+(here z3 chooses the order; ``verifier/model.py`` checks one). The model and why: ``docs/optimize.md``
+(Exact search).
 """
 
 from __future__ import annotations

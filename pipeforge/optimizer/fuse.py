@@ -1,33 +1,12 @@
 """Keep a B whole or split it: per (stage, microbatch), where the costs say B differs from I + W.
 
-The other strategies reorder one fixed set of actions, every B split into I
-and W (the Zero Bubble split). Where a stage's fused B costs less than its I
-and W together (measured costs often do: one backward pass reuses what the two
-halves each recompute), the best schedule keeps most backwards fused and splits
-only those whose W fills a bubble. This search changes the set of actions:
-
-- **fuse** (stage, microbatch): its I and W become one B, at the I's position
-  or at the W's;
-- **split** (stage, microbatch): its B becomes an I at the B's position and a
-  W right after it, or before a later action its rank waits for (a gap the W
-  may fill), or at the end of the rank.
-
-It runs where some stage's B < I + W, and moves the (stage, microbatch) of
-every stage where B and I + W differ (where B > I + W a split is the cheaper
-one: a fused B in the input is split there); where B = I + W (the Zero Bubble
-tables) a fused B at the I's position times exactly like the I with its W
-right after it, so nothing here could gain and nothing runs. Each seed is
-tried as it is and with its least work: every pair fused where B < I + W and
-every B split (its W right after its I) where B > I + W. A move is kept
-when the order still runs, fits the memory limit and lowers the evaluation key
-(``Evaluation.key``), as in local search.
-
-A move costs a timing, not a compile: every set of actions is a *mix* of the
-split work (``mixed.py``: an I node stands for its fused B), timed from the
-first changed step on (what starts earlier keeps its times, as in local
-search), after a check of the changed rank's memory. ``run`` alternates fuse
-descents with local search on the mix (``local.local_search``), or (after
-explicit greedy or exact search) makes the descents alone.
+``FuseSearch(split, deadline, target).run(seeds, local=True)`` -> the best ``(graph, order, evaluation)``
+found, or None: from each seed as it is and with its least work (every pair fused where B < I + W,
+every B split where B > I + W), descents that fuse an I and its W into one B or split a B, keeping a
+move when the order runs, fits the memory limit and lowers ``Evaluation.key``; with ``local``,
+alternating with local search on the mix. Only stages where B and I + W differ move
+(``choice_stages``). A move is timed on a mix of the split work (``mixed.py``). The moves:
+``docs/optimize.md`` (Keeping B whole; The fuse search).
 """
 
 from __future__ import annotations
@@ -146,7 +125,7 @@ def _with(order: Order, r: int, seq: tuple[int, ...]) -> Order:
 class FuseSearch:
     """Fuse descents alternating with local search on the mixed actions, until neither improves.
 
-    ``moves`` counts the candidates judged (what ``benchmarks/bench_fuse.py`` reports per second)."""
+    ``moves`` counts the candidates judged (what ``benchmarks/optimize/fuse.py`` reports per second)."""
 
     def __init__(self, split: Graph, deadline: float, target: float, progress: Progress | None = None):
         self.work = MixedWork(split)

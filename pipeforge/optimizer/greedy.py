@@ -1,36 +1,11 @@
 """The Zero Bubble paper's automatic scheduler (ZB-1p / ZB-2p), one stage per rank.
 
-Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), section 3.1, as
-sail-sg/zero-bubble-pipeline-parallelism describes it. The schedule is built one
-microbatch round at a time, with every rank's clock kept as it goes:
-
-- round 0 (warm-up): one F on every rank, then on each rank as many extra F as
-  fit in memory and in the time until the first I comes back from the rank
-  below (``bubble_before_first_i`` lets the last of them overrun that time);
-  the extra counts decrease from rank to rank; then the first I, last rank first;
-- every later round: ranks decide whether to run one more F (with
-  ``prioritize_i``, a rank already two F ahead of the next holds back when the
-  F would delay the I that comes back from that rank), then each rank runs one
-  I, last rank first;
-- before each F and each I, W are run to make room in memory and to fill the
-  wait for the incoming activation or gradient (``fill_small_gaps``: also when
-  the wait is small beside the worst bubble so far);
-- the remaining W at the end.
-
-The paper tries every combination of its three knobs (eight settings) and keeps
-the order with the smallest worst span by simulation; so does
-``best_zero_bubble_order``, timing each setting with the builder's own
-clocks (as-soon-as-possible in program order, the same timing as ``evaluate``).
-
-Four more settings (``FILL_SETTINGS``, where the fill chain of
-``pipeforge.sim.fill_chain`` proves that some rank must idle before its first
-I) warm up differently: each rank runs as many F before its first I as the
-fill chain's least choice says (some ranks wait a little for their first I so
-that the ranks before them need not hold more F than fit), then the rounds go
-on as the paper's (``prioritize_i`` and ``fill_small_gaps`` both ways;
-``bubble_before_first_i`` only shapes the paper's warm-up). With the paper's
-costs at 2p (Table 5) they reach the fill chain's bound on every row, where
-the paper's settings leave about twice its idle.
+``zero_bubble_orders(problem)`` -> one ``GreedyOrder`` per setting of the paper's three knobs
+(``KNOB_SETTINGS``) and, where the fill chain proves some rank must idle, of ``FILL_SETTINGS``, each
+built one microbatch round at a time with every rank's clock; ``best_zero_bubble_order`` keeps the one
+with the least worst span. ``supports(problem)``: one chain, one stage a rank in loop order. On the
+paper's Table 5 rows it builds the authors' very orders. The algorithm: ``docs/optimize.md`` (The Zero
+Bubble builder).
 """
 
 from __future__ import annotations

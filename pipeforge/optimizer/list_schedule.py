@@ -1,24 +1,9 @@
 """Greedy list scheduling for any placement (V, interleaved, loop): the rank that can start first
 runs its most urgent ready action.
 
-Time advances as in ``evaluate`` (ASAP, ``comm`` on cross-rank edges). At each
-step every rank proposes the action it would start next: among the actions
-whose inputs have arrived by the time it could start, the first by priority;
-the rank whose proposal starts earliest runs it. Priorities (``Rules``):
-
-- ``backward_first``: an I before an F when both are ready (the Zero Bubble
-  rule: gradients flow back as soon as they can), else F first;
-- ``late_stage_first``: among a rank's stages, the one nearer the loss first
-  (depth first, as in ZB-V and interleaved 1F1B), else the earlier;
-- W runs only when nothing else is ready (it fills the waits) or when an F is
-  ready but the memory limit leaves no room for it;
-- ``fair_memory``: each of a rank's stages may hold at most its share of the
-  rank's limit, so the stages early in the pipeline cannot fill the memory
-  that the stages near the loss need to make progress (V placements).
-
-Each stage runs its F, I and W in microbatch order. Every combination of the
-rules is tried; the caller keeps the best by simulation. A combination that
-gets stuck (memory full, no W to run, nothing arriving) is dropped.
+``list_schedule_orders(problem, deadline)`` -> one order per combination of the priority rules
+(``RULES``) that does not get stuck; the caller keeps the best by simulation. ``supports(problem)``
+says where it applies. The rules: ``docs/optimize.md`` (List scheduling).
 """
 
 from __future__ import annotations

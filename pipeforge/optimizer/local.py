@@ -1,19 +1,9 @@
 """Local search over compute orders: move actions on their rank, keep a move when it helps.
 
-A move takes the action at position ``p`` of a rank and reinserts it at ``q``
-(|p - q| <= ``window``): a W moved into an earlier or later gap, an F pulled
-into the warm-up, two adjacent independent steps swapped (|p - q| = 1); or it
-exchanges the actions at ``p`` and ``q`` (an I and a W trading places); or,
-for each idle gap of a rank, it pulls a W from any earlier position into the
-gap (deferring it) or an F from any later position (running it earlier). A move
-is kept when the order still runs (no rank waits forever, which also rejects
-any move that breaks a dependency on the rank), still fits the memory limit,
-and lowers the key (worst span, total span, makespan, then the sum of all ends).
-
-Evaluation is cheap where it can be: the memory prefix of the one changed rank
-is checked first (O(steps of that rank)); the timing is re-simulated only from
-the first changed step on, since nothing that starts earlier can depend on it
-(durations are positive), so the earlier part of every rank is reused.
+``local_search(graph, order, time_limit=..., window=..., kicks=...)`` -> ``LocalSearchResult``: an order
+of the same actions that still runs, fits the memory limit and has a key (worst span, total span,
+makespan, then the sum of all ends) no larger than the input's. The moves, and why a move costs only a
+partial re-timing: ``docs/optimize.md`` (Local search).
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """The split work with each backward kept whole or split as data: one work graph for every choice.
 
-The fuse search (``fuse.py``) tries thousands of sets of actions that differ
-only in which (stage, microbatch) backwards are fused. Rather than compile a
-work graph for each, the split work is compiled once (``Graph``: every B as its
-I and W) and an I node may *stand for* its fused B: it takes the B's duration,
-memory effect (``MemorySpec.stage_effect``) and action, and its W node is left
-out of the order. That is the fused set's own work graph under other ids: a B
-needs what its I needs and feeds what its I feeds (``semantics.NEEDS`` has one
-rule for both, and a consumer takes either, ``(B, I)``), and nothing needs a W.
-
-A *mix* is an order of split node ids (a fused pair's W absent) with the graph
-that times it (``MixedWork.view``): the split graph's dependencies, shared,
-with its own durations, memory effects and actions. Changing one pair
-(``MixedWork.flip``) copies those per-node lists and sets one entry of each,
-so a move of the fuse search costs a timing, not a compile. ``compiled`` turns a mix
-back into an ordinary graph and order of its actions (B where fused).
+``MixedWork`` over the split work's ``Graph`` (every B as its I and W, compiled once): an I node may
+stand for its fused B (the B's duration, memory effect and action; its W left out of the order).
+``view`` gives the graph that times a mix, ``flip`` changes one (stage, microbatch) pair by copying the
+per-node lists, ``compiled`` turns a mix back into an ordinary graph and order (B where fused). So a
+move of the fuse search costs a timing, not a compile. Why this is exact: ``docs/optimize.md``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Placements the optimizer may choose (``--placement keep|loop|v|interleaved|any``).
 
-A *layout* says how the input's work is laid on the ranks: split each of the
-input's stages into ``chunks`` consecutive stages and place them ``loop``
-(stage s on rank s % P) or ``v`` (down the ranks, then back up). Splitting a
-stage into k chunks divides its F, I, W (and B) time and its activation memory
-by k and leaves a transfer's cost unchanged, as the Zero Bubble authors' V
-schedules assume. Memory limits stay in the input's units (M_B of an input
-stage): inside a k-chunk layout one chunk's activations are the unit, so the
-limit there is k times the input's, and peaks are divided by k to report them.
-
-- ``keep``: the input's own placement (default);
-- ``loop``: the input's stages in loop order (stage s on rank s % P; one a rank from 1F1B);
-- ``v``: two chunks a rank in a V (ZB-V's placement);
-- ``interleaved``: two chunks a rank in loop order (interleaved 1F1B's);
-- ``any``: each of the above that applies; the best result is kept.
+``layouts(choice, problem)`` -> the ``Layout``s to try: each of the input's stages split into ``chunks``
+consecutive stages placed ``loop`` or ``v`` (``keep``: the input's own; ``any``: every one that
+applies). A k-chunk layout divides each stage's F, I, W, B and activation memory by k and keeps a
+transfer's cost; memory limits stay in the input's units (k times the input's inside the layout).
+``laid_out_schedule`` writes an order of a layout back as a schedule. What each choice means:
+``docs/optimize.md`` (Placements).
 """
 
 from __future__ import annotations

@@ -1,48 +1,14 @@
 """``optimize``: run the strategies, keep the best order, verify it, report before and after.
 
-Strategies (``strategy=``):
-
-- ``greedy``: the Zero Bubble automatic schedulers, best of their settings:
-  ``greedy.py`` (ZB-1p/2p) where the placement is one stage a rank in loop
-  order, ``v_greedy.py`` (ZB-V) where it is two chunks a rank in a V; list
-  scheduling (``list_schedule.py``) for other placements and for small
-  instances of any; needs one chain;
-- ``local``: local search (``local.py``) from the input's own order;
-- ``exact``: z3 (``exact.py``) from the best of the input and the greedy order,
-  within the time limit, with a proven bound;
-- ``auto``: greedy where it applies, local search from the best order so far,
-  then exact search when the instance is small (at most ``EXACT_AUTO_ACTIONS``
-  actions: local search gets a quarter of the time, exact search the rest).
-
-Where some stage's B costs less than its I + W, each strategy follows its
-orders of the split work with the fuse search (``fuse.py``), which keeps B
-whole or splits it per (stage, microbatch): ``local`` and ``auto`` with local
-search between its descents (auto then skips exact search), ``greedy`` and
-``exact`` with its descents alone; exact's bound covers the split work only
-there and is kept apart (``split_bound``). ``OptimizeResult.fuse`` says which
-(``result.FUSE_PASSES``).
-
-``placement=`` (``placement.py``) may lay the stages out anew: every layout
-tried gets its greedy orders first, then the rest of the time goes to the
-layout that leads. Every search times orders in exact integer units
-(``units.py``), so the result does not depend on the unit of the costs.
-
-Every strategy stops as soon as the best order reaches the proven lower bound
-(it is optimal); local search stops when its restarts stop improving; nothing
-runs past the time limit, which covers verifying the result (``budget.py``: the search
-stops early enough to leave it its time). ``OptimizeResult.stopped`` says which (``STOP_REASONS``).
-Explicit ``exact`` refuses (``UsageError``) a problem too large for its model.
-
-The memory limit is ``memory_limit``, else the schedule's own, else the
-input's peak: an optimized schedule never holds more activations than the
-input did unless a limit says it may.
-
-Whatever runs, the result is never worse than the input: if no order beats
-the input's worst span (then total span, then makespan) within the memory
-limit, the input is returned unchanged. A new order is verified by
-``pipeforge.verify`` (memory limit included, timing by its certificate) before
-it is returned; if it does not verify, ``VerificationError`` is raised and
-nothing is returned.
+``optimize(schedule, costs=..., memory_limit=..., strategy="auto"|"greedy"|"local"|"exact",
+placement="keep"|..., time_limit=...)`` -> ``OptimizeResult``: a schedule of the same work with the
+least worst span found (then total span, then makespan), within the memory limit (``memory_limit``,
+else the schedule's own, else the input's peak), verified by ``pipeforge.verify`` before it is
+returned, and never worse than the input (which is returned unchanged when nothing beats it); before,
+after, the proven bound and why the search stopped. Nothing runs past ``time_limit``, the final check
+included (``budget.py``). ``VerificationError`` if the result does not verify; explicit ``exact``
+raises ``UsageError`` for a problem too large for its model. How each strategy works:
+``docs/optimize.md``.
 """
 
 from __future__ import annotations

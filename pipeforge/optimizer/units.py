@@ -1,27 +1,9 @@
 """Costs in exact integer units, so that no search depends on the unit the costs were given in.
 
-The strategies compare times (``clock >= ready``, ``clock + F + W <= back``)
-and settle exact ties one way. In floating point a tie holds or not by a few
-units in the last place, which depend on the unit: the same profile in
-milliseconds and in microseconds gave different schedules. So every strategy
-works on an integer copy of the costs:
-
-1. every duration and the latency are divided by the largest of them, so the
-   result does not depend on the unit at all;
-2. each ratio becomes the nearest fraction with a denominator of at most
-   ``MAX_DENOMINATOR`` (a profile given to six digits in any unit is recovered
-   exactly: ``18.086 / 18.522 = 9043 / 9261`` whether it came in ms or µs), when
-   it is within 1e-12 of the ratio (float rounding is about 1e-16);
-3. all are put over their least common denominator: integers, small enough
-   (at most ``2 ** 26`` each) that sums of a whole schedule's durations stay
-   exact in a float. If the common denominator is larger than that (costs
-   with many significant digits), the ratios are rounded to ``2 ** -26``
-   instead: a relative change of about 1e-8, which only settles what is a
-   tie to that precision.
-
-The integers are those of the problem scaled by one positive factor
-(``Units.scale``): every order is timed in them exactly, and a time in them
-times ``scale`` is a time in the input's unit.
+``integer_units(costs)`` -> ``Units``: the costs scaled by one positive factor (``Units.scale``) to
+integers of at most ``GRID`` each, so that sums of a whole schedule's durations are exact in a float and
+exact ties are ties; the same profile in ms, µs or s gives the same integers. How the ratios are
+recovered: ``docs/optimize.md`` (Integer units).
 """
 
 from __future__ import annotations

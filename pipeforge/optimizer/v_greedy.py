@@ -1,27 +1,9 @@
 """The Zero Bubble paper's ZB-V scheduler: two chunks a rank in a V, built greedily with rank clocks.
 
-Qi et al., "Zero Bubble Pipeline Parallelism" (arXiv 2401.10241, section on ZB-V),
-as sail-sg/zero-bubble-pipeline-parallelism's ``zbv.py`` builds it. The
-placement is ``Placement.v(2p, p)``: rank i holds stage i (the way down, "chunk
-0") and stage 2p-1-i (the way back up, "chunk 1"); the loss is on rank 0.
-
-- warm-up: one F of stage i on every rank; then, from the last rank up, each
-  rank i runs its first F of the way back up, after as many more F of the way
-  down (on ranks 0..i together) as fit in memory (``2 + 2i`` chunks ahead) and
-  end before that F's input arrives; then the ranks below are topped up with F
-  (alternating the chunks) until each has run as many as the rank above it;
-- each of the ``2m`` rounds: every rank runs one I (the way-back chunk first
-  once its gradient is there, ranks nearer the loss first), then one F (the
-  way-up chunk as soon as its input is there, else the way-down one); before
-  each, W fill the wait for the input and make room in memory; with
-  ``fill_i`` / ``fill_f``, one more W goes into a wait that is large beside
-  the worst bubble so far;
-- the remaining W at the end.
-
-The worst bubble of a run is fed back as every rank's allowance (``approved``)
-and the run repeated while that helps, as the authors do; their four settings
-of the two knobs are tried. All runs are returned; the caller keeps the best by
-simulation. Times are in the exact integer units of ``units.py``.
+``zero_bubble_v_orders(problem, deadline)`` -> every run of the authors' four settings (``V_KNOBS``),
+each repeated with its worst bubble fed back while that helps; the caller keeps the best by simulation.
+``supports(problem)``: ``Placement.v(2p, p)``, one chain. Times are in the exact integer units of
+``units.py``. The algorithm: ``docs/optimize.md`` (The ZB-V builder).
 """
 
 from __future__ import annotations

@@ -7,10 +7,16 @@ an action shows its token, rank, start, end and duration (the SVG's own
 
 from __future__ import annotations
 
-from html import escape
+from html import escape as _escape
 
+from pipeforge.errors import printable
 from pipeforge.render.svg import default_title, render_svg
 from pipeforge.sim.simulate import Timeline
+
+def escape(text: str) -> str:
+    """HTML text of ``text``, its control characters escaped first (HTML cannot show them)."""
+    return _escape(printable(text))
+
 
 STYLE = """
 body { font-family: Helvetica, Arial, sans-serif; margin: 24px; color: #222; }

@@ -15,13 +15,24 @@ renderer builds on these.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from xml.sax.saxutils import escape, quoteattr
+from xml.sax.saxutils import escape as _escape, quoteattr as _quoteattr
 
+from pipeforge.errors import printable
 from pipeforge.render.grid import nice_step, ticks
 from pipeforge.sim.simulate import Timeline
 
 # (fill, text colour) by (kind, shade): shade 0 light as in the papers; shade 1 deeper, for a rank's
 # second stage (V and interleaved placements: odd local chunks) or for chain 1 (bidirectional schedules).
+def escape(text: str) -> str:
+    """XML text of ``text``, its control characters escaped first (XML 1.0 cannot hold them at all)."""
+    return _escape(printable(text))
+
+
+def quoteattr(text: str) -> str:
+    """An XML attribute value of ``text``, its control characters escaped first."""
+    return _quoteattr(printable(text))
+
+
 PALETTE = {
     ("F", 0): ("#a8c8f0", "#10243f"), ("F", 1): ("#3f6fb5", "#ffffff"),
     ("B", 0): ("#9edbb0", "#0f3319"), ("B", 1): ("#2f8f55", "#ffffff"),

@@ -1,4 +1,4 @@
-"""What a generated rank function calls: one method per kind of action.
+"""The rank context: what a generated rank function calls, one method per kind of action.
 
 A generated module holds one function per rank, ``rank_3(ctx)``, whose body is
 the rank's steps in order; ``ctx`` is a ``RankContext``. Data moves like this:
@@ -12,30 +12,51 @@ the rank's steps in order; ``ctx`` is a ``RankContext``. Data moves like this:
   waited where its data is used;
 - ``backward`` / ``backward_input`` / ``backward_weight`` mirror it for gradients.
 
+Hook points (every pipeline runs this one class; nothing overrides its methods):
+``functions`` (custom functions per action kind, ``pipeforge.runtime.custom``)
+replace the runtime's own implementation of a kind; ``data_parallel``
+(``pipeforge.runtime.fsdp``) runs around every compute and does UNSHARD,
+RESHARD and REDUCE_GRAD; ``observers`` (``Observer``: the step trace of
+``pipeforge.runtime.step_trace``, records) are told when each compute, wait,
+post and the final wait begin and end. Without custom functions, data-parallel
+stages or observers an action goes straight to its stage.
+
 In eval mode backward actions and backward communication are skipped: a valid
 schedule stays valid without them (the forward transfers keep their order).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from pipeforge.ir import Action, ActionKind
+from pipeforge.runtime.custom import COMPUTE_KINDS, ActionContext, CustomFunction, StageAction
+from pipeforge.runtime.fsdp import DataParallel
 from pipeforge.runtime.memory import ActivationCount
 from pipeforge.runtime.microbatch import as_tuple
 from pipeforge.runtime.p2p import (
-    PipelineError, Posted, TensorMeta, Transfer, Transport, decode_header, empty_header, encode_header,
+    PipelineError,
+    Posted,
+    TensorMeta,
+    Transfer,
+    Transport,
+    decode_header,
+    empty_header,
+    encode_header,
 )
 from pipeforge.runtime.saved import SavedActivations
 from pipeforge.runtime.stage import StageRunner
-from pipeforge.semantics import SENDS, peer_stage
+from pipeforge.semantics import GRADIENT_KINDS, RUNTIME_METHODS, SENDS, peer_stage
 
 SEND_F, RECV_F, SEND_B, RECV_B = ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B
 FORWARD_COMMS = frozenset({SEND_F, RECV_F})  # what eval() keeps
+BACKWARD_KINDS = frozenset({*(kind for kind in COMPUTE_KINDS if kind != "F"), "REDUCE_GRAD"})  # what eval() skips
+WEIGHT_GRADIENT_KINDS = frozenset(kind.value for kind in GRADIENT_KINDS)  # after them: data_parallel's upcast
 Comm = Action  # what send_f/recv_f/send_b/recv_b return and post takes: the communication action itself
 
 
@@ -70,31 +91,73 @@ class ScheduleInfo:
         )
 
 
+class Observer:
+    """A hook point told what a rank does, as it does it (every method a no-op here): the step trace
+    (``pipeforge.runtime.step_trace.Tracer``) and records of where a rank was implement it.
+
+    ``kind`` is ``"F"``, ``"B"``, ``"I"`` or ``"W"`` for a compute and ``ActionKind.RECV_F`` /
+    ``RECV_B`` for a wait. A wait happens inside the compute that needs its data."""
+
+    def begin_program(self) -> None: ...
+
+    def begin_compute(self, kind: str, stage: int, mb: int, chain: int) -> None: ...
+
+    def end_compute(self, kind: str, stage: int, mb: int, chain: int) -> None: ...
+
+    def begin_wait(self, kind: ActionKind, stage: int, mb: int, chain: int) -> None: ...
+
+    def end_wait(self, kind: ActionKind, stage: int, mb: int, chain: int) -> None: ...
+
+    def begin_post(self, comms: tuple[Comm, ...]) -> None: ...
+
+    def end_post(self, comms: tuple[Comm, ...]) -> None: ...
+
+    def begin_finish(self) -> None: ...
+
+    def end_finish(self) -> None: ...
+
+
 class RankContext:
-    """The state of one rank during one ``step`` or ``eval``."""
+    """The state of one rank during one ``step`` or ``eval``, with its hook points (module docstring)."""
 
     def __init__(self, info: ScheduleInfo, rank: int, runners: dict[tuple[int, int], StageRunner],
-                 transport: Transport, caches: "ShapeCache"):
+                 transport: Transport, caches: ShapeCache, *, training: bool = True,
+                 functions: dict[str, CustomFunction] | None = None, data_parallel: DataParallel | None = None,
+                 observers: tuple[Observer, ...] = ()):
         self.info = info
         self.rank = rank
         self.runners = runners
         self.transport = transport
         self.caches = caches
-        self.training = True
+        self.training = training
+        self.functions = dict(functions or {})
+        self.data_parallel = data_parallel if data_parallel is not None else DataParallel(rank, {})
+        self.observers = tuple(observers)
         self.inputs: list[tuple[tuple[Any, ...], dict[str, Any]]] = []  # stage 0's (args, kwargs) per microbatch
         self.stage_inputs: dict[int, list[dict[str, Any]]] = {}  # a stage's keyword inputs per microbatch
         self.targets: list[Any] = []
-        self._handed: dict[tuple[str, int, int, int], Any] = {}
-        self._outbox: dict[tuple[str, int, int, int], tuple[torch.Tensor, ...]] = {}
-        self._pending: dict[tuple[str, int, int, int], tuple[Posted, tuple[torch.Tensor, ...]]] = {}
-        self._sent: list[Posted] = []
         self.activations = ActivationCount()  # what simulate's memory model counts (O(1) per action)
+<<<<<<< HEAD
         self.saved = SavedActivations(frozenset(info.recomputed), frozenset(info.offloaded),
                                       transport.device)  # R, OFFLOAD, RELOAD: runtime/saved.py
+=======
+        self._handed: dict[Action, Any] = {}
+        self._outbox: dict[Action, tuple[torch.Tensor, ...]] = {}
+        self._pending: dict[Action, tuple[Posted, tuple[torch.Tensor, ...]]] = {}
+        self._sent: list[Posted] = []
+        self._collecting: list[StageAction] | None = None  # the overlap step being collected for custom functions
+        # the runtime's own compute of each kind, below the hooks: ``_<method>`` for the method generated
+        # code calls (``semantics.RUNTIME_METHODS``), which goes through the hooks
+        self._computes: dict[str, Callable[[int, int, int], None]] = {
+            kind: getattr(self, "_" + RUNTIME_METHODS[ActionKind(kind)]) for kind in COMPUTE_KINDS}
+        # no hook to run around a compute: actions go straight to their stage
+        self._direct = not self.functions and not self.observers and not self.data_parallel.hooks_compute
+>>>>>>> main
 
     # -- the actions a generated rank function calls -------------------------------
 
     def forward(self, stage: int, mb: int, chain: int = 0) -> None:
+<<<<<<< HEAD
         runner = self._runner(stage, chain)
         args, kwargs = self._forward_input(stage, mb, chain)
         own = self.stage_inputs.get(stage)
@@ -111,10 +174,15 @@ class RankContext:
             return
         if self._local(stage + 1, chain):
             self._handed[Action(stage + 1, RECV_F, mb, chain)] = as_tuple(output)
+=======
+        if self._direct:
+            self._forward(stage, mb, chain)
+>>>>>>> main
         else:
-            self._outbox[Action(stage, SEND_F, mb, chain)] = _sendable(output, runner.name)
+            self._issue_compute("F", stage, mb, chain)
 
     def backward(self, stage: int, mb: int, chain: int = 0) -> None:
+<<<<<<< HEAD
         if self.training:
             self.saved.wait((stage, mb, chain))
             runner = self._runner(stage, chain)
@@ -127,11 +195,27 @@ class RankContext:
             runner = self._runner(stage, chain)
             self._hand_back(runner, runner.backward_input(mb, self._output_grads(runner, mb)), mb)
             self.activations.backward_input()
+=======
+        if self._direct:
+            if self.training:
+                self._backward(stage, mb, chain)
+        else:
+            self._issue_compute("B", stage, mb, chain)
+
+    def backward_input(self, stage: int, mb: int, chain: int = 0) -> None:
+        if self._direct:
+            if self.training:
+                self._backward_input(stage, mb, chain)
+        else:
+            self._issue_compute("I", stage, mb, chain)
+>>>>>>> main
 
     def backward_weight(self, stage: int, mb: int, chain: int = 0) -> None:
-        if self.training:
-            self._runner(stage, chain).backward_weight(mb)
-            self.activations.backward_weight()
+        if self._direct:
+            if self.training:
+                self._backward_weight(stage, mb, chain)
+        else:
+            self._issue_compute("W", stage, mb, chain)
 
     def recompute(self, stage: int, mb: int, chain: int = 0) -> None:
         """R: the forward of a recomputed microbatch again, under autograd, from its checkpoint."""
@@ -154,19 +238,31 @@ class RankContext:
     def reduce_grad(self, stage: int, chain: int = 0) -> None:
         """The stage's gradients are complete on this rank (every replica of it here: REDUCE_GRAD
         names a stage, not a chain). They are summed across chains and scaled after the program."""
-        replicas = [r for (s, _), r in self.runners.items() if s == stage]
-        if not replicas:
-            raise PipelineError(f"rank {self.rank} holds no replica of stage {stage}")
-        pending = sorted(m for r in replicas for m in r.states)
-        if self.training and pending:
-            raise PipelineError(f"rank {self.rank}: REDUCE_GRAD of stage {stage} with backward still pending "
-                                f"for microbatches {pending}")
+        self.issue(StageAction("REDUCE_GRAD", stage))
+
+    def unshard(self, stage: int, chain: int = 0) -> None:
+        self.issue(StageAction("UNSHARD", stage))
+
+    def reshard(self, stage: int, chain: int = 0) -> None:
+        self.issue(StageAction("RESHARD", stage))
 
     @contextmanager
     def overlap(self) -> Iterator[None]:
-        """An overlap step: its actions are issued back to back, none waits for another."""
-        with self.activations.overlap():
+        """An overlap step: its actions are issued back to back, none waits for another. With custom
+        functions they are collected and issued as one OVERLAP_F_B."""
+        if not self.functions:
+            with self.activations.overlap():
+                yield
+            return
+        if self._collecting is not None:
+            raise PipelineError(f"rank {self.rank}: an overlap step inside another")
+        self._collecting = []
+        try:
             yield
+            halves = tuple(self._collecting)
+        finally:
+            self._collecting = None
+        self.issue(StageAction("OVERLAP_F_B", None, sub_actions=halves))
 
     def send_f(self, stage: int, mb: int, chain: int = 0) -> Comm:
         return Action(stage, SEND_F, mb, chain)
@@ -188,6 +284,118 @@ class RankContext:
         receive (the receive of a group waits for its matching send to be posted: the buffered
         semantics of ``docs/semantics.md``, which every rendezvous-valid schedule satisfies too).
         """
+        if not self.observers:
+            self._post(comms)
+            return
+        for observer in self.observers:
+            observer.begin_post(comms)
+        self._post(comms)
+        for observer in self.observers:
+            observer.end_post(comms)
+
+    # -- dispatch through the hooks ----------------------------------------------------
+
+    def issue(self, action: StageAction) -> None:
+        """Run ``action`` as the pipeline does: its kind's custom function if one is registered, else the
+        runtime's own (``run_default``); inside an overlap step with custom functions, collect it."""
+        if self._collecting is not None:
+            self._collecting.append(action)
+            return
+        if not self.training and action.kind in BACKWARD_KINDS:
+            return
+        function = self.functions.get(action.kind)
+        if function is None:
+            self.run_default(action)
+        else:
+            function(action, ActionContext(self, action))
+
+    def run_default(self, action: StageAction) -> None:
+        """The runtime's own implementation of ``action``, its hooks included."""
+        kind = action.kind
+        if kind in self._computes:
+            self._compute(kind, action.stage, action.microbatch, action.chain)
+        elif kind == "OVERLAP_F_B":
+            with self.activations.overlap():  # one step for the activation count: additions, then releases
+                for half in action.sub_actions:
+                    self.issue(half)
+        elif kind == "UNSHARD":
+            self.data_parallel.unshard(action.stage)
+        elif kind == "RESHARD":
+            self.data_parallel.reshard(action.stage)
+        elif kind == "REDUCE_GRAD":
+            self._reduce_grad(action.stage)
+            self.data_parallel.reduce(action.stage)
+        else:
+            raise PipelineError(f"rank {self.rank}: unknown action kind {kind!r}")
+
+    def _issue_compute(self, kind: str, stage: int, mb: int, chain: int) -> None:
+        """``issue`` of a compute action; without a custom function for its kind the default runs at
+        once, without making the ``StageAction`` only a custom function would see."""
+        if self._collecting is None and kind not in self.functions:
+            self._compute(kind, stage, mb, chain)
+        else:
+            self.issue(StageAction(kind, stage, mb, chain))
+
+    def _compute(self, kind: str, stage: int, mb: int, chain: int) -> None:
+        """A compute action with its hooks: the observers, the stage's data parallelism around the compute."""
+        if not self.training and kind != "F":
+            return
+        observers = self.observers
+        for observer in observers:
+            observer.begin_compute(kind, stage, mb, chain)
+        data_parallel = self.data_parallel
+        data_parallel.before_compute(stage, kind != "F")
+        self._computes[kind](stage, mb, chain)
+        if kind in WEIGHT_GRADIENT_KINDS and stage in data_parallel.upcasting:
+            data_parallel.after_weight_gradients(stage)
+        for observer in observers:
+            observer.end_compute(kind, stage, mb, chain)
+
+    # -- the runtime's own compute ------------------------------------------------------
+
+    def _forward(self, stage: int, mb: int, chain: int) -> None:
+        runner = self.runner(stage, chain)
+        args, kwargs = self._forward_input(stage, mb, chain)
+        own = self.stage_inputs.get(stage)
+        if own is not None:
+            kwargs = {**kwargs, **own[mb]}
+        target = self.targets[mb] if runner.is_last and self.targets else None
+        output = runner.forward(mb, args, target, self.training, kwargs)
+        if self.training:
+            self.activations.forward()
+        if runner.is_last:
+            return
+        if self._local(stage + 1, chain):
+            self._handed[Action(stage + 1, RECV_F, mb, chain)] = as_tuple(output)
+        else:
+            self._outbox[Action(stage, SEND_F, mb, chain)] = _sendable(output, runner.name)
+
+    def _backward(self, stage: int, mb: int, chain: int) -> None:
+        runner = self.runner(stage, chain)
+        self._hand_back(runner, runner.backward(mb, self._output_grads(runner, mb)), mb)
+        self.activations.backward()
+
+    def _backward_input(self, stage: int, mb: int, chain: int) -> None:
+        runner = self.runner(stage, chain)
+        self._hand_back(runner, runner.backward_input(mb, self._output_grads(runner, mb)), mb)
+        self.activations.backward_input()
+
+    def _backward_weight(self, stage: int, mb: int, chain: int) -> None:
+        self.runner(stage, chain).backward_weight(mb)
+        self.activations.backward_weight()
+
+    def _reduce_grad(self, stage: int) -> None:
+        replicas = [r for (s, _), r in self.runners.items() if s == stage]
+        if not replicas:
+            raise PipelineError(f"rank {self.rank} holds no replica of stage {stage}")
+        pending = sorted(m for r in replicas for m in r.states)
+        if self.training and pending:
+            raise PipelineError(f"rank {self.rank}: REDUCE_GRAD of stage {stage} with backward still pending "
+                                f"for microbatches {pending}")
+
+    # -- communication -----------------------------------------------------------------
+
+    def _post(self, comms: tuple[Comm, ...]) -> None:
         if not self.training:
             comms = tuple(c for c in comms if c.kind in FORWARD_COMMS)
             if not comms:
@@ -220,8 +428,8 @@ class RankContext:
             peer = self.caches.peer(comm, self.info)
             transfers += [Transfer(False, t, peer) for t in tensors]
             arriving.append((comm, tensors))
-        if not transfers:
-            return
+        if not transfers and not arriving:
+            return  # (a receive of no tensors, an integer-only activation's gradient, is posted empty)
         posted = self.transport.post(transfers, label)
         if sends:
             self._sent.append(posted)
@@ -230,10 +438,19 @@ class RankContext:
 
     # -- after the program -----------------------------------------------------------
 
+    def begin_program(self) -> None:
+        """The rank's program starts now (its end is ``finish``'s)."""
+        for observer in self.observers:
+            observer.begin_program()
+
     def finish(self) -> None:
         """Wait for every send and check that nothing the schedule moved was left behind."""
+        for observer in self.observers:
+            observer.begin_finish()
         for posted in self._sent:
             posted.wait()
+        for observer in self.observers:
+            observer.end_finish()
         leftovers = [f"{a.kind} {a.stage}:{a.microbatch}" for a in (*self._pending, *self._outbox)]
         leftovers += [f"{r.name} microbatch {m}" for r in self.runners.values() for m in r.states] if self.training else []
         if leftovers:
@@ -241,7 +458,8 @@ class RankContext:
 
     # -- helpers ---------------------------------------------------------------------
 
-    def _runner(self, stage: int, chain: int) -> StageRunner:
+    def runner(self, stage: int, chain: int = 0) -> StageRunner:
+        """The replica of ``stage`` in ``chain`` on this rank."""
         runner = self.runners.get((stage, chain))
         if runner is None:
             raise PipelineError(f"rank {self.rank} holds no replica of stage {stage} in chain {chain}")
@@ -264,14 +482,22 @@ class RankContext:
 
     def _take(self, kind: ActionKind, stage: int, chain: int, mb: int) -> tuple:
         key = Action(stage, kind, mb, chain)
-        if key in self._handed:
-            return self._handed.pop(key)
+        handed = self._handed.pop(key, None)
+        if handed is not None:
+            return handed
         if key not in self._pending:
             what = "input" if kind == RECV_F else "output gradient"
             raise PipelineError(f"rank {self.rank}: the {what} of stage {stage} microbatch {mb} was never received "
                                 f"(no {stage}{kind}{mb} posted before it is used)")
         posted, tensors = self._pending.pop(key)
-        posted.wait_received()  # not the group's sends: they are waited in finish()
+        if not self.observers:
+            posted.wait_received()  # not the group's sends: they are waited in finish()
+            return tensors
+        for observer in self.observers:
+            observer.begin_wait(kind, stage, mb, chain)
+        posted.wait_received()
+        for observer in self.observers:
+            observer.end_wait(kind, stage, mb, chain)
         return tensors
 
     def _hand_back(self, runner: StageRunner, input_grads: tuple, mb: int) -> None:
@@ -303,7 +529,7 @@ class RankContext:
             if not self.caches.known(comm):
                 self._receive_header(comm, label)
             return self.caches.buffers(comm, device)
-        runner = self._runner(comm.stage, comm.chain)
+        runner = self.runner(comm.stage, comm.chain)
         return self.caches.gradient_buffers(comm, runner.output_metas(comm.microbatch), device)
 
     def _receive_header(self, comm: Comm, label: GroupLabel) -> None:
@@ -394,13 +620,15 @@ class ShapeCache:
         return cached
 
     def gradients_to_send(self, key: tuple, grads: tuple, device: torch.device) -> tuple[torch.Tensor, ...]:
-        """The input gradients of the floating-point inputs (zeros where an input got none)."""
+        """The input gradients of the floating-point inputs, one per such input in order (``grads``
+        holds one for each; zeros where an input got none)."""
         stage, _, mb, chain = key
         metas = self._received.get(Action(stage, RECV_F, mb, chain))
         if metas is None:
             raise PipelineError(f"stage {stage} sends a gradient for microbatch {mb} it never received")
+        floats = [m for m in metas if m.dtype.is_floating_point]
         return tuple(g.contiguous() if g is not None else torch.zeros(m.shape, dtype=m.dtype, device=device)
-                     for g, m in zip(grads, metas) if m.dtype.is_floating_point)
+                     for g, m in zip(grads, floats))
 
 
 def _sendable(output: Any, stage_name: str) -> tuple[torch.Tensor, ...]:

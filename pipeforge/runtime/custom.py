@@ -1,5 +1,7 @@
 """Custom functions per action kind, torch's ``register_custom_function`` for generated pipelines.
 
+(The rank context runs them: ``RankContext.issue`` in ``pipeforge.runtime.context``.)
+
 ``make_pipeline(..., custom_functions={"OVERLAP_F_B": fn})`` (or
 ``pipeline.register_custom_function("OVERLAP_F_B", fn)``) makes ``fn(action,
 ctx)`` run instead of the runtime's own implementation of every action of that
@@ -25,16 +27,13 @@ built-in F/B for the halves instead). In ``eval()`` backward actions and
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pipeforge.ir import ActionKind
-from pipeforge.runtime.context import RankContext, ScheduleInfo
-from pipeforge.runtime.fsdp import DataParallel
 from pipeforge.runtime.p2p import PipelineError
+<<<<<<< HEAD
 from pipeforge.runtime.stage import StageRunner
 from pipeforge.semantics import GRADIENT_KINDS, RUNTIME_METHODS, compute_kind_names, lane
 
@@ -43,6 +42,16 @@ KINDS = (*COMPUTE_KINDS, "OVERLAP_F_B", "UNSHARD", "RESHARD", "REDUCE_GRAD")
 BACKWARD_KINDS = (*(kind for kind in COMPUTE_KINDS if kind != "F"), "REDUCE_GRAD")  # only while training
 WEIGHT_GRADIENT_KINDS = tuple(sorted(kind.value for kind in GRADIENT_KINDS))
 FORWARD_KINDS = ("F", "R")  # run the stage's forward (R again, under autograd)
+=======
+from pipeforge.semantics import compute_kind_names
+
+if TYPE_CHECKING:
+    from pipeforge.runtime.context import RankContext, ScheduleInfo
+    from pipeforge.runtime.stage import StageRunner
+
+COMPUTE_KINDS = compute_kind_names()  # semantics: F, B, I, W and any compute kind added there
+KINDS = (*COMPUTE_KINDS, "OVERLAP_F_B", "UNSHARD", "RESHARD", "REDUCE_GRAD")
+>>>>>>> main
 
 
 @dataclass(frozen=True)
@@ -87,7 +96,7 @@ def custom_functions(functions: dict | None) -> dict[str, CustomFunction]:
 class ActionContext:
     """What a custom function gets besides its action (torch's ``_PipelineContext`` and the stage)."""
 
-    def __init__(self, rank_context: HookedRankContext, action: StageAction):
+    def __init__(self, rank_context: RankContext, action: StageAction):
         self._ctx = rank_context
         self.action = action
 
@@ -125,7 +134,7 @@ class ActionContext:
         return {mb: loss for runner in self._ctx.runners.values() for mb, loss in runner.losses.items()}
 
     def runner(self, stage: int, chain: int = 0) -> StageRunner:
-        return self._ctx._runner(stage, chain)
+        return self._ctx.runner(stage, chain)
 
     def module(self, stage: int, chain: int = 0) -> torch.nn.Module:
         return self.runner(stage, chain).module
@@ -137,6 +146,7 @@ class ActionContext:
     def run(self, action: StageAction) -> None:
         """What the pipeline does for ``action``: its kind's custom function if registered, else the default."""
         self._ctx.issue(action)
+<<<<<<< HEAD
 
 
 class HookedRankContext(RankContext):
@@ -248,3 +258,5 @@ class HookedRankContext(RankContext):
             self.data_parallel.reduce(action.stage)
         else:
             raise PipelineError(f"rank {self.rank}: unknown action kind {kind!r}")
+=======
+>>>>>>> main

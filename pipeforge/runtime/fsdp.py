@@ -240,6 +240,11 @@ class DataParallel:
             params.begin(training)
         self.upcasting = {stage for stage, params in self.stages.items() if params.sharded and params.upcast}
 
+    @property
+    def hooks_compute(self) -> bool:
+        """Whether a compute action needs ``before_compute``/``after_weight_gradients`` (an FSDP stage)."""
+        return any(params.sharded for params in self.stages.values())
+
     def unshard(self, stage: int) -> None:
         self._of(stage, "UNSHARD").unshard()
 

@@ -13,6 +13,15 @@ Activation shapes travel once: the first time a forward activation crosses a
 pair of ranks, a small int64 header (count, then dtype code, ndim and dims of
 each tensor) is sent just ahead of the data (``pipeforge.runtime.context``);
 afterwards both sides use the cached shapes and buffers.
+
+A failed step leaves nothing behind that a later step could meet. On gloo every
+step posts under its own tag (``Transport.begin_step``), so a receive left
+posted by a failed step never takes a later step's message, and a send left
+unreceived never reaches a later receive; what a failed step left in flight is
+kept alive (``abandon``: gloo may still write into its buffers), and the ranks
+meet again in a fresh group (``reconnect``: gloo closes a connection that timed
+out). When is ``pipeforge.runtime.recovery``'s to decide. NCCL matches messages
+by order, not tag: there a failed step still leaves the group unusable.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ DTYPES = (
     torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
 )
 HEADER_LENGTH = 64
+MAX_TAG = 2**31 - 1  # gloo's tags are int32
 
 
 class PipelineError(PipeforgeError, RuntimeError):
@@ -72,11 +82,19 @@ def encode_header(metas: Sequence[TensorMeta], device: torch.device) -> torch.Te
 
 
 def decode_header(header: torch.Tensor) -> tuple[TensorMeta, ...]:
+    """The shapes and dtypes ``encode_header`` wrote; anything else is a ``PipelineError``, never an IndexError."""
     words = header.tolist()
     count, position, metas = words[0], 1, []
+    if not 0 <= count < HEADER_LENGTH:
+        raise PipelineError(f"a shapes header announces {count} tensors: not a header pipeforge wrote")
     for _ in range(count):
+        if position + 2 > len(words) or not 0 <= words[position] < len(DTYPES) or words[position + 1] < 0 \
+                or position + 2 + words[position + 1] > len(words):
+            raise PipelineError(f"a shapes header is malformed at word {position}: not a header pipeforge wrote")
         dtype, ndim = DTYPES[words[position]], words[position + 1]
         shape = tuple(words[position + 2: position + 2 + ndim])
+        if any(size < 0 for size in shape):
+            raise PipelineError(f"a shapes header gives the negative shape {list(shape)}: not a header pipeforge wrote")
         metas.append(TensorMeta(shape, dtype))
         position += 2 + ndim
     return tuple(metas)
@@ -138,6 +156,11 @@ class Posted:
                 self.received = True
                 self._receives, self._arrivals = (), ()
 
+    @property
+    def settled(self) -> bool:
+        """Every work of the batch was waited (none left that could still take or give data)."""
+        return self.done or (self.received and not self._sends)
+
     def wait(self) -> None:
         """Wait for the whole batch: its receives and its sends."""
         if self.done:
@@ -192,6 +215,37 @@ class Transport:
         self.staged = device.type != "cpu" and gloo
         # gloo does not coalesce: batch_isend_irecv there is one send/recv per op; call them directly
         self._process_group = (group if group is not None else dist.group.WORLD) if gloo else None
+        self.tag = 0  # make_pipeline's exchanges; every step posts under its own (begin_step)
+        self.posted: list[Posted] = []  # this step's batches
+        self.abandoned: list[Posted] = []  # what failed steps left in flight, kept alive
+        self.abandoned_groups: list = []  # the groups they were posted on
+
+    def begin_step(self) -> None:
+        """A new step: its own tag (1, 2, ... on every rank alike, as every rank counts its steps)."""
+        self.tag = self.tag % MAX_TAG + 1
+        self.posted = []
+
+    def abandon(self) -> None:
+        """The step failed: what it left in flight is kept alive, never waited again."""
+        self.abandoned += [p for p in self.posted if not p.settled]
+        self.posted = []
+
+    @property
+    def reconnectable(self) -> bool:
+        return self._process_group is not None
+
+    def reconnect(self, name: str, size: int, timeout: timedelta) -> None:
+        """Post from now on through a fresh gloo group of the ``size`` ranks, met on the default store
+        under ``name`` (every rank passes the same name); the old one stays alive for what is in flight."""
+        store = dist.PrefixStore(name, dist.distributed_c10d._get_default_store())
+        try:
+            fresh = dist.ProcessGroupGloo(store, self.rank, size, timeout)
+        except Exception as error:  # noqa: BLE001
+            raise PipelineError(f"rank {self.rank}: reconnecting the pipeline's ranks after a failed step failed "
+                                f"(waited {timeout.total_seconds():g} s for every rank to call step again): "
+                                f"{backend_reason(error)}") from error
+        self.abandoned_groups.append(self._process_group)
+        self._process_group = fresh
 
     def global_rank(self, peer: int) -> int:
         if self.group is None:
@@ -205,11 +259,13 @@ class Transport:
             works = self._post_each(wire) if self._process_group is not None else self._post_batch(wire)
         except Exception as error:  # noqa: BLE001
             raise PipelineError(f"rank {self.rank}: posting {label} failed: {backend_reason(error)}") from error
-        return Posted(works, wire, label, self.rank, self.timeout, arrivals)
+        posted = Posted(works, wire, label, self.rank, self.timeout, arrivals)
+        self.posted.append(posted)
+        return posted
 
     def _post_each(self, wire: list[Transfer]) -> list:
-        group = self._process_group
-        return [group.send([t.tensor], t.peer, 0) if t.send else group.recv([t.tensor], t.peer, 0) for t in wire]
+        group, tag = self._process_group, self.tag
+        return [group.send([t.tensor], t.peer, tag) if t.send else group.recv([t.tensor], t.peer, tag) for t in wire]
 
     def _post_batch(self, wire: list[Transfer]) -> list:
         ops = [dist.P2POp(dist.isend if t.send else dist.irecv, t.tensor, self.global_rank(t.peer), self.group)

@@ -19,8 +19,9 @@ Bidirectional schedules (two chains, as Chimera): ``stage_modules`` is keyed by
 stage and holds every stage this rank runs in either chain. When a rank runs the
 same stage in both chains, the chain-1 replica is a deep copy of the module,
 refreshed from it at the start of every step. After the program, the two
-replicas' gradients of every stage are summed (a send/receive pair between the
-two ranks, or an addition on one rank), so both end with the same gradients.
+replicas' gradients of every stage from this step are summed (a send/receive
+pair between the two ranks, or an addition on one rank) and added to what the
+module held before the step, so both end with the same gradients.
 With two chains, ``losses`` holds one entry per microbatch, ``None`` for those
 whose last stage ran on the other chain's rank, and outputs merge the
 microbatches this rank finished.
@@ -40,17 +41,27 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipeforge.runtime.context import RankContext, ScheduleInfo, ShapeCache
-from pipeforge.runtime.custom import CustomFunction, HookedRankContext, kind_name
+from pipeforge.runtime.context import Observer, RankContext, ScheduleInfo, ShapeCache
+from pipeforge.runtime.custom import CustomFunction, kind_name
 from pipeforge.runtime.custom import custom_functions as checked_functions
 from pipeforge.runtime.fsdp import DataParallel, data_parallel, is_sharded
 from pipeforge.runtime.gradients import (
-    TiedParameters, add_flat, add_local, check_same_start, distinct_parameters, flat_grads, local, trained,
+    TiedParameters,
+    add_flat,
+    add_local,
+    check_same_start,
+    distinct_parameters,
+    flat_grads,
+    local,
+    trained,
 )
 from pipeforge.runtime.memory import ActivationCount
 from pipeforge.runtime.microbatch import merge_chunks, split_inputs, split_value
+from pipeforge.runtime.optimizer_watch import watch as watch_optimizers
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, TensorMeta, Transfer, Transport
+from pipeforge.runtime.recovery import StepStart
 from pipeforge.runtime.stage import StageRunner
+from pipeforge.runtime.step_trace import Trace, TraceEvent, Tracer
 
 RankProgram = Callable[[RankContext], None]
 
@@ -69,15 +80,23 @@ class Pipeline:
         self.scale_grads = scale_grads
         self.tied = tied
         self._caches = ShapeCache()
+        self._start = StepStart(info, self.rank)  # what a step begins with, and a failed step leaves
         self._input_shapes: tuple | None = None
         self.data_parallel = data_parallel or DataParallel(self.rank, {})
         self.functions = dict(functions or {})
         self.activations: ActivationCount | None = None  # the last step's count (``pipeforge.runtime.memory``)
+<<<<<<< HEAD
         self.count_saved = False  # set True: count the bytes of saved activations (``runtime/saved.py``)
         self.saved_peak: int | None = None  # the last step's peak bytes of saved activations on this rank
         self.trace = False  # True: record every later step's action timings (``pipeforge.runtime.trace``)
         self.last_trace = None  # the last traced step's ``Trace``
         self._trace_events: list = []
+=======
+        self.trace = False  # True: record every later step's action timings (``pipeforge.runtime.step_trace``)
+        self.last_trace: Trace | None = None  # the last traced step's ``Trace``
+        self.observers: list[Observer] = []  # told of every later step's actions (``context.Observer``)
+        self._tracer: Tracer | None = None
+>>>>>>> main
 
     def register_custom_function(self, kind: Any, function: CustomFunction) -> None:
         """Run ``function(action, ctx)`` instead of the runtime's own for every action of ``kind`` (see
@@ -101,9 +120,20 @@ class Pipeline:
              shared_kwargs: Mapping[str, Any] | None = None,
              stage_kwargs: Mapping[int, Mapping[str, Any]] | None = None, **kwargs: Any) -> Any:
         """One training step over all microbatches; outputs merged on the last stage's rank."""
-        if self.trace:
-            return self._traced(self._step, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs)
-        return self._step(args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs)
+        return self._guarded(self._step, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs)
+
+    def _guarded(self, call, *arguments) -> Any:
+        """``call`` (a step or an eval); if it fails once its communication began (``StepStart.begin``),
+        nothing of it is left to meet the next one (``pipeforge.runtime.recovery``)."""
+        self._start.begun = False
+        try:
+            if self.trace:
+                return self._traced(call, *arguments)
+            return call(*arguments)
+        except BaseException:
+            if self._start.begun:  # a call refused before it communicated leaves nothing behind
+                self._start.failed(self.transport)
+            raise
 
     def _step(self, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs) -> Any:
         if self.holds_last and any(r.loss_fn is None for r in self.runners.values() if r.is_last):
@@ -113,20 +143,31 @@ class Pipeline:
             raise PipelineUsageError(f"rank {self.rank} holds the last stage {self.info.stages - 1}: step() needs "
                                      "target= (split per microbatch and given to loss_fn with the stage's output)")
         self._sync_replicas()
-        ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=True)
-        self._reduce_chains()
+        earlier = self._set_aside_chain_grads()
+        try:
+            ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=True)
+            self._reduce_chains()
+        finally:
+            _add_back(earlier)
         self.tied.sum_gradients(self.transport, self.stage_modules(), self.info)
         if self.scale_grads:
             self._scale(self.info.microbatches)
         return self._results(ctx, losses, return_outputs)
 
+    def check(self, *args: Any, target: Any = None, shared_kwargs: Mapping[str, Any] | None = None,
+              stage_kwargs: Mapping[int, Mapping[str, Any]] | None = None, **kwargs: Any) -> None:
+        """Before the first step, on every rank, with ``step()``'s arguments: microbatch 0 through every stage,
+        stage by stage; a non-tensor output, a failing module or loss, reentrant checkpointing under a split
+        backward raise the same ``PipelineUsageError`` on every rank (``pipeforge.runtime.preflight``)."""
+        from pipeforge.runtime.preflight import check
+
+        check(self, args, kwargs, target, shared_kwargs, stage_kwargs)
+
     def eval(self, *args: Any, target: Any = None, losses: list | None = None, return_outputs: bool = True,
              shared_kwargs: Mapping[str, Any] | None = None,
              stage_kwargs: Mapping[int, Mapping[str, Any]] | None = None, **kwargs: Any) -> Any:
         """Forward only, without gradients; losses filled when ``target`` and ``loss_fn`` are given."""
-        if self.trace:
-            return self._traced(self._eval, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs)
-        return self._eval(args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs)
+        return self._guarded(self._eval, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs)
 
     def _eval(self, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs) -> Any:
         self._sync_replicas()
@@ -134,13 +175,14 @@ class Pipeline:
         return self._results(ctx, losses, return_outputs)
 
     def _traced(self, call, *arguments) -> Any:
-        """``call`` with its actions traced into ``last_trace`` (``pipeforge.runtime.trace``)."""
-        from pipeforge.runtime.trace import Trace, TraceEvent
-
-        self._trace_events = []
+        """``call`` with its actions traced into ``last_trace`` (``pipeforge.runtime.step_trace``)."""
+        tracer = self._tracer = Tracer()
         started, cpu_started = time.perf_counter(), time.thread_time()
-        result = call(*arguments)
-        events = self._trace_events
+        try:
+            result = call(*arguments)
+        finally:
+            self._tracer = None
+        events = tracer.events
         events.append(TraceEvent("step", None, None, 0, started, time.perf_counter(), time.thread_time() - cpu_started))
         self.last_trace = Trace(self.rank, tuple(events))
         return result
@@ -148,11 +190,16 @@ class Pipeline:
     # -- inputs ----------------------------------------------------------------------
 
     def _run(self, args: tuple, kwargs: dict, target: Any, shared: Any, per_stage: Any, training: bool) -> RankContext:
+<<<<<<< HEAD
         ctx = self._context_class()(self.info, self.rank, self.runners, self.transport, self._caches,
                                     functions=self.functions, data_parallel=self.data_parallel)
         ctx.training = training
         if self.count_saved:
             ctx.saved.start_counting()
+=======
+        ctx = RankContext(self.info, self.rank, self.runners, self.transport, self._caches, training=training,
+                          functions=self.functions, data_parallel=self.data_parallel, observers=self._observers())
+>>>>>>> main
         if not self.holds_last and target is not None:
             raise PipelineUsageError(f"rank {self.rank} runs stages {self.stages}, not the last stage "
                                      f"{self.info.stages - 1}: target= goes to the rank holding the last stage")
@@ -161,28 +208,30 @@ class Pipeline:
         if self.holds_last and target is not None:
             device = self.transport.device
             ctx.targets = split_value(_to_device(target, device), self.info.microbatches, f"rank {self.rank}: target")
+        # the arguments were fine: the step's communication starts (recovery.StepStart)
+        self._caches = ctx.caches = self._start.begin(self.transport, self._caches)
         self.data_parallel.begin(training)
         for runner in self.runners.values():
             runner.reset()
-        if self.trace:
-            ctx.begin_program()
+        ctx.begin_program()
         with torch.set_grad_enabled(training):
             self._program(ctx)
         ctx.finish()
         self.data_parallel.end()  # waits for every gradient reduction REDUCE_GRAD started
         self.activations = ctx.activations
+<<<<<<< HEAD
         self.saved_peak = ctx.saved.counter.peak if ctx.saved.counter is not None else None
         ctx.saved.finish()
         if self.trace:
             self._trace_events = ctx.trace_events
+=======
+>>>>>>> main
         return ctx
 
-    def _context_class(self) -> type[HookedRankContext]:
-        if not self.trace:
-            return HookedRankContext
-        from pipeforge.runtime.tracing import TracingRankContext
-
-        return TracingRankContext
+    def _observers(self) -> tuple[Observer, ...]:
+        """The rank context's observers for this call: the tracer when tracing, then ``observers``."""
+        tracer = (self._tracer,) if self._tracer is not None else ()
+        return (*tracer, *self.observers)
 
     def _batch(self, args: tuple, kwargs: dict, stage0_inputs: list[dict] | None) -> list[tuple[tuple, dict]]:
         """The batch as microbatches for stage 0 (keyword inputs included)."""
@@ -273,7 +322,8 @@ class Pipeline:
         return {stage: runner.module for (stage, _), runner in sorted(self.runners.items(), reverse=True)}
 
     def parameters(self) -> list[torch.nn.Parameter]:
-        """Every distinct parameter of this rank's modules: one shared by several stages counts once."""
+        """Every distinct parameter of this rank's modules: one shared by several stages counts once.
+        The optimizer's input: ``torch.optim.AdamW(pipe.parameters())``."""
         return distinct_parameters(self.modules())
 
     def _scale(self, divisor: int) -> None:
@@ -292,6 +342,22 @@ class Pipeline:
                 with torch.no_grad():
                     for mine, theirs in zip(runner.module.parameters(), original.module.parameters()):
                         mine.copy_(theirs)
+
+    def _set_aside_chain_grads(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+        """Bidirectional schedules: the gradients held before the step, set aside so that the chains sum
+        this step's gradients alone (``_add_back`` returns them to the modules given to make_pipeline).
+
+        A chain-1 copy on the rank of its chain-0 module starts every step without gradients: what it held
+        was the last step's sum, which counted once already."""
+        if len(self.info.placements) < 2:
+            return []
+        given = {id(p) for m in self.stage_modules().values() for p in m.parameters()}
+        earlier = []
+        for param in self.parameters():
+            if param.grad is not None and id(param) in given:
+                earlier.append((param, param.grad))
+            param.grad = None
+        return earlier
 
     def _reduce_chains(self) -> None:
         """Sum the two replicas' gradients of every stage; both replicas end with the sum."""
@@ -329,6 +395,12 @@ class Pipeline:
                              f"a bidirectional schedule runs stage {stage} in chain 0 on rank "
                              f"{self.info.rank_of(stage, 0)} and in chain 1 on rank {self.info.rank_of(stage, 1)}: "
                              "build both replicas from one seed, or copy one into the other")
+
+
+def _add_back(earlier: list[tuple[torch.nn.Parameter, torch.Tensor]]) -> None:
+    """The gradients ``Pipeline._set_aside_chain_grads`` set aside, added to this step's."""
+    for param, grad in earlier:
+        param.grad = grad if param.grad is None else grad + param.grad
 
 
 def _keywords(value: Any, where: str) -> dict[str, Any]:
@@ -389,6 +461,7 @@ def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_m
     transport = Transport(group, rank, wait, device)
     pipeline = Pipeline(info, programs[rank], runners, transport, scale_grads=scale_grads, tied=tied,
                         data_parallel=replicas, functions=functions)
+    watch_optimizers(pipeline)  # a parameter an optimizer lists twice is warned about at its first step
     pipeline.check_replicas_equal()
     tied.check_equal(transport, {stage: stage_modules[stage] for stage in pipeline.stages}, info)
     return pipeline
@@ -424,7 +497,8 @@ def _runners(info: ScheduleInfo, rank: int, stage_modules: Any, loss_fn) -> dict
         if chain == 1 and (stage, 0) in held:
             module = copy.deepcopy(module)
         last = stage == info.stages - 1
-        runners[(stage, chain)] = StageRunner(module, stage, chain, stage == 0, last, loss_fn if last else None)
+        runners[(stage, chain)] = StageRunner(module, stage, chain, stage == 0, last, loss_fn if last else None,
+                                              rank=rank)
     return runners
 
 

@@ -14,14 +14,32 @@ backward stops at the stage boundary and hands the input gradient on.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
+from pipeforge.runtime.aux import unwrap as unwrap_aux
 from pipeforge.runtime.microbatch import as_tuple, detached
 from pipeforge.runtime.p2p import PipelineError
-from pipeforge.runtime.split_backward import SplitBackward, WeightPlan, accumulate_weight_gradients
+from pipeforge.runtime.split_backward import (
+    SplitBackward,
+    WeightPlan,
+    accumulate_weight_gradients,
+)
+
+
+class StageError(PipelineError):
+    """An exception inside a stage's module during ``step()``/``eval()``, with where it happened."""
+
+    def __init__(self, runner: StageRunner, kind: str, mb: int, error: Exception):
+        self.rank, self.stage, self.chain, self.microbatch, self.original = runner.rank, runner.stage, runner.chain, mb, error
+        self.action = f"{runner.stage}{kind}{mb}" + (f"@{runner.chain}" if runner.chain else "")
+        where = f"rank {runner.rank}: " if runner.rank is not None else ""
+        super().__init__(f"{where}{runner.name}, microbatch {mb}, action {self.action}: "
+                         f"{type(error).__name__}: {error}")
 
 
 @dataclass
@@ -33,6 +51,7 @@ class MicrobatchState:
     roots: tuple[torch.Tensor, ...] = ()
     root_grads: tuple[torch.Tensor | None, ...] = ()
     weight_plan: WeightPlan | None = None  # left by I for W
+    aux: torch.Tensor | None = None  # the stage's auxiliary loss (``pipeforge.runtime.aux``): gradient one
 
 
 @dataclass
@@ -47,6 +66,7 @@ class StageRunner:
     losses: dict[int, torch.Tensor] = field(default_factory=dict)
     outputs: dict[int, Any] = field(default_factory=dict)
     split: SplitBackward = field(default_factory=SplitBackward)  # what I keeps between microbatches
+    rank: int | None = None  # named in errors
 
     @property
     def name(self) -> str:
@@ -58,8 +78,8 @@ class StageRunner:
         this stage's own inputs (the batch's keywords on stage 0, per-stage inputs on every stage)."""
         if not self.is_first:
             args = tuple(_as_leaf(a, training) for a in args)
-        with torch.set_grad_enabled(training):
-            output = self.module(*args, **(kwargs or {}))
+        with torch.set_grad_enabled(training), self._named("F", mb):
+            output, aux = unwrap_aux(self.module(*args, **(kwargs or {})), self.name)
             wants_loss = self.is_last and (training or target is not None)
             loss = self._loss(output, target) if wants_loss else None
         if self.is_last:
@@ -67,8 +87,13 @@ class StageRunner:
             if loss is not None:
                 self.losses[mb] = loss.detach()
         if training:
-            roots = (loss,) if self.is_last else tuple(t for t in as_tuple(output) if _has_graph(t))
-            self.states[mb] = MicrobatchState(args, output, roots)
+            aux = aux if _has_graph(aux) else None
+            if self.is_last:
+                roots = (loss if aux is None else loss + aux,)
+            else:
+                roots = tuple(t for t in as_tuple(output) if _is_float(t) and _has_graph(t))
+                roots += (aux,) if aux is not None else ()
+            self.states[mb] = MicrobatchState(args, output, roots, aux=aux)
         return output
 
     def _loss(self, output: Any, target: Any) -> torch.Tensor | None:
@@ -84,33 +109,39 @@ class StageRunner:
         return tuple(t for t in as_tuple(self.states[mb].output) if _is_float(t))
 
     def _set_output_grads(self, mb: int, grads: tuple[torch.Tensor | None, ...] | None) -> MicrobatchState:
+        """The gradients arriving for the output's floating-point tensors, position by position (one tensor
+        returned twice gets both positions' gradients: autograd sums them into it)."""
         state = self._state(mb)
         if self.is_last:
             state.root_grads = (None,)  # the scalar loss: gradient one
             return state
         floats = [t for t in as_tuple(state.output) if _is_float(t)]
-        by_id = {id(t): g for t, g in zip(floats, grads or ())}
+        grads = tuple(grads or ())
         # an output no later stage used gets a zero gradient
         state.root_grads = tuple(
-            by_id[id(t)] if by_id.get(id(t)) is not None else torch.zeros_like(t) for t in state.roots
-        )
+            grads[i] if i < len(grads) and grads[i] is not None else torch.zeros_like(t)
+            for i, t in enumerate(floats) if _has_graph(t)
+        ) + ((torch.ones_like(state.aux),) if state.aux is not None else ())
         return state
 
     def backward(self, mb: int, grads: tuple | None) -> tuple[torch.Tensor | None, ...]:
-        """Full backward (B): parameters' grads accumulated, input grads returned."""
+        """Full backward (B): parameters' grads accumulated, the floating-point inputs' grads returned."""
         state = self._set_output_grads(mb, grads)
         del self.states[mb]
         if state.roots:
-            torch.autograd.backward(state.roots, state.root_grads)
-        return tuple(a.grad if _is_float(a) and not self.is_first else None for a in state.inputs)
+            with self._named("B", mb):
+                torch.autograd.backward(state.roots, state.root_grads)
+        return () if self.is_first else tuple(a.grad for a in state.inputs if _is_float(a))
 
     def backward_input(self, mb: int, grads: tuple | None) -> tuple[torch.Tensor | None, ...]:
-        """Backward for inputs (I): parameters untouched; what W needs is kept."""
+        """Backward for inputs (I): parameters untouched; what W needs is kept; the floating-point inputs'
+        grads returned."""
         state = self._set_output_grads(mb, grads)
         wanted = [a for a in state.inputs if isinstance(a, torch.Tensor) and a.requires_grad] if not self.is_first else []
-        found, state.weight_plan = self.split.backward_input(state.roots, state.root_grads, wanted, self._params())
+        with self._named("I", mb):
+            found, state.weight_plan = self.split.backward_input(state.roots, state.root_grads, wanted, self._params())
         by_id = {id(a): g for a, g in zip(wanted, found)}
-        return tuple(by_id.get(id(a)) for a in state.inputs)
+        return tuple(by_id.get(id(a)) for a in state.inputs if _is_float(a))
 
     def backward_weight(self, mb: int) -> None:
         """Backward for weights (W): accumulate the parameters' grads of microbatch ``mb``."""
@@ -118,7 +149,18 @@ class StageRunner:
         if state.weight_plan is None:
             raise PipelineError(f"{self.name}: W of microbatch {mb} before its I")
         del self.states[mb]
-        accumulate_weight_gradients(state.weight_plan)
+        with self._named("W", mb):
+            accumulate_weight_gradients(state.weight_plan)
+
+    @contextmanager
+    def _named(self, kind: str, mb: int):
+        """An exception of the user's module (or its autograd) re-raised naming rank, stage, microbatch, action."""
+        try:
+            yield
+        except PipelineError:
+            raise
+        except Exception as error:
+            raise StageError(self, kind, mb, error) from error
 
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]

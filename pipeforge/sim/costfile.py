@@ -1,33 +1,10 @@
 """Per-stage cost files (``--costs FILE``): read, check and write.
 
-The schema (JSON, one object)::
-
-    {
-      "units": "ms",                       # the unit of every time below (free text, optional)
-      "stages": [                          # one entry per stage, stage 0 first
-        {"F": 1.2, "I": 1.1, "W": 0.9,     # durations; "B" optional (default I + W)
-         "activation": 4096,               # bytes one F leaves saved until its backward (optional)
-         "weight_grad": 1024},             # the part of it only W releases (optional)
-        ...
-      ],
-      "links": [0.05, 0.05, ...],          # latency of a transfer between stage s and s + 1 (optional)
-      "comm": 0.0,                         # latency of any other transfer (optional, default 0)
-      "dispatch": 0.1,                     # the runtime's own work per compute action, added to each (optional)
-      "step": 1.5,                         # the runtime's work once a step, beyond the actions (optional)
-      "chain_sum": [40.0, 41.0, ...]       # per stage: summing its gradients across the two chains of a
-    }                                      #   bidirectional schedule, once a step (optional)
-
-``step`` and ``chain_sum`` are added to the simulated makespan to give the step
-time (``ir.StepOverhead``); they never change which order is faster among
-schedules of one placement.
-
-Memory is counted in M_B, the largest stage's ``activation``: stage s adds
-``activation[s] / M_B`` per F, so a memory limit of ``p`` always admits 1F1B.
-Without ``activation`` every stage adds 1; without ``weight_grad`` W releases
-``weights`` (``--cost weights=``, default 0.5) of a stage's activation.
-
-Errors name the file and the JSON path of the bad value (``costs.json: $.stages[2].F:
-expected a number > 0``) and are ``UsageError``s (exit 2).
+``read_cost_file(path)`` / ``cost_file_from_json(data)`` -> ``StageCosts`` (per-stage durations, link
+latencies, memory in M_B, per-step overhead); ``cost_file_json(...)`` writes what ``pipeforge profile``
+measured; ``with_cost_file(schedule, path)`` is the schedule on those costs. Errors name the file and
+the JSON path of the bad value (``costs.json: $.stages[2].F: expected a number > 0``) and are
+``CostFileError``s, ``UsageError``s (exit 2). The schema: ``docs/language.md`` (Cost files).
 """
 
 from __future__ import annotations
@@ -38,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeforge.errors import UsageError
-from pipeforge.ir import ActionKind, CostModel, MemorySpec, StepOverhead
+from pipeforge.ir import ActionKind, CostModel, MemorySpec, StepOverhead, cost_problem
 from pipeforge.semantics import DURATION_DEFAULTS, compute_kind_names
 
 _DURATIONS = compute_kind_names()  # one duration a compute kind (semantics)
@@ -81,10 +58,12 @@ class CostFileError(UsageError):
 def read_cost_file(path: str | Path) -> StageCosts:
     """The cost file at ``path``, checked (``CostFileError`` naming the file and JSON path)."""
     name = str(path)
+    from pipeforge.files import read_bounded
+
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise CostFileError(name, "", f"cannot read it: {err.strerror or err}") from None
+        text = read_bounded(path, "cost file").decode("utf-8")  # a UsageError naming the file if unreadable
+    except UnicodeDecodeError as err:
+        raise CostFileError(name, f"byte {err.start}", "not UTF-8 text") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
@@ -129,7 +108,7 @@ def _stage(entry: object, where: str, name: str) -> dict[str, float]:
     for key in _REQUIRED:
         if key not in entry:
             raise CostFileError(name, where, f"missing {key!r}")
-    out = {key: _number(value, f"{where}.{key}", name, positive=key in _DURATIONS)
+    out = {key: _number(value, f"{where}.{key}", name, positive=key in _DURATIONS, duration=key in _DURATIONS)
            for key, value in entry.items()}
     if "weight_grad" in out and "activation" in out and out["weight_grad"] > out["activation"]:
         raise CostFileError(name, f"{where}.weight_grad", "is more than the stage's activation; "
@@ -137,11 +116,14 @@ def _stage(entry: object, where: str, name: str) -> dict[str, float]:
     return out
 
 
-def _number(value: object, where: str, name: str, *, positive: bool) -> float:
+def _number(value: object, where: str, name: str, *, positive: bool, duration: bool = True) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise CostFileError(name, where, f"expected a finite number, got {json.dumps(value)}")
     if value < 0 or (positive and value == 0):
         raise CostFileError(name, where, f"expected a number {'> 0' if positive else '>= 0'}, got {value!r}")
+    problem = cost_problem(float(value)) if duration else None
+    if problem is not None:
+        raise CostFileError(name, where, problem)
     return float(value)
 
 

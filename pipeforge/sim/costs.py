@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 
 from pipeforge.errors import Argument, ArgumentError
-from pipeforge.ir import COMPUTE_KINDS, ActionKind, CostModel, MemorySpec, Schedule, cost_fields
+from pipeforge.ir import COMPUTE_KINDS, ActionKind, CostModel, MemorySpec, Schedule, cost_fields, cost_problem
 
 COST_FIELDS = cost_fields()  # F, I, W, B, comm
 MEMORY_FIELDS = ("weights",)  # --cost weights=X sets M_W / M_B (MemorySpec.weights), not a duration
@@ -57,11 +57,16 @@ def _parse_cost_item(item: str) -> tuple[str, float]:
     if name not in COST_FIELDS + MEMORY_FIELDS:
         raise _bad_cost_item(item, f"unknown cost {name!r}; expected one of {', '.join(COST_FIELDS + MEMORY_FIELDS)}")
     try:
+        if not raw.strip().isascii():  # float() also takes other scripts' digits
+            raise ValueError(raw)
         value = float(raw.strip())
     except ValueError:
         raise _bad_cost_item(item, f"{raw.strip()!r} is not a number") from None
     if not value == value or value in (float("inf"), float("-inf")) or value < 0:
         raise _bad_cost_item(item, "a cost must be a finite number >= 0")
+    problem = cost_problem(value) if name not in MEMORY_FIELDS else None
+    if problem is not None:
+        raise _bad_cost_item(item, problem)
     if name not in ("comm", "weights") and value == 0:
         raise _bad_cost_item(item, "a compute duration must be > 0")
     return name, value

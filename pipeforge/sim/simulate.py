@@ -1,34 +1,11 @@
 """Event simulation of a schedule's compute on a cost model.
 
-What is simulated (the compute-only view):
-
-- Each rank runs its compute steps in program order; communication groups,
-  ``REDUCE_GRAD`` and idle slots take no time and are skipped.
-- A step starts when its rank is free and every input of every action in it
-  has arrived. Inputs are ``pipeforge.semantics.needs`` (docs/semantics.md):
-  ``F(s,m)`` needs ``F(s-1,m)``; ``B/I(s,m)`` needs ``F(s,m)`` and
-  ``B/I(s+1,m)``; ``W(s,m)`` needs ``I(s,m)``. Chains of a bidirectional
-  schedule never feed each other.
-- An input made on another rank arrives ``costs.comm`` after it was made; one
-  made on the same rank arrives when it is made.
-- An overlap step ``(0F7;7B3)`` lasts the *sum* of its actions' durations: the
-  actions share one GPU's compute, and what overlapping buys (hiding the
-  communication of one behind the compute of the other) is already outside
-  this compute-only view. Its actions are drawn back to back in written order.
-- Memory per rank, in program order (``MemorySpec.stage_effect``, the rule of
-  ``pipeforge.semantics.MEMORY``): F adds 1, I releases ``1 - weights``, W
-  releases ``weights``, B releases 1 (units of M_B); within a step additions
-  come first, so an overlap step's peak counts its forward before its
-  backward. Where the memory spec sizes a stage's gathered parameters
-  (``memory { unsharded = X }``), UNSHARD adds X and RESHARD releases it, in
-  their place in the program: the peak is then verify's, walked the same way
-  (``semantics.held_after_additions``).
-
-The timing is the one engine of ``pipeforge.sim.workgraph`` (the optimizers
-time their orders with it too): the schedule is compiled once into a work
-graph and timed in linear time. If ranks are left waiting for inputs that
-never come, the order is inconsistent and a ``VerificationError`` names every
-stuck rank, its step and what it waits for.
+``simulate(schedule, costs, memory=...)`` -> ``Timeline``: each rank's compute steps in program order,
+each started as soon as its rank is free and its inputs (``semantics.needs``) have arrived, timed by the
+one engine of ``sim/workgraph.py``; per rank busy time, span, peak memory and events; the makespan and
+the Zero Bubble paper's bubble rate. Communication, REDUCE_GRAD and idle steps take no time. An order
+whose ranks wait for inputs that never come raises ``VerificationError`` naming every stuck rank, its
+step and what it waits for. What is modelled, precisely (overlap steps, memory): ``docs/simulate.md``.
 """
 
 from __future__ import annotations

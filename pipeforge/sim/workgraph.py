@@ -1,28 +1,11 @@
 """The one timing engine: compute actions compiled once into a work graph, timed as soon as possible.
 
-A ``WorkGraph`` gives every compute action an integer id (a *node*) with its
-rank, its duration (``CostModel.duration`` of its kind and stage: per action,
-so per-stage costs need nothing here), its memory effect
-(``semantics.memory_effect``) and its data dependencies
-(``semantics.needs``), each with the latency of the edge: ``comm`` across
-ranks, 0 on one rank. An *order* is, per rank, the node ids in the order the
-rank runs them.
-
-``time_order`` is the engine: a node starts when the previous node of its rank
-has ended and each node it waits for has ended plus the edge's latency. It is
-event driven (a rank that waits is looked at again only when what it waits for
-ends), so the work is linear in the nodes. ``pipeforge.sim.simulate`` and every
-optimizer strategy time their orders with it.
-
-Overlap steps. A schedule compiled with ``compile_schedule`` keeps its steps:
-the actions of an overlap step ``(0F7;7B3)`` are issued together, so its first
-node waits for the inputs of every action of the step (``waits``), and the
-others run back to back after it (``joins``); actions of one step never feed
-each other (one that needs another of its step waits forever). The step's
-memory additions count before its releases.
-
-An input no node produces (a missing action) is a *phantom* node: an id past
-the real ones that never ends, so whatever waits for it never runs.
+``compile_schedule(schedule, costs, memory)`` -> ``(WorkGraph, Order)`` (its overlap steps kept) and
+``compile_actions(shape, actions, costs, memory)`` -> ``WorkGraph``: every compute action a node with its
+rank, duration, memory effect and dependencies (``semantics.needs``, each with the edge's latency).
+``time_order(graph, order)`` -> ``Times``: each node started when its rank's previous node and its inputs
+have ended, in time linear in the nodes; an input nothing produces never arrives. ``simulate`` and every
+optimizer strategy time their orders here. How: ``docs/simulate.md`` (The engine).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Step times of several generated schedules run with one model file (``benchmarks/bench_profile_loop.py``)."""
+"""Step times of several generated schedules run with one model file (``benchmarks/profile/loop.py``)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class TimingJob:
     warmup: int = 2
     timeout: float = 120.0
     threads: int = 1
-    trace: bool = False  # also return every measured step's trace (``pipeforge.runtime.trace``)
+    trace: bool = False  # also return every measured step's trace (``pipeforge.runtime.step_trace``)
     pin: bool = False  # each rank on a core of its own (``pin_to_core``)
 
 

@@ -1,7 +1,7 @@
 """verify: check a schedule against docs/semantics.md and return a Report.
 
 Structural checks (placement, duplicate, missing, order, mismatch, memory) are
-plain Python passes. Then the linear-time pass of ``timing.py`` runs the ranks
+plain Python passes. Then the linear-time pass of ``events.py`` runs the ranks
 as events: it either proposes a start time and duration for every step or finds
 the wait cycle, whose constraints z3 proves unsatisfiable (the unsat core names
 them). With ``solve`` z3 then decides the whole timing model with free start
@@ -20,11 +20,12 @@ from pipeforge.errors import UsageError
 from pipeforge.ir import MemorySpec, Schedule
 from pipeforge.passes.lower import lower_with_origins
 from pipeforge.verifier.deadlock import deadlock_violation
-from pipeforge.verifier.matching import check_matching, check_memory, pair_ops
+from pipeforge.verifier.matching import check_matching, pair_ops
+from pipeforge.verifier.memory import check_memory
 from pipeforge.verifier.program import Program
 from pipeforge.verifier.report import KINDS, Hop, Report, Stats, Violation
 from pipeforge.verifier.structure import check_structure
-from pipeforge.verifier.timing import Stuck, group_slots, model_constraints, run
+from pipeforge.verifier.events import Stuck, group_slots, model_constraints, run
 
 SEMANTICS = ("rendezvous", "buffered", "nccl")
 
@@ -42,7 +43,7 @@ def verify(schedule: Schedule, *, semantics: str = "rendezvous", memory_limit: f
     ``solve``: z3 decides the timing model with free start times (``True``), or
     only checks the event pass's proposal (``False``); ``None`` solves when the
     model has at most ``SOLVE_BY_DEFAULT_UP_TO`` group steps (where the decision
-    stays within the speed target; see benchmarks/bench_verify.py).
+    stays within the speed target; see benchmarks/verify/against_torch.py).
     """
     if semantics not in SEMANTICS:
         raise UsageError(f"semantics {semantics!r}: expected one of {', '.join(SEMANTICS)}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pipeforge.ir import Schedule, format_grid
 from pipeforge.verifier.program import Program
 from pipeforge.verifier.report import Hop, Violation, describe_cycle
-from pipeforge.verifier.timing import Constraint, Stuck
+from pipeforge.verifier.events import Constraint, Stuck
 
 
 def deadlock_violation(program: Program, stuck: Stuck, written: Schedule,

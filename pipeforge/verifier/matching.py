@@ -1,15 +1,14 @@
-"""NCCL point-to-point matching (tags ignored), and the activation-memory check."""
+"""NCCL point-to-point matching (tags ignored): the k-th send from a to b meets the k-th receive on b from a."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import cached_property, partial
-
 from typing import NamedTuple
 
-from pipeforge.ir import ActionKind, MemorySpec
-from pipeforge.semantics import PEER_OFFSET, SENDS, ActionKey, effects_of, held_after_additions
+from pipeforge.ir import ActionKind
+from pipeforge.semantics import PEER_OFFSET, SENDS, ActionKey
 from pipeforge.semantics import partner as partner_key
 from pipeforge.verifier.program import Program, Slot, text_of, violation_at
 from pipeforge.verifier.report import Violation
@@ -115,33 +114,4 @@ def check_matching(pairing: Pairing) -> list[Violation]:
                    f"{recv.slot.rank} step {recv.slot.index}{there} (NCCL pairs the k-th send with the k-th "
                    f"receive); it needs {text_of(partner_key(send.key))}")
         found.append(violation_at("mismatch", message, send.slot))
-    return found
-
-
-def check_memory(program: Program, limit: float | None, memory: MemorySpec) -> list[Violation]:
-    """The first step on each rank whose additions take what it holds (activations, and gathered
-    parameters where ``memory.unsharded`` sizes them) over ``limit``: ``MemorySpec.stage_effect`` of
-    every action, walked by ``semantics.held_after_additions`` (simulate's peak is the same walk)."""
-    if limit is None:
-        return []
-    effect_of = effects_of(memory, (key for row in program.slots for slot in row for key in slot.acts))
-    if not memory.uniform or any(key[1] == "R" for row in program.slots for slot in row for key in slot.acts):
-        what = "M_B of activations"
-    else:
-        what = "microbatches of activations" + (" and unsharded parameters" if memory.unsharded else "")
-    return _first_over_limit(program, limit, effect_of, what)
-
-
-def _first_over_limit(program: Program, limit: float, effect_of, what: str) -> list[Violation]:
-    """Per rank, the first step whose additions (an overlap step's count first) take the held memory
-    over ``limit``; ``effect_of(key)`` is an action's (added, released)."""
-    found = []
-    for row in program.slots:
-        slots = [slot for slot in row if not slot.group]
-        walk = held_after_additions([effect_of(key) for key in slot.acts] for slot in slots)
-        for slot, held in zip(slots, walk):
-            if held > limit + 1e-9:
-                found.append(violation_at("memory", f"rank {slot.rank} holds {held:g} {what} at {slot.text}, "
-                                          f"over the limit {limit:g}", slot))
-                break
     return found

@@ -1,6 +1,6 @@
 """The z3 model of a schedule's timing: the checker of record (the only module importing z3).
 
-The constraints (``timing.py`` lists them as tuples) are written as one SMT-LIB
+The constraints (``events.py`` lists them as tuples) are written as one SMT-LIB
 text, several times faster than building them through z3's Python API, and given
 to libz3 itself (``Z3_eval_smtlib2_string``, found where the z3-solver package
 keeps it: importing the package's Python bindings costs 50 ms of the command's
@@ -23,7 +23,7 @@ Three questions are asked:
   ``QF_LRA`` than with ``QF_LIA`` at 32 ranks x 128 microbatches x 2 stages).
 
 - ``check_certificate``: does the proposed timing satisfy every constraint of the
-  (folded, see ``timing.py``) model? The proposal is substituted for the start
+  (folded, see ``events.py``) model? The proposal is substituted for the start
   variables as the text is written, which is what ``solve-eqs`` does with
   ``(assert (= t v))`` equalities, without parsing 2 x 17k declarations and
   equalities first (measured 4x faster at 32 ranks x 128 microbatches x 2 stages);
@@ -44,7 +44,7 @@ import importlib.util
 import os
 import sys
 
-from pipeforge.verifier.timing import Constraint, Timing
+from pipeforge.verifier.events import Constraint, Timing
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ and the next ``RESHARD`` (``order``), and the last one is a ``RESHARD`` (else
 
 Their memory (with ``memory { unsharded = X }`` an ``UNSHARD`` holds X, in units
 of M_B, until its ``RESHARD``) is ``pipeforge.semantics.PARAMETER_MEMORY``,
-counted by the memory check in ``matching.py`` as simulate counts it.
+counted by the memory check in ``memory.py`` as simulate counts it.
 """
 
 from __future__ import annotations

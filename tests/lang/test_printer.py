@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeforge.ir import (
-    IDLE, Action, ActionKind, CostModel, MemorySpec, Placement, Schedule, Step, programs_from_tokens,
+    COST_RANGE, IDLE, Action, ActionKind, CostModel, MemorySpec, Placement, Schedule, Step, programs_from_tokens,
 )
 from pipeforge.lang import load_file, load_text
 from pipeforge.lang.declarations import reverse_placement
@@ -19,7 +19,7 @@ COMPUTE = [ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W]
 COMM = [ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B]
 STAGE_ONLY = [ActionKind.REDUCE_GRAD, ActionKind.UNSHARD, ActionKind.RESHARD]
 names = st.from_regex(r"[A-Za-z][A-Za-z0-9_]{0,8}", fullmatch=True).map(identifier)
-costs_values = st.floats(min_value=0, max_value=1e12, allow_nan=False, allow_infinity=False)
+costs_values = st.just(0.0) | st.floats(min_value=COST_RANGE[0], max_value=COST_RANGE[1])  # ir.cost_problem's range
 
 
 @st.composite

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.bench_profile_loop import deferred_w
+from benchmarks.profile.loop import deferred_w
 from pipeforge import loads
 from pipeforge.ir import ActionKind, CostModel, MemorySpec
 from pipeforge.library import load_library_schedule

@@ -1,11 +1,10 @@
-"""What ``benchmarks/bench_profile_loop.py`` builds besides the library: the hand-built order is a valid
+"""What ``benchmarks/profile/loop.py`` builds besides the library: the hand-built order is a valid
 schedule, and its step time is what the cost model says."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
-from pathlib import Path
 
 import pytest
 
@@ -13,15 +12,11 @@ from pipeforge import loads, verify
 from pipeforge.sim import simulate
 from pipeforge.sim.costfile import with_cost_file
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_profile_loop.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_profile_loop", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.profile.loop")
 
 
 @pytest.mark.parametrize("microbatches", [3, 8])
@@ -40,7 +35,7 @@ def test_deferred_w_is_valid_and_within_1p(bench, microbatches, tmp_path):
 def test_spearman_and_in_situ_costs(bench):
     assert bench.spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
     assert bench.spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
-    from pipeforge.runtime.trace import Trace, TraceEvent
+    from pipeforge.runtime.step_trace import Trace, TraceEvent
 
     trace = Trace(0, (TraceEvent("step", None, None, 0, 0.0, 0.020, 0.02),
                       TraceEvent("program", None, None, 0, 0.001, 0.019, 0.018),
@@ -53,9 +48,7 @@ def test_spearman_and_in_situ_costs(bench):
 
 
 def test_gpt_blocks_lays_out_the_stages(monkeypatch):
-    spec = importlib.util.spec_from_file_location("gpt_unequal", BENCH.with_name("gpt_unequal.py"))
-    gpt = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpt)
+    gpt = importlib.import_module("benchmarks.profile.gpt_unequal")
     assert gpt.blocks_per_stage(3) == [gpt.BLOCKS_PER_STAGE] * 3
     monkeypatch.setenv("GPT_BLOCKS", "1,3")
     model = gpt.pipeforge_model(2)

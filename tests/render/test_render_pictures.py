@@ -156,7 +156,7 @@ orders = st.builds(random_consistent, seed=st.integers(0, 10_000), ranks=st.inte
 @settings(max_examples=40, deadline=None)
 @given(orders)
 def test_every_picture_of_a_random_order_shows_every_action(schedule):
-    from pipeforge.interop.trace import trace_events
+    from pipeforge.interop.chrome_trace import trace_events
 
     timeline = simulate(schedule, CostModel(F=1, I=1.5, W=0.5, comm=0.1))
     count = action_count(timeline)

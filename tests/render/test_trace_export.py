@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pipeforge
-from pipeforge.interop.trace import trace_events, write_trace
+from pipeforge.interop.chrome_trace import trace_events, write_trace
 from pipeforge.ir import CostModel
 from pipeforge.sim import simulate
 from tests.sim.sim_orders import one_f_one_b

@@ -1,4 +1,4 @@
-"""The chunk chain (pipeforge.sim.chunk_chain): never above what a valid order achieves, what it proves."""
+"""The chunk chain (pipeforge.sim.bounds.chunk_chain): never above what a valid order achieves, what it proves."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pipeforge.ir import Action, ActionKind, CostModel
 from pipeforge.optimizer.evaluate import Graph, evaluate
 from pipeforge.optimizer.exact import solve_exact
 from pipeforge.sim.bounds import ARGUMENTS, rank_spans, span_lower_bound, work_bound
-from pipeforge.sim.chunk_chain import chunk_chain_spans
+from pipeforge.sim.bounds.chunk_chain import chunk_chain_spans
 from tests.optimize.opt_instances import per_stage_costs
 from tests.optimize.test_optimize_bounds import chunked_graph, loop_problem
 from tests.sim.chunk_orders import fitting_order
@@ -102,9 +102,9 @@ def test_where_one_microbatch_fills_a_rank_the_chunk_chain_reaches_the_optimum(s
 
 
 def _paths(graph):
-    from pipeforge.sim.work_bounds import _Paths
+    from pipeforge.sim.bounds.paths import Paths
 
-    return _Paths(graph)
+    return Paths(graph)
 
 
 @pytest.mark.slow  # z3 on p = 2, 3 and m = 2, 3 at several limits: a minute or two

@@ -1,4 +1,4 @@
-"""The fill chain (pipeforge.sim.fill_chain): never above what a schedule achieves, binding at the 2p limits."""
+"""The fill chain (pipeforge.sim.bounds.fill_chain): never above what a schedule achieves, binding at the 2p limits."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from pipeforge.commands import wording
 from pipeforge.errors import ArgumentError
-from pipeforge.ir import ActionKind, CostModel, MemorySpec
+from pipeforge.ir import COST_RANGE, ActionKind, CostModel, MemorySpec
 from pipeforge.sim.costs import costs_for, costs_to_json, memory_for, parse_cost_flag
 from tests.sim.sim_orders import one_f_one_b
 
@@ -72,9 +72,16 @@ def test_memory_limit_flag():
 values = st.floats(min_value=0.001, max_value=1e6, allow_nan=False)
 
 
-@given(values, values, values, st.floats(min_value=0, max_value=100))
+@given(values, values, values, st.just(0.0) | st.floats(min_value=COST_RANGE[0], max_value=100))  # ir.cost_problem
 def test_printed_costs_parse_back(f, i, w, comm):
     model = CostModel(F=f, I=i, W=w, comm=comm)
     text = ",".join(f"{name}={getattr(model, name)!r}" for name in ("F", "I", "W", "comm"))
     assert parse_cost_flag(text) == model
     assert parse_cost_flag(text).duration(ActionKind.B, 0) == pytest.approx(i + w)
+
+
+@pytest.mark.parametrize("item", ["F=1e-320", "F=1e300", "comm=5e-324", "I=1e13"])
+def test_a_cost_past_the_range_is_refused_naming_it(item):
+    with pytest.raises(ArgumentError, match="a nonzero cost must be between") as caught:
+        parse_cost_flag(item)
+    assert caught.value.argument.item == item

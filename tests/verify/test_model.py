@@ -9,7 +9,7 @@ from pipeforge.passes.lower import lower_with_origins
 from pipeforge.verifier.matching import pair_ops
 from pipeforge.verifier.model import check_certificate, smt_of, unsat_core
 from pipeforge.verifier.program import Program
-from pipeforge.verifier.timing import Stuck, Timing, group_slots, model_constraints, run
+from pipeforge.verifier.events import Stuck, Timing, group_slots, model_constraints, run
 
 
 def program_of(rows, stages=2, microbatches=1) -> Program:

@@ -281,7 +281,7 @@ def test_an_event_pass_that_disagrees_with_z3_is_an_internal_error(monkeypatch):
     """Fault injection: an event pass that calls a deadlocked schedule valid (its timing ignores
     the cycle) must not yield a verdict; z3, deciding, finds the model unsatisfiable."""
     import pipeforge.verifier as verify_package
-    from pipeforge.verifier.timing import Timing
+    from pipeforge.verifier.events import Timing
 
     def blind(program, pairing, semantics):
         rows = tuple(tuple(range(len(row))) for row in program.slots)

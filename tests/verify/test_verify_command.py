@@ -173,7 +173,7 @@ def test_semantics_nccl_and_solve_flags(write, capsys):
 def test_a_disagreement_between_z3_and_the_event_pass_exits_70(write, monkeypatch, capsys):
     """Fault injection: an event pass that finds no wait cycle in a deadlocked schedule."""
     import pipeforge.verifier as verify_package
-    from pipeforge.verifier.timing import Timing
+    from pipeforge.verifier.events import Timing
 
     def blind(program, pairing, semantics):
         return Timing(tuple(tuple(range(len(row))) for row in program.slots),

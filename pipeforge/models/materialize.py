@@ -1,0 +1,134 @@
+"""Materialize the owned stages of a model built on the meta device, and only those.
+
+Every distinct parameter and buffer of the owned stage modules gets storage on
+``device`` (one tensor where stages shared one). Each part of a stage (the
+embedding, each layer by its global index, the norm, the head: a stage module's
+children, one level into a ``ModuleDict``) is initialized under its own seed
+(``part_seed(seed, name)``), its modules children first, with the model's own
+initializer (a Hugging Face model's ``_init_weights``; else ``reset_parameters``).
+So any set of owned stages gets the values that the whole model, materialized
+the same way, has. A tied group takes the value its first entry's part gives
+(the embedding, for a tied LM head, as Hugging Face ties the head to it after
+init), built on the side. ``state_dict`` (the model's names: a mapping, or safetensors files read
+for the owned parameters only, ``pipeforge.models.checkpoint``) then
+overwrites the parameters' values. The caller's random state is left as it was.
+"""
+
+from __future__ import annotations
+
+import copy
+import zlib
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import nn
+
+from pipeforge.errors import UsageError
+
+
+def part_seed(seed: int, part: str) -> int:
+    return zlib.crc32(f"{seed}:{part}".encode())
+
+
+def parts(stage: nn.Module) -> list[tuple[str, nn.Module]]:
+    """A stage module's parts, by their global names (``layers.5``)."""
+    found = []
+    for name, child in stage.named_children():
+        if isinstance(child, nn.ModuleDict):
+            found += [(f"{name}.{key}", sub) for key, sub in child.items()]
+        else:
+            found.append((name, child))
+    return found
+
+
+def materialize(modules: Mapping[int, nn.Module], every: Mapping[int, nn.Module], names: Mapping[tuple[int, str], str],
+                groups: list[list[tuple[int, str]]], init: Callable[[nn.Module], None], *, seed: int,
+                state_dict: Mapping[str, torch.Tensor] | None, device) -> None:
+    device = torch.device(device)
+    _allocate(modules.values(), device)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        done: set[int] = set()
+        for stage in sorted(modules):
+            for part, module in parts(modules[stage]):
+                if id(module) not in done:
+                    done.add(id(module))
+                    initialize(module, part, init, seed)
+        for group in groups:
+            _tie_values(group, modules, every, init, seed, device)
+    if state_dict is not None:
+        _load(modules, names, state_dict)
+
+
+def initialize(module: nn.Module, part: str, init: Callable[[nn.Module], None], seed: int) -> None:
+    torch.manual_seed(part_seed(seed, part))
+    for sub in _children_first(module):
+        init(sub)
+
+
+def _children_first(module: nn.Module) -> list[nn.Module]:
+    order = []
+    for child in module.children():
+        order += _children_first(child)
+    return order + [module]
+
+
+def _allocate(modules, device: torch.device) -> None:
+    """Storage for every meta tensor; a tensor several modules hold stays one tensor."""
+    new: dict[int, torch.Tensor] = {}
+    for module in modules:
+        for sub in module.modules():
+            for key, param in list(sub._parameters.items()):
+                if param is not None and param.is_meta:
+                    if id(param) not in new:
+                        new[id(param)] = nn.Parameter(torch.empty_like(param, device=device),
+                                                      requires_grad=param.requires_grad)
+                    sub._parameters[key] = new[id(param)]
+            for key, buffer in list(sub._buffers.items()):
+                if buffer is not None and buffer.is_meta:
+                    if id(buffer) not in new:
+                        new[id(buffer)] = torch.empty_like(buffer, device=device)
+                    sub._buffers[key] = new[id(buffer)]
+            for attr in ("original_inv_freq",):  # rotary tables kept as plain attributes
+                value = getattr(sub, attr, None)
+                if isinstance(value, torch.Tensor) and value.is_meta:
+                    setattr(sub, attr, torch.empty_like(value, device=device))
+
+
+def _tie_values(group, modules, every, init, seed: int, device) -> None:
+    """Every owned copy of a tied group gets the value its first entry's part initializes."""
+    owned = [(s, n) for s, n in group if s in modules]
+    if not owned:
+        return
+    value = _built_aside(every, group[0], init, seed, device)  # also where a later part overwrote it
+    for s, n in owned:
+        param = modules[s].get_parameter(n)
+        param.copy_(value)
+
+
+def _built_aside(every, source: tuple[int, str], init, seed: int, device) -> torch.Tensor:
+    """The source part of a tie, materialized on its own (its stage is not owned here)."""
+    stage, name = source
+    for part, module in parts(every[stage]):
+        if name.startswith(part + "."):
+            aside = copy.deepcopy(module).to_empty(device=device)
+            initialize(aside, part, init, seed)
+            return aside.get_parameter(name[len(part) + 1:]).detach()
+    raise UsageError(f"pipeforge.split: cannot build the tied parameter {name!r} of stage {stage} aside")
+
+
+def _load(modules, names, state_dict) -> None:
+    from pipeforge.models.checkpoint import values
+
+    state_dict = values(state_dict)
+    missing = []
+    with torch.no_grad():
+        for stage, module in modules.items():
+            for name, param in module.named_parameters():
+                model_name = names.get((stage, name))
+                if model_name not in state_dict:
+                    missing.append(f"{model_name or name} (stage {stage} {name!r})")
+                    continue
+                param.copy_(state_dict[model_name])
+    if missing:
+        raise UsageError(f"pipeforge.split: state_dict lacks {len(missing)} parameter(s) of the owned stages: "
+                         + ", ".join(missing[:5]))

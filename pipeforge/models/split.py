@@ -1,0 +1,181 @@
+"""``pipeforge.split``: a model cut into the stage modules of a pipeline, with its ties.
+
+    cut = pipeforge.split(model, stages, owned=None, layers=None, costs=None)
+    cut.modules            # {stage: nn.Module} for the owned stages (all when owned is None)
+    cut.tied_parameters    # what make_pipeline(tied_parameters=...) takes
+    cut.layers             # the global layer indices of each stage
+
+What it cuts: a Hugging Face causal LM (``pipeforge.models.hf``), an
+``nn.Sequential`` (its children), or a module whose children are some modules,
+one ``nn.ModuleList`` and some more modules, applied in that order (those before
+the list go to stage 0, those after it to the last stage). ``layers`` gives the
+number of layers of each stage; else ``costs`` (one number per layer, or
+``{"layers": [...], "first": x, "last": y}`` for what the embedding and the head
+add) chooses contiguous layers minimizing the costliest stage; else the layers
+are spread evenly.
+
+Ties: a parameter two stages hold (by identity, or named by the model's tie
+metadata, ``all_tied_weights_keys``) is one group of ``tied_parameters`` in
+stage-relative names. Owned stages on one rank keep sharing it (one Parameter,
+which ``pipe.parameters()`` lists once); ``untie=True`` gives each stage its own
+copy instead, as a bidirectional schedule (Chimera) needs.
+
+A model on the meta device is materialized for the owned stages only
+(``pipeforge.models.materialize``): each part (embedding, each layer, norm,
+head) is initialized from its own seed, so a rank's layers get the values the
+whole model materialized with the same seed has; or its values come from
+``state_dict``: a mapping of the model's names, or safetensors files (a file,
+a list, a directory of shards) of which only the owned tensors are read.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from pipeforge.errors import UsageError
+from pipeforge.models import hf
+from pipeforge.models.plain import LayerListStage, list_parts
+
+
+@dataclass
+class Split:
+    """The cut: stage modules of the owned stages, tied groups, and the layers of every stage."""
+
+    modules: dict[int, nn.Module]
+    tied_parameters: list[list[tuple[int, str]]]
+    layers: list[range]
+    stages: int
+    names: dict[tuple[int, str], str] = field(default_factory=dict)  # (stage, name) -> the model's name
+
+
+def split(model: nn.Module, stages: int, *, owned: Sequence[int] | None = None,
+          layers: Sequence[int] | None = None, costs=None, untie: bool = False,
+          seed: int = 0, state_dict=None,
+          device: torch.device | str | None = None, aux_loss: bool = True) -> Split:
+    """Cut ``model`` into ``stages`` stage modules; see the module docstring."""
+    if not isinstance(stages, int) or stages < 1:
+        raise UsageError(f"pipeforge.split: stages must be a positive integer, got {stages!r}")
+    owned = list(range(stages)) if owned is None else sorted(set(owned))
+    bad = [s for s in owned if not isinstance(s, int) or not 0 <= s < stages]
+    if bad:
+        raise UsageError(f"pipeforge.split: owned stages {bad} are out of range (stages 0..{stages - 1})")
+    if hf.is_causal_lm(model):
+        model.config.use_cache = False
+        parts = hf.parts_of(model)
+        count = len(parts.layers)
+        bounds = _bounds(count, stages, layers, costs)
+        build = lambda s: hf.CausalLMStage(parts, bounds[s].start, bounds[s].stop, s == 0, s == stages - 1,
+                                           aux_loss=aux_loss)
+        init = _hf_init(model)
+    else:
+        pre, blocks, post = list_parts(model)
+        bounds = _bounds(len(blocks), stages, layers, costs)
+        build = lambda s: LayerListStage(pre if s == 0 else [], blocks, bounds[s], post if s == stages - 1 else [])
+        init = _reset_parameters
+    every = {s: build(s) for s in range(stages)}
+    names = _model_names(model, every)
+    groups = _tied_groups(model, every, names)
+    modules = {s: every[s] for s in owned}
+    if untie:
+        modules = _untied(modules)
+    if _on_meta(modules) or state_dict is not None:
+        from pipeforge.models.materialize import materialize
+
+        materialize(modules, every, names, groups, init, seed=seed, state_dict=state_dict,
+                    device=device or "cpu")
+    return Split(modules, groups, bounds, stages, {key: name for key, name in names.items() if key[0] in modules})
+
+
+def _bounds(count: int, stages: int, layers: Sequence[int] | None, costs) -> list[range]:
+    if layers is not None:
+        layers = list(layers)
+        if len(layers) != stages or any(not isinstance(n, int) or n < 0 for n in layers) or sum(layers) != count:
+            raise UsageError(f"pipeforge.split: layers={layers} must give {stages} counts (one per stage, each >= 0) "
+                             f"summing to the model's {count} layers")
+        starts = [sum(layers[:s]) for s in range(stages + 1)]
+        return [range(starts[s], starts[s + 1]) for s in range(stages)]
+    if costs is not None:
+        from pipeforge.models.balance import balanced_bounds
+
+        return balanced_bounds(costs, count, stages)
+    if stages > count:
+        raise UsageError(f"pipeforge.split: {stages} stages need at least as many layers (the model has {count}); "
+                         "give layers= to leave some stages without layers")
+    edges = [round(s * count / stages) for s in range(stages + 1)]
+    return [range(edges[s], edges[s + 1]) for s in range(stages)]
+
+
+def _model_names(model: nn.Module, every: dict[int, nn.Module]) -> dict[tuple[int, str], str]:
+    """(stage, stage-relative name) -> the parameter's first name in the model."""
+    first_name: dict[int, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        first_name.setdefault(id(param), name)
+    return {(stage, name): first_name[id(param)] for stage, module in every.items()
+            for name, param in module.named_parameters(remove_duplicate=False) if id(param) in first_name}
+
+
+def _tied_groups(model: nn.Module, every: dict[int, nn.Module], names) -> list[list[tuple[int, str]]]:
+    """Groups of (stage, name) that are one parameter of the model, held by two or more stages."""
+    by_param: dict[str, list[tuple[int, str]]] = {}
+    for (stage, name), model_name in names.items():
+        by_param.setdefault(model_name, []).append((stage, name))
+    ties = getattr(model, "all_tied_weights_keys", None) or {}
+    model_names = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    canonical = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        canonical.setdefault(name, next(n for n, p in model.named_parameters() if p is param))
+    for target, source in ties.items():  # declared ties whose copies are distinct parameters
+        if target in model_names and source in model_names and canonical[target] != canonical[source]:
+            by_param.setdefault(canonical[source], []).extend(by_param.pop(canonical[target], []))
+    groups = []
+    for entries in by_param.values():
+        firsts = {}
+        for stage, name in entries:
+            firsts.setdefault(stage, (stage, name))
+        if len(firsts) > 1:
+            groups.append(sorted(firsts.values()))
+    return sorted(groups)
+
+
+def _untied(modules: dict[int, nn.Module]) -> dict[int, nn.Module]:
+    """Each stage its own copy of a parameter several owned stages share."""
+    seen: set[int] = set()
+    result = {}
+    for stage, module in sorted(modules.items()):
+        shared = {id(p) for p in module.parameters()} & seen
+        seen |= {id(p) for p in module.parameters()}
+        result[stage] = _copy_parameters(module, shared) if shared else module
+    return result
+
+
+def _copy_parameters(module: nn.Module, shared: set[int]) -> nn.Module:
+    memo = {}
+    for param in module.parameters():
+        if id(param) not in shared:
+            memo[id(param)] = param
+    for sub in module.modules():  # keep the unshared parts as they are: only the shared parameters are copied
+        if not any(id(p) in shared for p in sub.parameters()):
+            memo[id(sub)] = sub
+    return copy.deepcopy(module, memo)
+
+
+def _on_meta(modules: dict[int, nn.Module]) -> bool:
+    return any(t.is_meta for m in modules.values() for t in [*m.parameters(), *m.buffers()])
+
+
+def _hf_init(model: nn.Module):
+    def init(module: nn.Module) -> None:
+        model._init_weights(module)
+
+    return init
+
+
+def _reset_parameters(module: nn.Module) -> None:
+    reset = getattr(module, "reset_parameters", None)
+    if callable(reset):
+        reset()

@@ -1,0 +1,199 @@
+"""``Pipeline.check``: one microbatch's forward through every stage before the first step, errors named.
+
+Every rank calls ``pipe.check(...)`` with the arguments it will give ``step()``.
+First each rank prepares its own inputs (the batch, the target, per-stage
+inputs) and every rank learns every rank's problems at once (one all-gather).
+Then stage after stage in order (chain 0's placement), the rank that holds a
+stage runs microbatch 0 through its module (the previous stage's output when
+that stage is on the same rank, else zeros of the shapes the previous stage
+reported) and broadcasts the shapes of its output, or what went wrong: a
+non-tensor output (a ``ModelOutput``, a dict, ``(h, None)``), an exception in
+the module (a missing argument, a shape the stage cannot take), a ``loss_fn``
+that does not return a scalar, or reentrant activation checkpointing on a rank
+whose program splits backward into I and W. Every rank takes part in every
+broadcast, so every rank raises the same ``PipelineUsageError``, naming the
+rank, the stage and the inputs, and none waits for a peer. Buffers (batch-norm
+statistics) and the random state are restored afterwards; parameters and
+gradients are untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipeforge.ir import ActionKind
+from pipeforge.runtime.aux import unwrap as unwrap_aux
+from pipeforge.runtime.microbatch import as_tuple
+from pipeforge.runtime.p2p import PipelineError, PipelineUsageError
+from pipeforge.semantics import RUNTIME_METHODS
+
+REENTRANT = "CheckpointFunctionBackward"  # torch.utils.checkpoint(..., use_reentrant=True)'s autograd node
+
+
+def check(pipeline, args: tuple, kwargs: dict, target: Any, shared: Any, per_stage: Any) -> None:
+    prepared, problem = _prepare(pipeline, args, kwargs, target, shared, per_stage)
+    problems = _gather(pipeline, problem)
+    if any(problems):
+        found = "; ".join(p for p in problems if p)
+        raise PipelineUsageError(f"rank {pipeline.rank}: pipeline check: {found}")
+    buffers = _buffers(pipeline)
+    devices = [pipeline.transport.device] if pipeline.transport.device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            _run_stages(pipeline, prepared)
+    finally:
+        _restore(buffers)
+
+
+def _prepare(pipeline, args, kwargs, target, shared, per_stage) -> tuple[dict, str | None]:
+    try:
+        stage_inputs = pipeline._stage_inputs(shared, per_stage)
+        batch = pipeline._batch(args, kwargs, stage_inputs.get(0))
+        targets = None
+        if target is not None:
+            if not pipeline.holds_last:
+                raise PipelineUsageError(f"rank {pipeline.rank} runs stages {pipeline.stages}, not the last stage: "
+                                         "target= goes to the rank holding the last stage")
+            from pipeforge.runtime.microbatch import split_value
+            from pipeforge.runtime.pipeline import _to_device
+
+            target = _to_device(target, pipeline.transport.device)
+            targets = split_value(target, pipeline.info.microbatches, f"rank {pipeline.rank}: target")
+        return {"inputs": stage_inputs, "batch": batch, "targets": targets}, None
+    except PipelineError as error:
+        return {}, str(error)
+
+
+def _gather(pipeline, problem: str | None) -> list[str | None]:
+    found: list = [None] * pipeline.info.ranks
+    dist.all_gather_object(found, problem, group=pipeline.transport.group)
+    return found
+
+
+def _run_stages(pipeline, prepared: dict) -> None:
+    info, rank = pipeline.info, pipeline.rank
+    outputs: dict[int, tuple] = {}
+    reported: tuple = ()
+    for stage in range(info.stages):
+        owner = info.rank_of(stage, 0)
+        result: Any = None
+        if owner == rank:
+            result = _run_stage(pipeline, prepared, stage, outputs.get(stage - 1), reported)
+            if isinstance(result, tuple):
+                outputs[stage] = result
+                result = [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else None for t in result]
+        box = [result]
+        device = pipeline.transport.device if pipeline.transport.device.type == "cuda" else None
+        dist.broadcast_object_list(box, src=pipeline.transport.global_rank(owner), group=pipeline.transport.group,
+                                   device=device)
+        if isinstance(box[0], str):
+            raise PipelineUsageError(f"rank {rank}: pipeline check: stage {stage} on rank {owner}: {box[0]}")
+        reported = tuple(box[0] or ())
+
+
+def _run_stage(pipeline, prepared: dict, stage: int, local: tuple | None, reported: tuple):
+    """The stage's output tensors, or what went wrong (a string)."""
+    runner = pipeline.runners[(stage, 0)]
+    if stage == 0:
+        args, kwargs = prepared["batch"][0]
+    else:
+        args = local if local is not None else tuple(_stand_in(meta, pipeline.transport.device) for meta in reported)
+        args = tuple(a.detach().requires_grad_(a.is_floating_point()) if isinstance(a, torch.Tensor) else a
+                     for a in args)
+        kwargs = {}
+    own = prepared["inputs"].get(stage)
+    kwargs = {**kwargs, **(own[0] if own else {})}
+    try:
+        with torch.enable_grad():
+            output, _ = unwrap_aux(runner.module(*args, **kwargs), f"stage {stage}")
+    except Exception as error:  # noqa: BLE001 - any failure of the user's module is reported, named
+        return f"its module raised {type(error).__name__}: {error} (called with {_describe_call(args, kwargs)})"
+    if not runner.is_last:
+        if not _sendable(output):
+            return (f"its module returned {_describe(output)}; a stage before the last must return a tensor or a "
+                    "tuple of tensors (of a ModelOutput or a dict, return the tensor the next stage takes, e.g. "
+                    "output.last_hidden_state; of (h, None), return h)")
+        found = as_tuple(output)
+    else:
+        found = _loss_problem(runner, output, prepared["targets"])
+        if isinstance(found, str):
+            return found
+    if _splits_backward(pipeline) and _reentrant(found):
+        return ("it uses reentrant activation checkpointing (torch.utils.checkpoint with use_reentrant=True), "
+                f"whose backward cannot be split into I and W, and rank {pipeline.rank}'s program of schedule "
+                f"{pipeline.info.name!r} splits it: pass use_reentrant=False (Hugging Face: "
+                "gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False}))")
+    return tuple(found)
+
+
+def _loss_problem(runner, output, targets) -> tuple | str:
+    if targets is None or runner.loss_fn is None:
+        return tuple(t for t in as_tuple(output) if isinstance(t, torch.Tensor))
+    try:
+        loss = runner.loss_fn(output, targets[0])
+    except Exception as error:  # noqa: BLE001
+        return f"loss_fn raised {type(error).__name__}: {error} (on the stage's output {_describe(output)})"
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        return f"loss_fn returned {_describe(loss)}; it must return a scalar tensor"
+    return (loss,)
+
+
+def _sendable(output: Any) -> bool:
+    if isinstance(output, torch.Tensor):
+        return True
+    return type(output) in (tuple, list) and bool(output) and all(isinstance(t, torch.Tensor) for t in output)
+
+
+def _splits_backward(pipeline) -> bool:
+    code = getattr(pipeline._program, "__code__", None)
+    return code is not None and RUNTIME_METHODS[ActionKind.I] in code.co_names
+
+
+def _reentrant(tensors) -> bool:
+    seen: set[int] = set()
+    todo = [t.grad_fn for t in tensors if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if REENTRANT in type(node).__name__:
+            return True
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return False
+
+
+def _stand_in(meta, device: torch.device):
+    if meta is None:
+        return None
+    shape, dtype = meta
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"Tensor {list(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    if isinstance(value, dict):
+        return f"{type(value).__name__} with keys {list(value)}"
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(_describe(v) for v in value)
+        return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+    return type(value).__name__ if value is not None else "None"
+
+
+def _describe_call(args: tuple, kwargs: dict) -> str:
+    parts = [_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()]
+    return f"{len(args)} positional input(s): " + ", ".join(parts) if parts else "no inputs"
+
+
+def _buffers(pipeline) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(b, b.detach().clone()) for m in pipeline.modules() for b in m.buffers()]
+
+
+def _restore(buffers) -> None:
+    with torch.no_grad():
+        for buffer, saved in buffers:
+            buffer.copy_(saved)

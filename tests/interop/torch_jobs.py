@@ -1,0 +1,78 @@
+"""Run torch CSVs under torch's own ``_PipelineScheduleRuntime`` on gloo and compare with one process.
+
+Each job names a compute-only CSV, its stages, microbatches and placement. Every
+rank builds real ``PipelineStage`` objects for the stages the CSV puts on it (a
+``Linear`` + ``tanh`` per stage, float64, seeded by stage), loads the CSV with
+``_load_csv`` (torch's lowering), runs one ``step`` and compares its gradients with
+the unpipelined model run microbatch by microbatch (gradients divided by M, as
+``scale_grads``). What a job returns: ``("ran", max relative difference)`` or
+``("failed", message)``; a hang ends with gloo's timeout as a failure.
+"""
+
+from __future__ import annotations
+
+import torch
+
+WIDTH = 4
+BATCH_PER_MICROBATCH = 2
+
+
+def stage_module(stage: int) -> torch.nn.Module:
+    torch.manual_seed(1000 + stage)
+    return torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh()).double()
+
+
+def batch(microbatches: int):
+    torch.manual_seed(7)
+    x = torch.randn(microbatches * BATCH_PER_MICROBATCH, WIDTH, dtype=torch.float64)
+    y = torch.randn(microbatches * BATCH_PER_MICROBATCH, WIDTH, dtype=torch.float64)
+    return x, y
+
+
+def mse(output, target):
+    return torch.nn.functional.mse_loss(output, target)
+
+
+def reference_grads(stages: int, microbatches: int, mine: list[int]) -> dict[int, list[torch.Tensor]]:
+    modules = [stage_module(s) for s in range(stages)]
+    x, y = batch(microbatches)
+    for xs, ys in zip(x.chunk(microbatches), y.chunk(microbatches)):
+        out = xs
+        for module in modules:
+            out = module(out)
+        mse(out, ys).backward()
+    return {s: [p.grad / microbatches for p in modules[s].parameters()] for s in mine}
+
+
+def run_job(rank: int, job: dict):
+    """One CSV under torch's runtime on this rank: ("ran", difference) or ("failed", message)."""
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+    stages, microbatches = job["stages"], job["microbatches"]
+    mine = [s for s, r in enumerate(job["placement"]) if r == rank]
+    modules = {s: stage_module(s) for s in mine}
+    try:
+        pipeline_stages = [PipelineStage(modules[s], s, stages, torch.device("cpu"), group=job.get("group"))
+                           for s in mine]
+        schedule = _PipelineScheduleRuntime(pipeline_stages, microbatches, loss_fn=mse,
+                                            defer_pp_recv=job.get("defer", False))
+        schedule._load_csv(job["csv"])
+        x, y = batch(microbatches)
+        args = (x,) if 0 in mine else ()
+        schedule.step(*args, target=y if stages - 1 in mine else None)
+    except Exception as error:  # noqa: BLE001 (the verdict is compared with what happened)
+        return ("failed", f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+    expected = reference_grads(stages, microbatches, mine)
+    worst = 0.0
+    for s in mine:
+        for param, want in zip(modules[s].parameters(), expected[s]):
+            if param.grad is None:
+                return ("failed", f"stage {s}: a parameter got no gradient")
+            worst = max(worst, ((param.grad - want).abs().max() / want.abs().max().clamp_min(1e-12)).item())
+    return ("ran", worst)
+
+
+def run_jobs(rank: int, nproc: int, jobs: list[dict]) -> list:
+    """Several jobs one after another on the same group (only jobs expected to run: a hang spoils the rest)."""
+    return [run_job(rank, job) for job in jobs]

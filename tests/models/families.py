@@ -1,0 +1,95 @@
+"""Small float64 models of every family ``pipeforge.split`` cuts, built from configs (eager, dropout off).
+
+``build(name, meta=False)`` returns the whole model (on the meta device when
+``meta``); ``batch(name, rows, seed)`` a padded batch: token ids, the attention
+mask (1 for a token, 0 for right padding) and next-token targets with -100
+where padded.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+VOCAB, SEQ, WIDTH, LAYERS = 40, 6, 16, 4
+
+HF = ("llama", "llama-tied", "gpt2", "qwen2", "mistral", "mixtral", "qwen2-moe")
+PLAIN = ("sequential", "layer-list")
+FAMILIES = HF + PLAIN
+MOE = ("mixtral", "qwen2-moe")
+
+
+def config(name: str, layers: int = LAYERS):
+    import transformers as tf
+
+    common = {"vocab_size": VOCAB, "hidden_size": WIDTH, "num_hidden_layers": layers, "num_attention_heads": 4,
+                  "num_key_value_heads": 2, "max_position_embeddings": 4 * SEQ, "intermediate_size": 2 * WIDTH,
+                  "attn_implementation": "eager", "experts_implementation": "eager"}
+    if name in ("llama", "llama-tied"):
+        return tf.LlamaConfig(**common, tie_word_embeddings=name == "llama-tied")
+    if name == "gpt2":
+        return tf.GPT2Config(vocab_size=VOCAB, n_embd=WIDTH, n_layer=layers, n_head=4, n_positions=4 * SEQ,
+                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager",
+                             bos_token_id=0, eos_token_id=0)
+    if name == "qwen2":  # layers 2 and 3 use a sliding window of 3 tokens, picked by their global index
+        return tf.Qwen2Config(**common, use_sliding_window=True, sliding_window=3, max_window_layers=2,
+                              tie_word_embeddings=False)
+    if name == "mistral":
+        return tf.MistralConfig(**common, sliding_window=3)
+    if name == "mixtral":
+        return tf.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.1)
+    if name == "qwen2-moe":
+        return tf.Qwen2MoeConfig(**common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=WIDTH,
+                                 shared_expert_intermediate_size=WIDTH, router_aux_loss_coef=0.1,
+                                 tie_word_embeddings=False)
+    raise KeyError(name)
+
+
+class LayerList(nn.Module):
+    def __init__(self, layers: int = LAYERS):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(WIDTH), nn.Linear(WIDTH, WIDTH), nn.Tanh())
+                                    for _ in range(layers))
+        self.head = nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _plain(name: str, layers: int) -> nn.Module:
+    if name == "layer-list":
+        return LayerList(layers)
+    return nn.Sequential(nn.Embedding(VOCAB, WIDTH), *[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU())
+                                                       for _ in range(layers)], nn.Linear(WIDTH, VOCAB))
+
+
+def build(name: str, seed: int = 0, meta: bool = False, layers: int = LAYERS) -> nn.Module:
+    torch.manual_seed(seed)
+    with torch.device("meta" if meta else "cpu"):
+        if name in PLAIN:
+            model = _plain(name, layers)
+        else:
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_config(config(name, layers), dtype=torch.float64)
+    model = model.to(torch.float64)
+    model.train()
+    return model
+
+
+def takes_mask(name: str) -> bool:
+    return name in HF
+
+
+def batch(name: str, rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, VOCAB, (rows, SEQ + 1), generator=generator)
+    lengths = torch.randint(SEQ - 2, SEQ + 1, (rows,), generator=generator)  # a window of 3 sees a token
+    lengths[0] = SEQ
+    mask = (torch.arange(SEQ) < lengths[:, None]).long()
+    target = tokens[:, 1:].masked_fill(mask == 0, -100)
+    return tokens[:, :-1], mask, target

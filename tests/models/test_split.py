@@ -1,0 +1,97 @@
+"""``pipeforge.split``: the cut stages chained in one process equal the model's own output, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pipeforge
+from pipeforge.errors import UsageError
+from tests.models import families
+
+pytest.importorskip("transformers")
+
+
+def chained(cut, tokens, mask):
+    hidden = tokens
+    for stage in sorted(cut.modules):
+        kwargs = {"attention_mask": mask} if mask is not None else {}
+        hidden = cut.modules[stage](hidden, **kwargs)
+        hidden = getattr(hidden, "output", hidden)  # a stage's auxiliary loss rides beside its output
+        assert isinstance(hidden, torch.Tensor)
+    return hidden
+
+
+def own_output(model, name, tokens, mask):
+    if families.takes_mask(name):
+        return model(input_ids=tokens, attention_mask=mask, use_cache=False).logits
+    return model(tokens)
+
+
+@pytest.mark.parametrize("name", families.FAMILIES)
+@pytest.mark.parametrize("stages", [1, 2, 3, 4])
+def test_chained_stages_equal_the_model_bit_for_bit(name, stages):
+    model = families.build(name)
+    tokens, mask, _ = families.batch(name, 3, seed=1)
+    mask = mask if families.takes_mask(name) else None
+    want = own_output(model, name, tokens, mask)
+    cut = pipeforge.split(model, stages)
+    assert sorted(cut.modules) == list(range(stages))
+    assert torch.equal(chained(cut, tokens, mask), want)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "mistral"])
+def test_the_sliding_window_changes_the_output_so_the_chain_test_can_fail(name):
+    """Without its window (every layer on the full causal mask) the logits differ: the masks are really per layer."""
+    model = families.build(name)
+    tokens, mask, _ = families.batch(name, 3, seed=1)
+    cut = pipeforge.split(model, 2)
+    for module in cut.modules.values():
+        module.kinds = ["full_attention"] * len(module.kinds)
+    assert not torch.allclose(chained(cut, tokens, mask), own_output(model, name, tokens, mask))
+
+
+def test_layers_per_stage_given_or_balanced_from_costs():
+    model = families.build("llama")
+    assert [list(r) for r in pipeforge.split(model, 2, layers=[3, 1]).layers] == [[0, 1, 2], [3]]
+    costs = {"layers": [1, 1, 1, 1], "first": 2.0, "last": 0.0}
+    assert [list(r) for r in pipeforge.split(model, 2, costs=costs).layers] == [[0], [1, 2, 3]]
+    assert [list(r) for r in pipeforge.split(model, 2).layers] == [[0, 1], [2, 3]]
+    with pytest.raises(UsageError, match="summing to the model's 4 layers"):
+        pipeforge.split(model, 2, layers=[1, 1])
+
+
+def test_owned_stages_only():
+    cut = pipeforge.split(families.build("gpt2"), 4, owned=[1, 3])
+    assert sorted(cut.modules) == [1, 3]
+    assert [list(r) for r in cut.layers] == [[0], [1], [2], [3]]
+
+
+@pytest.mark.parametrize("name", ["llama-tied", "gpt2"])
+def test_tied_embedding_and_head_in_stage_relative_names(name):
+    cut = pipeforge.split(families.build(name), 3)
+    assert cut.tied_parameters == [[(0, "embed.weight"), (2, "head.weight")]]
+    assert cut.modules[0].embed.weight is cut.modules[2].head.weight  # one parameter while the model holds one
+
+
+def test_untied_models_have_no_tied_groups():
+    assert pipeforge.split(families.build("llama"), 3).tied_parameters == []
+
+
+def test_untie_gives_each_stage_its_own_copy_still_tied():
+    cut = pipeforge.split(families.build("llama-tied"), 2, untie=True)
+    first, last = cut.modules[0].embed.weight, cut.modules[1].head.weight
+    assert first is not last and torch.equal(first, last)
+    assert cut.tied_parameters == [[(0, "embed.weight"), (1, "head.weight")]]
+
+
+def test_a_stage_returns_tensors_only_and_the_cache_is_off():
+    model = families.build("llama")
+    tokens, mask, _ = families.batch("llama", 2, seed=0)
+    out = pipeforge.split(model, 2).modules[0](tokens, attention_mask=mask)
+    assert isinstance(out, torch.Tensor) and model.config.use_cache is False
+
+
+def test_a_model_it_cannot_cut_is_refused_by_name():
+    with pytest.raises(UsageError, match="one nn.ModuleList"):
+        pipeforge.split(torch.nn.Linear(2, 2), 2)

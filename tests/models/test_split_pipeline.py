@@ -1,0 +1,79 @@
+"""``split`` + ``make_pipeline`` on gloo ranks equals the unpipelined model in float64, every family.
+
+One spawned group per process count runs every case in a row (``pipeline_jobs``):
+on 2 ranks every library schedule with the tied Llama, GPT-2 and both MoE models
+(the balancing loss through the auxiliary channel), and 1F1B and ZBV with every
+family; on 4 ranks a loop, an interleaved, a V and both bidirectional
+schedules with a tied, a sliding-window, an MoE and a layer-list model. Every
+model is built on the meta device and each rank materializes only its stages;
+batches are padded, the loss is the batch's token mean (``TokenMeanLoss``).
+Losses, every gradient after each step and every parameter after two SGD steps
+agree to rounding (the token sums run in another order).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import pipeforge
+from pipeforge.generator import codegen
+from pipeforge.library import names
+from pipeforge.tools.launch import spawn
+from tests.models import families
+from tests.models.pipeline_jobs import Case
+
+pytest.importorskip("transformers")
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(1200)]
+
+ROUNDING = 1e-12
+EVERY_SCHEDULE = ("llama-tied", "gpt2", "mixtral", "qwen2-moe")
+FOUR_RANKS = {"schedules": ("1f1b", "interleaved-1f1b", "zbv", "chimera", "dualpipev"),
+              "families": ("llama-tied", "qwen2", "mixtral", "layer-list")}
+
+
+def load(name: str, ranks: int):
+    for microbatches in (ranks, 2 * ranks):
+        try:
+            return pipeforge.load(name, defines={"P": ranks, "M": microbatches})
+        except pipeforge.SemanticError:
+            continue
+    raise AssertionError(f"{name} accepts neither M={ranks} nor M={2 * ranks}")
+
+
+def cases(ranks: int, out_dir) -> list[Case]:
+    found = []
+    schedules = names() if ranks == 2 else FOUR_RANKS["schedules"]
+    for name in schedules:
+        path = str(codegen(load(name, ranks), out_dir / name))
+        if ranks == 2:
+            chosen = families.FAMILIES if name in ("1f1b", "zbv") else EVERY_SCHEDULE
+        else:
+            chosen = FOUR_RANKS["families"]
+        found += [Case(f"{name} {family}", family, path) for family in chosen]
+    return found
+
+
+_RESULTS: dict[int, dict[str, list[dict]]] = {}
+
+
+@pytest.fixture
+def results(request, tmp_path_factory):
+    ranks = request.param
+    if ranks not in _RESULTS:
+        chosen = cases(ranks, tmp_path_factory.mktemp(f"split{ranks}"))
+        outcomes = spawn("tests.models.pipeline_jobs:run_cases", ranks, chosen, timeout=90, deadline=1100)
+        assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
+        _RESULTS[ranks] = {case.label: [o.value[i] for o in outcomes] for i, case in enumerate(chosen)}
+    return _RESULTS[ranks]
+
+
+@pytest.mark.parametrize("results", [2, 4], indirect=True, ids=["2-ranks", "4-ranks"])
+def test_split_models_train_as_the_unpipelined_model(results):
+    failures = []
+    for label, reports in results.items():
+        worst = max(reports, key=lambda r: r["max_rel"])
+        missing = [m for r in reports for m in r["missing"]]
+        if worst["max_rel"] > ROUNDING or missing or not all(r["compared"] for r in reports):
+            failures.append(f"{label}: max_rel {worst['max_rel']:.3g} at {worst['worst']} (rank {worst['rank']}); "
+                            f"missing {missing[:3]}")
+    assert not failures, "\n".join(failures)
