@@ -1,28 +1,12 @@
 """The rank context: what a generated rank function calls, one method per kind of action.
 
-A generated module holds one function per rank, ``rank_3(ctx)``, whose body is
-the rank's steps in order; ``ctx`` is a ``RankContext``. Data moves like this:
-
-- ``forward(s, m)`` takes its input from the batch (stage 0), from the previous
-  stage on this rank (handed over, no communication) or from the receive that
-  ``post`` posted earlier (waited here, where the data is used);
-- ``post(...)`` issues one communication group together (``p2p.Transport``);
-  sends take what ``forward`` / ``backward`` left in the outbox; a send never
-  waits for its peer (sends are waited at the end of the step), a receive is
-  waited where its data is used;
-- ``backward`` / ``backward_input`` / ``backward_weight`` mirror it for gradients.
-
-Hook points (every pipeline runs this one class; nothing overrides its methods):
-``functions`` (custom functions per action kind, ``pipeforge.runtime.custom``)
-replace the runtime's own implementation of a kind; ``data_parallel``
-(``pipeforge.runtime.fsdp``) runs around every compute and does UNSHARD,
-RESHARD and REDUCE_GRAD; ``observers`` (``Observer``: the step trace of
-``pipeforge.runtime.step_trace``, records) are told when each compute, wait,
-post and the final wait begin and end. Without custom functions, data-parallel
-stages or observers an action goes straight to its stage.
-
-In eval mode backward actions and backward communication are skipped: a valid
-schedule stays valid without them (the forward transfers keep their order).
+``RankContext`` (one per rank and step) is the ``ctx`` of a generated ``rank_3(ctx)``: ``forward``,
+``backward``, ``backward_input``, ``backward_weight`` (method names from ``semantics.RUNTIME_METHODS``)
+compute a stage's action, taking inputs from the batch, the previous stage on this rank or a posted
+receive (waited where used); ``post`` issues one communication group (``p2p.Transport``). Its hook
+points, the same for every pipeline: ``functions`` (custom functions, ``custom.py``), ``data_parallel``
+(``fsdp.py``: UNSHARD, RESHARD, REDUCE_GRAD), ``observers`` (``Observer``: the step trace). In eval mode
+backward actions and communication are skipped. How data moves: ``docs/runtime-internals.md``.
 """
 
 from __future__ import annotations
@@ -51,12 +35,13 @@ from pipeforge.runtime.p2p import (
 )
 from pipeforge.runtime.saved import SavedActivations
 from pipeforge.runtime.stage import StageRunner
-from pipeforge.semantics import GRADIENT_KINDS, RUNTIME_METHODS, SENDS, peer_stage
+from pipeforge.semantics import GRADIENT_KINDS, RUNTIME_METHODS, SENDS, lane, peer_stage
 
 SEND_F, RECV_F, SEND_B, RECV_B = ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B
 FORWARD_COMMS = frozenset({SEND_F, RECV_F})  # what eval() keeps
 BACKWARD_KINDS = frozenset({*(kind for kind in COMPUTE_KINDS if kind != "F"), "REDUCE_GRAD"})  # what eval() skips
 WEIGHT_GRADIENT_KINDS = frozenset(kind.value for kind in GRADIENT_KINDS)  # after them: data_parallel's upcast
+FORWARD_KINDS = frozenset({"F", "R"})  # run the stage's forward (R again, under autograd)
 Comm = Action  # what send_f/recv_f/send_b/recv_b return and post takes: the communication action itself
 
 
@@ -137,10 +122,8 @@ class RankContext:
         self.stage_inputs: dict[int, list[dict[str, Any]]] = {}  # a stage's keyword inputs per microbatch
         self.targets: list[Any] = []
         self.activations = ActivationCount()  # what simulate's memory model counts (O(1) per action)
-<<<<<<< HEAD
         self.saved = SavedActivations(frozenset(info.recomputed), frozenset(info.offloaded),
                                       transport.device)  # R, OFFLOAD, RELOAD: runtime/saved.py
-=======
         self._handed: dict[Action, Any] = {}
         self._outbox: dict[Action, tuple[torch.Tensor, ...]] = {}
         self._pending: dict[Action, tuple[Posted, tuple[torch.Tensor, ...]]] = {}
@@ -152,50 +135,16 @@ class RankContext:
             kind: getattr(self, "_" + RUNTIME_METHODS[ActionKind(kind)]) for kind in COMPUTE_KINDS}
         # no hook to run around a compute: actions go straight to their stage
         self._direct = not self.functions and not self.observers and not self.data_parallel.hooks_compute
->>>>>>> main
 
     # -- the actions a generated rank function calls -------------------------------
 
     def forward(self, stage: int, mb: int, chain: int = 0) -> None:
-<<<<<<< HEAD
-        runner = self._runner(stage, chain)
-        args, kwargs = self._forward_input(stage, mb, chain)
-        own = self.stage_inputs.get(stage)
-        if own is not None:
-            kwargs = {**kwargs, **own[mb]}
-        target = self.targets[mb] if runner.is_last and self.targets else None
-        if self.saved.active:
-            output = self.saved.forward(runner, mb, args, target, self.training, kwargs)
-        else:
-            output = runner.forward(mb, args, target, self.training, kwargs)
-        if self.training:
-            self.activations.record(ActionKind.F, (stage, mb, chain) in self.saved.recomputed)
-        if runner.is_last:
-            return
-        if self._local(stage + 1, chain):
-            self._handed[Action(stage + 1, RECV_F, mb, chain)] = as_tuple(output)
-=======
         if self._direct:
             self._forward(stage, mb, chain)
->>>>>>> main
         else:
             self._issue_compute("F", stage, mb, chain)
 
     def backward(self, stage: int, mb: int, chain: int = 0) -> None:
-<<<<<<< HEAD
-        if self.training:
-            self.saved.wait((stage, mb, chain))
-            runner = self._runner(stage, chain)
-            self._hand_back(runner, runner.backward(mb, self._output_grads(runner, mb)), mb)
-            self.activations.backward()
-
-    def backward_input(self, stage: int, mb: int, chain: int = 0) -> None:
-        if self.training:
-            self.saved.wait((stage, mb, chain))
-            runner = self._runner(stage, chain)
-            self._hand_back(runner, runner.backward_input(mb, self._output_grads(runner, mb)), mb)
-            self.activations.backward_input()
-=======
         if self._direct:
             if self.training:
                 self._backward(stage, mb, chain)
@@ -208,7 +157,6 @@ class RankContext:
                 self._backward_input(stage, mb, chain)
         else:
             self._issue_compute("I", stage, mb, chain)
->>>>>>> main
 
     def backward_weight(self, stage: int, mb: int, chain: int = 0) -> None:
         if self._direct:
@@ -219,21 +167,27 @@ class RankContext:
 
     def recompute(self, stage: int, mb: int, chain: int = 0) -> None:
         """R: the forward of a recomputed microbatch again, under autograd, from its checkpoint."""
-        if self.training:
-            self.saved.recompute(self._runner(stage, chain), mb)
-            self.activations.record(ActionKind.R)
+        if self._direct:
+            if self.training:
+                self._recompute(stage, mb, chain)
+        else:
+            self._issue_compute("R", stage, mb, chain)
 
     def offload(self, stage: int, mb: int, chain: int = 0) -> None:
         """OFFLOAD: the microbatch's saved tensors to host memory."""
-        if self.training:
-            self.saved.offload(self._runner(stage, chain), mb)
-            self.activations.record(ActionKind.OFFLOAD)
+        if self._direct:
+            if self.training:
+                self._offload(stage, mb, chain)
+        else:
+            self._issue_compute("OFFLOAD", stage, mb, chain)
 
     def reload(self, stage: int, mb: int, chain: int = 0) -> None:
         """RELOAD: the microbatch's saved tensors back to the device (waited before its backward)."""
-        if self.training:
-            self.saved.reload(self._runner(stage, chain), mb)
-            self.activations.record(ActionKind.RELOAD)
+        if self._direct:
+            if self.training:
+                self._reload(stage, mb, chain)
+        else:
+            self._issue_compute("RELOAD", stage, mb, chain)
 
     def reduce_grad(self, stage: int, chain: int = 0) -> None:
         """The stage's gradients are complete on this rank (every replica of it here: REDUCE_GRAD
@@ -344,8 +298,11 @@ class RankContext:
         for observer in observers:
             observer.begin_compute(kind, stage, mb, chain)
         data_parallel = self.data_parallel
-        data_parallel.before_compute(stage, kind != "F")
-        self._computes[kind](stage, mb, chain)
+        if lane(ActionKind(kind)) == "copy":  # OFFLOAD, RELOAD: the stage's parameters play no part
+            self._computes[kind](stage, mb, chain)
+        else:
+            data_parallel.before_compute(stage, kind not in FORWARD_KINDS)
+            self._computes[kind](stage, mb, chain)
         if kind in WEIGHT_GRADIENT_KINDS and stage in data_parallel.upcasting:
             data_parallel.after_weight_gradients(stage)
         for observer in observers:
@@ -360,9 +317,12 @@ class RankContext:
         if own is not None:
             kwargs = {**kwargs, **own[mb]}
         target = self.targets[mb] if runner.is_last and self.targets else None
-        output = runner.forward(mb, args, target, self.training, kwargs)
+        if self.saved.active:
+            output = self.saved.forward(runner, mb, args, target, self.training, kwargs)
+        else:
+            output = runner.forward(mb, args, target, self.training, kwargs)
         if self.training:
-            self.activations.forward()
+            self.activations.record(ActionKind.F, (stage, mb, chain) in self.saved.recomputed)
         if runner.is_last:
             return
         if self._local(stage + 1, chain):
@@ -371,11 +331,13 @@ class RankContext:
             self._outbox[Action(stage, SEND_F, mb, chain)] = _sendable(output, runner.name)
 
     def _backward(self, stage: int, mb: int, chain: int) -> None:
+        self.saved.wait((stage, mb, chain))
         runner = self.runner(stage, chain)
         self._hand_back(runner, runner.backward(mb, self._output_grads(runner, mb)), mb)
         self.activations.backward()
 
     def _backward_input(self, stage: int, mb: int, chain: int) -> None:
+        self.saved.wait((stage, mb, chain))
         runner = self.runner(stage, chain)
         self._hand_back(runner, runner.backward_input(mb, self._output_grads(runner, mb)), mb)
         self.activations.backward_input()
@@ -383,6 +345,18 @@ class RankContext:
     def _backward_weight(self, stage: int, mb: int, chain: int) -> None:
         self.runner(stage, chain).backward_weight(mb)
         self.activations.backward_weight()
+
+    def _recompute(self, stage: int, mb: int, chain: int) -> None:
+        self.saved.recompute(self.runner(stage, chain), mb)
+        self.activations.record(ActionKind.R)
+
+    def _offload(self, stage: int, mb: int, chain: int) -> None:
+        self.saved.offload(self.runner(stage, chain), mb)
+        self.activations.record(ActionKind.OFFLOAD)
+
+    def _reload(self, stage: int, mb: int, chain: int) -> None:
+        self.saved.reload(self.runner(stage, chain), mb)
+        self.activations.record(ActionKind.RELOAD)
 
     def _reduce_grad(self, stage: int) -> None:
         replicas = [r for (s, _), r in self.runners.items() if s == stage]

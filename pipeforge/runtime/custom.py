@@ -1,27 +1,12 @@
 """Custom functions per action kind, torch's ``register_custom_function`` for generated pipelines.
 
-(The rank context runs them: ``RankContext.issue`` in ``pipeforge.runtime.context``.)
-
-``make_pipeline(..., custom_functions={"OVERLAP_F_B": fn})`` (or
-``pipeline.register_custom_function("OVERLAP_F_B", fn)``) makes ``fn(action,
-ctx)`` run instead of the runtime's own implementation of every action of that
-kind on this rank: ``F``, ``B``, ``I``, ``W``, ``OVERLAP_F_B`` (an overlap step
-of the schedule, ``(0F7;7B3)``), ``UNSHARD``, ``RESHARD`` or ``REDUCE_GRAD``. As
-in torch, ``action`` says what to do (``kind``, ``stage``, ``microbatch``, and
-for ``OVERLAP_F_B`` its ``sub_actions``, both halves) and ``ctx`` gives what
-torch's ``_PipelineContext`` gives (the microbatched inputs, targets and losses)
-plus the stage (``ctx.module(stage)``, ``ctx.runner(stage)``) and the
-runtime's own implementations: ``ctx.default(action)`` does what the pipeline
-does without a custom function; ``ctx.run(action)`` does what the pipeline does
-for ``action`` (its kind's custom function if one is registered, else the
-default). A custom function usually wraps ``ctx.default`` (timing, streams,
-an all-to-all of its own) or, for ``OVERLAP_F_B``, runs the two halves
-together, for instance on two threads.
-
-Without an ``OVERLAP_F_B`` function an overlap step runs its actions one after
-the other, each through its own kind's function (torch's runtime calls its
-built-in F/B for the halves instead). In ``eval()`` backward actions and
-``REDUCE_GRAD`` do not run, so their functions are not called.
+``custom_functions({kind: fn})`` checks and names the functions of ``make_pipeline(custom_functions=...)``
+(kinds ``F``, ``B``, ``I``, ``W``, ``OVERLAP_F_B``, ``UNSHARD``, ``RESHARD``, ``REDUCE_GRAD``, or
+torch's ``_ComputationType`` names); ``fn(action, ctx)`` then runs instead of the runtime's own
+implementation of every action of that kind on the rank, with a ``StageAction`` (``kind``, ``stage``,
+``microbatch``, ``sub_actions``) and an ``ActionContext`` (inputs, targets, losses, ``module(stage)``,
+``default(action)``, ``run(action)``). The rank context runs them (``RankContext.issue``). The whole
+contract: ``docs/runtime-fsdp.md`` (Custom functions).
 """
 
 from __future__ import annotations
@@ -33,16 +18,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pipeforge.runtime.p2p import PipelineError
-<<<<<<< HEAD
-from pipeforge.runtime.stage import StageRunner
-from pipeforge.semantics import GRADIENT_KINDS, RUNTIME_METHODS, compute_kind_names, lane
-
-COMPUTE_KINDS = compute_kind_names()  # semantics: F, B, I, W and any compute kind added there
-KINDS = (*COMPUTE_KINDS, "OVERLAP_F_B", "UNSHARD", "RESHARD", "REDUCE_GRAD")
-BACKWARD_KINDS = (*(kind for kind in COMPUTE_KINDS if kind != "F"), "REDUCE_GRAD")  # only while training
-WEIGHT_GRADIENT_KINDS = tuple(sorted(kind.value for kind in GRADIENT_KINDS))
-FORWARD_KINDS = ("F", "R")  # run the stage's forward (R again, under autograd)
-=======
 from pipeforge.semantics import compute_kind_names
 
 if TYPE_CHECKING:
@@ -51,7 +26,6 @@ if TYPE_CHECKING:
 
 COMPUTE_KINDS = compute_kind_names()  # semantics: F, B, I, W and any compute kind added there
 KINDS = (*COMPUTE_KINDS, "OVERLAP_F_B", "UNSHARD", "RESHARD", "REDUCE_GRAD")
->>>>>>> main
 
 
 @dataclass(frozen=True)
@@ -146,117 +120,3 @@ class ActionContext:
     def run(self, action: StageAction) -> None:
         """What the pipeline does for ``action``: its kind's custom function if registered, else the default."""
         self._ctx.issue(action)
-<<<<<<< HEAD
-
-
-class HookedRankContext(RankContext):
-    """A ``RankContext`` whose compute actions go through custom functions and the stages' data parallelism."""
-
-    def __init__(self, *args, functions: dict[str, CustomFunction], data_parallel: DataParallel, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.functions = functions
-        self.data_parallel = data_parallel
-        self._collecting: list[StageAction] | None = None
-        # the runtime's own compute of each kind (RankContext's, below the custom functions)
-        own = super()
-        self._computes: dict[str, Callable[[int, int, int], None]] = {
-            kind: getattr(own, RUNTIME_METHODS[ActionKind(kind)]) for kind in COMPUTE_KINDS}
-
-    # -- what generated rank functions call --------------------------------------
-
-    def forward(self, stage: int, mb: int, chain: int = 0) -> None:
-        self._issue_compute("F", stage, mb, chain)
-
-    def backward(self, stage: int, mb: int, chain: int = 0) -> None:
-        self._issue_compute("B", stage, mb, chain)
-
-    def backward_input(self, stage: int, mb: int, chain: int = 0) -> None:
-        self._issue_compute("I", stage, mb, chain)
-
-    def backward_weight(self, stage: int, mb: int, chain: int = 0) -> None:
-        self._issue_compute("W", stage, mb, chain)
-
-    def recompute(self, stage: int, mb: int, chain: int = 0) -> None:
-        self._issue_compute("R", stage, mb, chain)
-
-    def offload(self, stage: int, mb: int, chain: int = 0) -> None:
-        self._issue_compute("OFFLOAD", stage, mb, chain)
-
-    def reload(self, stage: int, mb: int, chain: int = 0) -> None:
-        self._issue_compute("RELOAD", stage, mb, chain)
-
-    def reduce_grad(self, stage: int, chain: int = 0) -> None:
-        self.issue(StageAction("REDUCE_GRAD", stage))
-
-    def unshard(self, stage: int, chain: int = 0) -> None:
-        self.issue(StageAction("UNSHARD", stage))
-
-    def reshard(self, stage: int, chain: int = 0) -> None:
-        self.issue(StageAction("RESHARD", stage))
-
-    @contextmanager
-    def overlap(self) -> Iterator[None]:
-        """An overlap step: its actions are collected, then issued as one OVERLAP_F_B."""
-        if self._collecting is not None:
-            raise PipelineError(f"rank {self.rank}: an overlap step inside another")
-        self._collecting = []
-        try:
-            yield
-            halves = tuple(self._collecting)
-        finally:
-            self._collecting = None
-        self.issue(StageAction("OVERLAP_F_B", None, sub_actions=halves))
-
-    # -- dispatch --------------------------------------------------------------------
-
-    def issue(self, action: StageAction) -> None:
-        if self._collecting is not None:
-            self._collecting.append(action)
-            return
-        if not self.training and action.kind in BACKWARD_KINDS:
-            return
-        function = self.functions.get(action.kind)
-        if function is None:
-            self.run_default(action)
-        else:
-            function(action, ActionContext(self, action))
-
-    def _issue_compute(self, kind: str, stage: int, mb: int, chain: int) -> None:
-        """``issue`` of a compute action; without a custom function for its kind (the common case) the
-        default runs at once, without making the ``StageAction`` only a custom function would see."""
-        if self._collecting is None and kind not in self.functions:
-            self._compute(kind, stage, mb, chain)
-        else:
-            self.issue(StageAction(kind, stage, mb, chain))
-
-    def _compute(self, kind: str, stage: int, mb: int, chain: int) -> None:
-        """The default of a compute action: the stage's data parallelism around the runtime's own compute."""
-        if not self.training and kind != "F":
-            return
-        if lane(ActionKind(kind)) == "copy":  # OFFLOAD, RELOAD: the stage's parameters play no part
-            self._computes[kind](stage, mb, chain)
-            return
-        self.data_parallel.before_compute(stage, kind not in FORWARD_KINDS)
-        self._computes[kind](stage, mb, chain)
-        if kind in WEIGHT_GRADIENT_KINDS and stage in self.data_parallel.upcasting:
-            self.data_parallel.after_weight_gradients(stage)
-
-    def run_default(self, action: StageAction) -> None:
-        kind = action.kind
-        if kind in self._computes:
-            self._compute(kind, action.stage, action.microbatch, action.chain)
-        elif kind == "OVERLAP_F_B":
-            with self.activations.overlap():  # one step for the activation count: additions, then releases
-                for half in action.sub_actions:
-                    self.issue(half)
-        elif kind == "UNSHARD":
-            self.data_parallel.unshard(action.stage)
-        elif kind == "RESHARD":
-            self.data_parallel.reshard(action.stage)
-        elif kind == "REDUCE_GRAD":
-            super().reduce_grad(action.stage)
-            self.data_parallel.reduce(action.stage)
-        else:
-            raise PipelineError(f"rank {self.rank}: unknown action kind {kind!r}")
-=======
->>>>>>> main

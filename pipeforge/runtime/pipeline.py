@@ -1,33 +1,13 @@
 """``Pipeline``: what a generated module's ``make_pipeline`` returns.
 
-``step(*args, target=None, losses=None, return_outputs=True, **kwargs)`` has
-torch's ``schedule.step`` semantics: the rank(s) holding stage 0 pass the
-whole batch (positional and keyword arguments), split into microbatches as torch
-splits them (``pipeforge.runtime.microbatch``); the rank(s) holding the last
-stage pass ``target`` (split likewise) and get ``losses`` cleared and filled
-and the merged outputs back; gradients accumulate into ``.grad`` and are divided
-by the number of microbatches when ``scale_grads`` (once per parameter, however
-many stages on the rank hold it).
-
-Inputs that every stage needs (attention masks, position ids) go in
-``shared_kwargs={name: value}``: every stage module this rank runs receives them
-as keyword arguments, split per microbatch like the batch. ``stage_kwargs={stage:
-{name: value}}`` gives keyword arguments to one stage only. Every rank may pass
-the same dicts; a rank uses the entries of the stages it holds.
-
-Bidirectional schedules (two chains, as Chimera): ``stage_modules`` is keyed by
-stage and holds every stage this rank runs in either chain. When a rank runs the
-same stage in both chains, the chain-1 replica is a deep copy of the module,
-refreshed from it at the start of every step. After the program, the two
-replicas' gradients of every stage from this step are summed (a send/receive
-pair between the two ranks, or an addition on one rank) and added to what the
-module held before the step, so both end with the same gradients.
-With two chains, ``losses`` holds one entry per microbatch, ``None`` for those
-whose last stage ran on the other chain's rank, and outputs merge the
-microbatches this rank finished.
-
-After ``step`` returns nothing of its autograd graph is alive: the outputs and
-losses are detached, every microbatch's state is released by its backward.
+``step(*args, target=None, losses=None, return_outputs=True, shared_kwargs=None, stage_kwargs=None,
+**kwargs)`` runs this rank's program with torch's ``schedule.step`` semantics: the batch on the rank(s)
+holding stage 0, split into microbatches as torch splits it (``microbatch.py``); ``target`` on the
+rank(s) holding the last stage, where ``losses`` is filled and the merged outputs come back; gradients
+accumulated into ``.grad`` (divided by the microbatch count when ``scale_grads``, once per parameter),
+a bidirectional schedule's replicas summed, and nothing of the step's autograd graph alive afterwards.
+``eval`` runs the forwards only; ``check`` the preflight (``preflight.py``); ``parameters()`` every
+distinct parameter, for the optimizer. The whole contract: ``docs/runtime.md``.
 """
 
 from __future__ import annotations
@@ -85,18 +65,12 @@ class Pipeline:
         self.data_parallel = data_parallel or DataParallel(self.rank, {})
         self.functions = dict(functions or {})
         self.activations: ActivationCount | None = None  # the last step's count (``pipeforge.runtime.memory``)
-<<<<<<< HEAD
         self.count_saved = False  # set True: count the bytes of saved activations (``runtime/saved.py``)
         self.saved_peak: int | None = None  # the last step's peak bytes of saved activations on this rank
-        self.trace = False  # True: record every later step's action timings (``pipeforge.runtime.trace``)
-        self.last_trace = None  # the last traced step's ``Trace``
-        self._trace_events: list = []
-=======
         self.trace = False  # True: record every later step's action timings (``pipeforge.runtime.step_trace``)
         self.last_trace: Trace | None = None  # the last traced step's ``Trace``
         self.observers: list[Observer] = []  # told of every later step's actions (``context.Observer``)
         self._tracer: Tracer | None = None
->>>>>>> main
 
     def register_custom_function(self, kind: Any, function: CustomFunction) -> None:
         """Run ``function(action, ctx)`` instead of the runtime's own for every action of ``kind`` (see
@@ -190,16 +164,10 @@ class Pipeline:
     # -- inputs ----------------------------------------------------------------------
 
     def _run(self, args: tuple, kwargs: dict, target: Any, shared: Any, per_stage: Any, training: bool) -> RankContext:
-<<<<<<< HEAD
-        ctx = self._context_class()(self.info, self.rank, self.runners, self.transport, self._caches,
-                                    functions=self.functions, data_parallel=self.data_parallel)
-        ctx.training = training
-        if self.count_saved:
-            ctx.saved.start_counting()
-=======
         ctx = RankContext(self.info, self.rank, self.runners, self.transport, self._caches, training=training,
                           functions=self.functions, data_parallel=self.data_parallel, observers=self._observers())
->>>>>>> main
+        if self.count_saved:
+            ctx.saved.start_counting()
         if not self.holds_last and target is not None:
             raise PipelineUsageError(f"rank {self.rank} runs stages {self.stages}, not the last stage "
                                      f"{self.info.stages - 1}: target= goes to the rank holding the last stage")
@@ -219,13 +187,8 @@ class Pipeline:
         ctx.finish()
         self.data_parallel.end()  # waits for every gradient reduction REDUCE_GRAD started
         self.activations = ctx.activations
-<<<<<<< HEAD
         self.saved_peak = ctx.saved.counter.peak if ctx.saved.counter is not None else None
         ctx.saved.finish()
-        if self.trace:
-            self._trace_events = ctx.trace_events
-=======
->>>>>>> main
         return ctx
 
     def _observers(self) -> tuple[Observer, ...]:
