@@ -19,7 +19,8 @@ from pipeforge.commands.common import refuse_output_over_input
 from pipeforge.commands.exits import Exit
 from pipeforge.errors import PipeforgeError, VerificationError
 
-COMMANDS = ("verify", "fmt", "convert", "lower", "library", "new", "simulate", "show", "optimize", "codegen", "run", "profile")
+COMMANDS = ("verify", "fmt", "convert", "lower", "library", "new", "simulate", "show", "optimize", "codegen", "run", "profile",
+            "diagnose")
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse's own usage errors exit 2 already; keep the text short

@@ -1,25 +1,13 @@
 """Codegen: a verified, lowered schedule rendered into one Python module.
 
-The module (``templates/pipeline.py.j2``) imports only torch and
-``pipeforge.runtime``; it holds one plain function per rank whose body is that
-rank's steps in order, and ``make_pipeline``. Each step carries a comment with
-its torch token, its ``.pipe`` location ``'file':line:col`` and the step index
-``verify`` reports for it (``# 0F1 'x.pipe':8:9 step 2``), so a verify message
-and the generated line can be matched; ``locations=False`` leaves the comments
-out so golden files stay stable.
-
-The module is named after the output: ``-o DIR/NAME.py``, or ``--name NAME``
-in ``DIR``, else the schedule's name. An existing file there is replaced only
-when it is the module of the same schedule (same name and parameters): writing
-another schedule's module over it needs ``force`` (two schedules never overwrite
-each other's module silently).
-
-Nothing from the schedule reaches the module as code except what the jinja2
-``finalize`` hook lets through: an ``Ident`` (checked with ``str.isidentifier``
-and ``keyword.iskeyword``) verbatim, and ``repr()`` of an int, a finite float,
-a str, a bool or None. Anything else raises ``CodegenError``. Every module is
-compiled before it is written, written atomically, and the same schedule gives
-byte-identical text.
+``generate(schedule, locations=True, semantics="rendezvous")`` lowers (when compute-only), verifies
+(``VerificationError`` if invalid) and renders the module's text; ``codegen(schedule, output, name=None,
+force=False)`` writes it (``OUT.py``, or ``DIR/<name>.py``), replacing only the module of the same
+schedule unless ``force``. The module (``templates/pipeline.py.j2``) imports only torch and
+``pipeforge.runtime``: one function per rank and ``make_pipeline`` (``docs/runtime.md``), each step
+commented with its torch token, ``.pipe`` location and verify's step index unless ``locations=False``.
+Nothing from the schedule reaches it as code but an ``Ident`` or ``repr()`` of an int, finite float, str,
+bool or None (jinja2's ``finalize``; else ``CodegenError``). Compiled, written atomically, byte-identical.
 """
 
 from __future__ import annotations
@@ -38,8 +26,10 @@ import jinja2
 from pipeforge.errors import Argument, ArgumentError, CodegenError, UsageError, VerificationError, words
 from pipeforge.files import module_head, refuse_special, write_atomically
 from pipeforge.ir import Action, Schedule, Step
+from pipeforge.passes.lower import lower_with_origins
 from pipeforge.resources import templates_dir
 from pipeforge.semantics import RUNTIME_METHODS, offloaded, recomputed
+from pipeforge.verifier import verify
 
 TEMPLATE = "pipeline.py.j2"
 RUNTIME_SEMANTICS = ("rendezvous", "buffered")  # what generated code may be verified under (generate)
@@ -226,9 +216,6 @@ def generate(schedule: Schedule, *, locations: bool = True, semantics: str = "re
     for its matching send to be posted, which is the buffered reading
     (``docs/runtime.md``).
     """
-    from pipeforge.passes.lower import lower_with_origins
-    from pipeforge.verifier import verify
-
     if semantics not in RUNTIME_SEMANTICS:
         raise ArgumentError(Argument("semantics", value=repr(semantics)),
                             f"the runtime follows {' or '.join(RUNTIME_SEMANTICS)}")

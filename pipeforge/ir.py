@@ -122,14 +122,8 @@ class Action(NamedTuple):
     def is_comm(self) -> bool:
         return self.kind in COMM_KINDS
 
-    def peer_stage(self) -> int:
-        """The stage at the other end of a communication action (``pipeforge.semantics.peer_stage``)."""
-        from pipeforge.semantics import peer_stage
 
-        return peer_stage(self)
-
-
-_make_action = partial(tuple.__new__, Action)  # Action._make without its length check: a C call
+make_action = partial(tuple.__new__, Action)  # Action._make without its length check: a C call
 
 
 def as_action(key: tuple) -> Action:
@@ -137,8 +131,8 @@ def as_action(key: tuple) -> Action:
     if type(key) is Action:
         return key
     if type(key[1]) is ActionKind:
-        return _make_action(key)
-    return _make_action((key[0], ActionKind(key[1]), key[2], key[3]))
+        return make_action(key)
+    return make_action((key[0], ActionKind(key[1]), key[2], key[3]))
 
 
 def parse_action(text: str) -> Action:
@@ -159,7 +153,7 @@ def parse_action(text: str) -> Action:
             raise ValueError(f"{text!r}: {kind.value} takes no microbatch index")
     elif mb is None:
         raise ValueError(f"{text!r} needs a microbatch index after {kind.value!r}, like '{stage}{kind.value}0'")
-    return _make_action((int(stage), kind, mb, int(chain_text) if chain_text else 0))
+    return make_action((int(stage), kind, mb, int(chain_text) if chain_text else 0))
 
 
 _set_attribute = object.__setattr__
@@ -397,16 +391,6 @@ class MemorySpec:
         value = self.checkpoints[stage] if stage < len(self.checkpoints) else self.checkpoint
         return min(value, self.stage_activation(stage))
 
-    def stage_effect(self, kind: ActionKind, stage: int, recomputed: bool = False) -> tuple[float, float]:
-        """``(added, released)`` of one action on ``stage``: F adds ``activation[s]`` (``checkpoint[s]``
-        when its (stage, microbatch) is ``recomputed``), R the rest, B releases it, I all but
-        ``weight_grad[s]``, W that; UNSHARD adds ``unsharded``, RESHARD releases it (M_B); the rule is
-        ``pipeforge.semantics.MEMORY``, ``RECOMPUTED_MEMORY`` and ``PARAMETER_MEMORY``."""
-        from pipeforge.semantics import memory_effect
-
-        return memory_effect(kind, self.weights, self.stage_activation(stage), self.stage_weight_grad(stage),
-                             self.unsharded, self.stage_checkpoint(stage) if recomputed else None)
-
     def count_limit(self, limit: float | None, stages: int) -> float | None:
         """``limit`` (M_B) as a number of F a rank may hold: each adds at least the smallest stage's
         activation, so at most ``limit / min(activation)`` (what the bounds reason in)."""
@@ -461,10 +445,6 @@ class Schedule:
 
     def stages_on(self, rank: int, chain: int = 0) -> tuple[int, ...]:
         return self.placements[chain].stages_on(rank)
-
-    def peer_rank(self, action: Action) -> int:
-        """The rank at the other end of a communication action."""
-        return self.rank_of(action.peer_stage(), action.chain)
 
     def steps(self) -> Iterator[tuple[int, int, Step]]:
         """Every (rank, index, step), rank by rank."""

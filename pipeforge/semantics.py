@@ -58,7 +58,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
-from pipeforge.ir import COMM_KINDS, COMPUTE_KINDS, STAGE_ONLY_KINDS, Action, ActionKind
+from pipeforge.ir import COMM_KINDS, COMPUTE_KINDS, STAGE_ONLY_KINDS, Action, ActionKind, MemorySpec
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
 SEND_F, RECV_F, SEND_B, RECV_B = ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B
@@ -71,9 +71,10 @@ __all__ = [
     "COMPUTE_KINDS", "COMM_KINDS", "STAGE_ONLY_KINDS", "ROLES", "NEEDS", "OUTPUTS", "MEMORY", "PARAMETER_MEMORY",
     "PEER_OFFSET",
     "PARTNER", "SENDS", "GRADIENT_KINDS", "NEEDLESS_KINDS", "SPLIT", "EXCLUDES", "COMPLETE", "REQUIRES", "DURATION_DEFAULTS", "RUNTIME_METHODS", "Need", "Output",
-    "role", "needs", "output", "memory_effect", "LOCAL_KINDS", "recomputed", "offloaded", "effects_of", "needs_if_present", "NEEDS_IF_PRESENT",
-    "RECOMPUTED_MEMORY", "LANES", "lane", "memory_delta", "bubble_rate", "compute_kind_names",
-    "held_after_additions", "peer_stage", "partner", "peer_rank", "local_needs", "split",
+    "role", "needs", "output", "memory_effect", "stage_effect", "memory_delta", "bubble_rate", "compute_kind_names",
+    "LOCAL_KINDS", "recomputed", "offloaded", "effects_of", "needs_if_present", "NEEDS_IF_PRESENT",
+    "RECOMPUTED_MEMORY", "LANES", "lane",
+    "held_after_additions", "peer_stage", "partner", "local_needs", "split",
 ]
 
 
@@ -255,7 +256,7 @@ def memory_effect(kind: ActionKind, weights: float, activation: float = 1.0,
     ``activation`` (default 1) of which W releases ``weight_grad`` (default ``weights * activation``)
     and whose gathered parameters take ``unsharded``; ``checkpoint``: the (stage, microbatch) is
     recomputed and its F keeps that much (None: it is not; R is always of a recomputed one).
-    ``MemorySpec.stage_effect`` asks here with a stage's sizes."""
+    ``stage_effect`` asks here with a stage's sizes."""
     added, released, per_weight = MEMORY[kind]
     rebuilt = RECOMPUTED_MEMORY.get(kind)
     if rebuilt is not None and checkpoint is not None:
@@ -263,6 +264,15 @@ def memory_effect(kind: ActionKind, weights: float, activation: float = 1.0,
     grad = weights * activation if weight_grad is None else weight_grad
     gathered, freed = PARAMETER_MEMORY.get(kind, (0.0, 0.0))
     return added * activation + gathered * unsharded, released * activation + per_weight * grad + freed * unsharded
+
+
+def stage_effect(memory: MemorySpec, kind: ActionKind, stage: int, recomputed: bool = False) -> tuple[float, float]:
+    """``(added, released)`` of one ``kind`` action on ``stage`` under ``memory``: F adds the stage's
+    activation (its checkpoint when its (stage, microbatch) is ``recomputed``), R the rest, B releases it,
+    I all but its weight_grad, W that; OFFLOAD releases it, RELOAD adds it; UNSHARD adds ``unsharded``,
+    RESHARD releases it (M_B)."""
+    return memory_effect(kind, memory.weights, memory.stage_activation(stage), memory.stage_weight_grad(stage),
+                         memory.unsharded, memory.stage_checkpoint(stage) if recomputed else None)
 
 
 def recomputed(actions: Iterable[ActionKey]) -> set[tuple]:
@@ -277,7 +287,7 @@ def offloaded(actions: Iterable[ActionKey]) -> set[tuple]:
 
 def effects_of(memory, actions: Iterable[ActionKey]) -> Callable[[ActionKey], tuple[float, float]]:
     """``(added, released)`` of each action of a schedule that holds ``actions``, on ``memory``'s sizes
-    (an ``ir.MemorySpec``: ``stage_effect``), an F of a recomputed (stage, microbatch, chain) keeping only
+    (an ``ir.MemorySpec``; ``stage_effect``), an F of a recomputed (stage, microbatch, chain) keeping only
     its checkpoint; verify's memory check, simulate's peak and the work graph all look effects up here."""
     rebuilt = recomputed(actions)
     cache: dict[tuple, tuple[float, float]] = {}
@@ -287,7 +297,7 @@ def effects_of(memory, actions: Iterable[ActionKey]) -> Callable[[ActionKey], tu
         flag = kind == "R" or (bool(rebuilt) and kind == "F" and (key[0], key[2], key[3]) in rebuilt)
         found = cache.get((kind, key[0], flag))
         if found is None:
-            found = cache[kind, key[0], flag] = memory.stage_effect(ActionKind(kind), key[0], flag)
+            found = cache[kind, key[0], flag] = stage_effect(memory, ActionKind(kind), key[0], flag)
         return found
 
     return effect
@@ -342,11 +352,6 @@ def partner(action: ActionKey) -> ActionKey:
     """The action the peer must post to meet communication action ``action``."""
     s, kind, m, c = action
     return (s + PEER_OFFSET[kind], PARTNER[kind], m, c)
-
-
-def peer_rank(action: ActionKey, placements) -> int:
-    """The rank at the other end of a communication action (``placements``: one ``Placement`` a chain)."""
-    return placements[action[3]].stage_to_rank[peer_stage(action)]
 
 
 # --- what generated code calls --------------------------------------------------------------

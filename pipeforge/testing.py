@@ -1,24 +1,10 @@
 """Hypothesis strategies for property-testing code that reads, writes or transforms schedules.
 
-    from hypothesis import given
-    import pipeforge.testing
-
-    @given(pipeforge.testing.schedules(max_ranks=4))
-    def test_my_pass_keeps_schedules_valid(schedule):
-        assert pipeforge.verify(my_pass(schedule)).valid
-
-    @given(pipeforge.testing.mutated_schedules(max_ranks=3, lowered=True))
-    def test_my_checker_agrees_with_verify(schedule): ...
-
-``schedules`` draws VALID schedules: it picks ranks, stages, microbatches and a
-placement, splits each (stage, microbatch) backward into I and W or not, and
-then simulates a random global execution (at every point any action whose
-inputs are ready may run next), appending each action to its rank's program.
-The compute order is therefore consistent by construction. ``mutations``
-breaks a schedule in one of the ways people break them by hand; the result is
-usually (not always) invalid.
-
-hypothesis is needed only by this module (``pip install 'pipeforge[testing]'``).
+``schedules(max_ranks=..., ...)`` draws valid schedules (their compute order consistent by construction:
+a random global execution, each action appended to its rank's program); ``mutations(schedule)`` and
+``mutated_schedules(...)`` break one in the ways people break them by hand (``MUTATIONS``), usually (not
+always) into an invalid one. hypothesis is needed only by this module (``pip install
+'pipeforge[testing]'``). An example, and how schedules are drawn: ``docs/library.md``.
 """
 
 from __future__ import annotations
@@ -28,6 +14,7 @@ from dataclasses import dataclass, replace
 from hypothesis import strategies as st
 
 from pipeforge.ir import IDLE, Action, ActionKind, MemorySpec, Placement, Schedule, Step, as_action
+from pipeforge.passes.lower import lower
 from pipeforge.semantics import GRADIENT_KINDS, SPLIT, memory_effect, needs, output
 
 K = ActionKind
@@ -113,8 +100,6 @@ def _schedules(draw, options: Options) -> Schedule:
         run.advance(draw, options)
     schedule = Schedule("random", ranks, stages, microbatches, (placement,), run.programs())
     if options.comms == "lower":
-        from pipeforge.passes.lower import lower
-
         schedule = lower(schedule)
     if options.memory:
         weights = draw(st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]))

@@ -27,7 +27,7 @@ from torch.distributed.pipelining import schedules as torch_schedules
 from pipeforge.ir import parse_step
 from pipeforge.lang import compile_text, load_text
 from pipeforge.lang.elaborate import elaborate
-from pipeforge.lang.parse import parser
+from pipeforge.lang.lark_parser import parser
 from pipeforge.lang.printer import print_schedule
 from tests.torch_stages import build_torch_schedule, dump_torch_csv
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 
+from pipeforge.files import write_atomically
 from pipeforge.ir import CostModel, Schedule
+from pipeforge.sim import simulate
 from pipeforge.sim.simulate import Timeline
 
 MICROSECONDS_PER_UNIT = 1000.0
@@ -56,14 +58,10 @@ def trace_text(schedule_or_timeline: Schedule | Timeline, costs: CostModel | Non
 
 def write_trace(schedule_or_timeline: Schedule | Timeline, path: str, costs: CostModel | None = None) -> None:
     """Simulate (if given a Schedule, on ``costs``) and write the trace to ``path`` atomically."""
-    from pipeforge.files import write_atomically
-
     write_atomically(path, trace_text(schedule_or_timeline, costs))
 
 
 def _timeline(schedule_or_timeline: Schedule | Timeline, costs: CostModel | None) -> Timeline:
     if isinstance(schedule_or_timeline, Timeline):
         return schedule_or_timeline
-    from pipeforge.sim import simulate
-
     return simulate(schedule_or_timeline, costs)

@@ -1,32 +1,26 @@
 """torch.distributed.pipelining's schedule CSV, read into the IR and written back.
 
-torch writes one row per rank, one action string per cell (``2F0``,
-``0SEND_F1``, ``3REDUCE_GRAD``, ``(0F7;7B3)OVERLAP_F_B``), an empty cell for an
-idle slot (a ``None`` action). Two forms exist: ``compute_only`` (F, B, I, W,
-overlaps, idle cells) and ``compute_comms`` (the lowered runtime form, with
-sends, receives, REDUCE_GRAD, UNSHARD and RESHARD, no idle cells).
-
-Reading is strict where torch's regex is lenient: ``0BW3``, ``0F``, ``F0`` and
-trailing text are refused with ``file:line:col`` (line = rank + 1, col = the
-cell's column) and a caret. Stages, microbatches and the placement are inferred
-from the cells unless stated, and checked against the cells when stated.
-
-torch has no group notation: a communication group ``[a b]`` is written as
-consecutive cells, and each cell reads back as a group of one. torch has no
-chains either, so a bidirectional schedule cannot be exported.
+``read_csv(path, stages=None, microbatches=None, placement=None)`` / ``read_csv_text(...)`` -> ``Schedule``:
+one row per rank, one torch action string per cell (``compute_only`` or ``compute_comms``), read
+strictly (a malformed cell is a ``PipeSyntaxError`` at ``file:line:col``, line = rank + 1), the shape
+inferred from the cells unless stated and checked against them when stated. ``write_csv`` /
+``to_csv_text(schedule, format)``: the schedule as torch writes it (a group as consecutive cells; a
+bidirectional schedule is refused: torch has no chains). The format: ``docs/cli.md`` (convert).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
 from pipeforge.errors import (Argument, ArgumentError, PipeforgeError, PipeSyntaxError, SemanticError, Source, Span,
                               UsageError, words)
-from pipeforge.ir import COMM_KINDS, COMPUTE_KINDS, IDLE, KIND_OF_TEXT, Action, Placement, Schedule, Step, parse_action
+from pipeforge.files import read_bounded, write_atomically
+from pipeforge.ir import (COMM_KINDS, COMPUTE_KINDS, IDLE, KIND_OF_TEXT, Action, Placement, Schedule, Step, make_action,
+                          parse_action)
+from pipeforge.passes.lower import lower
 
 OVERLAP_SUFFIX = "OVERLAP_F_B"
 FORMATS = ("compute_only", "compute_comms")
@@ -58,8 +52,6 @@ def read_csv(
 ) -> Schedule:
     """Read a torch schedule CSV file into a Schedule (see ``read_csv_text``)."""
     file = str(path)
-    from pipeforge.files import read_bounded
-
     try:
         text = read_bounded(file, "schedule file").decode("utf-8")
     except UnicodeDecodeError:
@@ -112,7 +104,7 @@ def parse_row(line: str, number: int, file: Source) -> tuple[Step, ...]:
         match = plain(text)
         if match is not None:  # the common case, read in place: nothing parse_action checks can fail
             stage, kind, microbatch = match.groups()
-            action = _make_action((int(stage), KIND_OF_TEXT[kind], int(microbatch), 0))
+            action = make_action((int(stage), KIND_OF_TEXT[kind], int(microbatch), 0))
             steps.append(Step((action,), False, Span(name, number, col, number, col + len(text), file)))
         elif text and text[0] not in PADDING_OR_OPEN and text[-1] not in PADDING_OR_OPEN:
             span = Span(name, number, col, number, col + len(text), file)  # another bare token
@@ -128,7 +120,6 @@ PADDING_OR_OPEN = frozenset(" \t(")
 # cells of a torch CSV but for idle, overlap and stage-only ones (those take ``parse_cell``/``parse_token``).
 PLAIN_ACTION = re.compile(r"([0-9]+)(%s)([0-9]+)" % "|".join(
     sorted((kind.value for kind in COMPUTE_KINDS | COMM_KINDS), key=len, reverse=True)))
-_make_action = partial(tuple.__new__, Action)  # an Action from its four fields, as ir.parse_action makes it
 
 
 def parse_cell(cell: Cell, file: Source) -> Step:
@@ -274,8 +265,6 @@ def schedule_name(filename: str) -> str:
 
 def write_csv(schedule: Schedule, path: str | os.PathLike, format: str = "compute_only") -> None:
     """Write ``to_csv_text`` to ``path`` atomically (a temporary file, then a rename)."""
-    from pipeforge.files import write_atomically
-
     write_atomically(path, to_csv_text(schedule, format))
 
 
@@ -295,8 +284,6 @@ def to_csv_text(schedule: Schedule, format: str = "compute_only") -> str:
     refuse_chains(schedule)
     refuse_kinds(schedule)
     if format == "compute_comms" and not has_communication(schedule):
-        from pipeforge.passes.lower import lower
-
         schedule = lower(schedule)
     keep_stage_only = format == "compute_comms" or not has_communication(schedule)
     import csv  # here: reading (verify's start-up) needs neither

@@ -15,6 +15,8 @@ from dataclasses import dataclass, replace
 
 from pipeforge.ir import Action, ActionKind, Schedule, Step, replace_programs
 from pipeforge.passes.torch_lowering import TorchLowering, torch_lowering
+from pipeforge.semantics import peer_stage
+from pipeforge.verifier import verify
 from pipeforge.verifier.report import KINDS, Report, Violation
 
 TARGETS = ("torch", "torchtitan")
@@ -83,8 +85,6 @@ class TargetVerdict:
 def verify_as(schedule: Schedule, target: str = "torch", *, defer_pp_recv: bool = False, use_torch: bool | None = None,
               launcher=None) -> TargetVerdict:
     """Verify ``schedule`` as ``target`` runs it; ``launcher`` (torchtitan): an ``interop.torchtitan.Launcher``."""
-    from pipeforge.verifier import verify
-
     compute = verify(schedule)
     if schedule.is_lowered:
         lowering = TorchLowering(as_written(schedule), None, "as written",
@@ -160,5 +160,5 @@ def consumer_actions(receive: Action) -> list[Action]:
 
 
 def peer_of(action: Action, schedule: Schedule) -> int | None:
-    stage = action.peer_stage()
+    stage = peer_stage(action)
     return schedule.rank_of(stage) if 0 <= stage < schedule.stages else None

@@ -7,13 +7,8 @@
     default_offsets(text, schedule=None) -> list[(name, default, (start, end))]
     printer.print_schedule(schedule) -> str   (canonical .pipe text of any IR)
 
-The language is described in docs/language.md. A file is parsed and compiled
-once (cached by its text); elaborating it again with other defines is cheap.
-
-Bidirectional schedules (Chimera, DualPipe) have one placement per chain,
-``stages P placement loop, reverse``; an action names its chain with ``@``:
-``F@1(s, m)``, ``B@c(s)``, the token ``2F0@1``, or takes it from an enclosing
-``chain c { ... }`` block (chain 0 otherwise).
+A file is parsed and compiled once (cached by its text); elaborating it again with other defines is
+cheap. The language, chains included: ``docs/language.md``.
 """
 
 from __future__ import annotations
@@ -22,6 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from pipeforge.errors import PipeSyntaxError, Source
+from pipeforge.files import read_bounded
 from pipeforge.ir import Schedule
 from pipeforge.lang.elaborate import CompiledSchedule, compile_file, elaborate, pick
 from pipeforge.lang.parse import parse_text
@@ -83,8 +79,6 @@ def compile_source(source: Source) -> tuple[CompiledSchedule, ...]:
 
 
 def _read(path: str | Path) -> str:
-    from pipeforge.files import read_bounded
-
     data = read_bounded(path, "schedule file")
     try:
         return data.decode("utf-8")

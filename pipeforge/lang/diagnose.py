@@ -17,6 +17,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 from pipeforge.errors import PipeSyntaxError, Source, Span
 from pipeforge.ir import ActionKind
 from pipeforge.lang.braces import Brace, likely_unclosed
+from pipeforge.lang.lark_parser import parser
 
 _NAMED = {
     "INT": "an integer", "FLOAT": "a number", "NAME": "a name", "STRING": "a string",
@@ -284,8 +285,6 @@ class _Position:
 
 
 def _matching_example(error: UnexpectedToken) -> str | None:
-    from pipeforge.lang.parse import parser
-
     def parse_example(text: str) -> None:
         try:
             parser().parse(text)
@@ -305,8 +304,6 @@ def _matching_example(error: UnexpectedToken) -> str | None:
 
 @cache
 def _terminal_texts() -> dict[str, str]:
-    from pipeforge.lang.parse import parser
-
     texts = dict(_NAMED)
     for terminal in parser().terminals:
         if terminal.name not in texts and terminal.pattern.type == "str":

@@ -15,26 +15,12 @@ Python's recursion limit.
 
 from __future__ import annotations
 
-from functools import cache
-
-from lark import Lark, Token, Tree
+from lark import Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 from pipeforge.errors import PipeSyntaxError, Source, Span
-from pipeforge.resources import grammar_file
-
-
-@cache
-def parser() -> Lark:
-    return Lark(
-        grammar_file().read_text(encoding="utf-8"),
-        parser="lalr",
-        lexer="contextual",
-        propagate_positions=True,
-        maybe_placeholders=True,
-        cache=False,
-    )
-
+from pipeforge.lang import diagnose
+from pipeforge.lang.lark_parser import parser
 
 MAX_DEPTH = 100
 MAX_INT_DIGITS = 78  # 2 ** 256 has 78 digits (pipeforge.lang.exprs.MAX_INT_BITS)
@@ -84,8 +70,6 @@ def _span(node: Tree | Token, source: Source) -> Span:
 
 
 def to_syntax_error(error: UnexpectedInput, text: str, file: Source) -> PipeSyntaxError:
-    from pipeforge.lang import diagnose
-
     if isinstance(error, UnexpectedCharacters):
         return diagnose.bad_character(error, text, file)
     if isinstance(error, UnexpectedToken):

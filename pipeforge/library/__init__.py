@@ -1,42 +1,26 @@
 """The built-in schedules: one parametric ``.pipe`` file each, named by its file.
 
-``gpipe.pipe`` is the library schedule ``gpipe``. The first line of every file
-is a comment with its one-line description; its parameters and their defaults
-are those of its ``schedule NAME(P = 4, ...)`` header.
-
-A schedule no closed form describes is built by a module instead (``GENERATED``:
-``v-half``, whose warm-up and cool-down come from a greedy search). Such a
-module has ``DESCRIPTION``, ``PARAMETERS`` (name, default) and ``build(**params)``;
-its ``source`` is the built schedule printed as explicit ``.pipe`` for the
-parameters given (a file without parameters: they are baked in).
-
     names()                          -> ['1f1b', 'chimera', ...]
     describe('1f1b')                 -> ('One forward, ...', [('P', 4), ('M', 8)])
     load_library_schedule('1f1b', {'P': 8})
     source_with_defaults('1f1b', {'P': 8})   # the file, with P = 8 as its default
 
-What the tests (tests/library/) hold them to:
-
-- gpipe, interleaved-1f1b, looped-bfs, interleaved-zb, zbv, dualpipev issue exactly
-  the compute order of their torch 2.13 twins on every case of torch's own tests;
-  1f1b does too except on the last rank, where torch's Schedule1F1B never forwards
-  microbatch 0 and forwards a microbatch M that does not exist (it fails verify);
-  zb-h1 is torch's ScheduleInterleavedZeroBubble with one stage per rank.
-- Bubble rates on F = I = W = 1, B = 2, comm = 0: gpipe and 1f1b (P-1)/(M+P-1);
-  interleaved-1f1b (P-1)/(VM+P-1) iff M >= P; zb-h1 (P-1)/(3M+P-1) iff M >= P;
-  zb-h2 and zbv 0 iff M >= 2P-1; chimera (P-2)/(2M+P-2) on F = B = 1; v-min below
-  1f1b's, with at most P // 3 + 1 of 1F1B's microbatch activations when I frees them;
-  v-half d/(6M+d) with d = 6((P-1)//2) - 1 for P >= 3, M >= P+2 (about P/2M), holding
-  2 min(M, P//2+1) stage-microbatches (about half of 1F1B's activations).
+A file's first line is its description, its header its parameters; ``GENERATED`` names the schedules
+a module builds instead (``v-half``). What the tests hold each schedule to (torch's orders, bubble
+rates): ``docs/library.md``.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
+from importlib import import_module
 from pathlib import Path
 
 from pipeforge.errors import Argument, ArgumentError, UsageError
 from pipeforge.ir import Schedule
+from pipeforge.lang import default_offsets, load_text, schedule_names
+from pipeforge.lang.printer import print_schedule
 from pipeforge.resources import library_dir
 
 SUFFIX = ".pipe"
@@ -82,11 +66,9 @@ def description_of(text: str) -> str:
 
 def load_library_schedule(name: str, defines: dict[str, int] | None = None) -> Schedule:
     """Library schedule ``name`` elaborated with ``defines`` over its defaults."""
-    from pipeforge import loads
-
     if name in GENERATED:
         return _build(name, defines or {})
-    return loads(source(name), defines=defines or {}, filename=str(path(name)))
+    return load_text(source(name), defines=defines or {}, filename=str(path(name)))
 
 
 def source_with_defaults(name: str, defines: dict[str, int] | None = None) -> str:
@@ -115,8 +97,6 @@ def _parameters(name: str, text: str) -> tuple[tuple[str, int, tuple[int, int]],
 
 @cache
 def _header_parameters(file: str, text: str) -> tuple[tuple[str, int, tuple[int, int]], ...]:
-    from pipeforge.lang import default_offsets, schedule_names
-
     names = schedule_names(text)
     if len(names) != 1:
         raise UsageError(f"{file}: a library file holds exactly one schedule, found {len(names)}")
@@ -127,8 +107,6 @@ def _header_parameters(file: str, text: str) -> tuple[tuple[str, int, tuple[int,
 
 
 def _generator(name: str):
-    from importlib import import_module
-
     return import_module(GENERATED[name])
 
 
@@ -145,10 +123,6 @@ def _build(name: str, defines: dict[str, int]) -> Schedule:
 
 def _generated_source(name: str, defines: dict[str, int]) -> str:
     """The built schedule as explicit .pipe source: its description, the values it was built for, no parameters."""
-    from dataclasses import replace
-
-    from pipeforge.lang.printer import print_schedule
-
     schedule = _build(name, defines)
     values = " ".join(f"{param}={value}" for param, value in schedule.params)
     flags = " ".join(f"-D {param}=..." for param, _ in schedule.params)

@@ -1,26 +1,10 @@
 """V-Half (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"), built as its authors build it.
 
-Two stages per rank in a V (rank r holds stage r on the way down and 2P-1-r on
-the way back up), the backward split into I and W. The schedule starts from the
-paper's V-Half building block: microbatch m runs, on rank r, the forward of its
-down stage at slot ``2r + 6m``, of its up stage at ``3P - r - 2 + 6m``, the input
-backward of the up stage at ``3P + c + 2r - 1 + 6m`` and of the down stage at
-``6P + c - r - 2 + 6m`` (``c = 3`` when P is even, else 0), and each W in the first
-free slot after its I. Repeated every 6 slots, the blocks never collide, and a
-rank holds at most P + 2 stage-microbatches of activations, about half of 1F1B's
-(P microbatches of stages twice as large).
-
-Warm-up and cool-down are then squeezed greedily, as the authors'
-``zbv_greedy.py`` does: in slot order, every action outside the steady state moves
-to the earliest free slot after its inputs that keeps the rank's peak memory, once
-with the Ws placed and once without them (the Ws then refilled); after each round
-the actions are re-timed as soon as possible in their new order. The result is a
-per-rank order, which is what the schedule is. No closed form gives it, so the
-library builds it here (``build``) instead of from a ``.pipe`` file.
-
-Kinds are numbered as in the paper's code: 0 forward down, 1 forward up, 2 input
-backward up, 3 input backward down, then the weight backwards (4 one list of
-both, or 4 up and 5 down).
+``build(P, M)`` -> the schedule: two stages a rank in a V, the backward split into I and W, from the
+paper's V-Half building block repeated every 6 slots, warm-up and cool-down squeezed greedily as the
+authors' ``zbv_greedy.py`` does, each rank holding at most P + 2 stage-microbatches of activations
+(about half of 1F1B's). No closed form gives it, so the library builds it here. ``DESCRIPTION`` and
+``PARAMETERS`` as the library asks. The construction: ``docs/library.md`` (V-Half).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ class SafetensorsShards(Mapping):
         from safetensors import safe_open
 
         self._handles = [safe_open(str(f), framework="pt", device="cpu") for f in files]
-        self._where = {key: handle for handle in self._handles for key in handle.keys()}
+        self._where = {key: handle for handle in self._handles for key in handle.keys()}  # noqa: SIM118 (not a dict)
 
     def __getitem__(self, key: str) -> torch.Tensor:
         return self._where[key].get_tensor(key)

@@ -1,23 +1,11 @@
 """Hugging Face causal LMs cut into stage modules, driven by the model's own metadata.
 
-The parts come from the model, not from a table of families: the base model is
-``getattr(model, model.base_model_prefix)``; its embedding, layer list and final
-norm are named by ``config.base_model_pp_plan`` (else found as
-``get_input_embeddings()``, the base model's one ``nn.ModuleList`` and the norm
-after it, as GPT-2 has them); the head is ``get_output_embeddings()``. Whatever
-else the base model holds must be one of the pieces its ``forward`` computes once
-(an absolute position embedding, embedding dropout, the rotary table), or the cut
-is refused, naming it.
-
-Each ``CausalLMStage`` recomputes what the model's ``forward`` computes once,
-from its own input: position ids (``arange`` unless given), the rotary (cos,
-sin), and for each of its layers the mask of that layer's attention type by its
-global index (``config.layer_types``, else sliding when ``config.sliding_window``
-is set), built by transformers' own ``masking_utils`` functions. It runs its
-layers with the cache off and returns a tensor: hidden states, or the logits on
-the last stage. An MoE stage (``router_logits`` among the model's recorded
-outputs) may also return its layers' load-balancing loss through the runtime's
-auxiliary-loss channel (``pipeforge.runtime.WithAuxLoss``).
+``parts_of(model)`` -> ``Parts`` (embedding, layers, norm, head and the pieces the base model's
+``forward`` computes once) from ``base_model_prefix``, ``config.base_model_pp_plan`` and the input and
+output embeddings; anything else in the base model refuses the cut, naming it. ``CausalLMStage``: one
+stage, ``forward(x, attention_mask=None, position_ids=None)``, recomputing positions, the rotary and
+each layer's mask by its global index, the cache off; it returns hidden states (logits on the last
+stage), and an MoE stage its load-balancing loss through ``runtime.WithAuxLoss``. ``docs/models.md``.
 """
 
 from __future__ import annotations

@@ -5,33 +5,17 @@
     cut.tied_parameters    # what make_pipeline(tied_parameters=...) takes
     cut.layers             # the global layer indices of each stage
 
-What it cuts: a Hugging Face causal LM (``pipeforge.models.hf``), an
-``nn.Sequential`` (its children), or a module whose children are some modules,
-one ``nn.ModuleList`` and some more modules, applied in that order (those before
-the list go to stage 0, those after it to the last stage). ``layers`` gives the
-number of layers of each stage; else ``costs`` (one number per layer, or
-``{"layers": [...], "first": x, "last": y}`` for what the embedding and the head
-add) chooses contiguous layers minimizing the costliest stage; else the layers
-are spread evenly.
-
-Ties: a parameter two stages hold (by identity, or named by the model's tie
-metadata, ``all_tied_weights_keys``) is one group of ``tied_parameters`` in
-stage-relative names. Owned stages on one rank keep sharing it (one Parameter,
-which ``pipe.parameters()`` lists once); ``untie=True`` gives each stage its own
-copy instead, as a bidirectional schedule (Chimera) needs.
-
-A model on the meta device is materialized for the owned stages only
-(``pipeforge.models.materialize``): each part (embedding, each layer, norm,
-head) is initialized from its own seed, so a rank's layers get the values the
-whole model materialized with the same seed has; or its values come from
-``state_dict``: a mapping of the model's names, or safetensors files (a file,
-a list, a directory of shards) of which only the owned tensors are read.
+It cuts a Hugging Face causal LM (``models/hf.py``), an ``nn.Sequential``, or a module of some modules,
+one ``nn.ModuleList`` and some more; layers per stage given, balanced by ``costs``, or even. A
+parameter two stages hold is one ``tied_parameters`` group (``untie=True``: a copy per stage). A meta
+model is materialized for the owned stages only, from per-part seeds or a ``state_dict``
+(``models/checkpoint.py``). The whole contract: ``docs/models.md``.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Placement, Schedule, Step, replace_programs
-from pipeforge.semantics import bubble_rate
+from pipeforge.semantics import bubble_rate, stage_effect
 from pipeforge.sim.workgraph import Order, Shape, Times, WorkGraph, canonical, peak_memory, time_order
 
 TOLERANCE = 1e-9
@@ -53,7 +53,7 @@ class Problem:
         return self.costs.duration(action.kind, action.stage)
 
     def memory_delta(self, action: Action) -> float:
-        added, released = self.memory.stage_effect(action.kind, action.stage)
+        added, released = stage_effect(self.memory, action.kind, action.stage)
         return added - released
 
     @property
@@ -95,7 +95,7 @@ def stage_growth(problem: Problem) -> dict[str, list[float]]:
     """What one F, I or W changes its rank's held activations by, per kind (its letter) and stage (M_B):
     what the greedy and list schedulers count memory with, as the graph does."""
     memory = problem.memory
-    return {kind: [added - released for added, released in (memory.stage_effect(ActionKind(kind), s)
+    return {kind: [added - released for added, released in (stage_effect(memory, ActionKind(kind), s)
                                                              for s in range(problem.stages))]
             for kind in ("F", "I", "W")}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pipeforge.ir import Action, ActionKind
 from pipeforge.optimizer.evaluate import Graph, Order
+from pipeforge.semantics import stage_effect
 
 B, I, W = ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
 
@@ -32,7 +33,7 @@ class MixedWork:
             self.weight_of[node] = index[action._replace(kind=W)]
             self.fused_action[node] = action._replace(kind=B)
             self.fused_duration[node] = problem.costs.duration(B, action.stage)
-            self.fused_effect[node] = memory.stage_effect(B, action.stage)
+            self.fused_effect[node] = stage_effect(memory, B, action.stage)
 
     def view(self, fused: frozenset[int]) -> Graph:
         """The graph that times a mix whose I nodes in ``fused`` stand for their B (a copy of the split

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, replace
 
 from pipeforge.errors import Argument, ArgumentError, UsageError, words
-from pipeforge.ir import CostModel, MemorySpec, Placement, Schedule, Step
+from pipeforge.ir import CostModel, Placement, Schedule, Step
 from pipeforge.optimizer.evaluate import Problem
 
 PLACEMENTS = ("keep", "loop", "v", "interleaved", "any")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from pipeforge.ir import CostModel, MemorySpec, Schedule
 from pipeforge.optimizer.evaluate import Evaluation
+from pipeforge.sim import simulate
 from pipeforge.sim.bounds import WorkBound
 
 LEAST_WORK = ("each rank's least compute, averaged over the ranks: F and the cheaper of B or I + W for each "
@@ -129,8 +130,6 @@ class OptimizeResult:
 
 def metrics_of(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> Metrics:
     """The figures ``pipeforge.sim`` reports for ``schedule``."""
-    from pipeforge.sim import simulate
-
     timeline = simulate(schedule, costs, memory=memory)
     spans = tuple(s.span for s in timeline.rank_stats)
     return Metrics(timeline.bubble_rate, timeline.makespan, timeline.peak_memory, max(spans, default=0.0), spans)

@@ -20,18 +20,19 @@ from dataclasses import dataclass, replace
 from pipeforge._gc import gc_paused
 from pipeforge.errors import Argument, ArgumentError, UsageError, VerificationError, words
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step
-from pipeforge.semantics import COMPLETE, split
-from pipeforge.sim.bounds import WorkBound, bubble_of_span, work_bound
+from pipeforge.optimizer import greedy, list_schedule, v_greedy
 from pipeforge.optimizer.budget import finish_seconds, search_deadline, timed
-from pipeforge.optimizer.fuse import fusable_stages
-from pipeforge.optimizer.evaluate import (
-    Evaluation, Graph, Order, Problem, compute_actions, evaluate, is_complete, schedule_of,
-)
-from pipeforge.optimizer.placement import (
-    PLACEMENTS, Layout, chunk_costs, common_chunks, laid_out_schedule, layouts, scale_costs,
-)
+from pipeforge.optimizer.evaluate import (Evaluation, Graph, Order, Problem, compute_actions, evaluate, is_complete,
+                                          schedule_of)
+from pipeforge.optimizer.fuse import FuseSearch, fusable_stages
+from pipeforge.optimizer.local import local_search
+from pipeforge.optimizer.placement import (PLACEMENTS, Layout, chunk_costs, common_chunks, laid_out_schedule, layouts,
+                                           scale_costs)
 from pipeforge.optimizer.result import STOP_REASONS, Metrics, OptimizeResult, metrics_of
 from pipeforge.optimizer.units import integer_units
+from pipeforge.semantics import COMPLETE, split
+from pipeforge.sim.bounds import WorkBound, bubble_of_span, work_bound
+from pipeforge.verifier import verify
 
 STRATEGIES = ("auto", "greedy", "local", "exact")
 EXACT_AUTO_ACTIONS = 96   # auto runs exact search up to P * M * 3 = 96 (P=4, M=8)
@@ -251,8 +252,6 @@ class _Search:
 
     def greedy(self, required: bool, bound: float) -> None:
         """The Zero Bubble scheduler where it applies; list scheduling for other placements and small cases."""
-        from pipeforge.optimizer import greedy, list_schedule, v_greedy
-
         zero_bubble = greedy.supports(self.problem) or v_greedy.supports(self.problem)
         size = len(self.split.actions)
         listed = list_schedule.supports(self.problem) and size <= (
@@ -281,8 +280,6 @@ class _Search:
             self.offer(_Candidate(self.split, order, evaluation, found_by))
 
     def local(self, start: _Candidate | None, seconds: float, bound: float) -> None:
-        from pipeforge.optimizer.local import local_search
-
         if start is None or seconds <= 0:
             return
         self.tell(0.1, "local search")
@@ -293,8 +290,6 @@ class _Search:
     def fuse(self, bound: float, local: bool) -> None:
         """Keep B fused or split it per (stage, microbatch) (``fuse.py``), from the best order and the input:
         the fuse search with local search between its descents (``local``), else its descents alone."""
-        from pipeforge.optimizer.fuse import FuseSearch
-
         seeds = [(c.graph, c.order) for c in (self.best, self.source) if c is not None]
         if not seeds or self.left() <= 0:
             return
@@ -419,8 +414,6 @@ def _verify(result: Schedule, memory_limit: float | None, candidate: _Candidate)
     deciding the model with free start times (``solve``), which adds only a
     cross-check of the event pass and, on small schedules, most of the time.
     """
-    from pipeforge.verifier import verify
-
     graph, order, evaluation = candidate.graph, candidate.order, candidate.evaluation
     if not is_complete(graph, order) or evaluation is None or not evaluation.fits(memory_limit):
         raise VerificationError(f"the optimized order of {result.name!r} is incomplete, stuck or over the memory limit")

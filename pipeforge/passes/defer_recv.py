@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pipeforge.ir import Action, ActionKind, Schedule, Step, as_action, replace_programs
 from pipeforge.passes.lower import lower
-from pipeforge.semantics import needs
+from pipeforge.semantics import needs, peer_stage
 
 RECV_F, RECV_B = ActionKind.RECV_F, ActionKind.RECV_B
 RECEIVES = frozenset({RECV_F, RECV_B})
@@ -92,10 +92,10 @@ class Deferral:
 
     def peer(self, action: Action) -> int | None:
         stages = self.schedule.stages
-        peer_stage = action.peer_stage()
-        if not 0 <= peer_stage < stages or not 0 <= action.chain < self.schedule.chains:
+        peer = peer_stage(action)
+        if not 0 <= peer < stages or not 0 <= action.chain < self.schedule.chains:
             return None
-        return self.schedule.rank_of(peer_stage, action.chain)
+        return self.schedule.rank_of(peer, action.chain)
 
 
 def consumed_receive(action: Action, stages: int) -> Action | None:

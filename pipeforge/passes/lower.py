@@ -29,13 +29,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
 
-from pipeforge.ir import COMPUTE_KINDS, Action, ActionKind, Schedule, Step, replace_programs
+from pipeforge.ir import COMPUTE_KINDS, Action, ActionKind, Schedule, Step, make_action, replace_programs
 from pipeforge.semantics import GRADIENT_KINDS, LOCAL_KINDS, NEEDS, ActionKey
 
 Position = tuple[int, int]  # (rank, step index in the input program, idle slots counted)
-# An Action from the plain tuple of its four fields that ``semantics`` names it by (kinds are ActionKinds
-# there): ``ir.as_action`` without its checks, a C call made once per carried edge.
-_make_action = partial(tuple.__new__, Action)
 
 
 class CarriedEdge(NamedTuple):
@@ -112,7 +109,7 @@ class DependencyGraph:
                     if send not in carried_once and recv not in carried_once:  # B and I both written
                         carried_once.add(send)
                         carried_once.add(recv)
-                        transfers.append(edge((_make_action(send), _make_action(recv), there, here)))
+                        transfers.append(edge((make_action(send), make_action(recv), there, here)))
         frozen = {step: tuple(producers) for step, producers in waits.items()}
         return DependencyGraph(position, frozen, tuple(transfers))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pipeforge.errors import UsageError
+from pipeforge.files import write_atomically
 from pipeforge.render.svg import render_svg
 from pipeforge.sim.simulate import Timeline
 
@@ -34,8 +35,6 @@ def _check_size(svg: str, scale: float) -> None:
 
 def render_png(timeline: Timeline, path: str, *, title: str | None = None, scale: float = 2.0) -> None:
     """Write the picture to ``path`` as PNG."""
-    from pipeforge.files import write_atomically
-
     write_atomically(path, png_bytes(timeline, title=title, scale=scale))
 
 

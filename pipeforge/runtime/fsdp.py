@@ -1,43 +1,12 @@
 """Data parallelism of a rank's stages: FSDP2 unshard/reshard and gradient reduction.
 
-A pipeline rank may be one of several data-parallel replicas of its stages (the
-ranks holding the same stages in other pipelines form its ``dp_group``). Each
-stage is one of:
-
-- an FSDP2 module (``fully_shard`` or FSDP2's ``replicate``, passed so by the
-  user, or sharded by ``make_pipeline(fsdp=True, dp_group=...)`` with
-  ``reshard_after_forward=False``, as torchtitan does under pipelining):
-  ``UNSHARD`` starts ``unshard(async_op=True)``
-  of every FSDP module in the stage and the stage's next compute waits on it;
-  ``RESHARD`` calls ``reshard()``; before a backward compute (B, I or W) the
-  stage is unsharded if it is not (FSDP's own hooks do it for F), and
-  microbatches accumulate unreduced gradients (torch's
-  ``set_requires_gradient_sync(False)``, ``set_is_last_backward(False)``,
-  ``set_reshard_after_backward(False)``); ``REDUCE_GRAD`` runs FSDP's
-  post-backward, which starts the reduce-scatter (averaged over the shard
-  group) and reshards, and the end of ``step()`` waits for it (FSDP's final
-  backward callback). Under a ``MixedPrecisionPolicy`` the weight gradients of
-  every B and W move into FSDP's accumulator in ``reduce_dtype`` at once (FSDP's
-  hook for it fires at I, before the W);
-- a plain module with a ``dp_group``: ``REDUCE_GRAD`` starts one asynchronous
-  all-reduce of its flattened gradients over ``dp_group``; the end of ``step()``
-  waits for it and divides by the group's size (an average, as DDP's);
-- a plain module without one: nothing to do.
-
-A stage whose ``REDUCE_GRAD`` the schedule does not hold is reduced at the end
-of ``step()`` (in stage order, the same on every replica), so a schedule with
-or without ``REDUCE_GRAD`` gives the same gradients; ``REDUCE_GRAD`` only
-decides when the reduction starts. The pipeline's own scaling by the
-microbatch count follows the reduction. At the end of ``step()`` and ``eval()``
-every FSDP stage is resharded. One parameter shared by two stage modules of a
-rank is refused under FSDP or a ``dp_group`` (each stage is sharded and reduced
-on its own): give each stage its own copy and tie them with ``tied_parameters``.
-
-FSDP2 has no public call for "reduce now": like torch's
-``_PipelineStageBase.perform_reduce_grad``, REDUCE_GRAD calls each FSDP param
-group's ``post_backward()`` and the end of the step the root state's
-``_root_post_backward_final_callback()``, the same private calls torch's
-pipelining makes (torch 2.13).
+``data_parallel(rank, stage_modules, dp_group=..., fsdp=...)`` -> ``DataParallel``: per stage, FSDP2
+modules (``ShardedParams``: UNSHARD starts ``unshard(async_op=True)``, RESHARD reshards, REDUCE_GRAD runs
+FSDP's post-backward), plain modules with a ``dp_group`` (``ReplicatedParams``: one asynchronous
+all-reduce, averaged), or nothing. Gradients are the same with or without REDUCE_GRAD in the schedule
+(a stage without one is reduced at the end of ``step()``), every FSDP stage is resharded at the end of
+``step()`` and ``eval()``, and one parameter shared by two stages of a rank is refused. The table per
+kind of stage: ``docs/runtime-fsdp.md``; FSDP's private calls: ``docs/runtime-internals.md``.
 """
 
 from __future__ import annotations

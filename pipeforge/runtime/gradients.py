@@ -1,19 +1,11 @@
 """Gradients after a rank's program: replicas summed across chains, tied parameters summed across ranks.
 
-- A parameter is counted once per rank however many stage modules hold it (a
-  tied embedding and LM head on a V schedule's rank 0): ``distinct_parameters``.
-- Bidirectional schedules: the two replicas of a stage sum their gradients
-  (``reduce_chains``); both replicas must start equal (``check_replicas_equal``).
-- Tied parameters across ranks (``make_pipeline(tied_parameters=...)``, as
-  Megatron ties the embedding and the LM head): each group names ``(stage,
-  parameter name)`` pairs that are one parameter of the model. After the
-  program every rank holding a member sums the group's gradients in one fixed
-  order (by rank, then by the group's order), so every copy ends with the same
-  bits; the copies must start equal, which ``TiedParameters.check_equal`` checks.
-  Parameters sharded by FSDP2 (DTensors) are compared and summed shard by shard:
-  the pipeline ranks holding the copies are the same position of their
-  data-parallel groups, so their local shards are the same rows of the tied
-  parameter (copies sharded differently are refused by their shapes).
+``distinct_parameters(modules)``: each parameter once, however many stage modules hold it. The pieces the
+pipeline sums replicas with (``add_local``: two replicas on one rank; ``exchange_with``, ``flat_grads``,
+``add_flat``: across ranks) and checks that copies start equal (``check_same_start``).
+``TiedParameters``: groups of ``(stage, parameter name)`` that are one parameter of the model
+(``make_pipeline(tied_parameters=...)``) start equal (``check_equal``) and end each step with the same
+summed gradient, bit for bit, FSDP shards shard by shard. How: ``docs/runtime-internals.md``.
 """
 
 from __future__ import annotations

@@ -1,27 +1,13 @@
 """Point-to-point transport between the ranks of one pipeline group.
 
-A communication group of the schedule is posted together: as one
-``batch_isend_irecv`` on a backend that coalesces (NCCL), as the process group's
-own ``send``/``recv`` per tensor on gloo (which is what ``batch_isend_irecv``
-does there, less its per-call checks). Its receives are waited where their data
-is used, its sends at the end of the step. Waits carry a timeout, and every
-failure (a dead peer, a timeout, a tensor of another shape) becomes a
-``PipelineError`` that names the rank, the schedule's communication and the
-peers involved.
-
-Activation shapes travel once: the first time a forward activation crosses a
-pair of ranks, a small int64 header (count, then dtype code, ndim and dims of
-each tensor) is sent just ahead of the data (``pipeforge.runtime.context``);
-afterwards both sides use the cached shapes and buffers.
-
-A failed step leaves nothing behind that a later step could meet. On gloo every
-step posts under its own tag (``Transport.begin_step``), so a receive left
-posted by a failed step never takes a later step's message, and a send left
-unreceived never reaches a later receive; what a failed step left in flight is
-kept alive (``abandon``: gloo may still write into its buffers), and the ranks
-meet again in a fresh group (``reconnect``: gloo closes a connection that timed
-out). When is ``pipeforge.runtime.recovery``'s to decide. NCCL matches messages
-by order, not tag: there a failed step still leaves the group unusable.
+``Transport.post(transfers, label)`` -> ``Posted``: one communication group of the schedule posted
+together (one ``batch_isend_irecv`` on NCCL, the group's own ``send``/``recv`` per tensor on gloo); its
+receives are waited where their data is used, its sends at the end of the step. Waits carry a timeout,
+and every failure (a dead peer, a timeout, a tensor of another shape) is a ``PipelineError`` naming the
+rank, the schedule's communication and the peers. ``encode_header``/``decode_header``: the small header
+that carries an activation's shapes the first time. On gloo ``begin_step``, ``abandon`` and
+``reconnect`` keep a failed step from touching a later one (``recovery.py``). How:
+``docs/runtime-internals.md``.
 """
 
 from __future__ import annotations

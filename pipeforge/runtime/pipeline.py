@@ -39,6 +39,7 @@ from pipeforge.runtime.memory import ActivationCount
 from pipeforge.runtime.microbatch import merge_chunks, split_inputs, split_value
 from pipeforge.runtime.optimizer_watch import watch as watch_optimizers
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, TensorMeta, Transfer, Transport
+from pipeforge.runtime.records import Recorder, resolve_directory
 from pipeforge.runtime.recovery import StepStart
 from pipeforge.runtime.stage import StageRunner
 from pipeforge.runtime.step_trace import Trace, TraceEvent, Tracer
@@ -71,6 +72,7 @@ class Pipeline:
         self.last_trace: Trace | None = None  # the last traced step's ``Trace``
         self.observers: list[Observer] = []  # told of every later step's actions (``context.Observer``)
         self._tracer: Tracer | None = None
+        self.recorder: Recorder | None = None  # records where this rank was when a step fails (``records``)
 
     def register_custom_function(self, kind: Any, function: CustomFunction) -> None:
         """Run ``function(action, ctx)`` instead of the runtime's own for every action of ``kind`` (see
@@ -181,20 +183,44 @@ class Pipeline:
         self.data_parallel.begin(training)
         for runner in self.runners.values():
             runner.reset()
-        ctx.begin_program()
-        with torch.set_grad_enabled(training):
-            self._program(ctx)
-        ctx.finish()
+        if self.recorder is None:
+            self._run_program(ctx, training)
+        else:
+            self._recorded(ctx, training)
         self.data_parallel.end()  # waits for every gradient reduction REDUCE_GRAD started
         self.activations = ctx.activations
         self.saved_peak = ctx.saved.counter.peak if ctx.saved.counter is not None else None
         ctx.saved.finish()
         return ctx
 
+    def _run_program(self, ctx: RankContext, training: bool) -> None:
+        ctx.begin_program()
+        with torch.set_grad_enabled(training):
+            self._program(ctx)
+        ctx.finish()
+
+    def _recorded(self, ctx: RankContext, training: bool) -> None:
+        """``_run_program`` leaving a record of this rank's place when it raises (``pipeforge.runtime.records``)."""
+        recorder = self.recorder
+        recorder.begin_step()
+        try:
+            self._run_program(ctx, training)
+        except BaseException as error:
+            path = recorder.failed(error)
+            where = f"rank {self.rank}'s record: {path}" if path else f"rank {self.rank}: no record could be written"
+            error.add_note(f"pipeforge: {where} (pipeforge diagnose {recorder.directory})")
+            if isinstance(error, PipelineError) and error.args and isinstance(error.args[0], str):
+                error.args = (f"{error.args[0]} [{where}]", *error.args[1:])
+            raise
+        finally:
+            recorder.end_step()
+        recorder.finished()
+
     def _observers(self) -> tuple[Observer, ...]:
-        """The rank context's observers for this call: the tracer when tracing, then ``observers``."""
+        """The rank context's observers for this call: the tracer when tracing, the recorder, then ``observers``."""
         tracer = (self._tracer,) if self._tracer is not None else ()
-        return (*tracer, *self.observers)
+        recorder = (self.recorder,) if self.recorder is not None else ()
+        return (*tracer, *recorder, *self.observers)
 
     def _batch(self, args: tuple, kwargs: dict, stage0_inputs: list[dict] | None) -> list[tuple[tuple, dict]]:
         """The batch as microbatches for stage 0 (keyword inputs included)."""
@@ -400,8 +426,9 @@ def _to_device(value: Any, device: torch.device) -> Any:
 def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_modules: dict[int, torch.nn.Module],
                    *, loss_fn=None, rank=None, group=None, device=None, scale_grads=True,
                    timeout: float | None = None, tied_parameters=None, dp_group=None, fsdp: bool = False,
-                   custom_functions: dict | None = None) -> Pipeline:
-    """Wire a generated module's rank programs to this process's stage modules."""
+                   custom_functions: dict | None = None, records=None) -> Pipeline:
+    """Wire a generated module's rank programs to this process's stage modules; ``records`` (or
+    ``PIPEFORGE_RECORDS``): the directory where a failed or overdue step leaves this rank's record."""
     if not dist.is_initialized():
         raise PipelineError("torch.distributed is not initialized: call init_process_group first")
     size = dist.get_world_size(group)
@@ -425,6 +452,9 @@ def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_m
     pipeline = Pipeline(info, programs[rank], runners, transport, scale_grads=scale_grads, tied=tied,
                         data_parallel=replicas, functions=functions)
     watch_optimizers(pipeline)  # a parameter an optimizer lists twice is warned about at its first step
+    directory = resolve_directory(records)
+    if directory is not None:
+        pipeline.recorder = Recorder(directory, info, rank, programs[rank], timeout)
     pipeline.check_replicas_equal()
     tied.check_equal(transport, {stage: stage_modules[stage] for stage in pipeline.stages}, info)
     return pipeline
@@ -491,4 +521,5 @@ def _refuse_shared_parameters(rank: int, stage_modules: Mapping[int, torch.nn.Mo
                 raise PipelineUsageError(
                     f"rank {rank}: stage {first[0]} ({first[1]!r}) and stage {stage} ({name!r}) share one parameter; "
                     "a bidirectional schedule sums each stage's gradients across its two chains, so stages must not "
-                    "share parameters: give each stage its own copy and name them in make_pipeline(tied_parameters=...)")
+                    "share parameters: give each stage its own copy and name them in "
+                    "make_pipeline(tied_parameters=...) (pipeforge.split(..., untie=True) does both)")

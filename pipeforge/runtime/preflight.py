@@ -1,20 +1,13 @@
 """``Pipeline.check``: one microbatch's forward through every stage before the first step, errors named.
 
-Every rank calls ``pipe.check(...)`` with the arguments it will give ``step()``.
-First each rank prepares its own inputs (the batch, the target, per-stage
-inputs) and every rank learns every rank's problems at once (one all-gather).
-Then stage after stage in order (chain 0's placement), the rank that holds a
-stage runs microbatch 0 through its module (the previous stage's output when
-that stage is on the same rank, else zeros of the shapes the previous stage
-reported) and broadcasts the shapes of its output, or what went wrong: a
-non-tensor output (a ``ModelOutput``, a dict, ``(h, None)``), an exception in
-the module (a missing argument, a shape the stage cannot take), a ``loss_fn``
-that does not return a scalar, or reentrant activation checkpointing on a rank
-whose program splits backward into I and W. Every rank takes part in every
-broadcast, so every rank raises the same ``PipelineUsageError``, naming the
-rank, the stage and the inputs, and none waits for a peer. Buffers (batch-norm
-statistics) and the random state are restored afterwards; parameters and
-gradients are untouched.
+``check(pipeline, args, kwargs, target, shared, per_stage)``, called on every rank with the arguments it
+will give ``step()``: each rank's inputs are checked and every rank learns every rank's problems (one
+all-gather); then stage after stage the rank holding it runs microbatch 0 and broadcasts its output's
+shapes or what went wrong (a non-tensor output, an exception in the module, a ``loss_fn`` that is not a
+scalar, reentrant checkpointing where backward is split). So every rank raises the same
+``PipelineUsageError``, naming the rank, the stage and the inputs, and none waits for a peer. Buffers
+and the random state are restored; parameters and gradients are untouched. ``docs/runtime.md``
+(Errors).
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """A failed step leaves every rank able to step again: what each step starts with.
 
-A script may catch a step's error (a bad batch, a peer that timed out) and call
-``step`` again on every rank. What makes the next step clean:
-
-- on gloo every step posts under its own tag (``Transport.begin_step``): what
-  a failed step left posted is never matched by a later step's messages, and
-  it is kept alive (``Transport.abandon``: gloo may still write into it);
-- every step starts with one word to and from each neighbouring rank: whether
-  this rank's last step failed. A rank whose last step failed, or that hears
-  so from a neighbour, or whose greeting fails (gloo closes a connection on a
-  timeout), joins its neighbours in a fresh gloo group for the pipeline
-  (``Transport.reconnect``, a rendezvous on the store named by the step) and
-  forgets the activation shapes it learned, so shapes go again with the next
-  activation each way.
-
-Every rank must call ``step``/``eval`` the same number of times (a step's tag is
-its count), as a pipeline needs anyway; a call refused for its arguments before it
-communicated does not count. A failure is recovered when every rank
-failed the step or neighbours a rank that did: always on 2 ranks, and on more
-whenever the failure stalled the others into timing out (a pipeline's ranks
-wait on each other, so a rank that fails mid-step stalls every rank). NCCL
-matches messages by order, not by tag: there a failed step leaves the group as
-it is.
+``StepStart(info, rank).begin(transport, caches)`` at the start of every step: one word to and from each
+neighbouring rank (``neighbours``) saying whether this rank's last step failed; where one did, the
+neighbours meet in a fresh gloo group and forget the activation shapes they learned. ``failed`` marks
+this rank's step as failed. Requires every rank to call ``step``/``eval`` the same number of times. On
+gloo a failure is recovered when every rank failed the step or neighbours a rank that did; NCCL matches
+by order, and a failed step leaves its group unusable. When, and why it is enough:
+``docs/runtime-internals.md`` (Transport and recovery).
 """
 
 from __future__ import annotations

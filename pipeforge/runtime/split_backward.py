@@ -1,35 +1,12 @@
 """Backward split in two passes: I (gradients of the inputs) and W (gradients of the weights).
 
-The idea follows torch's ``stage_backward_input`` / ``stage_backward_weight``:
-I runs autograd from the stage's outputs to its inputs only, and on the way
-records the gradient arriving at every *frontier* node, the first node on a
-weight's path to the outputs that also lies on the inputs' path (for a linear
-layer, its ``AddmmBackward``). W then starts autograd at those frontier nodes,
-with the recorded gradients, towards the weights alone, so the weight-gradient
-products run in W and nothing of I's work runs twice.
-
-Weights sharing a frontier node form one group (one autograd call). When a
-group starts from several nodes, one may lie below another; a pre-hook then
-replaces the gradient flowing into the lower node with the one I recorded
-there, so nothing is counted twice. Weights with no frontier node (the first
-stage, whose inputs need no gradient, or a weight on a branch the inputs never
-reach, or a weight also used on such a branch) get their gradients from the
-outputs in W.
-
-Groups and nodes are told apart by identity, never by value (two weights of one
-shape are two groups). A weight the graph never reached (an MoE expert no token
-was routed to) gets no gradient, as in a full backward; frozen weights and
-buffers are not asked for.
-
-Cost. The graph is analysed afresh for every microbatch (a microbatch may reach
-other weights than the last one: MoE routing), in one walk over its nodes. What
-does not change between microbatches is kept by ``SplitBackward``, one per
-stage: each weight's gradient accumulator node, checked by the weight's
-identity. W calls the autograd engine once per group (a call per group is what
-keeps I's work out of W: one call for all groups would recompute the input
-gradients between two frontier nodes); those calls skip ``torch.autograd.grad``'s
-argument checks, which cost as much as the engine's own work on a small group,
-since the gradients come from the engine itself in I (``_run_engine``).
+``SplitBackward`` (one per stage): ``backward_input`` (I) runs autograd from the stage's outputs to its
+inputs only and records the gradient at each weight's frontier node; ``accumulate_weight_gradients``
+(W) starts there and computes the weight gradients alone. I then W accumulates the same gradients as
+one full backward, for any module (weights told apart by identity, an unreached weight gets none,
+frozen weights and buffers are left alone), and nothing of I's work runs twice. How (frontier nodes,
+groups, what is kept between microbatches): ``docs/runtime-internals.md``; what it costs beside torch's:
+``benchmarks/runtime/split_backward.py``.
 """
 
 from __future__ import annotations

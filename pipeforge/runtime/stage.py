@@ -35,7 +35,8 @@ class StageError(PipelineError):
     """An exception inside a stage's module during ``step()``/``eval()``, with where it happened."""
 
     def __init__(self, runner: StageRunner, kind: str, mb: int, error: Exception):
-        self.rank, self.stage, self.chain, self.microbatch, self.original = runner.rank, runner.stage, runner.chain, mb, error
+        self.rank, self.stage, self.chain, self.microbatch = runner.rank, runner.stage, runner.chain, mb
+        self.original = error
         self.action = f"{runner.stage}{kind}{mb}" + (f"@{runner.chain}" if runner.chain else "")
         where = f"rank {runner.rank}: " if runner.rank is not None else ""
         super().__init__(f"{where}{runner.name}, microbatch {mb}, action {self.action}: "

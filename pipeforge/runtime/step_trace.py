@@ -1,25 +1,12 @@
 """The step trace: opt-in per-action timings of a pipeline's steps, what the rank actually did, and when.
 
-``pipeline.trace = True`` (off by default) makes every later ``step``/``eval``
-record, on this rank, one ``TraceEvent`` per thing it did:
-
-- ``F``, ``B``, ``I``, ``W``: a compute action, from the moment its inputs were
-  in hand (after any wait for them) to its end;
-- ``RECV_F``, ``RECV_B``: a wait for a receive's data, where the data is used
-  (inside the compute action that needs it, before that action's start);
-- ``post``: posting one communication group (``label`` names it, as the schedule
-  writes it): the CPU the rank spends handing sends and receives to the backend;
-- ``finish``: the wait for every send at the end of the program;
-- ``program``: the rank's program, from its first action to the end of ``finish``;
-- ``step``: the whole call, from entry to return (splitting the batch, the
-  program, summing and scaling gradients).
-
-Times are ``time.perf_counter()`` seconds (one clock for every process of a
-machine: ranks' traces line up), ``cpu`` the CPU time of the calling thread
-during the event (wall minus cpu is time the rank waited: for a peer, or for a
-core). ``pipeline.last_trace`` holds the last call's ``Trace``. ``Tracer`` is the
-rank context's observer that records them; without tracing the context has no
-observer and the untraced step reads no clock.
+``pipeline.trace = True`` (off by default) makes every later ``step``/``eval`` record a ``Trace`` in
+``pipeline.last_trace``: one ``TraceEvent(kind, stage, microbatch, chain, start, end, cpu, label)`` per
+compute action (from its inputs in hand to its end), per wait for a receive (``RECV_F``, ``RECV_B``), per
+posted group (``post``), the final wait for sends (``finish``), the program and the whole call
+(``step``); ``start``/``end`` in ``time.perf_counter()`` seconds (one clock for a machine's processes),
+``cpu`` the calling thread's CPU time. ``Tracer`` is the observer that records them. ``compute_costs``
+gives a cost file's per-stage medians, ``chrome_events`` a Chrome/Perfetto view. ``docs/runtime.md``.
 """
 
 from __future__ import annotations

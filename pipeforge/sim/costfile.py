@@ -4,7 +4,7 @@
 latencies, memory in M_B, per-step overhead); ``cost_file_json(...)`` writes what ``pipeforge profile``
 measured; ``with_cost_file(schedule, path)`` is the schedule on those costs. Errors name the file and
 the JSON path of the bad value (``costs.json: $.stages[2].F: expected a number > 0``) and are
-``CostFileError``s, ``UsageError``s (exit 2). The schema: ``docs/language.md`` (Cost files).
+``CostFileError``s, ``UsageError``s (exit 2). The schema: ``docs/language.md`` (cost file).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeforge.errors import UsageError
+from pipeforge.files import read_bounded
 from pipeforge.ir import ActionKind, CostModel, MemorySpec, StepOverhead, cost_problem
 from pipeforge.semantics import DURATION_DEFAULTS, compute_kind_names
 
@@ -58,8 +59,6 @@ class CostFileError(UsageError):
 def read_cost_file(path: str | Path) -> StageCosts:
     """The cost file at ``path``, checked (``CostFileError`` naming the file and JSON path)."""
     name = str(path)
-    from pipeforge.files import read_bounded
-
     try:
         text = read_bounded(path, "cost file").decode("utf-8")  # a UsageError naming the file if unreadable
     except UnicodeDecodeError as err:

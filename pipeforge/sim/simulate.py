@@ -17,9 +17,11 @@ from typing import NamedTuple
 from pipeforge._gc import gc_paused
 from pipeforge.errors import VerificationError
 from pipeforge.ir import Action, CostModel, MemorySpec, Schedule, Step, as_action
-from pipeforge.semantics import PARAMETER_MEMORY, bubble_rate, effects_of, held_after_additions
+from pipeforge.semantics import PARAMETER_MEMORY, bubble_rate, effects_of, held_after_additions, split
+from pipeforge.sim.bounds import bubble_of_span, compute_bounds, work_bound
 from pipeforge.sim.costs import costs_to_json, resolve_costs
-from pipeforge.sim.workgraph import Order, Times, WorkGraph, blocking_input, compile_schedule, peak_memory, time_order
+from pipeforge.sim.workgraph import (Order, Shape, Times, WorkGraph, blocking_input, compile_actions, compile_schedule,
+                                    peak_memory, time_order)
 
 
 class Event(NamedTuple):
@@ -101,8 +103,6 @@ class Timeline:
 
         The memory bound is left out when this schedule itself breaks the limit.
         """
-        from pipeforge.sim.bounds import compute_bounds
-
         memory = self.memory
         if self.within_memory_limit is False:  # the memory bound speaks only of orders within the limit
             memory = replace(memory, limit=None)
@@ -112,9 +112,6 @@ class Timeline:
     @cached_property
     def split_work(self):
         """This schedule's work with every B split into I and W (a ``WorkGraph``), as optimize searches it."""
-        from pipeforge.semantics import split
-        from pipeforge.sim.workgraph import Shape, compile_actions
-
         actions = [part for _, _, a in self.schedule.actions() if a.is_compute for part in split(a)]
         return compile_actions(Shape.of(self.schedule), actions, self.costs, self.memory)
 
@@ -122,8 +119,6 @@ class Timeline:
     def work_bound(self):
         """The bound on every schedule of this work (``pipeforge.sim.bounds.WorkBound``, space 2 there)
         within the memory limit, else within this schedule's own peak: what ``optimize`` reports."""
-        from pipeforge.sim.bounds import work_bound
-
         return work_bound(self.split_work, self.work_limit)
 
     @property
@@ -132,8 +127,6 @@ class Timeline:
         the cheaper of B or I + W, ``bounds.busy_per_rank``) rather than on its own busy time: where B and
         I + W differ the two differ, and only this one is comparable with ``work_bound.bubble_rate`` (never
         below it, as the worst span is never below the bound's); optimize reports the same rate."""
-        from pipeforge.sim.bounds import bubble_of_span
-
         return bubble_of_span(self.split_work, max((s.span for s in self.rank_stats), default=0.0))
 
     @property
@@ -247,7 +240,7 @@ def _peaks(schedule: Schedule, memory: MemorySpec, graph: WorkGraph, order: Orde
 
 def program_peak(program: tuple[Step, ...], memory: MemorySpec, effect=None) -> float:
     """The most a rank holds after the additions of any step of ``program`` (compute, UNSHARD and
-    RESHARD: ``MemorySpec.stage_effect``), never less than 0 (``effect``: ``semantics.effects_of`` the
+    RESHARD: ``semantics.stage_effect``), never less than 0 (``effect``: ``semantics.effects_of`` the
     whole schedule, so a recomputed F keeps its checkpoint; default: of this program)."""
     if effect is None:
         effect = effects_of(memory, (a for step in program for a in step.actions))

@@ -236,6 +236,28 @@ def _resume(order: Order, resume: tuple[Times, list[int]], start: list[float], e
         free[r] = times.end[seq[kept[r] - 1]] if kept[r] else 0.0
 
 
+def topological_order(graph: WorkGraph, nodes: list[int] | None = None) -> list[int]:
+    """``nodes`` (default: every real node), each after those of them it depends on; a dependency outside
+    ``nodes`` (or a phantom) is not waited for. Data dependencies never form a cycle."""
+    n, deps = len(graph.actions), graph.deps
+    chosen = range(n) if nodes is None else nodes
+    inside = None if nodes is None else set(nodes)
+    waiting_on = [0] * n
+    users: list[list[int]] = [[] for _ in range(n)]
+    for a in chosen:
+        for d, _ in deps[a]:
+            if d < n and (inside is None or d in inside):
+                users[d].append(a)
+                waiting_on[a] += 1
+    found = [a for a in chosen if not waiting_on[a]]
+    for a in found:  # the list grows while it is read
+        for user in users[a]:
+            waiting_on[user] -= 1
+            if not waiting_on[user]:
+                found.append(user)
+    return found
+
+
 def blocking_input(graph: WorkGraph, times: Times, node: int) -> int:
     """What ``node`` (where its rank stopped) waits for: the first of its waits that never ended."""
     return next(d for d, _ in graph.waits[node] if times.end[d] < 0.0)

@@ -8,18 +8,8 @@ The user's model file (a ``.py``) defines::
                 "target": y,         # the last stage's target for one step, split on dim 0
                 "loss_fn": fn}       # fn(output, target) -> scalar loss
 
-Every rank calls it (build from a fixed seed: the ranks must agree) and keeps its
-own stage. The model runs ZB-H1 (stage s on rank s, backward split into I and W)
-and 1F1B (for the fused backward B), one step of each in turn, on local gloo
-processes for ``warmup + steps`` steps each; each F, I, W and B is timed on its
-rank around the stage's own compute (not the waits for its inputs), and the
-median over the measured steps' microbatches is the stage's cost. Taking turns
-puts B and I + W under the same load of the machine, which decides whether a
-split pays. ``activation`` is the bytes
-of the tensors one F saves for backward (parameters excluded, each tensor
-counted once); ``weight_grad`` the bytes of those the W pass still reads plus the
-gradients I records for W. ``links[s]`` is half the round trip of stage s's
-output between ranks s and s + 1 (median of a few). Times are in milliseconds.
+It runs ZB-H1 and 1F1B in turn on local gloo processes and returns the cost file (median F, I, W, B
+in ms, activation and weight-gradient bytes, link times): what each number is, ``docs/profile.md``.
 """
 
 from __future__ import annotations
@@ -32,6 +22,7 @@ from typing import Any
 
 from pipeforge.ir import ActionKind
 from pipeforge.semantics import RUNTIME_METHODS, compute_kind_names
+from pipeforge.sim.costfile import cost_file_json
 from pipeforge.tools.generated import load_module
 
 MODEL_FUNCTION = "pipeforge_model"
@@ -207,7 +198,6 @@ def _plan_bytes(plan) -> int:
 
 def profile_rank(rank: int, nproc: int, job: ProfileJob) -> dict:
     """One rank's measurements: its stage's entry and the link to the next stage (ms)."""
-    import torch
     import torch.distributed as dist
 
     claim_cores(rank, nproc, job.threads, job.pin)
@@ -324,8 +314,6 @@ def profile_job(rank: int, nproc: int, job: ProfileJob) -> dict:
 
 def cost_file(reports: list[dict]) -> dict:
     """The cost file (``pipeforge.sim.costfile`` schema) from every rank's report."""
-    from pipeforge.sim.costfile import cost_file_json
-
     ordered = sorted(reports, key=lambda r: r["rank"])
     stages = [{k: round(v, 6) for k, v in r["stage"].items()} for r in ordered]
     links = [round(ordered[s]["links"][s], 6) for s in range(len(ordered) - 1)]

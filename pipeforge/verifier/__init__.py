@@ -20,12 +20,15 @@ from pipeforge.errors import UsageError
 from pipeforge.ir import MemorySpec, Schedule
 from pipeforge.passes.lower import lower_with_origins
 from pipeforge.verifier.deadlock import deadlock_violation
+from pipeforge.verifier.events import Stuck, group_slots, model_constraints, run
 from pipeforge.verifier.matching import check_matching, pair_ops
 from pipeforge.verifier.memory import check_memory
+from pipeforge.verifier.model import check_certificate, decide, satisfiable, unsat_core
+from pipeforge.verifier.obligations import completeness_text, order_texts
 from pipeforge.verifier.program import Program
 from pipeforge.verifier.report import KINDS, Hop, Report, Stats, Violation
-from pipeforge.verifier.structure import check_structure
-from pipeforge.verifier.events import Stuck, group_slots, model_constraints, run
+from pipeforge.verifier.structure import (check_missing, check_needed_comms, check_order, check_structure,
+                                          microbatch_chains)
 
 SEMANTICS = ("rendezvous", "buffered", "nccl")
 
@@ -104,10 +107,6 @@ def establishment(solved: bool, structure_by_z3: bool, certified: bool, deadlock
 
 def decide_structure(program: Program) -> None:
     """z3 decides data dependencies and completeness too; they must agree with the plain passes."""
-    from pipeforge.verifier.model import satisfiable
-    from pipeforge.verifier.obligations import completeness_text, order_texts
-    from pipeforge.verifier.structure import check_missing, check_needed_comms, check_order, microbatch_chains
-
     missing = check_missing(program, microbatch_chains(program))
     if program.as_written:
         missing += check_needed_comms(program)
@@ -124,8 +123,6 @@ def group_count(program: Program) -> int:
 
 def decide_timing(program: Program, pairing, semantics: str, outcome) -> bool:
     """z3 decides the timing model with free start times; it must agree with the event pass."""
-    from pipeforge.verifier.model import decide
-
     seed = None if isinstance(outcome, Stuck) else outcome
     decision = decide(model_constraints(program, pairing, semantics), seed)
     if decision.satisfiable == (seed is None):
@@ -146,8 +143,6 @@ def static_violations(program: Program, pairing, schedule: Schedule, memory_limi
 
 
 def check_timing(program: Program, pairing, semantics: str, timing) -> bool:
-    from pipeforge.verifier.model import check_certificate
-
     certificate = check_certificate(group_slots(program), model_constraints(program, pairing, semantics), timing)
     if not certificate.checked:
         raise RuntimeError("internal error: z3 rejected the timing the event pass proposed")
@@ -155,8 +150,6 @@ def check_timing(program: Program, pairing, semantics: str, timing) -> bool:
 
 
 def deadlock_core(stuck: Stuck):
-    from pipeforge.verifier.model import unsat_core
-
     core = unsat_core(stuck.cycle_constraints())
     if core is None:
         raise RuntimeError("internal error: z3 finds the wait cycle the event pass reported satisfiable")

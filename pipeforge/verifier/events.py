@@ -1,28 +1,10 @@
 """The linear-time pass: run the ranks as events, propose a timing or find the wait cycle.
 
-Constraints of the timing model (docs/semantics.md "Execution") are plain tuples
-here, so the same list feeds the z3 text (``model.py``) and the core mapping:
-
-- ``("order", r, k)``: ``t[r][k+1] >= t[r][k] + d[r][k]``
-- ``("duration", r, k)``: ``d[r][k] >= 1``
-- ``("rendezvous", (r, k), (q, j))``: ``t[r][k] == t[q][j]`` (a matched send and receive)
-- ``("buffered", (r, k), (q, j))``: group (r, k) ends after its partner's group (q, j) is posted
-  (buffered: a receive waits for its send; nccl: every op waits for its partner):
-  ``t[r][k] + d[r][k] >= t[q][j] + 1``
-- ``("unmatched", (r, k), text)``: an op that nothing will ever meet: ``false``
-- ``("after", r, k, j)``: program order from slot k to a later slot j, summed (each slot
-  between lasts at least 1): ``t[r][j] >= t[r][k] + d[r][k] + (j - k - 1)``; a wait cycle
-  is stated with these, so its unsat core is a few constraints per hop
-
-The certificate is checked on the same model with the durations eliminated and
-the compute steps between two groups folded away (``model_constraints``); both
-steps are exact (every compute step may take exactly 1, and a duration only
-bounds the next step's start), so it is satisfiable exactly when the full model is:
-
-- ``("gap", r, k, j)``: consecutive group slots k < j of rank r: ``t[r][j] >= t[r][k] + (j - k)``
-- ``("rendezvous", ...)`` as above; ``("unmatched", ...)`` as above
-- ``("released", (r, j), (q, i), n)``: buffered and nccl: the group n slots before group j
-  ends after its partner's group (q, i) is posted: ``t[r][j] >= t[q][i] + n``
+``run(program, pairing, semantics)`` -> ``Timing`` (a start time for every slot) or ``Stuck`` (the wait
+cycle, hop by hop). ``model_constraints(program, pairing, semantics)``: the timing model
+(``docs/semantics.md``, Execution) as plain tuples, folded (durations eliminated, compute steps between
+groups folded away: satisfiable exactly when the full model is), the one list that feeds the z3 text
+(``model.py``) and the unsat-core mapping. The tuples and why folding is exact: ``docs/verifier.md``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from pipeforge.verifier.report import Violation
 
 def check_memory(program: Program, limit: float | None, memory: MemorySpec) -> list[Violation]:
     """The first step on each rank whose additions take what it holds (activations, and gathered
-    parameters where ``memory.unsharded`` sizes them) over ``limit``: ``MemorySpec.stage_effect`` of
+    parameters where ``memory.unsharded`` sizes them) over ``limit``: ``semantics.stage_effect`` of
     every action, walked by ``semantics.held_after_additions`` (simulate's peak is the same walk)."""
     if limit is None:
         return []

@@ -1,38 +1,11 @@
 """The z3 model of a schedule's timing: the checker of record (the only module importing z3).
 
-The constraints (``events.py`` lists them as tuples) are written as one SMT-LIB
-text, several times faster than building them through z3's Python API, and given
-to libz3 itself (``Z3_eval_smtlib2_string``, found where the z3-solver package
-keeps it: importing the package's Python bindings costs 50 ms of the command's
-start-up, a tenth of ``verify`` at 32 ranks x 128 microbatches x 2 stages).
-Three questions are asked:
-
-- ``decide`` (``verify --solve``): is the (folded) model satisfiable, with every
-  start time a free variable? The event pass's times only seed the search: each
-  variable is measured from its proposed time (``t = proposal + u``, an exact
-  change of variables), so z3's simplex starts at a feasible point when the
-  proposal is right and never pivots (at 64 ranks x 256 microbatches x 2 stages
-  1.6 s instead of 8 s; ``set-initial-value`` changed no pivot count, and the
-  difference-logic solvers, ``QF_RDL``/``QF_IDL`` or ``smt.arith.solver=1``, took
-  4x longer than ``QF_LRA``); z3 decides. Two more exact rewritings keep it
-  quick: the start times of a rendezvous component are one variable (what
-  ``solve-eqs`` does with the equalities, done while writing), and the variables
-  are Real, not Int: every constraint is a difference constraint ``x - y >= c``
-  with an integer ``c``, and such a system has a real solution exactly when it has
-  no positive cycle, exactly when it has an integer one (measured 2x faster with
-  ``QF_LRA`` than with ``QF_LIA`` at 32 ranks x 128 microbatches x 2 stages).
-
-- ``check_certificate``: does the proposed timing satisfy every constraint of the
-  (folded, see ``events.py``) model? The proposal is substituted for the start
-  variables as the text is written, which is what ``solve-eqs`` does with
-  ``(assert (= t v))`` equalities, without parsing 2 x 17k declarations and
-  equalities first (measured 4x faster at 32 ranks x 128 microbatches x 2 stages);
-  z3's ``simplify`` then evaluates the conjunction of the substituted (ground)
-  constraints to ``true`` or ``false`` (a third faster than asserting it and
-  ``check-sat``, which decides the same ground formula). The proposal is the
-  satisfying model: the certificate.
-- ``unsat_core``: given only the constraints along a wait cycle, each asserted
-  under a name, which of them are jointly unsatisfiable?
+``check_certificate(groups, constraints, timing)`` -> ``Certificate``: whether the event pass's proposed
+timing satisfies every constraint (z3 evaluates the ground formula); ``decide(constraints, seed)`` ->
+``Decision``: whether the model is satisfiable with free start times (``verify --solve``), seeded by the
+proposal; ``unsat_core(constraints)``: which constraints along a wait cycle are jointly unsatisfiable;
+``satisfiable(text)`` for the obligations' models. The constraints are written as SMT-LIB text and
+given to libz3 directly, without z3's Python bindings. Why each rewriting is exact: ``docs/verifier.md``.
 """
 
 from __future__ import annotations

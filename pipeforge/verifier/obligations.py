@@ -1,25 +1,10 @@
 """Data dependencies and completeness as SMT-LIB text, for z3 to decide (``verify --solve``).
 
-The plain passes of ``structure.py`` find each ``order`` and ``missing`` violation
-and say where it is; under ``--solve`` z3 also decides the same properties from
-these models, and a different verdict is an internal error:
-
-- ``order_texts``: one model per rank (order is a property of each rank's
-  program, and z3's simplex is much quicker on 32 small models than on one of
-  32 times the size: 1.3 s against a few hundredths at 16 ranks x 64
-  microbatches x 2 stages). Every slot that produces or needs something on the
-  rank gets a free position ``p``; program order ``p[j] - p[k] >= j - k`` between
-  consecutive such slots; each need (one of its alternatives strictly earlier on
-  the rank: ``semantics.local_needs``, with the same exemptions as
-  ``check_rank_order``) ``p[consumer] - p[producer] >= 1`` for the first
-  occurrence of an alternative. All satisfiable iff ``check_order`` finds no
-  ``order`` (the data dependencies; the stage-only actions' order is sharding.py's).
-- ``completeness_text``: a Boolean per (kind, stage, microbatch) of the kinds
-  completeness speaks of, each fixed by what the schedule holds, and for every
-  (stage, microbatch) one of ``semantics.COMPLETE``'s alternatives (``F and
-  (B or (I and W))``) and each of ``semantics.REQUIRES`` (``W => I``); for written communication also every
-  needed send and receive on its rank. Satisfiable iff ``check_missing`` and
-  ``check_needed_comms`` find nothing ``missing``.
+``order_texts(program)``: one model per rank, satisfiable iff ``structure.check_order`` finds no
+``order`` violation; ``completeness_text(program)``: one model, satisfiable iff ``check_missing`` and
+``check_needed_comms`` find nothing ``missing``. The plain passes locate each violation; z3 decides the
+same properties from these, and a different verdict is an internal error. The models:
+``docs/verifier.md``.
 """
 
 from __future__ import annotations

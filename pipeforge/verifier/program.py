@@ -88,9 +88,6 @@ class Program:
             return None
         return owners[chain][stage]
 
-    def peer_rank(self, key: ActionKey) -> int | None:
-        return self.rank_of(key[0] + PEER_OFFSET[key[1]], key[3])
-
     def step_count(self) -> int:
         return sum(len(row) for row in self.slots)
 

@@ -13,8 +13,8 @@ from itertools import chain as _chain
 from operator import attrgetter, itemgetter
 
 from pipeforge.ir import ActionKind
-from pipeforge.semantics import (EXCLUDES, GRADIENT_KINDS, REQUIRES, NEEDLESS_KINDS, PEER_OFFSET, ROLES, ActionKey, local_needs,
-                                  output, role)
+from pipeforge.semantics import (EXCLUDES, NEEDLESS_KINDS, PEER_OFFSET, REQUIRES, ROLES, ActionKey, local_needs, output,
+                                 role)
 from pipeforge.verifier.program import Program, Slot, text_of, violation_at
 from pipeforge.verifier.report import Violation
 from pipeforge.verifier.sharding import check_sharding, stage_only_placement_problem
@@ -125,11 +125,11 @@ def compute_placement_problem(program: Program, slot: Slot, key: ActionKey, chai
 
 
 def comm_placement_problem(program: Program, slot: Slot, key: ActionKey) -> str | None:
-    peer_stage = key[0] + PEER_OFFSET[key[1]]
-    if not 0 <= peer_stage < program.schedule.stages:
-        return f"{text_of(key)}: its peer stage {peer_stage} does not exist"
-    if program.peer_rank(key) == slot.rank:
-        return f"{text_of(key)} communicates between stages {key[0]} and {peer_stage}, both on rank {slot.rank}"
+    peer = key[0] + PEER_OFFSET[key[1]]
+    if not 0 <= peer < program.schedule.stages:
+        return f"{text_of(key)}: its peer stage {peer} does not exist"
+    if program.rank_of(peer, key[3]) == slot.rank:
+        return f"{text_of(key)} communicates between stages {key[0]} and {peer}, both on rank {slot.rank}"
     return None
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -18,7 +17,7 @@ def torchrun(*args: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                str(ROOT / "examples" / "train_hf.py"), "--steps", "4", "--timeout", "60", *args]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
+    return subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env, check=False)
 
 
 @pytest.mark.distributed

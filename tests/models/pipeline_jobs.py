@@ -94,11 +94,13 @@ def run_case(rank: int, case: Case) -> Report:
             report.missing.append(f"step {step}: no losses")
         for stage, module in cut.modules.items():
             for name, param in module.named_parameters():
-                report.add(f"step {step} grad of stage {stage} {name}", param.grad, want_grads[cut.names[(stage, name)]])
+                want = want_grads[cut.names[(stage, name)]]
+                report.add(f"step {step} grad of stage {stage} {name}", param.grad, want)
         sgd(pipe.parameters())
     for stage, module in cut.modules.items():
         for name, param in module.named_parameters():
-            report.add(f"stage {stage} {name} after {case.steps} steps", param, reference.params[cut.names[(stage, name)]])
+            want = reference.params[cut.names[(stage, name)]]
+            report.add(f"stage {stage} {name} after {case.steps} steps", param, want)
     return report
 
 

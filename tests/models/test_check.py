@@ -13,7 +13,6 @@ from pipeforge.generator import codegen
 from pipeforge.tools.launch import spawn
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
-pytest.importorskip("transformers")
 
 EXPECTED = {  # case -> what every rank's message says
     "model-output": ["stage 0 on rank 0", "BaseModelOutput with keys ['last_hidden_state']", "last_hidden_state"],

@@ -9,7 +9,6 @@ import pipeforge
 from pipeforge.errors import UsageError
 from tests.models import families
 
-pytest.importorskip("transformers")
 
 
 def chained(cut, tokens, mask):

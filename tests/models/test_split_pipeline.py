@@ -8,7 +8,8 @@ schedules with a tied, a sliding-window, an MoE and a layer-list model. Every
 model is built on the meta device and each rank materializes only its stages;
 batches are padded, the loss is the batch's token mean (``TokenMeanLoss``).
 Losses, every gradient after each step and every parameter after two SGD steps
-agree to rounding (the token sums run in another order).
+agree to rounding (the token sums run in another order). The slow tier runs
+every library schedule with every family on 2 and 4 ranks.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from pipeforge.tools.launch import spawn
 from tests.models import families
 from tests.models.pipeline_jobs import Case
 
-pytest.importorskip("transformers")
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(1200)]
 
 ROUNDING = 1e-12
@@ -40,12 +40,15 @@ def load(name: str, ranks: int):
     raise AssertionError(f"{name} accepts neither M={ranks} nor M={2 * ranks}")
 
 
-def cases(ranks: int, out_dir) -> list[Case]:
+def cases(ranks: int, out_dir, full: bool = False) -> list[Case]:
+    """The representative set (``full``: every library schedule with every family)."""
     found = []
-    schedules = names() if ranks == 2 else FOUR_RANKS["schedules"]
+    schedules = names() if ranks == 2 or full else FOUR_RANKS["schedules"]
     for name in schedules:
         path = str(codegen(load(name, ranks), out_dir / name))
-        if ranks == 2:
+        if full:
+            chosen = families.FAMILIES
+        elif ranks == 2:
             chosen = families.FAMILIES if name in ("1f1b", "zbv") else EVERY_SCHEDULE
         else:
             chosen = FOUR_RANKS["families"]
@@ -53,22 +56,34 @@ def cases(ranks: int, out_dir) -> list[Case]:
     return found
 
 
-_RESULTS: dict[int, dict[str, list[dict]]] = {}
+_RESULTS: dict[tuple[int, bool], dict[str, list[dict]]] = {}
 
 
 @pytest.fixture
 def results(request, tmp_path_factory):
-    ranks = request.param
-    if ranks not in _RESULTS:
-        chosen = cases(ranks, tmp_path_factory.mktemp(f"split{ranks}"))
-        outcomes = spawn("tests.models.pipeline_jobs:run_cases", ranks, chosen, timeout=90, deadline=1100)
+    ranks, full = request.param
+    if (ranks, full) not in _RESULTS:
+        chosen = cases(ranks, tmp_path_factory.mktemp(f"split{ranks}"), full)
+        outcomes = spawn("tests.models.pipeline_jobs:run_cases", ranks, chosen, timeout=90,
+                         deadline=2300 if full else 1100)
         assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
-        _RESULTS[ranks] = {case.label: [o.value[i] for o in outcomes] for i, case in enumerate(chosen)}
-    return _RESULTS[ranks]
+        _RESULTS[ranks, full] = {case.label: [o.value[i] for o in outcomes] for i, case in enumerate(chosen)}
+    return _RESULTS[ranks, full]
 
 
-@pytest.mark.parametrize("results", [2, 4], indirect=True, ids=["2-ranks", "4-ranks"])
+@pytest.mark.parametrize("results", [(2, False), (4, False)], indirect=True, ids=["2-ranks", "4-ranks"])
 def test_split_models_train_as_the_unpipelined_model(results):
+    assert_equal_to_unpipelined(results)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+@pytest.mark.parametrize("results", [(2, True), (4, True)], indirect=True, ids=["2-ranks", "4-ranks"])
+def test_every_family_on_every_library_schedule(results):
+    assert_equal_to_unpipelined(results)
+
+
+def assert_equal_to_unpipelined(results):
     failures = []
     for label, reports in results.items():
         worst = max(reports, key=lambda r: r["max_rel"])

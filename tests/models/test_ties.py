@@ -8,7 +8,6 @@ import pipeforge
 from pipeforge.generator import codegen
 from pipeforge.tools.launch import spawn
 
-pytest.importorskip("transformers")
 
 
 @pytest.mark.distributed

@@ -1,7 +1,7 @@
 """Gathered parameters in simulate's peak memory: the same rule and the same walk as verify's.
 
 With ``memory { unsharded = X }`` an UNSHARD holds X (M_B) until its RESHARD
-(``semantics.PARAMETER_MEMORY``, through ``MemorySpec.stage_effect``). verify
+(``semantics.PARAMETER_MEMORY``, through ``semantics.stage_effect``). verify
 reports ``memory`` exactly when simulate's peak of some rank is over the limit:
 checked on the library schedules through the ``unshard`` pass (worked peaks in
 a table) and on random valid schedules with UNSHARD/RESHARD (hypothesis).

@@ -22,6 +22,15 @@ from dataclasses import dataclass
 from pipeforge.ir import Action, ActionKind, MemorySpec, Schedule, Step
 
 K = ActionKind
+# docs/semantics.md: a forward send goes up a stage and its receive comes from below; gradients the other way
+PEER = {K.SEND_F: 1, K.RECV_F: -1, K.SEND_B: -1, K.RECV_B: 1}
+
+
+def peer_of(a: Action) -> int:
+    """The stage at the other end of communication action ``a``."""
+    return a.stage + PEER[a.kind]
+
+
 NOTES = """
 - An unmatched communication op (its pair has fewer partners) blocks forever:
   under rendezvous its group never fires; under buffered an unmatched receive
@@ -116,7 +125,7 @@ class World:
             return False
         if a.kind.has_microbatch and not 0 <= (a.microbatch if a.microbatch is not None else -1) < self.s.microbatches:
             return False
-        return not a.is_comm or 0 <= a.peer_stage() < self.s.stages
+        return not a.is_comm or 0 <= peer_of(a) < self.s.stages
 
     def actions(self):
         for rank, program in enumerate(self.programs):
@@ -147,7 +156,7 @@ class World:
         if not a.kind.has_microbatch and rank not in {self.owner(a.stage, c) for c in range(self.s.chains)}:
             return "rank holds no replica of the stage"
         if a.is_comm:
-            peer = a.peer_stage()
+            peer = peer_of(a)
             if not 0 <= peer < self.s.stages:
                 return "peer stage out of range"
             if self.owner(peer, a.chain) == rank:
@@ -312,7 +321,7 @@ class World:
     def peer_rank(self, a: Action) -> int | None:
         if not 0 <= a.chain < self.s.chains or not 0 <= a.stage < self.s.stages:
             return None
-        peer = a.peer_stage()
+        peer = peer_of(a)
         return self.owner(peer, a.chain) if 0 <= peer < self.s.stages else None
 
     def matching(self):

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import pipeforge.testing as pt
 import pipeforge.verifier as verify_module
 from pipeforge.ir import Action, ActionKind, Placement, Schedule, format_grid, programs_from_tokens
+from pipeforge.semantics import peer_stage
 from tests.verify.oracle import oracle
 
 STRUCTURAL = frozenset({"placement", "duplicate", "missing"})
@@ -42,7 +43,7 @@ def comparable(schedule: Schedule, kinds: frozenset[str]) -> bool:
 
 def misplaced_communication(schedule: Schedule) -> bool:
     def placed(a: Action, rank: int) -> bool:
-        stages, peer = range(schedule.stages), a.peer_stage()
+        stages, peer = range(schedule.stages), peer_stage(a)
         return (0 <= a.chain < schedule.chains and a.stage in stages and peer in stages
                 and schedule.rank_of(a.stage, a.chain) == rank != schedule.rank_of(peer, a.chain))
 

@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from pipeforge.ir import ActionKind
+from pipeforge.semantics import stage_effect
 from pipeforge.sim.workgraph import WorkGraph
 
 _F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
@@ -138,7 +139,7 @@ def _stages(shape, costs, memory, limit: float | None, busy: list[float], microb
         backward = min(costs.duration(_I, s), costs.duration(_B, s))
         if forward <= 0 or backward < 0:
             return None
-        activation = memory.stage_effect(_F, s)[0]
+        activation = stage_effect(memory, _F, s)[0]
         fits = microbatches if limit is None or activation <= 0 else min(
             microbatches, math.floor(limit / activation + TOLERANCE))
         down = costs.latency(s, s + 1) if s + 1 < shape.stages else 0.0

@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pipeforge._gc import gc_paused
 from pipeforge.ir import ActionKind, CostModel, MemorySpec, Schedule
 from pipeforge.semantics import bubble_rate
-from pipeforge.sim.workgraph import WorkGraph, compile_schedule
+from pipeforge.sim.workgraph import WorkGraph, compile_schedule, topological_order
 
 _F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 ORDERS_SPACE = "any order of these actions on each rank"
@@ -111,8 +112,6 @@ def compute_bounds(schedule: Schedule, costs: CostModel, memory: MemorySpec, *, 
                    graph: WorkGraph | None = None) -> Bounds:
     """Bounds for ``schedule``'s actions; ``busy[r]`` is rank r's total compute time. ``graph``: the
     schedule's work graph if already compiled (``simulate`` keeps its own)."""
-    from pipeforge._gc import gc_paused
-
     with gc_paused():  # the per-node lists die with _bounds_from_graph's frame, before the collector runs
         if graph is None:
             graph, _ = compile_schedule(schedule, costs, memory)
@@ -127,25 +126,6 @@ def _bounds_from_graph(schedule: Schedule, graph: WorkGraph, memory: MemorySpec,
     per_rank = _rank_bounds(schedule, graph, est, down, memory, busy)
     mean_busy = sum(busy) / len(busy) if busy else 0.0
     return Bounds(critical, memory.limit, per_rank, mean_busy)
-
-
-def topological_order(graph: WorkGraph) -> list[int]:
-    """The real nodes, each after everything it depends on (data dependencies never form a cycle)."""
-    n = len(graph.actions)
-    waiting_on = [0] * n
-    users: list[list[int]] = [[] for _ in range(n)]
-    for a, deps in enumerate(graph.deps):
-        for d, _ in deps:
-            if d < n:
-                users[d].append(a)
-                waiting_on[a] += 1
-    found = [a for a in range(n) if not waiting_on[a]]
-    for a in found:  # the list grows while it is read
-        for user in users[a]:
-            waiting_on[user] -= 1
-            if not waiting_on[user]:
-                found.append(user)
-    return found
 
 
 def earliest_starts(graph: WorkGraph, order: list[int]) -> list[float]:

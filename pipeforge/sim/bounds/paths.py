@@ -6,7 +6,7 @@ from collections import Counter
 from functools import cached_property
 
 from pipeforge.ir import ActionKind
-from pipeforge.sim.workgraph import WorkGraph
+from pipeforge.sim.workgraph import WorkGraph, topological_order
 
 _F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 
@@ -30,7 +30,7 @@ class Paths:
             for d, latency in graph.deps[a]:
                 if d in self.children:  # not a phantom (an input no action makes)
                     self.children[d].append((a, latency))
-        self.order = self._topological()
+        self.order = topological_order(graph, self.members)
         self.forwards = [0] * graph.shape.ranks
         for r, n in Counter(r for r, kind in zip(graph.rank, kinds) if kind is _F).items():
             self.forwards[r] = n
@@ -39,19 +39,6 @@ class Paths:
     def least(self) -> dict[int, float]:
         """Each member's least duration in any schedule of the work (``least_durations``)."""
         return least_durations(self.graph, self.members)
-
-    def _topological(self) -> list[int]:
-        indegree = {a: sum(d in self.children for d, _ in self.graph.deps[a]) for a in self.members}
-        ready = [a for a, n in indegree.items() if n == 0]
-        out = []
-        while ready:
-            a = ready.pop()
-            out.append(a)
-            for b, _ in self.children[a]:
-                indegree[b] -= 1
-                if indegree[b] == 0:
-                    ready.append(b)
-        return out
 
     def from_start_of(self, source: int, duration=None) -> dict[int, float]:
         """Earliest start of every action reachable from ``source`` when ``source`` starts at 0

@@ -1,0 +1,82 @@
+"""The auxiliary-loss channel: a stage's ``WithAuxLoss`` scalar joins its backward, B and I + W alike."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import pipeforge
+from pipeforge.runtime.aux import WithAuxLoss
+from pipeforge.runtime.p2p import PipelineError
+from pipeforge.runtime.stage import StageRunner
+from tests.models import families
+
+
+class AuxStage(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4).double()
+
+    def forward(self, x):
+        h = self.linear(x)
+        return WithAuxLoss(torch.tanh(h), 0.5 * h.pow(2).mean())
+
+
+def loss_fn(output, target):
+    return ((output - target) ** 2).mean()
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_aux_loss_gradient_as_autograd_gives_it_by_b_and_by_i_then_w(last):
+    torch.manual_seed(0)
+    module = AuxStage()
+    x, target, grad = (torch.randn(3, 4, dtype=torch.float64) for _ in range(3))
+    # what autograd gives for the stage's part of the objective: <output, grad> (or the loss) + aux
+    reference = copy.deepcopy(module)
+    leaf = x.clone().requires_grad_()
+    out = reference(leaf)
+    objective = (loss_fn(out.output, target) if last else (out.output * grad).sum()) + out.aux_loss
+    objective.backward()
+    for split in (False, True):
+        copied = copy.deepcopy(module)
+        runner = StageRunner(copied, stage=1, chain=0, is_first=False, is_last=last, loss_fn=loss_fn if last else None)
+        output = runner.forward(0, (x,), target, training=True)
+        assert isinstance(output, torch.Tensor)  # the next stage sees the output alone
+        grads = None if last else (grad,)
+        if split:
+            input_grads = runner.backward_input(0, grads)
+            runner.backward_weight(0)
+        else:
+            input_grads = runner.backward(0, grads)
+        assert torch.equal(input_grads[0], leaf.grad)
+        for mine, theirs in zip(copied.parameters(), reference.parameters()):
+            assert torch.allclose(mine.grad, theirs.grad, rtol=1e-14, atol=0)
+
+
+def test_an_aux_loss_that_is_not_a_scalar_is_refused_by_stage():
+    class Bad(nn.Module):
+        def forward(self, x):
+            return WithAuxLoss(x, x)
+
+    runner = StageRunner(Bad(), stage=2, chain=0, is_first=False, is_last=False)
+    with pytest.raises(PipelineError, match="stage 2: WithAuxLoss.aux_loss must be a scalar tensor"):
+        runner.forward(0, (torch.randn(2, 2),), None, training=True)
+
+
+@pytest.mark.parametrize("name", families.MOE)
+def test_the_moe_balancing_loss_reaches_the_router_only_through_the_channel(name):
+    """Without the auxiliary loss the router's gradient differs: the channel carries something."""
+    tokens, mask, _ = families.batch(name, 2, seed=0)
+
+    def router_grad(aux_loss: bool):
+        cut = pipeforge.split(families.build(name), 1, aux_loss=aux_loss)
+        out = cut.modules[0](tokens, attention_mask=mask)
+        logits, aux = (out.output, out.aux_loss) if aux_loss else (out, 0.0)
+        (logits.sum() + aux).backward()
+        return next(p.grad for n, p in cut.modules[0].named_parameters() if "gate" in n and "weight" in n)
+
+    with_aux, without = router_grad(True), router_grad(False)
+    assert not torch.allclose(with_aux, without)
