@@ -1,23 +1,12 @@
 """The intermediate representation: actions, steps, placements, schedules.
 
-Everything here is an immutable value. Passes take a ``Schedule`` and return a
-new one (``dataclasses.replace``). Source spans ride along for error reports
-but are left out of equality, so two schedules that say the same thing compare
-equal wherever they were written.
-
-Text forms follow torch.distributed.pipelining:
-
-- an action is ``{stage}{KIND}{microbatch}``: ``2F0``, ``1I3``, ``0SEND_F1``,
-  ``3REDUCE_GRAD`` (no microbatch); an action of chain 1 of a bidirectional
-  schedule carries ``@1``: ``2F0@1``;
-- a step is one action, an overlap ``(0F7;7B3)`` (compute issued together),
-  a communication group ``[0SEND_F1 0RECV_B0]`` (posted together, as one
-  ``batch_isend_irecv``), or an idle slot ``_``.
-
-Direction of communication (torch's convention): ``sSEND_Fm`` sends stage s's
-output to stage s+1; ``sRECV_Fm`` receives stage s's input from stage s-1;
-``sSEND_Bm`` sends stage s's input gradient to stage s-1; ``sRECV_Bm``
-receives stage s's output gradient from stage s+1.
+Everything here is an immutable value; passes take a ``Schedule`` and return a new one. Source spans
+ride along for error reports but are left out of equality. Every value has torch's text form and a
+parser for it (``parse_action``, ``parse_step``): an action ``{stage}{KIND}{microbatch}`` (``2F0``,
+``0SEND_F1``, ``3REDUCE_GRAD``; chain 1 of a bidirectional schedule ``2F0@1``); a step one action, an
+overlap ``(0F7;7B3)``, a communication group ``[0SEND_F1 0RECV_B0]`` or idle ``_``. ``sSEND_Fm`` sends
+stage s's output to stage s+1, ``sSEND_Bm`` its input gradient to s-1 (torch's direction). The IR holds
+values only; the rules about them are ``semantics.py``'s.
 """
 
 from __future__ import annotations

@@ -1,56 +1,15 @@
 """The rules of a pipeline schedule, written once (docs/semantics.md; DESIGN.md, "The formal model").
 
-Every subsystem that needs a fact about actions asks here: ``lower`` (which
-edges cross ranks and what carries them), the structural checks of ``verify``
-(what each action needs earlier, what is complete), the work graph that the
-simulator and every optimizer time (``pipeforge.sim.workgraph``), the bounds,
-``pipeforge.testing`` and the runtime. Only ``tests/verify/oracle.py`` keeps
-its own copy, on purpose: it is the independent second reading.
-
-The rules, per kind (each table below has one entry per ``ActionKind``, and
-``tests/test_semantics.py`` fails when a kind is missing from any of them):
-
-- **role**: compute (F, B, I, W), communication (SEND_F, RECV_F, SEND_B,
-  RECV_B) or stage-only (REDUCE_GRAD, UNSHARD, RESHARD; no microbatch) — the
-  sets are ``ir.COMPUTE_KINDS``, ``ir.COMM_KINDS``, ``ir.STAGE_ONLY_KINDS``;
-- **needs** (``NEEDS``): what must have happened before an action: ``F(s,m)``
-  after ``F(s-1,m)``; ``B/I(s,m)`` after ``F(s,m)`` and after ``B/I(s+1,m)``
-  (the last stage's backward after its own forward: the loss); ``W(s,m)``
-  after ``I(s,m)``; ``sSEND_Fm`` after ``F(s,m)``; ``sSEND_Bm`` after
-  ``B/I(s,m)``. An edge between two stages may cross ranks (depending on the
-  placement); it is then carried by a send on the producer's rank and a
-  receive on the consumer's (the ``send`` and ``recv`` of a ``Need``). Every need
-  is of the action's own microbatch and chain (``verify``'s order check relies
-  on it, and says so if a rule ever breaks it);
-- **output** (``OUTPUTS``): where a compute action's result goes and, across
-  ranks, which send and receive carry it;
-- **memory** (``MEMORY``, ``PARAMETER_MEMORY``): F holds one M_B more; I
-  releases ``M_B - M_W``; W releases ``M_W``; B releases ``M_B`` (``weights``
-  = M_W / M_B); ``UNSHARD`` holds a stage's gathered parameters (``memory {
-  unsharded = X }``, in M_B) until its ``RESHARD``; a step's additions count
-  before its releases (``held_after_additions``: what verify compares with the
-  limit and what simulate's peak is the largest of);
-- **peer** (``PEER_OFFSET``, ``PARTNER``): a communication action's peer stage
-  and the action that meets it there (torch's direction: ``sSEND_Fm`` to
-  ``(s+1)RECV_Fm``, ``sSEND_Bm`` to ``(s-1)RECV_Bm``);
-- **gradients**: ``REDUCE_GRAD`` of a stage comes after that stage's last B or
-  W on the rank (``GRADIENT_KINDS``); a B is an I then a W (``SPLIT``), and one
-  (stage, microbatch) has either B or I and W (``EXCLUDES``);
-- **recompute and offload** (R, OFFLOAD, RELOAD: compute kinds of one stage):
-  R and OFFLOAD need their F, RELOAD its OFFLOAD (``NEEDS``); a B or I needs
-  the R and the RELOAD of its (stage, microbatch) where the schedule has them
-  (``NEEDS_IF_PRESENT``); the F of a recomputed one keeps only its checkpoint
-  and R adds the rest (``RECOMPUTED_MEMORY``, ``effects_of``); OFFLOAD releases
-  the activation, RELOAD adds it back; R excludes OFFLOAD and RELOAD
-  (``EXCLUDES``), which go together (``REQUIRES``); OFFLOAD and RELOAD run on
-  the rank's copy lane (``LANES``).
-
-Keys. An ``Action`` is a NamedTuple ``(stage, kind, microbatch, chain)``.
-The functions here take an Action and name the actions they return as plain
-tuples of those four fields: equal to the Action and hashing the same, they
-look up dicts and sets of Actions without making one (a plain tuple costs a
-fifth of a NamedTuple, and these run once per action of 100k-action
-schedules). ``ir.as_action`` turns one into an Action to show or store it.
+Every subsystem that needs a fact about actions asks here (lower, verify, the work graph that simulate,
+the bounds and every optimizer time, testing, the runtime); only ``tests/verify/oracle.py`` keeps its own
+copy, on purpose. One table per fact, one entry per ``ActionKind`` (``tests/test_semantics.py`` fails
+when a kind is missing): ``ROLES``, ``NEEDS`` (``needs``, ``local_needs``), ``OUTPUTS``, ``MEMORY`` and
+``PARAMETER_MEMORY`` (``memory_effect``, ``stage_effect``, ``held_after_additions``), ``PEER_OFFSET`` and
+``PARTNER``, ``GRADIENT_KINDS``, ``SPLIT``, ``EXCLUDES``, ``COMPLETE``, ``REQUIRES``, ``RUNTIME_METHODS``; for
+recompute and offload ``NEEDS_IF_PRESENT``, ``RECOMPUTED_MEMORY`` (``effects_of``) and ``LANES``;
+``bubble_rate``. The functions take an ``Action`` and return actions as plain ``(stage, kind,
+microbatch, chain)`` tuples, equal to the Actions and hashing the same. Each rule: ``docs/semantics.md``;
+where each is used: ``docs/architecture.md``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """defer_recv: post each receive just before the compute that needs it (torch's ``defer_pp_recv``).
 
-torch's ``_defer_recv_ops``, on each rank of a lowered schedule: a receive is taken
-out of the place (and the group) where it was posted and put back, as a step of its
-own, right before the first compute step that consumes it (``F`` of its stage and
-microbatch for ``RECV_F``; ``B`` or ``I`` for ``RECV_B``). So a pending receive no
-longer holds up unrelated work that shares the fabric (an FSDP all-gather in a
-forward pass, on some platforms). Two rules keep it deadlock-free and matched:
-
-- rank parity (pytorch/pytorch#172668): before a rank sends to a higher rank, it
-  posts the receives from that rank it has deferred; a higher rank sends first;
-- FIFO per peer (NCCL pairs the k-th send with the k-th receive of a rank pair):
-  posting a receive posts, first, every receive from the same rank deferred before
-  it. torch omits this; on torch's own schedules it changes nothing, and where it
-  would, torch's order pairs the wrong tensors.
-
-A compute-only schedule is lowered first. Sends, REDUCE_GRAD, UNSHARD and RESHARD
-stay where they are; a receive nothing consumes stays at the end of its rank.
+``defer_recv(schedule)`` (lowered first if compute-only) -> each receive moved out of its group to a
+step of its own right before the first compute that consumes it, keeping rank parity (a rank posts its
+deferred receives from a higher rank before sending to it) and FIFO order per peer, so the result stays
+matched and deadlock-free (valid under ``buffered``). Sends, REDUCE_GRAD, UNSHARD and RESHARD stay;
+a receive nothing consumes stays at the end of its rank. How, and where torch differs:
+``docs/passes.md``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """lower: insert send/receive groups and REDUCE_GRAD into a compute-only schedule.
 
-The compute order is executed globally in lockstep rounds: in each round every
-rank whose next compute step has all its cross-rank inputs runs it (a same-rank
-input is a matter of program order: written late, it is an ``order`` error for
-``verify``, not a reason to wait). After a round, each
-rank posts one communication group holding the sends of what it produced in
-that round and the receives of what others produced for it. Every group of
-round k is matched only with groups of round k on other ranks, and all groups
-list their ops in one global order, so NCCL's tag-less FIFO matching pairs them
-correctly and the rounds fire one after another under rendezvous: a consistent
-compute order never deadlocks (not even with each op posted alone).
-
-If the rounds get stuck (the compute order itself has a wait cycle), the rest of
-each program is lowered lazily: a receive right before the compute that needs it,
-a send after the compute that produces it (delayed where needed so each rank
-pair stays FIFO-consistent). The result then deadlocks in ``verify`` with a wait
-cycle that maps back onto the compute steps of the cycle.
-
-``REDUCE_GRAD`` of a stage follows the last B or W of that stage on each rank
-(unless the input already has one). Inserted steps carry the span of the
-compute step they serve; ``lower_with_origins`` also says which one it is.
+``lower(schedule)`` -> the schedule with communication: the compute order run globally in lockstep
+rounds, and after each round one group per rank holding the sends of what it produced and the receives
+of what others produced for it, every group listing its ops in one global order. So NCCL's FIFO
+matching pairs them and a consistent compute order never deadlocks under rendezvous; an inconsistent
+one (a wait cycle) is lowered lazily and deadlocks in ``verify`` on the cycle's own steps. REDUCE_GRAD
+follows each stage's last B or W on its rank. Inserted steps carry the span of the compute step they
+serve (``lower_with_origins`` also says which). The algorithm: ``docs/passes.md``.
 """
 
 from __future__ import annotations

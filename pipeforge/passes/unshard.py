@@ -1,19 +1,11 @@
 """unshard: UNSHARD each stage's parameters ahead of their use and RESHARD them after (FSDP).
 
-torch's ``_add_unshard_reshard(actions, max_active_stages)``, on every rank: before
-each compute step, look at the stages of the next compute steps, up to
-``max_active_stages`` distinct ones (the window; a step that is an overlap adds all
-its stages, so an overlap can take the window one or more past the bound, as in
-torch). A gathered stage outside the window is resharded, then the window's stages
-not yet gathered are unsharded in the order of their first use; both go right
-before the compute step. What is still gathered after the rank's last step is
-resharded at the end, in stage order (torch takes the order of a Python set:
-the same on every case of torch's tests).
-
-Other steps (communication groups, REDUCE_GRAD, idle slots) are kept where they
-are, so the pass works on compute-only and lowered schedules alike and commutes
-with ``lower``. A schedule that already unshards or reshards is refused: its FSDP
-actions are written, not derived.
+``unshard(schedule, max_active_stages=3)`` -> torch's ``_add_unshard_reshard``, on every rank: before
+each compute step, the stages of the next compute steps up to ``max_active_stages`` distinct ones are
+gathered (UNSHARD in order of first use) and a gathered stage outside that window is resharded; what is
+still gathered at the end is resharded in stage order. Other steps stay where they are, so it works on
+compute-only and lowered schedules alike and commutes with ``lower``. A schedule that already unshards
+or reshards is refused. The window: ``docs/passes.md``.
 """
 
 from __future__ import annotations

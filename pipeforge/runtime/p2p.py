@@ -207,7 +207,7 @@ class Transport:
         self.abandoned_groups: list = []  # the groups they were posted on
 
     def begin_step(self) -> None:
-        """A new step: its own tag (1, 2, ... on every rank alike, as every rank counts its steps)."""
+        """A new step: its own tag (1, 2, ... on every rank alike, as every rank counts its calls)."""
         self.tag = self.tag % MAX_TAG + 1
         self.posted = []
 

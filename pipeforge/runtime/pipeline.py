@@ -24,6 +24,7 @@ import torch.distributed as dist
 from pipeforge.runtime.context import Observer, RankContext, ScheduleInfo, ShapeCache
 from pipeforge.runtime.custom import CustomFunction, kind_name
 from pipeforge.runtime.custom import custom_functions as checked_functions
+from pipeforge.runtime.fingerprint import agree
 from pipeforge.runtime.fsdp import DataParallel, data_parallel, is_sharded
 from pipeforge.runtime.gradients import (
     TiedParameters,
@@ -41,6 +42,7 @@ from pipeforge.runtime.optimizer_watch import watch as watch_optimizers
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, TensorMeta, Transfer, Transport
 from pipeforge.runtime.records import Recorder, resolve_directory
 from pipeforge.runtime.recovery import StepStart
+from pipeforge.runtime.rows import BatchRows, named_tensors
 from pipeforge.runtime.stage import StageRunner
 from pipeforge.runtime.step_trace import Trace, TraceEvent, Tracer
 
@@ -62,6 +64,7 @@ class Pipeline:
         self.tied = tied
         self._caches = ShapeCache()
         self._start = StepStart(info, self.rank)  # what a step begins with, and a failed step leaves
+        self._rows = BatchRows(info, self.rank)  # the batch's rows, that targets and inputs must split like
         self._input_shapes: tuple | None = None
         self.data_parallel = data_parallel or DataParallel(self.rank, {})
         self.functions = dict(functions or {})
@@ -102,6 +105,7 @@ class Pipeline:
         """``call`` (a step or an eval); if it fails once its communication began (``StepStart.begin``),
         nothing of it is left to meet the next one (``pipeforge.runtime.recovery``)."""
         self._start.begun = False
+        self.transport.begin_step()  # every call its own tag, refused or not: every rank counts its calls alike
         try:
             if self.trace:
                 return self._traced(call, *arguments)
@@ -178,8 +182,10 @@ class Pipeline:
         if self.holds_last and target is not None:
             device = self.transport.device
             ctx.targets = split_value(_to_device(target, device), self.info.microbatches, f"rank {self.rank}: target")
-        # the arguments were fine: the step's communication starts (recovery.StepStart)
-        self._caches = ctx.caches = self._start.begin(self.transport, self._caches)
+        named = named_tensors(args, kwargs, target, shared, per_stage, self.stages)
+        # the step's communication starts (recovery.StepStart): a rank refusing its rows tells its neighbours
+        self._caches = ctx.caches = self._start.begin(self.transport, self._caches, self._rows.problem_known(named))
+        self._rows.agree(self.transport, named)  # the first call: every rank's tensors split like the batch
         self.data_parallel.begin(training)
         for runner in self.runners.values():
             runner.reset()
@@ -449,6 +455,7 @@ def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_m
         # (a batch_isend_irecv that only some ranks enter first is undefined behaviour in NCCL)
         dist.all_reduce(torch.zeros(1, device=device), group=group)
     transport = Transport(group, rank, wait, device)
+    agree(info, programs, rank, transport)  # every rank runs one schedule's unedited module, or all refuse
     pipeline = Pipeline(info, programs[rank], runners, transport, scale_grads=scale_grads, tied=tied,
                         data_parallel=replicas, functions=functions)
     watch_optimizers(pipeline)  # a parameter an optimizer lists twice is warned about at its first step

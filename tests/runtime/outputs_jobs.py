@@ -61,7 +61,7 @@ class OutputStage(torch.nn.Module):
         if item == "input":
             return first
         if item == "input_view":
-            return first[:, :WIDTH]
+            return first[..., :WIDTH]
         if item == "param":
             return self.scale
         if item == "nograd":
@@ -132,3 +132,6 @@ def run_cases(rank: int, nproc: int, payload: tuple) -> list[dict]:
     """``payload``: (timeout, [(module path, case, seed), ...]); one report per case."""
     timeout, cases = payload
     return [run_case(rank, path, case, seed, timeout) for path, case, seed in cases]
+
+
+ITEMS = ("h", "h2", "same", "view", "input", "input_view", "param", "nograd", "int", "bool")

@@ -1,0 +1,96 @@
+"""A target or input whose rows do not split like the batch is refused, naming it, on every rank.
+
+Before, a target with fewer rows than the batch was broadcast against each
+microbatch's output (exit 0, a wrong loss). Now the first step learns the
+batch's rows from stage 0's rank, and every later step's greeting carries a
+refusal to the neighbours, so both ranks refuse together; the steps between
+train like the unpipelined model (gloo, 2 ranks, float64).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import pipeforge
+from pipeforge.generator import codegen
+from pipeforge.runtime.rows import splits_like
+from pipeforge.tools.launch import spawn
+
+WAIT = 60.0  # seconds; every refusal here is told, never waited out
+
+
+class TakesInputs(torch.nn.Module):
+    """A stage that accepts per-stage keyword inputs (and ignores them)."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x, **inputs):
+        return self.inner(x)
+
+
+def steps_with_bad_rows(rank: int, nproc: int, path: str) -> list[str]:
+    from pipeforge.runtime import PipelineUsageError
+    from pipeforge.tools import demo_models as models
+    from pipeforge.tools.generated import load_module
+
+    generated = load_module(path)
+    info = generated.SCHEDULE
+    full = models.build_stages("mlp", info.stages, seed=0)
+    reference = [copy.deepcopy(m) for m in full]
+    mine = {s: copy.deepcopy(full[s]) for s in info.stages_of(rank)}
+    pipe = generated.make_pipeline({s: TakesInputs(m) for s, m in mine.items()}, loss_fn=models.loss_fn, timeout=WAIT)
+    x, y = models.make_batch(info.stages, 8, seed=0)
+    good = torch.zeros(8, 3)
+    plan = [("target", y[:4], None), ("good", y, None), ("target", y[:6], None), ("shared", y, good[:6]),
+            ("good", y, good)]
+    results = []
+    for what, target, mask in plan:
+        shared = {"mask": mask} if mask is not None else None
+        try:
+            pipe.step(*((x,) if pipe.holds_first else ()), target=target if pipe.holds_last else None,
+                      shared_kwargs=shared if rank == 1 or what != "shared" else {"mask": good})
+        except PipelineUsageError as error:
+            results.append(f"refused: {error}")
+            continue
+        for xm, ym in zip(torch.tensor_split(x, 4), torch.tensor_split(y, 4)):
+            models.loss_fn(models.run_stages(reference, xm), ym).backward()
+        worst = max((got.grad - want.grad / 4).abs().max().item()
+                    for s, m in mine.items() for got, want in zip(m.parameters(), reference[s].parameters()))
+        results.append(f"trained: {worst:.1e}")
+        for module in (*mine.values(), *reference):
+            module.zero_grad(set_to_none=True)
+    return results
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_rows_that_do_not_split_like_the_batch_are_refused_on_every_rank(tmp_path):
+    path = str(codegen(pipeforge.load("1f1b", defines={"P": 2, "M": 4}), tmp_path / "rows.py"))
+    outcomes = spawn(steps_with_bad_rows, 2, path, timeout=WAIT, deadline=200)
+    assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
+    first, last = outcomes[0].value, outcomes[1].value
+    assert last[0].startswith("refused: rank 1: target has 4 rows and the batch 8: a tensor split into 4 "
+                              "microbatches must split like the batch"), last[0]
+    assert first[0] == "refused: rank 0: rank 1 refused this step: one of its tensors does not split like the " \
+                       "batch of 8 rows (its error names it)", first[0]
+    assert last[2].startswith("refused: rank 1: target has 6 rows and the batch 8"), last[2]
+    assert last[3].startswith("refused: rank 1: shared_kwargs['mask'] has 6 rows and the batch 8"), last[3]
+    for refused in (first[2], first[3]):
+        assert refused == "refused: rank 0: rank 1 refused this step for its arguments (its error names the " \
+                          "argument)", refused
+    for results in (first, last):
+        assert results[1] == results[4] == "trained: 0.0e+00", results
+
+
+@pytest.mark.parametrize("rows,batch,chunks,fits", [
+    (8, 8, 4, True), (4, 8, 4, False), (16, 8, 4, True),  # a flattened target of two rows per batch row
+    (12, 8, 4, False), (12, 6, 4, False),  # a multiple whose microbatches are not the batch's times two
+    (10, 5, 2, False), (10, 5, 5, True), (7, 7, 3, True),
+])
+def test_what_splits_like_the_batch(rows, batch, chunks, fits):
+    assert splits_like(rows, batch, chunks) is fits
