@@ -1,24 +1,12 @@
-"""Recomputation and offloading of one microbatch's activations: what ``R``, ``OFFLOAD`` and ``RELOAD`` run.
+"""What R, OFFLOAD and RELOAD run: recomputation and offloading of one microbatch's saved activations.
 
-The rules are ``pipeforge.semantics``'s (``docs/semantics.md``, "Recompute and
-offload"); codegen writes which (stage, microbatch, chain) a schedule recomputes
-and which it offloads into ``ScheduleInfo`` (``semantics.recomputed``), so the
-forward knows what to keep:
-
-- a recomputed microbatch's forward runs without autograd and keeps only its
-  inputs (the checkpoint) and the RNG state it started from; ``R`` restores
-  that state in a fork of the RNG (so dropout draws the same masks again and
-  the global RNG goes on as if R had not run) and runs the forward again under
-  autograd; B, or I and W, then run as usual;
-- an offloaded microbatch's forward saves its tensors through
-  ``torch.autograd.graph.saved_tensors_hooks`` into a holder; ``OFFLOAD`` copies
-  each saved tensor that is not a parameter to host memory and drops the device
-  copy, ``RELOAD`` copies it back (CUDA: non-blocking copies on a side stream,
-  waited before the backward; CPU: the same path with a host copy).
-
-``SavedBytes`` counts the bytes of saved tensors alive on the device, per rank
-(each storage once, while some saved tensor refers to it; an offloaded one is
-not counted while away): ``Pipeline.saved_peak`` after a step.
+Codegen writes which (stage, microbatch, chain) a schedule recomputes and offloads into ``ScheduleInfo``.
+A recomputed forward runs without autograd and keeps its inputs and RNG state; R restores that state in a
+fork of the RNG (dropout draws the same masks) and runs the forward again under autograd. An offloaded
+forward saves through ``saved_tensors_hooks`` into a holder; OFFLOAD copies each saved non-parameter tensor
+to host memory, RELOAD back (CUDA: non-blocking on a side stream, waited before the backward; CPU: the same
+path with a host copy). ``SavedBytes`` counts the bytes of saved tensors alive on the device (each storage
+once): ``Pipeline.saved_peak`` after a step with ``count_saved``. Rules: ``docs/semantics.md``.
 """
 
 from __future__ import annotations
