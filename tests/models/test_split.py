@@ -10,7 +10,6 @@ from pipeforge.errors import UsageError
 from tests.models import families
 
 
-
 def chained(cut, tokens, mask):
     hidden = tokens
     for stage in sorted(cut.modules):
