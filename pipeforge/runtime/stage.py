@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from pipeforge.runtime.aux import WithAuxLoss
 from pipeforge.runtime.aux import unwrap as unwrap_aux
 from pipeforge.runtime.microbatch import as_tuple, detached
 from pipeforge.runtime.p2p import PipelineError
@@ -76,17 +77,20 @@ class StageRunner:
                 kwargs: dict[str, Any] | None = None) -> Any:
         """Run the module on one microbatch: ``args`` from the previous stage (or the batch), ``kwargs``
         this stage's own inputs (the batch's keywords on stage 0, per-stage inputs on every stage)."""
+        if torch.is_grad_enabled() != training:  # the pipeline runs its program in the right mode already
+            with torch.set_grad_enabled(training):
+                return self.forward(mb, args, target, training, kwargs)
         if not self.is_first:
             args = tuple(_as_leaf(a, training) for a in args)
-        with torch.set_grad_enabled(training):
-            try:
-                output, aux = unwrap_aux(self.module(*args, **(kwargs or {})), self.name)
-                wants_loss = self.is_last and (training or target is not None)
-                loss = self._loss(output, target) if wants_loss else None
-            except PipelineError:
-                raise
-            except Exception as error:
-                raise StageError(self, "F", mb, error) from error
+        try:
+            result = self.module(*args, **kwargs) if kwargs else self.module(*args)
+            output, aux = unwrap_aux(result, self.name) if isinstance(result, WithAuxLoss) else (result, None)
+            wants_loss = self.is_last and (training or target is not None)
+            loss = self._loss(output, target) if wants_loss else None
+        except PipelineError:
+            raise
+        except Exception as error:
+            raise StageError(self, "F", mb, error) from error
         if self.is_last:
             self.outputs[mb] = detached(output)
             if loss is not None:
