@@ -217,12 +217,24 @@ def generate(schedule: Schedule, *, locations: bool = True, semantics: str = "re
     if semantics not in RUNTIME_SEMANTICS:
         raise ArgumentError(Argument("semantics", value=repr(semantics)),
                             f"the runtime follows {' or '.join(RUNTIME_SEMANTICS)}")
+    check_size(schedule)
     report = verify(schedule, semantics=semantics)
     if not report.valid:
         raise VerificationError(f"schedule {schedule.name!r} does not verify; no code generated:\n"
                                 f"{_report_text(report)}", report=report)
     lowered = lower_with_origins(schedule)
     return render_module(lowered.schedule, locations=locations, origins=lowered.origins)
+
+
+MAX_ACTIONS = 50_000  # as given; a module per action line: P=32 x M=256 1F1B (16,384) takes seconds
+
+
+def check_size(schedule: Schedule) -> None:
+    """Refuse (before any work) a schedule larger than codegen handles in bounded time and memory."""
+    count = schedule.action_count()
+    if count > MAX_ACTIONS:
+        raise CodegenError(f"schedule {schedule.name!r} has {count} actions; codegen writes a module for at most "
+                           f"{MAX_ACTIONS} (each becomes a line of Python, and lowering adds its transfers)")
 
 
 def codegen(schedule: Schedule, output: str | os.PathLike, *, locations: bool = True, name: str | None = None,
@@ -232,6 +244,7 @@ def codegen(schedule: Schedule, output: str | os.PathLike, *, locations: bool = 
     identifier, and a target file holding another schedule's module (or anything else) unless ``force``.
     ``semantics``: what the schedule is verified under (``generate``)."""
     path = module_path(schedule, output, name)
+    check_size(schedule)
     if not force:
         check_replaceable(path, schedule)
     text = generate(schedule, locations=locations, semantics=semantics)

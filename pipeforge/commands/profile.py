@@ -91,8 +91,9 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--steps must be at least 1 and --warmup at least 0")
     if not 0 < args.timeout < float("inf"):
         raise UsageError(f"--timeout {args.timeout:g}: expected a positive number of seconds")
-    if not Path(args.model).is_file():
-        raise UsageError(f"{args.model}: no such file (a Python file defining pipeforge_model(stages))")
+    from pipeforge.files import require_regular_file
+
+    require_regular_file(args.model, "Python file defining pipeforge_model(stages)")
 
 
 def summary(data: dict, args: argparse.Namespace, seconds: float) -> str:
