@@ -28,11 +28,11 @@ from pipeforge.files import module_head, refuse_special, write_atomically
 from pipeforge.ir import Action, Schedule, Step
 from pipeforge.passes.lower import lower_with_origins
 from pipeforge.resources import templates_dir
-from pipeforge.semantics import RUNTIME_METHODS
+from pipeforge.semantics import RUNTIME_METHODS, Semantics
 from pipeforge.verifier import verify
 
 TEMPLATE = "pipeline.py.j2"
-RUNTIME_SEMANTICS = ("rendezvous", "buffered")  # what generated code may be verified under (generate)
+RUNTIME_SEMANTICS = (Semantics.RENDEZVOUS, Semantics.BUFFERED)  # what generated code may be verified under
 
 
 class Ident(str):
@@ -203,7 +203,7 @@ def render_module(schedule: Schedule, *, locations: bool = True,
     return text
 
 
-def generate(schedule: Schedule, *, locations: bool = True, semantics: str = "rendezvous") -> str:
+def generate(schedule: Schedule, *, locations: bool = True, semantics: Semantics | str = Semantics.RENDEZVOUS) -> str:
     """Lower (when compute-only), verify, and render; an invalid schedule raises ``VerificationError``.
 
     The schedule is verified as written, so the step indices in the comments
@@ -215,7 +215,7 @@ def generate(schedule: Schedule, *, locations: bool = True, semantics: str = "re
     (``docs/runtime.md``).
     """
     if semantics not in RUNTIME_SEMANTICS:
-        raise ArgumentError(Argument("semantics", value=repr(semantics)),
+        raise ArgumentError(Argument("semantics", value=repr(str(semantics))),
                             f"the runtime follows {' or '.join(RUNTIME_SEMANTICS)}")
     check_size(schedule)
     report = verify(schedule, semantics=semantics)
@@ -238,7 +238,7 @@ def check_size(schedule: Schedule) -> None:
 
 
 def codegen(schedule: Schedule, output: str | os.PathLike, *, locations: bool = True, name: str | None = None,
-            force: bool = False, semantics: str = "rendezvous") -> Path:
+            force: bool = False, semantics: Semantics | str = Semantics.RENDEZVOUS) -> Path:
     """Write the module and return its path: ``output`` itself when it ends in ``.py``, else
     ``output/<name or schedule name>.py``. Refuses (``UsageError``) a name that is not a Python
     identifier, and a target file holding another schedule's module (or anything else) unless ``force``.

@@ -14,6 +14,7 @@ where each is used: ``docs/architecture.md``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from enum import Enum
 from typing import NamedTuple
 
 from pipeforge.ir import COMM_KINDS, COMPUTE_KINDS, STAGE_ONLY_KINDS, Action, ActionKind, MemorySpec
@@ -26,8 +27,8 @@ ActionKey = tuple  # an Action, or a plain tuple (stage, kind, microbatch, chain
 
 __all__ = [
     "COMPUTE_KINDS", "COMM_KINDS", "STAGE_ONLY_KINDS", "ROLES", "NEEDS", "OUTPUTS", "MEMORY", "PARAMETER_MEMORY",
-    "PEER_OFFSET",
-    "PARTNER", "SENDS", "GRADIENT_KINDS", "NEEDLESS_KINDS", "SPLIT", "EXCLUDES", "COMPLETE", "REQUIRES", "DURATION_DEFAULTS", "RUNTIME_METHODS", "Need", "Output",
+    "PEER_OFFSET", "PARTNER", "SENDS", "Semantics", "GRADIENT_KINDS", "NEEDLESS_KINDS", "SPLIT", "EXCLUDES",
+    "COMPLETE", "REQUIRES", "DURATION_DEFAULTS", "RUNTIME_METHODS", "Need", "Output",
     "role", "needs", "output", "memory_effect", "stage_effect", "memory_delta", "bubble_rate", "compute_kind_names",
     "held_after_additions", "peer_stage", "partner", "local_needs", "split",
 ]
@@ -217,6 +218,23 @@ def bubble_rate(mean_busy: float, longest_span: float) -> float:
     empty span): simulate's rate of a timeline, the bounds' least rates and optimize's metrics all ask
     here."""
     return 1.0 - mean_busy / longest_span if longest_span > 0 else 0.0
+
+
+# --- how communication completes ------------------------------------------------------------
+
+class Semantics(str, Enum):
+    """The readings of communication ``verify`` checks a schedule under (docs/semantics.md): ``rendezvous``
+    (a send and its receive complete together), ``buffered`` (a send completes once posted, a receive once
+    its send is), ``nccl`` (every op once its partner is posted). A ``str`` Enum like ``ActionKind``:
+    ``Semantics.NCCL == "nccl"``, and its text in JSON and messages."""
+
+    RENDEZVOUS = "rendezvous"
+    BUFFERED = "buffered"
+    NCCL = "nccl"
+
+    __hash__ = str.__hash__
+    __str__ = str.__str__
+    __format__ = str.__format__
 
 
 # --- communication peers -------------------------------------------------------------------

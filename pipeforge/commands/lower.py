@@ -18,6 +18,7 @@ from pathlib import Path
 from pipeforge.commands.common import add_input_arguments, load_input, print_json
 from pipeforge.commands.exits import Exit
 from pipeforge.errors import UsageError, VerificationError
+from pipeforge.semantics import Semantics
 
 SUFFIXES = (".pipe", ".csv")
 
@@ -32,7 +33,7 @@ def register(subparsers) -> None:
     add_input_arguments(parser)
     add_pass_arguments(parser)
     parser.add_argument("-o", "--output", metavar="OUT", help="OUT.pipe or OUT.csv (default: .pipe on stdout)")
-    parser.add_argument("--semantics", choices=("rendezvous", "buffered"),
+    parser.add_argument("--semantics", choices=(Semantics.RENDEZVOUS.value, Semantics.BUFFERED.value),
                         help="what the result is verified under (default: rendezvous, buffered with --defer-recv); "
                              "buffered suits a torch compute_comms CSV, whose cells torch posts one by one")
     parser.add_argument("--json", action="store_true",
@@ -79,9 +80,9 @@ def pass_flags(args: argparse.Namespace) -> list[str]:
     return flags + [flag for name, flag in names if getattr(args, name)]
 
 
-def semantics_for(options) -> str:
+def semantics_for(options) -> Semantics:
     """The semantics a schedule through these passes is verified under."""
-    return "buffered" if options.defer_recv else "rendezvous"
+    return Semantics.BUFFERED if options.defer_recv else Semantics.RENDEZVOUS
 
 
 def run(args: argparse.Namespace) -> int:

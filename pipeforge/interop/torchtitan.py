@@ -36,6 +36,7 @@ class Launcher:
     layers_per_stage: int | None = None
     first_stage_less_layers: int = 1
     last_stage_less_layers: int = 1
+    model_parts: int | None = None  # len(module_fqns_per_model_part), when it is set
 
     def style(self) -> str:
         return "v" if self.pp_schedule.lower() in V_CLASSES else "loop"
@@ -57,6 +58,8 @@ def check_name(name: str) -> str:
 
 def stage_count(launcher: Launcher, ranks: int) -> int:
     """torchtitan's ``_get_pipeline_metadata``: the number of (virtual) stages it builds."""
+    if launcher.model_parts is not None:
+        return launcher.model_parts
     if launcher.layers_per_stage is None:
         return ranks * (1 if launcher.single_stage() else 2)
     if launcher.layers is None:

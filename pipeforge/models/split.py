@@ -110,9 +110,10 @@ def _tied_groups(model: nn.Module, every: dict[int, nn.Module], names) -> list[l
         by_param.setdefault(model_name, []).append((stage, name))
     ties = getattr(model, "all_tied_weights_keys", None) or {}
     model_names = {name for name, _ in model.named_parameters(remove_duplicate=False)}
-    canonical = {}
+    first = {}
     for name, param in model.named_parameters(remove_duplicate=False):
-        canonical.setdefault(name, next(n for n, p in model.named_parameters() if p is param))
+        first.setdefault(id(param), name)
+    canonical = {name: first[id(param)] for name, param in model.named_parameters(remove_duplicate=False)}
     for target, source in ties.items():  # declared ties whose copies are distinct parameters
         if target in model_names and source in model_names and canonical[target] != canonical[source]:
             by_param.setdefault(canonical[source], []).extend(by_param.pop(canonical[target], []))

@@ -94,3 +94,9 @@ def test_a_stage_returns_tensors_only_and_the_cache_is_off():
 def test_a_model_it_cannot_cut_is_refused_by_name():
     with pytest.raises(UsageError, match="one nn.ModuleList"):
         pipeforge.split(torch.nn.Linear(2, 2), 2)
+
+
+def test_a_tie_the_metadata_declares_is_kept_when_the_copies_are_distinct_parameters():
+    model = families.build("llama-tied")
+    model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())  # as loaded apart
+    assert pipeforge.split(model, 2).tied_parameters == [[(0, "embed.weight"), (1, "head.weight")]]
