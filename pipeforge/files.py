@@ -165,6 +165,32 @@ def write_atomically(path: str | os.PathLike, data: bytes | str, *, make_dirs: b
         _replace(target, payload, directory, str(path))
 
 
+@contextmanager
+def locked_output(path: str | os.PathLike, *, make_dirs: bool = False,
+                  replaceable: Callable[[Path], None] | None = None) -> Iterator[Callable[[bytes | str], None]]:
+    """For an output of several files (codegen's module and its rank modules): the folder of ``path``
+    locked as ``write_atomically`` locks it, ``path`` checked as it checks it; yields the function that
+    writes ``path`` atomically, to call once the files it names are in place."""
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    if make_dirs:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UsageError(f"cannot create folder {str(directory)!r}: {error.strerror or error}") from None
+    if not directory.is_dir():
+        raise UsageError(f"cannot write {str(path)!r}: directory {str(directory)!r} does not exist")
+    with _folder_lock(directory, str(path)):
+        refuse_special(target, str(path))
+        if replaceable is not None:
+            replaceable(target)
+
+        def write(data: bytes | str) -> None:
+            _replace(target, data.encode("utf-8") if isinstance(data, str) else data, directory, str(path))
+
+        yield write
+
+
 def refuse_special(target: Path, name: str) -> None:
     """Refuse (UsageError) to write ``target`` when it is a folder, FIFO, device or socket (links followed)."""
     try:

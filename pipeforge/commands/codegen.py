@@ -14,7 +14,8 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "codegen", help="write a PyTorch module that runs the schedule",
         description="Lower (if compute-only) and verify the schedule, then write OUT/<name>.py (or OUT itself "
-                    "when it ends in .py): one function per rank and make_pipeline(stage_modules, ...). "
+                    "when it ends in .py), with make_pipeline(stage_modules, ...), and beside it the folder "
+                    "<name>_ranks_<digest> with one module per rank (rank_<r>.py). "
                     "Refuses a schedule that does not verify, and replacing a file that holds another "
                     "schedule's module (or anything else) without --force.")
     add_input_arguments(parser)
@@ -33,13 +34,16 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeforge.generator import codegen
+    from pipeforge._gc import gc_paused
+    from pipeforge.generator import codegen, rank_folder
 
-    schedule = load_with_passes(args)
-    path = codegen(schedule, args.out_dir, locations=not args.no_locations, name=args.name, force=args.force,
-                   semantics=semantics_for(pass_options(args)))
+    with gc_paused():  # this process only: lowering and rendering build ~10^6 acyclic values
+        schedule = load_with_passes(args)
+        path = codegen(schedule, args.out_dir, locations=not args.no_locations, name=args.name, force=args.force,
+                       semantics=semantics_for(pass_options(args)))
     if args.json:
-        print_json({"schedule": schedule.name, "module": str(path), "ranks": schedule.ranks})
+        print_json({"schedule": schedule.name, "module": str(path), "ranks": schedule.ranks,
+                    "rank_folder": str(rank_folder(path))})
     else:
         print(f"wrote {printable(str(path))} (schedule {schedule.name!r}, {schedule.ranks} ranks)")
     return Exit.OK

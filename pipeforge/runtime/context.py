@@ -11,7 +11,7 @@ backward actions and communication are skipped. How data moves: ``docs/runtime-i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +41,9 @@ FORWARD_COMMS = frozenset({SEND_F, RECV_F})  # what eval() keeps
 BACKWARD_KINDS = frozenset({*(kind for kind in COMPUTE_KINDS if kind != "F"), "REDUCE_GRAD"})  # what eval() skips
 WEIGHT_GRADIENT_KINDS = frozenset(kind.value for kind in GRADIENT_KINDS)  # after them: data_parallel's upcast
 Comm = Action  # what send_f/recv_f/send_b/recv_b return and post takes: the communication action itself
+# the runtime's own compute of each kind, below the hooks: ``_<method>`` for the method generated code calls
+# (``semantics.RUNTIME_METHODS``), which goes through the hooks
+OWN_COMPUTES = {kind: "_" + RUNTIME_METHODS[ActionKind(kind)] for kind in COMPUTE_KINDS}
 
 
 @dataclass(frozen=True)
@@ -123,10 +126,6 @@ class RankContext:
         self._pending: dict[Action, tuple[Posted, tuple[torch.Tensor, ...]]] = {}
         self._sent: list[Posted] = []
         self._collecting: list[StageAction] | None = None  # the overlap step being collected for custom functions
-        # the runtime's own compute of each kind, below the hooks: ``_<method>`` for the method generated
-        # code calls (``semantics.RUNTIME_METHODS``), which goes through the hooks
-        self._computes: dict[str, Callable[[int, int, int], None]] = {
-            kind: getattr(self, "_" + RUNTIME_METHODS[ActionKind(kind)]) for kind in COMPUTE_KINDS}
         # no hook to run around a compute: actions go straight to their stage
         self._direct = not self.functions and not self.observers and not self.data_parallel.hooks_compute
 
@@ -236,7 +235,7 @@ class RankContext:
     def run_default(self, action: StageAction) -> None:
         """The runtime's own implementation of ``action``, its hooks included."""
         kind = action.kind
-        if kind in self._computes:
+        if kind in OWN_COMPUTES:
             self._compute(kind, action.stage, action.microbatch, action.chain)
         elif kind == "OVERLAP_F_B":
             with self.activations.overlap():  # one step for the activation count: additions, then releases
@@ -269,7 +268,7 @@ class RankContext:
             observer.begin_compute(kind, stage, mb, chain)
         data_parallel = self.data_parallel
         data_parallel.before_compute(stage, kind != "F")
-        self._computes[kind](stage, mb, chain)
+        getattr(self, OWN_COMPUTES[kind])(stage, mb, chain)
         if kind in WEIGHT_GRADIENT_KINDS and stage in data_parallel.upcasting:
             data_parallel.after_weight_gradients(stage)
         for observer in observers:
@@ -278,7 +277,7 @@ class RankContext:
     # -- the runtime's own compute ------------------------------------------------------
 
     def _forward(self, stage: int, mb: int, chain: int) -> None:
-        runner = self.runner(stage, chain)
+        runner = self.runners.get((stage, chain)) or self.runner(stage, chain)
         args, kwargs = self._forward_input(stage, mb, chain)
         own = self.stage_inputs.get(stage)
         if own is not None:
@@ -295,12 +294,12 @@ class RankContext:
             self._outbox[Action(stage, SEND_F, mb, chain)] = _sendable(output, runner.name)
 
     def _backward(self, stage: int, mb: int, chain: int) -> None:
-        runner = self.runner(stage, chain)
+        runner = self.runners.get((stage, chain)) or self.runner(stage, chain)
         self._hand_back(runner, runner.backward(mb, self._output_grads(runner, mb)), mb)
         self.activations.backward()
 
     def _backward_input(self, stage: int, mb: int, chain: int) -> None:
-        runner = self.runner(stage, chain)
+        runner = self.runners.get((stage, chain)) or self.runner(stage, chain)
         self._hand_back(runner, runner.backward_input(mb, self._output_grads(runner, mb)), mb)
         self.activations.backward_input()
 

@@ -9,7 +9,6 @@ import pipeforge
 from tests.models import families
 
 
-
 def values(module):
     return {name: t for name, t in [*module.named_parameters(), *module.named_buffers()]}
 
