@@ -36,7 +36,7 @@ from pipeforge.files import locked_output, module_head, refuse_special
 from pipeforge.ir import Action, Schedule, Step
 from pipeforge.passes.lower import lower_with_origins
 from pipeforge.resources import templates_dir
-from pipeforge.semantics import RUNTIME_METHODS, Semantics
+from pipeforge.semantics import RUNTIME_METHODS, Semantics, offloaded, recomputed
 from pipeforge.verifier import verify
 
 TEMPLATE = "pipeline.py.j2"  # the module a user loads
@@ -242,6 +242,9 @@ def _context(schedule: Schedule) -> dict:
         "microbatches": _int(schedule.microbatches),
         "placements": tuple(placements),
         "params": tuple((str(name), _int(value)) for name, value in schedule.params),
+        # (stage, microbatch, chain) whose F keeps only its checkpoint, and whose forward saves for OFFLOAD
+        "recomputed": tuple(_ints(key) for key in sorted(recomputed(a for _, _, a in schedule.actions()))),
+        "offloaded": tuple(_ints(key) for key in sorted(offloaded(a for _, _, a in schedule.actions()))),
     }
 
 

@@ -149,10 +149,17 @@ def _require_exact_size(split: Graph) -> None:
             Argument("strategy", value="auto or local")), value="exact")
 
 
+KNOWN_KINDS = frozenset(kind for alternative in COMPLETE for kind in alternative)  # F, B, I, W
+
+
 def _require_complete(compute: Schedule) -> None:
     """Every (stage, microbatch, chain) once forward and once backward (B, or I and W), on its rank."""
     seen: dict[tuple[int, int, int], list[ActionKind]] = {}
-    for rank, _, action in compute.actions():
+    for rank, index, action in compute.actions():
+        if action.kind not in KNOWN_KINDS:
+            raise VerificationError(f"{action} (rank {rank}, step {index}): optimize does not yet reorder "
+                                    f"{action.kind.value} actions (recompute and offload); optimize the schedule "
+                                    f"without them, then add them (pipeforge.passes.recompute)")
         if compute.rank_of(action.stage, action.chain) != rank:
             raise VerificationError(f"{action} runs on rank {rank}, which does not own stage {action.stage}")
         seen.setdefault((action.stage, action.microbatch, action.chain), []).append(action.kind)

@@ -17,7 +17,7 @@ from typing import NamedTuple
 from pipeforge._gc import gc_paused
 from pipeforge.errors import VerificationError
 from pipeforge.ir import Action, CostModel, MemorySpec, Schedule, Step, as_action
-from pipeforge.semantics import PARAMETER_MEMORY, bubble_rate, held_after_additions, split, stage_effect
+from pipeforge.semantics import PARAMETER_MEMORY, bubble_rate, effects_of, held_after_additions, split
 from pipeforge.sim.bounds import bubble_of_span, compute_bounds, work_bound
 from pipeforge.sim.costs import costs_to_json, resolve_costs
 from pipeforge.sim.workgraph import (Order, Shape, Times, WorkGraph, blocking_input, compile_actions, compile_schedule,
@@ -234,20 +234,16 @@ def _peaks(schedule: Schedule, memory: MemorySpec, graph: WorkGraph, order: Orde
     if not memory.unsharded or not any(a.kind in PARAMETER_MEMORY for p in schedule.programs for s in p
                                        for a in s.actions):
         return [peak_memory(graph, seq) for seq in order]
-    return [program_peak(program, memory) for program in schedule.programs]
+    effect = effects_of(memory, (a for _, _, a in schedule.actions()))
+    return [program_peak(program, memory, effect) for program in schedule.programs]
 
 
-def program_peak(program: tuple[Step, ...], memory: MemorySpec) -> float:
+def program_peak(program: tuple[Step, ...], memory: MemorySpec, effect=None) -> float:
     """The most a rank holds after the additions of any step of ``program`` (compute, UNSHARD and
-    RESHARD: ``semantics.stage_effect``), never less than 0."""
-    effects: dict[tuple, tuple[float, float]] = {}
-
-    def effect(action: Action) -> tuple[float, float]:
-        found = effects.get((action.kind, action.stage))
-        if found is None:
-            found = effects[action.kind, action.stage] = stage_effect(memory, action.kind, action.stage)
-        return found
-
+    RESHARD: ``semantics.stage_effect``), never less than 0 (``effect``: ``semantics.effects_of`` the
+    whole schedule, so a recomputed F keeps its checkpoint; default: of this program)."""
+    if effect is None:
+        effect = effects_of(memory, (a for step in program for a in step.actions))
     walk = held_after_additions([effect(a) for a in step.actions] for step in program)
     return max(0.0, max(walk, default=0.0))
 
