@@ -6,6 +6,7 @@ import argparse
 
 from pipeforge.commands.common import add_input_arguments, print_json
 from pipeforge.commands.exits import Exit
+from pipeforge.errors import printable
 from pipeforge.commands.lower import add_pass_arguments, load_with_passes, pass_options, semantics_for
 
 
@@ -42,5 +43,5 @@ def run(args: argparse.Namespace) -> int:
         print_json({"schedule": schedule.name, "module": str(path), "ranks": schedule.ranks,
                     "rank_folder": str(rank_folder(path))})
     else:
-        print(f"wrote {path} (schedule {schedule.name!r}, {schedule.ranks} ranks)")
+        print(f"wrote {printable(str(path))} (schedule {schedule.name!r}, {schedule.ranks} ranks)")
     return Exit.OK

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pipeforge.commands.common import print_json, require_suffix
 from pipeforge.commands.exits import Exit
-from pipeforge.errors import UsageError
+from pipeforge.errors import UsageError, printable
 from pipeforge.files import write_atomically
 
 
@@ -101,12 +101,13 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--steps must be at least 1 and --warmup at least 0")
     if not 0 < args.timeout < float("inf"):
         raise UsageError(f"--timeout {args.timeout:g}: expected a positive number of seconds")
-    if not Path(args.model).is_file():
-        raise UsageError(f"{args.model}: no such file (a Python file defining pipeforge_model(stages))")
+    from pipeforge.files import require_regular_file
+
+    require_regular_file(args.model, "Python file defining pipeforge_model(stages)")
 
 
 def summary(data: dict, args: argparse.Namespace, seconds: float) -> str:
-    lines = [f"profiled {args.model}: {args.stages} stages, {args.steps} measured steps in {seconds:.1f} s "
+    lines = [f"profiled {printable(args.model)}: {args.stages} stages, {args.steps} measured steps in {seconds:.1f} s "
              f"(times in ms, memory in bytes)",
              f"{'stage':>5}{'F':>10}{'I':>10}{'W':>10}{'B':>10}{'activation':>14}{'weight_grad':>14}"]
     for s, e in enumerate(data["stages"]):
@@ -116,5 +117,5 @@ def summary(data: dict, args: argparse.Namespace, seconds: float) -> str:
     if "step" in data:
         lines.append(f"runtime: {data.get('dispatch', 0):.3f} an action, {data['step']:.3f} a step beyond its actions; "
                      "summing a stage's gradients across two chains " + " ".join(f"{t:.3f}" for t in data["chain_sum"]))
-    lines.append(f"wrote {args.output}")
+    lines.append(f"wrote {printable(args.output)}")
     return "\n".join(lines)
