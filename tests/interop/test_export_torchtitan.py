@@ -35,6 +35,11 @@ from pipeforge.ir import Placement
 from pipeforge.library import load_library_schedule
 
 ROOT = Path(__file__).resolve().parents[2]
+NO_TORCHTITAN = "torchtitan 0.3.0 is not installed (scripts/setup.sh installs it with --no-deps: docs/torch.md)"
+
+
+def torchtitan_or_skip():
+    return pytest.importorskip("torchtitan.distributed.pipeline_parallel", reason=NO_TORCHTITAN)
 GRADIENT_TOLERANCE = 1e-10
 
 EXPORTED = [  # (library schedule, parameters, --layers)
@@ -67,7 +72,7 @@ REFUSED = {  # name -> (schedule, --layers, words the reason holds)
         **{**vars_of(load_library_schedule("interleaved-1f1b", {"P": 2, "M": 4, "V": 3})),
            "placements": (Placement.v(6, 2),)}), None, "two stages"),
     "twelve-stages-without-layers": (lambda: load_library_schedule("interleaved-1f1b", {"P": 2, "M": 4, "V": 3}),
-                                     None, "--layers"),
+                                     None, "give layers "),
     "too-few-layers": (lambda: load_library_schedule("interleaved-1f1b", {"P": 2, "M": 4, "V": 3}), 2,
                        "cannot split"),
 }
@@ -127,6 +132,7 @@ def test_llm_split_equals_torchtitans(stages, layers):
 
 
 def test_launcher_reimplementation_equals_torchtitan_on_refusals():
+    torchtitan_or_skip()
     with pytest.raises(LauncherRefusal):
         launcher_stages(Launcher("ZBVZeroBubble"), 2, 6, use_torchtitan=True)
     with pytest.raises(LauncherRefusal):
@@ -160,6 +166,7 @@ def test_cli_writes_csv_and_settings_or_refuses(tmp_path):
 def test_torchtitans_own_code_builds_and_runs_every_export(tmp_path):
     from pipeforge.tools.launch import spawn
 
+    torchtitan_or_skip()
     jobs, labels = [], []
     for name, params, layers in EXPORTED:
         plan = plan_export(load_library_schedule(name, params), layers=layers)
