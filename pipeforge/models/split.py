@@ -72,10 +72,13 @@ def split(model: nn.Module, stages: int, *, owned: Sequence[int] | None = None,
 
         materialize(modules, every, names, groups, init, seed=seed, state_dict=state_dict,
                     device=device or "cpu")
-    if verify and not _on_meta({0: model}):
-        from pipeforge.models.verify_cut import verify_cut
+    if verify:
+        from pipeforge.models.verify_cut import verify_cut, warn_unchecked
 
-        verify_cut(model, every)
+        if _on_meta({0: model}):
+            warn_unchecked(model)
+        else:
+            verify_cut(model, every)
     return Split(modules, groups, bounds, stages, {key: name for key, name in names.items() if key[0] in modules})
 
 

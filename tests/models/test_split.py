@@ -127,3 +127,14 @@ def test_a_model_whose_forward_does_more_than_the_cut_knows_is_refused(build):
         pipeforge.split(model, 2)
     assert sorted(pipeforge.split(model, 2, verify=False).modules) == [0, 1]
     assert model.training  # the check left the model's mode as it was
+
+
+def test_an_untested_family_on_the_meta_device_is_warned_about():
+    import transformers as tf
+
+    config = tf.GraniteConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, intermediate_size=32)
+    with torch.device("meta"):
+        model = tf.AutoModelForCausalLM.from_config(config)
+    with pytest.warns(UserWarning, match="GraniteForCausalLM .* is on the meta device"):
+        pipeforge.split(model, 2, owned=[1])
