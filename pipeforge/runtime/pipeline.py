@@ -40,7 +40,7 @@ from pipeforge.runtime.gradients import (
 from pipeforge.runtime.memory import ActivationCount
 from pipeforge.runtime.microbatch import merge_chunks, split_inputs, split_value
 from pipeforge.runtime.optimizer_watch import watch as watch_optimizers
-from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, TensorMeta, Transfer, Transport
+from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, Transfer, Transport
 from pipeforge.runtime.records import Recorder, resolve_directory
 from pipeforge.runtime.recovery import StepStart
 from pipeforge.runtime.rows import BatchRows, named_tensors
@@ -330,7 +330,8 @@ class Pipeline:
     def _scale(self, divisor: int) -> None:
         """Divide every gradient by ``divisor``; an FSDP gradient (a DTensor) in its local shard, which is
         the same elementwise division without DTensor's dispatch (several times the cost of the division)."""
-        grads = [local(param.grad) for param in self.parameters() if param.grad is not None]
+        grads = [param.grad if type(param.grad) is torch.Tensor else local(param.grad)
+                 for param in self.parameters() if param.grad is not None]
         if grads:
             with torch.no_grad():
                 torch._foreach_div_(grads, float(divisor))  # one call, each gradient divided as div_ would
@@ -414,8 +415,9 @@ def _keywords(value: Any, where: str) -> dict[str, Any]:
 
 
 def _metas(chunk: Any) -> tuple:
+    """The (shape, dtype) of every tensor in ``chunk``, in a fixed order (what one step's batch must keep)."""
     if isinstance(chunk, torch.Tensor):
-        return (TensorMeta.of(chunk),)
+        return ((chunk.shape, chunk.dtype),)
     if isinstance(chunk, Mapping):
         return tuple(m for key in sorted(chunk, key=str) for m in _metas(chunk[key]))
     if isinstance(chunk, (tuple, list)):
