@@ -36,7 +36,7 @@ from pipeforge.files import locked_output, module_head, refuse_special
 from pipeforge.ir import Action, Schedule, Step
 from pipeforge.passes.lower import lower_with_origins
 from pipeforge.resources import templates_dir
-from pipeforge.semantics import RUNTIME_METHODS, Semantics
+from pipeforge.semantics import RUNTIME_METHODS, Semantics, offloaded, recomputed
 from pipeforge.verifier import verify
 
 TEMPLATE = "pipeline.py.j2"  # the module a user loads
@@ -242,6 +242,9 @@ def _context(schedule: Schedule) -> dict:
         "microbatches": _int(schedule.microbatches),
         "placements": tuple(placements),
         "params": tuple((str(name), _int(value)) for name, value in schedule.params),
+        # (stage, microbatch, chain) whose F keeps only its checkpoint, and whose forward saves for OFFLOAD
+        "recomputed": tuple(_ints(key) for key in sorted(recomputed(a for _, _, a in schedule.actions()))),
+        "offloaded": tuple(_ints(key) for key in sorted(offloaded(a for _, _, a in schedule.actions()))),
     }
 
 
@@ -299,6 +302,17 @@ def render_files(schedule: Schedule, module: str, *, locations: bool = True,
     return GeneratedFiles(main, folder, ranks)
 
 
+MAX_ACTIONS = 50_000  # as given; a line of Python per action: P=32 x M=256 1F1B (16,384) takes seconds
+
+
+def check_size(schedule: Schedule) -> None:
+    """Refuse (before any work) a schedule larger than codegen handles in bounded time and memory."""
+    count = schedule.action_count()
+    if count > MAX_ACTIONS:
+        raise CodegenError(f"schedule {schedule.name!r} has {count} actions; codegen writes modules for at most "
+                           f"{MAX_ACTIONS} (each becomes a line of Python, and lowering adds its transfers)")
+
+
 def _verified_lowering(schedule: Schedule, semantics: Semantics | str):
     """The lowered schedule, verified: lowered once here, and the lowered program verified (as written:
     what verify checks a compute-only schedule as); when it does not verify, the schedule as given is
@@ -306,6 +320,7 @@ def _verified_lowering(schedule: Schedule, semantics: Semantics | str):
     if semantics not in RUNTIME_SEMANTICS:
         raise ArgumentError(Argument("semantics", value=repr(str(semantics))),
                             f"the runtime follows {' or '.join(RUNTIME_SEMANTICS)}")
+    check_size(schedule)
     lowered = lower_with_origins(schedule)
     report = verify(lowered.schedule, semantics=semantics)
     if not report.valid and lowered.schedule is not schedule:
@@ -348,6 +363,7 @@ def codegen(schedule: Schedule, output: str | os.PathLike, *, locations: bool = 
     and a target file holding another schedule's module (or anything else) unless ``force``.
     ``semantics``: what the schedule is verified under (``generate``)."""
     path = module_path(schedule, output, name)
+    check_size(schedule)
     if not force:
         check_replaceable(path, schedule)
     files = generate_files(schedule, path.stem, locations=locations, semantics=semantics)

@@ -55,7 +55,6 @@ def test_the_command_writes_a_valid_pipe_and_the_layer_map(tmp_path, capsys):
 
 
 def test_measured_layer_costs_feed_the_plan():
-    pytest.importorskip("transformers")
     from pipeforge.models.profile import layer_costs
     from tests.models import families
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from pipeforge.ir import ActionKind
-from pipeforge.semantics import MEMORY
+from pipeforge.semantics import MEMORY, memory_effect
 
 WEIGHTS = (0.0, 0.5, 1.0)  # record() spells these out
 _F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
@@ -48,9 +48,13 @@ class ActivationCount:
         """Forwards whose B or W has not run yet."""
         return int(self.units + self.grads)
 
-    def record(self, kind: ActionKind) -> None:
-        """One ``kind`` action ran: its additions now, its releases now or at the end of the overlap step."""
-        added, released, per_weight = MEMORY[kind]
+    def record(self, kind: ActionKind, recomputed: bool = False) -> None:
+        """One ``kind`` action ran: its additions now, its releases now or at the end of the overlap step
+        (``recomputed``: an F whose microbatch R rebuilds, counted as ``semantics.memory_effect`` counts it
+        with a checkpoint of 0: the runtime counts microbatches, not bytes; ``Pipeline.saved_peak`` has
+        the bytes)."""
+        added = memory_effect(kind, 0.0, checkpoint=0.0 if recomputed else None)[0]
+        _, released, per_weight = MEMORY[kind]
         if added:
             units = self.units = self.units + added
             grads, peaks = self.grads, self._peaks  # WEIGHTS: 0, 0.5, 1

@@ -69,6 +69,8 @@ class Pipeline:
         self.data_parallel = data_parallel or DataParallel(self.rank, {})
         self.functions = dict(functions or {})
         self.activations: ActivationCount | None = None  # the last step's count (``pipeforge.runtime.memory``)
+        self.count_saved = False  # set True: count the bytes of saved activations (``runtime/saved.py``)
+        self.saved_peak: int | None = None  # the last step's peak bytes of saved activations on this rank
         self.trace = False  # True: record every later step's action timings (``pipeforge.runtime.step_trace``)
         self.last_trace: Trace | None = None  # the last traced step's ``Trace``
         self.observers: list[Observer] = []  # told of every later step's actions (``context.Observer``)
@@ -170,6 +172,8 @@ class Pipeline:
     def _run(self, args: tuple, kwargs: dict, target: Any, shared: Any, per_stage: Any, training: bool) -> RankContext:
         ctx = RankContext(self.info, self.rank, self.runners, self.transport, self._caches, training=training,
                           functions=self.functions, data_parallel=self.data_parallel, observers=self._observers())
+        if self.count_saved:
+            ctx.saved.start_counting()
         if not self.holds_last and target is not None:
             raise PipelineUsageError(f"rank {self.rank} runs stages {self.stages}, not the last stage "
                                      f"{self.info.stages - 1}: target= goes to the rank holding the last stage")
@@ -191,6 +195,8 @@ class Pipeline:
             self._recorded(ctx, training)
         self.data_parallel.end()  # waits for every gradient reduction REDUCE_GRAD started
         self.activations = ctx.activations
+        self.saved_peak = ctx.saved.counter.peak if ctx.saved.counter is not None else None
+        ctx.saved.finish()
         return ctx
 
     def _run_program(self, ctx: RankContext, training: bool) -> None:
