@@ -16,6 +16,7 @@ import copy
 import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -86,13 +87,17 @@ class Pipeline:
     @property
     def stages(self) -> list[int]:
         """The stages this rank runs (in either chain)."""
-        return sorted({stage for stage, _ in self.runners})
+        return list(self._stages)
 
-    @property
+    @cached_property
+    def _stages(self) -> tuple[int, ...]:
+        return tuple(sorted({stage for stage, _ in self.runners}))
+
+    @cached_property
     def holds_first(self) -> bool:
         return any(stage == 0 for stage, _ in self.runners)
 
-    @property
+    @cached_property
     def holds_last(self) -> bool:
         return any(r.is_last for r in self.runners.values())
 
@@ -130,7 +135,8 @@ class Pipeline:
             self._reduce_chains()
         finally:
             _add_back(earlier)
-        self.tied.sum_gradients(self.transport, self.stage_modules(), self.info)
+        if self.tied.groups:
+            self.tied.sum_gradients(self.transport, self.stage_modules(), self.info)
         if self.scale_grads:
             self._scale(self.info.microbatches)
         return self._results(ctx, losses, return_outputs)
@@ -323,10 +329,10 @@ class Pipeline:
     def _scale(self, divisor: int) -> None:
         """Divide every gradient by ``divisor``; an FSDP gradient (a DTensor) in its local shard, which is
         the same elementwise division without DTensor's dispatch (several times the cost of the division)."""
-        with torch.no_grad():
-            for param in self.parameters():
-                if param.grad is not None:
-                    local(param.grad).div_(divisor)
+        grads = [local(param.grad) for param in self.parameters() if param.grad is not None]
+        if grads:
+            with torch.no_grad():
+                torch._foreach_div_(grads, float(divisor))  # one call, each gradient divided as div_ would
 
     def _sync_replicas(self) -> None:
         """Same-rank chain-1 replicas start every step with the chain-0 module's parameters."""
