@@ -18,9 +18,8 @@ import argparse
 import os
 import time
 
-from benchmarks.zb_profiles import TABLE_5 as PROFILES
-
 import pipeforge
+from benchmarks.zb_profiles import TABLE_5 as PROFILES
 from pipeforge._gc import gc_paused
 from pipeforge.ir import CostModel
 from pipeforge.optimizer import optimize
