@@ -24,7 +24,8 @@ from pipeforge.semantics import RUNTIME_METHODS, partner, peer_stage
 from pipeforge.verifier.report import Hop, Violation, describe_cycle
 
 KIND_OF_METHOD = {method: kind for kind, method in RUNTIME_METHODS.items()}
-COMMENT = re.compile(r"#\s*(?P<token>.+?)(?:\s+(?P<file>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"):(?P<line>\d+):(?P<col>\d+))?"
+COMMENT = re.compile(r"#\s*(?P<token>.+?)"
+                     r"(?:\s+(?P<file>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"):(?P<line>\d+):(?P<col>\d+))?"
                      r"(?:\s+step\s+(?P<step>\d+))?\s*$")
 RECORD_KEYS = ("format", "schedule", "fingerprint", "ranks", "rank", "module", "step_index", "state", "phase",
                "last_started", "last_finished", "waiting_for", "posted_unfinished")
