@@ -70,6 +70,13 @@ def read_bounded(path: str | os.PathLike, kind: str, *, head: int | None = None)
     return data
 
 
+def require_regular_file(path: str | os.PathLike, kind: str) -> None:
+    """Refuse (UsageError naming it) a path that is missing, unreadable or not a regular file: for a file
+    another program opens (``profile``'s MODEL.py, which Python imports), so that it cannot block."""
+    name = str(path)
+    _require_regular(name, _stat(name, lambda: os.stat(name)), kind)
+
+
 def module_head(path: str | os.PathLike) -> ast.Module | None:
     """The top-level statements of a Python file before its first function or class, or None.
 
@@ -156,6 +163,32 @@ def write_atomically(path: str | os.PathLike, data: bytes | str, *, make_dirs: b
         if replaceable is not None:
             replaceable(target)
         _replace(target, payload, directory, str(path))
+
+
+@contextmanager
+def locked_output(path: str | os.PathLike, *, make_dirs: bool = False,
+                  replaceable: Callable[[Path], None] | None = None) -> Iterator[Callable[[bytes | str], None]]:
+    """For an output of several files (codegen's module and its rank modules): the folder of ``path``
+    locked as ``write_atomically`` locks it, ``path`` checked as it checks it; yields the function that
+    writes ``path`` atomically, to call once the files it names are in place."""
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    if make_dirs:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UsageError(f"cannot create folder {str(directory)!r}: {error.strerror or error}") from None
+    if not directory.is_dir():
+        raise UsageError(f"cannot write {str(path)!r}: directory {str(directory)!r} does not exist")
+    with _folder_lock(directory, str(path)):
+        refuse_special(target, str(path))
+        if replaceable is not None:
+            replaceable(target)
+
+        def write(data: bytes | str) -> None:
+            _replace(target, data.encode("utf-8") if isinstance(data, str) else data, directory, str(path))
+
+        yield write
 
 
 def refuse_special(target: Path, name: str) -> None:

@@ -1,38 +1,48 @@
-"""Codegen: a verified, lowered schedule rendered into one Python module.
+"""Codegen: a verified, lowered schedule rendered into Python modules.
 
-``generate(schedule, locations=True, semantics="rendezvous")`` lowers (when compute-only), verifies
-(``VerificationError`` if invalid) and renders the module's text; ``codegen(schedule, output, name=None,
-force=False)`` writes it (``OUT.py``, or ``DIR/<name>.py``), replacing only the module of the same
-schedule unless ``force``. The module (``templates/pipeline.py.j2``) imports only torch and
-``pipeforge.runtime``: one function per rank and ``make_pipeline`` (``docs/runtime.md``), each step
-commented with its torch token, ``.pipe`` location and verify's step index unless ``locations=False``.
-Nothing from the schedule reaches it as code but an ``Ident`` or ``repr()`` of an int, finite float, str,
-bool or None (jinja2's ``finalize``; else ``CodegenError``). Compiled, written atomically, byte-identical.
+``codegen(schedule, output, name=None, force=False)`` writes ``OUT.py`` (or ``DIR/<name>.py``: ``SCHEDULE``,
+``stages_of_rank``, ``make_pipeline``; ``templates/pipeline.py.j2``, importing only torch and
+``pipeforge.runtime``) and beside it ``<name>_ranks_<digest>/rank_<r>.py``, each rank's function, all or
+nothing, replacing only the module of the same schedule unless ``force``; ``generate`` returns one module of
+every rank instead (``docs/runtime.md``). Each step is commented with its torch token, ``file:line:col`` and
+verify's step index unless ``locations=False``. Nothing from the schedule reaches code but an ``Ident``, a
+printable one-line ``Comment`` and ``repr()`` of an int, finite float, str, bool or None (jinja2's
+``finalize``; else ``CodegenError``). Compiled before written; the same schedule gives the same bytes.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
+import importlib.util
 import keyword
+import marshal
 import math
 import os
 import re
+import shutil
+import sys
+import tempfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from types import CodeType
+from typing import NamedTuple
 
 import jinja2
 
 from pipeforge.errors import Argument, ArgumentError, CodegenError, UsageError, VerificationError, words
-from pipeforge.files import module_head, refuse_special, write_atomically
+from pipeforge.files import locked_output, module_head, refuse_special
 from pipeforge.ir import Action, Schedule, Step
 from pipeforge.passes.lower import lower_with_origins
 from pipeforge.resources import templates_dir
-from pipeforge.semantics import RUNTIME_METHODS
+from pipeforge.semantics import RUNTIME_METHODS, Semantics, offloaded, recomputed
 from pipeforge.verifier import verify
 
-TEMPLATE = "pipeline.py.j2"
-RUNTIME_SEMANTICS = ("rendezvous", "buffered")  # what generated code may be verified under (generate)
+TEMPLATE = "pipeline.py.j2"  # the module a user loads
+RANK_TEMPLATE = "rank.py.j2"  # one rank's module beside it (both include rank_body.py.j2)
+DIGEST_LENGTH = 12  # hex digits of the rank modules' digest in their folder's name
+RUNTIME_SEMANTICS = (Semantics.RENDEZVOUS, Semantics.BUFFERED)  # what generated code may be verified under
 
 
 class Ident(str):
@@ -44,14 +54,37 @@ class Ident(str):
         return super().__new__(cls, text)
 
 
+class Comment(str):
+    """A step's comment, ``# 0F1 x.pipe:8:9 step 2``, built by ``step_comment`` from a validated file name,
+    integers and torch tokens: printable, one line, starting with ``# ``."""
+
+    def __new__(cls, text: str) -> Comment:
+        if not isinstance(text, str) or not text.startswith("# ") or not text.isprintable():
+            raise CodegenError(f"{text!r} is not a one-line comment")
+        return super().__new__(cls, text)
+
+
+class Ints(tuple):
+    """Integers printed as ``0, 1, 2`` (arguments, a placement's row): each one ``repr()`` of an int."""
+
+    def __new__(cls, values) -> Ints:
+        return super().__new__(cls, _ints(tuple(values)))
+
+
 def finalize(value: object) -> str:
-    """What ``{{ ... }}`` may print: identifiers as they are, literals as ``repr()``."""
-    if isinstance(value, Ident):
+    """What ``{{ ... }}`` may print: identifiers and comments as they are, literals as ``repr()``, a call
+    of the rank context (an identifier and integers) and a row of integers."""
+    if isinstance(value, (Ident, Comment)):
         return str(value)
     if value is None or isinstance(value, (bool, int, str)):
         return repr(value)
     if isinstance(value, float) and math.isfinite(value):
         return repr(value)
+    if isinstance(value, Ints):
+        return ", ".join(map(repr, value))
+    if isinstance(value, Call):
+        chain = f", chain={value.chain!r}" if value.chain else ""
+        return f"ctx.{value.method}({finalize(value.args)}{chain})"
     raise CodegenError(f"codegen refuses to emit {type(value).__name__} {value!r}: not an identifier or a literal")
 
 
@@ -73,69 +106,75 @@ def environment() -> jinja2.Environment:
 # -- the view the template reads --------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Call:
-    """``ctx.<method>(args..., chain=...)``."""
+class Call(NamedTuple):
+    """``ctx.<method>(args..., chain=...)``: an identifier and integers (``finalize`` prints it)."""
 
     method: Ident
-    args: tuple[int, ...]
+    args: Ints
     chain: int = 0
 
 
-@dataclass(frozen=True)
-class TokenView:
-    """One action's torch token, ``2F0@1``, as the template spells it: ints and an identifier."""
-
-    stage: int
-    kind: Ident
-    microbatch: int | None
-    chain: int
-
-
-@dataclass(frozen=True)
-class StepView:
+class StepView(NamedTuple):
     form: str  # "call", "overlap" or "post"
     calls: tuple[Call, ...]
-    tokens: tuple[TokenView, ...]
-    file: str | None  # None: no comment (``locations=False``)
-    line: int | None
-    col: int | None
-    index: int  # the step index verify reports: the written step this one serves
+    comment: Comment | None  # None: no comment (``locations=False``)
 
 
-@dataclass(frozen=True)
-class RankView:
+class RankView(NamedTuple):
     rank: int
     steps: tuple[StepView, ...]
 
 
 METHODS = RUNTIME_METHODS  # kind -> the RankContext method generated code calls (pipeforge.semantics)
+_METHOD_IDENTS = {kind: Ident(method) for kind, method in METHODS.items()}
+SAFE_FILE = re.compile(r"[\w.+@-]+")  # a file name shown as it is in a comment; any other as its repr()
 
 
 def call_of(action: Action) -> Call:
-    method = METHODS.get(action.kind)
+    method = _METHOD_IDENTS.get(action.kind)
     if method is None:
         raise CodegenError(f"codegen does not support {action.kind.value} actions ({action})")
     args = (action.stage,) if action.microbatch is None else (action.stage, action.microbatch)
-    return Call(Ident(method), _ints(args), _int(action.chain))
+    return Call(method, Ints(args), _int(action.chain))
 
 
-def token_of(action: Action) -> TokenView:
-    microbatch = None if action.microbatch is None else _int(action.microbatch)
-    return TokenView(_int(action.stage), Ident(action.kind.value), microbatch, _int(action.chain))
+_KIND_NAMES = {kind: Ident(kind.value) for kind in METHODS}
+
+
+def token_text(action: Action) -> str:
+    """An action's torch token, ``2F0@1``, from its integers and its kind's name."""
+    microbatch = "" if action.microbatch is None else str(_int(action.microbatch))
+    chain = f"@{_int(action.chain)}" if action.chain else ""
+    return f"{_int(action.stage)}{_KIND_NAMES[action.kind]}{microbatch}{chain}"
+
+
+@cache
+def file_text(path: str) -> str:
+    """The file name as a comment shows it: ``zbv.pipe`` (an editor links ``zbv.pipe:22:28``), or its
+    ``repr()`` when it holds anything but letters, digits and ``._+@-``."""
+    name = Path(path).name
+    return name if SAFE_FILE.fullmatch(name) else repr(name)
+
+
+def step_comment(step: Step, index: int) -> Comment | None:
+    """``# 0F1 x.pipe:8:9 step 2``: the torch token(s), the ``.pipe`` location, verify's step index."""
+    span = step.span
+    if span is None:
+        return None
+    tokens = [token_text(a) for a in step.actions]
+    if step.overlap:
+        token = "(" + ";".join(tokens) + ")"
+    elif len(tokens) > 1:
+        token = "[" + " ".join(tokens) + "]"
+    else:
+        token = tokens[0]
+    return Comment(f"# {token} {file_text(span.file)}:{_int(span.line)}:{_int(span.col)} step {_int(index)}")
 
 
 def step_view(step: Step, index: int, locations: bool) -> StepView:
-    calls = tuple(call_of(action) for action in step.actions)
-    if step.is_group:
-        form = "post"
-    elif step.overlap:
-        form = "overlap"
-    else:
-        form = "call"
-    span = step.span if locations else None
-    where = (Path(span.file).name, _int(span.line), _int(span.col)) if span else (None, None, None)
-    return StepView(form, calls, tuple(token_of(a) for a in step.actions), *where, _int(index))
+    calls = tuple(map(call_of, step.actions))
+    form = "post" if step.is_group else "overlap" if step.overlap else "call"
+    return StepView(form, calls, step_comment(step, index) if locations else None)
 
 
 def rank_view(rank: int, program: tuple[Step, ...], origins: tuple[int, ...], locations: bool) -> RankView:
@@ -150,7 +189,10 @@ def _int(value: object) -> int:
 
 
 def _ints(values: tuple) -> tuple[int, ...]:
-    return tuple(_int(v) for v in values)
+    for value in values:
+        if type(value) is not int:
+            raise CodegenError(f"expected an integer in the schedule, got {value!r}")
+    return values
 
 
 def rank_function(rank: int) -> Ident:
@@ -172,39 +214,127 @@ def module_name(schedule: Schedule) -> Ident:
     return Ident(stem)
 
 
+PLACEMENT_ROW = 16  # stage owners per line of SCHEDULE's placements (lines stay under 120 characters)
+
+
+@dataclass(frozen=True)
+class GeneratedFiles:
+    """What codegen writes: the module a user loads (``main``) and, in the folder ``rank_folder`` beside
+    it, one module per rank (``ranks[r]`` is ``rank_<r>.py``)."""
+
+    main: str
+    rank_folder: str
+    ranks: tuple[str, ...]
+
+
+def _context(schedule: Schedule) -> dict:
+    if len(schedule.programs) != schedule.ranks:
+        raise CodegenError(f"schedule {schedule.name!r} declares {schedule.ranks} ranks but has "
+                           f"{len(schedule.programs)} programs")
+    placements = []
+    for placement in schedule.placements:
+        owners = _ints(tuple(placement.stage_to_rank))
+        placements.append(tuple(Ints(owners[i:i + PLACEMENT_ROW]) for i in range(0, len(owners), PLACEMENT_ROW)))
+    return {
+        "name": str(schedule.name),
+        "ranks": _int(schedule.ranks),
+        "stages": _int(schedule.stages),
+        "microbatches": _int(schedule.microbatches),
+        "placements": tuple(placements),
+        "params": tuple((str(name), _int(value)) for name, value in schedule.params),
+        # (stage, microbatch, chain) whose F keeps only its checkpoint, and whose forward saves for OFFLOAD
+        "recomputed": tuple(_ints(key) for key in sorted(recomputed(a for _, _, a in schedule.actions()))),
+        "offloaded": tuple(_ints(key) for key in sorted(offloaded(a for _, _, a in schedule.actions()))),
+    }
+
+
+def _views(schedule: Schedule, locations: bool, origins: tuple[tuple[int, ...], ...] | None) -> tuple[RankView, ...]:
+    if origins is None:
+        origins = tuple(tuple(range(len(program))) for program in schedule.programs)
+    return tuple(rank_view(r, program, origins[r], locations) for r, program in enumerate(schedule.programs))
+
+
+def _compiled(text: str, what: str, filename: str | None = None) -> str:
+    _compile(text, what, filename)
+    return text
+
+
+def _compile(text: str, what: str, filename: str | None = None) -> CodeType:
+    try:
+        return compile(text, filename or f"<pipeforge codegen {what}>", "exec", dont_inherit=True)
+    except SyntaxError as error:
+        raise CodegenError(f"generated code for {what} does not compile: {error}") from error
+
+
 def render_module(schedule: Schedule, *, locations: bool = True,
                   origins: tuple[tuple[int, ...], ...] | None = None) -> str:
-    """The module text for a lowered schedule (not verified here: see ``generate``).
+    """One module holding every rank's function (for ``exec`` at start-up; not verified here: see
+    ``generate``).
 
     ``origins[r][i]`` is the written step that lowered step ``i`` of rank ``r``
     serves (``lower_with_origins``): the index the comments name. Without it a
     step names its own index (the schedule is taken as written).
     """
-    if len(schedule.programs) != schedule.ranks:
-        raise CodegenError(f"schedule {schedule.name!r} declares {schedule.ranks} ranks but has "
-                           f"{len(schedule.programs)} programs")
-    if origins is None:
-        origins = tuple(tuple(range(len(program))) for program in schedule.programs)
-    context = {
-        "name": str(schedule.name),
-        "ranks": _int(schedule.ranks),
-        "stages": _int(schedule.stages),
-        "microbatches": _int(schedule.microbatches),
-        "placements": tuple(_ints(p.stage_to_rank) for p in schedule.placements),
-        "params": tuple((str(name), _int(value)) for name, value in schedule.params),
-        "programs": tuple(rank_view(r, program, origins[r], locations)
-                          for r, program in enumerate(schedule.programs)),
-    }
-    text = environment().get_template(TEMPLATE).render(context)
-    try:
-        compile(text, f"<pipeforge codegen {schedule.name!r}>", "exec")
-    except SyntaxError as error:
-        raise CodegenError(f"generated code for {schedule.name!r} does not compile: {error}") from error
-    return text
+    context = _context(schedule)
+    text = environment().get_template(TEMPLATE).render(
+        context, rank_folder=None, programs=_views(schedule, locations, origins))
+    return _compiled(text, repr(schedule.name))
 
 
-def generate(schedule: Schedule, *, locations: bool = True, semantics: str = "rendezvous") -> str:
-    """Lower (when compute-only), verify, and render; an invalid schedule raises ``VerificationError``.
+def render_files(schedule: Schedule, module: str, *, locations: bool = True,
+                 origins: tuple[tuple[int, ...], ...] | None = None) -> GeneratedFiles:
+    """The module ``module`` (its file stem) and its rank modules for a lowered schedule (not verified
+    here; the rank modules are compiled by ``write_files``, where their path is known). The folder is named
+    after the module and the rank modules' text (``<module>_ranks_<digest>``), so a new output never mixes
+    with an old one."""
+    context = _context(schedule)
+    env = environment()
+    template = env.get_template(RANK_TEMPLATE)
+    main_name = f"{Ident(module)}.py"
+    ranks = tuple(template.render(context, program=view, main=main_name)
+                  for view in _views(schedule, locations, origins))
+    digest = hashlib.sha256()
+    for text in ranks:
+        digest.update(text.encode("utf-8"))
+        digest.update(b"\0")
+    folder = f"{module}_ranks_{digest.hexdigest()[:DIGEST_LENGTH]}"
+    main = _compiled(env.get_template(TEMPLATE).render(context, rank_folder=folder, programs=()), repr(schedule.name))
+    return GeneratedFiles(main, folder, ranks)
+
+
+MAX_ACTIONS = 50_000  # as given; a line of Python per action: P=32 x M=256 1F1B (16,384) takes seconds
+
+
+def check_size(schedule: Schedule) -> None:
+    """Refuse (before any work) a schedule larger than codegen handles in bounded time and memory."""
+    count = schedule.action_count()
+    if count > MAX_ACTIONS:
+        raise CodegenError(f"schedule {schedule.name!r} has {count} actions; codegen writes modules for at most "
+                           f"{MAX_ACTIONS} (each becomes a line of Python, and lowering adds its transfers)")
+
+
+def _verified_lowering(schedule: Schedule, semantics: Semantics | str):
+    """The lowered schedule, verified: lowered once here, and the lowered program verified (as written:
+    what verify checks a compute-only schedule as); when it does not verify, the schedule as given is
+    verified for the report, so its step indices are the ones ``pipeforge verify`` reports."""
+    if semantics not in RUNTIME_SEMANTICS:
+        raise ArgumentError(Argument("semantics", value=repr(str(semantics))),
+                            f"the runtime follows {' or '.join(RUNTIME_SEMANTICS)}")
+    check_size(schedule)
+    lowered = lower_with_origins(schedule)
+    report = verify(lowered.schedule, semantics=semantics)
+    if not report.valid and lowered.schedule is not schedule:
+        written = verify(schedule, semantics=semantics)
+        report = written if not written.valid else report
+    if not report.valid:
+        raise VerificationError(f"schedule {schedule.name!r} does not verify; no code generated:\n"
+                                f"{_report_text(report)}", report=report)
+    return lowered
+
+
+def generate(schedule: Schedule, *, locations: bool = True, semantics: Semantics | str = Semantics.RENDEZVOUS) -> str:
+    """Lower (when compute-only), verify, and render one module with every rank's function (what a
+    training script renders at start-up and ``exec``s); an invalid schedule raises ``VerificationError``.
 
     The schedule is verified as written, so the step indices in the comments
     are the ones ``pipeforge verify`` reports for the same input. ``semantics``:
@@ -214,30 +344,110 @@ def generate(schedule: Schedule, *, locations: bool = True, semantics: str = "re
     for its matching send to be posted, which is the buffered reading
     (``docs/runtime.md``).
     """
-    if semantics not in RUNTIME_SEMANTICS:
-        raise ArgumentError(Argument("semantics", value=repr(semantics)),
-                            f"the runtime follows {' or '.join(RUNTIME_SEMANTICS)}")
-    report = verify(schedule, semantics=semantics)
-    if not report.valid:
-        raise VerificationError(f"schedule {schedule.name!r} does not verify; no code generated:\n"
-                                f"{_report_text(report)}", report=report)
-    lowered = lower_with_origins(schedule)
+    lowered = _verified_lowering(schedule, semantics)
     return render_module(lowered.schedule, locations=locations, origins=lowered.origins)
 
 
+def generate_files(schedule: Schedule, module: str, *, locations: bool = True,
+                   semantics: Semantics | str = Semantics.RENDEZVOUS) -> GeneratedFiles:
+    """``generate``, as the files ``codegen`` writes: the module ``module`` and one module per rank."""
+    lowered = _verified_lowering(schedule, semantics)
+    return render_files(lowered.schedule, module, locations=locations, origins=lowered.origins)
+
+
 def codegen(schedule: Schedule, output: str | os.PathLike, *, locations: bool = True, name: str | None = None,
-            force: bool = False, semantics: str = "rendezvous") -> Path:
-    """Write the module and return its path: ``output`` itself when it ends in ``.py``, else
-    ``output/<name or schedule name>.py``. Refuses (``UsageError``) a name that is not a Python
-    identifier, and a target file holding another schedule's module (or anything else) unless ``force``.
+            force: bool = False, semantics: Semantics | str = Semantics.RENDEZVOUS) -> Path:
+    """Write the module and its rank modules; return the module's path: ``output`` itself when it ends in
+    ``.py``, else ``output/<name or schedule name>.py``. The rank modules go in the folder
+    ``<name>_ranks_<digest>`` beside it. Refuses (``UsageError``) a name that is not a Python identifier,
+    and a target file holding another schedule's module (or anything else) unless ``force``.
     ``semantics``: what the schedule is verified under (``generate``)."""
     path = module_path(schedule, output, name)
+    check_size(schedule)
     if not force:
         check_replaceable(path, schedule)
-    text = generate(schedule, locations=locations, semantics=semantics)
-    write_atomically(path, text, make_dirs=True,
-                     replaceable=None if force else lambda target: check_replaceable(target, schedule))
+    files = generate_files(schedule, path.stem, locations=locations, semantics=semantics)
+    write_files(path, files, replaceable=None if force else lambda target: check_replaceable(target, schedule))
     return path
+
+
+def write_files(path: Path, files: GeneratedFiles, *, replaceable=None) -> None:
+    """All or nothing: the rank modules into a temporary folder renamed to ``files.rank_folder`` (a name
+    no other output has), then the module itself atomically; then older rank folders of this module go.
+    At every moment the module on disk names a complete folder. It all happens under the lock every
+    pipeforge writer takes on the folder (``files.locked_output``; ``replaceable(path)`` runs under it).
+    Each rank module is compiled first (none is written if one does not compile), and its bytecode is
+    written to ``__pycache__`` beside it, so the rank that imports it does not compile it again."""
+    directory = path.parent
+    folder = directory / files.rank_folder
+    codes = [_compile(text, f"rank {rank}", str((folder / f"rank_{rank}.py").resolve()))
+             for rank, text in enumerate(files.ranks)]
+    with locked_output(path, make_dirs=True, replaceable=replaceable) as write_module:
+        created = not folder.is_dir()
+        if created:
+            _write_folder(folder, files, codes)
+        try:
+            write_module(files.main)
+        except BaseException:
+            if created:  # the module on disk (if any) still names its own folder
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
+        stale = re.compile(re.escape(f"{path.stem}_ranks_") + f"[0-9a-f]{{{DIGEST_LENGTH}}}")
+        for other in directory.iterdir():
+            if other.name != files.rank_folder and stale.fullmatch(other.name) and other.is_dir():
+                shutil.rmtree(other, ignore_errors=True)
+
+
+def _write_folder(folder: Path, files: GeneratedFiles, codes: list[CodeType]) -> None:
+    """The rank modules in a temporary folder beside ``folder``, renamed to it once complete."""
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{files.rank_folder}.", suffix=".tmp", dir=folder.parent))
+    except OSError as error:
+        raise UsageError(f"cannot write {str(folder)!r}: {error.strerror or error}") from None
+    try:
+        for rank, (text, code) in enumerate(zip(files.ranks, codes)):
+            _write_module(staging / f"rank_{rank}.py", text, code)
+        os.chmod(staging, 0o777 & ~_umask())
+        os.rename(staging, folder)
+    except OSError as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise UsageError(f"cannot write {str(folder)!r}: {error.strerror or error}") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def rank_folder(path: Path) -> Path | None:
+    """The folder of rank modules the module at ``path`` names (``RANK_FOLDER``), read without running it."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["RANK_FOLDER"]:
+            value = node.value.value if isinstance(node.value, ast.Constant) else None
+            return path.parent / value if isinstance(value, str) else None
+    return None
+
+
+def _write_module(source: Path, text: str, code: CodeType) -> None:
+    """``source`` and, unless Python keeps bytecode elsewhere or not at all, its ``__pycache__`` file (the
+    timestamp form of PEP 552, as ``py_compile`` writes it, from the code compiled already)."""
+    source.write_bytes(text.encode("utf-8"))
+    if sys.dont_write_bytecode or sys.pycache_prefix:
+        return
+    cached = Path(importlib.util.cache_from_source(str(source)))
+    cached.parent.mkdir(exist_ok=True)
+    stat = source.stat()
+    header = importlib.util.MAGIC_NUMBER + (0).to_bytes(4, "little") + \
+        (int(stat.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") + (stat.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+    cached.write_bytes(header + marshal.dumps(code))
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def module_path(schedule: Schedule, output: str | os.PathLike, name: str | None = None) -> Path:

@@ -41,6 +41,9 @@ class ActionKind(str, Enum):
     REDUCE_GRAD = "REDUCE_GRAD"
     UNSHARD = "UNSHARD"
     RESHARD = "RESHARD"
+    R = "R"  # recompute: the forward of (s, m) again, its activations back, before the backward
+    OFFLOAD = "OFFLOAD"  # the activations of (s, m) to host memory (a copy beside the compute)
+    RELOAD = "RELOAD"  # ... and back, before the backward
 
     __hash__ = str.__hash__
     __str__ = str.__str__
@@ -65,7 +68,8 @@ class ActionKind(str, Enum):
 
 
 # The three roles of a kind (every kind has exactly one; pipeforge.semantics holds the rest of its rules).
-COMPUTE_KINDS = frozenset({ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W})
+COMPUTE_KINDS = frozenset({ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W, ActionKind.R,
+                           ActionKind.OFFLOAD, ActionKind.RELOAD})
 COMM_KINDS = frozenset({ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B})
 STAGE_ONLY_KINDS = frozenset({ActionKind.REDUCE_GRAD, ActionKind.UNSHARD, ActionKind.RESHARD})
 
@@ -300,7 +304,10 @@ class CostModel:
     between stage s and stage s + 1 (either direction); links past its end cost
     ``comm``.
     Each compute kind's duration is the field of its name (``cost_fields``
-    lists them for the ``--cost`` flag and ``costs { }`` blocks).
+    lists them for the ``--cost`` flag and ``costs { }`` blocks). ``R`` (a
+    recompute) defaults to the stage's F; ``OFFLOAD`` and ``RELOAD`` (a copy
+    of one microbatch's activations to host memory and back, on the rank's
+    copy lane) default to the stage's F too.
     """
 
     F: float = 1.0
@@ -308,6 +315,9 @@ class CostModel:
     W: float = 1.0
     B: float | None = None
     comm: float = 0.0
+    R: float | None = None
+    OFFLOAD: float | None = None
+    RELOAD: float | None = None
     per_stage: tuple[tuple[int, str, float], ...] = ()
     links: tuple[float, ...] = ()
     overhead: StepOverhead = StepOverhead()  # beyond the actions, once a step (not a duration: no --cost flag)
@@ -326,7 +336,8 @@ class CostModel:
         if kind is ActionKind.B:
             return self.B if self.B is not None else self.duration(ActionKind.I, stage) + self.duration(ActionKind.W, stage)
         if kind in COMPUTE_KINDS:
-            return getattr(self, kind._value_)  # the field named by the kind: a new compute kind adds one
+            value = getattr(self, kind._value_)  # the field named by the kind: a new compute kind adds one
+            return self.duration(ActionKind.F, stage) if value is None else value  # R, OFFLOAD, RELOAD: as F
         return 0.0
 
 
@@ -342,6 +353,10 @@ class MemorySpec:
     Per stage (empty: every stage alike): ``activation[s]`` is what one F on stage
     s adds, in M_B (default 1); ``weight_grad[s]`` the part of it W releases
     (default ``weights * activation[s]``), so I releases the rest.
+
+    ``checkpoint`` (``checkpoints[s]`` per stage): what an F whose (stage,
+    microbatch) is recomputed (an R follows) holds instead of its activations:
+    the stage's input, in M_B (default 0); R adds the rest back.
     """
 
     limit: float | None = None
@@ -349,6 +364,8 @@ class MemorySpec:
     unsharded: float = 0.0
     activation: tuple[float, ...] = ()
     weight_grad: tuple[float, ...] = ()
+    checkpoint: float = 0.0
+    checkpoints: tuple[float, ...] = ()
 
     def stage_activation(self, stage: int) -> float:
         return self.activation[stage] if stage < len(self.activation) else 1.0
@@ -357,6 +374,11 @@ class MemorySpec:
         if stage < len(self.weight_grad):
             return self.weight_grad[stage]
         return self.weights * self.stage_activation(stage)
+
+    def stage_checkpoint(self, stage: int) -> float:
+        """What a recomputed F of ``stage`` keeps (M_B), never more than its activation."""
+        value = self.checkpoints[stage] if stage < len(self.checkpoints) else self.checkpoint
+        return min(value, self.stage_activation(stage))
 
     def count_limit(self, limit: float | None, stages: int) -> float | None:
         """``limit`` (M_B) as a number of F a rank may hold: each adds at least the smallest stage's

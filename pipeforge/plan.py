@@ -52,9 +52,11 @@ class Plan:
 
 def read_layer_costs(path: str | Path) -> LayerCosts:
     name = str(path)
+    from pipeforge.files import read_bounded
+
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        data = json.loads(read_bounded(path, "cost file").decode("utf-8"))  # a regular file of at most 4 MiB
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise UsageError(f"{name}: cannot read a layer cost file: {error}") from None
     return layer_costs_from_json(data, name)
 

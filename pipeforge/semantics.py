@@ -5,7 +5,8 @@ the bounds and every optimizer time, testing, the runtime); only ``tests/verify/
 copy, on purpose. One table per fact, one entry per ``ActionKind`` (``tests/test_semantics.py`` fails
 when a kind is missing): ``ROLES``, ``NEEDS`` (``needs``, ``local_needs``), ``OUTPUTS``, ``MEMORY`` and
 ``PARAMETER_MEMORY`` (``memory_effect``, ``stage_effect``, ``held_after_additions``), ``PEER_OFFSET`` and
-``PARTNER``, ``GRADIENT_KINDS``, ``SPLIT``, ``EXCLUDES``, ``COMPLETE``, ``REQUIRES``, ``RUNTIME_METHODS``;
+``PARTNER``, ``GRADIENT_KINDS``, ``SPLIT``, ``EXCLUDES``, ``COMPLETE``, ``REQUIRES``, ``RUNTIME_METHODS``; for
+recompute and offload ``NEEDS_IF_PRESENT``, ``RECOMPUTED_MEMORY`` (``effects_of``) and ``LANES``;
 ``bubble_rate``. The functions take an ``Action`` and return actions as plain ``(stage, kind,
 microbatch, chain)`` tuples, equal to the Actions and hashing the same. Each rule: ``docs/semantics.md``;
 where each is used: ``docs/architecture.md``.
@@ -14,6 +15,7 @@ where each is used: ``docs/architecture.md``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from enum import Enum
 from typing import NamedTuple
 
 from pipeforge.ir import COMM_KINDS, COMPUTE_KINDS, STAGE_ONLY_KINDS, Action, ActionKind, MemorySpec
@@ -21,14 +23,17 @@ from pipeforge.ir import COMM_KINDS, COMPUTE_KINDS, STAGE_ONLY_KINDS, Action, Ac
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
 SEND_F, RECV_F, SEND_B, RECV_B = ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B
 REDUCE_GRAD, UNSHARD, RESHARD = ActionKind.REDUCE_GRAD, ActionKind.UNSHARD, ActionKind.RESHARD
+R, OFFLOAD, RELOAD = ActionKind.R, ActionKind.OFFLOAD, ActionKind.RELOAD
 
 ActionKey = tuple  # an Action, or a plain tuple (stage, kind, microbatch, chain) equal to one
 
 __all__ = [
     "COMPUTE_KINDS", "COMM_KINDS", "STAGE_ONLY_KINDS", "ROLES", "NEEDS", "OUTPUTS", "MEMORY", "PARAMETER_MEMORY",
-    "PEER_OFFSET",
-    "PARTNER", "SENDS", "GRADIENT_KINDS", "NEEDLESS_KINDS", "SPLIT", "EXCLUDES", "COMPLETE", "REQUIRES", "DURATION_DEFAULTS", "RUNTIME_METHODS", "Need", "Output",
+    "PEER_OFFSET", "PARTNER", "SENDS", "Semantics", "GRADIENT_KINDS", "NEEDLESS_KINDS", "SPLIT", "EXCLUDES",
+    "COMPLETE", "REQUIRES", "DURATION_DEFAULTS", "RUNTIME_METHODS", "Need", "Output",
     "role", "needs", "output", "memory_effect", "stage_effect", "memory_delta", "bubble_rate", "compute_kind_names",
+    "LOCAL_KINDS", "recomputed", "offloaded", "effects_of", "needs_if_present", "NEEDS_IF_PRESENT",
+    "RECOMPUTED_MEMORY", "LANES", "lane",
     "held_after_additions", "peer_stage", "partner", "local_needs", "split",
 ]
 
@@ -86,13 +91,39 @@ def _no_needs(s: int, m: int | None, c: int, last: int) -> tuple[Need, ...]:
     return ()
 
 
+def _reload_needs(s: int, m: int | None, c: int, last: int) -> tuple[Need, ...]:
+    return ((((s, OFFLOAD, m, c),), None, None),)
+
+
 # REDUCE_GRAD's rule is about every B/W of its stage on the rank, not one action: see GRADIENT_KINDS.
+# R and OFFLOAD need their own F (the checkpoint, or the activations to copy); RELOAD its OFFLOAD.
 NEEDS: dict[ActionKind, Callable[[int, int | None, int, int], tuple[Need, ...]]] = {
     F: _forward_needs, B: _backward_needs, I: _backward_needs, W: _weight_needs,
     SEND_F: _send_forward_needs, SEND_B: _send_backward_needs, RECV_F: _no_needs, RECV_B: _no_needs,
     REDUCE_GRAD: _no_needs, ActionKind.UNSHARD: _no_needs, ActionKind.RESHARD: _no_needs,
+    R: _send_forward_needs, OFFLOAD: _send_forward_needs, RELOAD: _reload_needs,
 }
 
+# kind -> the kinds of the same (stage, microbatch, chain) that, when the schedule holds them, must come
+# strictly earlier on the rank: the backward uses the activations, so it comes after the R that rebuilds
+# them and after the RELOAD that brings them back (and so never while they are away). Absent, they are
+# not needed (a microbatch that is neither recomputed nor offloaded keeps its activations from its F).
+NEEDS_IF_PRESENT: dict[ActionKind, tuple[ActionKind, ...]] = {B: (R, RELOAD), I: (R, RELOAD)}
+
+
+def needs_if_present(action: ActionKey) -> tuple[ActionKey, ...]:
+    """The actions ``action`` comes after when the schedule holds them (``NEEDS_IF_PRESENT``)."""
+    kinds = NEEDS_IF_PRESENT.get(action[1])
+    if not kinds:
+        return ()
+    s, _, m, c = action
+    return tuple((s, kind, m, c) for kind in kinds)
+
+
+# The kinds whose every need is of their own stage (so never carried across ranks): W, R, OFFLOAD, RELOAD.
+# ``lower`` skips them when it looks for cross-rank edges.
+LOCAL_KINDS = frozenset(kind for kind, rule in NEEDS.items()
+                        if rule is not _no_needs and all(send is None for _, send, _ in rule(1, 0, 0, 2)))
 
 # The kinds that need nothing before them (the receives and the stage-only kinds): passes that walk
 # every action skip them without asking.
@@ -115,6 +146,7 @@ def local_needs(action: ActionKey, stages: int, owners: tuple[int, ...], rank: i
             found.append(producers)
         else:
             found.append((recv,))
+    found.extend((key,) for key in needs_if_present(action))  # same stage: on the rank when anywhere
     return tuple(found)
 
 
@@ -145,6 +177,7 @@ def _no_output(s: int, m: int | None, c: int, last: int) -> Output | None:
 # The cross-stage output of each kind (W's result, the weight gradient, stays on its stage).
 OUTPUTS: dict[ActionKind, Callable[[int, int | None, int, int], Output | None]] = {
     F: _forward_output, B: _backward_output, I: _backward_output, W: _no_output,
+    R: _no_output, OFFLOAD: _no_output, RELOAD: _no_output,  # R's output is dropped (F's was sent)
     **{kind: _no_output for kind in COMM_KINDS | STAGE_ONLY_KINDS},
 }
 
@@ -159,10 +192,16 @@ def output(action: ActionKey, stages: int) -> Output | None:
 
 # kind -> (added, released, released per weight gradient), in units of the stage's activation a and
 # its weight gradient w (uniform stages: a = 1 M_B, w = weights): F adds a; B releases a; I a - w; W w.
+# OFFLOAD releases a (the copy leaves device memory), RELOAD adds it back; R: see RECOMPUTED_MEMORY.
 MEMORY: dict[ActionKind, tuple[float, float, float]] = {
     F: (1.0, 0.0, 0.0), B: (0.0, 1.0, 0.0), I: (0.0, 1.0, -1.0), W: (0.0, 0.0, 1.0),
+    R: (1.0, 0.0, 0.0), OFFLOAD: (0.0, 1.0, 0.0), RELOAD: (1.0, 0.0, 0.0),
     **{kind: (0.0, 0.0, 0.0) for kind in COMM_KINDS | STAGE_ONLY_KINDS},
 }
+
+# kind -> what it adds when its (stage, microbatch, chain) is recomputed (the schedule holds its R), as
+# (per activation a, per checkpoint c): its F keeps only the checkpoint (the stage's input), R adds the rest.
+RECOMPUTED_MEMORY: dict[ActionKind, tuple[float, float]] = {F: (0.0, 1.0), R: (1.0, -1.0)}
 
 
 # kind -> (added, released) of one stage's gathered parameters, in units of their size u (``memory {
@@ -171,22 +210,57 @@ PARAMETER_MEMORY: dict[ActionKind, tuple[float, float]] = {UNSHARD: (1.0, 0.0), 
 
 
 def memory_effect(kind: ActionKind, weights: float, activation: float = 1.0,
-                  weight_grad: float | None = None, unsharded: float = 0.0) -> tuple[float, float]:
+                  weight_grad: float | None = None, unsharded: float = 0.0,
+                  checkpoint: float | None = None) -> tuple[float, float]:
     """``(added, released)`` memory of one ``kind`` action, in M_B, on a stage whose F holds
     ``activation`` (default 1) of which W releases ``weight_grad`` (default ``weights * activation``)
-    and whose gathered parameters take ``unsharded``; ``stage_effect`` asks here with a stage's sizes."""
+    and whose gathered parameters take ``unsharded``; ``checkpoint``: the (stage, microbatch) is
+    recomputed and its F keeps that much (None: it is not; R is always of a recomputed one).
+    ``stage_effect`` asks here with a stage's sizes."""
     added, released, per_weight = MEMORY[kind]
+    rebuilt = RECOMPUTED_MEMORY.get(kind)
+    if rebuilt is not None and checkpoint is not None:
+        added = rebuilt[0] + rebuilt[1] * (checkpoint / activation if activation else 0.0)
     grad = weights * activation if weight_grad is None else weight_grad
     gathered, freed = PARAMETER_MEMORY.get(kind, (0.0, 0.0))
     return added * activation + gathered * unsharded, released * activation + per_weight * grad + freed * unsharded
 
 
-def stage_effect(memory: MemorySpec, kind: ActionKind, stage: int) -> tuple[float, float]:
+def stage_effect(memory: MemorySpec, kind: ActionKind, stage: int, recomputed: bool = False) -> tuple[float, float]:
     """``(added, released)`` of one ``kind`` action on ``stage`` under ``memory``: F adds the stage's
-    activation, B releases it, I all but its weight_grad, W that; UNSHARD adds ``unsharded``, RESHARD
-    releases it (M_B)."""
+    activation (its checkpoint when its (stage, microbatch) is ``recomputed``), R the rest, B releases it,
+    I all but its weight_grad, W that; OFFLOAD releases it, RELOAD adds it; UNSHARD adds ``unsharded``,
+    RESHARD releases it (M_B)."""
     return memory_effect(kind, memory.weights, memory.stage_activation(stage), memory.stage_weight_grad(stage),
-                         memory.unsharded)
+                         memory.unsharded, memory.stage_checkpoint(stage) if recomputed else None)
+
+
+def recomputed(actions: Iterable[ActionKey]) -> set[tuple]:
+    """The ``(stage, microbatch, chain)`` of every R among ``actions``: whose F keeps only its checkpoint."""
+    return {(key[0], key[2], key[3]) for key in actions if key[1] is R or key[1] == "R"}
+
+
+def offloaded(actions: Iterable[ActionKey]) -> set[tuple]:
+    """The ``(stage, microbatch, chain)`` of every OFFLOAD among ``actions``: whose forward saves into a holder."""
+    return {(key[0], key[2], key[3]) for key in actions if key[1] is OFFLOAD or key[1] == "OFFLOAD"}
+
+
+def effects_of(memory, actions: Iterable[ActionKey]) -> Callable[[ActionKey], tuple[float, float]]:
+    """``(added, released)`` of each action of a schedule that holds ``actions``, on ``memory``'s sizes
+    (an ``ir.MemorySpec``; ``stage_effect``), an F of a recomputed (stage, microbatch, chain) keeping only
+    its checkpoint; verify's memory check, simulate's peak and the work graph all look effects up here."""
+    rebuilt = recomputed(actions)
+    cache: dict[tuple, tuple[float, float]] = {}
+
+    def effect(key: ActionKey) -> tuple[float, float]:
+        kind = key[1]
+        flag = kind == "R" or (bool(rebuilt) and kind == "F" and (key[0], key[2], key[3]) in rebuilt)
+        found = cache.get((kind, key[0], flag))
+        if found is None:
+            found = cache[kind, key[0], flag] = stage_effect(memory, ActionKind(kind), key[0], flag)
+        return found
+
+    return effect
 
 
 def held_after_additions(steps: Iterable[Iterable[tuple[float, float]]]) -> Iterator[float]:
@@ -219,6 +293,23 @@ def bubble_rate(mean_busy: float, longest_span: float) -> float:
     return 1.0 - mean_busy / longest_span if longest_span > 0 else 0.0
 
 
+# --- how communication completes ------------------------------------------------------------
+
+class Semantics(str, Enum):
+    """The readings of communication ``verify`` checks a schedule under (docs/semantics.md): ``rendezvous``
+    (a send and its receive complete together), ``buffered`` (a send completes once posted, a receive once
+    its send is), ``nccl`` (every op once its partner is posted). A ``str`` Enum like ``ActionKind``:
+    ``Semantics.NCCL == "nccl"``, and its text in JSON and messages."""
+
+    RENDEZVOUS = "rendezvous"
+    BUFFERED = "buffered"
+    NCCL = "nccl"
+
+    __hash__ = str.__hash__
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
 # --- communication peers -------------------------------------------------------------------
 
 PEER_OFFSET: dict[ActionKind, int] = {SEND_F: 1, RECV_B: 1, RECV_F: -1, SEND_B: -1}
@@ -248,26 +339,39 @@ RUNTIME_METHODS: dict[ActionKind, str] = {
     F: "forward", B: "backward", I: "backward_input", W: "backward_weight",
     SEND_F: "send_f", RECV_F: "recv_f", SEND_B: "send_b", RECV_B: "recv_b", REDUCE_GRAD: "reduce_grad",
     ActionKind.UNSHARD: "unshard", ActionKind.RESHARD: "reshard",
+    R: "recompute", OFFLOAD: "offload", RELOAD: "reload",
 }
+
+# kind -> the lane of its rank it runs on: the compute lane (one action at a time, in program order), or
+# the copy lane beside it (a copy stream: OFFLOAD and RELOAD, one transfer at a time, overlapping compute).
+LANES: dict[ActionKind, str] = {OFFLOAD: "copy", RELOAD: "copy"}
+
+
+def lane(kind: ActionKind) -> str:
+    """``compute`` or ``copy`` (``LANES``; every kind not named there runs on the compute lane)."""
+    return LANES.get(kind, "compute")
 
 
 # --- gradients and completeness ------------------------------------------------------------
 
 GRADIENT_KINDS = frozenset({B, W})  # a stage's weight gradient is complete after its last B or W on a rank
 SPLIT: dict[ActionKind, tuple[ActionKind, ...]] = {B: (I, W)}  # B is I then W (the Zero Bubble split)
-EXCLUDES: dict[ActionKind, frozenset[ActionKind]] = {B: frozenset({I, W}), I: frozenset({B}), W: frozenset({B})}
+EXCLUDES: dict[ActionKind, frozenset[ActionKind]] = {
+    B: frozenset({I, W}), I: frozenset({B}), W: frozenset({B}),
+    R: frozenset({OFFLOAD, RELOAD}), OFFLOAD: frozenset({R}), RELOAD: frozenset({R}),  # one way to save memory
+}
 # What one (stage, microbatch) runs in a complete schedule: F and B, or F and B's parts (sorted by kind).
 COMPLETE: tuple[tuple[ActionKind, ...], ...] = (tuple(sorted((F, B))), tuple(sorted((F, *SPLIT[B]))))
 
 
 # kind -> the kinds the same (stage, microbatch) must also hold when it holds this one (else ``missing``,
 # even beside a B: W without I).
-REQUIRES: dict[ActionKind, tuple[ActionKind, ...]] = {W: (I,)}
+REQUIRES: dict[ActionKind, tuple[ActionKind, ...]] = {W: (I,), OFFLOAD: (RELOAD,), RELOAD: (OFFLOAD,)}
 
 
 # kind -> the kinds whose durations its own defaults to the sum of (a cost file or ``--cost`` may leave it
 # out): B = I + W (``ir.CostModel.duration`` applies it).
-DURATION_DEFAULTS: dict[ActionKind, tuple[ActionKind, ...]] = {B: SPLIT[B]}
+DURATION_DEFAULTS: dict[ActionKind, tuple[ActionKind, ...]] = {B: SPLIT[B], R: (F,), OFFLOAD: (F,), RELOAD: (F,)}
 
 
 def compute_kind_names() -> tuple[str, ...]:

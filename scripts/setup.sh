@@ -12,6 +12,10 @@ if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
     # torch first and pinned: an unpinned resolve would fetch a multi-GB CUDA build.
     "$VENV/bin/python" -m pip install --quiet "torch==2.13.0"
     "$VENV/bin/python" -m pip install --quiet -e "$ROOT[dev]"
+    # torchtitan's schedule building, for verify --as torchtitan and export torchtitan's tests; --no-deps:
+    # its metadata asks for a torch nightly and training dependencies (docs/torch.md)
+    "$VENV/bin/python" -m pip install --quiet --no-deps "torchtitan==0.3.0" "spmd_types==0.2.3" "tyro==1.0.17" \
+        "docstring_parser==0.18.0"
     touch "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"

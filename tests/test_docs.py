@@ -29,7 +29,7 @@ def _anchors(page: Path) -> set[str]:
 
 
 def _relative_links(page: Path) -> list[str]:
-    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # code blocks hold no links
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)  # code blocks hold no links
     return [target for target in LINK.findall(text) if not re.match(r"[a-z]+:", target)]
 
 
@@ -53,7 +53,7 @@ def test_relative_links_resolve(page):
 
 def _sections(text: str) -> dict[str, str]:
     """docs/cli.md cut at its `## ` headings: heading -> the text below it."""
-    parts = re.split(r"^## (.+)$", text, flags=re.M)
+    parts = re.split(r"^## (.+)$", text, flags=re.MULTILINE)
     return {parts[i].strip(): parts[i + 1] for i in range(1, len(parts), 2)}
 
 
@@ -115,3 +115,26 @@ def test_benchmarks_leave_sys_path_alone():
     """They run as ``python -m benchmarks.KIND.NAME`` from the root: no script edits ``sys.path``."""
     edits = [str(f.relative_to(ROOT)) for f in ROOT.glob("benchmarks/**/*.py") if "sys.path" in f.read_text()]
     assert edits == []
+
+
+ROOTED = re.compile(r"(?<![\w/.])((?:pipeforge|tests|scripts|examples|templates|grammar)/[\w/.-]+\.(?:py|md|j2|lark|pipe|sh))")
+PACKAGE_RELATIVE = re.compile(
+    r"`((?:sim|verifier|runtime|optimizer|passes|lang|interop|render|tools|models|library|commands)/[\w/]+\.py)`")
+
+
+def test_named_source_files_exist():
+    """A file the prose names (``pipeforge/sim/workgraph.py``, or ``sim/workgraph.py`` in README and docs/)
+    is there: a module moved or renamed takes its mentions with it."""
+    gone = []
+    for page in PAGES:
+        text = page.read_text()
+        gone += [(page.name, path) for path in ROOTED.findall(text) if not (ROOT / path).exists()]
+        if page.parent.name == "docs" or page == README:
+            gone += [(page.name, path) for path in PACKAGE_RELATIVE.findall(text)
+                     if not (ROOT / "pipeforge" / path).exists()]
+    assert not gone, f"named but missing: {sorted(set(gone))}"
+
+
+def test_the_file_patterns_find_what_they_should():
+    assert ROOTED.findall("`pipeforge/sim/gone.py`, benchmarks/x.py") == ["pipeforge/sim/gone.py"]
+    assert PACKAGE_RELATIVE.findall("`sim/gone.py` and sim/bare.py") == ["sim/gone.py"]

@@ -52,3 +52,15 @@ def test_the_command_writes_a_valid_pipe_and_the_layer_map(tmp_path, capsys):
     assert printed["layers"] == layer_map["layers"] and sum(layer_map["layers"]) == 8
     assert pipeforge.verify(pipeforge.load(str(out))).valid
     assert main(["plan", str(costs), "--ranks", "2", "--microbatches", "4", "-o", str(out)]) == 2  # exists
+
+
+def test_measured_layer_costs_feed_the_plan():
+    from pipeforge.models.profile import layer_costs
+    from tests.models import families
+
+    tokens, mask, _ = families.batch("llama", 2, seed=0)
+    measured = layer_costs(families.build("llama", layers=5), tokens, attention_mask=mask, repeats=1)
+    assert len(measured["layers"]) == 5 and set(measured["first"]) == {"F", "I", "W"}
+    assert all(layer[k] > 0 for layer in measured["layers"] for k in ("F", "I", "W", "activation"))
+    found = plan(layer_costs_from_json(measured), 2, 4, schedules=["1f1b"])
+    assert sum(found.layers) == 5

@@ -17,7 +17,10 @@ schedule, summed over the ranks, per (stage, microbatch) pair (its F, its B, and
 their sends and receives), for pipeforge and for torch: on the tiny model that
 is the runtime's own work, which the machine's other load disturbs far less
 than wall time. One process (``--nproc 1``) shows the compute actions alone,
-two and four add the communication.
+and there 1F1B (one stage) also runs against the bare loop, in the same rounds
+(the ``vs bare loop`` row: its torch columns are the loop's, per microbatch
+``x.requires_grad_(); out = m(x); (loss(out, y) / M).backward()``); two and
+four processes add the communication.
 Gradients of the first step are compared between the two; any difference above
 1e-4 (relative) is a mismatch and the script exits 1.
 """
@@ -29,10 +32,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pipeforge
 from benchmarks.runtime import _harness
 from benchmarks.runtime._harness import TOLERANCE
-
-import pipeforge
 from pipeforge.generator import codegen
 
 SCHEDULES = {"1f1b": ("1f1b", "Schedule1F1B", 1), "interleaved-1f1b": ("interleaved-1f1b", "ScheduleInterleaved1F1B", 2)}
@@ -78,7 +80,24 @@ def bench_worker(rank: int, nproc: int, config: dict) -> dict:
                 steps=config["steps"], warmup=config["warmup"], modules=(*ours.values(), *theirs.values()),
                 device=device, compare=lambda: _harness.max_relative_difference(
                     _harness.gradients(ours), _harness.gradients(theirs)))
+            if len(ours) == 1 and info.ranks == 1:  # one process, one stage: against the bare loop too
+                bare = bare_loop(ours[held[0]], x, y, info.microbatches)
+                records[(schedule_key, model_key, "bare")] = _harness.measure_pair(
+                    lambda: pipe.step(*args, target=target), bare, steps=config["steps"], warmup=config["warmup"],
+                    modules=ours.values(), device=device)
     return _harness.gather_on_rank0(rank, nproc, records)
+
+
+def bare_loop(module, x, y, microbatches: int):
+    """What one stage's step is without a runtime: per microbatch ``x.requires_grad_(); out = m(x);
+    (loss(out, y) / M).backward()`` (issue 23's reference for the per-action overhead)."""
+
+    def step() -> None:
+        for x_mb, y_mb in zip(x.tensor_split(microbatches), y.tensor_split(microbatches)):
+            x_mb.requires_grad_()
+            (_harness.mse_loss(module(x_mb), y_mb) / microbatches).backward()
+
+    return step
 
 
 def generate_modules(nproc: int, microbatches: int, out_dir: Path) -> dict[str, str]:
@@ -115,8 +134,15 @@ def main(argv: list[str] | None = None) -> int:
             if error:
                 print(error, file=sys.stderr)
                 return 1
-            for (schedule_key, model_key), row in outcomes[0].value.items():
+            for key, row in outcomes[0].value.items():
+                schedule_key, model_key = key[:2]
                 pairs = nproc * SCHEDULES[schedule_key][2] * args.microbatches  # (stage, microbatch) pairs
+                if len(key) == 3:  # pipeforge against the bare loop: the torch columns are the bare loop's
+                    print(f"{'  vs bare loop':<18} {model_key:<6} {nproc:>5} {row['pipeforge'] * 1e3:>13.2f} "
+                          f"{row['torch'] * 1e3:>9.2f} {row['ratio']:>6.2f} {row['cpu_ratio']:>9.2f} "
+                          f"{row['main_ratio']:>10.2f} {row['main_pipeforge'] / pairs * 1e6:>10.1f} "
+                          f"{row['main_torch'] / pairs * 1e6:>13.1f} {'':>9}")
+                    continue
                 print(f"{schedule_key:<18} {model_key:<6} {nproc:>5} {row['pipeforge'] * 1e3:>13.2f} "
                       f"{row['torch'] * 1e3:>9.2f} {row['ratio']:>6.2f} {row['cpu_ratio']:>9.2f} "
                       f"{row['main_ratio']:>10.2f} {row['main_pipeforge'] / pairs * 1e6:>10.1f} "

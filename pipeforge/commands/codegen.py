@@ -6,6 +6,7 @@ import argparse
 
 from pipeforge.commands.common import add_input_arguments, print_json
 from pipeforge.commands.exits import Exit
+from pipeforge.errors import printable
 from pipeforge.commands.lower import add_pass_arguments, load_with_passes, pass_options, semantics_for
 
 
@@ -13,7 +14,8 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "codegen", help="write a PyTorch module that runs the schedule",
         description="Lower (if compute-only) and verify the schedule, then write OUT/<name>.py (or OUT itself "
-                    "when it ends in .py): one function per rank and make_pipeline(stage_modules, ...). "
+                    "when it ends in .py), with make_pipeline(stage_modules, ...), and beside it the folder "
+                    "<name>_ranks_<digest> with one module per rank (rank_<r>.py). "
                     "Refuses a schedule that does not verify, and replacing a file that holds another "
                     "schedule's module (or anything else) without --force.")
     add_input_arguments(parser)
@@ -32,13 +34,14 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeforge.generator import codegen
+    from pipeforge.generator import codegen, rank_folder
 
-    schedule = load_with_passes(args)
+    schedule = load_with_passes(args)  # (pipeforge.cli.main pauses the collector for the command)
     path = codegen(schedule, args.out_dir, locations=not args.no_locations, name=args.name, force=args.force,
                    semantics=semantics_for(pass_options(args)))
     if args.json:
-        print_json({"schedule": schedule.name, "module": str(path), "ranks": schedule.ranks})
+        print_json({"schedule": schedule.name, "module": str(path), "ranks": schedule.ranks,
+                    "rank_folder": str(rank_folder(path))})
     else:
-        print(f"wrote {path} (schedule {schedule.name!r}, {schedule.ranks} ranks)")
+        print(f"wrote {printable(str(path))} (schedule {schedule.name!r}, {schedule.ranks} ranks)")
     return Exit.OK

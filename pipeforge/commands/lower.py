@@ -1,6 +1,6 @@
 """``pipeforge lower``: insert communication (and, when asked, FSDP and other passes), print or write the result.
 
-    pipeforge lower PATH [--unshard K] [--reduce-grad] [--merge-bw] [--defer-recv] [-o OUT.pipe|OUT.csv]
+    pipeforge lower PATH [--unshard K] [--reduce-grad] [--merge-bw] [--defer-recv] [--verify-each] [-o OUT.pipe|OUT.csv]
 
 The passes run in torch's order (``pipeforge.passes.pipeline``): merge-bw, unshard,
 reduce-grad, lower, defer-recv. The result is verified (under ``buffered``
@@ -18,6 +18,7 @@ from pathlib import Path
 from pipeforge.commands.common import add_input_arguments, load_input, print_json
 from pipeforge.commands.exits import Exit
 from pipeforge.errors import UsageError, VerificationError
+from pipeforge.semantics import Semantics
 
 SUFFIXES = (".pipe", ".csv")
 
@@ -32,7 +33,7 @@ def register(subparsers) -> None:
     add_input_arguments(parser)
     add_pass_arguments(parser)
     parser.add_argument("-o", "--output", metavar="OUT", help="OUT.pipe or OUT.csv (default: .pipe on stdout)")
-    parser.add_argument("--semantics", choices=("rendezvous", "buffered"),
+    parser.add_argument("--semantics", choices=(Semantics.RENDEZVOUS.value, Semantics.BUFFERED.value),
                         help="what the result is verified under (default: rendezvous, buffered with --defer-recv); "
                              "buffered suits a torch compute_comms CSV, whose cells torch posts one by one")
     parser.add_argument("--json", action="store_true",
@@ -53,6 +54,9 @@ def add_pass_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--defer-recv", action="store_true",
                        help="post each receive just before the compute that needs it (torch's defer_pp_recv); "
                             "the result is verified under buffered semantics, which the runtime follows")
+    group.add_argument("--verify-each", action="store_true",
+                       help="verify the schedule before the passes and after each of them, and name the pass "
+                            "after which it no longer verifies")
 
 
 def pass_options(args: argparse.Namespace):
@@ -67,25 +71,55 @@ def pass_options(args: argparse.Namespace):
 def load_with_passes(args: argparse.Namespace):
     """The schedule PATH names through the passes the flags ask for (not lowered here: codegen and
     run lower and verify it, under ``semantics_for`` the options)."""
+    return through_passes(args, load_input(args), pass_options(args), lower=False,
+                          semantics=semantics_for(pass_options(args)))
+
+
+def through_passes(args: argparse.Namespace, schedule, options, *, lower: bool, semantics: Semantics):
+    """``schedule`` through the passes ``options`` names; with ``--verify-each``, verified under ``semantics``
+    before them and after each (a VerificationError names the pass after which it no longer verifies)."""
     from pipeforge.passes.pipeline import apply_passes
 
-    return apply_passes(load_input(args), pass_options(args))
+    callback = None
+    if args.verify_each:
+        callback = verifying_each(schedule, semantics)
+    return apply_passes(schedule, options, lower=lower, callback=callback)
+
+
+def verifying_each(schedule, semantics: Semantics):
+    """The callback of ``--verify-each``: ``schedule`` (the input) is verified now, each pass's result
+    when the pass has run."""
+    from pipeforge.verifier import verify
+
+    report = verify(schedule, semantics=semantics)
+    if not report.valid:
+        raise VerificationError(f"--verify-each: schedule {schedule.name!r} does not verify under {semantics} "
+                                f"before any pass:\n{report.render()}", report=report)
+
+    def check(schedule_pass, result) -> None:
+        after = verify(result, semantics=semantics)
+        if not after.valid:
+            raise VerificationError(f"--verify-each: pass {schedule_pass.name!r} broke schedule {schedule.name!r}: "
+                                    f"it verifies under {semantics} before the pass, not after it; nothing "
+                                    f"written:\n{after.render()}", report=after)
+
+    return check
 
 
 def pass_flags(args: argparse.Namespace) -> list[str]:
     """The pass options as command-line flags again (for the torchrun line ``run`` prints)."""
     flags = [] if args.unshard is None else ["--unshard", str(args.unshard)]
-    names = (("reduce_grad", "--reduce-grad"), ("merge_bw", "--merge-bw"), ("defer_recv", "--defer-recv"))
+    names = (("reduce_grad", "--reduce-grad"), ("merge_bw", "--merge-bw"), ("defer_recv", "--defer-recv"),
+             ("verify_each", "--verify-each"))
     return flags + [flag for name, flag in names if getattr(args, name)]
 
 
-def semantics_for(options) -> str:
+def semantics_for(options) -> Semantics:
     """The semantics a schedule through these passes is verified under."""
-    return "buffered" if options.defer_recv else "rendezvous"
+    return Semantics.BUFFERED if options.defer_recv else Semantics.RENDEZVOUS
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeforge.passes.pipeline import apply_passes
     from pipeforge.verifier import verify
 
     suffix = Path(args.output).suffix if args.output else ".pipe"
@@ -94,8 +128,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json and not args.output:
         raise UsageError("--json needs -o OUT (without it the .pipe source is what stdout holds)")
     options = pass_options(args)
-    schedule = apply_passes(load_input(args), options, lower=True)
-    report = verify(schedule, semantics=args.semantics or semantics_for(options))
+    semantics = Semantics(args.semantics) if args.semantics else semantics_for(options)
+    schedule = through_passes(args, load_input(args), options, lower=True, semantics=semantics)
+    report = verify(schedule, semantics=semantics)
     if not report.valid:
         raise VerificationError(f"the lowered schedule {schedule.name!r} does not verify; nothing written:\n"
                                 f"{report.render()}")

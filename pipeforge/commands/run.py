@@ -39,6 +39,9 @@ def register(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--print-torchrun", action="store_true",
                         help="print the torchrun line that runs this check on several machines, and exit")
+    parser.add_argument("--nnodes", type=int, metavar="N",
+                        help="with --print-torchrun: the line for N machines joined by torchrun's c10d "
+                             "rendezvous (the same line on every machine; tested as two agents on 127.0.0.1)")
     parser.add_argument("--from-env", action="store_true", help=argparse.SUPPRESS)  # set by --print-torchrun
     parser.set_defaults(handler=run)
 
@@ -57,8 +60,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--steps must be at least 1")
     if not 0 < args.timeout < float("inf"):
         raise UsageError(f"--timeout {args.timeout:g}: expected a positive number of seconds")
+    if args.nnodes is not None and not (args.print_torchrun and 1 <= args.nnodes <= nproc and nproc % args.nnodes == 0):
+        raise UsageError(f"--nnodes {args.nnodes}: goes with --print-torchrun and must divide the {nproc} ranks "
+                         "(each machine runs the same number)")
     if args.print_torchrun:
-        print(torchrun_line(args, nproc))
+        print(torchrun_line(args, nproc) if args.nnodes is None else rendezvous_line(args, nproc))
         return Exit.OK
     if nproc > MAX_LOCAL_PROCESSES and not args.from_env:
         raise UsageError(f"--nproc {nproc}: at most {MAX_LOCAL_PROCESSES} local processes; for more, "
@@ -130,10 +136,16 @@ def _report(args: argparse.Namespace, name: str, nproc: int, verdict: dict, seco
     return Exit.OK if verdict["match"] else Exit.INVALID
 
 
-def torchrun_line(args: argparse.Namespace, nproc: int) -> str:
-    """torchrun for NODES machines; the same line runs on each with its own NODE_RANK."""
-    launcher = ("torchrun --nnodes=$NODES --nproc-per-node=$NPROC_PER_NODE --node-rank=$NODE_RANK "
-                "--master-addr=$MASTER_ADDR --master-port=29500")
+def rendezvous_line(args: argparse.Namespace, nproc: int) -> str:
+    """torchrun for ``--nnodes`` machines joined by c10d rendezvous: one line, the same on every machine."""
+    launcher = (f"torchrun --nnodes={args.nnodes} --nproc-per-node={nproc // args.nnodes} --rdzv-backend=c10d "
+                "--rdzv-endpoint=$RDZV_HOST:29500 --rdzv-id=$JOB_ID")
+    command = check_command(args)
+    return (f"# on each of the {args.nnodes} machines (RDZV_HOST: one of them, reachable from all; JOB_ID: any "
+            f"name, the same on all):\n{launcher} {shlex.join(command)}")
+
+
+def check_command(args: argparse.Namespace) -> list[str]:
     command = ["-m", "pipeforge", "run", args.path, *(f"-D{d}" for d in args.defines)]
     if args.schedule:
         command += ["--schedule", args.schedule]
@@ -142,4 +154,12 @@ def torchrun_line(args: argparse.Namespace, nproc: int) -> str:
                 "--backend", args.backend, "--timeout", f"{args.timeout:g}", "--from-env"]
     if args.device:
         command[-1:-1] = ["--device", args.device]
+    return command
+
+
+def torchrun_line(args: argparse.Namespace, nproc: int) -> str:
+    """torchrun for NODES machines; the same line runs on each with its own NODE_RANK."""
+    launcher = ("torchrun --nnodes=$NODES --nproc-per-node=$NPROC_PER_NODE --node-rank=$NODE_RANK "
+                "--master-addr=$MASTER_ADDR --master-port=29500")
+    command = check_command(args)
     return f"# on each of NODES machines, with NODES * NPROC_PER_NODE = {nproc}:\n{launcher} {shlex.join(command)}"

@@ -9,6 +9,7 @@ from pipeforge.commands import wording
 from pipeforge.commands.common import add_input_arguments, load_input, print_json
 from pipeforge.commands.exits import Exit
 from pipeforge.errors import PipeSyntaxError, SemanticError, printable
+from pipeforge.semantics import Semantics
 
 
 def register(subparsers) -> None:
@@ -17,7 +18,7 @@ def register(subparsers) -> None:
         description="Check ordering, matching, deadlock freedom, completeness, placement and memory. "
                     "A compute-only schedule is checked as 'lower' makes it; written communication as written.")
     add_input_arguments(parser)
-    parser.add_argument("--semantics", choices=("rendezvous", "buffered", "nccl"), default="rendezvous",
+    parser.add_argument("--semantics", choices=tuple(s.value for s in Semantics), default=Semantics.RENDEZVOUS.value,
                         help="rendezvous (default: zero-buffer, conservative), buffered sends, or nccl "
                              "(each op of a group completes once its partner is posted; docs/semantics.md)")
     solve = parser.add_mutually_exclusive_group()
@@ -44,13 +45,6 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeforge._gc import gc_paused
-
-    with gc_paused():  # reading a large CSV builds ~10^5 acyclic values: collections would cost more
-        return check(args)
-
-
-def check(args: argparse.Namespace) -> int:
     from pipeforge.verifier import verify
 
     try:
@@ -99,9 +93,9 @@ def csv_deadlock_hint(args: argparse.Namespace, schedule, report) -> str | None:
     """A torch CSV has no groups: each cell is its own batch, which rendezvous may find deadlocked."""
     from pipeforge.verifier import verify
 
-    if not str(args.path).endswith(".csv") or args.semantics != "rendezvous" or report.kinds() != {"deadlock"}:
+    if not str(args.path).endswith(".csv") or args.semantics != Semantics.RENDEZVOUS or report.kinds() != {"deadlock"}:
         return None
-    if not verify(schedule, semantics="buffered", memory_limit=args.memory_limit, certify=False).valid:
+    if not verify(schedule, semantics=Semantics.BUFFERED, memory_limit=args.memory_limit, certify=False).valid:
         return None
     return ("note: valid under --semantics buffered. A torch CSV has no group notation, so each cell is "
             "read as its own group; torch's runtime posts each cell as its own batch and waits only at the "

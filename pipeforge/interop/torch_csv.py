@@ -282,6 +282,7 @@ def to_csv_text(schedule: Schedule, format: str = "compute_only") -> str:
     if format not in FORMATS:
         raise UsageError(f"format {format!r}: expected 'compute_only' or 'compute_comms'")
     refuse_chains(schedule)
+    refuse_kinds(schedule)
     if format == "compute_comms" and not has_communication(schedule):
         schedule = lower(schedule)
     keep_stage_only = format == "compute_comms" or not has_communication(schedule)
@@ -304,6 +305,23 @@ def refuse_chains(schedule: Schedule) -> None:
             )
     if schedule.chains > 1:
         raise PipeforgeError(f"torch CSV has no chains; {schedule.name!r} declares {schedule.chains}")
+
+
+# the kinds torch's _ComputationType has (R, OFFLOAD and RELOAD have no counterpart there)
+TORCH_KINDS = frozenset({"F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "REDUCE_GRAD", "UNSHARD", "RESHARD"})
+
+
+def refuse_kinds(schedule: Schedule) -> None:
+    for rank, index, action in schedule.actions():
+        if action.kind.value not in TORCH_KINDS:
+            place = f"rank {rank}, step {index}"
+            span = schedule.programs[rank][index].span
+            if span is not None:
+                place += f", {span.file}:{span.line}:{span.col}"
+            raise PipeforgeError(
+                f"torch CSV has no {action.kind.value} action: {str(action)!r} ({place}) of {schedule.name!r} "
+                f"cannot be written for torch's runtime, which recomputes and offloads nothing itself. "
+                f"Export it as .pipe or .json instead, or drop the {action.kind.value} actions")
 
 
 def has_communication(schedule: Schedule) -> bool:

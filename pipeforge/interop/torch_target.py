@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from pipeforge.ir import Action, ActionKind, Schedule, Step, replace_programs
 from pipeforge.passes.torch_lowering import TorchLowering, torch_lowering
-from pipeforge.semantics import peer_stage
+from pipeforge.semantics import Semantics, peer_stage
 from pipeforge.verifier import verify
 from pipeforge.verifier.report import KINDS, Report, Violation
 
@@ -94,7 +94,7 @@ def verify_as(schedule: Schedule, target: str = "torch", *, defer_pp_recv: bool 
     if lowering.program is None:
         report = refused_report(compute, lowering.refusal or "")
     else:
-        report = verify(waits_form(lowering.program), semantics="buffered")
+        report = verify(waits_form(lowering.program), semantics=Semantics.BUFFERED)
     placement = None
     if target == "torchtitan":
         from pipeforge.interop.torchtitan import Launcher, placement_violations

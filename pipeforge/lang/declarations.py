@@ -211,8 +211,8 @@ def _check_link(ctx: Elaboration, link: int, span: Span) -> int:
                         f"so s is in 0..{ctx.stages - 2}", span)
 
 
-_MEMORY_KEYS = ("limit", "weights", "unsharded")
-_MEMORY_STAGE_KEYS = ("activation", "weight_grad")
+_MEMORY_KEYS = ("limit", "weights", "unsharded", "checkpoint")
+_MEMORY_STAGE_KEYS = ("activation", "weight_grad", "checkpoint")
 
 
 def build_memory(tree: Tree, file: Source) -> Exec:
@@ -237,7 +237,8 @@ def build_memory(tree: Tree, file: Source) -> Exec:
         weights = fields.get("weights", 0.5)
         weight_grad = tuple(per_stage["weight_grad"].get(s, weights * (activation[s] if s < len(activation) else 1.0))
                             for s in range(max(per_stage["weight_grad"]) + 1)) if per_stage["weight_grad"] else ()
-        ctx.memory = MemorySpec(**fields, activation=activation, weight_grad=weight_grad)
+        checkpoints = _dense(per_stage["checkpoint"], fields.get("checkpoint", 0.0))
+        ctx.memory = MemorySpec(**fields, activation=activation, weight_grad=weight_grad, checkpoints=checkpoints)
 
     return declare_memory
 
@@ -262,6 +263,9 @@ def _check_memory(fields: dict[str, float], spans: dict[str, Span]) -> None:
     if "weights" in fields and not 0.0 <= fields["weights"] <= 1.0:
         raise SemanticError(f"weights is a fraction of one microbatch's activations: between 0 and 1, "
                             f"got {fields['weights']!r}", spans["weights"])
+    if "checkpoint" in fields and not 0.0 <= fields["checkpoint"] < float("inf"):
+        raise SemanticError(f"checkpoint is what a recomputed forward keeps, in units of M_B: finite and at "
+                            f"least 0, got {fields['checkpoint']!r}", spans["checkpoint"])
     if "unsharded" in fields and not 0.0 <= fields["unsharded"] < float("inf"):
         raise SemanticError(f"unsharded is the size of one stage's gathered parameters in units of M_B: "
                             f"finite and at least 0, got {fields['unsharded']!r}", spans["unsharded"])

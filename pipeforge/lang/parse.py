@@ -1,16 +1,11 @@
-"""The lark parser of .pipe files, and its errors turned into PipeSyntaxError.
+"""The syntax tree of a .pipe text; lark's errors turned into PipeSyntaxError.
 
-The grammar (``grammar/pipe.lark``) is loaded once: LALR with the contextual
-lexer and ``propagate_positions`` so every tree knows its span. Lark's
-exceptions stop here: ``parse_text`` raises only ``PipeSyntaxError``, whose
-message says what was expected, with friendly wording for common mistakes
-(see ``diagnose.py``).
-
-Bounded: a text nesting more than ``MAX_DEPTH`` levels (blocks, parentheses,
-operators; a chain of one operator level such as a flat sum counts once) or
-holding an integer literal of more than ``MAX_INT_DIGITS`` digits is refused at
-the place that goes past the bound, so no later walk of the tree depends on
-Python's recursion limit.
+``parse_text`` raises only ``PipeSyntaxError``, with friendly wording for common
+mistakes (``diagnose.py``). Bounded (docs/language.md, Bounds): at most
+``MAX_TOKENS`` tokens, ``MAX_ACTIONS`` torch steps in runs, ``MAX_DEPTH`` levels
+of nesting (a flat chain such as ``a + b + c`` counts once) and ``MAX_INT_DIGITS``
+digits an integer; past one, the error is at the place that goes past it, and
+no later walk of the tree depends on Python's recursion limit.
 """
 
 from __future__ import annotations
@@ -20,7 +15,9 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 
 from pipeforge.errors import PipeSyntaxError, Source, Span
 from pipeforge.lang import diagnose
-from pipeforge.lang.lark_parser import parser
+from pipeforge.lang.context import MAX_ACTIONS
+from pipeforge.lang.lark_parser import MAX_TOKENS, TooManyTokens, parser
+
 
 MAX_DEPTH = 100
 MAX_INT_DIGITS = 78  # 2 ** 256 has 78 digits (pipeforge.lang.exprs.MAX_INT_BITS)
@@ -38,6 +35,10 @@ def parse_text(source: Source) -> Tree:
         raise to_syntax_error(error, source.text, source) from None
     except RecursionError:
         raise PipeSyntaxError("the text nests too deeply to parse", source.span(1, 1)) from None
+    except TooManyTokens as stop:
+        raise PipeSyntaxError(f"this text has more than {MAX_TOKENS} tokens; write long explicit programs as "
+                              "runs of torch steps ('0F0 1F0 _ ...', as 'pipeforge fmt' prints them)",
+                              _span(stop.token, source)) from None
     check_bounds(tree, source)
     return tree
 
@@ -45,6 +46,7 @@ def parse_text(source: Source) -> Tree:
 def check_bounds(tree: Tree, source: Source) -> None:
     """Refuse (PipeSyntaxError at its place) nesting deeper than MAX_DEPTH or a too long integer; iterative."""
     stack: list[tuple[Tree, int]] = [(tree, 0)]
+    steps = 0
     while stack:
         node, depth = stack.pop()
         if depth > MAX_DEPTH:
@@ -58,6 +60,11 @@ def check_bounds(tree: Tree, source: Source) -> None:
             elif isinstance(child, Token) and child.type == "INT" and len(child) > MAX_INT_DIGITS:
                 raise PipeSyntaxError(f"this integer has {len(child)} digits; at most {MAX_INT_DIGITS} "
                                       "(256 bits) are read", _span(child, source))
+            elif isinstance(child, Token) and child.type == "STEP_RUN":
+                steps += len(child.split())  # about one a step (a group's actions count each): a bound, cheaply
+                if steps > MAX_ACTIONS:
+                    raise PipeSyntaxError(f"this text writes more than {MAX_ACTIONS} torch steps, more than a "
+                                        "schedule may emit", _span(child, source))
 
 
 def _span(node: Tree | Token, source: Source) -> Span:

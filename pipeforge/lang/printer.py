@@ -71,11 +71,12 @@ def number(value: float) -> str:
 
 
 def costs_text(costs: CostModel) -> str:
-    durations = [name for name in cost_fields() if name not in ("B", "comm")]  # F, I, W
-    entries = [f"{name} = {number(getattr(costs, name))}" for name in durations]
+    durations = [name for name in cost_fields() if name not in ("B", "comm") and getattr(costs, name) is not None]
+    entries = [f"{name} = {number(getattr(costs, name))}" for name in durations[:3]]  # F, I, W
     if costs.B is not None:
         entries.append(f"B = {number(costs.B)}")
     entries.append(f"comm = {number(costs.comm)}")
+    entries.extend(f"{name} = {number(getattr(costs, name))}" for name in durations[3:])  # R, OFFLOAD, RELOAD when set
     entries.extend(f"{kind}[{stage}] = {number(value)}" for stage, kind, value in costs.per_stage)
     entries.extend(f"comm[{link}] = {number(value)}" for link, value in enumerate(costs.links))
     return "costs { " + "  ".join(entries) + " }"
@@ -88,6 +89,9 @@ def memory_text(memory: MemorySpec) -> str:
         entries.append(f"unsharded = {number(memory.unsharded)}")
     entries.extend(f"activation[{stage}] = {number(value)}" for stage, value in enumerate(memory.activation))
     entries.extend(f"weight_grad[{stage}] = {number(value)}" for stage, value in enumerate(memory.weight_grad))
+    if memory.checkpoint:
+        entries.append(f"checkpoint = {number(memory.checkpoint)}")
+    entries.extend(f"checkpoint[{stage}] = {number(value)}" for stage, value in enumerate(memory.checkpoints))
     return "memory { " + "  ".join(entries) + " }"
 
 

@@ -13,6 +13,7 @@ from pipeforge.errors import SemanticError, Span
 from pipeforge.ir import Action, ActionKind, Step
 
 _F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
+IMPLICIT_KINDS = frozenset({_F, _B, _I, _W})  # the kinds whose microbatch may be left out: F(s), B(s), I(s), W(s)
 
 
 class _Counter:

@@ -13,6 +13,7 @@ from lark import Tree
 
 from pipeforge.errors import SemanticError, Source, Span
 from pipeforge.ir import Action, ActionKind, Step
+from pipeforge.lang.programs import IMPLICIT_KINDS
 from pipeforge.lang import declarations, tokens
 from pipeforge.lang.context import Elaboration
 from pipeforge.lang.exprs import compile_expr, require_int, span_of
@@ -227,7 +228,7 @@ def _action_call(tree: Tree, file: Source) -> Exec:
 
 
 def _check_arity(kind: ActionKind, count: int, span: Span) -> None:
-    if kind.is_compute:
+    if kind in IMPLICIT_KINDS:
         expected, usage = (1, 2), f"{kind.value}(stage) or {kind.value}(stage, microbatch)"
     elif kind.has_microbatch:
         expected, usage = (2,), f"{kind.value}(stage, microbatch)"

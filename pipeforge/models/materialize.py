@@ -1,17 +1,11 @@
 """Materialize the owned stages of a model built on the meta device, and only those.
 
-Every distinct parameter and buffer of the owned stage modules gets storage on
-``device`` (one tensor where stages shared one). Each part of a stage (the
-embedding, each layer by its global index, the norm, the head: a stage module's
-children, one level into a ``ModuleDict``) is initialized under its own seed
-(``part_seed(seed, name)``), its modules children first, with the model's own
-initializer (a Hugging Face model's ``_init_weights``; else ``reset_parameters``).
-So any set of owned stages gets the values that the whole model, materialized
-the same way, has. A tied group takes the value its first entry's part gives
-(the embedding, for a tied LM head, as Hugging Face ties the head to it after
-init), built on the side. ``state_dict`` (the model's names: a mapping, or safetensors files read
-for the owned parameters only, ``pipeforge.models.checkpoint``) then
-overwrites the parameters' values. The caller's random state is left as it was.
+``materialize(modules, every, names, ...)``: every distinct parameter and buffer of the owned stage
+modules gets storage on ``device``, each part (embedding, each layer by its global index, norm, head)
+initialized under its own seed (``part_seed(seed, name)``) with the model's own initializer, so any set
+of owned stages holds the values the whole model, materialized the same way, holds; a tied group takes
+its first entry's value; a ``state_dict`` then overwrites the values. The caller's random state is left
+as it was. ``docs/models.md`` (Build only what you own).
 """
 
 from __future__ import annotations
@@ -46,7 +40,7 @@ def materialize(modules: Mapping[int, nn.Module], every: Mapping[int, nn.Module]
                 state_dict: Mapping[str, torch.Tensor] | None, device) -> None:
     device = torch.device(device)
     _allocate(modules.values(), device)
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
         done: set[int] = set()
         for stage in sorted(modules):
             for part, module in parts(modules[stage]):

@@ -40,7 +40,7 @@ class Split:
 def split(model: nn.Module, stages: int, *, owned: Sequence[int] | None = None,
           layers: Sequence[int] | None = None, costs=None, untie: bool = False,
           seed: int = 0, state_dict=None,
-          device: torch.device | str | None = None, aux_loss: bool = True) -> Split:
+          device: torch.device | str | None = None, aux_loss: bool = True, verify: bool = True) -> Split:
     """Cut ``model`` into ``stages`` stage modules; see the module docstring."""
     if not isinstance(stages, int) or stages < 1:
         raise UsageError(f"pipeforge.split: stages must be a positive integer, got {stages!r}")
@@ -72,6 +72,13 @@ def split(model: nn.Module, stages: int, *, owned: Sequence[int] | None = None,
 
         materialize(modules, every, names, groups, init, seed=seed, state_dict=state_dict,
                     device=device or "cpu")
+    if verify:
+        from pipeforge.models.verify_cut import verify_cut, warn_unchecked
+
+        if _on_meta({0: model}):
+            warn_unchecked(model)
+        else:
+            verify_cut(model, every)
     return Split(modules, groups, bounds, stages, {key: name for key, name in names.items() if key[0] in modules})
 
 
@@ -110,9 +117,10 @@ def _tied_groups(model: nn.Module, every: dict[int, nn.Module], names) -> list[l
         by_param.setdefault(model_name, []).append((stage, name))
     ties = getattr(model, "all_tied_weights_keys", None) or {}
     model_names = {name for name, _ in model.named_parameters(remove_duplicate=False)}
-    canonical = {}
+    first = {}
     for name, param in model.named_parameters(remove_duplicate=False):
-        canonical.setdefault(name, next(n for n, p in model.named_parameters() if p is param))
+        first.setdefault(id(param), name)
+    canonical = {name: first[id(param)] for name, param in model.named_parameters(remove_duplicate=False)}
     for target, source in ties.items():  # declared ties whose copies are distinct parameters
         if target in model_names and source in model_names and canonical[target] != canonical[source]:
             by_param.setdefault(canonical[source], []).extend(by_param.pop(canonical[target], []))

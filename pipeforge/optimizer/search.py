@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from pipeforge._gc import gc_paused
 from pipeforge.errors import Argument, ArgumentError, UsageError, VerificationError, words
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step
 from pipeforge.optimizer import greedy, list_schedule, v_greedy
@@ -81,8 +80,7 @@ def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit
     if time_limit <= 0:
         raise UsageError(f"the time limit must be positive, got {time_limit!r}")
     started = time.monotonic()
-    with gc_paused():  # the search builds ~10^5 small acyclic values (see _gc.py)
-        return _optimize(schedule, costs, memory_limit, strategy, time_limit, progress, weights, placement, started)
+    return _optimize(schedule, costs, memory_limit, strategy, time_limit, progress, weights, placement, started)
 
 
 def _optimize(schedule: Schedule, costs: CostModel | None, memory_limit: float | None, strategy: str,
@@ -149,10 +147,17 @@ def _require_exact_size(split: Graph) -> None:
             Argument("strategy", value="auto or local")), value="exact")
 
 
+KNOWN_KINDS = frozenset(kind for alternative in COMPLETE for kind in alternative)  # F, B, I, W
+
+
 def _require_complete(compute: Schedule) -> None:
     """Every (stage, microbatch, chain) once forward and once backward (B, or I and W), on its rank."""
     seen: dict[tuple[int, int, int], list[ActionKind]] = {}
-    for rank, _, action in compute.actions():
+    for rank, index, action in compute.actions():
+        if action.kind not in KNOWN_KINDS:
+            raise VerificationError(f"{action} (rank {rank}, step {index}): optimize does not yet reorder "
+                                    f"{action.kind.value} actions (recompute and offload); optimize the schedule "
+                                    f"without them, then add them (pipeforge.passes.recompute)")
         if compute.rank_of(action.stage, action.chain) != rank:
             raise VerificationError(f"{action} runs on rank {rank}, which does not own stage {action.stage}")
         seen.setdefault((action.stage, action.microbatch, action.chain), []).append(action.kind)

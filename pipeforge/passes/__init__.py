@@ -5,15 +5,16 @@
 - ``reduce_grad``: REDUCE_GRAD after each stage's last backward on each rank;
 - ``merge_bw``: an I directly followed by its W becomes a B;
 - ``defer_recv``: each receive posted just before the compute that needs it;
-- ``apply_passes``: the passes a command line asks for, in torch's order.
+- ``PASSES``, ``PassPipeline``: each pass as a named object, applied in torch's order with a callback
+  after each; ``apply_passes``: the passes a command line asks for.
 """
 
 from pipeforge.passes.defer_recv import defer_recv
 from pipeforge.passes.lower import lower, lower_with_origins
 from pipeforge.passes.merge_bw import merge_bw
-from pipeforge.passes.pipeline import PassOptions, apply_passes
+from pipeforge.passes.pipeline import PASSES, PassOptions, PassPipeline, SchedulePass, apply_passes
 from pipeforge.passes.reduce_grad import reduce_grad
 from pipeforge.passes.unshard import unshard
 
 __all__ = ["lower", "lower_with_origins", "unshard", "reduce_grad", "merge_bw", "defer_recv",
-           "PassOptions", "apply_passes"]
+           "PASSES", "PassOptions", "PassPipeline", "SchedulePass", "apply_passes"]

@@ -17,7 +17,7 @@ from functools import partial
 from typing import NamedTuple
 
 from pipeforge.ir import COMPUTE_KINDS, Action, ActionKind, Schedule, Step, make_action, replace_programs
-from pipeforge.semantics import GRADIENT_KINDS, NEEDS, ActionKey
+from pipeforge.semantics import GRADIENT_KINDS, LOCAL_KINDS, NEEDS, ActionKey
 
 Position = tuple[int, int]  # (rank, step index in the input program, idle slots counted)
 
@@ -78,6 +78,8 @@ class DependencyGraph:
         edge = partial(tuple.__new__, CarriedEdge)
         for action, here in position.items():  # in program order: rank, then step
             stage, kind, mb, chain = action
+            if kind in LOCAL_KINDS:
+                continue  # every need on its own stage: program order decides
             for producers, send, recv in NEEDS[kind](stage, mb, chain, last):  # semantics.needs(action), unpacked
                 if send is None:
                     continue  # the producer is on the same stage: program order decides

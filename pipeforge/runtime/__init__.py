@@ -18,6 +18,7 @@ _EXPORTS = {
     "PipelineUsageError": "pipeforge.runtime.p2p",
     "Pipeline": "pipeforge.runtime.pipeline",
     "build_pipeline": "pipeforge.runtime.pipeline",
+    "RankModules": "pipeforge.runtime.rank_modules",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -11,7 +11,7 @@ backward actions and communication are skipped. How data moves: ``docs/runtime-i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -33,14 +33,19 @@ from pipeforge.runtime.p2p import (
     empty_header,
     encode_header,
 )
+from pipeforge.runtime.saved import SavedActivations
 from pipeforge.runtime.stage import StageRunner
-from pipeforge.semantics import GRADIENT_KINDS, RUNTIME_METHODS, SENDS, peer_stage
+from pipeforge.semantics import GRADIENT_KINDS, RUNTIME_METHODS, SENDS, lane, peer_stage
 
 SEND_F, RECV_F, SEND_B, RECV_B = ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B
 FORWARD_COMMS = frozenset({SEND_F, RECV_F})  # what eval() keeps
 BACKWARD_KINDS = frozenset({*(kind for kind in COMPUTE_KINDS if kind != "F"), "REDUCE_GRAD"})  # what eval() skips
 WEIGHT_GRADIENT_KINDS = frozenset(kind.value for kind in GRADIENT_KINDS)  # after them: data_parallel's upcast
+FORWARD_KINDS = frozenset({"F", "R"})  # run the stage's forward (R again, under autograd)
 Comm = Action  # what send_f/recv_f/send_b/recv_b return and post takes: the communication action itself
+# the runtime's own compute of each kind, below the hooks: ``_<method>`` for the method generated code calls
+# (``semantics.RUNTIME_METHODS``), which goes through the hooks
+OWN_COMPUTES = {kind: "_" + RUNTIME_METHODS[ActionKind(kind)] for kind in COMPUTE_KINDS}
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,8 @@ class ScheduleInfo:
     stages: int
     microbatches: int
     placements: tuple[tuple[int, ...], ...]
+    recomputed: tuple[tuple[int, int, int], ...] = ()  # (stage, microbatch, chain) that R rebuilds
+    offloaded: tuple[tuple[int, int, int], ...] = ()  # (stage, microbatch, chain) that OFFLOAD moves to host
 
     def rank_of(self, stage: int, chain: int = 0) -> int:
         return self.placements[chain][stage]
@@ -85,6 +92,9 @@ class Observer:
 
     def end_compute(self, kind: str, stage: int, mb: int, chain: int) -> None: ...
 
+    def annotate(self, note: str) -> None:
+        """The running compute did something worth saying (the split backward's ``note``), before its end."""
+
     def begin_wait(self, kind: ActionKind, stage: int, mb: int, chain: int) -> None: ...
 
     def end_wait(self, kind: ActionKind, stage: int, mb: int, chain: int) -> None: ...
@@ -96,6 +106,10 @@ class Observer:
     def begin_finish(self) -> None: ...
 
     def end_finish(self) -> None: ...
+
+
+def _no_note(note: str) -> None:
+    pass
 
 
 class RankContext:
@@ -118,15 +132,13 @@ class RankContext:
         self.stage_inputs: dict[int, list[dict[str, Any]]] = {}  # a stage's keyword inputs per microbatch
         self.targets: list[Any] = []
         self.activations = ActivationCount()  # what simulate's memory model counts (O(1) per action)
+        self.saved = SavedActivations(frozenset(info.recomputed), frozenset(info.offloaded),
+                                      transport.device)  # R, OFFLOAD, RELOAD: runtime/saved.py
         self._handed: dict[Action, Any] = {}
         self._outbox: dict[Action, tuple[torch.Tensor, ...]] = {}
         self._pending: dict[Action, tuple[Posted, tuple[torch.Tensor, ...]]] = {}
         self._sent: list[Posted] = []
         self._collecting: list[StageAction] | None = None  # the overlap step being collected for custom functions
-        # the runtime's own compute of each kind, below the hooks: ``_<method>`` for the method generated
-        # code calls (``semantics.RUNTIME_METHODS``), which goes through the hooks
-        self._computes: dict[str, Callable[[int, int, int], None]] = {
-            kind: getattr(self, "_" + RUNTIME_METHODS[ActionKind(kind)]) for kind in COMPUTE_KINDS}
         # no hook to run around a compute: actions go straight to their stage
         self._direct = not self.functions and not self.observers and not self.data_parallel.hooks_compute
 
@@ -158,6 +170,30 @@ class RankContext:
                 self._backward_weight(stage, mb, chain)
         else:
             self._issue_compute("W", stage, mb, chain)
+
+    def recompute(self, stage: int, mb: int, chain: int = 0) -> None:
+        """R: the forward of a recomputed microbatch again, under autograd, from its checkpoint."""
+        if self._direct:
+            if self.training:
+                self._recompute(stage, mb, chain)
+        else:
+            self._issue_compute("R", stage, mb, chain)
+
+    def offload(self, stage: int, mb: int, chain: int = 0) -> None:
+        """OFFLOAD: the microbatch's saved tensors to host memory."""
+        if self._direct:
+            if self.training:
+                self._offload(stage, mb, chain)
+        else:
+            self._issue_compute("OFFLOAD", stage, mb, chain)
+
+    def reload(self, stage: int, mb: int, chain: int = 0) -> None:
+        """RELOAD: the microbatch's saved tensors back to the device (waited before its backward)."""
+        if self._direct:
+            if self.training:
+                self._reload(stage, mb, chain)
+        else:
+            self._issue_compute("RELOAD", stage, mb, chain)
 
     def reduce_grad(self, stage: int, chain: int = 0) -> None:
         """The stage's gradients are complete on this rank (every replica of it here: REDUCE_GRAD
@@ -236,7 +272,7 @@ class RankContext:
     def run_default(self, action: StageAction) -> None:
         """The runtime's own implementation of ``action``, its hooks included."""
         kind = action.kind
-        if kind in self._computes:
+        if kind in OWN_COMPUTES:
             self._compute(kind, action.stage, action.microbatch, action.chain)
         elif kind == "OVERLAP_F_B":
             with self.activations.overlap():  # one step for the activation count: additions, then releases
@@ -268,8 +304,11 @@ class RankContext:
         for observer in observers:
             observer.begin_compute(kind, stage, mb, chain)
         data_parallel = self.data_parallel
-        data_parallel.before_compute(stage, kind != "F")
-        self._computes[kind](stage, mb, chain)
+        if lane(ActionKind(kind)) == "copy":  # OFFLOAD, RELOAD: the stage's parameters play no part
+            getattr(self, OWN_COMPUTES[kind])(stage, mb, chain)
+        else:
+            data_parallel.before_compute(stage, kind not in FORWARD_KINDS)
+            getattr(self, OWN_COMPUTES[kind])(stage, mb, chain)
         if kind in WEIGHT_GRADIENT_KINDS and stage in data_parallel.upcasting:
             data_parallel.after_weight_gradients(stage)
         for observer in observers:
@@ -278,15 +317,18 @@ class RankContext:
     # -- the runtime's own compute ------------------------------------------------------
 
     def _forward(self, stage: int, mb: int, chain: int) -> None:
-        runner = self.runner(stage, chain)
+        runner = self.runners.get((stage, chain)) or self.runner(stage, chain)
         args, kwargs = self._forward_input(stage, mb, chain)
         own = self.stage_inputs.get(stage)
         if own is not None:
             kwargs = {**kwargs, **own[mb]}
         target = self.targets[mb] if runner.is_last and self.targets else None
-        output = runner.forward(mb, args, target, self.training, kwargs)
+        if self.saved.active:
+            output = self.saved.forward(runner, mb, args, target, self.training, kwargs)
+        else:
+            output = runner.forward(mb, args, target, self.training, kwargs)
         if self.training:
-            self.activations.forward()
+            self.activations.record(ActionKind.F, (stage, mb, chain) in self.saved.recomputed)
         if runner.is_last:
             return
         if self._local(stage + 1, chain):
@@ -295,18 +337,37 @@ class RankContext:
             self._outbox[Action(stage, SEND_F, mb, chain)] = _sendable(output, runner.name)
 
     def _backward(self, stage: int, mb: int, chain: int) -> None:
-        runner = self.runner(stage, chain)
+        self.saved.wait((stage, mb, chain))
+        runner = self.runners.get((stage, chain)) or self.runner(stage, chain)
         self._hand_back(runner, runner.backward(mb, self._output_grads(runner, mb)), mb)
         self.activations.backward()
 
     def _backward_input(self, stage: int, mb: int, chain: int) -> None:
-        runner = self.runner(stage, chain)
+        self.saved.wait((stage, mb, chain))
+        runner = self.runners.get((stage, chain)) or self.runner(stage, chain)
         self._hand_back(runner, runner.backward_input(mb, self._output_grads(runner, mb)), mb)
         self.activations.backward_input()
+        if self.observers:
+            note = runner.note(mb)
+            if note:  # the split did something else than split (a compiled region): the trace says what
+                for observer in self.observers:
+                    getattr(observer, "annotate", _no_note)(note)
 
     def _backward_weight(self, stage: int, mb: int, chain: int) -> None:
         self.runner(stage, chain).backward_weight(mb)
         self.activations.backward_weight()
+
+    def _recompute(self, stage: int, mb: int, chain: int) -> None:
+        self.saved.recompute(self.runner(stage, chain), mb)
+        self.activations.record(ActionKind.R)
+
+    def _offload(self, stage: int, mb: int, chain: int) -> None:
+        self.saved.offload(self.runner(stage, chain), mb)
+        self.activations.record(ActionKind.OFFLOAD)
+
+    def _reload(self, stage: int, mb: int, chain: int) -> None:
+        self.saved.reload(self.runner(stage, chain), mb)
+        self.activations.record(ActionKind.RELOAD)
 
     def _reduce_grad(self, stage: int) -> None:
         replicas = [r for (s, _), r in self.runners.items() if s == stage]

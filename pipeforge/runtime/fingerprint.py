@@ -77,7 +77,7 @@ class Recorder:
 
 def _action(kind: ActionKind, args: tuple, kwargs: dict) -> Action:
     stage = args[0] if args else kwargs.get("stage")
-    if kind in (F, B, I, W) or kind in COMMS:
+    if kind.has_microbatch:  # every kind but the stage-only ones (ir.STAGE_ONLY_KINDS)
         mb = args[1] if len(args) > 1 else kwargs.get("mb")
         chain = args[2] if len(args) > 2 else kwargs.get("chain", 0)
     else:  # REDUCE_GRAD, UNSHARD, RESHARD: a stage and a chain

@@ -17,9 +17,10 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from pipeforge.ir import ActionKind
-from pipeforge.semantics import MEMORY
+from pipeforge.semantics import MEMORY, memory_effect
 
-WEIGHTS = (0.0, 0.5, 1.0)
+WEIGHTS = (0.0, 0.5, 1.0)  # record() spells these out
+_F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 
 
 class ActivationCount:
@@ -47,28 +48,36 @@ class ActivationCount:
         """Forwards whose B or W has not run yet."""
         return int(self.units + self.grads)
 
-    def record(self, kind: ActionKind) -> None:
-        """One ``kind`` action ran: its additions now, its releases now or at the end of the overlap step."""
-        added, released, per_weight = MEMORY[kind]
+    def record(self, kind: ActionKind, recomputed: bool = False) -> None:
+        """One ``kind`` action ran: its additions now, its releases now or at the end of the overlap step
+        (``recomputed``: an F whose microbatch R rebuilds, counted as ``semantics.memory_effect`` counts it
+        with a checkpoint of 0: the runtime counts microbatches, not bytes; ``Pipeline.saved_peak`` has
+        the bytes)."""
+        added = memory_effect(kind, 0.0, checkpoint=0.0 if recomputed else None)[0]
+        _, released, per_weight = MEMORY[kind]
         if added:
-            self.units += added
-            peaks = self._peaks
-            for n, weights in enumerate(WEIGHTS):
-                peaks[n] = max(peaks[n], self.units + weights * self.grads)
+            units = self.units = self.units + added
+            grads, peaks = self.grads, self._peaks  # WEIGHTS: 0, 0.5, 1
+            if units > peaks[0]:
+                peaks[0] = units
+            if units + 0.5 * grads > peaks[1]:
+                peaks[1] = units + 0.5 * grads
+            if units + grads > peaks[2]:
+                peaks[2] = units + grads
         if released or per_weight:
             self._release(released, per_weight)
 
     def forward(self) -> None:
-        self.record(ActionKind.F)
+        self.record(_F)
 
     def backward(self) -> None:
-        self.record(ActionKind.B)
+        self.record(_B)
 
     def backward_input(self) -> None:
-        self.record(ActionKind.I)
+        self.record(_I)
 
     def backward_weight(self) -> None:
-        self.record(ActionKind.W)
+        self.record(_W)
 
     def _release(self, released: float, per_weight: float) -> None:
         # held = units + weights * grads releases ``released + weights * per_weight`` (semantics.memory_effect

@@ -16,6 +16,7 @@ import copy
 import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -69,6 +70,8 @@ class Pipeline:
         self.data_parallel = data_parallel or DataParallel(self.rank, {})
         self.functions = dict(functions or {})
         self.activations: ActivationCount | None = None  # the last step's count (``pipeforge.runtime.memory``)
+        self.count_saved = False  # set True: count the bytes of saved activations (``runtime/saved.py``)
+        self.saved_peak: int | None = None  # the last step's peak bytes of saved activations on this rank
         self.trace = False  # True: record every later step's action timings (``pipeforge.runtime.step_trace``)
         self.last_trace: Trace | None = None  # the last traced step's ``Trace``
         self.observers: list[Observer] = []  # told of every later step's actions (``context.Observer``)
@@ -83,13 +86,17 @@ class Pipeline:
     @property
     def stages(self) -> list[int]:
         """The stages this rank runs (in either chain)."""
-        return sorted({stage for stage, _ in self.runners})
+        return list(self._stages)
 
-    @property
+    @cached_property
+    def _stages(self) -> tuple[int, ...]:
+        return tuple(sorted({stage for stage, _ in self.runners}))
+
+    @cached_property
     def holds_first(self) -> bool:
         return any(stage == 0 for stage, _ in self.runners)
 
-    @property
+    @cached_property
     def holds_last(self) -> bool:
         return any(r.is_last for r in self.runners.values())
 
@@ -127,7 +134,8 @@ class Pipeline:
             self._reduce_chains()
         finally:
             _add_back(earlier)
-        self.tied.sum_gradients(self.transport, self.stage_modules(), self.info)
+        if self.tied.groups:
+            self.tied.sum_gradients(self.transport, self.stage_modules(), self.info)
         if self.scale_grads:
             self._scale(self.info.microbatches)
         return self._results(ctx, losses, return_outputs)
@@ -170,6 +178,8 @@ class Pipeline:
     def _run(self, args: tuple, kwargs: dict, target: Any, shared: Any, per_stage: Any, training: bool) -> RankContext:
         ctx = RankContext(self.info, self.rank, self.runners, self.transport, self._caches, training=training,
                           functions=self.functions, data_parallel=self.data_parallel, observers=self._observers())
+        if self.count_saved:
+            ctx.saved.start_counting()
         if not self.holds_last and target is not None:
             raise PipelineUsageError(f"rank {self.rank} runs stages {self.stages}, not the last stage "
                                      f"{self.info.stages - 1}: target= goes to the rank holding the last stage")
@@ -191,6 +201,8 @@ class Pipeline:
             self._recorded(ctx, training)
         self.data_parallel.end()  # waits for every gradient reduction REDUCE_GRAD started
         self.activations = ctx.activations
+        self.saved_peak = ctx.saved.counter.peak if ctx.saved.counter is not None else None
+        ctx.saved.finish()
         return ctx
 
     def _run_program(self, ctx: RankContext, training: bool) -> None:
@@ -318,10 +330,10 @@ class Pipeline:
     def _scale(self, divisor: int) -> None:
         """Divide every gradient by ``divisor``; an FSDP gradient (a DTensor) in its local shard, which is
         the same elementwise division without DTensor's dispatch (several times the cost of the division)."""
-        with torch.no_grad():
-            for param in self.parameters():
-                if param.grad is not None:
-                    local(param.grad).div_(divisor)
+        grads = [local(param.grad) for param in self.parameters() if param.grad is not None]
+        if grads:
+            with torch.no_grad():
+                torch._foreach_div_(grads, float(divisor))  # one call, each gradient divided as div_ would
 
     def _sync_replicas(self) -> None:
         """Same-rank chain-1 replicas start every step with the chain-0 module's parameters."""

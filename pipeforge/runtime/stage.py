@@ -15,12 +15,12 @@ backward stops at the stage boundary and hands the input gradient on.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from pipeforge.runtime.aux import WithAuxLoss
 from pipeforge.runtime.aux import unwrap as unwrap_aux
 from pipeforge.runtime.microbatch import as_tuple, detached
 from pipeforge.runtime.p2p import PipelineError
@@ -77,12 +77,20 @@ class StageRunner:
                 kwargs: dict[str, Any] | None = None) -> Any:
         """Run the module on one microbatch: ``args`` from the previous stage (or the batch), ``kwargs``
         this stage's own inputs (the batch's keywords on stage 0, per-stage inputs on every stage)."""
+        if torch.is_grad_enabled() != training:  # the pipeline runs its program in the right mode already
+            with torch.set_grad_enabled(training):
+                return self.forward(mb, args, target, training, kwargs)
         if not self.is_first:
             args = tuple(_as_leaf(a, training) for a in args)
-        with torch.set_grad_enabled(training), self._named("F", mb):
-            output, aux = unwrap_aux(self.module(*args, **(kwargs or {})), self.name)
+        try:
+            result = self.module(*args, **kwargs) if kwargs else self.module(*args)
+            output, aux = unwrap_aux(result, self.name) if isinstance(result, WithAuxLoss) else (result, None)
             wants_loss = self.is_last and (training or target is not None)
             loss = self._loss(output, target) if wants_loss else None
+        except PipelineError:
+            raise
+        except Exception as error:
+            raise StageError(self, "F", mb, error) from error
         if self.is_last:
             self.outputs[mb] = detached(output)
             if loss is not None:
@@ -130,8 +138,12 @@ class StageRunner:
         state = self._set_output_grads(mb, grads)
         del self.states[mb]
         if state.roots:
-            with self._named("B", mb):
+            try:
                 torch.autograd.backward(state.roots, state.root_grads)
+            except PipelineError:
+                raise
+            except Exception as error:
+                raise StageError(self, "B", mb, error) from error
         return () if self.is_first else tuple(a.grad for a in state.inputs if _is_float(a))
 
     def backward_input(self, mb: int, grads: tuple | None) -> tuple[torch.Tensor | None, ...]:
@@ -139,10 +151,20 @@ class StageRunner:
         grads returned."""
         state = self._set_output_grads(mb, grads)
         wanted = [a for a in state.inputs if isinstance(a, torch.Tensor) and a.requires_grad] if not self.is_first else []
-        with self._named("I", mb):
+        try:
             found, state.weight_plan = self.split.backward_input(state.roots, state.root_grads, wanted, self._params())
+        except PipelineError:
+            raise
+        except Exception as error:
+            raise StageError(self, "I", mb, error) from error
         by_id = {id(a): g for a, g in zip(wanted, found)}
         return tuple(by_id.get(id(a)) for a in state.inputs if _is_float(a))
+
+    def note(self, mb: int) -> str:
+        """What microbatch ``mb``'s I did other than split its backward (``WeightPlan.note``), or ``""``."""
+        state = self.states.get(mb)
+        plan = state.weight_plan if state is not None else None
+        return plan.note if plan is not None else ""
 
     def backward_weight(self, mb: int) -> None:
         """Backward for weights (W): accumulate the parameters' grads of microbatch ``mb``."""
@@ -150,18 +172,12 @@ class StageRunner:
         if state.weight_plan is None:
             raise PipelineError(f"{self.name}: W of microbatch {mb} before its I")
         del self.states[mb]
-        with self._named("W", mb):
-            accumulate_weight_gradients(state.weight_plan)
-
-    @contextmanager
-    def _named(self, kind: str, mb: int):
-        """An exception of the user's module (or its autograd) re-raised naming rank, stage, microbatch, action."""
         try:
-            yield
+            accumulate_weight_gradients(state.weight_plan)
         except PipelineError:
             raise
         except Exception as error:
-            raise StageError(self, kind, mb, error) from error
+            raise StageError(self, "W", mb, error) from error
 
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import NamedTuple
 
-from pipeforge._gc import gc_paused
 from pipeforge.errors import VerificationError
 from pipeforge.ir import Action, CostModel, MemorySpec, Schedule, Step, as_action
-from pipeforge.semantics import PARAMETER_MEMORY, bubble_rate, held_after_additions, split, stage_effect
+from pipeforge.semantics import PARAMETER_MEMORY, bubble_rate, effects_of, held_after_additions, split
 from pipeforge.sim.bounds import bubble_of_span, compute_bounds, work_bound
 from pipeforge.sim.costs import costs_to_json, resolve_costs
 from pipeforge.sim.workgraph import (Order, Shape, Times, WorkGraph, blocking_input, compile_actions, compile_schedule,
@@ -215,15 +214,14 @@ def simulate(schedule: Schedule, costs: CostModel | None = None, *, memory: Memo
     """
     costs = resolve_costs(schedule, costs)
     memory = memory or schedule.memory or MemorySpec()
-    with gc_paused():
-        graph, order = compile_schedule(schedule, costs, memory)
-        times = time_order(graph, order)
-        if not times.finished(order):
-            raise _stuck_error(schedule, graph, order, times)
-        by_rank = [_events(graph, rank, seq, times) for rank, seq in enumerate(order)]
-        peaks = _peaks(schedule, memory, graph, order)
-        stats = tuple(_rank_stats(rank, by_rank[rank], peaks[rank]) for rank in range(schedule.ranks))
-        events = tuple(event for rank_events in by_rank for event in rank_events)
+    graph, order = compile_schedule(schedule, costs, memory)
+    times = time_order(graph, order)
+    if not times.finished(order):
+        raise _stuck_error(schedule, graph, order, times)
+    by_rank = [_events(graph, rank, seq, times) for rank, seq in enumerate(order)]
+    peaks = _peaks(schedule, memory, graph, order)
+    stats = tuple(_rank_stats(rank, by_rank[rank], peaks[rank]) for rank in range(schedule.ranks))
+    events = tuple(event for rank_events in by_rank for event in rank_events)
     return Timeline(schedule.name, schedule.ranks, schedule.stages, schedule.microbatches,
                     events, costs, memory, stats, schedule, graph)
 
@@ -234,20 +232,16 @@ def _peaks(schedule: Schedule, memory: MemorySpec, graph: WorkGraph, order: Orde
     if not memory.unsharded or not any(a.kind in PARAMETER_MEMORY for p in schedule.programs for s in p
                                        for a in s.actions):
         return [peak_memory(graph, seq) for seq in order]
-    return [program_peak(program, memory) for program in schedule.programs]
+    effect = effects_of(memory, (a for _, _, a in schedule.actions()))
+    return [program_peak(program, memory, effect) for program in schedule.programs]
 
 
-def program_peak(program: tuple[Step, ...], memory: MemorySpec) -> float:
+def program_peak(program: tuple[Step, ...], memory: MemorySpec, effect=None) -> float:
     """The most a rank holds after the additions of any step of ``program`` (compute, UNSHARD and
-    RESHARD: ``semantics.stage_effect``), never less than 0."""
-    effects: dict[tuple, tuple[float, float]] = {}
-
-    def effect(action: Action) -> tuple[float, float]:
-        found = effects.get((action.kind, action.stage))
-        if found is None:
-            found = effects[action.kind, action.stage] = stage_effect(memory, action.kind, action.stage)
-        return found
-
+    RESHARD: ``semantics.stage_effect``), never less than 0 (``effect``: ``semantics.effects_of`` the
+    whole schedule, so a recomputed F keeps its checkpoint; default: of this program)."""
+    if effect is None:
+        effect = effects_of(memory, (a for step in program for a in step.actions))
     walk = held_after_additions([effect(a) for a in step.actions] for step in program)
     return max(0.0, max(walk, default=0.0))
 

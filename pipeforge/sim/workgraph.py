@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from pipeforge.ir import COMPUTE_KINDS, Action, CostModel, MemorySpec, Placement, Schedule
-from pipeforge.semantics import ActionKey, needs, stage_effect
+from pipeforge.semantics import ActionKey, effects_of, needs, needs_if_present
 from pipeforge.sim.costs import duration_table
 
 Order = tuple[tuple[int, ...], ...]
@@ -32,10 +32,11 @@ class WorkGraph:
         placements = shape.placements
         self.rank = [placements[a.chain].stage_to_rank[a.stage] for a in actions]
         self.duration = _durations(actions, costs, shape.stages)
-        effects = _memory_effects(actions, memory)
-        self.added = [effects[a.kind, a.stage][0] for a in actions]
-        self.released = [effects[a.kind, a.stage][1] for a in actions]
-        self.delta = [effects[a.kind, a.stage][0] - effects[a.kind, a.stage][1] for a in actions]
+        effect = effects_of(memory, actions)
+        effects = [effect(a) for a in actions]
+        self.added = [added for added, _ in effects]
+        self.released = [released for _, released in effects]
+        self.delta = [added - released for added, released in effects]
         self.phantoms: list[tuple[ActionKey, ...]] = []  # node len(actions) + k stands for phantoms[k]
         self.deps = self._dependencies(costs)
         self.waits = self.deps  # what the engine waits for (compile_schedule widens it for overlap steps)
@@ -68,6 +69,10 @@ class WorkGraph:
                     deps.append((producer, 0.0))
                 else:
                     deps.append((producer, costs.latency(self.actions[producer].stage, action.stage) if links else comm))
+            for key in needs_if_present(action):  # after the R or RELOAD of its activations, when there is one
+                producer = index.get(key)
+                if producer is not None:
+                    deps.append((producer, 0.0))
             found.append(tuple(deps))
         return found
 
@@ -94,11 +99,6 @@ class Shape(NamedTuple):
     @staticmethod
     def of(schedule: Schedule) -> Shape:
         return Shape(schedule.ranks, schedule.stages, schedule.microbatches, schedule.placements)
-
-
-def _memory_effects(actions: list[Action], memory: MemorySpec) -> dict[tuple, tuple[float, float]]:
-    """``(added, released)`` per (kind, stage) present (``semantics.stage_effect``)."""
-    return {key: stage_effect(memory, *key) for key in {(a.kind, a.stage) for a in actions}}
 
 
 def _first_present(index: dict[Action, int], producers: tuple[ActionKey, ...]) -> int | None:

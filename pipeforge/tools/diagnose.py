@@ -1,18 +1,11 @@
 """``pipeforge diagnose DIR``: where every rank of a failed or hung step was, and the wait cycle.
 
-Input: the records ranks leave in DIR (``pipeforge.runtime.records``) and the generated
-module each record names (the code that ran, hand edits included: its rank functions
-are read with ``ast``, each statement's comment giving its action, ``.pipe`` location
-and step). Output: a ``Diagnosis`` holding each rank's state (finished, failed or
-still running; the statement it was at; what it waited for) and the wait chain
-found by following each wait to the rank that must post its partner, until a rank
-repeats (a cycle, a deadlock) or the chain ends at a rank that stopped (failed, or
-inside a compute), finished, or whose program never posts the partner. The chain is
-told as ``verify`` tells a deadlock (``verifier.report``'s hops, with carets).
-
-Bad input raises ``UsageError`` naming the file: no records, a truncated or foreign
-file, records of several schedules or steps, a rank's record missing, a module that
-changed since the run or is gone.
+``diagnose(directory, modules=None)`` -> ``Diagnosis``: from the records ranks leave in DIR
+(``runtime/records.py``) and the generated module each names (read with ``ast``, hand edits included),
+each rank's state and statement, and the wait chain followed from rank to rank until a rank repeats (a
+deadlock) or the chain ends, told as ``verify`` tells a deadlock, with carets. Bad input (no records, a
+truncated or foreign file, several schedules or steps, a missing rank, a changed or missing module)
+raises ``UsageError`` naming the file. ``docs/torch.md`` (After a hang).
 """
 
 from __future__ import annotations
@@ -24,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeforge.errors import Source, Span, UsageError
+from pipeforge.errors import Argument, Source, Span, UsageError, words
 from pipeforge.ir import Action, parse_action
 from pipeforge.runtime.records import FORMAT
 from pipeforge.semantics import RUNTIME_METHODS, partner, peer_stage
@@ -190,8 +183,8 @@ def read_program(record: dict, module_override: str | None = None) -> list[State
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"rank {record['rank']}: cannot read the generated module {str(path)!r} that ran: {error}; "
-                         f"name it with --module") from None
+        raise UsageError(words(f"rank {record['rank']}: cannot read the generated module {str(path)!r} that ran: "
+                               f"{error}; name it with ", Argument("module"))) from None
     digest = record.get("module_sha256")
     if module_override is None and digest and hashlib.sha256(text.encode()).hexdigest() != digest:
         raise UsageError(f"{str(path)!r} has changed since rank {record['rank']} ran it (its SHA-256 differs "

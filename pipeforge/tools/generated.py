@@ -18,3 +18,17 @@ def load_module(path: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def generated_text(path: str | Path) -> str:
+    """The text of a module ``pipeforge codegen`` wrote and of its rank modules, in rank order: the whole
+    program as one string (what a test or a reader greps)."""
+    from pipeforge.generator import rank_folder  # here, not above: load_module (in every rank) needs no jinja2
+
+    path = Path(path)
+    texts = [path.read_text(encoding="utf-8")]
+    folder = rank_folder(path)
+    if folder is not None:
+        ranks = sorted(folder.glob("rank_*.py"), key=lambda p: int(p.stem.removeprefix("rank_")))
+        texts += [p.read_text(encoding="utf-8") for p in ranks]
+    return "".join(texts)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from time import perf_counter
 
-from pipeforge._gc import gc_paused
 from pipeforge.errors import UsageError
 from pipeforge.ir import MemorySpec, Schedule
 from pipeforge.passes.lower import lower_with_origins
+from pipeforge.semantics import Semantics
 from pipeforge.verifier.deadlock import deadlock_violation
 from pipeforge.verifier.events import Stuck, group_slots, model_constraints, run
 from pipeforge.verifier.matching import check_matching, pair_ops
@@ -30,7 +30,7 @@ from pipeforge.verifier.report import KINDS, Hop, Report, Stats, Violation
 from pipeforge.verifier.structure import (check_missing, check_needed_comms, check_order, check_structure,
                                           microbatch_chains)
 
-SEMANTICS = ("rendezvous", "buffered", "nccl")
+SEMANTICS = tuple(Semantics)
 
 __all__ = ["verify", "VerifierDisagreement", "Report", "Violation", "Hop", "Stats", "KINDS", "SEMANTICS"]
 
@@ -39,7 +39,7 @@ class VerifierDisagreement(RuntimeError):
     """The event pass and z3 reached different verdicts: a bug in pipeforge, never the input's fault."""
 
 
-def verify(schedule: Schedule, *, semantics: str = "rendezvous", memory_limit: float | None = None,
+def verify(schedule: Schedule, *, semantics: Semantics | str = Semantics.RENDEZVOUS, memory_limit: float | None = None,
            certify: bool = True, solve: bool | None = None) -> Report:
     """Check ``schedule``; a compute-only one is checked as ``lower`` makes it.
 
@@ -50,8 +50,7 @@ def verify(schedule: Schedule, *, semantics: str = "rendezvous", memory_limit: f
     """
     if semantics not in SEMANTICS:
         raise UsageError(f"semantics {semantics!r}: expected one of {', '.join(SEMANTICS)}")
-    with gc_paused():
-        return verify_schedule(schedule, semantics, memory_limit, certify, solve)
+    return verify_schedule(schedule, Semantics(semantics), memory_limit, certify, solve)
 
 
 SOLVE_BY_DEFAULT_UP_TO = 6000  # group steps (16 ranks x 64 microbatches x 2 stages has about 4,200)
@@ -61,7 +60,7 @@ SOLVE_BY_DEFAULT_UP_TO = 6000  # group steps (16 ranks x 64 microbatches x 2 sta
 STRUCTURE_BY_Z3_UP_TO = 1200
 
 
-def verify_schedule(schedule: Schedule, semantics: str, memory_limit: float | None, certify: bool,
+def verify_schedule(schedule: Schedule, semantics: Semantics, memory_limit: float | None, certify: bool,
                     solve: bool | None) -> Report:
     started = perf_counter()
     lowered = lower_with_origins(schedule)
@@ -121,7 +120,7 @@ def group_count(program: Program) -> int:
     return sum(1 for row in program.slots for slot in row if slot.group)
 
 
-def decide_timing(program: Program, pairing, semantics: str, outcome) -> bool:
+def decide_timing(program: Program, pairing, semantics: Semantics, outcome) -> bool:
     """z3 decides the timing model with free start times; it must agree with the event pass."""
     seed = None if isinstance(outcome, Stuck) else outcome
     decision = decide(model_constraints(program, pairing, semantics), seed)
@@ -142,7 +141,7 @@ def static_violations(program: Program, pairing, schedule: Schedule, memory_limi
     return violations
 
 
-def check_timing(program: Program, pairing, semantics: str, timing) -> bool:
+def check_timing(program: Program, pairing, semantics: Semantics, timing) -> bool:
     certificate = check_certificate(group_slots(program), model_constraints(program, pairing, semantics), timing)
     if not certificate.checked:
         raise RuntimeError("internal error: z3 rejected the timing the event pass proposed")

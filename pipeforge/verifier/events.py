@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
+from pipeforge.semantics import Semantics
 from pipeforge.verifier.matching import Op, Pairing
 from pipeforge.verifier.program import Program, Slot, partner_key, text_of
 
@@ -72,27 +73,27 @@ def group_slots(program: Program) -> list[list[int]]:
     return [[slot.number for slot in row if slot.group] for row in program.slots]
 
 
-def model_constraints(program: Program, pairing: Pairing, semantics: str) -> list[Constraint]:
+def model_constraints(program: Program, pairing: Pairing, semantics: Semantics) -> list[Constraint]:
     """The folded timing model over group slots (the certificate is checked against these)."""
     groups = group_slots(program)
     found: list[Constraint] = [("gap", rank, k, j) for rank, numbers in enumerate(groups)
                                for k, j in zip(numbers, numbers[1:])]
-    if semantics == "rendezvous":
+    if semantics is Semantics.RENDEZVOUS:
         found += [("rendezvous", send.at, recv.at) for send, recv in pairing.matches]
     else:
         found += released(found, pairing, semantics)
     for op in pairing.unmatched:
-        if semantics != "buffered" or not op.is_send:
+        if semantics is not Semantics.BUFFERED or not op.is_send:
             found.append(("unmatched", op.at, op.text))
     return found
 
 
-def released(gaps: list[Constraint], pairing: Pairing, semantics: str) -> list[Constraint]:
+def released(gaps: list[Constraint], pairing: Pairing, semantics: Semantics) -> list[Constraint]:
     """Buffered and nccl: the group after a waiting op's group starts once its partner's group is posted."""
     following = {(rank, k): j for _, rank, k, j in gaps}
     found = []
     for send, recv in pairing.matches:
-        waiting = ((recv, send), (send, recv)) if semantics == "nccl" else ((recv, send),)
+        waiting = ((recv, send), (send, recv)) if semantics is Semantics.NCCL else ((recv, send),)
         for op, partner in waiting:  # op's group ends after partner's group is posted
             rank, k = op.at
             if (rank, k) in following:
@@ -101,7 +102,7 @@ def released(gaps: list[Constraint], pairing: Pairing, semantics: str) -> list[C
     return found
 
 
-def run(program: Program, pairing: Pairing, semantics: str) -> Timing | Stuck:
+def run(program: Program, pairing: Pairing, semantics: Semantics) -> Timing | Stuck:
     runner = RUNNERS[semantics](program, pairing)
     runner.run()
     return runner.result()
@@ -335,4 +336,4 @@ class Nccl(Buffered):
     waits_for_receivers = True
 
 
-RUNNERS = {"rendezvous": Rendezvous, "buffered": Buffered, "nccl": Nccl}
+RUNNERS = {Semantics.RENDEZVOUS: Rendezvous, Semantics.BUFFERED: Buffered, Semantics.NCCL: Nccl}

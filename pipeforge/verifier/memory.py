@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipeforge.ir import ActionKind, MemorySpec
-from pipeforge.semantics import ActionKey, held_after_additions, stage_effect
+from pipeforge.ir import MemorySpec
+from pipeforge.semantics import effects_of, held_after_additions
 from pipeforge.verifier.program import Program, violation_at
 from pipeforge.verifier.report import Violation
 
@@ -14,15 +14,8 @@ def check_memory(program: Program, limit: float | None, memory: MemorySpec) -> l
     every action, walked by ``semantics.held_after_additions`` (simulate's peak is the same walk)."""
     if limit is None:
         return []
-    effects: dict[tuple, tuple[float, float]] = {}
-
-    def effect_of(key: ActionKey) -> tuple[float, float]:
-        found = effects.get((key[1], key[0]))
-        if found is None:
-            found = effects[key[1], key[0]] = stage_effect(memory, ActionKind(key[1]), key[0])
-        return found
-
-    if not memory.uniform:
+    effect_of = effects_of(memory, (key for row in program.slots for slot in row for key in slot.acts))
+    if not memory.uniform or any(key[1] == "R" for row in program.slots for slot in row for key in slot.acts):
         what = "M_B of activations"
     else:
         what = "microbatches of activations" + (" and unsharded parameters" if memory.unsharded else "")

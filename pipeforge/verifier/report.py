@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipeforge.errors import Span, caret_block
+from pipeforge.semantics import Semantics
 
 CORE_LINES = 16
 KINDS = ("syntax", "placement", "duplicate", "missing", "order", "mismatch", "deadlock", "memory")
@@ -126,7 +127,7 @@ class Report:
     valid: bool
     violations: tuple[Violation, ...]
     stats: Stats
-    semantics: str = "rendezvous"
+    semantics: Semantics = Semantics.RENDEZVOUS
     certified: bool = False  # z3 established the timing (checked the proposal, or decided the model)
     solved: bool = False  # z3 decided the timing model with free start times (--solve)
     established: dict = field(default_factory=dict, compare=False)  # kind -> what established it

@@ -1,18 +1,11 @@
 """The rules of the stage-only actions, plain Python (docs/semantics.md, "Parameters and gradients").
 
-``REDUCE_GRAD``, ``UNSHARD`` and ``RESHARD`` name a stage, not a microbatch: they act on
-that stage's parameters on the rank they are written on (every replica of the stage
-there, whatever its chain). So each must be on a rank holding the stage
-(``placement``); ``REDUCE_GRAD`` comes once per stage and rank (``duplicate``), after
-the last ``B`` or ``W`` of the stage there (``order``); and where a stage is
-unsharded and resharded on a rank, its ``UNSHARD``\\s and ``RESHARD``\\s alternate,
-starting with an ``UNSHARD``, every compute of the stage lies between an ``UNSHARD``
-and the next ``RESHARD`` (``order``), and the last one is a ``RESHARD`` (else
-``missing``: the parameters are left gathered).
-
-Their memory (with ``memory { unsharded = X }`` an ``UNSHARD`` holds X, in units
-of M_B, until its ``RESHARD``) is ``pipeforge.semantics.PARAMETER_MEMORY``,
-counted by the memory check in ``memory.py`` as simulate counts it.
+``check_sharding(program)`` -> the ``placement``, ``duplicate``, ``order`` and ``missing`` violations of
+``REDUCE_GRAD``, ``UNSHARD`` and ``RESHARD``, which name a stage, not a microbatch: each on a rank holding
+the stage; ``REDUCE_GRAD`` once per stage and rank, after the stage's last B or W there; ``UNSHARD`` and
+``RESHARD`` actions alternating from an ``UNSHARD``, every compute of the stage between an ``UNSHARD`` and the
+next ``RESHARD``, the last one a ``RESHARD``. Their memory is ``semantics.PARAMETER_MEMORY``'s, counted by
+``memory.py``.
 """
 
 from __future__ import annotations

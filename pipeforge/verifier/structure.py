@@ -212,10 +212,13 @@ def check_missing(program: Program, chains: dict[int, int]) -> list[Violation]:
 MAX_MISSING_REPORTED = 1000  # a mistyped --stages 1000000 must not list millions of lines
 
 
+_REQUIRING = tuple(kind for kind in REQUIRES if kind is not W)  # beyond W (checked below): OFFLOAD, RELOAD
+
+
 def missing_of(present: set[ActionKey], stage: int, mb: int) -> list[str]:
     """What the (stage, microbatch) lacks: an F, and a B or both I and W (``semantics.SPLIT``)."""
     has_f, has_b, has_w = (stage, F, mb, 0) in present, (stage, B, mb, 0) in present, (stage, W, mb, 0) in present
-    if has_f and has_b and not has_w:
+    if has_f and has_b and not has_w and not any((stage, kind, mb, 0) in present for kind in _REQUIRING):
         return []
     has_i = (stage, I, mb, 0) in present
 

@@ -22,28 +22,52 @@ schedule broken(P = 2, M = 1) {
 """
 
 
+def written(path: Path) -> tuple[str, list[str]]:
+    """The module codegen wrote at ``path`` and its rank modules' text, by rank."""
+    (folder,) = path.parent.glob(f"{path.stem}_ranks_*")
+    ranks = sorted(folder.glob("rank_*.py"), key=lambda p: int(p.stem.removeprefix("rank_")))
+    return path.read_text(), [p.read_text() for p in ranks]
+
+
 def test_codegen_writes_the_module(tmp_path, capsys):
     assert main(["codegen", "gpipe", "-D", "P=2", "-D", "M=2", "-o", str(tmp_path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out == {"schedule": out["schedule"], "module": str(tmp_path / f"{out['schedule']}.py"), "ranks": 2}
-    text = (tmp_path / f"{out['schedule']}.py").read_text()
-    assert "def make_pipeline(" in text and "'gpipe.pipe':" in text
+    module = tmp_path / f"{out['schedule']}.py"
+    (folder,) = tmp_path.glob(f"{out['schedule']}_ranks_*")
+    assert out == {"schedule": out["schedule"], "module": str(module), "ranks": 2, "rank_folder": str(folder)}
+    text, ranks = written(module)
+    assert "def make_pipeline(" in text and f"RANK_FOLDER = {folder.name!r}" in text
+    assert all("gpipe.pipe:" in rank for rank in ranks) and "def rank_1(ctx: RankContext)" in ranks[1]
 
 
 def test_codegen_without_locations_matches_the_golden(tmp_path, goldens, capsys):
     source = Path(__file__).parent / "programs" / "lowered_1f1b.pipe"
     assert main(["codegen", str(source), "-o", str(tmp_path), "--no-locations"]) == 0
     assert "wrote" in capsys.readouterr().out
-    goldens.check("lowered_1f1b.py.txt", (tmp_path / "lowered_1f1b.py").read_text())
+    text, ranks = written(tmp_path / "lowered_1f1b.py")
+    goldens.check("lowered_1f1b.main.py.txt", text)
+    for rank, rank_text in enumerate(ranks):
+        goldens.check(f"lowered_1f1b.rank_{rank}.py.txt", rank_text)
 
 
 def test_codegen_with_locations_names_the_pipe_lines(tmp_path):
     source = Path(__file__).parent / "programs" / "lowered_1f1b.pipe"
     assert main(["codegen", str(source), "-o", str(tmp_path)]) == 0
-    text = (tmp_path / "lowered_1f1b.py").read_text()
-    assert "    ctx.forward(0, 0)  # 0F0 'lowered_1f1b.pipe':8:9 step 0\n" in text
-    assert "    ctx.post(ctx.send_b(1, 2))  # 1SEND_B2 'lowered_1f1b.pipe':19:9 step 9\n" in text
-    assert "    ctx.post(  # [0SEND_F1 0RECV_B0] 'lowered_1f1b.pipe':9:13 step 3\n" in text
+    text = "".join(written(tmp_path / "lowered_1f1b.py")[1])
+    assert "    ctx.forward(0, 0)  # 0F0 lowered_1f1b.pipe:8:9 step 0\n" in text
+    assert "    ctx.post(ctx.send_b(1, 2))  # 1SEND_B2 lowered_1f1b.pipe:19:9 step 9\n" in text
+    assert "    ctx.post(  # [0SEND_F1 0RECV_B0] lowered_1f1b.pipe:9:13 step 3\n" in text
+
+
+def test_rewriting_a_module_leaves_one_complete_rank_folder(tmp_path):
+    source = Path(__file__).parent / "programs" / "lowered_1f1b.pipe"
+    assert main(["codegen", str(source), "-o", str(tmp_path), "--no-locations"]) == 0
+    first = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["codegen", str(source), "-o", str(tmp_path), "--no-locations"]) == 0  # same text: same folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == first
+    assert main(["codegen", str(source), "-o", str(tmp_path)]) == 0  # other text: a new folder, the old one gone
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert len(names) == 2 and names != first and not any(n.startswith(".") for n in names)
 
 
 def test_codegen_refuses_an_invalid_schedule_with_exit_1(tmp_path, capsys):
@@ -129,10 +153,15 @@ def test_a_crafted_file_name_stays_inside_comments(tmp_path):
     source = tmp_path / "x'; import os\n#\"q.pipe"
     source.write_text((Path(__file__).parent / "programs" / "lowered_1f1b.pipe").read_text())
     assert main(["codegen", str(source), "-o", str(tmp_path / "out")]) == 0
-    text = (tmp_path / "out" / "lowered_1f1b.py").read_text()
+    text, ranks = written(tmp_path / "out" / "lowered_1f1b.py")
     imports = [n for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert [ast.unparse(n) for n in imports] == ["import torch", "from pipeforge import runtime"]
-    assert "  # 0F0 'x\\'; import os\\n#\"q.pipe':8:9 step 0\n" in text
+    for rank_text in ranks:
+        imports = [n for n in ast.walk(ast.parse(rank_text)) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        assert [ast.unparse(n) for n in imports] == ["from __future__ import annotations",
+                                                     "from typing import TYPE_CHECKING",
+                                                     "from pipeforge.runtime import RankContext"]
+    assert "  # 0F0 'x\\'; import os\\n#\"q.pipe':8:9 step 0\n" in ranks[0]
 
 
 def test_run_without_torch_is_refused_plainly(monkeypatch, capsys):
@@ -146,3 +175,23 @@ def test_run_without_torch_is_refused_plainly(monkeypatch, capsys):
     assert main(["run", "1f1b", "-D", "P=2", "-D", "M=2", "--nproc", "2"]) == 2
     err = capsys.readouterr().err
     assert "'pipeforge run' needs torch" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name, defines", [("zbv", ["P=2", "M=4"]), ("dualpipev", ["P=2", "M=4"]),
+                                           ("interleaved-1f1b", ["P=32", "M=64"])])
+def test_generated_modules_pass_ruff(tmp_path, name, defines):
+    import shutil
+    import subprocess
+
+    ruff = shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed (it is a dev dependency)")
+    args = ["codegen", name, "-o", str(tmp_path)]
+    for define in defines:
+        args += ["-D", define]
+    assert main(args) == 0
+    # the project's own rules and line length (pyproject.toml), plus pycodestyle and pyflakes in full
+    done = subprocess.run([ruff, "check", "--no-cache", "--select", "E,W,F,I", "--line-length", "120", str(tmp_path)],
+                          capture_output=True, text=True, cwd=Path(__file__).parents[2], check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert max(len(line) for p in tmp_path.rglob("*.py") for line in p.read_text().splitlines()) <= 120

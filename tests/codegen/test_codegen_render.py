@@ -103,8 +103,8 @@ def test_module_structure_and_imports():
     text = render_module(lowered())
     assert defined_names(text) == EXPECTED_NAMES
     assert top_level_imports(text) == {"torch", "pipeforge:runtime"}
-    assert "ctx.post(ctx.send_f(0, 0))  # 0SEND_F0 'tiny.pipe':11:5 step 1\n" in text
-    assert "    ctx.backward(1, 1)  # 1B1 'tiny.pipe':16:5 step 6\n" in text
+    assert "ctx.post(ctx.send_f(0, 0))  # 0SEND_F0 tiny.pipe:11:5 step 1\n" in text
+    assert "    ctx.backward(1, 1)  # 1B1 tiny.pipe:16:5 step 6\n" in text
 
 
 def test_locations_can_be_left_out():
@@ -212,8 +212,32 @@ def test_codegen_lowers_verifies_and_writes_a_library_schedule(tmp_path):
     assert path == tmp_path / "one_f_one_b.py"
     text = path.read_text()
     compile(text, str(path), "exec")
-    assert "'1f1b.pipe':" in text
-    assert [p.name for p in tmp_path.iterdir()] == ["one_f_one_b.py"]
+    (folder,) = tmp_path.glob("one_f_one_b_ranks_*")
+    assert f"RANK_FOLDER = {folder.name!r}" in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one_f_one_b.py", folder.name]
+    assert sorted(p.name for p in folder.iterdir()) == ["rank_0.py", "rank_1.py"]
+    for rank in (0, 1):
+        rank_text = (folder / f"rank_{rank}.py").read_text()
+        compile(rank_text, "rank", "exec")
+        assert "1f1b.pipe:" in rank_text and f"def rank_{rank}(ctx: RankContext) -> None:" in rank_text
+
+
+@pytest.mark.parametrize("failing", ["rename", "replace"])
+def test_a_failed_write_leaves_the_old_output_whole(tmp_path, monkeypatch, failing):
+    schedule = pipeforge.load("1f1b", defines={"P": 2, "M": 3})
+    path = codegen(schedule, tmp_path, locations=False)
+    before = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+
+    def broken(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, failing, broken)
+    with pytest.raises(UsageError, match="disk full"):
+        codegen(schedule, tmp_path)  # with locations: other rank modules, another folder
+    after = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert after == before and sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        {str(p).split("/")[0] for p in before})
+    assert path.exists()
 
 
 def test_write_is_atomic_and_leaves_no_partial_file(tmp_path, monkeypatch):
@@ -258,7 +282,8 @@ def test_every_step_of_the_lowered_schedule_appears_in_order():
 
 # -- comments: torch token, 'file':line:col, verify's step index ------------------------------
 
-COMMENT = re.compile(r"  # (?P<token>\S+(?: \S+)*?) (?P<file>'[^']*'):(?P<line>\d+):(?P<col>\d+) step (?P<step>\d+)$")
+COMMENT = re.compile(r"  # (?P<token>\S+(?: \S+)*?) (?P<file>'[^']*'|\S+?):(?P<line>\d+):(?P<col>\d+) "
+                     r"step (?P<step>\d+)$")
 
 
 def comments_by_rank(text: str) -> dict[int, list[re.Match]]:
@@ -299,7 +324,7 @@ def test_the_step_verify_reports_is_the_step_the_comment_names():
     for violation in report.violations:
         token = re.search(r" at (\S+),", violation.message)[1]
         (match,) = [m for m in comments[violation.rank] if m["step"] == str(violation.step) and m["token"] == token]
-        assert violation.location.endswith(f"{match['file'][1:-1]}:{match['line']}:{match['col']}")
+        assert violation.location.endswith(f"{match['file']}:{match['line']}:{match['col']}")
 
 
 def test_an_overlap_comment_is_the_overlap_token():
@@ -307,8 +332,8 @@ def test_an_overlap_comment_is_the_overlap_token():
     programs = tuple(tuple(replace(s, span=Span("o.pipe", 3, 7)) for s in p) for p in programs_from_tokens(rows))
     schedule = Schedule("o", 2, 2, 2, (Placement.loop(2, 2), Placement((1, 0))), programs)
     text = render_module(schedule)
-    assert "    with ctx.overlap():  # (0F1;0B0) 'o.pipe':3:7 step 0\n        ctx.forward(0, 1)\n" in text
-    assert "    ctx.forward(1, 0, chain=1)  # 1F0@1 'o.pipe':3:7 step 0\n" in text
+    assert "    with ctx.overlap():  # (0F1;0B0) o.pipe:3:7 step 0\n        ctx.forward(0, 1)\n" in text
+    assert "    ctx.forward(1, 0, chain=1)  # 1F0@1 o.pipe:3:7 step 0\n" in text
 
 
 # -- naming the module and never overwriting another schedule's ------------------------------
@@ -317,7 +342,8 @@ def test_output_file_names_the_module(tmp_path):
     schedule = pipeforge.load("1f1b", defines={"P": 2, "M": 3})
     assert codegen(schedule, tmp_path / "mine.py") == tmp_path / "mine.py"
     assert codegen(schedule, tmp_path, name="other") == tmp_path / "other.py"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.py", "other.py"]
+    assert sorted(p.name for p in tmp_path.glob("*.py")) == ["mine.py", "other.py"]
+    assert sorted(p.name.split("_ranks_")[0] for p in tmp_path.glob("*_ranks_*")) == ["mine", "other"]
 
 
 @pytest.mark.parametrize("output, name", [("my-mod.py", None), ("1x.py", None), ("class.py", None),

@@ -181,3 +181,23 @@ def test_a_50_megabyte_file_of_idle_slots_is_refused_early(tmp_path):
     (tmp_path / "idle.pipe").write_text(text)
     done = pipeforge(["verify", "idle.pipe"], tmp_path, cap=512 << 20, timeout=30)
     assert_refused(done, "may hold at most 32 MiB")
+
+
+@pytest.mark.parametrize("slot, count, message", [
+    (" _", 2_000_001, "more than 2000000 torch steps"),  # 4 MB: refused before any step is built
+    (" idle", 250_001, "more than 250000 tokens"),  # each a statement: the parse stops at the bound
+])
+def test_a_file_of_idle_slots_is_refused_at_the_bound_in_bounded_memory(tmp_path, slot, count, message):
+    text = "schedule s {\n  ranks 1 stages 1 placement loop microbatches 1\n  rank 0 {" + slot * count + " }\n}\n"
+    (tmp_path / "idle.pipe").write_text(text)
+    done = pipeforge(["verify", "idle.pipe"], tmp_path, cap=1 << 30, timeout=120)
+    err = done.stderr.decode()
+    assert_refused(done, message)
+    assert err.startswith("idle.pipe:3:")
+
+
+def test_codegen_past_its_documented_size_is_refused_before_lowering(tmp_path):
+    done = pipeforge(["codegen", "1f1b", "-D", "P=1000", "-D", "M=1000", "-o", "big.py"], tmp_path, cap=2 << 30,
+                     timeout=300)
+    assert_refused(done, "has 2000000 actions; codegen writes modules for at most 50000")
+    assert not (tmp_path / "big.py").exists()

@@ -76,3 +76,56 @@ def run_job(rank: int, job: dict):
 def run_jobs(rank: int, nproc: int, jobs: list[dict]) -> list:
     """Several jobs one after another on the same group (only jobs expected to run: a hang spoils the rest)."""
     return [run_job(rank, job) for job in jobs]
+
+
+def torchtitan_job(rank: int, job: dict):
+    """An export built by torchtitan's own code on this rank and run: ("ran", difference), ("failed", why).
+
+    From the exported TOML: ``ParallelismConfig``, torchtitan's ``_get_pipeline_metadata`` (the stage
+    count), ``_generate_llm_fqn_per_model_part`` unless the parts are given, the stage map of
+    ``_get_pp_rank_to_stage_indices_mapping``, real ``PipelineStage`` objects of those stages, and
+    ``_build_pipeline_schedule`` (which loads the CSV into ``_PipelineScheduleRuntime``); one step, with
+    gradients compared to one process (torchtitan's ``scale_grads=False``: sums over microbatches).
+    """
+    from types import SimpleNamespace
+
+    import tomllib
+    from torch.distributed.pipelining import PipelineStage
+    from torchtitan.config import ParallelismConfig
+    from torchtitan.distributed import pipeline_parallel as titan
+
+    with open(job["toml"], "rb") as file:
+        settings = tomllib.load(file)
+    try:
+        parallelism = ParallelismConfig(**settings["parallelism"])
+        ranks = parallelism.pipeline_parallel_degree
+        model = SimpleNamespace(layers=[None] * job["layers"])
+        count, layers, first, last = titan._get_pipeline_metadata(SimpleNamespace(pp=ranks), parallelism, model)
+        names = parallelism.module_fqns_per_model_part or titan._generate_llm_fqn_per_model_part(count, layers,
+                                                                                                 first, last)
+        stages = len(names)
+        mine = titan._get_pp_rank_to_stage_indices_mapping(rank, ranks, parallelism.pipeline_parallel_schedule,
+                                                           stages)
+        modules = {s: stage_module(s) for s in mine}
+        built = [PipelineStage(modules[s], s, stages, torch.device("cpu")) for s in mine]
+        schedule = titan._build_pipeline_schedule(parallelism=parallelism,
+                                                  local_batch_size=settings["training"]["local_batch_size"],
+                                                  stages=built, loss_fn=lambda out, target: (mse(out, target), None))
+        microbatches = settings["training"]["local_batch_size"] // parallelism.pipeline_parallel_microbatch_size
+        x, y = batch(microbatches)
+        schedule.step(*((x,) if 0 in mine else ()), target=y if stages - 1 in mine else None)
+    except Exception as error:  # noqa: BLE001 (the test compares with what pipeforge said)
+        return ("failed", f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+    expected = reference_grads(stages, microbatches, list(mine))
+    worst = 0.0
+    for s in mine:
+        for param, want in zip(modules[s].parameters(), expected[s]):
+            if param.grad is None:
+                return ("failed", f"stage {s}: a parameter got no gradient")
+            want = want * microbatches  # torchtitan does not scale gradients
+            worst = max(worst, ((param.grad - want).abs().max() / want.abs().max().clamp_min(1e-12)).item())
+    return ("ran", worst)
+
+
+def torchtitan_jobs(rank: int, nproc: int, jobs: list[dict]) -> list:
+    return [torchtitan_job(rank, job) for job in jobs]

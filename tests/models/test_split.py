@@ -10,7 +10,6 @@ from pipeforge.errors import UsageError
 from tests.models import families
 
 
-
 def chained(cut, tokens, mask):
     hidden = tokens
     for stage in sorted(cut.modules):
@@ -94,3 +93,48 @@ def test_a_stage_returns_tensors_only_and_the_cache_is_off():
 def test_a_model_it_cannot_cut_is_refused_by_name():
     with pytest.raises(UsageError, match="one nn.ModuleList"):
         pipeforge.split(torch.nn.Linear(2, 2), 2)
+
+
+def test_a_tie_the_metadata_declares_is_kept_when_the_copies_are_distinct_parameters():
+    model = families.build("llama-tied")
+    model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())  # as loaded apart
+    assert pipeforge.split(model, 2).tied_parameters == [[(0, "embed.weight"), (1, "head.weight")]]
+
+
+class AddsPositions(families.LayerList):
+    """A layer-list model whose forward does more than apply its children in order."""
+
+    def forward(self, x):
+        h = self.embed(x) + 1.0
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+def granite():
+    import transformers as tf
+
+    config = tf.GraniteConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, intermediate_size=32, embedding_multiplier=2.0,
+                              logits_scaling=3.0, attn_implementation="eager")
+    return tf.AutoModelForCausalLM.from_config(config).double()
+
+
+@pytest.mark.parametrize("build", [granite, lambda: AddsPositions().double()], ids=["granite", "layer-list"])
+def test_a_model_whose_forward_does_more_than_the_cut_knows_is_refused(build):
+    model = build()
+    with pytest.raises(UsageError, match="do not compute what its forward computes"):
+        pipeforge.split(model, 2)
+    assert sorted(pipeforge.split(model, 2, verify=False).modules) == [0, 1]
+    assert model.training  # the check left the model's mode as it was
+
+
+def test_an_untested_family_on_the_meta_device_is_warned_about():
+    import transformers as tf
+
+    config = tf.GraniteConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, intermediate_size=32)
+    with torch.device("meta"):
+        model = tf.AutoModelForCausalLM.from_config(config)
+    with pytest.warns(UserWarning, match="GraniteForCausalLM .* is on the meta device"):
+        pipeforge.split(model, 2, owned=[1])

@@ -9,7 +9,6 @@ from pipeforge.generator import codegen
 from pipeforge.tools.launch import spawn
 
 
-
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_an_optimizer_listing_the_tied_weight_twice_is_warned_about_by_name(tmp_path):

@@ -10,6 +10,7 @@ import pipeforge
 from pipeforge.cli import main
 from pipeforge.interop.torch_csv import read_csv_text, to_csv_text
 from pipeforge.passes import PassOptions, apply_passes
+from pipeforge.tools.generated import generated_text
 from pipeforge.verifier import verify
 
 SMALL = ["-D", "P=3", "-D", "M=4"]
@@ -88,7 +89,7 @@ def test_a_schedule_that_already_unshards_is_refused(tmp_path, capsys):
 def test_codegen_applies_the_passes(tmp_path, capsys):
     assert main(["codegen", "zbv", *SMALL, "--no-locations", "-o", str(tmp_path / "plain")]) == 0
     assert main(["codegen", "zbv", *SMALL, "--merge-bw", "--no-locations", "-o", str(tmp_path / "merged")]) == 0
-    plain, merged = ((tmp_path / folder / "zbv.py").read_text() for folder in ("plain", "merged"))
+    plain, merged = (generated_text(tmp_path / folder / "zbv.py") for folder in ("plain", "merged"))
     assert plain.count("ctx.backward(") == 0 < merged.count("ctx.backward(")
     assert merged.count("ctx.backward(") + merged.count("ctx.backward_weight(") == plain.count("ctx.backward_weight(")
 

@@ -123,9 +123,9 @@ def untraced_step(rank: int, nproc: int, _payload) -> tuple:
     from pipeforge.tools.profiling import load_model
 
     model = load_model(MODEL, 2)
-    with tempfile.TemporaryDirectory() as out:
+    with tempfile.TemporaryDirectory() as out:  # make_pipeline reads the rank's module from there
         generated = load_module(str(codegen(load_library_schedule("1f1b", {"P": 2, "M": 2}), out)))
-    pipe = generated.make_pipeline({rank: model["modules"][rank]}, loss_fn=model["loss_fn"], timeout=60)
+        pipe = generated.make_pipeline({rank: model["modules"][rank]}, loss_fn=model["loss_fn"], timeout=60)
     used = pipe._observers()  # none: the untraced context reads no clock
     pipe.step(*((model["batch"],) if rank == 0 else ()), target=model["target"] if rank == 1 else None)
     untraced = pipe.last_trace

@@ -15,6 +15,7 @@ from pipeforge.cli import main
 from pipeforge.errors import ArgumentError, VerificationError
 from pipeforge.generator import codegen, generate
 from pipeforge.passes import defer_recv
+from pipeforge.tools.generated import generated_text
 from pipeforge.tools.launch import spawn, summarize
 from pipeforge.verifier import verify
 
@@ -42,7 +43,7 @@ def test_generate_refuses_a_semantics_the_runtime_does_not_follow():
 
 def test_codegen_accepts_deferred_receives(tmp_path, capsys):
     assert main(["codegen", "1f1b", "-D", "P=2", "-D", "M=4", "--defer-recv", "-o", str(tmp_path)]) == 0
-    text = (tmp_path / "one_f_one_b.py").read_text()
+    text = generated_text(tmp_path / "one_f_one_b.py")
     # every receive is its own step, right before the forward that consumes it
     assert "ctx.post(ctx.recv_f(1, 2))  # 1RECV_F2" in text
     assert text.index("ctx.post(ctx.recv_f(1, 2))") < text.index("ctx.forward(1, 2)")

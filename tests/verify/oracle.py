@@ -55,6 +55,13 @@ NOTES = """
   stage on that rank. Out-of-range ones take no part in these rules (but
   REDUCE_GRAD's order is checked whatever its range).
 - Memory: UNSHARD adds ``unsharded`` like F adds 1, RESHARD releases it like B.
+- Recompute and offload. R(s,m) needs F(s,m) earlier; OFFLOAD(s,m) needs
+  F(s,m); RELOAD(s,m) needs OFFLOAD(s,m); a B or I of (s,m) needs R(s,m) and
+  RELOAD(s,m) earlier when the rank has them (absent, they are not needed).
+  R beside OFFLOAD or RELOAD of one (s,m) is a duplicate; OFFLOAD without
+  RELOAD, or RELOAD without OFFLOAD, is missing. Memory: the F of an (s,m) the
+  schedule recomputes (an R anywhere) adds the checkpoint, R the rest of the
+  activation; OFFLOAD releases the activation, RELOAD adds it back.
 """
 
 
@@ -87,7 +94,7 @@ def oracle(schedule: Schedule, semantics: str = "rendezvous", memory: bool = Tru
     spec = schedule.memory or MemorySpec()
     limit = memory_limit if memory_limit is not None else spec.limit
     if memory and limit is not None:
-        found += world.memory(limit, spec.weights, spec.unsharded)
+        found += world.memory(limit, spec.weights, spec.unsharded, min(spec.checkpoint, 1.0))
     kinds = frozenset(kind for kind, _ in found)
     return OracleResult(not found, kinds, tuple(f"{kind}: {text}" for kind, text in found))
 
@@ -175,6 +182,8 @@ class World:
         for a in computes:
             kinds_of[(a.stage, a.microbatch, a.chain)].add(a.kind)
         found += [("duplicate", f"B and I/W for {k}") for k, ks in kinds_of.items() if K.B in ks and ks & {K.I, K.W}]
+        found += [("duplicate", f"R and OFFLOAD/RELOAD for {k}") for k, ks in kinds_of.items()
+                  if K.R in ks and ks & {K.OFFLOAD, K.RELOAD}]
         unchained: dict[tuple, set] = defaultdict(set)
         for (stage, mb, _), ks in kinds_of.items():
             unchained[(stage, mb)] |= ks
@@ -187,6 +196,8 @@ class World:
                     found.append(("missing", f"backward of ({stage},{mb})"))
                 if K.W in ks and K.I not in ks:
                     found.append(("missing", f"I({stage},{mb}) for its W"))
+                if (K.OFFLOAD in ks) != (K.RELOAD in ks):
+                    found.append(("missing", f"OFFLOAD and RELOAD of ({stage},{mb}) go together"))
         return found
 
     def needed_comms(self) -> set[tuple[Action, int]]:
@@ -244,8 +255,12 @@ class World:
             if self.owner(s - 1, c) == rank:
                 return [((s - 1, K.F, m, c),)]
             return [((s, K.RECV_F, m, c),)] if self.lowered else []
+        if a.kind in (K.R, K.OFFLOAD):
+            return [((s, K.F, m, c),)]
+        if a.kind is K.RELOAD:
+            return [((s, K.OFFLOAD, m, c),)]
         if a.kind in (K.B, K.I):
-            needs = [((s, K.F, m, c),)]
+            needs = [((s, K.F, m, c),), ((s, K.R, m, c),), ((s, K.RELOAD, m, c),)]  # the last two when there
             if s < self.s.stages - 1:
                 if self.owner(s + 1, c) == rank:
                     needs.append(((s + 1, K.B, m, c), (s + 1, K.I, m, c)))
@@ -449,14 +464,22 @@ class World:
 
     # -- memory
 
-    def memory(self, limit: float, weights: float, unsharded: float = 0.0) -> list[tuple[str, str]]:
-        release = {K.I: 1 - weights, K.W: weights, K.B: 1.0, K.RESHARD: unsharded}
-        add = {K.F: 1.0, K.UNSHARD: unsharded}
+    def memory(self, limit: float, weights: float, unsharded: float = 0.0,
+               checkpoint: float = 0.0) -> list[tuple[str, str]]:
+        release = {K.I: 1 - weights, K.W: weights, K.B: 1.0, K.RESHARD: unsharded, K.OFFLOAD: 1.0}
+        add = {K.F: 1.0, K.UNSHARD: unsharded, K.RELOAD: 1.0, K.R: 1.0 - checkpoint}
+        rebuilt = {(a.stage, a.microbatch, a.chain) for _, _, a in self.actions() if a.kind is K.R}
+
+        def added(a: Action) -> float:
+            if a.kind is K.F and (a.stage, a.microbatch, a.chain) in rebuilt:
+                return checkpoint
+            return add.get(a.kind, 0.0)
+
         found = []
         for rank, program in enumerate(self.programs):
             held = 0.0
             for index, step in program:
-                held += sum(add.get(a.kind, 0.0) for a in step.actions)
+                held += sum(added(a) for a in step.actions)
                 if held > limit + 1e-9:
                     found.append(("memory", f"rank {rank} step {index} holds {held} > {limit}"))
                     break

@@ -297,3 +297,79 @@ def test_mutated_library_schedules(schedule):
     """Chimera brings two chains; others bring memory limits, overlaps and V placements."""
     agree_both(schedule)
 
+
+
+# ------------------------------------------------------------------ recompute and offload (R, OFFLOAD, RELOAD)
+
+K = ActionKind
+
+
+@st.composite
+def memory_action_schedules(draw, **options) -> Schedule:
+    """A drawn valid schedule with R before the backward of some (stage, microbatch) and OFFLOAD / RELOAD
+    around others (``passes.recompute`` / ``passes.offload``), a checkpoint size and a memory limit."""
+    from dataclasses import replace
+
+    from pipeforge.ir import MemorySpec
+    from pipeforge.passes.recompute import offload, recompute
+
+    schedule = draw(pt.schedules(**SMALL, **options))
+    keys = sorted({(a.stage, a.microbatch, a.chain) for _, _, a in schedule.actions() if a.kind is K.F})
+    everything = draw(st.sampled_from(["some", "recompute all", "offload all"]))
+    if everything == "recompute all":
+        schedule = recompute(schedule)
+    elif everything == "offload all":
+        schedule = offload(schedule)
+    else:
+        rebuilt = draw(st.sets(st.sampled_from(keys))) if keys else set()
+        moved = draw(st.sets(st.sampled_from(keys))) - rebuilt if keys else set()
+        schedule = offload(recompute(schedule, rebuilt), moved)
+    weights = draw(st.sampled_from([0.0, 0.5, 1.0]))
+    limit = draw(st.sampled_from([None, 0.25, 1.0, 1.5, 2.0, 3.0]))
+    checkpoint = draw(st.sampled_from([0.0, 0.1, 0.5]))
+    return replace(schedule, memory=MemorySpec(limit, weights, checkpoint=checkpoint))
+
+
+@st.composite
+def retargeted(draw, schedule: Schedule) -> Schedule:
+    """An R, OFFLOAD or RELOAD made another of the three (or an F or B made one of them)."""
+    from dataclasses import replace
+
+    from pipeforge.ir import Step
+
+    spots = [(r, i, k) for r, program in enumerate(schedule.programs) for i, step in enumerate(program)
+             if step.is_compute for k, a in enumerate(step.actions)]
+    if not spots:
+        return schedule
+    r, i, k = draw(st.sampled_from(spots))
+    step = schedule.programs[r][i]
+    kind = draw(st.sampled_from([K.R, K.OFFLOAD, K.RELOAD]))
+    actions = list(step.actions)
+    actions[k] = actions[k]._replace(kind=kind)
+    programs = [list(p) for p in schedule.programs]
+    programs[r][i] = Step(tuple(actions), step.overlap, step.span)
+    return replace(schedule, programs=tuple(tuple(p) for p in programs))
+
+
+@settings(FAST, max_examples=150)
+@given(memory_action_schedules())
+def test_recompute_and_offload_valid(schedule):
+    agree_both(schedule)
+
+
+@settings(FAST, max_examples=400)
+@given(memory_action_schedules().flatmap(pt.mutations))
+def test_recompute_and_offload_mutated(schedule):
+    agree_both(schedule)
+
+
+@settings(FAST, max_examples=200)
+@given(memory_action_schedules(comms="random").flatmap(pt.mutations))
+def test_recompute_and_offload_mutated_with_communication(schedule):
+    agree_both(schedule)
+
+
+@settings(FAST, max_examples=300)
+@given(memory_action_schedules().flatmap(retargeted))
+def test_recompute_and_offload_retargeted(schedule):
+    agree_both(schedule)

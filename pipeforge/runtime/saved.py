@@ -1,0 +1,232 @@
+"""What R, OFFLOAD and RELOAD run: recomputation and offloading of one microbatch's saved activations.
+
+Codegen writes which (stage, microbatch, chain) a schedule recomputes and offloads into ``ScheduleInfo``.
+A recomputed forward runs without autograd and keeps its inputs and RNG state; R restores that state in a
+fork of the RNG (dropout draws the same masks) and runs the forward again under autograd. An offloaded
+forward saves through ``saved_tensors_hooks`` into a holder; OFFLOAD copies each saved non-parameter tensor
+to host memory, RELOAD back (CUDA: non-blocking on a side stream, waited before the backward; CPU: the same
+path with a host copy). ``SavedBytes`` counts the bytes of saved tensors alive on the device (each storage
+once): ``Pipeline.saved_peak`` after a step with ``count_saved``. Rules: ``docs/semantics.md``.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any, NamedTuple
+
+import torch
+
+from pipeforge.runtime.p2p import PipelineError
+from pipeforge.runtime.stage import MicrobatchState
+
+Key = tuple[int, int, int]  # (stage, microbatch, chain)
+
+
+class Checkpoint(NamedTuple):
+    """What a recomputed forward keeps: its inputs and the RNG state it started from."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    target: Any
+    rng: tuple[torch.Tensor, torch.Tensor | None]
+
+
+class SavedBytes:
+    """The bytes of saved tensors alive on this rank's device (each storage once) and their peak."""
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.peak = 0
+        self._refs: dict[int, list[int]] = {}  # storage address -> [references, bytes]
+
+    def add(self, tensor: torch.Tensor) -> int | None:
+        storage = tensor.untyped_storage()
+        address = storage.data_ptr()
+        if address == 0:
+            return None
+        entry = self._refs.get(address)
+        if entry is None:
+            entry = self._refs[address] = [0, storage.nbytes()]
+            self.held += entry[1]
+            if self.held > self.peak:
+                self.peak = self.held
+        entry[0] += 1
+        return address
+
+    def drop(self, address: int | None) -> None:
+        entry = self._refs.get(address) if address is not None else None
+        if entry is None:
+            return
+        entry[0] -= 1
+        if entry[0] == 0:
+            del self._refs[address]
+            self.held -= entry[1]
+
+
+class _Saved:
+    """One saved tensor as autograd holds it (the packed value): counted while it lives on the device."""
+
+    __slots__ = ("tensor", "address", "counter", "away", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor, counter: SavedBytes | None):
+        self.tensor = tensor
+        self.counter = counter
+        self.address = counter.add(tensor) if counter is not None else None
+        self.away = False
+
+    def release(self) -> None:
+        if self.counter is not None:
+            self.counter.drop(self.address)
+            self.address = None
+
+    def __del__(self) -> None:
+        self.release()
+
+
+class SavedActivations:
+    """One rank's recompute and offload state during one step (``RankContext.saved``)."""
+
+    def __init__(self, recomputed: frozenset[Key], offloaded: frozenset[Key], device: torch.device | None,
+                 count: bool = False):
+        self.recomputed = recomputed
+        self.offloaded = offloaded
+        self.device = device
+        self.counter = SavedBytes() if count else None
+        self.checkpoints: dict[Key, Checkpoint] = {}
+        self.holders: dict[Key, list[_Saved]] = {}
+        self._stream = None
+        self._copies: dict[Key, Any] = {}  # key -> the event of its transfer still in flight (CUDA)
+
+    def start_counting(self) -> None:
+        """Count the saved tensors' bytes of this step (``SavedBytes``)."""
+        self.counter = SavedBytes()
+
+    @property
+    def active(self) -> bool:
+        return bool(self.recomputed or self.offloaded or self.counter is not None)
+
+    # -- the forward --------------------------------------------------------------------
+
+    def forward(self, runner, mb: int, args: tuple, target: Any, training: bool, kwargs: dict) -> Any:
+        key = (runner.stage, mb, runner.chain)
+        if training and key in self.recomputed:
+            return self._checkpointed(runner, key, args, target, kwargs)
+        if not training or (key not in self.offloaded and self.counter is None):
+            return runner.forward(mb, args, target, training, kwargs)
+        holder = self.holders.setdefault(key, []) if key in self.offloaded else None
+        with self._hooks(runner, holder):
+            return runner.forward(mb, args, target, training, kwargs)
+
+    def _hooks(self, runner, holder: list[_Saved] | None):
+        parameters = {p.untyped_storage().data_ptr() for p in runner.module.parameters()}
+        counter = self.counter
+
+        def pack(tensor: torch.Tensor) -> Any:
+            if tensor.untyped_storage().data_ptr() in parameters:
+                return tensor  # a parameter: neither counted nor moved
+            saved = _Saved(tensor, counter)
+            if holder is not None:
+                holder.append(saved)
+            return saved
+
+        def unpack(packed: Any) -> torch.Tensor:
+            if isinstance(packed, _Saved):
+                if packed.away:
+                    raise PipelineError("a saved activation was used while offloaded (RELOAD it first)")
+                return packed.tensor
+            return packed
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+    def _checkpointed(self, runner, key: Key, args: tuple, target: Any, kwargs: dict) -> Any:
+        """The forward of a recomputed microbatch: no autograd, its inputs and RNG state kept."""
+        rng = _rng_state(self.device)
+        kept = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+        output = runner.forward(key[1], kept, target, False, kwargs)  # loss and outputs kept as in training
+        self.checkpoints[key] = Checkpoint(kept, kwargs, target, rng)
+        # a state without a graph: the output's shapes for the gradient's receive, and "backward pending"
+        runner.states[key[1]] = MicrobatchState(kept, output, ())
+        return output
+
+    # -- R ------------------------------------------------------------------------------
+
+    def recompute(self, runner, mb: int) -> None:
+        key = (runner.stage, mb, runner.chain)
+        checkpoint = self.checkpoints.pop(key, None)
+        if checkpoint is None:
+            raise PipelineError(f"{runner.name}: R of microbatch {mb} without a checkpointed forward "
+                                f"(no F before it, or the schedule does not recompute it)")
+        losses, outputs = dict(runner.losses), dict(runner.outputs)
+        devices = [self.device] if self.device is not None and self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices, enabled=True):
+            _set_rng_state(checkpoint.rng, self.device)
+            with torch.enable_grad(), (self._hooks(runner, None) if self.counter is not None else nullcontext()):
+                runner.forward(mb, checkpoint.args, checkpoint.target, True, checkpoint.kwargs)
+        runner.losses.update(losses)  # the first forward's loss and outputs stand (the same numbers)
+        runner.outputs.update(outputs)
+
+    # -- OFFLOAD, RELOAD ----------------------------------------------------------------
+
+    def offload(self, runner, mb: int) -> None:
+        key = (runner.stage, mb, runner.chain)
+        holder = self.holders.get(key)
+        if holder is None:
+            raise PipelineError(f"{runner.name}: OFFLOAD of microbatch {mb} without its forward")
+        self._move(key, holder, torch.device("cpu"), away=True)
+
+    def reload(self, runner, mb: int) -> None:
+        key = (runner.stage, mb, runner.chain)
+        holder = self.holders.get(key)
+        if holder is None or not all(saved.away for saved in holder):
+            raise PipelineError(f"{runner.name}: RELOAD of microbatch {mb} without its OFFLOAD")
+        self._move(key, holder, self.device or torch.device("cpu"), away=False)
+
+    def _move(self, key: Key, holder: list[_Saved], where: torch.device, away: bool) -> None:
+        cuda = self.device is not None and self.device.type == "cuda"
+        if cuda:
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(self.device)
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self._stream):
+                for saved in holder:
+                    saved.tensor = saved.tensor.to(where, non_blocking=True, copy=True)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+            self._copies[key] = event
+        else:
+            for saved in holder:
+                saved.tensor = saved.tensor.to(where, copy=True)  # a host copy: the device copy is dropped
+        for saved in holder:
+            if away:
+                saved.release()  # off the device: no longer counted
+            elif self.counter is not None:
+                saved.address = self.counter.add(saved.tensor)
+            saved.away = away
+
+    def wait(self, key: Key) -> None:
+        """Before a backward of ``key``: its activations are rebuilt, and its reload's copy is complete (CUDA)."""
+        if key in self.checkpoints:
+            raise PipelineError(f"stage {key[0]}: backward of microbatch {key[1]} before its R")
+        event = self._copies.pop(key, None)
+        if event is not None:
+            torch.cuda.current_stream(self.device).wait_event(event)
+
+    def finish(self) -> None:
+        """After the step: nothing left behind."""
+        self.holders.clear()
+        self.checkpoints.clear()
+        self._copies.clear()
+
+
+def _rng_state(device: torch.device | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    cuda = torch.cuda.get_rng_state(device) if device is not None and device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_state(state: tuple[torch.Tensor, torch.Tensor | None], device: torch.device | None) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+__all__ = ["Checkpoint", "SavedActivations", "SavedBytes"]
