@@ -60,7 +60,12 @@ def rank_function(text: str, rank: int) -> tuple[int, int]:
 
 
 def edit(path: Path, rank: int, *, move: str | None = None, after: str | None = None, delete: str | None = None):
-    """Move the statement line starting with ``move`` after the line starting with ``after``, or delete one."""
+    """Move the statement line starting with ``move`` after the line starting with ``after``, or delete one
+    (in the module's file, or in its rank module where the rank's function lives there)."""
+    from pipeforge.generator import rank_folder
+
+    if f"def rank_{rank}(" not in path.read_text() and rank_folder(path) is not None:
+        path = rank_folder(path) / f"rank_{rank}.py"
     lines = path.read_text().split("\n")
     start, end = rank_function("\n".join(lines), rank)
     body = lines[start:end]
