@@ -34,13 +34,11 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeforge._gc import gc_paused
     from pipeforge.generator import codegen, rank_folder
 
-    with gc_paused():  # this process only: lowering and rendering build ~10^6 acyclic values
-        schedule = load_with_passes(args)
-        path = codegen(schedule, args.out_dir, locations=not args.no_locations, name=args.name, force=args.force,
-                       semantics=semantics_for(pass_options(args)))
+    schedule = load_with_passes(args)  # (pipeforge.cli.main pauses the collector for the command)
+    path = codegen(schedule, args.out_dir, locations=not args.no_locations, name=args.name, force=args.force,
+                   semantics=semantics_for(pass_options(args)))
     if args.json:
         print_json({"schedule": schedule.name, "module": str(path), "ranks": schedule.ranks,
                     "rank_folder": str(rank_folder(path))})

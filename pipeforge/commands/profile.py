@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -72,6 +73,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"rank {outcome.rank} (stage {outcome.rank}): {outcome.error.strip().splitlines()[-1]}",
                   file=sys.stderr)
         return Exit.USAGE if any("ModelFileError" in o.error for o in failed) else Exit.INVALID
+    unpinned = [o.rank for o in outcomes if not o.value.get("pinned", True)]
+    if unpinned:
+        print(f"warning: --pin: rank {', '.join(map(str, unpinned))} could not be kept on a core of its own "
+              f"({usable_cores()} usable cores for {args.stages} ranks, or no CPU affinity here); ranks may share "
+              f"cores", file=sys.stderr)
     data = cost_file([o.value for o in outcomes])
     cost_file_from_json(data, args.output)  # what we write must read back
     write_atomically(args.output, json.dumps(data, indent=2) + "\n")
@@ -80,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
         return Exit.OK
     print(summary(data, args, time.monotonic() - started))
     return Exit.OK
+
+
+def usable_cores() -> int | str:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "unknown"
 
 
 def _check(args: argparse.Namespace) -> None:
