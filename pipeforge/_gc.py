@@ -1,8 +1,8 @@
-"""Pausing Python's cyclic garbage collector around passes that build ~10^5 small acyclic values.
+"""Pausing Python's cyclic garbage collector for a command: ``pipeforge.cli.main`` only, never a library call.
 
-Collections triggered by such allocations cost more than the passes themselves
-(a third of simulate's time, more of verify's); the values hold no cycles, so
-nothing is lost by collecting after the pass.
+A command's passes build ~10^5 small acyclic values, and the collections they trigger cost more
+than the passes (a third of simulate's time, more of verify's); nothing is lost by collecting after
+the command. A library call leaves the caller's collector alone (tests/test_side_effects.py).
 """
 
 from __future__ import annotations

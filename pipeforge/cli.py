@@ -17,6 +17,7 @@ import sys
 from pipeforge.commands import wording
 from pipeforge.commands.common import refuse_output_over_input
 from pipeforge.commands.exits import Exit
+from pipeforge._gc import gc_paused
 from pipeforge.errors import PipeforgeError, VerificationError
 
 COMMANDS = ("verify", "fmt", "convert", "lower", "library", "new", "simulate", "show", "optimize", "codegen", "run", "profile",
@@ -46,6 +47,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    with gc_paused():  # a command builds ~10^5 small acyclic values (_gc.py); a library call never pauses it
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     args = build_parser(argv).parse_args(argv)

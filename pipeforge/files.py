@@ -70,6 +70,13 @@ def read_bounded(path: str | os.PathLike, kind: str, *, head: int | None = None)
     return data
 
 
+def require_regular_file(path: str | os.PathLike, kind: str) -> None:
+    """Refuse (UsageError naming it) a path that is missing, unreadable or not a regular file: for a file
+    another program opens (``profile``'s MODEL.py, which Python imports), so that it cannot block."""
+    name = str(path)
+    _require_regular(name, _stat(name, lambda: os.stat(name)), kind)
+
+
 def module_head(path: str | os.PathLike) -> ast.Module | None:
     """The top-level statements of a Python file before its first function or class, or None.
 

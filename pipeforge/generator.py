@@ -302,6 +302,17 @@ def render_files(schedule: Schedule, module: str, *, locations: bool = True,
     return GeneratedFiles(main, folder, ranks)
 
 
+MAX_ACTIONS = 50_000  # as given; a line of Python per action: P=32 x M=256 1F1B (16,384) takes seconds
+
+
+def check_size(schedule: Schedule) -> None:
+    """Refuse (before any work) a schedule larger than codegen handles in bounded time and memory."""
+    count = schedule.action_count()
+    if count > MAX_ACTIONS:
+        raise CodegenError(f"schedule {schedule.name!r} has {count} actions; codegen writes modules for at most "
+                           f"{MAX_ACTIONS} (each becomes a line of Python, and lowering adds its transfers)")
+
+
 def _verified_lowering(schedule: Schedule, semantics: Semantics | str):
     """The lowered schedule, verified: lowered once here, and the lowered program verified (as written:
     what verify checks a compute-only schedule as); when it does not verify, the schedule as given is
@@ -309,6 +320,7 @@ def _verified_lowering(schedule: Schedule, semantics: Semantics | str):
     if semantics not in RUNTIME_SEMANTICS:
         raise ArgumentError(Argument("semantics", value=repr(str(semantics))),
                             f"the runtime follows {' or '.join(RUNTIME_SEMANTICS)}")
+    check_size(schedule)
     lowered = lower_with_origins(schedule)
     report = verify(lowered.schedule, semantics=semantics)
     if not report.valid and lowered.schedule is not schedule:
@@ -351,6 +363,7 @@ def codegen(schedule: Schedule, output: str | os.PathLike, *, locations: bool = 
     and a target file holding another schedule's module (or anything else) unless ``force``.
     ``semantics``: what the schedule is verified under (``generate``)."""
     path = module_path(schedule, output, name)
+    check_size(schedule)
     if not force:
         check_replaceable(path, schedule)
     files = generate_files(schedule, path.stem, locations=locations, semantics=semantics)

@@ -52,9 +52,11 @@ class Plan:
 
 def read_layer_costs(path: str | Path) -> LayerCosts:
     name = str(path)
+    from pipeforge.files import read_bounded
+
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        data = json.loads(read_bounded(path, "cost file").decode("utf-8"))  # a regular file of at most 4 MiB
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise UsageError(f"{name}: cannot read a layer cost file: {error}") from None
     return layer_costs_from_json(data, name)
 
@@ -136,15 +138,14 @@ def least_costliest(costs: LayerCosts, stages: int) -> tuple[int, ...]:
 
 def plan(costs: LayerCosts, ranks: int, microbatches: int, schedules: list[str] | None = None,
          memory_limit: float | None = None, max_moves: int = 200) -> Plan:
-    import pipeforge
-    from pipeforge.library import names
+    from pipeforge.library import load_library_schedule, names
 
     found: list[Plan] = []
     refused: list[str] = []
     for name in schedules or names():
         defines = {"P": ranks, "M": microbatches}
         try:
-            schedule = pipeforge.load(name, defines=defines)
+            schedule = load_library_schedule(name, defines)
         except PipeforgeError as error:
             if schedules:
                 raise

@@ -29,7 +29,7 @@ def _anchors(page: Path) -> set[str]:
 
 
 def _relative_links(page: Path) -> list[str]:
-    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # code blocks hold no links
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)  # code blocks hold no links
     return [target for target in LINK.findall(text) if not re.match(r"[a-z]+:", target)]
 
 
@@ -53,7 +53,7 @@ def test_relative_links_resolve(page):
 
 def _sections(text: str) -> dict[str, str]:
     """docs/cli.md cut at its `## ` headings: heading -> the text below it."""
-    parts = re.split(r"^## (.+)$", text, flags=re.M)
+    parts = re.split(r"^## (.+)$", text, flags=re.MULTILINE)
     return {parts[i].strip(): parts[i + 1] for i in range(1, len(parts), 2)}
 
 

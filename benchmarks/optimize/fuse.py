@@ -40,7 +40,6 @@ from pipeforge.optimizer.search import split_actions
 from pipeforge.optimizer.units import integer_units
 from pipeforge.sim.costfile import with_cost_file
 
-
 DESCENTS = ((4, 16), (8, 16))
 AUTO = ((4, 16), (8, 16), (8, 32))
 STRATEGIES = (("greedy", 8, 32), ("exact", 4, 8))

@@ -42,10 +42,9 @@ import os
 import time
 from dataclasses import dataclass
 
+import pipeforge
 from benchmarks.optimize import authors_code as zb_authors
 from benchmarks.zb_profiles import TABLE_5, Row
-
-import pipeforge
 from pipeforge.ir import Action, ActionKind, CostModel, Placement
 from pipeforge.optimizer import optimize
 from pipeforge.optimizer.evaluate import Graph, Problem, evaluate

@@ -56,12 +56,12 @@ from pathlib import Path
 from pipeforge.generator import codegen
 from pipeforge.inputs import load
 from pipeforge.library import load_library_schedule, names
-from pipeforge.tools.launch import spawn
-from pipeforge.tools.step_timing import TimingJob
 from pipeforge.runtime.step_trace import Trace, chrome_events, compute_costs
 from pipeforge.sim import simulate
 from pipeforge.sim.costfile import with_cost_file
 from pipeforge.sim.costs import memory_for, resolve_costs
+from pipeforge.tools.launch import spawn
+from pipeforge.tools.step_timing import TimingJob
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -279,7 +279,7 @@ def breakdown_table(schedules: dict, traces: dict) -> str:
         cells = []
         for rank, steps in enumerate(traces[name]):
             parts = [t.breakdown() for t in steps]
-            med = lambda key: statistics.median(getattr(p, key) for p in parts) * 1000.0  # noqa: E731
+            med = lambda key: statistics.median(getattr(p, key) for p in parts) * 1000.0
             per_action = statistics.median(p.per_action for p in parts) * 1000.0
             cells.append(f"r{rank} {med('compute'):.1f} | {med('waits'):.1f} | {per_action:.3f} x "
                          f"{parts[0].actions} | {med('outside'):.2f}")

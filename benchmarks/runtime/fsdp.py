@@ -24,10 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pipeforge
 from benchmarks.runtime import _harness
 from benchmarks.runtime._harness import TOLERANCE
-
-import pipeforge
 from pipeforge.generator import codegen
 from pipeforge.interop.torch_csv import read_csv_text, to_csv_text
 

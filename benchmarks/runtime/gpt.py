@@ -25,10 +25,9 @@ import argparse
 import sys
 import tempfile
 
+import pipeforge
 from benchmarks.runtime import _harness
 from benchmarks.runtime._harness import TOLERANCE
-
-import pipeforge
 from pipeforge.generator import codegen
 
 # library schedule -> torch.distributed.pipelining class

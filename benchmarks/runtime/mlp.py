@@ -32,10 +32,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pipeforge
 from benchmarks.runtime import _harness
 from benchmarks.runtime._harness import TOLERANCE
-
-import pipeforge
 from pipeforge.generator import codegen
 
 SCHEDULES = {"1f1b": ("1f1b", "Schedule1F1B", 1), "interleaved-1f1b": ("interleaved-1f1b", "ScheduleInterleaved1F1B", 2)}

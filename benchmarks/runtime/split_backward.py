@@ -33,7 +33,6 @@ import statistics
 import sys
 import time
 
-
 import torch
 from torch import nn
 from torch.distributed.pipelining._backward import stage_backward, stage_backward_input, stage_backward_weight

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import sys
 
-from benchmarks.zb_profiles import TABLE_5
-
 import pipeforge
+from benchmarks.zb_profiles import TABLE_5
 from pipeforge.ir import MemorySpec
 from pipeforge.sim import simulate
 

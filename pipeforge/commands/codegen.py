@@ -6,6 +6,7 @@ import argparse
 
 from pipeforge.commands.common import add_input_arguments, print_json
 from pipeforge.commands.exits import Exit
+from pipeforge.errors import printable
 from pipeforge.commands.lower import add_pass_arguments, load_with_passes, pass_options, semantics_for
 
 
@@ -33,16 +34,14 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeforge._gc import gc_paused
     from pipeforge.generator import codegen, rank_folder
 
-    with gc_paused():  # this process only: lowering and rendering build ~10^6 acyclic values
-        schedule = load_with_passes(args)
-        path = codegen(schedule, args.out_dir, locations=not args.no_locations, name=args.name, force=args.force,
-                       semantics=semantics_for(pass_options(args)))
+    schedule = load_with_passes(args)  # (pipeforge.cli.main pauses the collector for the command)
+    path = codegen(schedule, args.out_dir, locations=not args.no_locations, name=args.name, force=args.force,
+                   semantics=semantics_for(pass_options(args)))
     if args.json:
         print_json({"schedule": schedule.name, "module": str(path), "ranks": schedule.ranks,
                     "rank_folder": str(rank_folder(path))})
     else:
-        print(f"wrote {path} (schedule {schedule.name!r}, {schedule.ranks} ranks)")
+        print(f"wrote {printable(str(path))} (schedule {schedule.name!r}, {schedule.ranks} ranks)")
     return Exit.OK

@@ -7,6 +7,7 @@ import sys
 
 from pipeforge.commands.common import add_input_arguments, load_input, print_json
 from pipeforge.commands.exits import Exit
+from pipeforge.commands.wording import message
 from pipeforge.errors import UsageError
 
 
@@ -45,9 +46,9 @@ def run(args: argparse.Namespace) -> int:
         plan = plan_export(schedule, layers=args.layers, microbatch_size=args.microbatch_size)
     except ExportRefusal as refused:
         if args.json:
-            print_json({"exported": False, "refused": str(refused), "files": []})
+            print_json({"exported": False, "refused": message(refused), "files": []})
         else:
-            print(f"refused: {refused}", file=sys.stderr)
+            print(f"refused: {message(refused)}", file=sys.stderr)
         return Exit.INVALID
     written = plan.write(args.out_dir)
     if args.json:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from pipeforge.commands.common import print_json, require_suffix
 from pipeforge.commands.exits import Exit
-from pipeforge.errors import UsageError
+from pipeforge.errors import UsageError, printable
 from pipeforge.files import write_atomically
 
 
@@ -72,6 +73,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"rank {outcome.rank} (stage {outcome.rank}): {outcome.error.strip().splitlines()[-1]}",
                   file=sys.stderr)
         return Exit.USAGE if any("ModelFileError" in o.error for o in failed) else Exit.INVALID
+    unpinned = [o.rank for o in outcomes if not o.value.get("pinned", True)]
+    if unpinned:
+        print(f"warning: --pin: rank {', '.join(map(str, unpinned))} could not be kept on a core of its own "
+              f"({usable_cores()} usable cores for {args.stages} ranks, or no CPU affinity here); ranks may share "
+              f"cores", file=sys.stderr)
     data = cost_file([o.value for o in outcomes])
     cost_file_from_json(data, args.output)  # what we write must read back
     write_atomically(args.output, json.dumps(data, indent=2) + "\n")
@@ -80,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
         return Exit.OK
     print(summary(data, args, time.monotonic() - started))
     return Exit.OK
+
+
+def usable_cores() -> int | str:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "unknown"
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -91,12 +101,13 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--steps must be at least 1 and --warmup at least 0")
     if not 0 < args.timeout < float("inf"):
         raise UsageError(f"--timeout {args.timeout:g}: expected a positive number of seconds")
-    if not Path(args.model).is_file():
-        raise UsageError(f"{args.model}: no such file (a Python file defining pipeforge_model(stages))")
+    from pipeforge.files import require_regular_file
+
+    require_regular_file(args.model, "Python file defining pipeforge_model(stages)")
 
 
 def summary(data: dict, args: argparse.Namespace, seconds: float) -> str:
-    lines = [f"profiled {args.model}: {args.stages} stages, {args.steps} measured steps in {seconds:.1f} s "
+    lines = [f"profiled {printable(args.model)}: {args.stages} stages, {args.steps} measured steps in {seconds:.1f} s "
              f"(times in ms, memory in bytes)",
              f"{'stage':>5}{'F':>10}{'I':>10}{'W':>10}{'B':>10}{'activation':>14}{'weight_grad':>14}"]
     for s, e in enumerate(data["stages"]):
@@ -106,5 +117,5 @@ def summary(data: dict, args: argparse.Namespace, seconds: float) -> str:
     if "step" in data:
         lines.append(f"runtime: {data.get('dispatch', 0):.3f} an action, {data['step']:.3f} a step beyond its actions; "
                      "summing a stage's gradients across two chains " + " ".join(f"{t:.3f}" for t in data["chain_sum"]))
-    lines.append(f"wrote {args.output}")
+    lines.append(f"wrote {printable(args.output)}")
     return "\n".join(lines)

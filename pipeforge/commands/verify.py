@@ -45,13 +45,6 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeforge._gc import gc_paused
-
-    with gc_paused():  # reading a large CSV builds ~10^5 acyclic values: collections would cost more
-        return check(args)
-
-
-def check(args: argparse.Namespace) -> int:
     from pipeforge.verifier import verify
 
     try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipeforge.errors import UsageError
+from pipeforge.errors import Argument, ArgumentError, UsageError, words
 from pipeforge.ir import Schedule
 from pipeforge.verifier.report import Violation
 
@@ -52,7 +52,7 @@ class LauncherRefusal(Exception):
 def check_name(name: str) -> str:
     known = {k.lower(): k for k in KNOWN}
     if name.lower() not in known:
-        raise UsageError(f"--pp-schedule {name!r}: torch knows {', '.join(KNOWN)}")
+        raise ArgumentError(Argument("pp_schedule", value=repr(name)), f"torch knows {', '.join(KNOWN)}")
     return known[name.lower()]
 
 
@@ -63,7 +63,8 @@ def stage_count(launcher: Launcher, ranks: int) -> int:
     if launcher.layers_per_stage is None:
         return ranks * (1 if launcher.single_stage() else 2)
     if launcher.layers is None:
-        raise UsageError("--layers-per-stage needs --layers (the model's number of layers)")
+        raise UsageError(words(Argument("layers_per_stage"), " needs ", Argument("layers"),
+                               " (the model's number of layers)"))
     stages = math.ceil((launcher.layers + launcher.first_stage_less_layers + launcher.last_stage_less_layers)
                        / launcher.layers_per_stage)
     if stages % ranks:

@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeforge.errors import PipeforgeError
+from pipeforge.errors import Argument, PipeforgeError, words
 from pipeforge.interop.torchtitan import (
     Launcher,
     LauncherRefusal,
@@ -136,9 +136,9 @@ def model_parts(schedule: Schedule, name: str, layers: int | None) -> list[list[
     if default == schedule.stages and layers is None:
         return None
     if layers is None:
-        raise ExportRefusal(f"torchtitan builds {default} stages for {name!r} on {schedule.ranks} ranks by default, "
-                            f"{schedule.name!r} has {schedule.stages}: give --layers (the model's layer count) to "
-                            f"write module_fqns_per_model_part")
+        raise ExportRefusal(words(f"torchtitan builds {default} stages for {name!r} on {schedule.ranks} ranks by "
+                                  f"default, {schedule.name!r} has {schedule.stages}: give ", Argument("layers"),
+                                  " (the model's layer count) to write module_fqns_per_model_part"))
     try:
         return llm_parts(schedule.stages, layers)
     except ValueError as refused:

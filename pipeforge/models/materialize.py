@@ -40,7 +40,7 @@ def materialize(modules: Mapping[int, nn.Module], every: Mapping[int, nn.Module]
                 state_dict: Mapping[str, torch.Tensor] | None, device) -> None:
     device = torch.device(device)
     _allocate(modules.values(), device)
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
         done: set[int] = set()
         for stage in sorted(modules):
             for part, module in parts(modules[stage]):

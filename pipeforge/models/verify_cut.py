@@ -8,10 +8,14 @@ raises a ``UsageError`` when the two differ in a single bit: a model whose
 multipliers, Gemma 2's logit soft-capping, a layer-list model that adds
 positions in its ``forward``) is refused instead of training silently wrong.
 Plain models are checked when their first module says what it takes
-(``nn.Embedding``: token ids; ``nn.Linear``: features); others are not.
+(``nn.Embedding``: token ids; ``nn.Linear``: features); others are not. A
+model still on the meta device cannot be run: ``warn_unchecked`` warns when its
+family is not one the cut was tested on.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch import nn
@@ -26,7 +30,8 @@ def verify_cut(model: nn.Module, every: dict[int, nn.Module]) -> None:
         return
     modes = [(m, m.training) for m in model.modules()] + [(m, m.training) for s in every.values() for m in s.modules()]
     try:
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
+        with torch.random.fork_rng(devices=[example.device] if example.device.type == "cuda" else []), \
+                torch.no_grad():
             model.eval()
             for stage in every.values():
                 stage.eval()
@@ -44,6 +49,18 @@ def verify_cut(model: nn.Module, every: dict[int, nn.Module]) -> None:
                          f"forward computes (largest difference {difference} on a tiny input): its forward does "
                          "something beyond its embedding, layers, norm and head that the cut does not know; "
                          "pass verify=False to cut it anyway")
+
+
+# Hugging Face model types whose cut equals the model bit for bit (tests/models, and by hand: qwen3, gemma, phi3, olmo2)
+TESTED = frozenset({"llama", "gpt2", "qwen2", "mistral", "mixtral", "qwen2_moe", "qwen3", "gemma", "phi3", "olmo2"})
+
+
+def warn_unchecked(model: nn.Module) -> None:
+    kind = getattr(getattr(model, "config", None), "model_type", None)
+    if hf.is_causal_lm(model) and kind not in TESTED:
+        warnings.warn(f"pipeforge.split: {type(model).__name__} (model_type {kind!r}) is on the meta device, so the "
+                      "cut cannot be checked against its forward, and its family is not among those tested; split "
+                      "the whole model once where it fits (owned=None checks it) before training", stacklevel=3)
 
 
 def _own_output(model: nn.Module, example: torch.Tensor) -> torch.Tensor:

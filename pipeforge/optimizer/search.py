@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from pipeforge._gc import gc_paused
 from pipeforge.errors import Argument, ArgumentError, UsageError, VerificationError, words
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step
 from pipeforge.optimizer import greedy, list_schedule, v_greedy
@@ -81,8 +80,7 @@ def optimize(schedule: Schedule, *, costs: CostModel | None = None, memory_limit
     if time_limit <= 0:
         raise UsageError(f"the time limit must be positive, got {time_limit!r}")
     started = time.monotonic()
-    with gc_paused():  # the search builds ~10^5 small acyclic values (see _gc.py)
-        return _optimize(schedule, costs, memory_limit, strategy, time_limit, progress, weights, placement, started)
+    return _optimize(schedule, costs, memory_limit, strategy, time_limit, progress, weights, placement, started)
 
 
 def _optimize(schedule: Schedule, costs: CostModel | None, memory_limit: float | None, strategy: str,

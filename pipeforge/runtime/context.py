@@ -92,6 +92,9 @@ class Observer:
 
     def end_compute(self, kind: str, stage: int, mb: int, chain: int) -> None: ...
 
+    def annotate(self, note: str) -> None:
+        """The running compute did something worth saying (the split backward's ``note``), before its end."""
+
     def begin_wait(self, kind: ActionKind, stage: int, mb: int, chain: int) -> None: ...
 
     def end_wait(self, kind: ActionKind, stage: int, mb: int, chain: int) -> None: ...
@@ -103,6 +106,10 @@ class Observer:
     def begin_finish(self) -> None: ...
 
     def end_finish(self) -> None: ...
+
+
+def _no_note(note: str) -> None:
+    pass
 
 
 class RankContext:
@@ -340,6 +347,11 @@ class RankContext:
         runner = self.runners.get((stage, chain)) or self.runner(stage, chain)
         self._hand_back(runner, runner.backward_input(mb, self._output_grads(runner, mb)), mb)
         self.activations.backward_input()
+        if self.observers:
+            note = runner.note(mb)
+            if note:  # the split did something else than split (a compiled region): the trace says what
+                for observer in self.observers:
+                    getattr(observer, "annotate", _no_note)(note)
 
     def _backward_weight(self, stage: int, mb: int, chain: int) -> None:
         self.runner(stage, chain).backward_weight(mb)

@@ -44,6 +44,7 @@ class WeightPlan:
     roots: tuple[torch.Tensor, ...]
     root_grads: tuple
     whole: bool = False  # no input gradients wanted (a first stage): W is the stage's whole backward
+    note: str = ""  # what the split did other than split (the step trace's label of the I)
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,8 @@ class SplitBackward:
         accumulators = self._accumulator_nodes(params)
         root_nodes = [n for n in map(grad_node, roots) if n is not None]
         graph = walk(root_nodes)
+        if any(type(node).__name__ == COMPILED_NODE for node in graph.nodes):
+            return _fused_input_pass(roots, root_grads, inputs)
         weights = graph.positions(accumulators)
         stale = [i for i, at in enumerate(weights) if at < 0]
         if stale:  # unreached, or a kept accumulator that is no longer the weight's: look it up again
@@ -133,6 +136,19 @@ class SplitBackward:
             accumulators[i] = grad_node(params[i])
             self._accumulators[id(params[i])] = (params[i], accumulators[i])
         return accumulators
+
+
+COMPILED_NODE = "CompiledFunctionBackward"  # AOTAutograd's node: a torch.compile'd region of the graph
+FUSED_NOTE = "compiled region: the whole backward at I (input and weight gradients are one node's), W empty"
+
+
+def _fused_input_pass(roots: tuple[torch.Tensor, ...], root_grads: tuple,
+                      inputs: list[torch.Tensor]) -> tuple[tuple, WeightPlan]:
+    """A graph holding a compiled region: its one backward node computes the input and the weight gradients
+    together (and may free its buffers, so it runs once: AOTAutograd's donated buffers), so I runs the
+    whole backward, as B does, and leaves W nothing. Exact; the split's overlap is lost for this stage."""
+    torch.autograd.backward(roots, root_grads)
+    return tuple(t.grad for t in inputs), WeightPlan([], [], (), (), note=FUSED_NOTE)
 
 
 def backward_input(roots: tuple[torch.Tensor, ...], root_grads: tuple, inputs: list[torch.Tensor],

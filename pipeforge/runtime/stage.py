@@ -160,6 +160,12 @@ class StageRunner:
         by_id = {id(a): g for a, g in zip(wanted, found)}
         return tuple(by_id.get(id(a)) for a in state.inputs if _is_float(a))
 
+    def note(self, mb: int) -> str:
+        """What microbatch ``mb``'s I did other than split its backward (``WeightPlan.note``), or ``""``."""
+        state = self.states.get(mb)
+        plan = state.weight_plan if state is not None else None
+        return plan.note if plan is not None else ""
+
     def backward_weight(self, mb: int) -> None:
         """Backward for weights (W): accumulate the parameters' grads of microbatch ``mb``."""
         state = self._state(mb)

@@ -51,6 +51,7 @@ class Tracer:
         self._wait: tuple[float, float] = (0.0, 0.0)
         self._post: tuple[float, float] = (0.0, 0.0)
         self._finish: tuple[float, float] = (0.0, 0.0)
+        self._note = ""  # the running compute's note (annotate), its event's label
 
     def begin_program(self) -> None:
         self._program = (time.perf_counter(), time.thread_time())
@@ -61,7 +62,11 @@ class Tracer:
     def end_compute(self, kind: str, stage: int, mb: int, chain: int) -> None:
         started, cpu_started = self._computes.pop()
         self.events.append(TraceEvent(kind, stage, mb, chain, started, time.perf_counter(),
-                                      time.thread_time() - cpu_started))
+                                      time.thread_time() - cpu_started, self._note))
+        self._note = ""
+
+    def annotate(self, note: str) -> None:
+        self._note = note
 
     def begin_wait(self, kind: Any, stage: int, mb: int, chain: int) -> None:
         self._wait = (time.perf_counter(), time.thread_time())
@@ -202,8 +207,9 @@ def chrome_events(traces: Iterable[Trace], pid: int = 0, name: str = "measured")
         for event in trace.events:
             if event.kind in ("step", "program"):
                 continue
-            label = event.label or f"{event.stage}{event.kind}{event.microbatch}"
+            computed = event.kind in COMPUTE  # a compute's label is a note on it, not its name
+            label = f"{event.stage}{event.kind}{event.microbatch}" if computed or not event.label else event.label
+            args = {"cpu_ms": event.cpu * 1000.0, **({"note": event.label} if computed and event.label else {})}
             events.append({"name": label, "cat": event.kind, "ph": "X", "pid": pid, "tid": trace.rank,
-                           "ts": (event.start - origin) * 1e6, "dur": event.duration * 1e6,
-                           "args": {"cpu_ms": event.cpu * 1000.0}})
+                           "ts": (event.start - origin) * 1e6, "dur": event.duration * 1e6, "args": args})
     return events

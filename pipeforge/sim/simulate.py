@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import NamedTuple
 
-from pipeforge._gc import gc_paused
 from pipeforge.errors import VerificationError
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step, as_action
 from pipeforge.semantics import PARAMETER_MEMORY, bubble_rate, effects_of, held_after_additions, split
@@ -230,15 +229,14 @@ def simulate(schedule: Schedule, costs: CostModel | None = None, *, memory: Memo
     """
     costs = resolve_costs(schedule, costs)
     memory = memory or schedule.memory or MemorySpec()
-    with gc_paused():
-        graph, order = compile_schedule(schedule, costs, memory)
-        times = time_order(graph, order)
-        if not times.finished(order):
-            raise _stuck_error(schedule, graph, order, times)
-        by_rank = [_events(graph, rank, seq, times) for rank, seq in enumerate(order)]
-        peaks = _peaks(schedule, memory, graph, order)
-        stats = tuple(_rank_stats(rank, by_rank[rank], peaks[rank]) for rank in range(schedule.ranks))
-        events = tuple(event for rank_events in by_rank for event in rank_events)
+    graph, order = compile_schedule(schedule, costs, memory)
+    times = time_order(graph, order)
+    if not times.finished(order):
+        raise _stuck_error(schedule, graph, order, times)
+    by_rank = [_events(graph, rank, seq, times) for rank, seq in enumerate(order)]
+    peaks = _peaks(schedule, memory, graph, order)
+    stats = tuple(_rank_stats(rank, by_rank[rank], peaks[rank]) for rank in range(schedule.ranks))
+    events = tuple(event for rank_events in by_rank for event in rank_events)
     return Timeline(schedule.name, schedule.ranks, schedule.stages, schedule.microbatches,
                     events, costs, memory, stats, schedule, graph)
 

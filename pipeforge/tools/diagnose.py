@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeforge.errors import Source, Span, UsageError
+from pipeforge.errors import Argument, Source, Span, UsageError, words
 from pipeforge.ir import Action, parse_action
 from pipeforge.runtime.records import FORMAT
 from pipeforge.semantics import RUNTIME_METHODS, partner, peer_stage
@@ -183,8 +183,8 @@ def read_program(record: dict, module_override: str | None = None) -> list[State
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"rank {record['rank']}: cannot read the generated module {str(path)!r} that ran: {error}; "
-                         f"name it with --module") from None
+        raise UsageError(words(f"rank {record['rank']}: cannot read the generated module {str(path)!r} that ran: "
+                               f"{error}; name it with ", Argument("module"))) from None
     digest = record.get("module_sha256")
     if module_override is None and digest and hashlib.sha256(text.encode()).hexdigest() != digest:
         raise UsageError(f"{str(path)!r} has changed since rank {record['rank']} ran it (its SHA-256 differs "

@@ -52,21 +52,25 @@ process waited for a core on a loaded machine)."""
 def pin_to_core(rank: int, nproc: int) -> bool:
     """Keep rank ``rank``'s process (and the threads it starts) on one core of those it may run on, a
     core a rank, when there are at least ``nproc`` of them: a rank then never waits for a core another
-    rank holds, nor loses its caches to a move. False (nothing done) where there are fewer cores."""
+    rank holds, nor loses its caches to a move. False (nothing done) where there are fewer cores, or
+    where the platform or its limits allow no affinity."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else []
     if len(cores) < nproc:
         return False
-    os.sched_setaffinity(0, {cores[rank]})
+    try:
+        os.sched_setaffinity(0, {cores[rank]})
+    except OSError:
+        return False
     return True
 
 
-def claim_cores(rank: int, nproc: int, threads: int, pin: bool) -> None:
-    """The rank's torch threads, on a core of its own where ``pin`` asks."""
+def claim_cores(rank: int, nproc: int, threads: int, pin: bool) -> bool:
+    """The rank's torch threads, on a core of its own where ``pin`` asks; False when asked and not pinned."""
     import torch
 
-    if pin:
-        pin_to_core(rank, nproc)
+    pinned = pin_to_core(rank, nproc) if pin else True
     torch.set_num_threads(threads)
+    return pinned
 
 
 class ModelFileError(Exception):
@@ -200,7 +204,7 @@ def profile_rank(rank: int, nproc: int, job: ProfileJob) -> dict:
     """One rank's measurements: its stage's entry and the link to the next stage (ms)."""
     import torch.distributed as dist
 
-    claim_cores(rank, nproc, job.threads, job.pin)
+    pinned = claim_cores(rank, nproc, job.threads, job.pin)
     model = load_model(job.model_path, nproc)
     module = model["modules"][rank]
     meter = _Meter(list(module.parameters()), job.clock)
@@ -214,7 +218,8 @@ def profile_rank(rank: int, nproc: int, job: ProfileJob) -> dict:
     shapes = [None] * nproc
     dist.all_gather_object(shapes, [(tuple(p.shape), str(p.dtype)) for p in module.parameters() if p.requires_grad])
     chain_sum = [_chain_sum_time(rank, s, nproc - 1 - s, shapes[s], job.chain_trials) for s in range(nproc)]
-    return {"rank": rank, "stage": meter.stage_entry(), "links": links, "step": meter.step_overhead(),
+    return {"rank": rank, "pinned": pinned, "stage": meter.stage_entry(), "links": links,
+            "step": meter.step_overhead(),
             "dispatch": meter.dispatch_overhead(), "chain_sum": chain_sum}
 
 

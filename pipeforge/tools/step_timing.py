@@ -38,7 +38,7 @@ def time_schedules(rank: int, nproc: int, job: TimingJob) -> dict:
     import torch
     import torch.distributed as dist
 
-    claim_cores(rank, nproc, job.threads, job.pin)
+    pinned = claim_cores(rank, nproc, job.threads, job.pin)
     runs = [_timed_pipeline(rank, path, job) for path in job.module_paths]
     samples: list[list[tuple[float, float]]] = [[] for _ in runs]
     traces: list[list[dict]] = [[] for _ in runs]
@@ -61,7 +61,7 @@ def time_schedules(rank: int, nproc: int, job: TimingJob) -> dict:
                 samples[index].append((elapsed.item(), cpu.item()))
                 if job.trace:
                     traces[index].append(pipe.last_trace.to_json())
-    return {"rank": rank, "ms": [statistics.median(w for w, _ in s) for s in samples],
+    return {"rank": rank, "pinned": pinned, "ms": [statistics.median(w for w, _ in s) for s in samples],
             "cpu_ms": [statistics.median(c for _, c in s) for s in samples],
             "steps_ms": [[w for w, _ in s] for s in samples],
             **({"traces": traces} if job.trace else {})}

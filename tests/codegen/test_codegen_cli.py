@@ -175,3 +175,23 @@ def test_run_without_torch_is_refused_plainly(monkeypatch, capsys):
     assert main(["run", "1f1b", "-D", "P=2", "-D", "M=2", "--nproc", "2"]) == 2
     err = capsys.readouterr().err
     assert "'pipeforge run' needs torch" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name, defines", [("zbv", ["P=2", "M=4"]), ("dualpipev", ["P=2", "M=4"]),
+                                           ("interleaved-1f1b", ["P=32", "M=64"])])
+def test_generated_modules_pass_ruff(tmp_path, name, defines):
+    import shutil
+    import subprocess
+
+    ruff = shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed (it is a dev dependency)")
+    args = ["codegen", name, "-o", str(tmp_path)]
+    for define in defines:
+        args += ["-D", define]
+    assert main(args) == 0
+    # the project's own rules and line length (pyproject.toml), plus pycodestyle and pyflakes in full
+    done = subprocess.run([ruff, "check", "--no-cache", "--select", "E,W,F,I", "--line-length", "120", str(tmp_path)],
+                          capture_output=True, text=True, cwd=Path(__file__).parents[2], check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert max(len(line) for p in tmp_path.rglob("*.py") for line in p.read_text().splitlines()) <= 120

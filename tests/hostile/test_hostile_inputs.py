@@ -293,3 +293,23 @@ def test_two_codegen_runs_to_one_output_never_both_succeed(scratch):
         loser = errors[codes.index(2)]
         assert "holds the module of schedule" in loser and "Traceback" not in loser
         assert not list(scratch.glob(".race.py.*"))
+
+
+@pytest.mark.parametrize("path, message", [
+    ("/dev/zero", "is a character device"), ("fifo.py", "is a FIFO"), ("folder.pipe", "is a directory"),
+    ("missing.py", "no such file"), ("loop_a.pipe", "Too many levels of symbolic links"),
+])
+def test_profile_refuses_a_model_path_that_is_not_a_regular_file(path, message, scratch):
+    os.mkfifo(scratch / "fifo.py")
+    assert_refused(pipeforge(["profile", path, "--stages", "2", "-o", "costs2.json"], scratch), message)
+    assert not (scratch / "costs2.json").exists()
+
+
+@pytest.mark.parametrize("path, message", [
+    ("/dev/zero", "is a character device"), ("fifo.json", "is a FIFO"), ("folder.pipe", "is a directory"),
+    ("big.json", "may hold at most 4 MiB"), ("missing.json", "no such file"),
+])
+def test_plan_refuses_a_layer_cost_path_that_is_not_a_bounded_regular_file(path, message, scratch):
+    assert_refused(pipeforge(["plan", path, "--ranks", "2", "--microbatches", "4", "-o", "planned.pipe"], scratch),
+                   message)
+    assert not (scratch / "planned.pipe").exists()

@@ -194,3 +194,10 @@ def test_a_file_of_idle_slots_is_refused_at_the_bound_in_bounded_memory(tmp_path
     err = done.stderr.decode()
     assert_refused(done, message)
     assert err.startswith("idle.pipe:3:")
+
+
+def test_codegen_past_its_documented_size_is_refused_before_lowering(tmp_path):
+    done = pipeforge(["codegen", "1f1b", "-D", "P=1000", "-D", "M=1000", "-o", "big.py"], tmp_path, cap=2 << 30,
+                     timeout=300)
+    assert_refused(done, "has 2000000 actions; codegen writes modules for at most 50000")
+    assert not (tmp_path / "big.py").exists()

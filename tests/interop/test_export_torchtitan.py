@@ -72,7 +72,7 @@ REFUSED = {  # name -> (schedule, --layers, words the reason holds)
         **{**vars_of(load_library_schedule("interleaved-1f1b", {"P": 2, "M": 4, "V": 3})),
            "placements": (Placement.v(6, 2),)}), None, "two stages"),
     "twelve-stages-without-layers": (lambda: load_library_schedule("interleaved-1f1b", {"P": 2, "M": 4, "V": 3}),
-                                     None, "--layers"),
+                                     None, "give layers "),
     "too-few-layers": (lambda: load_library_schedule("interleaved-1f1b", {"P": 2, "M": 4, "V": 3}), 2,
                        "cannot split"),
 }

@@ -65,3 +65,18 @@ def test_bad_arguments_exit_2(tmp_path, argv):
 def test_missing_model_file_exits_2(tmp_path, capsys):
     assert main(["profile", str(tmp_path / "none.py"), "--stages", "2", "-o", str(tmp_path / "c.json")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
+def test_pin_says_when_it_cannot_pin(tmp_path):
+    # the command's process (and so its ranks) may run on one core only: two ranks cannot have one each
+    out = tmp_path / "costs.json"
+    script = ("import os, sys\nfrom pipeforge.cli import main\n"
+              "os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})\n"
+              f"sys.exit(main(['profile', {MODEL!r}, '--stages', '2', '--microbatches', '2', '--steps', '1', "
+              f"'--warmup', '0', '--pin', '-o', {str(out)!r}]))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "warning: --pin: rank 0, 1 could not be kept on a core of its own (1 usable cores for 2 ranks" in done.stderr
+    assert out.exists()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipeforge._gc import gc_paused
 from pipeforge.ir import ActionKind, CostModel, MemorySpec, Schedule
 from pipeforge.semantics import bubble_rate
 from pipeforge.sim.workgraph import WorkGraph, compile_schedule, topological_order
@@ -112,10 +111,9 @@ def compute_bounds(schedule: Schedule, costs: CostModel, memory: MemorySpec, *, 
                    graph: WorkGraph | None = None) -> Bounds:
     """Bounds for ``schedule``'s actions; ``busy[r]`` is rank r's total compute time. ``graph``: the
     schedule's work graph if already compiled (``simulate`` keeps its own)."""
-    with gc_paused():  # the per-node lists die with _bounds_from_graph's frame, before the collector runs
-        if graph is None:
-            graph, _ = compile_schedule(schedule, costs, memory)
-        return _bounds_from_graph(schedule, graph, memory, busy)
+    if graph is None:
+        graph, _ = compile_schedule(schedule, costs, memory)
+    return _bounds_from_graph(schedule, graph, memory, busy)
 
 
 def _bounds_from_graph(schedule: Schedule, graph: WorkGraph, memory: MemorySpec, busy: list[float]) -> Bounds:
