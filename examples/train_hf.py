@@ -60,8 +60,8 @@ def train(args: argparse.Namespace) -> list[float]:
     pipeline = pipeline_module(args.schedule, dist.get_world_size(), args.microbatches)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(CONFIGS[args.family](args.vocab))
-    cut = pipeforge.split(model, pipeline.SCHEDULE.stages, owned=pipeline.stages_of_rank(rank),
-                          untie=len(pipeline.SCHEDULE.placements) > 1)  # Chimera: each stage its own copy
+    # the SCHEDULE gives the stage count, and a copy of a tied weight per stage where two chains run (Chimera)
+    cut = pipeforge.split(model, pipeline.SCHEDULE, owned=pipeline.stages_of_rank(rank))
     loss_fn = TokenMeanLoss()
     pipe = pipeline.make_pipeline(cut.modules, loss_fn=loss_fn, tied_parameters=cut.tied_parameters,
                                   scale_grads=False, timeout=args.timeout)

@@ -64,7 +64,7 @@ def codegen(schedule: Schedule, out_dir: str, **options):
     return codegen_schedule(schedule, out_dir, **options)
 
 
-def split(model, stages: int, *, owned=None, layers=None, costs=None, **options):
+def split(model, stages, *, owned=None, layers=None, costs=None, **options):
     """Cut ``model`` into stage modules (``.modules``) with its ties (``.tied_parameters``) for
     ``make_pipeline``; see ``pipeforge.models.split``. Imports torch."""
     from pipeforge.models.split import split as split_model

@@ -138,15 +138,14 @@ def least_costliest(costs: LayerCosts, stages: int) -> tuple[int, ...]:
 
 def plan(costs: LayerCosts, ranks: int, microbatches: int, schedules: list[str] | None = None,
          memory_limit: float | None = None, max_moves: int = 200) -> Plan:
-    import pipeforge
-    from pipeforge.library import names
+    from pipeforge.library import load_library_schedule, names
 
     found: list[Plan] = []
     refused: list[str] = []
     for name in schedules or names():
         defines = {"P": ranks, "M": microbatches}
         try:
-            schedule = pipeforge.load(name, defines=defines)
+            schedule = load_library_schedule(name, defines)
         except PipeforgeError as error:
             if schedules:
                 raise

@@ -41,7 +41,11 @@ def split(model: nn.Module, stages: int, *, owned: Sequence[int] | None = None,
           layers: Sequence[int] | None = None, costs=None, untie: bool = False,
           seed: int = 0, state_dict=None,
           device: torch.device | str | None = None, aux_loss: bool = True, verify: bool = True) -> Split:
-    """Cut ``model`` into ``stages`` stage modules; see the module docstring."""
+    """Cut ``model`` into ``stages`` stage modules; see the module docstring. ``stages`` may also be a
+    generated module's ``SCHEDULE``: its stage count, and ``untie`` when it runs two chains (Chimera)."""
+    if hasattr(stages, "placements") and hasattr(stages, "stages"):
+        untie = untie or len(stages.placements) > 1
+        stages = stages.stages
     if not isinstance(stages, int) or stages < 1:
         raise UsageError(f"pipeforge.split: stages must be a positive integer, got {stages!r}")
     owned = list(range(stages)) if owned is None else sorted(set(owned))

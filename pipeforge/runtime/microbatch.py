@@ -122,3 +122,16 @@ def detached(value: Any) -> Any:
 def as_tuple(value: Any) -> tuple[Any, ...]:
     """A stage's output as the argument tuple of the next stage."""
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def to_device(value: Any, device: torch.device) -> Any:
+    """``value`` with every tensor in it (in mappings, named tuples, tuples and lists) moved to ``device``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, Mapping):
+        return {key: to_device(item, device) for key, item in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(to_device(v, device) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(to_device(v, device) for v in value)
+    return value

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipeforge.runtime import preflight
 from pipeforge.runtime.context import Observer, RankContext, ScheduleInfo, ShapeCache
 from pipeforge.runtime.custom import CustomFunction, kind_name
 from pipeforge.runtime.custom import custom_functions as checked_functions
@@ -38,9 +39,9 @@ from pipeforge.runtime.gradients import (
     trained,
 )
 from pipeforge.runtime.memory import ActivationCount
-from pipeforge.runtime.microbatch import merge_chunks, split_inputs, split_value
+from pipeforge.runtime.microbatch import merge_chunks, split_inputs, split_value, to_device
 from pipeforge.runtime.optimizer_watch import watch as watch_optimizers
-from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, TensorMeta, Transfer, Transport
+from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, Transfer, Transport
 from pipeforge.runtime.records import Recorder, resolve_directory
 from pipeforge.runtime.recovery import StepStart, connect
 from pipeforge.runtime.rows import BatchRows, named_tensors
@@ -145,9 +146,7 @@ class Pipeline:
         """Before the first step, on every rank, with ``step()``'s arguments: microbatch 0 through every stage,
         stage by stage; a non-tensor output, a failing module or loss, reentrant checkpointing under a split
         backward raise the same ``PipelineUsageError`` on every rank (``pipeforge.runtime.preflight``)."""
-        from pipeforge.runtime.preflight import check
-
-        check(self, args, kwargs, target, shared_kwargs, stage_kwargs)
+        preflight.check(self, args, kwargs, target, shared_kwargs, stage_kwargs)
 
     def eval(self, *args: Any, target: Any = None, losses: list | None = None, return_outputs: bool = True,
              shared_kwargs: Mapping[str, Any] | None = None,
@@ -187,7 +186,7 @@ class Pipeline:
         ctx.inputs = self._batch(args, kwargs, ctx.stage_inputs.get(0))
         if self.holds_last and target is not None:
             device = self.transport.device
-            ctx.targets = split_value(_to_device(target, device), self.info.microbatches, f"rank {self.rank}: target")
+            ctx.targets = split_value(to_device(target, device), self.info.microbatches, f"rank {self.rank}: target")
         named = named_tensors(args, kwargs, target, shared, per_stage, self.stages)
         # the step's communication starts (recovery.StepStart): a rank refusing its rows tells its neighbours
         self._caches = ctx.caches = self._start.begin(self.transport, self._caches, self._rows.problem_known(named))
@@ -251,7 +250,7 @@ class Pipeline:
             raise PipelineUsageError(f"{where}: keyword(s) {clash} given both as the batch and as per-stage inputs "
                                      "of stage 0")
         device = self.transport.device
-        args, kwargs = _to_device(args, device), _to_device(kwargs, device)
+        args, kwargs = to_device(args, device), to_device(kwargs, device)
         shapes = _metas((args, kwargs))  # the whole batch's: one shape gives one shape per microbatch
         if self._input_shapes is not None and shapes != self._input_shapes:
             raise PipelineUsageError(f"rank {self.rank}: the batch changed shape since the first step; "
@@ -274,7 +273,7 @@ class Pipeline:
             merged = {**shared, **own}
             if merged:
                 where = f"rank {self.rank}: inputs of stage {stage}"
-                chunks = split_inputs((), _to_device(merged, self.transport.device), self.info.microbatches, where)
+                chunks = split_inputs((), to_device(merged, self.transport.device), self.info.microbatches, where)
                 inputs[stage] = [kw for _, kw in chunks]
         return inputs
 
@@ -330,7 +329,8 @@ class Pipeline:
     def _scale(self, divisor: int) -> None:
         """Divide every gradient by ``divisor``; an FSDP gradient (a DTensor) in its local shard, which is
         the same elementwise division without DTensor's dispatch (several times the cost of the division)."""
-        grads = [local(param.grad) for param in self.parameters() if param.grad is not None]
+        grads = [param.grad if type(param.grad) is torch.Tensor else local(param.grad)
+                 for param in self.parameters() if param.grad is not None]
         if grads:
             with torch.no_grad():
                 torch._foreach_div_(grads, float(divisor))  # one call, each gradient divided as div_ would
@@ -414,25 +414,14 @@ def _keywords(value: Any, where: str) -> dict[str, Any]:
 
 
 def _metas(chunk: Any) -> tuple:
+    """The (shape, dtype) of every tensor in ``chunk``, in a fixed order (what one step's batch must keep)."""
     if isinstance(chunk, torch.Tensor):
-        return (TensorMeta.of(chunk),)
+        return ((chunk.shape, chunk.dtype),)
     if isinstance(chunk, Mapping):
         return tuple(m for key in sorted(chunk, key=str) for m in _metas(chunk[key]))
     if isinstance(chunk, (tuple, list)):
         return tuple(m for item in chunk for m in _metas(item))
     return ()
-
-
-def _to_device(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, Mapping):
-        return {key: _to_device(item, device) for key, item in value.items()}
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(_to_device(v, device) for v in value))
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to_device(v, device) for v in value)
-    return value
 
 
 def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_modules: dict[int, torch.nn.Module],

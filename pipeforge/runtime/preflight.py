@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from pipeforge.ir import ActionKind
 from pipeforge.runtime.aux import unwrap as unwrap_aux
-from pipeforge.runtime.microbatch import as_tuple
+from pipeforge.runtime.microbatch import as_tuple, split_value, to_device
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError
 from pipeforge.semantics import RUNTIME_METHODS
 
@@ -50,10 +50,7 @@ def _prepare(pipeline, args, kwargs, target, shared, per_stage) -> tuple[dict, s
             if not pipeline.holds_last:
                 raise PipelineUsageError(f"rank {pipeline.rank} runs stages {pipeline.stages}, not the last stage: "
                                          "target= goes to the rank holding the last stage")
-            from pipeforge.runtime.microbatch import split_value
-            from pipeforge.runtime.pipeline import _to_device
-
-            target = _to_device(target, pipeline.transport.device)
+            target = to_device(target, pipeline.transport.device)
             targets = split_value(target, pipeline.info.microbatches, f"rank {pipeline.rank}: target")
         return {"inputs": stage_inputs, "batch": batch, "targets": targets}, None
     except PipelineError as error:

@@ -44,6 +44,17 @@ BROKEN = {
     "cross-rank-cycle": "0F0,0B0,0F1,0B1\n1F0,1F1,1B0,1B1\n",
     "w-before-i": "0F0,0F1,0I0,0W0,0W1,0I1\n1F0,1I0,1W0,1F1,1I1,1W1\n",
     "f-order-on-a-rank": "0F0,0F1,0B0,0B1\n1F0,2F1,1F1,2F0,2B0,1B0,2B1,1B1\n",
+    "i-without-w": "0F0,0F1,0I0,0W0,0I1\n1F0,1B0,1F1,1B1\n",
+    "b-and-i-w": "0F0,0F1,0B0,0I0,0W0,0B1\n1F0,1B0,1F1,1B1\n",
+    "last-b-before-f": "0F0,0F1,0B0,0B1\n1B0,1F0,1F1,1B1\n",
+    "w-before-its-i": "0F0,0F1,0I0,0W1,0I1,0W0\n1F0,1I0,1W0,1F1,1I1,1W1\n",
+}
+# Broken orders torch loads and fails on while running (each in a process group of its own: a failed
+# step leaves communication behind). A duplicated forward runs once, then its second receive is never
+# waited for, and the next step fails ("Recv twice").
+FAILING_AT_RUN = {
+    "duplicate-forward": "0F0,0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n",
+    "duplicate-last-backward": "0F0,0F1,0B0,0B1\n1F0,1B0,1B0,1F1,1B1\n",
 }
 BROKEN_STAGES = {"f-order-on-a-rank": 3}
 
@@ -70,7 +81,7 @@ def library(name: str, ranks: int, microbatches: int):
 
 
 def broken(name: str):
-    text = BROKEN[name]
+    text = BROKEN.get(name) or FAILING_AT_RUN[name]
     return read_csv_text(text, f"{name}.csv", stages=BROKEN_STAGES.get(name, 2))
 
 
@@ -118,7 +129,7 @@ def job(schedule, tmp_path: Path, label: str, defer: bool = False, text: str | N
 def optimized(name: str, ranks: int, microbatches: int):
     from pipeforge.optimizer import optimize
 
-    return optimize(library(name, ranks, microbatches), time_limit=2.0).schedule
+    return optimize(library(name, ranks, microbatches), time_limit=1.0).schedule
 
 
 def torch_dumps(ranks: int, microbatches: int, tmp_path: Path) -> list[tuple[str, object, str]]:
@@ -135,6 +146,25 @@ def torch_dumps(ranks: int, microbatches: int, tmp_path: Path) -> list[tuple[str
     return found
 
 
+def comms_dumps(ranks: int, microbatches: int, tmp_path: Path) -> list[tuple[str, object, str]]:
+    """torch's own lowered programs (``_dump_csv(format="compute_comms")``), and one with two receives
+    of a rank swapped (which torch then pairs with the wrong sends)."""
+    from tests.torch_stages import dump_torch_csv
+
+    found = []
+    for cls in ("ScheduleInterleaved1F1B", "ScheduleLoopedBFS", "ScheduleInterleavedZeroBubble",
+                "ScheduleZBVZeroBubble", "ScheduleDualPipeV"):
+        path = dump_torch_csv(cls, ranks, microbatches, 2, tmp_path / f"{cls}-comms.csv", format="compute_comms")
+        text = path.read_text()
+        found.append((f"torch-comms-{cls}", read_csv_text(text, str(path), microbatches=microbatches), text))
+    rows = [row.split(",") for row in found[0][2].splitlines()]
+    receives = [i for i, cell in enumerate(rows[1]) if "RECV_F" in cell][:2]
+    rows[1][receives[0]], rows[1][receives[1]] = rows[1][receives[1]], rows[1][receives[0]]
+    text = "".join(",".join(row) + "\n" for row in rows)
+    found.append(("reordered-receive", read_csv_text(text, "reordered.csv", microbatches=microbatches), text))
+    return found
+
+
 def agreement_jobs(ranks: int, tmp_path: Path) -> list[tuple[dict, bool]]:
     """(job, expected to run) for the library at two sizes, optimized orders, torch's dumps, broken ones."""
     cases = []
@@ -145,11 +175,15 @@ def agreement_jobs(ranks: int, tmp_path: Path) -> list[tuple[dict, bool]]:
         for defer in (False, True):
             cases.append((job(schedule, tmp_path, f"{name}-{p}-{m}-{defer}", defer),
                           verify_as(schedule, defer_pp_recv=defer).valid))
-    for name in ("1f1b", "zb-h1"):
-        schedule = optimized(name, ranks, 2 * ranks)
-        cases.append((job(schedule, tmp_path, f"optimized-{name}"), verify_as(schedule).valid))
+    for name in LIBRARY if ranks == 2 else ("1f1b", "zb-h1"):
+        if takes(name, ranks, 2 * ranks):
+            schedule = optimized(name, ranks, 2 * ranks)
+            cases.append((job(schedule, tmp_path, f"optimized-{name}"), verify_as(schedule).valid))
     for label, schedule, text in torch_dumps(ranks, 2 * ranks, tmp_path):
         cases.append((job(schedule, tmp_path, label, text=text), verify_as(schedule).valid))
+    for label, schedule, text in comms_dumps(ranks, 2 * ranks, tmp_path):
+        cases.append(({**job(schedule, tmp_path, label, text=text), "format": "compute_comms"},
+                      verify_as(schedule).valid))
     if ranks == 2:
         for name, text in BROKEN.items():
             schedule = broken(name)
@@ -159,7 +193,7 @@ def agreement_jobs(ranks: int, tmp_path: Path) -> list[tuple[dict, bool]]:
 
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_every_verdict_agrees_with_torchs_runtime_on_gloo(ranks, tmp_path):
     from pipeforge.tools.launch import spawn
 
@@ -270,3 +304,28 @@ def test_cli_verify_as_torch_json_extends_verifys(tmp_path):
 def test_stage_on_two_ranks_is_refused_by_both():
     with pytest.raises(SemanticError):
         read_csv_text("0F0,0B0\n0F1,0B1\n", "two.csv")
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", sorted(FAILING_AT_RUN))
+def test_orders_torch_fails_on_while_running_are_invalid(name, tmp_path):
+    from pipeforge.tools.launch import spawn
+
+    schedule = broken(name)
+    assert not verify_as(schedule).valid
+    case = job(schedule, tmp_path, name, text=FAILING_AT_RUN[name])
+    outcomes = spawn("tests.interop.torch_jobs:run_jobs", 2, [case], timeout=8, deadline=60)
+    results = [o.value[0] if o.ok else ("failed", o.error) for o in outcomes]
+    assert any(kind == "failed" for kind, _ in results), results
+
+
+def test_actions_torch_lacks_are_refused():
+    """pipeforge's recompute (R) has no torch action: torch's CSV reader refuses it."""
+    from pipeforge.interop.torchtitan_export import ExportRefusal, plan_export
+
+    schedule = read_csv_text("0F0,0F1,0R0,0B0,0B1\n1F0,1B0,1F1,1B1\n", "recompute.csv")
+    verdict = verify_as(schedule)
+    assert verdict.compute.valid and not verdict.valid and "no action R" in verdict.lowering.refusal
+    with pytest.raises(ExportRefusal, match="no action R"):
+        plan_export(schedule)

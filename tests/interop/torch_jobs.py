@@ -3,7 +3,7 @@
 Each job names a compute-only CSV, its stages, microbatches and placement. Every
 rank builds real ``PipelineStage`` objects for the stages the CSV puts on it (a
 ``Linear`` + ``tanh`` per stage, float64, seeded by stage), loads the CSV with
-``_load_csv`` (torch's lowering), runs one ``step`` and compares its gradients with
+``_load_csv`` (torch's lowering), runs two ``step`` calls (gradients cleared before each) and compares the last one's with
 the unpipelined model run microbatch by microbatch (gradients divided by M, as
 ``scale_grads``). What a job returns: ``("ran", max relative difference)`` or
 ``("failed", message)``; a hang ends with gloo's timeout as a failure.
@@ -15,6 +15,7 @@ import torch
 
 WIDTH = 4
 BATCH_PER_MICROBATCH = 2
+STEPS = 2
 
 
 def stage_module(stage: int) -> torch.nn.Module:
@@ -57,10 +58,13 @@ def run_job(rank: int, job: dict):
                            for s in mine]
         schedule = _PipelineScheduleRuntime(pipeline_stages, microbatches, loss_fn=mse,
                                             defer_pp_recv=job.get("defer", False))
-        schedule._load_csv(job["csv"])
+        schedule._load_csv(job["csv"], format=job.get("format", "compute_only"))
         x, y = batch(microbatches)
         args = (x,) if 0 in mine else ()
-        schedule.step(*args, target=y if stages - 1 in mine else None)
+        for _ in range(STEPS):  # a second step meets what the first left behind (a receive never waited)
+            for module in modules.values():
+                module.zero_grad(set_to_none=True)  # as a training loop does (torch scales what is there)
+            schedule.step(*args, target=y if stages - 1 in mine else None)
     except Exception as error:  # noqa: BLE001 (the verdict is compared with what happened)
         return ("failed", f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
     expected = reference_grads(stages, microbatches, mine)

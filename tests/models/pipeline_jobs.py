@@ -1,8 +1,8 @@
 """Workers for the split + pipeline tests: each rank splits a meta model, trains it, compares with the model.
 
 Every rank builds the model on the meta device and lets ``pipeforge.split``
-materialize only the stages it runs (``untie=True`` on a bidirectional
-schedule), then trains it with ``make_pipeline(cut.modules, tied_parameters=
+materialize only the stages it runs (given the schedule, which unties a
+tied weight on a bidirectional one), then trains it with ``make_pipeline(cut.modules, tied_parameters=
 cut.tied_parameters, loss_fn=TokenMeanLoss(), scale_grads=False)`` on padded
 batches (the attention mask given to every stage). The reference is the whole
 model, materialized from the same seed, trained unpipelined in the same process:
@@ -73,8 +73,8 @@ def run_case(rank: int, case: Case) -> Report:
     generated = load_module(case.module_path)
     info = generated.SCHEDULE
     layers = layers_for(info.stages)
-    cut = pipeforge.split(families.build(case.family, meta=True, layers=layers), info.stages,
-                          owned=generated.stages_of_rank(rank), seed=SEED, untie=len(info.placements) > 1)
+    cut = pipeforge.split(families.build(case.family, meta=True, layers=layers), info,  # untied on two chains
+                          owned=generated.stages_of_rank(rank), seed=SEED)
     loss_fn = TokenMeanLoss()
     pipe = generated.make_pipeline(cut.modules, loss_fn=loss_fn, tied_parameters=cut.tied_parameters,
                                    scale_grads=False, timeout=60)

@@ -138,3 +138,17 @@ def test_an_untested_family_on_the_meta_device_is_warned_about():
         model = tf.AutoModelForCausalLM.from_config(config)
     with pytest.warns(UserWarning, match="GraniteForCausalLM .* is on the meta device"):
         pipeforge.split(model, 2, owned=[1])
+
+
+@pytest.mark.parametrize("name, shared", [("zbv", True), ("chimera", False)])
+def test_given_the_schedule_split_unties_only_where_two_chains_run(name, shared):
+    from pipeforge.generator import generate
+
+    module = {}
+    exec(compile(generate(pipeforge.load(name, defines={"P": 2, "M": 4})), name, "exec"), module)  # noqa: S102
+    schedule = module["SCHEDULE"]
+    cut = pipeforge.split(families.build("llama-tied"), schedule, owned=module["stages_of_rank"](0))
+    last = schedule.stages - 1
+    assert sorted(cut.modules) == [0, last]
+    assert (cut.modules[0].embed.weight is cut.modules[last].head.weight) is shared
+    assert cut.tied_parameters == [[(0, "embed.weight"), (last, "head.weight")]]
