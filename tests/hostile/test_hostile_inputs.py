@@ -55,13 +55,15 @@ def pipeforge(argv: list[str], cwd: Path, *, stdout=subprocess.PIPE, cap: int = 
                           preexec_fn=preexec)
 
 
-def assert_refused(done: subprocess.CompletedProcess, message: str, code: int = 2) -> None:
+def assert_refused(done: subprocess.CompletedProcess, message: str, code: int = 2) -> str:
+    """The checks of a refusal; its stderr."""
     out = done.stdout or b""
     err = done.stderr.decode("utf-8", "replace")
     assert done.returncode == code, err
     assert "Traceback" not in err and "bug in pipeforge" not in err, err
     assert b"\x1b" not in out and b"\x1b" not in done.stderr, err
     assert message in err, err
+    return err
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
