@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pipeforge.ir import Action, ActionKind, Schedule, Step, replace_programs
-from pipeforge.passes.torch_lowering import TorchLowering, torch_lowering
+from pipeforge.passes.torch_lowering import TORCH_KINDS, TorchLowering, torch_lowering
 from pipeforge.semantics import Semantics, peer_stage
 from pipeforge.verifier import verify
 from pipeforge.verifier.report import KINDS, Report, Violation
@@ -73,7 +73,7 @@ class TargetVerdict:
     def render(self) -> str:
         lines = [self.report.render()]
         if self.lowering.refusal:
-            lines.append(f"torch refuses this schedule ({self.lowering.by}'s lowering): {self.lowering.refusal}")
+            lines.append(f"torch refuses this schedule: {self.lowering.refusal}")
         if self.difference:
             lines.append(f"note: {self.difference}")
         elif self.report.valid:
@@ -86,7 +86,10 @@ def verify_as(schedule: Schedule, target: str = "torch", *, defer_pp_recv: bool 
               launcher=None) -> TargetVerdict:
     """Verify ``schedule`` as ``target`` runs it; ``launcher`` (torchtitan): an ``interop.torchtitan.Launcher``."""
     compute = verify(schedule)
-    if schedule.is_lowered:
+    refusal = unknown_kind(schedule)
+    if refusal is not None:
+        lowering = TorchLowering(None, refusal, "as written", dict(enumerate(schedule.placement.stage_to_rank)))
+    elif schedule.is_lowered:
         lowering = TorchLowering(as_written(schedule), None, "as written",
                                  dict(enumerate(schedule.placement.stage_to_rank)))
     else:
@@ -105,6 +108,14 @@ def verify_as(schedule: Schedule, target: str = "torch", *, defer_pp_recv: bool 
     return TargetVerdict(target, report, compute, lowering, placement, defer_pp_recv)
 
 
+def unknown_kind(schedule: Schedule) -> str | None:
+    for rank, index, action in schedule.actions():
+        if action.kind not in TORCH_KINDS:
+            return (f"rank {rank} step {index}: {str(action)!r}: torch's runtime has no action {action.kind.value} "
+                    f"(_Action.from_str refuses it)")
+    return None
+
+
 def as_written(schedule: Schedule) -> Schedule:
     """A schedule with written communication as torch runs its CSV: each action its own step."""
     programs = tuple(tuple(Step((action,), span=step.span) if step.is_group else step
@@ -119,7 +130,7 @@ def refused_report(compute: Report, refusal: str) -> Report:
     if not compute.valid:
         return compute
     kind = ("deadlock" if "Malformed" in refusal else "missing" if "microbatches" in refusal else
-            "placement" if "compute-only" in refusal else "order")
+            "placement" if "compute-only" in refusal or "no action" in refusal else "order")
     violation = Violation(kind, f"torch refuses to build this schedule: {refusal}")
     return replace(compute, valid=False, violations=(violation,))
 

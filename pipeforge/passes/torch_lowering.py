@@ -54,9 +54,18 @@ def torch_lowering(schedule: Schedule, *, defer_pp_recv: bool = False, use_torch
     return TorchLowering(replace_programs(schedule, with_spans(lowered, schedule)), None, by, stage_to_rank)
 
 
+TORCH_KINDS = frozenset({K.F, K.B, K.I, K.W, K.SEND_F, K.RECV_F, K.SEND_B, K.RECV_B, K.REDUCE_GRAD, K.UNSHARD,
+                         K.RESHARD})  # torch's _ComputationType, less OVERLAP_F_B (an overlap step here)
+
+
 def not_compute_only(schedule: Schedule) -> str | None:
     """``_prepare_schedule_with_comms``'s check (format compute_only): every cell F, B, I, W or an overlap
-    (torch's own GPipe dump ends its rows with REDUCE_GRAD, which it then refuses to load)."""
+    (torch's own GPipe dump ends its rows with REDUCE_GRAD, which it then refuses to load); and a kind
+    torch has no action for (pipeforge's R, OFFLOAD, RELOAD), which its CSV reader refuses."""
+    for rank, index, action in schedule.actions():
+        if action.kind not in TORCH_KINDS:
+            return (f"rank {rank} step {index}: {str(action)!r}: torch's runtime has no action {action.kind.value} "
+                    f"(_Action.from_str refuses it)")
     for rank, program in enumerate(schedule.programs):
         for position, step in enumerate(program):
             if step.actions and not step.is_compute:

@@ -318,3 +318,14 @@ def test_orders_torch_fails_on_while_running_are_invalid(name, tmp_path):
     outcomes = spawn("tests.interop.torch_jobs:run_jobs", 2, [case], timeout=8, deadline=60)
     results = [o.value[0] if o.ok else ("failed", o.error) for o in outcomes]
     assert any(kind == "failed" for kind, _ in results), results
+
+
+def test_actions_torch_lacks_are_refused():
+    """pipeforge's recompute (R) has no torch action: torch's CSV reader refuses it."""
+    from pipeforge.interop.torchtitan_export import ExportRefusal, plan_export
+
+    schedule = read_csv_text("0F0,0F1,0R0,0B0,0B1\n1F0,1B0,1F1,1B1\n", "recompute.csv")
+    verdict = verify_as(schedule)
+    assert verdict.compute.valid and not verdict.valid and "no action R" in verdict.lowering.refusal
+    with pytest.raises(ExportRefusal, match="no action R"):
+        plan_export(schedule)
