@@ -1,9 +1,11 @@
 """Real hangs on gloo, each diagnosed from the records alone (``make_pipeline(records=DIR)``, ``pipeforge diagnose``).
 
-Six hangs: two wait cycles made by hand-editing a generated module (over two
-ranks, and over three ranks of an interleaved placement), a rank that stops inside a
-compute, a rank that fails with an error, a receive deleted from a rank's program,
-a send deleted from one. For each, every rank leaves a record, its error names the
+Six hangs: three wait cycles made by hand-editing a generated module (over two
+ranks; over three ranks of a looped placement; a wait moved before a send, which
+pairs the same messages, so the ranks' agreement at ``make_pipeline`` lets it run),
+a rank that stops inside a compute (1F1B, and ZB-V's second stage of a rank), a rank
+that fails with an error. (A deleted send or receive no longer runs: the ranks'
+fingerprints at ``make_pipeline`` refuse programs that do not pair.) For each, every rank leaves a record, its error names the
 record, and ``pipeforge diagnose DIR`` names the ranks and actions of the cycle (or
 of the chain ending at the rank that stopped) with their ``.pipe`` places, in under
 5 s. Bad input to ``diagnose`` is refused with exit 2.
@@ -59,8 +61,15 @@ def rank_function(text: str, rank: int) -> tuple[int, int]:
     return start, end
 
 
-def edit(path: Path, rank: int, *, move: str | None = None, after: str | None = None, delete: str | None = None):
+def rank_file(module: Path, rank: int) -> Path:
+    """Where rank ``rank``'s function is: its own file in the module's rank folder (or the module)."""
+    found = sorted(module.parent.glob(f"{module.stem}_ranks_*/rank_{rank}.py"))
+    return found[0] if found else module
+
+
+def edit(module: Path, rank: int, *, move: str | None = None, after: str | None = None, delete: str | None = None):
     """Move the statement line starting with ``move`` after the line starting with ``after``, or delete one."""
+    path = rank_file(module, rank)
     lines = path.read_text().split("\n")
     start, end = rank_function("\n".join(lines), rank)
     body = lines[start:end]
@@ -131,18 +140,18 @@ def case_rank_fails(tmp: Path):
     return module, 3, {"stop": {"stage": 1, "call": 2, "how": "raise"}, "environment": True}, {0, 1, 2}
 
 
-def case_receive_deleted(tmp: Path):
-    """1F1B, 2 ranks: rank 1's program lost the receive of microbatch 1's input."""
-    module = codegen("1f1b", tmp / "gen", {"P": 2, "M": 2})
-    edit(module, 1, delete="ctx.post(ctx.recv_f(1, 1))")
-    return module, 2, {}, {0, 1}
-
-
-def case_send_deleted(tmp: Path):
-    """1F1B, 3 ranks: rank 1's program lost the send of microbatch 2's gradient (and finishes its step)."""
+def case_wait_before_send(tmp: Path):
+    """1F1B, 3 ranks: rank 1 waits for microbatch 0's gradient before it sends microbatch 0's activation."""
     module = codegen("1f1b", tmp / "gen", {"P": 3, "M": 3})
-    edit(module, 1, delete="ctx.post(ctx.send_b(1, 2))")
-    return module, 3, {}, {0}
+    edit(module, 1, move="ctx.post(ctx.recv_b(1, 0))", after="ctx.forward(1, 0)")
+    edit(module, 1, move="ctx.backward(1, 0)", after="ctx.post(ctx.recv_b(1, 0))")
+    return module, 3, {}, {0, 1, 2}
+
+
+def case_v_rank_stops(tmp: Path):
+    """ZB-V, 2 ranks: rank 0 stops inside the forward of its second stage (stage 3) on microbatch 1."""
+    module = codegen("zbv", tmp / "gen", {"P": 2, "M": 4})
+    return module, 2, {"stop": {"stage": 3, "call": 1, "how": "sleep"}}, {1}
 
 
 # case -> (the hops diagnose must give: rank, action, what it waits for; cycle or how the chain ends)
@@ -153,8 +162,8 @@ EXPECTED = {
                              (1, "1RECV_F0", "1RECV_F0")], True, None),
     case_rank_stops: ([(0, "0B1", "0RECV_B1")], False, "rank 1 stopped at 1F1"),
     case_rank_fails: ([(0, "0B1", "0RECV_B1")], False, "fails on purpose"),
-    case_receive_deleted: ([(0, "0B1", "0RECV_B1")], False, "never received"),
-    case_send_deleted: ([(0, "0B2", "0RECV_B2")], False, "rank 1's program never posts 1SEND_B2"),
+    case_wait_before_send: ([(1, "1B0", "1RECV_B0"), (2, "2RECV_F0", "2RECV_F0")], True, None),  # rank 0 waits on it
+    case_v_rank_stops: (None, False, "rank 0 stopped at 3F1"),
 }
 
 
