@@ -113,6 +113,8 @@ def _own_work_rate(timeline) -> str:
 
 
 def _work_limit_text(timeline) -> str:
+    if timeline.work_limit is None:
+        return "any memory (this schedule recomputes or offloads)"
     own = " (this schedule's peak)" if timeline.memory.limit is None else ""
     return f"at most {timeline.work_limit:g} M_B a rank{own}"
 

@@ -1,7 +1,7 @@
 """Chrome / Perfetto trace JSON of a simulated schedule (open it in ui.perfetto.dev or chrome://tracing).
 
-One process (pid 0, named after the schedule), one thread per rank (tid = rank),
-one complete event (``"ph": "X"``) per compute action, named by its torch token
+One process (pid 0, named after the schedule), one thread per rank (tid = rank;
+a rank's copy lane, where OFFLOAD and RELOAD run, tid = ranks + rank), one complete event (``"ph": "X"``) per compute action, named by its torch token
 (``2F0``) with its stage, microbatch, chain and program step in ``args``. One
 unit of cost is written as one millisecond (trace times are in microseconds).
 """
@@ -25,19 +25,24 @@ def trace_events(timeline: Timeline) -> list[dict]:
     for rank in range(timeline.ranks):
         events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": rank, "args": {"name": f"rank {rank}"}})
         events.append({"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": rank, "args": {"sort_index": rank}})
+    for rank in sorted({e.rank for e in timeline.events if e.lane == "copy"}):
+        tid = timeline.ranks + rank
+        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": f"rank {rank} copy"}})
+        events.append({"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": tid,
+                       "args": {"sort_index": tid}})
     for event in timeline.events:
         for action, start, end in event.action_spans():
-            events.append(_action_event(action, event, start, end))
+            events.append(_action_event(action, event, start, end, timeline.ranks))
     return events
 
 
-def _action_event(action, event, start: float, end: float) -> dict:
+def _action_event(action, event, start: float, end: float, ranks: int = 0) -> dict:
     return {
         "name": str(action),
         "cat": action.kind.value,
         "ph": "X",
         "pid": 0,
-        "tid": event.rank,
+        "tid": event.rank if event.lane == "compute" else ranks + event.rank,
         "ts": start * MICROSECONDS_PER_UNIT,
         "dur": (end - start) * MICROSECONDS_PER_UNIT,
         "args": {"stage": action.stage, "microbatch": action.microbatch, "chain": action.chain,

@@ -5,7 +5,8 @@
 
 Each action is a box of columns proportional to its duration, holding its kind
 and microbatch (``F3``, ``I12``) where that fits, else its kind letter; ``.``
-is time the rank spends waiting (communication, bubbles).
+is time the rank spends waiting (communication, bubbles). A rank that offloads
+has a ``copy`` row under it: its copy lane (``O3`` offloads microbatch 3, ``L3`` reloads it).
 """
 
 from __future__ import annotations
@@ -24,21 +25,30 @@ def render_text(timeline: Timeline, width: int = 100) -> str:
         return "(no compute actions)\n"
     scale = max(width, 1) / makespan
     label_width = len(f"rank {timeline.ranks - 1}")
-    rows = [_rank_row(timeline, rank, scale, width) for rank in range(timeline.ranks)]
-    lines = [f"{f'rank {rank}':<{label_width}} |{row}" for rank, row in enumerate(rows)]
+    lines = []
+    copying = {e.rank for e in timeline.events if e.lane == "copy"}
+    for rank in range(timeline.ranks):
+        lines.append(f"{f'rank {rank}':<{label_width}} |{_rank_row(timeline, rank, scale, width, 'compute')}")
+        if rank in copying:  # the rank's copy lane (OFFLOAD, RELOAD) under its compute
+            lines.append(f"{'  copy':<{label_width}} |{_rank_row(timeline, rank, scale, width, 'copy')}")
     rule, labels = _axis(makespan, width)
     lines += [" " * (label_width + 2) + rule, " " * (label_width + 2) + labels]
     return "\n".join(line.rstrip() for line in lines) + "\n"
 
 
+SHORT = {"OFFLOAD": "O", "RELOAD": "L"}  # one letter a kind in the grid: O0 offloads microbatch 0, L0 reloads it
+
+
 def action_label(action) -> str:
     chain = f"@{action.chain}" if action.chain else ""
-    return f"{action.kind.value}{action.microbatch}{chain}"
+    return f"{SHORT.get(action.kind.value, action.kind.value)}{action.microbatch}{chain}"
 
 
-def _rank_row(timeline: Timeline, rank: int, scale: float, width: int) -> str:
-    cells = [IDLE_MARK] * width
+def _rank_row(timeline: Timeline, rank: int, scale: float, width: int, lane: str = "compute") -> str:
+    cells = [IDLE_MARK if lane == "compute" else " "] * width
     for event in timeline.events_on(rank):
+        if event.lane != lane:
+            continue
         for action, start, end in event.action_spans():
             first = min(int(round(start * scale)), width - 1)
             last = max(int(round(end * scale)), first + 1)
@@ -52,7 +62,7 @@ def _draw_box(cells: list[str], first: int, last: int, action) -> None:
     if size >= len(label):  # "F1F2" still reads as two boxes: every label starts with its kind letter
         text = label.ljust(size)
     else:
-        text = action.kind.value * size
+        text = SHORT.get(action.kind.value, action.kind.value)[0] * size
     cells[first:last] = list(text)
 
 

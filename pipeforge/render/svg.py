@@ -38,8 +38,12 @@ PALETTE = {
     ("B", 0): ("#9edbb0", "#0f3319"), ("B", 1): ("#2f8f55", "#ffffff"),
     ("I", 0): ("#8fd3d0", "#0c3533"), ("I", 1): ("#23857f", "#ffffff"),
     ("W", 0): ("#cdb4ea", "#2a1545"), ("W", 1): ("#7a52b0", "#ffffff"),
+    ("R", 0): ("#f3c89b", "#3d2208"), ("R", 1): ("#c0762e", "#ffffff"),
+    ("OFFLOAD", 0): ("#f0a8a8", "#3f1010"), ("OFFLOAD", 1): ("#b53f3f", "#ffffff"),
+    ("RELOAD", 0): ("#e8d98a", "#3a330a"), ("RELOAD", 1): ("#a8952a", "#ffffff"),
 }
-KIND_NAMES = {"F": "forward", "B": "backward", "I": "backward (inputs)", "W": "backward (weights)"}
+KIND_NAMES = {"F": "forward", "B": "backward", "I": "backward (inputs)", "W": "backward (weights)",
+              "R": "recompute", "OFFLOAD": "to host (copy lane)", "RELOAD": "back from host (copy lane)"}
 NEUTRAL = (("#dddddd", "#222222"), ("#888888", "#ffffff"))  # a compute kind without colours of its own
 
 
@@ -170,28 +174,40 @@ def _rows(timeline: Timeline, layout: Layout) -> list[str]:
 
 def _actions(timeline: Timeline, layout: Layout, shades: Shades) -> list[str]:
     out = []
+    copying = {e.rank for e in timeline.events if e.lane == "copy"}
     for event in timeline.events:
+        # a rank that offloads: compute in the upper part of its row, its copy lane in a strip under it
+        band = None if event.rank not in copying else ("copy" if event.lane == "copy" else "compute")
         for action, start, end in event.action_spans():
-            out.append(_action_box(action, event.rank, start, end, layout, shades.of(event.rank, action)))
+            out.append(_action_box(action, event.rank, start, end, layout, shades.of(event.rank, action), band))
         if len(event.actions) > 1:
             out.append(_overlap_outline(event, layout))
     return out
 
 
-def _action_box(action, rank: int, start: float, end: float, layout: Layout, shade: int) -> str:
+COPY_BAND = 0.3  # of a row: the copy lane's strip, under the compute of a rank that offloads
+
+
+def _action_box(action, rank: int, start: float, end: float, layout: Layout, shade: int,
+                band: str | None = None) -> str:
     kind = action.kind.value
     fill, ink = colours(kind, shade)
     x, y = layout.x(start), layout.y(rank)
+    height = layout.row_height
+    if band == "compute":
+        height *= 1 - COPY_BAND
+    elif band == "copy":
+        y, height = y + height * (1 - COPY_BAND), height * COPY_BAND
     w = max((end - start) * layout.scale, 0.5)
-    tip = f"{action} on rank {rank}: {start:g} to {end:g} ({end - start:g})"
-    rect = (f'<rect class="action {kind}" x="{x:.2f}" y="{y:.1f}" width="{w:.2f}" height="{layout.row_height:.1f}" '
+    tip = f"{action} on rank {rank}{' (copy lane)' if band == 'copy' else ''}: {start:g} to {end:g} ({end - start:g})"
+    rect = (f'<rect class="action {kind}" x="{x:.2f}" y="{y:.1f}" width="{w:.2f}" height="{height:.1f}" '
             f'fill="{fill}" stroke="#ffffff" stroke-width="1" data-action={quoteattr(str(action))} '
             f'data-rank="{rank}" data-start="{start:g}" data-end="{end:g}" data-duration="{end - start:g}">'
             f'<title>{escape(tip)}</title></rect>')
     label = str(action.microbatch)
-    if w < 6.5 * len(label) + 3:
+    if w < 6.5 * len(label) + 3 or band == "copy":
         return rect
-    text = (f'<text class="label" x="{x + w / 2:.2f}" y="{y + layout.row_height / 2 + 4:.1f}" '
+    text = (f'<text class="label" x="{x + w / 2:.2f}" y="{y + height / 2 + 4:.1f}" '
             f'text-anchor="middle" fill="{ink}" pointer-events="none">{escape(label)}</text>')
     return rect + text
 

@@ -15,12 +15,14 @@ from functools import cached_property
 from typing import NamedTuple
 
 from pipeforge.errors import VerificationError
-from pipeforge.ir import Action, CostModel, MemorySpec, Schedule, Step, as_action
+from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step, as_action
 from pipeforge.semantics import PARAMETER_MEMORY, bubble_rate, effects_of, held_after_additions, split
 from pipeforge.sim.bounds import bubble_of_span, compute_bounds, work_bound
 from pipeforge.sim.costs import costs_to_json, resolve_costs
 from pipeforge.sim.workgraph import (Order, Shape, Times, WorkGraph, blocking_input, compile_actions, compile_schedule,
                                     peak_memory, time_order)
+
+SAVING = frozenset({ActionKind.R, ActionKind.OFFLOAD, ActionKind.RELOAD})  # the memory-saving kinds (semantics.md)
 
 
 class Event(NamedTuple):
@@ -38,6 +40,7 @@ class Event(NamedTuple):
     start: float
     end: float
     durations: tuple[float, ...] = ()
+    lane: str = "compute"  # or "copy": OFFLOAD and RELOAD, beside the rank's compute (semantics.LANES)
 
     @property
     def duration(self) -> float:
@@ -103,7 +106,9 @@ class Timeline:
         The memory bound is left out when this schedule itself breaks the limit.
         """
         memory = self.memory
-        if self.within_memory_limit is False:  # the memory bound speaks only of orders within the limit
+        if self.within_memory_limit is False or self.saves_memory:
+            # the memory bound speaks only of orders within the limit, and reasons that an F holds its
+            # activation until its backward: a schedule that recomputes or offloads holds less
             memory = replace(memory, limit=None)
         return compute_bounds(self.schedule, self.costs, memory, busy=[s.busy for s in self.rank_stats],
                               graph=self.graph)
@@ -111,7 +116,8 @@ class Timeline:
     @cached_property
     def split_work(self):
         """This schedule's work with every B split into I and W (a ``WorkGraph``), as optimize searches it."""
-        actions = [part for _, _, a in self.schedule.actions() if a.is_compute for part in split(a)]
+        actions = [part for _, _, a in self.schedule.actions() if a.is_compute and a.kind not in SAVING
+                   for part in split(a)]  # the work: F and the backward (R, OFFLOAD, RELOAD are a choice)
         return compile_actions(Shape.of(self.schedule), actions, self.costs, self.memory)
 
     @cached_property
@@ -129,9 +135,18 @@ class Timeline:
         return bubble_of_span(self.split_work, max((s.span for s in self.rank_stats), default=0.0))
 
     @property
-    def work_limit(self) -> float:
-        """The memory limit of the work bound: the declared one, else this schedule's peak."""
+    def work_limit(self) -> float | None:
+        """The memory limit of the work bound: the declared one, else this schedule's peak; none where the
+        schedule recomputes or offloads (a schedule of this work may then hold less than its F's
+        activations, which the bound's memory arguments count)."""
+        if self.saves_memory:
+            return None
         return self.memory.limit if self.memory.limit is not None else max(self.peak_memory, default=0.0)
+
+    @cached_property
+    def saves_memory(self) -> bool:
+        """The schedule recomputes or offloads some microbatch (R, OFFLOAD, RELOAD)."""
+        return any(a.kind in SAVING for _, _, a in self.schedule.actions())
 
     @property
     def makespan(self) -> float:
@@ -252,8 +267,10 @@ def _events(graph: WorkGraph, rank: int, seq: tuple[int, ...], times: Times) -> 
     start, end = times.start, times.end
     events: list[Event] = []
     if joins is None:
+        copy = graph.copy
         for a in seq:
-            events.append(Event(rank, steps[a], (actions[a],), start[a], end[a], (duration[a],)))
+            events.append(Event(rank, steps[a], (actions[a],), start[a], end[a], (duration[a],),
+                                "copy" if copy is not None and copy[a] else "compute"))
         return events
     group: list[int] = []
     for a in seq:
@@ -267,8 +284,9 @@ def _events(graph: WorkGraph, rank: int, seq: tuple[int, ...], times: Times) -> 
 
 
 def _event(graph: WorkGraph, rank: int, nodes: list[int], times: Times) -> Event:
+    lane = "copy" if graph.copy is not None and all(graph.copy[a] for a in nodes) else "compute"
     return Event(rank, graph.step[nodes[0]], tuple(graph.actions[a] for a in nodes), times.start[nodes[0]],
-                 times.end[nodes[-1]], tuple(graph.duration[a] for a in nodes))
+                 times.end[nodes[-1]], tuple(graph.duration[a] for a in nodes), lane)
 
 
 def _stuck_error(schedule: Schedule, graph: WorkGraph, order: Order, times: Times) -> VerificationError:
@@ -313,6 +331,6 @@ def _step_text(graph: WorkGraph, nodes: list[int]) -> str:
 def _rank_stats(rank: int, events: list[Event], peak: float) -> RankStats:
     if not events:
         return RankStats(rank, 0.0, 0.0, 0.0, 0.0, 0)
-    busy = sum(e.end - e.start for e in events)
+    busy = sum(e.end - e.start for e in events if e.lane == "compute")  # the copy lane is not busy time
     count = sum(len(e.actions) for e in events)
-    return RankStats(rank, busy, events[0].start, events[-1].end, peak, count)
+    return RankStats(rank, busy, min(e.start for e in events), max(e.end for e in events), peak, count)

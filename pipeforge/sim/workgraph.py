@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from pipeforge.ir import COMPUTE_KINDS, Action, CostModel, MemorySpec, Placement, Schedule
-from pipeforge.semantics import ActionKey, effects_of, needs, needs_if_present
+from pipeforge.ir import COMPUTE_KINDS, Action, ActionKind, CostModel, MemorySpec, Placement, Schedule
+from pipeforge.semantics import ActionKey, effects_of, lane, needs, needs_if_present
 from pipeforge.sim.costs import duration_table
 
 Order = tuple[tuple[int, ...], ...]
@@ -41,6 +41,9 @@ class WorkGraph:
         self.deps = self._dependencies(costs)
         self.waits = self.deps  # what the engine waits for (compile_schedule widens it for overlap steps)
         self.joins: list[bool] | None = None  # node issued together with the previous one of its rank
+        # node on its rank's copy lane (OFFLOAD, RELOAD: semantics.LANES), None when there is none
+        copy = [lane(a.kind) == "copy" for a in actions]
+        self.copy: list[bool] | None = copy if any(copy) else None
         self.step: list[int] | None = None  # node -> its step's index in the rank's program as written
 
     @property
@@ -141,7 +144,25 @@ def compile_schedule(schedule: Schedule, costs: CostModel, memory: MemorySpec) -
     if any(joins):
         graph.joins = joins
         graph.waits = _overlap_waits(graph.deps, joins)
+    if graph.copy is not None:
+        graph.waits = _offload_waits(graph, tuple(order))
     return graph, tuple(order)
+
+
+def _offload_waits(graph: WorkGraph, order: Order) -> list[tuple[Dependency, ...]]:
+    """A node that adds memory (F, R, RELOAD) waits for the end of the last OFFLOAD before it on its
+    rank (the copy lane runs its transfers in order, so for every earlier one): the memory an offload
+    frees is free before anything counts on it (docs/semantics.md, "Recompute and offload")."""
+    waits = list(graph.waits)
+    offload, added = ActionKind.OFFLOAD, graph.added
+    for seq in order:
+        last = None
+        for node in seq:
+            if last is not None and added[node] > 0:
+                waits[node] = waits[node] + ((last, 0.0),)
+            if graph.actions[node].kind is offload:
+                last = node
+    return waits
 
 
 def _overlap_waits(deps: list[tuple[Dependency, ...]], joins: list[bool]) -> list[tuple[Dependency, ...]]:
@@ -189,6 +210,8 @@ def time_order(graph: WorkGraph, order: Order, resume: tuple[Times, list[int]] |
     e.g. every node that started before some time t (nothing depends on what
     starts later, since durations are positive).
     """
+    if graph.copy is not None:
+        return _time_with_copies(graph, order)
     size = graph.size
     start, end = [0.0] * size, [-1.0] * size
     done, free = [0] * len(order), [0.0] * len(order)
@@ -216,6 +239,50 @@ def time_order(graph: WorkGraph, order: Order, resume: tuple[Times, list[int]] |
                 start[a] = s
                 t = s + duration[a]
                 end[a] = t
+                p += 1
+                woken = waiting.pop(a, None)
+                if woken is not None:
+                    ready.extend(woken)
+                continue
+            break
+        done[r], free[r] = p, t
+    return Times(start, end, done)
+
+
+def _time_with_copies(graph: WorkGraph, order: Order) -> Times:
+    """``time_order`` for a graph with copy-lane nodes: a rank issues its nodes in order; a compute node
+    runs on the compute lane as usual, a copy node (OFFLOAD, RELOAD) on the rank's copy lane, from when
+    the rank issues it (the compute before it has ended), the lane is free and its inputs have ended;
+    the compute lane does not wait for it."""
+    size = graph.size
+    start, end = [0.0] * size, [-1.0] * size
+    done, free, lane_free = [0] * len(order), [0.0] * len(order), [0.0] * len(order)
+    waits, duration, copy = graph.waits, graph.duration, graph.copy
+    waiting: dict[int, list[int]] = {}
+    ready = list(range(len(order)))
+    while ready:
+        r = ready.pop()
+        seq, p, t = order[r], done[r], free[r]
+        count = len(seq)
+        while p < count:
+            a = seq[p]
+            on_copy = copy[a]
+            s = max(t, lane_free[r]) if on_copy else t
+            for d, latency in waits[a]:
+                e = end[d]
+                if e < 0.0:
+                    waiting.setdefault(d, []).append(r)
+                    break
+                e += latency
+                if e > s:
+                    s = e
+            else:
+                start[a] = s
+                end[a] = s + duration[a]
+                if on_copy:
+                    lane_free[r] = end[a]
+                else:
+                    t = end[a]
                 p += 1
                 woken = waiting.pop(a, None)
                 if woken is not None:

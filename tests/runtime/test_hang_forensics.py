@@ -4,8 +4,8 @@ Six hangs: three wait cycles made by hand-editing a generated module (over two
 ranks; over three ranks of a looped placement; a wait moved before a send, which
 pairs the same messages, so the ranks' agreement at ``make_pipeline`` lets it run),
 a rank that stops inside a compute (1F1B, and ZB-V's second stage of a rank), a rank
-that fails with an error. (A deleted send or receive no longer runs: the ranks'
-fingerprints at ``make_pipeline`` refuse programs that do not pair.) For each, every rank leaves a record, its error names the
+that fails with an error. (A receive or send deleted from a program no longer runs:
+``make_pipeline`` refuses programs that do not pair, tested here too.) For each, every rank leaves a record, its error names the
 record, and ``pipeforge diagnose DIR`` names the ranks and actions of the cycle (or
 of the chain ending at the rank that stopped) with their ``.pipe`` places, in under
 5 s. Bad input to ``diagnose`` is refused with exit 2.
@@ -61,15 +61,13 @@ def rank_function(text: str, rank: int) -> tuple[int, int]:
     return start, end
 
 
-def rank_file(module: Path, rank: int) -> Path:
-    """Where rank ``rank``'s function is: its own file in the module's rank folder (or the module)."""
-    found = sorted(module.parent.glob(f"{module.stem}_ranks_*/rank_{rank}.py"))
-    return found[0] if found else module
+def edit(path: Path, rank: int, *, move: str | None = None, after: str | None = None, delete: str | None = None):
+    """Move the statement line starting with ``move`` after the line starting with ``after``, or delete one
+    (in the module's file, or in its rank module where the rank's function lives there)."""
+    from pipeforge.generator import rank_folder
 
-
-def edit(module: Path, rank: int, *, move: str | None = None, after: str | None = None, delete: str | None = None):
-    """Move the statement line starting with ``move`` after the line starting with ``after``, or delete one."""
-    path = rank_file(module, rank)
+    if f"def rank_{rank}(" not in path.read_text() and rank_folder(path) is not None:
+        path = rank_folder(path) / f"rank_{rank}.py"
     lines = path.read_text().split("\n")
     start, end = rank_function("\n".join(lines), rank)
     body = lines[start:end]
@@ -140,6 +138,20 @@ def case_rank_fails(tmp: Path):
     return module, 3, {"stop": {"stage": 1, "call": 2, "how": "raise"}, "environment": True}, {0, 1, 2}
 
 
+def case_receive_deleted(tmp: Path):
+    """1F1B, 2 ranks: rank 1's program lost the receive of microbatch 1's input."""
+    module = codegen("1f1b", tmp / "gen", {"P": 2, "M": 2})
+    edit(module, 1, delete="ctx.post(ctx.recv_f(1, 1))")
+    return module, 2, {}, {0, 1}
+
+
+def case_send_deleted(tmp: Path):
+    """1F1B, 3 ranks: rank 1's program lost the send of microbatch 2's gradient (and finishes its step)."""
+    module = codegen("1f1b", tmp / "gen", {"P": 3, "M": 3})
+    edit(module, 1, delete="ctx.post(ctx.send_b(1, 2))")
+    return module, 3, {}, {0}
+
+
 def case_wait_before_send(tmp: Path):
     """1F1B, 3 ranks: rank 1 waits for microbatch 0's gradient before it sends microbatch 0's activation."""
     module = codegen("1f1b", tmp / "gen", {"P": 3, "M": 3})
@@ -165,6 +177,14 @@ EXPECTED = {
     case_wait_before_send: ([(1, "1B0", "1RECV_B0"), (2, "2RECV_F0", "2RECV_F0")], True, None),  # rank 0 waits on it
     case_v_rank_stops: (None, False, "rank 0 stopped at 3F1"),
 }
+# A program that lost a receive or a send no longer hangs: make_pipeline refuses it on every rank before any
+# compute (its messages do not pair with its peer's: pipeforge.runtime.fingerprint).
+REFUSED = {
+    case_receive_deleted: "rank 0 and rank 1 run programs that do not pair: rank 0 sends rank 1 2 messages, "
+                          "rank 1's program receives 1 from it",
+    case_send_deleted: "rank 1 and rank 0 run programs that do not pair: rank 1 sends rank 0 2 messages, "
+                       "rank 0's program receives 3 from it",
+}
 
 
 @pytest.mark.distributed
@@ -187,6 +207,17 @@ def test_each_real_hang_is_diagnosed_from_the_records(case, tmp_path):
         assert ending in (found["end"] or "") + text, text
     assert all(hop["location"] and re.search(r"\.pipe'?:\d+:\d+", hop["location"]) for hop in found["hops"]), text
     assert "^" in text  # the carets under each hop's place in the source
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", list(REFUSED), ids=lambda case: case.__name__.removeprefix("case_"))
+def test_a_program_that_lost_a_message_is_refused_before_it_can_hang(case, tmp_path):
+    module, ranks, options, _ = case(tmp_path)
+    outcomes = run_case(module, ranks, tmp_path / "records", **options)
+    for outcome in outcomes:
+        assert not outcome.ok and f"PipelineError: rank {outcome.rank}: " in outcome.error, outcome
+        assert REFUSED[case] in outcome.error, outcome.error
 
 
 # --- bad input ----------------------------------------------------------------------------------

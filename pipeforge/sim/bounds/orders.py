@@ -16,7 +16,7 @@ from pipeforge.ir import ActionKind, CostModel, MemorySpec, Schedule
 from pipeforge.semantics import bubble_rate
 from pipeforge.sim.workgraph import WorkGraph, compile_schedule, topological_order
 
-_F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
+_F, _B, _I, _W, _R = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W, ActionKind.R
 ORDERS_SPACE = "any order of these actions on each rank"
 
 
@@ -168,7 +168,7 @@ def _rank_bounds(schedule: Schedule, graph: WorkGraph, est: list[float], down: l
             heads[r] = est[a]
         if down[a] < tails[r]:
             tails[r] = down[a]
-        if action.kind is _F:
+        if action.kind is _F or action.kind is _R:  # what a rank may run before its first backward
             forwards[r].append(graph.duration[a])
         elif action.kind.is_backward:
             if est[a] < first_backward[r]:

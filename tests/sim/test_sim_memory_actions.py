@@ -1,0 +1,87 @@
+"""simulate with R, OFFLOAD and RELOAD: costs, the copy lane, memory, sound bounds, pictures and trace."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pipeforge
+import pipeforge.testing as pt
+from pipeforge.interop.chrome_trace import trace_events
+from pipeforge.ir import CostModel, MemorySpec
+from pipeforge.passes.recompute import offload, recompute
+from pipeforge.render.grid import render_text
+
+OFFLOADING = """schedule off(P = 2, M = 3) {
+    ranks P
+    stages P placement loop
+    microbatches M
+    costs { F = 1  I = 1  W = 1  OFFLOAD = 0.5  RELOAD = 0.5 }
+    rank 0 { 0F0 0F1 0OFFLOAD0 0F2 0OFFLOAD1 0RELOAD0 0B0 0RELOAD1 0B1 0B2 }
+    rank 1 { 1F0 1B0 1F1 1B1 1F2 1B2 }
+}
+"""
+
+
+def test_transfers_run_on_the_copy_lane_beside_the_compute():
+    timeline = pipeforge.simulate(pipeforge.loads(OFFLOADING))
+    got = [(str(e.actions[0]), e.start, e.end, e.lane) for e in timeline.events if e.rank == 0]
+    assert got == [
+        ("0F0", 0.0, 1.0, "compute"), ("0F1", 1.0, 2.0, "compute"),
+        ("0OFFLOAD0", 2.0, 2.5, "copy"),  # issued when F1 ends
+        ("0F2", 2.5, 3.5, "compute"),  # adds memory: waits for the offload before it
+        ("0OFFLOAD1", 3.5, 4.0, "copy"), ("0RELOAD0", 4.0, 4.5, "copy"),  # one transfer at a time
+        ("0B0", 4.5, 6.5, "compute"),  # after its reload (and 1B0, ended at 4)
+        ("0RELOAD1", 6.5, 7.0, "copy"), ("0B1", 7.0, 9.0, "compute"), ("0B2", 10.0, 12.0, "compute"),
+    ]
+    rank0 = timeline.rank_stats[0]
+    assert rank0.busy == 9.0 and rank0.span == 12.0  # the copy lane is not busy time
+    assert timeline.peak_memory == (2.0, 1.0)
+    lines = render_text(timeline, width=48).splitlines()
+    assert lines[1].startswith("  copy |") and "O0" in lines[1] and "L1" in lines[1]
+    copy_events = [e for e in trace_events(timeline) if e.get("tid") == 2 and e["ph"] == "X"]
+    assert [e["name"] for e in copy_events] == ["0OFFLOAD0", "0OFFLOAD1", "0RELOAD0", "0RELOAD1"]
+
+
+def test_a_forward_waits_for_the_offload_before_it_and_nothing_else_does():
+    """With free transfers F2 starts when F1 ends; with 0.5 it waits for OFFLOAD0 (2.5). B0 waits for its
+    RELOAD either way, and rank 1 never waits for rank 0's copy lane."""
+    def start(text: str, action: str) -> float:
+        timeline = pipeforge.simulate(pipeforge.loads(text))
+        return next(e.start for e in timeline.events if str(e.actions[0]) == action)
+
+    fast = OFFLOADING.replace("OFFLOAD = 0.5  RELOAD = 0.5", "OFFLOAD = 0  RELOAD = 0")
+    assert start(fast, "0F2") == 2.0 and start(OFFLOADING, "0F2") == 2.5
+    assert start(fast, "0B0") == 4.0 and start(OFFLOADING, "0B0") == 4.5
+    assert start(fast, "1F2") == start(OFFLOADING, "1F2")
+
+
+def test_recompute_costs_default_to_the_forward_and_the_checkpoint_sets_the_peak():
+    plain = pipeforge.load("1f1b", defines={"P": 4, "M": 8})
+    rebuilt = pipeforge.load("1f1b-recompute", defines={"P": 4, "M": 8})
+    assert rebuilt.programs == recompute(plain).programs
+    costs = CostModel(F=1.0, I=1.0, W=1.0)
+    timeline = pipeforge.simulate(rebuilt, costs, memory=MemorySpec(checkpoint=0.1))
+    assert sum(s.busy for s in timeline.rank_stats) == 4 * 8 * (1 + 1 + 2)  # F, R (= F), B
+    # rank 0 holds 4 checkpoints, then rebuilds one: 3 * 0.1 + 1 at most, against 1F1B's 4
+    assert abs(timeline.peak_memory[0] - 1.3) < 1e-9
+    assert pipeforge.simulate(plain, costs).peak_memory[0] == 4.0
+    cheap = pipeforge.simulate(rebuilt, replace(costs, R=0.5, per_stage=((0, "R", 2.0),)))
+    assert cheap.rank_stats[0].busy == 8 * (1 + 2 + 2) and cheap.rank_stats[1].busy == 8 * (1 + 0.5 + 2)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(pt.schedules(max_ranks=3, max_stages_per_rank=2, max_microbatches=4, memory=True), st.data())
+def test_bounds_stay_sound_with_recompute_and_offload(schedule, data):
+    keys = sorted({(a.stage, a.microbatch, a.chain) for _, _, a in schedule.actions() if a.kind.value == "F"})
+    rebuilt = data.draw(st.sets(st.sampled_from(keys)))
+    schedule = offload(recompute(schedule, rebuilt), data.draw(st.sets(st.sampled_from(keys))) - rebuilt)
+    costs = CostModel(F=data.draw(st.sampled_from([0.5, 1.0, 2.0])), I=1.0, W=data.draw(st.sampled_from([0.5, 1.0])),
+                      R=data.draw(st.sampled_from([None, 0.5])), OFFLOAD=data.draw(st.sampled_from([0.0, 0.7, 3.0])))
+    timeline = pipeforge.simulate(schedule, costs, memory=replace(schedule.memory, checkpoint=0.1))
+    assert timeline.makespan >= timeline.bounds.makespan - 1e-9
+    assert timeline.work_bubble_rate >= timeline.work_bound.bubble_rate - 1e-9
+    spans = max(s.span for s in timeline.rank_stats)
+    assert spans >= timeline.work_bound.max_span - 1e-9
