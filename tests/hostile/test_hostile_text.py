@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeforge.generator import MAX_ACTIONS
 from tests.hostile.test_hostile_inputs import assert_refused, pipeforge
 
 HEAD = "schedule s {\n    ranks 1\n    stages 1 placement loop\n    microbatches 1\n"
@@ -200,7 +201,7 @@ def test_a_file_of_idle_slots_is_refused_at_the_bound_in_bounded_memory(tmp_path
 def test_codegen_past_its_documented_size_is_refused_before_lowering(tmp_path):
     done = pipeforge(["codegen", "1f1b", "-D", "P=1000", "-D", "M=1000", "-o", "big.py"], tmp_path, cap=2 << 30,
                      timeout=300)
-    assert_refused(done, "has 2000000 actions; codegen writes modules for at most 50000")
+    assert_refused(done, f"has 2000000 actions; codegen writes modules for at most {MAX_ACTIONS}")
     assert not (tmp_path / "big.py").exists()
 
 
