@@ -41,15 +41,40 @@ class Source:
         lines = self.text.split("\n")
         if lines and not lines[-1]:
             lines.pop()
-        return tuple(line[:-1] if line.endswith("\r") else line for line in lines)
+        return tuple(line.removesuffix("\r") for line in lines)
 
     def line(self, number: int) -> str | None:
-        """The text of the 1-based line ``number``, or None past the end."""
-        lines = self.lines
-        return lines[number - 1] if 1 <= number <= len(lines) else None
+        """The text of the 1-based line ``number`` (as in ``lines``), or None past the end; found by
+        counting newlines, so an error in a file of millions of lines does not split it."""
+        text = self.text
+        if number < 1 or not text:
+            return None
+        if number == 1:
+            start = 0
+        else:
+            start = _after_newline(text, number - 1)
+            if start is None or start == len(text):
+                return None
+        end = text.find("\n", start)
+        return text[start:end if end >= 0 else len(text)].removesuffix("\r")
 
     def span(self, line: int, col: int, end_line: int | None = None, end_col: int | None = None) -> Span:
         return Span(self.name, line, col, end_line, end_col, self)
+
+
+def _after_newline(text: str, count: int) -> int | None:
+    """The offset just after the ``count``-th ``\\n`` of ``text`` (None when it has fewer): a bisection
+    over ``str.count``, in C, with no list of lines."""
+    if text.count("\n") < count:
+        return None
+    low, high = 0, len(text)  # text[:high] holds at least count newlines
+    while low < high:
+        middle = (low + high) // 2
+        if text.count("\n", 0, middle + 1) >= count:
+            high = middle
+        else:
+            low = middle + 1
+    return low + 1
 
 
 _set_attribute = object.__setattr__

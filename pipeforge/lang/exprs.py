@@ -84,37 +84,46 @@ def _name(tree: Tree, file: Source) -> Eval:
 MAX_INT_BITS = 256  # far beyond any count a schedule means; a value past it is an error, not a slow bignum
 
 
-def bounded(value: object, span: Span) -> object:
-    """``value`` itself when it is within the language's bounds; a SemanticError at ``span`` otherwise."""
-    if type(value) is int:
-        if value.bit_length() > MAX_INT_BITS:
-            raise SemanticError(f"the result is too large a number (more than {MAX_INT_BITS} bits)", span)
-    elif type(value) is float and not math.isfinite(value):
-        raise SemanticError("the result is too large a number (beyond a float's range)", span)
-    return value
+_LIMIT = 1 << MAX_INT_BITS
 
 
-def _combine(op: Callable[[object, object], object], a: object, b: object, where: str, span: Span) -> object:
-    """``op(a, b)``, with the language's errors for operands it cannot combine and results too large."""
-    try:
-        return bounded(op(a, b), span)
-    except TypeError:
-        raise SemanticError(f"cannot combine {describe(a)} and {describe(b)} {where}", span) from None
-    except OverflowError:
-        raise SemanticError("the result is too large a number", span) from None
+def bounded(value: object, span: Span, low: int = -_LIMIT, high: int = _LIMIT) -> object:
+    """``value`` itself when it is within the language's bounds (a number of magnitude below
+    2 ** MAX_INT_BITS: not inf, not nan); a SemanticError at ``span`` otherwise."""
+    if low < value < high:
+        return value
+    raise _too_large(value, span)
+
+
+def _too_large(value: object, span: Span) -> SemanticError:
+    return SemanticError(f"the result is too large a number (2 ** {MAX_INT_BITS} or more)", span)
+
+
+def _operation(op: Callable[[object, object], object], where: str):
+    """``(a, b, span) -> op(a, b)`` with the language's errors: operands it cannot combine, results too large."""
+    def combine(a: object, b: object, span: Span, low: int = -_LIMIT, high: int = _LIMIT) -> object:
+        try:
+            value = op(a, b)
+        except TypeError:
+            raise SemanticError(f"cannot combine {describe(a)} and {describe(b)} {where}", span) from None
+        except OverflowError:
+            raise SemanticError("the result is too large a number", span) from None
+        if low < value < high:  # an int below 2 ** MAX_INT_BITS, or a float also finite
+            return value
+        raise _too_large(value, span)
+
+    return combine
 
 
 def _divided(op: Callable[[object, object], object], symbol: str, divisor_span: Span):
+    combine = _operation(op, f"with {symbol!r}")
+
     def apply(a: object, b: object, span: Span) -> object:
         if b == 0:
             raise SemanticError(f"division by zero: the right side of {symbol!r} is 0", divisor_span)
-        return _combine(op, a, b, f"with {symbol!r}", span)
+        return combine(a, b, span)
 
     return apply
-
-
-def _plain(op: Callable[[object, object], object]):
-    return lambda a, b, span: _combine(op, a, b, "here", span)
 
 
 # One precedence level each: a left-nested chain of these (``a + b - c``) is compiled as one list.
@@ -134,6 +143,10 @@ def _chain(tree: Tree, file: Source) -> Eval:
              for link in reversed(links)]
     if level in ("and", "or"):
         return _logical(first, [right for _, right, _ in steps], level == "and")
+    if len(steps) <= _NESTED:  # the usual short chain: nested closures, one call a link
+        for combine, right, span in steps:
+            first = _link(first, combine, right, span)
+        return first
 
     def apply(env: Env) -> object:
         value = first(env)
@@ -144,12 +157,23 @@ def _chain(tree: Tree, file: Source) -> Eval:
     return apply
 
 
+_NESTED = 16  # chains up to this long evaluate as nested closures (that deep at most), longer ones in a loop
+
+
+def _link(left: Eval, combine, right: Eval, span: Span) -> Eval:
+    return lambda env: combine(left(env), right(env), span)
+
+
 def _step(link: Tree, file: Source):
     data = link.data
     if data in ("floordiv", "mod"):
         return _divided(operator.floordiv if data == "floordiv" else operator.mod, "//" if data == "floordiv" else "%",
                         span_of(link.children[1], file))
-    return _plain({"add": operator.add, "sub": operator.sub, "mul": operator.mul}.get(data, operator.add))
+    return _OPERATIONS.get(data)  # None for and, or (_logical)
+
+
+_OPERATIONS = {name: _operation(op, "here") for name, op in (("add", operator.add), ("sub", operator.sub),
+                                                              ("mul", operator.mul))}
 
 
 def _logical(first: Eval, rest: list[Eval], conjunction: bool) -> Eval:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections import Counter
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import CodeType
 from typing import Any
 
@@ -103,6 +105,28 @@ def module_digest(programs: Mapping[int, Callable]) -> str:
     return digest.hexdigest()[:16]
 
 
+def _module_digest(programs: Mapping[int, Callable], info: ScheduleInfo) -> str | None:
+    """What identifies the module's rank programs without loading another rank's: the digest codegen put in
+    the rank modules' folder name (``runtime.RankModules``), or a digest of every rank function a dict holds
+    (None for a dict holding only some)."""
+    folder = getattr(programs, "folder", None)
+    if folder is not None:
+        return Path(folder).name.rpartition("_ranks_")[2] or None
+    if isinstance(programs, dict) and sorted(programs) == list(range(info.ranks)):
+        return module_digest(programs)
+    return None
+
+
+def _params(programs: Mapping[int, Callable], program: Callable) -> Any:
+    """The generated module's ``PARAMS``: in the rank function's module, or in the module whose ``PROGRAMS``
+    the rank modules are."""
+    params = getattr(program, "__globals__", {}).get("PARAMS")
+    if params is None and hasattr(programs, "folder"):
+        owner = next((m for m in list(sys.modules.values()) if getattr(m, "PROGRAMS", None) is programs), None)
+        params = getattr(owner, "PARAMS", None)
+    return params
+
+
 def _digest_code(code: CodeType, digest) -> None:
     digest.update(code.co_code)
     digest.update(repr(code.co_names).encode())
@@ -182,14 +206,13 @@ def fingerprint(info: ScheduleInfo, programs: Mapping[int, Callable], rank: int)
                 sends.setdefault(peer, []).append(list(partner(action)))
             else:
                 receives.setdefault(peer, []).append(list(action))
-    params = getattr(program, "__globals__", {}).get("PARAMS")
-    held_all = sorted(programs) == list(range(info.ranks))
+    params = _params(programs, program)
     return {
         "version": __version__,
         "schedule": info.name, "ranks": info.ranks, "stages": info.stages, "microbatches": info.microbatches,
         "placements": [list(p) for p in info.placements],
         "params": sorted(params.items()) if isinstance(params, Mapping) else None,
-        "module": module_digest(programs) if held_all else None,
+        "module": _module_digest(programs, info),
         "program": hashlib.sha256("\n".join(recorder.calls).encode()).hexdigest()[:16],
         "forwards": sorted(Counter(a.stage for a in recorder.actions if a.kind is F).items()),
         "sends": {str(peer): _plain(actions) for peer, actions in sends.items()},

@@ -28,7 +28,8 @@ DTYPES = (
     torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
 )
 HEADER_LENGTH = 64
-MAX_TAG = 2**31 - 1  # gloo's tags are int32
+MAX_TAG = 2**31 - 2  # gloo's tags are int32; the largest is kept for closing connections (close_pairs)
+CLOSING_TAG = 2**31 - 1
 
 
 class PipelineError(PipeforgeError, RuntimeError):
@@ -202,6 +203,7 @@ class Transport:
         # gloo does not coalesce: batch_isend_irecv there is one send/recv per op; call them directly
         self._process_group = (group if group is not None else dist.group.WORLD) if gloo else None
         self.tag = 0  # make_pipeline's exchanges; every step posts under its own (begin_step)
+        self.name = ""  # the pipeline's, for the groups it meets in (``recovery.connect``)
         self.posted: list[Posted] = []  # this step's batches
         self.abandoned: list[Posted] = []  # what failed steps left in flight, kept alive
         self.abandoned_groups: list = []  # the groups they were posted on
@@ -220,18 +222,30 @@ class Transport:
     def reconnectable(self) -> bool:
         return self._process_group is not None
 
-    def reconnect(self, name: str, size: int, timeout: timedelta) -> None:
+    def reconnect(self, name: str, size: int, timeout: timedelta, why: str = "after a failed step") -> None:
         """Post from now on through a fresh gloo group of the ``size`` ranks, met on the default store
-        under ``name`` (every rank passes the same name); the old one stays alive for what is in flight."""
+        under ``name`` (every rank passes the same name); the old one stays alive for what is in flight.
+        make_pipeline connects the pipeline's own group so: a failure never touches the caller's groups."""
         store = dist.PrefixStore(name, dist.distributed_c10d._get_default_store())
         try:
             fresh = dist.ProcessGroupGloo(store, self.rank, size, timeout)
         except Exception as error:  # noqa: BLE001
-            raise PipelineError(f"rank {self.rank}: reconnecting the pipeline's ranks after a failed step failed "
-                                f"(waited {timeout.total_seconds():g} s for every rank to call step again): "
-                                f"{backend_reason(error)}") from error
+            raise PipelineError(f"rank {self.rank}: connecting the pipeline's ranks {why} failed (waited "
+                                f"{timeout.total_seconds():g} s for every rank): {backend_reason(error)}") from error
         self.abandoned_groups.append(self._process_group)
         self._process_group = fresh
+
+    def close_pairs(self, peers: list[int]) -> None:
+        """Close this rank's connections to ``peers`` in the pipeline's group (gloo closes a connection whose
+        wait timed out), so a peer waiting for this rank fails at once instead of waiting out its timeout."""
+        group = self._process_group
+        if group is None or group is dist.group.WORLD:
+            return  # never the caller's group
+        for peer in peers:
+            try:
+                group.recv([torch.zeros(1)], peer, CLOSING_TAG).wait(timedelta(milliseconds=1))
+            except Exception:  # noqa: BLE001, S110 (the timeout is the point: it closes the connection)
+                pass
 
     def global_rank(self, peer: int) -> int:
         if self.group is None:

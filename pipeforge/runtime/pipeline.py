@@ -43,7 +43,7 @@ from pipeforge.runtime.microbatch import merge_chunks, split_inputs, split_value
 from pipeforge.runtime.optimizer_watch import watch as watch_optimizers
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, Transfer, Transport
 from pipeforge.runtime.records import Recorder, resolve_directory
-from pipeforge.runtime.recovery import StepStart
+from pipeforge.runtime.recovery import StepStart, connect
 from pipeforge.runtime.rows import BatchRows, named_tensors
 from pipeforge.runtime.stage import StageRunner
 from pipeforge.runtime.step_trace import Trace, TraceEvent, Tracer
@@ -450,6 +450,7 @@ def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_m
         # (a batch_isend_irecv that only some ranks enter first is undefined behaviour in NCCL)
         dist.all_reduce(torch.zeros(1, device=device), group=group)
     transport = Transport(group, rank, wait, device)
+    connect(transport, info, group)  # its own gloo group: what a failed step does never reaches the caller's
     agree(info, programs, rank, transport)  # every rank runs one schedule's unedited module, or all refuse
     pipeline = Pipeline(info, programs[rank], runners, transport, scale_grads=scale_grads, tied=tied,
                         data_parallel=replicas, functions=functions)

@@ -1,10 +1,12 @@
 """A failed step leaves every rank able to step again: what each step starts with.
 
-``StepStart(info, rank).begin(transport, caches, refusal)`` at the start of every step: two words to and
+``connect`` at ``make_pipeline`` gives the pipeline its own gloo group (a failure never touches the
+caller's). ``StepStart(info, rank).begin(transport, caches, refusal)`` at the start of every step: two words to and
 from each neighbouring rank (``neighbours``) saying whether this rank's last step failed and whether it
 refuses this one (``refusal``, a tensor whose rows do not split like the batch: its neighbours refuse with
 it). Where a step failed, the neighbours meet in a fresh gloo group and forget the activation shapes they
-learned. ``failed`` marks this rank's step as failed. Requires every rank to call ``step``/``eval`` the
+learned. ``failed`` marks this rank's step as failed and closes its connections, so a neighbour waiting
+for it fails at once, not at its timeout. Requires every rank to call ``step``/``eval`` the
 same number of times (refused calls included: each call is a tag). On gloo a failure is recovered when
 every rank failed the step or neighbours a rank that did; NCCL matches by order, and a failed step leaves
 its group unusable. When, and why it is enough: ``docs/runtime-internals.md`` (Transport and recovery).
@@ -12,20 +14,41 @@ its group unusable. When, and why it is enough: ``docs/runtime-internals.md`` (T
 
 from __future__ import annotations
 
-import itertools
+import secrets
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 from pipeforge.runtime.context import ScheduleInfo, ShapeCache
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, Transfer, Transport
 
-_PIPELINES = itertools.count()  # every rank builds its pipelines in one order: the n-th is named alike on each
+
+def connect(transport: Transport, info: ScheduleInfo, group=None) -> None:
+    """The pipeline's own gloo group (``Transport.reconnect``), so a step that fails, its timeouts and the
+    connections it closes never touch the caller's groups. Its name, and that of the groups it later
+    reconnects in, is its members' global ranks and a random number rank 0 sends the others (on the
+    caller's group: the first exchange of ``make_pipeline``)."""
+    if not transport.reconnectable:
+        return
+    members = dist.get_process_group_ranks(group) if group is not None else range(dist.get_world_size())
+    word = torch.tensor([secrets.randbits(62) if transport.rank == 0 else 0], dtype=torch.int64)
+    if transport.rank == 0:
+        transport.exchange([Transfer(True, word, peer) for peer in range(1, info.ranks)], "the pipeline's name")
+    else:
+        transport.exchange([Transfer(False, word, 0)], "the pipeline's name")
+    transport.name = f"pipeforge/pipeline/{'-'.join(map(str, members))}/{word.item():x}"
+    transport.reconnect(f"{transport.name}/built", info.ranks, _rendezvous(transport), "at make_pipeline")
 
 
 def neighbours(info: ScheduleInfo, rank: int) -> list[int]:
-    """The ranks ``rank`` exchanges activations or their gradients with (a stage's either side, either chain)."""
-    peers = set()
+    """The ranks ``rank`` greets: those it exchanges activations or their gradients with (a stage's either
+    side, either chain), and every rank holding no stage (which greets every rank), so that a failure
+    reaches every rank a reconnection needs."""
+    idle = {r for r in range(info.ranks) if not info.held(r)}
+    if rank in idle:
+        return [r for r in range(info.ranks) if r != rank]
+    peers = set(idle)
     for stage, chain in info.held(rank):
         for other in (stage - 1, stage + 1):
             if 0 <= other < info.stages and info.rank_of(other, chain) != rank:
@@ -40,7 +63,6 @@ class StepStart:
         self.info = info
         self.rank = rank
         self.peers = neighbours(info, rank)
-        self.name = f"pipeforge/pipeline/{next(_PIPELINES)}/{info.name}"
         self.failed_last = False
         self.begun = False  # this call's communication began (what a failure must clean up after)
 
@@ -66,7 +88,8 @@ class StepStart:
         refused = [peer for peer, word in theirs.items() if not broken and word[1].item()]
         if self.failed_last or broken or any(word[0].item() for word in theirs.values()):
             if transport.reconnectable:
-                transport.reconnect(f"{self.name}/step/{transport.tag}", self.info.ranks, _rendezvous(transport))
+                transport.close_pairs(self.peers)  # a neighbour still waiting on the old group learns now
+                transport.reconnect(f"{transport.name}/step/{transport.tag}", self.info.ranks, _rendezvous(transport))
             self.failed_last = False
             caches = ShapeCache()
         return self._refuse(refusal, refused) or caches
@@ -82,8 +105,11 @@ class StepStart:
                                  "step for its arguments (its error names the argument)")
 
     def failed(self, transport: Transport) -> None:
-        """The step failed on this rank: what it left in flight is abandoned; the next step starts afresh."""
+        """The step failed on this rank: what it left in flight is abandoned, the connections to the
+        neighbours closed (a neighbour waiting for this rank fails now, not at its timeout); the next step
+        starts afresh."""
         transport.abandon()
+        transport.close_pairs(self.peers)
         self.failed_last = True
 
 

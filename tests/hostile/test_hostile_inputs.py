@@ -55,13 +55,15 @@ def pipeforge(argv: list[str], cwd: Path, *, stdout=subprocess.PIPE, cap: int = 
                           preexec_fn=preexec)
 
 
-def assert_refused(done: subprocess.CompletedProcess, message: str, code: int = 2) -> None:
+def assert_refused(done: subprocess.CompletedProcess, message: str, code: int = 2) -> str:
+    """The checks of a refusal; its stderr."""
     out = done.stdout or b""
     err = done.stderr.decode("utf-8", "replace")
     assert done.returncode == code, err
     assert "Traceback" not in err and "bug in pipeforge" not in err, err
     assert b"\x1b" not in out and b"\x1b" not in done.stderr, err
     assert message in err, err
+    return err
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -313,3 +315,25 @@ def test_plan_refuses_a_layer_cost_path_that_is_not_a_bounded_regular_file(path,
     assert_refused(pipeforge(["plan", path, "--ranks", "2", "--microbatches", "4", "-o", "planned.pipe"], scratch),
                    message)
     assert not (scratch / "planned.pipe").exists()
+
+
+@pytest.mark.parametrize("command", sorted(WRITERS))
+@pytest.mark.parametrize("where, message", [
+    ("small.csv/out", "'small.csv' is not a folder"), ("nowhere/out", "directory 'nowhere' does not exist"),
+    ("a" * 300, "File name too long"),
+])
+def test_an_output_path_that_cannot_be_a_file_is_refused(command, where, message, scratch):
+    if command == "codegen" and where.startswith("nowhere"):  # codegen makes its output folder (docs/cli.md)
+        assert pipeforge(WRITERS[command](where + ".py"), scratch).returncode == 0
+        assert (scratch / "nowhere" / "out.py").is_file()
+        return
+    before = snapshot(scratch)
+    assert_refused(pipeforge(WRITERS[command](where + SUFFIX[command]), scratch), message)
+    assert snapshot(scratch) == before
+
+
+@pytest.mark.parametrize("path, message", [("small.csv/x.pipe", "Not a directory"),
+                                           ("b" * 300 + ".pipe", "File name too long")])
+@pytest.mark.parametrize("command", ["verify", "fmt", "codegen"])
+def test_an_input_path_that_cannot_name_a_file_is_refused(command, path, message, scratch):
+    assert_refused(pipeforge(READERS[command](path), scratch), message)

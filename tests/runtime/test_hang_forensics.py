@@ -60,7 +60,12 @@ def rank_function(text: str, rank: int) -> tuple[int, int]:
 
 
 def edit(path: Path, rank: int, *, move: str | None = None, after: str | None = None, delete: str | None = None):
-    """Move the statement line starting with ``move`` after the line starting with ``after``, or delete one."""
+    """Move the statement line starting with ``move`` after the line starting with ``after``, or delete one
+    (in the module's file, or in its rank module where the rank's function lives there)."""
+    from pipeforge.generator import rank_folder
+
+    if f"def rank_{rank}(" not in path.read_text() and rank_folder(path) is not None:
+        path = rank_folder(path) / f"rank_{rank}.py"
     lines = path.read_text().split("\n")
     start, end = rank_function("\n".join(lines), rank)
     body = lines[start:end]
@@ -153,8 +158,14 @@ EXPECTED = {
                              (1, "1RECV_F0", "1RECV_F0")], True, None),
     case_rank_stops: ([(0, "0B1", "0RECV_B1")], False, "rank 1 stopped at 1F1"),
     case_rank_fails: ([(0, "0B1", "0RECV_B1")], False, "fails on purpose"),
-    case_receive_deleted: ([(0, "0B1", "0RECV_B1")], False, "never received"),
-    case_send_deleted: ([(0, "0B2", "0RECV_B2")], False, "rank 1's program never posts 1SEND_B2"),
+}
+# A program that lost a receive or a send no longer hangs: make_pipeline refuses it on every rank before any
+# compute (its messages do not pair with its peer's: pipeforge.runtime.fingerprint).
+REFUSED = {
+    case_receive_deleted: "rank 0 and rank 1 run programs that do not pair: rank 0 sends rank 1 2 messages, "
+                          "rank 1's program receives 1 from it",
+    case_send_deleted: "rank 1 and rank 0 run programs that do not pair: rank 1 sends rank 0 2 messages, "
+                       "rank 0's program receives 3 from it",
 }
 
 
@@ -178,6 +189,17 @@ def test_each_real_hang_is_diagnosed_from_the_records(case, tmp_path):
         assert ending in (found["end"] or "") + text, text
     assert all(hop["location"] and re.search(r"\.pipe'?:\d+:\d+", hop["location"]) for hop in found["hops"]), text
     assert "^" in text  # the carets under each hop's place in the source
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", list(REFUSED), ids=lambda case: case.__name__.removeprefix("case_"))
+def test_a_program_that_lost_a_message_is_refused_before_it_can_hang(case, tmp_path):
+    module, ranks, options, _ = case(tmp_path)
+    outcomes = run_case(module, ranks, tmp_path / "records", **options)
+    for outcome in outcomes:
+        assert not outcome.ok and f"PipelineError: rank {outcome.rank}: " in outcome.error, outcome
+        assert REFUSED[case] in outcome.error, outcome.error
 
 
 # --- bad input ----------------------------------------------------------------------------------

@@ -10,10 +10,16 @@
   written by the strategy, split backward and overlap steps included: the
   generated module trains like the unpipelined model (the differential test of
   "a valid verdict means it runs right").
+- Every verdict-valid schedule of a small family of bidirectional ones (each
+  chain's placement loop or reverse, so a rank may hold a stage in both chains;
+  2 or 4 microbatches; three orders): trains like the unpipelined model over
+  three steps (a rank holding one stage in both chains once kept the last
+  step's summed gradients in its chain-1 copy).
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -100,3 +106,49 @@ def check_all(rank: int, nproc: int, jobs: list[dict]) -> list[dict]:
     from pipeforge.tools.reference_check import CheckJob, check_rank
 
     return [check_rank(rank, nproc, CheckJob(**job)) for job in jobs]
+
+
+ORDERS = {  # a rank's program: ``a`` its stage in chain 0, ``b`` in chain 1, ``H`` microbatches a chain
+    "chains in turn": "for m in 0 .. H { F@0(a, m) } for m in H .. M { F@1(b, m) } "
+                      "for m in 0 .. H { B@0(a, H - 1 - m) } for m in H .. M { B@1(b, M - 1 - (m - H)) }",
+    "forwards interleaved": "for m in 0 .. H { F@0(a, m) F@1(b, H + m) } for m in 0 .. H { B@0(a, m) B@1(b, H + m) }",
+    "one by one": "for m in 0 .. H { F@0(a, m) B@0(a, m) } for m in H .. M { F@1(b, m) B@1(b, m) }",
+}
+
+
+def two_chain_family():
+    """(label, source) of every member: placements x microbatches x orders."""
+    stage_of = {"loop": "r", "reverse": "P - 1 - r"}
+    for (first, second), microbatches, (order, body) in itertools.product(
+            itertools.product(stage_of, repeat=2), (2, 4), ORDERS.items()):
+        yield (first, second, microbatches, order), f"""schedule family(P = 2, M = {microbatches}) {{
+    ranks P
+    stages P placement {first}, {second}
+    microbatches M
+    let H = M // 2
+    rank r {{
+        let a = {stage_of[first]}
+        let b = {stage_of[second]}
+        {body}
+    }}
+}}
+"""
+
+
+def test_every_valid_schedule_of_a_two_chain_family_trains_like_the_unpipelined_model(tmp_path):
+    jobs, shown = [], []
+    for index, (label, source) in enumerate(two_chain_family()):
+        schedule = pipeforge.loads(source)
+        if not pipeforge.verify(schedule).valid:
+            continue
+        path = str(codegen(schedule, tmp_path / f"family_{index}.py"))
+        for model in ("mlp", "tuple"):
+            jobs.append({"module_path": path, "model": model, "timeout": WAIT, "steps": 3})
+            shown.append((*label, model))
+    assert len(shown) >= 32  # most of the family is valid; all of it must train right
+    outcomes = spawn("tests.runtime.test_runtime_fuzz:check_all", 2, jobs, timeout=WAIT, deadline=380)
+    assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
+    for index, label in enumerate(shown):
+        for outcome in outcomes:
+            report = outcome.value[index]
+            assert report["match"] and report["max_abs_diff"] <= 1e-9, (label, report)
