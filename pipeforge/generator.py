@@ -467,8 +467,8 @@ def module_path(schedule: Schedule, output: str | os.PathLike, name: str | None 
 
 def import_name(text: str, what: Argument) -> Ident:
     """A module name the user chose: it must be importable (an identifier, not a keyword)."""
-    if not text.isidentifier() or keyword.iskeyword(text):
-        raise ArgumentError(what, f"module name {text!r} is not a Python identifier (letters, digits and '_', "
+    if not (text.isascii() and text.isidentifier()) or keyword.iskeyword(text):
+        raise ArgumentError(what, f"module name {text!r} is not a Python identifier (ASCII letters, digits and '_', "
                                   f"not starting with a digit, not a keyword), so it could not be imported", value=text)
     return Ident(text)
 

@@ -257,8 +257,8 @@ def test_a_full_device_on_stdout_is_a_clear_error(scratch):
     assert_refused(done, "cannot write the output: No space left on device")
 
 
-@pytest.mark.parametrize("argv", [["library"], ["fmt", "1f1b", "-D", "P=16", "-D", "M=64"], ["verify", "1f1b", "--json"]],
-                         ids=" ".join)
+@pytest.mark.parametrize("argv", [["library"], ["fmt", "1f1b", "-D", "P=16", "-D", "M=64"],
+                                  ["verify", "1f1b", "--json"]], ids=" ".join)
 def test_a_closed_pipe_on_stdout_is_a_silent_usual_exit(argv, scratch):
     read, write = os.pipe()
     os.close(read)  # `| head -0`: the reader has gone before anything is written
