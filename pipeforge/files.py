@@ -151,13 +151,7 @@ def write_atomically(path: str | os.PathLike, data: bytes | str, *, make_dirs: b
     target = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
     directory = target.parent if str(target.parent) else Path(".")
-    if make_dirs:
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-        except OSError as error:  # a file where a folder should be, no permission, ...
-            raise UsageError(f"cannot create folder {str(directory)!r}: {error.strerror or error}") from None
-    if not directory.is_dir():
-        raise UsageError(f"cannot write {str(path)!r}: directory {str(directory)!r} does not exist")
+    _require_folder(directory, str(path), make_dirs)
     with _folder_lock(directory, str(path)):
         refuse_special(target, str(path))
         if replaceable is not None:
@@ -173,13 +167,7 @@ def locked_output(path: str | os.PathLike, *, make_dirs: bool = False,
     writes ``path`` atomically, to call once the files it names are in place."""
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
-    if make_dirs:
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise UsageError(f"cannot create folder {str(directory)!r}: {error.strerror or error}") from None
-    if not directory.is_dir():
-        raise UsageError(f"cannot write {str(path)!r}: directory {str(directory)!r} does not exist")
+    _require_folder(directory, str(path), make_dirs)
     with _folder_lock(directory, str(path)):
         refuse_special(target, str(path))
         if replaceable is not None:
@@ -189,6 +177,20 @@ def locked_output(path: str | os.PathLike, *, make_dirs: bool = False,
             _replace(target, data.encode("utf-8") if isinstance(data, str) else data, directory, str(path))
 
         yield write
+
+
+def _require_folder(directory: Path, name: str, make: bool) -> None:
+    """``directory`` is a folder (made, with its parents, when ``make``); a UsageError saying why not."""
+    if make and not directory.exists():
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # a file where a parent folder should be, no permission, ...
+            raise UsageError(f"cannot create folder {str(directory)!r}: {error.strerror or error}") from None
+    if directory.is_dir():
+        return
+    if os.path.lexists(directory):
+        raise UsageError(f"cannot write {name!r}: {str(directory)!r} is not a folder")
+    raise UsageError(f"cannot write {name!r}: directory {str(directory)!r} does not exist")
 
 
 def refuse_special(target: Path, name: str) -> None:

@@ -302,7 +302,9 @@ def render_files(schedule: Schedule, module: str, *, locations: bool = True,
     return GeneratedFiles(main, folder, ranks)
 
 
-MAX_ACTIONS = 50_000  # as given; a line of Python per action: P=32 x M=256 1F1B (16,384) takes seconds
+# as given; a line of Python per action, one module per rank: ZBV at P=64, M=1024 (393,216) takes about
+# 23 s of CPU here and 0.8 GB at its peak (benchmarks/runtime/codegen_scale.py); interleaved 1F1B there 262,144
+MAX_ACTIONS = 400_000
 
 
 def check_size(schedule: Schedule) -> None:
@@ -464,8 +466,8 @@ def module_path(schedule: Schedule, output: str | os.PathLike, name: str | None 
 
 def import_name(text: str, what: Argument) -> Ident:
     """A module name the user chose: it must be importable (an identifier, not a keyword)."""
-    if not text.isidentifier() or keyword.iskeyword(text):
-        raise ArgumentError(what, f"module name {text!r} is not a Python identifier (letters, digits and '_', "
+    if not (text.isascii() and text.isidentifier()) or keyword.iskeyword(text):
+        raise ArgumentError(what, f"module name {text!r} is not a Python identifier (ASCII letters, digits and '_', "
                                   f"not starting with a digit, not a keyword), so it could not be imported", value=text)
     return Ident(text)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import os
 import re
+import shutil
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -387,3 +389,21 @@ def test_stages_of_rank_names_the_stages_a_rank_builds():
     assert [namespace["stages_of_rank"](r) for r in range(2)] == [(0, 3), (1, 2)]
     with pytest.raises(PipelineError, match="rank 2 is out of range"):
         namespace["stages_of_rank"](2)
+
+
+def test_a_rank_imports_only_its_own_module(tmp_path):
+    from pipeforge.runtime import PipelineError
+    from pipeforge.tools.generated import load_module
+
+    schedule = pipeforge.load("interleaved-1f1b", defines={"P": 4, "M": 8})
+    module = load_module(str(codegen(schedule, tmp_path)))
+    (folder,) = tmp_path.glob("interleaved_1f1b_ranks_*")
+    assert module.RANK_FOLDER == folder.name and len(module.PROGRAMS) == 4
+    before = set(sys.modules)
+    program = module.PROGRAMS[2]
+    loaded = {name for name in set(sys.modules) - before if name.startswith("pipeforge_rank_")}
+    assert program.__name__ == "rank_2" and program.__code__.co_filename == str((folder / "rank_2.py").resolve())
+    assert len(loaded) == 1 and module.PROGRAMS[2] is program  # that rank's module alone, once
+    shutil.rmtree(folder)
+    with pytest.raises(PipelineError, match=r"rank 3: the generated module's rank file .*rank_3\.py' is missing"):
+        module.PROGRAMS[3]

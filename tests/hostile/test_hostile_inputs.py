@@ -257,8 +257,8 @@ def test_a_full_device_on_stdout_is_a_clear_error(scratch):
     assert_refused(done, "cannot write the output: No space left on device")
 
 
-@pytest.mark.parametrize("argv", [["library"], ["fmt", "1f1b", "-D", "P=16", "-D", "M=64"], ["verify", "1f1b", "--json"]],
-                         ids=" ".join)
+@pytest.mark.parametrize("argv", [["library"], ["fmt", "1f1b", "-D", "P=16", "-D", "M=64"],
+                                  ["verify", "1f1b", "--json"]], ids=" ".join)
 def test_a_closed_pipe_on_stdout_is_a_silent_usual_exit(argv, scratch):
     read, write = os.pipe()
     os.close(read)  # `| head -0`: the reader has gone before anything is written
@@ -315,3 +315,25 @@ def test_plan_refuses_a_layer_cost_path_that_is_not_a_bounded_regular_file(path,
     assert_refused(pipeforge(["plan", path, "--ranks", "2", "--microbatches", "4", "-o", "planned.pipe"], scratch),
                    message)
     assert not (scratch / "planned.pipe").exists()
+
+
+@pytest.mark.parametrize("command", sorted(WRITERS))
+@pytest.mark.parametrize("where, message", [
+    ("small.csv/out", "'small.csv' is not a folder"), ("nowhere/out", "directory 'nowhere' does not exist"),
+    ("a" * 300, "File name too long"),
+])
+def test_an_output_path_that_cannot_be_a_file_is_refused(command, where, message, scratch):
+    if command == "codegen" and where.startswith("nowhere"):  # codegen makes its output folder (docs/cli.md)
+        assert pipeforge(WRITERS[command](where + ".py"), scratch).returncode == 0
+        assert (scratch / "nowhere" / "out.py").is_file()
+        return
+    before = snapshot(scratch)
+    assert_refused(pipeforge(WRITERS[command](where + SUFFIX[command]), scratch), message)
+    assert snapshot(scratch) == before
+
+
+@pytest.mark.parametrize("path, message", [("small.csv/x.pipe", "Not a directory"),
+                                           ("b" * 300 + ".pipe", "File name too long")])
+@pytest.mark.parametrize("command", ["verify", "fmt", "codegen"])
+def test_an_input_path_that_cannot_name_a_file_is_refused(command, path, message, scratch):
+    assert_refused(pipeforge(READERS[command](path), scratch), message)

@@ -14,7 +14,8 @@ from pipeforge.tools.launch import spawn
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 
-WAIT = 2.0  # seconds any rank waits for a peer
+WAIT = 2.0  # seconds a rank waits for a hung peer (the hang test's limit)
+LONG_WAIT = 60.0  # a killed or failing peer is noticed by event (a closed connection): a bound only, safe under load
 
 
 class Sabotaged(torch.nn.Module):
@@ -38,14 +39,14 @@ def sabotaged_run(rank: int, nproc: int, payload: tuple) -> float:
     from pipeforge.tools import demo_models as models
     from pipeforge.tools.generated import load_module
 
-    path, victim, how, when = payload
+    path, victim, how, when, wait = payload
     generated = load_module(path)
     info = generated.SCHEDULE
     full = models.build_stages("mlp", info.stages, seed=0)
     stages = {s: full[s] for s in sorted({s for s, _ in info.held(rank)})}
     if rank == victim:
         stages = {s: Sabotaged(m, how, when) for s, m in stages.items()}
-    pipe = generated.make_pipeline(stages, loss_fn=models.loss_fn, timeout=WAIT)
+    pipe = generated.make_pipeline(stages, loss_fn=models.loss_fn, timeout=wait)
     started = time.monotonic()
     for step in range(3):
         x, y = models.make_batch(info.stages, 2 * info.microbatches, seed=step)
@@ -59,8 +60,9 @@ def one_f_one_b(tmp_path_factory) -> str:
 
 
 def run_sabotaged(path: str, victim: int, how: str, when: int):
+    wait = WAIT if how == "hang" else LONG_WAIT
     started = time.monotonic()
-    outcomes = spawn(sabotaged_run, 4, (path, victim, how, when), timeout=WAIT, deadline=60)
+    outcomes = spawn(sabotaged_run, 4, (path, victim, how, when, wait), timeout=wait, deadline=60)
     return outcomes, time.monotonic() - started
 
 

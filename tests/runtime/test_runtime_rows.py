@@ -64,6 +64,14 @@ def steps_with_bad_rows(rank: int, nproc: int, path: str) -> list[str]:
         results.append(f"trained: {worst:.1e}")
         for module in (*mine.values(), *reference):
             module.zero_grad(set_to_none=True)
+    # a fresh pipeline whose first batch holds a keyword of 6 rows beside x's 8
+    fresh = generated.make_pipeline({s: TakesInputs(m) for s, m in mine.items()}, loss_fn=models.loss_fn,
+                                    timeout=WAIT)
+    try:
+        fresh.step(*((x,) if rank == 0 else ()), target=y if rank == 1 else None,
+                   **({"extra": good[:6]} if rank == 0 else {}))
+    except PipelineUsageError as error:
+        results.append(f"refused: {error}")
     return results
 
 
@@ -83,6 +91,9 @@ def test_rows_that_do_not_split_like_the_batch_are_refused_on_every_rank(tmp_pat
     for refused in (first[2], first[3]):
         assert refused == "refused: rank 0: rank 1 refused this step for its arguments (its error names the " \
                           "argument)", refused
+    assert first[5].startswith("refused: rank 0: step()/eval() keyword 'extra' has 6 rows and the batch 8"), first[5]
+    assert last[5] == "refused: rank 1: rank 0 refused this step: a tensor of its batch does not split like the " \
+                      "batch (its error names it)", last[5]
     for results in (first, last):
         assert results[1] == results[4] == "trained: 0.0e+00", results
 
