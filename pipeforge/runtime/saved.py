@@ -48,8 +48,7 @@ class SavedBytes:
         if entry is None:
             entry = self._refs[address] = [0, storage.nbytes()]
             self.held += entry[1]
-            if self.held > self.peak:
-                self.peak = self.held
+            self.peak = max(self.peak, self.held)
         entry[0] += 1
         return address
 
@@ -66,7 +65,7 @@ class SavedBytes:
 class _Saved:
     """One saved tensor as autograd holds it (the packed value): counted while it lives on the device."""
 
-    __slots__ = ("tensor", "address", "counter", "away", "__weakref__")
+    __slots__ = ("__weakref__", "address", "away", "counter", "tensor")
 
     def __init__(self, tensor: torch.Tensor, counter: SavedBytes | None):
         self.tensor = tensor
