@@ -80,7 +80,8 @@ class StepStart:
         mine = torch.tensor([int(self.failed_last), int(refusal is not None)], dtype=torch.int64,
                             device=transport.device)
         theirs = {peer: torch.zeros_like(mine) for peer in self.peers}
-        transfers = [t for peer in self.peers for t in (Transfer(True, mine, peer), Transfer(False, theirs[peer], peer))]
+        transfers = [t for peer in self.peers
+                     for t in (Transfer(True, mine, peer), Transfer(False, theirs[peer], peer))]
         try:
             transport.exchange(transfers, "the start of the step")
             broken = False

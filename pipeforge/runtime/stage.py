@@ -165,7 +165,7 @@ class StageRunner:
         """Backward for inputs (I): parameters untouched; what W needs is kept; the floating-point inputs'
         grads returned."""
         state = self._set_output_grads(mb, grads)
-        wanted = [a for a in state.inputs if isinstance(a, torch.Tensor) and a.requires_grad] if not self.is_first else []
+        wanted = [] if self.is_first else [a for a in state.inputs if isinstance(a, torch.Tensor) and a.requires_grad]
         try:
             found, state.weight_plan = self.split.backward_input(state.roots, state.root_grads, wanted, self._params())
         except PipelineError:
