@@ -66,7 +66,8 @@ class ScheduleInfo:
     def stages_of(self, rank: int) -> tuple[int, ...]:
         """The stages ``rank`` runs (in either chain), ascending: the keys its ``stage_modules`` needs."""
         if not 0 <= rank < self.ranks:
-            raise PipelineError(f"rank {rank} is out of range: schedule {self.name!r} runs on ranks 0..{self.ranks - 1}")
+            raise PipelineError(f"rank {rank} is out of range: schedule {self.name!r} runs on ranks "
+                                f"0..{self.ranks - 1}")
         return tuple(sorted({stage for stage, _ in self.held(rank)}))
 
     def held(self, rank: int) -> tuple[tuple[int, int], ...]:
@@ -441,7 +442,8 @@ class RankContext:
         for observer in self.observers:
             observer.end_finish()
         leftovers = [f"{a.kind} {a.stage}:{a.microbatch}" for a in (*self._pending, *self._outbox)]
-        leftovers += [f"{r.name} microbatch {m}" for r in self.runners.values() for m in r.states] if self.training else []
+        if self.training:
+            leftovers += [f"{r.name} microbatch {m}" for r in self.runners.values() for m in r.states]
         if leftovers:
             raise PipelineError(f"rank {self.rank}: the schedule left work unfinished: {', '.join(leftovers[:8])}")
 
