@@ -457,7 +457,8 @@ def module_path(schedule: Schedule, output: str | os.PathLike, name: str | None 
     target = Path(output)
     if target.suffix == ".py":
         if name is not None and name != target.stem:
-            raise UsageError(words(Argument("name", value=repr(name)), " and ", Argument("output", value=repr(str(output))),
+            raise UsageError(words(Argument("name", value=repr(name)), " and ",
+                                   Argument("output", value=repr(str(output))),
                                    " name different modules; give one of them"))
         return target.with_name(f"{import_name(target.stem, Argument('output', value=repr(str(output))))}.py")
     stem = module_name(schedule) if name is None else import_name(name, Argument("name"))
@@ -466,8 +467,8 @@ def module_path(schedule: Schedule, output: str | os.PathLike, name: str | None 
 
 def import_name(text: str, what: Argument) -> Ident:
     """A module name the user chose: it must be importable (an identifier, not a keyword)."""
-    if not text.isidentifier() or keyword.iskeyword(text):
-        raise ArgumentError(what, f"module name {text!r} is not a Python identifier (letters, digits and '_', "
+    if not (text.isascii() and text.isidentifier()) or keyword.iskeyword(text):
+        raise ArgumentError(what, f"module name {text!r} is not a Python identifier (ASCII letters, digits and '_', "
                                   f"not starting with a digit, not a keyword), so it could not be imported", value=text)
     return Ident(text)
 

@@ -25,7 +25,7 @@ def parse_defines(items: list[str]) -> dict[str, int]:
     for item in items:
         name, eq, value = item.partition("=")
         name = name.strip()
-        if not eq or not name.isidentifier():
+        if not eq or not (name.isascii() and name.isidentifier()):  # as the language's names
             raise UsageError(f"-D {item!r}: expected NAME=VALUE, like -D P=8")
         try:
             if not value.strip().lstrip("+-").isascii():  # int() also takes other scripts' digits

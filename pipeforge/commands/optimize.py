@@ -10,7 +10,7 @@ from pathlib import Path
 from pipeforge.commands.common import add_input_arguments, load_input, print_json, require_suffix
 from pipeforge.commands.exits import Exit
 from pipeforge.commands.simulate import add_cost_file_argument
-from pipeforge.errors import UsageError
+from pipeforge.errors import PipeforgeError, UsageError
 from pipeforge.files import write_atomically
 
 MIN_SEARCH_S = 1e-3  # what optimize gets when reading the input took the whole limit
@@ -38,6 +38,13 @@ def register(subparsers) -> None:
     parser.add_argument("--time-limit", type=float, default=10.0, metavar="S",
                         help="seconds for the whole command: reading, search, verification and writing "
                              "(default 10); the first greedy orders are built whatever the limit")
+    parser.add_argument("--recompute", choices=("none", "auto", "all"), default=None,
+                        help="none: no recompute; all: every (stage, microbatch) recomputed (an R before each "
+                             "first backward); auto: the better of the two within the memory limit. Default: "
+                             "none, and auto when the limit cannot be met otherwise")
+    parser.add_argument("--offload", action="store_true",
+                        help="also try every activation offloaded to host memory (OFFLOAD after each F, RELOAD "
+                             "before each first backward, on the copy lane)")
     parser.add_argument("-o", "--output", required=True, metavar="OUT.pipe", help="where to write the result")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run)
@@ -84,18 +91,48 @@ def run(args: argparse.Namespace) -> int:
     costs = costs_for(schedule, args.cost)
     memory = memory_for(schedule, args.memory_limit, args.cost)
     progress = ProgressLine()
+    choice = None
     try:
-        result = optimize(schedule, costs=costs, memory_limit=memory.limit, strategy=args.strategy,
-                          time_limit=_time_left(args.time_limit, began), progress=progress, weights=memory.weights,
-                          placement=args.placement)
+        saving = any(a.kind.value in ("R", "OFFLOAD", "RELOAD") for _, _, a in schedule.actions())
+        if args.recompute is None and not args.offload and not saving:
+            try:
+                result = optimize(schedule, costs=costs, memory_limit=memory.limit, strategy=args.strategy,
+                                  time_limit=_time_left(args.time_limit, began), progress=progress,
+                                  weights=memory.weights, placement=args.placement)
+            except PipeforgeError as error:
+                if memory.limit is None:
+                    raise
+                try:  # auto when the limit cannot be met otherwise; where that fails too, the first error stands
+                    result, choice = _with_memory_actions(schedule, "auto", args, costs, memory, began, progress)
+                except PipeforgeError:
+                    raise error from None
+        else:
+            # an input that recomputes or offloads already: auto unless told (its R, OFFLOAD, RELOAD are redone)
+            result, choice = _with_memory_actions(schedule, args.recompute or ("auto" if saving else "none"), args,
+                                                  costs, memory, began, progress)
     finally:
         progress.close()
     write_atomically(Path(args.output), print_schedule(result.schedule))
     if args.json:
-        print_json({**result.to_json(), "output": args.output})
+        extra = {} if choice is None else {"memory_actions": choice.to_json()}
+        print_json({**result.to_json(), **extra, "output": args.output})
         return Exit.OK
+    if choice is not None:
+        print(f"recompute {choice.recompute}: {choice.recomputed} (stage, microbatch) recomputed, "
+              f"{choice.offloaded} offloaded (tried: {', '.join(choice.tried)})")
     print(report(result, args.output))
     return Exit.OK
+
+
+def _with_memory_actions(schedule, policy: str, args, costs, memory, began: float, progress):
+    """``optimize_memory``: the order and the recompute/offload choice (``optimizer/memory_actions.py``)."""
+    from pipeforge.optimizer.memory_actions import optimize_memory
+
+    if args.placement != "keep":
+        raise UsageError("--recompute and --offload keep the input's placement: drop --placement")
+    return optimize_memory(schedule, recompute=policy, offload=args.offload, costs=costs,
+                           memory_limit=memory.limit, strategy=args.strategy,
+                           time_limit=_time_left(args.time_limit, began), progress=progress, weights=memory.weights)
 
 
 def _time_left(time_limit: float, began: float) -> float:

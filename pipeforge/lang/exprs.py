@@ -15,7 +15,6 @@ sum needs no recursion; nesting depth is bounded when parsing (``parse.py``).
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Callable
 

@@ -17,7 +17,7 @@ from collections.abc import Collection
 
 from pipeforge.ir import Action, ActionKind, Schedule, Step, replace_programs
 
-F, B, I, R = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.R  # noqa: E741
+F, B, I, R = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.R
 OFFLOAD, RELOAD = ActionKind.OFFLOAD, ActionKind.RELOAD
 Key = tuple[int, int, int]  # (stage, microbatch, chain)
 

@@ -29,8 +29,10 @@ def split_inputs(args: Sequence[Any], kwargs: Mapping[str, Any], chunks: int,
     """``(args, kwargs)`` as ``chunks`` microbatches, each an ``(args, kwargs)`` pair."""
     columns = [split_value(value, chunks, f"{where} argument {index}") for index, value in enumerate(args)]
     named = {name: split_value(value, chunks, f"{where} keyword {name!r}") for name, value in kwargs.items()}
-    return [(tuple(column[m] for column in columns), {name: parts[m] for name, parts in named.items()})
-            for m in range(chunks)]
+    rows = list(zip(*columns)) if columns else [()] * chunks  # microbatch m's positional arguments
+    if not named:
+        return [(row, {}) for row in rows]
+    return [(row, {name: parts[m] for name, parts in named.items()}) for m, row in enumerate(rows)]
 
 
 def split_args(args: Sequence[Any], chunks: int, where: str = "step()") -> list[tuple[Any, ...]]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from pipeforge.ir import Action, ActionKind
 
 FORMAT = "pipeforge-record/1"
+RECEIVES = (ActionKind.RECV_F, ActionKind.RECV_B)
 ENVIRONMENT = "PIPEFORGE_RECORDS"
 
 
@@ -71,10 +72,11 @@ class Recorder:
         return self.directory / f"rank-{self.rank}.json"
 
     def _reset(self) -> None:
-        self.last_started: str | None = None
-        self.last_finished: str | None = None
-        self.waiting_for: str | None = None
-        self.posted: dict[str, None] = {}  # posted and not complete, in posting order
+        # kept as the observer's arguments and made text only when a record is written: O(1), no formatting
+        self.last_started: tuple | None = None
+        self.last_finished: tuple | None = None
+        self.waiting_for: tuple | None = None
+        self.posted: dict = {}  # posted and not complete, in posting order (communication actions)
         self.phase = "program"
 
     # -- the step's life ---------------------------------------------------------
@@ -113,31 +115,31 @@ class Recorder:
     def begin_program(self) -> None: ...
 
     def begin_compute(self, kind: str, stage: int, mb: int, chain: int) -> None:
-        self.last_started = str(Action(stage, ActionKind(kind), mb, chain))
+        self.last_started = (kind, stage, mb, chain)
 
     def end_compute(self, kind: str, stage: int, mb: int, chain: int) -> None:
-        self.last_finished = str(Action(stage, ActionKind(kind), mb, chain))
+        self.last_finished = (kind, stage, mb, chain)
 
     def begin_wait(self, kind, stage: int, mb: int, chain: int) -> None:
-        self.waiting_for = str(Action(stage, ActionKind(kind), mb, chain))
+        self.waiting_for = (kind, stage, mb, chain)
 
     def end_wait(self, kind, stage: int, mb: int, chain: int) -> None:
-        self.posted.pop(self.waiting_for, None)
+        self.posted.pop(Action(stage, ActionKind(kind), mb, chain), None)
         self.waiting_for = None
 
     def begin_post(self, comms) -> None:
-        self.last_started = group_text(comms)
+        self.last_started = comms
         for comm in comms:
-            self.posted[str(comm)] = None
+            self.posted[comm] = None
 
     def end_post(self, comms) -> None:
-        self.last_finished = group_text(comms)
+        self.last_finished = comms
 
     def begin_finish(self) -> None:
         self.phase = "finish"
 
     def end_finish(self) -> None:
-        self.posted = {comm: None for comm in self.posted if "RECV" in comm}
+        self.posted = {comm: None for comm in self.posted if comm.kind in RECEIVES}
         self.phase = "done"
 
     # -- writing -----------------------------------------------------------------
@@ -147,9 +149,9 @@ class Recorder:
             "format": FORMAT, "schedule": self.info.name, "fingerprint": fingerprint(self.info),
             "ranks": self.info.ranks, "rank": self.rank, "module": self.module, "module_sha256": self.module_sha256,
             "host": socket.gethostname(), "pid": os.getpid(), "time": time.time(), "step_index": self.step_index,
-            "state": state, "error": error, "phase": self.phase, "last_started": self.last_started,
-            "last_finished": self.last_finished, "waiting_for": self.waiting_for,
-            "posted_unfinished": list(self.posted),
+            "state": state, "error": error, "phase": self.phase, "last_started": text(self.last_started),
+            "last_finished": text(self.last_finished), "waiting_for": text(self.waiting_for),
+            "posted_unfinished": [str(comm) for comm in list(self.posted)],
         }
 
     def write(self, state: str, error: str) -> Path | None:
@@ -165,5 +167,11 @@ class Recorder:
         return self.path
 
 
-def group_text(comms) -> str:
-    return str(comms[0]) if len(comms) == 1 else "[" + " ".join(map(str, comms)) + "]"
+def text(event) -> str | None:
+    """A compute or wait (kind, stage, microbatch, chain) or a posted group (its actions) as torch's text."""
+    if event is None:
+        return None
+    if isinstance(event[0], (str, ActionKind)):
+        kind, stage, mb, chain = event
+        return str(Action(stage, ActionKind(kind), mb, chain))
+    return str(event[0]) if len(event) == 1 else "[" + " ".join(map(str, event)) + "]"

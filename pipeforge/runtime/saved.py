@@ -48,8 +48,7 @@ class SavedBytes:
         if entry is None:
             entry = self._refs[address] = [0, storage.nbytes()]
             self.held += entry[1]
-            if self.held > self.peak:
-                self.peak = self.held
+            self.peak = max(self.peak, self.held)
         entry[0] += 1
         return address
 
@@ -66,7 +65,7 @@ class SavedBytes:
 class _Saved:
     """One saved tensor as autograd holds it (the packed value): counted while it lives on the device."""
 
-    __slots__ = ("tensor", "address", "counter", "away", "__weakref__")
+    __slots__ = ("__weakref__", "address", "away", "counter", "tensor")
 
     def __init__(self, tensor: torch.Tensor, counter: SavedBytes | None):
         self.tensor = tensor
@@ -194,8 +193,13 @@ class SavedActivations:
             event.record(self._stream)
             self._copies[key] = event
         else:
+            copies: dict[tuple, torch.Tensor] = {}  # one copy of a tensor saved several times (views alike)
             for saved in holder:
-                saved.tensor = saved.tensor.to(where, copy=True)  # a host copy: the device copy is dropped
+                t = saved.tensor
+                key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+                if key not in copies:
+                    copies[key] = t.to(where, copy=True)  # a host copy: the device copy is dropped
+                saved.tensor = copies[key]
         for saved in holder:
             if away:
                 saved.release()  # off the device: no longer counted
@@ -210,6 +214,13 @@ class SavedActivations:
         event = self._copies.pop(key, None)
         if event is not None:
             torch.cuda.current_stream(self.device).wait_event(event)
+
+    def backward_done(self, key: Key) -> None:
+        """After the B or W of ``key``: its holder goes (autograd has freed what it saved)."""
+        holder = self.holders.pop(key, None)
+        if holder is not None:
+            for saved in holder:
+                saved.release()
 
     def finish(self) -> None:
         """After the step: nothing left behind."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,8 @@ from pipeforge.semantics import RUNTIME_METHODS, partner, peer_stage
 from pipeforge.verifier.report import Hop, Violation, describe_cycle
 
 KIND_OF_METHOD = {method: kind for kind, method in RUNTIME_METHODS.items()}
-COMMENT = re.compile(r"#\s*(?P<token>.+?)(?:\s+(?P<file>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"):(?P<line>\d+):(?P<col>\d+))?"
+# "# TOKEN FILE:LINE:COL step N": a group token is bracketed; the file may be quoted (older modules) or bare
+COMMENT = re.compile(r"#\s*(?P<token>\[[^\]]*\]|\S+)(?:\s+(?P<file>.+?):(?P<line>\d+):(?P<col>\d+))?"
                      r"(?:\s+step\s+(?P<step>\d+))?\s*$")
 RECORD_KEYS = ("format", "schedule", "fingerprint", "ranks", "rank", "module", "step_index", "state", "phase",
                "last_started", "last_finished", "waiting_for", "posted_unfinished")
@@ -137,15 +137,13 @@ def read_records(directory: str | Path) -> list[dict]:
 
 
 def read_record(path: Path) -> dict:
+    from pipeforge.files import JsonError, read_json
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"{str(path)!r}: cannot read the record: {error}") from None
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise UsageError(f"{str(path)!r}: not a complete record (truncated or damaged: {error.msg} at line "
-                         f"{error.lineno} column {error.colno})") from None
+        record = read_json(path, "record")  # a regular file of at most 4 MiB, JSON within bounds
+    except JsonError as error:
+        raise UsageError(f"{str(path)!r}: not a complete record (truncated or damaged: {error.problem} at "
+                         f"{error.where})") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise UsageError(f"{str(path)!r}: not a pipeforge record (expected format {FORMAT!r})")
     missing = [key for key in RECORD_KEYS if key not in record]
@@ -245,7 +243,12 @@ def comment_of(line: str, sources: dict, folder: Path) -> tuple[str | None, Span
     step = int(match["step"]) if match["step"] else None
     if not match["file"]:
         return match["token"], None, step
-    name = ast.literal_eval(match["file"])
+    name = match["file"]
+    if name[0] in "'\"" and name[-1] == name[0]:
+        try:
+            name = ast.literal_eval(name)
+        except (ValueError, SyntaxError):
+            pass
     if name not in sources:
         sources[name] = find_source(name, folder)
     source = sources[name]
@@ -256,10 +259,12 @@ def comment_of(line: str, sources: dict, folder: Path) -> tuple[str | None, Span
 
 
 def find_source(name: str, folder: Path) -> Source | None:
-    """The .pipe (or CSV) text a location names: as given, beside the module, or in the library."""
+    """The .pipe (or CSV) text a location names: as given, beside the module or up to three folders
+    above it, or in the library."""
     from pipeforge.resources import library_dir
 
-    for candidate in (Path(name), folder / name, folder.parent / name, library_dir() / Path(name).name):
+    near = [folder, *list(folder.parents)[:3]]  # a rank's file sits in a folder beside the main module
+    for candidate in (Path(name), *(place / name for place in near), library_dir() / Path(name).name):
         try:
             return Source(name, candidate.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError):

@@ -99,7 +99,8 @@ def test_a_cost_file_value_past_the_range_is_refused_naming_its_place(tmp_path):
                    "c.json: $.stages[0].F: a nonzero cost must be between")
 
 
-@pytest.mark.parametrize("digit", ["\u09ea", "\u0664", "\uff18", "\U0001d7e0"])  # Bengali 4, Arabic 4, fullwidth 8, math 8
+# Bengali 4, Arabic-Indic 4, fullwidth 8, mathematical 8
+@pytest.mark.parametrize("digit", ["\u09ea", "\u0664", "\uff18", "\U0001d7e0"])
 def test_digits_are_ascii_only(tmp_path, digit):
     text = HEAD.replace("microbatches 1", f"microbatches {digit}") + TAIL
     err = check(tmp_path, text, "unexpected character")
@@ -212,3 +213,13 @@ def test_padding_costs_little_time_and_memory(tmp_path, padding):
     done = pipeforge(["verify", "pad.pipe"], tmp_path, cap=768 << 20, timeout=60)
     err = assert_refused(done, "undefined name 'x'")
     assert err.splitlines()[1].endswith("schedule s { ranks x }")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["codegen", "1f1b", "-o", ".", "--name", "m\u09ea"], "is not a Python identifier (ASCII letters"),
+    (["codegen", "1f1b", "-o", "m\uff18.py"], "is not a Python identifier (ASCII letters"),
+    (["verify", "1f1b", "-D", "P\u09ea=4"], "expected NAME=VALUE"),
+])
+def test_names_from_flags_are_ascii_identifiers(tmp_path, argv, message):
+    assert_refused(pipeforge(argv, tmp_path), message)
+    assert not list(tmp_path.iterdir())

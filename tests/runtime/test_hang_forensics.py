@@ -1,9 +1,11 @@
 """Real hangs on gloo, each diagnosed from the records alone (``make_pipeline(records=DIR)``, ``pipeforge diagnose``).
 
-Six hangs: two wait cycles made by hand-editing a generated module (over two
-ranks, and over three ranks of an interleaved placement), a rank that stops inside a
-compute, a rank that fails with an error, a receive deleted from a rank's program,
-a send deleted from one. For each, every rank leaves a record, its error names the
+Six hangs: three wait cycles made by hand-editing a generated module (over two
+ranks; over three ranks of a looped placement; a wait moved before a send, which
+pairs the same messages, so the ranks' agreement at ``make_pipeline`` lets it run),
+a rank that stops inside a compute (1F1B, and ZB-V's second stage of a rank), a rank
+that fails with an error. (A receive or send deleted from a program no longer runs:
+``make_pipeline`` refuses programs that do not pair, tested here too.) For each, every rank leaves a record, its error names the
 record, and ``pipeforge diagnose DIR`` names the ranks and actions of the cycle (or
 of the chain ending at the rank that stopped) with their ``.pipe`` places, in under
 5 s. Bad input to ``diagnose`` is refused with exit 2.
@@ -150,6 +152,20 @@ def case_send_deleted(tmp: Path):
     return module, 3, {}, {0}
 
 
+def case_wait_before_send(tmp: Path):
+    """1F1B, 3 ranks: rank 1 waits for microbatch 0's gradient before it sends microbatch 0's activation."""
+    module = codegen("1f1b", tmp / "gen", {"P": 3, "M": 3})
+    edit(module, 1, move="ctx.post(ctx.recv_b(1, 0))", after="ctx.forward(1, 0)")
+    edit(module, 1, move="ctx.backward(1, 0)", after="ctx.post(ctx.recv_b(1, 0))")
+    return module, 3, {}, {0, 1, 2}
+
+
+def case_v_rank_stops(tmp: Path):
+    """ZB-V, 2 ranks: rank 0 stops inside the forward of its second stage (stage 3) on microbatch 1."""
+    module = codegen("zbv", tmp / "gen", {"P": 2, "M": 4})
+    return module, 2, {"stop": {"stage": 3, "call": 1, "how": "sleep"}}, {1}
+
+
 # case -> (the hops diagnose must give: rank, action, what it waits for; cycle or how the chain ends)
 EXPECTED = {
     # on the first step a receive of activations waits for their shapes where it is posted
@@ -158,6 +174,8 @@ EXPECTED = {
                              (1, "1RECV_F0", "1RECV_F0")], True, None),
     case_rank_stops: ([(0, "0B1", "0RECV_B1")], False, "rank 1 stopped at 1F1"),
     case_rank_fails: ([(0, "0B1", "0RECV_B1")], False, "fails on purpose"),
+    case_wait_before_send: ([(1, "1B0", "1RECV_B0"), (2, "2RECV_F0", "2RECV_F0")], True, None),  # rank 0 waits on it
+    case_v_rank_stops: (None, False, "rank 0 stopped at 3F1"),
 }
 # A program that lost a receive or a send no longer hangs: make_pipeline refuses it on every rank before any
 # compute (its messages do not pair with its peer's: pipeforge.runtime.fingerprint).

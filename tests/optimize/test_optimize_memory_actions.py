@@ -1,0 +1,66 @@
+"""optimize --recompute none|auto|all and --offload: what it chose, and its output always verifies within the limit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pipeforge
+import pipeforge.testing as pt
+from pipeforge.errors import PipeforgeError
+from pipeforge.ir import CostModel, MemorySpec
+from pipeforge.optimizer.memory_actions import optimize_memory
+from pipeforge.verifier import verify
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(pt.schedules(min_ranks=2, max_ranks=3, max_stages_per_rank=1, min_microbatches=2, max_microbatches=4),
+       st.sampled_from(["none", "auto", "all"]), st.booleans(), st.sampled_from([0.5, 0.75, 1.0, 1.5]),
+       st.sampled_from([0.0, 0.05, 0.3]))
+def test_the_output_always_verifies_and_never_exceeds_the_limit(schedule, policy, offload, fraction, checkpoint):
+    limit = max(1.0, fraction * schedule.stages)
+    schedule = replace(schedule, memory=MemorySpec(weights=0.5, checkpoint=checkpoint))
+    try:
+        result, choice = optimize_memory(schedule, recompute=policy, offload=offload, costs=CostModel(F=1, I=1, W=1),
+                                         memory_limit=limit, time_limit=0.5)
+    except PipeforgeError as error:  # no schedule fits: said so, never a wrong one
+        assert "fits the memory limit" in str(error)
+        return
+    report = verify(result.schedule)
+    assert report.valid, report.violations
+    assert max(result.after.peak_memory) <= limit + 1e-9
+    assert max(pipeforge.simulate(result.schedule).peak_memory) <= limit + 1e-9
+    kinds = [a.kind.value for _, _, a in result.schedule.actions()]
+    assert choice.recomputed == kinds.count("R") and choice.offloaded == kinds.count("OFFLOAD")
+    if policy == "none" and not offload:
+        assert choice.recomputed == choice.offloaded == 0
+    if policy == "all" and not offload:
+        assert choice.recomputed == schedule.stages * schedule.microbatches
+
+
+def test_auto_recomputes_when_the_limit_cannot_be_met_otherwise():
+    schedule = replace(pipeforge.load("1f1b", defines={"P": 4, "M": 8}), memory=MemorySpec(checkpoint=0.05))
+    result, choice = optimize_memory(schedule, recompute="auto", costs=CostModel(), memory_limit=1.6, time_limit=2)
+    assert choice.recompute in ("all", "selective") and choice.recomputed > 0 and max(result.after.peak_memory) <= 1.6
+    plain, _ = optimize_memory(schedule, recompute="none", costs=CostModel(), memory_limit=1.6, time_limit=2)
+    assert result.after.max_span < plain.after.max_span
+
+
+def test_the_command_reports_the_counts_beside_after(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "pipeforge", "optimize", "1f1b", "-D", "P=4", "-D", "M=8",
+                           "--memory-limit", "1.6", "--recompute", "auto", "--time-limit", "4",
+                           "-o", str(tmp_path / "out.pipe"), "--json"],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    chose = report["memory_actions"]
+    assert chose["recompute"] in ("all", "selective") and chose["recomputed"] > 0 and chose["tried"][0] == "none"
+    assert max(report["after"]["peak_memory"]) <= 1.6 and report["after"]["makespan"] > 0
+    written = pipeforge.load(str(tmp_path / "out.pipe"))
+    assert verify(written).valid and written.memory.limit == 1.6
+    assert sum(a.kind.value == "R" for _, _, a in written.actions()) == chose["recomputed"]
