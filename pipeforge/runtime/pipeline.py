@@ -116,10 +116,15 @@ class Pipeline:
             if self.trace:
                 return self._traced(call, *arguments)
             return call(*arguments)
-        except BaseException:
-            if self._start.begun:  # a call refused before it communicated leaves nothing behind
-                self._start.failed(self.transport)
-            raise
+        except BaseException as error:
+            if not self._start.begun:  # a call refused before it communicated leaves nothing behind
+                raise
+            told = self._start.failed(self.transport, error)  # the peers learn of it (recovery.StepStart.failed)
+            if told is None:
+                raise
+            for note in getattr(error, "__notes__", ()):
+                told.add_note(note)
+            raise told from error
 
     def _step(self, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs) -> Any:
         if self.holds_last and any(r.loss_fn is None for r in self.runners.values() if r.is_last):

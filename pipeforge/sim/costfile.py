@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeforge.errors import UsageError
-from pipeforge.files import read_bounded
+from pipeforge.files import JsonError, read_json
 from pipeforge.ir import ActionKind, CostModel, MemorySpec, StepOverhead, cost_problem
 from pipeforge.semantics import DURATION_DEFAULTS, compute_kind_names
 
@@ -60,13 +60,9 @@ def read_cost_file(path: str | Path) -> StageCosts:
     """The cost file at ``path``, checked (``CostFileError`` naming the file and JSON path)."""
     name = str(path)
     try:
-        text = read_bounded(path, "cost file").decode("utf-8")  # a UsageError naming the file if unreadable
-    except UnicodeDecodeError as err:
-        raise CostFileError(name, f"byte {err.start}", "not UTF-8 text") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise CostFileError(name, f"line {err.lineno} column {err.colno}", f"not JSON: {err.msg}") from None
+        data = read_json(path, "cost file")  # a UsageError naming the file if unreadable
+    except JsonError as err:
+        raise CostFileError(name, err.where, err.problem) from None
     return cost_file_from_json(data, name)
 
 
