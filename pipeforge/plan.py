@@ -14,16 +14,15 @@ schedule's lower bound. Pure: no torch; the layer cost file's schema is
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipeforge.errors import PipeforgeError, UsageError
-from pipeforge.library import load_library_schedule, names
+from pipeforge.files import JsonError, read_json
 from pipeforge.ir import MemorySpec
+from pipeforge.library import load_library_schedule, names
 from pipeforge.sim import simulate
 from pipeforge.sim.costfile import cost_file_from_json
-from pipeforge.files import read_bounded
 
 _KINDS = ("F", "I", "W")
 
@@ -58,9 +57,9 @@ class Plan:
 def read_layer_costs(path: str | Path) -> LayerCosts:
     name = str(path)
     try:
-        data = json.loads(read_bounded(path, "cost file").decode("utf-8"))  # a regular file of at most 4 MiB
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise UsageError(f"{name}: cannot read a layer cost file: {error}") from None
+        data = read_json(path, "cost file")  # a regular file of at most 4 MiB, JSON within bounds
+    except JsonError as error:
+        raise UsageError(f"{name}: cannot read a layer cost file: {error.where}: {error.problem}") from None
     return layer_costs_from_json(data, name)
 
 
