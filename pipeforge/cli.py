@@ -20,8 +20,8 @@ from pipeforge.commands.exits import Exit
 from pipeforge._gc import gc_paused
 from pipeforge.errors import PipeforgeError, VerificationError
 
-COMMANDS = ("verify", "fmt", "convert", "lower", "library", "new", "simulate", "show", "optimize", "codegen", "run", "profile",
-            "diagnose", "plan", "export")
+COMMANDS = ("verify", "fmt", "convert", "lower", "library", "new", "simulate", "show", "optimize", "codegen", "run",
+            "profile", "diagnose", "plan", "export")
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse's own usage errors exit 2 already; keep the text short

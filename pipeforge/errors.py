@@ -49,9 +49,8 @@ class Source:
         text = self.text
         if number < 1 or not text:
             return None
-        if number == 1:
-            start = 0
-        else:
+        start: int | None = 0
+        if number > 1:
             start = _after_newline(text, number - 1)
             if start is None or start == len(text):
                 return None

@@ -29,6 +29,7 @@ MiB = 1 << 20
 LIMITS = {
     "schedule file": 32 * MiB,  # a .pipe file or a torch CSV
     "cost file": 4 * MiB,  # simulate/optimize --costs
+    "record": 4 * MiB,  # a rank's failure record (pipeforge diagnose)
     "module file": 4 * MiB,  # how much of a file at codegen's output path is read to judge it (module_head)
 }
 
@@ -68,6 +69,55 @@ def read_bounded(path: str | os.PathLike, kind: str, *, head: int | None = None)
     if head is None and len(data) > limit:  # it grew since the check
         raise _too_large(name, len(data), kind)
     return data
+
+
+MAX_JSON_DIGITS = 40  # an integer in a JSON input (a count, a byte size) never needs more
+
+
+class JsonError(UsageError):
+    """A JSON input that is not JSON within bounds: ``where`` (``line L column C``) and ``problem``."""
+
+    def __init__(self, name: str, where: str, problem: str):
+        super().__init__(f"{name}: {where}: {problem}")
+        self.name, self.where, self.problem = name, where, problem
+
+
+class _LongNumber(Exception):
+    pass
+
+
+def read_json(path: str | os.PathLike, kind: str) -> object:
+    """The JSON value of the file at ``path`` (``read_bounded``), parsed within bounds: a ``JsonError``
+    for text that is not UTF-8 or not JSON, nests deeper than the parser's stack, or holds an integer of
+    more than ``MAX_JSON_DIGITS`` digits."""
+    import json
+
+    name = str(path)
+    data = read_bounded(path, kind)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise JsonError(name, f"byte {error.start}", "not UTF-8 text") from None
+    try:
+        return json.loads(text, parse_int=_bounded_int)
+    except json.JSONDecodeError as error:
+        raise JsonError(name, f"line {error.lineno} column {error.colno}", f"not JSON: {error.msg}") from None
+    except RecursionError:
+        raise JsonError(name, "$", "its arrays or objects nest too deeply") from None
+    except _LongNumber as long:
+        where = _position(text, text.find(str(long)))
+        raise JsonError(name, where, f"an integer of {len(str(long))} digits; at most {MAX_JSON_DIGITS}") from None
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_JSON_DIGITS:
+        raise _LongNumber(digits)
+    return int(digits)
+
+
+def _position(text: str, offset: int) -> str:
+    line = text.count("\n", 0, max(offset, 0)) + 1
+    return f"line {line} column {offset - (text.rfind(chr(10), 0, max(offset, 0)) + 1) + 1}"
 
 
 def require_regular_file(path: str | os.PathLike, kind: str) -> None:

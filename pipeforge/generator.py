@@ -457,7 +457,8 @@ def module_path(schedule: Schedule, output: str | os.PathLike, name: str | None 
     target = Path(output)
     if target.suffix == ".py":
         if name is not None and name != target.stem:
-            raise UsageError(words(Argument("name", value=repr(name)), " and ", Argument("output", value=repr(str(output))),
+            raise UsageError(words(Argument("name", value=repr(name)), " and ",
+                                   Argument("output", value=repr(str(output))),
                                    " name different modules; give one of them"))
         return target.with_name(f"{import_name(target.stem, Argument('output', value=repr(str(output))))}.py")
     stem = module_name(schedule) if name is None else import_name(name, Argument("name"))

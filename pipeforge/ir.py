@@ -47,7 +47,7 @@ class ActionKind(str, Enum):
 
     __hash__ = str.__hash__
     __str__ = str.__str__
-    __format__ = str.__format__
+    __format__ = str.__format__  # type: ignore[assignment]  # (str's, which Enum declares otherwise)
 
     @property
     def is_compute(self) -> bool:
@@ -278,7 +278,7 @@ class StepOverhead:
     step: float = 0.0
     chain_sum: tuple[float, ...] = ()
 
-    def of(self, schedule: "Schedule") -> float:
+    def of(self, schedule: Schedule) -> float:
         """``step``, plus for a bidirectional schedule the most any rank spends summing its stages'
         gradients across the two chains."""
         if schedule.chains < 2 or not self.chain_sum:
@@ -334,7 +334,9 @@ class CostModel:
             if s == stage and k == kind.value:
                 return value
         if kind is ActionKind.B:
-            return self.B if self.B is not None else self.duration(ActionKind.I, stage) + self.duration(ActionKind.W, stage)
+            if self.B is not None:
+                return self.B
+            return self.duration(ActionKind.I, stage) + self.duration(ActionKind.W, stage)
         if kind in COMPUTE_KINDS:
             value = getattr(self, kind._value_)  # the field named by the kind: a new compute kind adds one
             return self.duration(ActionKind.F, stage) if value is None else value  # R, OFFLOAD, RELOAD: as F

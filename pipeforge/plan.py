@@ -14,7 +14,6 @@ schedule's lower bound. Pure: no torch; the layer cost file's schema is
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -52,12 +51,12 @@ class Plan:
 
 def read_layer_costs(path: str | Path) -> LayerCosts:
     name = str(path)
-    from pipeforge.files import read_bounded
+    from pipeforge.files import JsonError, read_json
 
     try:
-        data = json.loads(read_bounded(path, "cost file").decode("utf-8"))  # a regular file of at most 4 MiB
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise UsageError(f"{name}: cannot read a layer cost file: {error}") from None
+        data = read_json(path, "cost file")  # a regular file of at most 4 MiB, JSON within bounds
+    except JsonError as error:
+        raise UsageError(f"{name}: cannot read a layer cost file: {error.where}: {error.problem}") from None
     return layer_costs_from_json(data, name)
 
 

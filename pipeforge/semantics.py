@@ -136,7 +136,8 @@ def needs(action: ActionKey, stages: int) -> tuple[Need, ...]:
     return NEEDS[kind](s, m, c, stages - 1)
 
 
-def local_needs(action: ActionKey, stages: int, owners: tuple[int, ...], rank: int) -> tuple[tuple[ActionKey, ...], ...]:
+def local_needs(action: ActionKey, stages: int, owners: tuple[int, ...],
+                rank: int) -> tuple[tuple[ActionKey, ...], ...]:
     """What ``action`` on ``rank`` needs strictly earlier on that rank, one tuple of alternatives a need:
     the producer when its stage is on ``rank`` too, else the receive that carries it
     (``owners``: stage -> rank of the action's chain)."""
@@ -307,7 +308,7 @@ class Semantics(str, Enum):
 
     __hash__ = str.__hash__
     __str__ = str.__str__
-    __format__ = str.__format__
+    __format__ = str.__format__  # type: ignore[assignment]  # (str's, which Enum declares otherwise)
 
 
 # --- communication peers -------------------------------------------------------------------

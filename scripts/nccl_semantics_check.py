@@ -168,8 +168,8 @@ def main() -> None:
             models = consistent_models(outcomes)
             results.append({"phase": phase, "elements": numel, "followed": models})
             if not args.json:
-                print(f"[{args.backend}, {phase}, {numel} elements] followed: {', '.join(models) or 'none of the three'}",
-                      flush=True)
+                followed = ", ".join(models) or "none of the three"
+                print(f"[{args.backend}, {phase}, {numel} elements] followed: {followed}", flush=True)
     if args.json:
         print(json.dumps({"backend": args.backend, "results": results}))
 

@@ -32,4 +32,5 @@ stuck = pipeforge.loads("schedule s { ranks 2 stages 2 placement loop microbatch
 report = pipeforge.verify(stuck, solve=True)
 assert report.kinds() == {"deadlock"}, report.render()
 assert "z3" not in sys.modules
-print(f"z3-solver {importlib.metadata.version('z3-solver')}: libz3 loaded by path; certify, solve and the unsat core agree")
+version = importlib.metadata.version("z3-solver")
+print(f"z3-solver {version}: libz3 loaded by path; certify, solve and the unsat core agree")

@@ -88,7 +88,8 @@ def summary(timeline) -> str:
         f"{timeline.microbatches} microbatches; costs {cost_text}",
         f"makespan     {timeline.makespan:<10g} lower bound {timeline.lower_bound:g} ({bounds.binding}); "
         f"gap {100 * timeline.gap:.2f}%  [{ORDERS_SPACE}]",
-        f"bubble rate  {f'{100 * timeline.bubble_rate:.2f}%':<10} lower bound {100 * timeline.bubble_lower_bound:.2f}%; "
+        f"bubble rate  {f'{100 * timeline.bubble_rate:.2f}%':<10} "
+        f"lower bound {100 * timeline.bubble_lower_bound:.2f}%; "
         f"gap {100 * (timeline.bubble_rate - timeline.bubble_lower_bound):.2f} points  [{ORDERS_SPACE}]",
         f"{'':13}{'':<10} lower bound {100 * work.bubble_rate:.2f}%; "
         f"gap {100 * (timeline.work_bubble_rate - work.bubble_rate):.2f} points  [{WORK_SPACE}, "
@@ -99,7 +100,8 @@ def summary(timeline) -> str:
         + _limit_text(timeline),
     ]
     if timeline.costs.overhead.given:
-        lines.append(f"step time    {timeline.step_time:<10g} the makespan and {timeline.step_time - timeline.makespan:g} "
+        lines.append(f"step time    {timeline.step_time:<10g} the makespan and "
+                     f"{timeline.step_time - timeline.makespan:g} "
                      "a step costs beyond its actions (the cost file's step and chain_sum)")
     return "\n".join(lines)
 

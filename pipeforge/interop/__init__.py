@@ -1,1 +1,2 @@
-"""interop: other tools' schedule formats. ``torch_csv`` (torch.distributed.pipelining's CSV), ``trace`` (Chrome/Perfetto)."""
+"""interop: other tools' schedule formats: ``torch_csv`` (torch.distributed.pipelining's CSV), ``chrome_trace``
+(Chrome/Perfetto)."""

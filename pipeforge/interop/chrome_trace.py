@@ -1,7 +1,8 @@
 """Chrome / Perfetto trace JSON of a simulated schedule (open it in ui.perfetto.dev or chrome://tracing).
 
 One process (pid 0, named after the schedule), one thread per rank (tid = rank;
-a rank's copy lane, where OFFLOAD and RELOAD run, tid = ranks + rank), one complete event (``"ph": "X"``) per compute action, named by its torch token
+a rank's copy lane, where OFFLOAD and RELOAD run, tid = ranks + rank), one
+complete event (``"ph": "X"``) per compute action, named by its torch token
 (``2F0``) with its stage, microbatch, chain and program step in ``args``. One
 unit of cost is written as one millisecond (trace times are in microseconds).
 """

@@ -118,8 +118,8 @@ def parse_row(line: str, number: int, file: Source) -> tuple[Step, ...]:
 PADDING_OR_OPEN = frozenset(" \t(")
 # A bare compute or communication action with its microbatch and no chain (``2F0``, ``0SEND_F1``): the
 # cells of a torch CSV but for idle, overlap and stage-only ones (those take ``parse_cell``/``parse_token``).
-PLAIN_ACTION = re.compile(r"([0-9]+)(%s)([0-9]+)" % "|".join(
-    sorted((kind.value for kind in COMPUTE_KINDS | COMM_KINDS), key=len, reverse=True)))
+PLAIN_ACTION = re.compile(r"([0-9]+)({})([0-9]+)".format("|".join(
+    sorted((kind.value for kind in COMPUTE_KINDS | COMM_KINDS), key=len, reverse=True))))
 
 
 def parse_cell(cell: Cell, file: Source) -> Step:
@@ -138,7 +138,8 @@ def parse_overlap(cell: Cell, text: str, lead: int, file: Source) -> Step:
     whole = cell.span(file, lead, len(text))
     close = text.find(")")
     if close < 0:
-        raise PipeSyntaxError(f"{text!r}: an overlap cell needs ')' then {OVERLAP_SUFFIX}, like '(0F7;7B3)OVERLAP_F_B'", whole)
+        raise PipeSyntaxError(f"{text!r}: an overlap cell needs ')' then {OVERLAP_SUFFIX}, like "
+                              "'(0F7;7B3)OVERLAP_F_B'", whole)
     suffix = text[close + 1:]
     if suffix != OVERLAP_SUFFIX:
         where = cell.span(file, lead + close + 1, max(len(suffix), 1))
@@ -308,7 +309,8 @@ def refuse_chains(schedule: Schedule) -> None:
 
 
 # the kinds torch's _ComputationType has (R, OFFLOAD and RELOAD have no counterpart there)
-TORCH_KINDS = frozenset({"F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "REDUCE_GRAD", "UNSHARD", "RESHARD"})
+TORCH_KINDS = frozenset({"F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "REDUCE_GRAD", "UNSHARD",
+                         "RESHARD"})
 
 
 def refuse_kinds(schedule: Schedule) -> None:

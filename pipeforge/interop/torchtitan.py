@@ -80,7 +80,8 @@ def stage_count(launcher: Launcher, ranks: int) -> int:
     return stages
 
 
-def launcher_stages(launcher: Launcher, ranks: int, stages: int, *, use_torchtitan: bool | None = None) -> dict[int, tuple[int, ...]]:
+def launcher_stages(launcher: Launcher, ranks: int, stages: int, *,
+                    use_torchtitan: bool | None = None) -> dict[int, tuple[int, ...]]:
     """rank -> the stage indices torchtitan builds there (``_get_pp_rank_to_stage_indices_mapping``)."""
     if use_torchtitan is None:
         use_torchtitan = torchtitan_available()

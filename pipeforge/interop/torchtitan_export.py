@@ -142,7 +142,8 @@ def model_parts(schedule: Schedule, name: str, layers: int | None) -> list[list[
     try:
         return llm_parts(schedule.stages, layers)
     except ValueError as refused:
-        raise ExportRefusal(f"torchtitan cannot split {layers} layers into {schedule.stages} stages: {refused}") from None
+        raise ExportRefusal(f"torchtitan cannot split {layers} layers into {schedule.stages} stages: "
+                            f"{refused}") from None
 
 
 def llm_parts(stages: int, layers: int, input_weight: int = 1, output_weight: int = 1) -> list[list[str]]:

@@ -220,7 +220,8 @@ def solve_exact(graph: Graph, incumbent: Order, lower_bound: float, *, time_limi
     while not search.closed() and search.probe(deadline - time.monotonic()):
         if progress is not None:
             spent = 1.0 - max(0.0, deadline - time.monotonic()) / time_limit
-            progress(min(1.0, spent), f"exact search: best worst span within {_gap(search.low, search.high):.2%} of the optimum")
+            progress(min(1.0, spent),
+                     f"exact search: best worst span within {_gap(search.low, search.high):.2%} of the optimum")
     return ExactResult(search.order, min(search.low, search.high), search.high, search.closed(), search.checks)
 
 

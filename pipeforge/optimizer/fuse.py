@@ -165,9 +165,9 @@ class FuseSearch:
         """Each seed as it is and with its least work (``least_work``) that runs and fits, the best first."""
         found = []
         for graph, order in seeds:
-            fused, mixed = self.work.mix_of(graph, order)
-            least = least_work(self.work, fused, mixed, self.fusable, self.stages - self.fusable)
-            for fused, mixed in ((fused, mixed), least):
+            seed = self.work.mix_of(graph, order)
+            least = least_work(self.work, *seed, self.fusable, self.stages - self.fusable)
+            for fused, mixed in (seed, least):
                 mix = self.judge((fused, self.work.view(fused), mixed, None))
                 if mix is not None:
                     found.append(mix)

@@ -94,7 +94,7 @@ class _ListScheduler:
         """(kind, stage, chain) -> the other ranks with an action that needs such an action (the inputs
         of ``semantics.needs``): the ranks whose proposal may change when one ends."""
         found: dict[tuple[str, int, int], set[int]] = {}
-        for (kind, stage, chain), inputs in self.inputs.items():
+        for (_, stage, chain), inputs in self.inputs.items():
             for producers, _, _ in inputs:
                 for producer_stage, made_by in producers:
                     found.setdefault((made_by, producer_stage, chain), set()).add(self.rank_of[(chain, stage)])

@@ -203,8 +203,8 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
     best, name = min(fitting, key=lambda pair: (pair[0].after.max_span, pair[0].after.makespan))
     actions = [a for _, _, a in best.schedule.actions()]
     choice = MemoryChoice(name if name not in ("offload",) else "none", name == "offload",
-                          sum(a.kind is ActionKind.R for a in actions), sum(a.kind is ActionKind.OFFLOAD for a in actions),
-                          tuple(tried))
+                          sum(a.kind is ActionKind.R for a in actions),
+                          sum(a.kind is ActionKind.OFFLOAD for a in actions), tuple(tried))
     return best, choice
 
 

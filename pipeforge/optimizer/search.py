@@ -368,7 +368,9 @@ def _static_bound(outcomes: list[_Outcome]) -> WorkBound | None:
 def _with_weights(schedule: Schedule, given: Problem) -> Schedule:
     """The input, carrying the M_W / M_B it was optimized with when that is not its own."""
     memory = schedule.memory or MemorySpec()
-    return schedule if memory.weights == given.weights else replace(schedule, memory=replace(memory, weights=given.weights))
+    if memory.weights == given.weights:
+        return schedule
+    return replace(schedule, memory=replace(memory, weights=given.weights))
 
 
 def _schedule_of(schedule: Schedule, compute: Schedule, outcome: _Outcome, costs: CostModel) -> Schedule:

@@ -167,7 +167,8 @@ def counts_complaint(seen, microbatches: int) -> str | None:
         if f != microbatches:
             return f"Got {f} F microbatches for stage {stage}, expected {microbatches}"
         if i != w:
-            return f"Invalid backward microbatches for stage {stage}: I and W must have equal counts, but got I={i}, W={w}"
+            return (f"Invalid backward microbatches for stage {stage}: I and W must have equal counts, "
+                    f"but got I={i}, W={w}")
         if b + (i + w) // 2 != microbatches:
             return (f"Invalid backward microbatches for stage {stage}: expected {microbatches} total backwards, "
                     f"but got B={b}, I={i}, W={w}")

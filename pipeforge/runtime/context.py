@@ -66,7 +66,8 @@ class ScheduleInfo:
     def stages_of(self, rank: int) -> tuple[int, ...]:
         """The stages ``rank`` runs (in either chain), ascending: the keys its ``stage_modules`` needs."""
         if not 0 <= rank < self.ranks:
-            raise PipelineError(f"rank {rank} is out of range: schedule {self.name!r} runs on ranks 0..{self.ranks - 1}")
+            raise PipelineError(f"rank {rank} is out of range: schedule {self.name!r} runs on ranks "
+                                f"0..{self.ranks - 1}")
         return tuple(sorted({stage for stage, _ in self.held(rank)}))
 
     def held(self, rank: int) -> tuple[tuple[int, int], ...]:
@@ -341,6 +342,8 @@ class RankContext:
         runner = self.runners.get((stage, chain)) or self.runner(stage, chain)
         self._hand_back(runner, runner.backward(mb, self._output_grads(runner, mb)), mb)
         self.activations.backward()
+        if self.saved.holders:
+            self.saved.backward_done((stage, mb, chain))
 
     def _backward_input(self, stage: int, mb: int, chain: int) -> None:
         self.saved.wait((stage, mb, chain))
@@ -356,6 +359,8 @@ class RankContext:
     def _backward_weight(self, stage: int, mb: int, chain: int) -> None:
         self.runner(stage, chain).backward_weight(mb)
         self.activations.backward_weight()
+        if self.saved.holders:
+            self.saved.backward_done((stage, mb, chain))
 
     def _recompute(self, stage: int, mb: int, chain: int) -> None:
         self.saved.recompute(self.runner(stage, chain), mb)
@@ -437,7 +442,8 @@ class RankContext:
         for observer in self.observers:
             observer.end_finish()
         leftovers = [f"{a.kind} {a.stage}:{a.microbatch}" for a in (*self._pending, *self._outbox)]
-        leftovers += [f"{r.name} microbatch {m}" for r in self.runners.values() for m in r.states] if self.training else []
+        if self.training:
+            leftovers += [f"{r.name} microbatch {m}" for r in self.runners.values() for m in r.states]
         if leftovers:
             raise PipelineError(f"rank {self.rank}: the schedule left work unfinished: {', '.join(leftovers[:8])}")
 

@@ -294,10 +294,13 @@ def _exchange(transport: Transport, mine: dict, peers: list[int]) -> dict[int, d
     payload = torch.frombuffer(bytearray(json.dumps(mine).encode()), dtype=torch.uint8).to(transport.device)
     length = torch.tensor([payload.numel()], dtype=torch.int64, device=transport.device)
     lengths = {peer: torch.zeros_like(length) for peer in peers}
-    transport.exchange([t for peer in peers for t in (Transfer(True, length, peer), Transfer(False, lengths[peer], peer))],
+    transport.exchange([t for peer in peers
+                        for t in (Transfer(True, length, peer), Transfer(False, lengths[peer], peer))],
                        "the lengths of the ranks' fingerprints")
-    theirs = {peer: torch.empty(int(lengths[peer].item()), dtype=torch.uint8, device=transport.device) for peer in peers}
-    transport.exchange([t for peer in peers for t in (Transfer(True, payload, peer), Transfer(False, theirs[peer], peer))],
+    theirs = {peer: torch.empty(int(lengths[peer].item()), dtype=torch.uint8, device=transport.device)
+              for peer in peers}
+    transport.exchange([t for peer in peers
+                        for t in (Transfer(True, payload, peer), Transfer(False, theirs[peer], peer))],
                        "the ranks' fingerprints (what each will run)")
     return {peer: json.loads(bytes(theirs[peer].cpu().tolist()).decode()) for peer in peers}
 

@@ -14,7 +14,7 @@ for ``weights`` 0, 0.5 or 1.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from collections.abc import Iterator
 
 from pipeforge.ir import ActionKind
 from pipeforge.semantics import MEMORY, memory_effect

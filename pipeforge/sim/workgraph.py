@@ -71,7 +71,8 @@ class WorkGraph:
                 elif rank[producer] == here:
                     deps.append((producer, 0.0))
                 else:
-                    deps.append((producer, costs.latency(self.actions[producer].stage, action.stage) if links else comm))
+                    latency = costs.latency(self.actions[producer].stage, action.stage) if links else comm
+                    deps.append((producer, latency))
             for key in needs_if_present(action):  # after the R or RELOAD of its activations, when there is one
                 producer = index.get(key)
                 if producer is not None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,15 +137,13 @@ def read_records(directory: str | Path) -> list[dict]:
 
 
 def read_record(path: Path) -> dict:
+    from pipeforge.files import JsonError, read_json
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"{str(path)!r}: cannot read the record: {error}") from None
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise UsageError(f"{str(path)!r}: not a complete record (truncated or damaged: {error.msg} at line "
-                         f"{error.lineno} column {error.colno})") from None
+        record = read_json(path, "record")  # a regular file of at most 4 MiB, JSON within bounds
+    except JsonError as error:
+        raise UsageError(f"{str(path)!r}: not a complete record (truncated or damaged: {error.problem} at "
+                         f"{error.where})") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise UsageError(f"{str(path)!r}: not a pipeforge record (expected format {FORMAT!r})")
     missing = [key for key in RECORD_KEYS if key not in record]

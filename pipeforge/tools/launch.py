@@ -119,13 +119,15 @@ def spawn(worker: str | Callable[[int, int, Any], Any], nproc: int, payload: Any
     return outcomes
 
 
-def _spawn_once(worker, nproc: int, payload: Any, timeout: float, backend: str, deadline: float | None) -> list[Outcome]:
+def _spawn_once(worker, nproc: int, payload: Any, timeout: float, backend: str,
+                deadline: float | None) -> list[Outcome]:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
     results = context.Queue()
     port = free_port()
     processes = [
-        context.Process(target=_child, args=(rank, nproc, port, backend, timeout, worker, payload, results), daemon=True)
+        context.Process(target=_child, args=(rank, nproc, port, backend, timeout, worker, payload, results),
+                        daemon=True)
         for rank in range(nproc)
     ]
     for process in processes:

@@ -74,7 +74,7 @@ def pair_ops(program: Program) -> Pairing:
                     lanes[(rank, peer, True)].append(op)
                 else:
                     lanes[(peer, rank, False)].append(op)
-    matches = []
+    matches: list[tuple[Op, Op]] = []
     for src, dst, is_send in sorted(lanes):
         if not is_send:
             if (src, dst, True) not in lanes:

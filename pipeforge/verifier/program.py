@@ -26,7 +26,7 @@ class Slot(NamedTuple):
 
     rank: int
     number: int
-    index: int
+    index: int  # type: ignore[assignment]  # (the step's index in its program, not tuple.index)
     step: Step
     shown: Step
     span: Span | None

@@ -194,7 +194,8 @@ def check_missing(program: Program, chains: dict[int, int]) -> list[Violation]:
     present = present_compute(program)
     if sched.chains > 1:  # (with one chain every action in range is of chain 0 already)
         present = {(stage, kind, mb, 0) for stage, kind, mb, _ in present}
-    found, more = [], 0
+    found: list[Violation] = []
+    more = 0
     for mb in range(sched.microbatches):
         chain = chains.get(mb, 0)
         for stage in range(sched.stages):
@@ -232,7 +233,8 @@ def missing_of(present: set[ActionKey], stage: int, mb: int) -> list[str]:
         what.append(f"{name(I)} without {name(W)}")
     for kind, others in REQUIRES.items():  # W without I, even beside a B (which is then also a duplicate)
         if (stage, kind, mb, 0) in present:
-            what.extend(f"{name(kind)} without {name(other)}" for other in others if (stage, other, mb, 0) not in present)
+            what.extend(f"{name(kind)} without {name(other)}" for other in others
+                        if (stage, other, mb, 0) not in present)
     return what
 
 

@@ -337,3 +337,38 @@ def test_an_output_path_that_cannot_be_a_file_is_refused(command, where, message
 @pytest.mark.parametrize("command", ["verify", "fmt", "codegen"])
 def test_an_input_path_that_cannot_name_a_file_is_refused(command, path, message, scratch):
     assert_refused(pipeforge(READERS[command](path), scratch), message)
+
+
+JSON_CASES = {
+    "deep.json": ("[" * 100_000 + "]" * 100_000, "nest too deeply"),
+    "long.json": ('{"stages": [{"F": ' + "1" * 5000 + ', "I": 1, "W": 1}]}', "an integer of 5000 digits; at most 40"),
+    "broken.json": ('{"stages": [', "not JSON"),
+    "latin1.json": (b'{"units": "\xe9"}', "not UTF-8 text"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(JSON_CASES))
+@pytest.mark.parametrize("command", ["simulate", "optimize", "plan", "diagnose"])
+def test_a_json_input_is_parsed_within_bounds(command, name, scratch):
+    """Cost files, layer cost files and failure records: deep nesting and huge numbers once ended in a
+    RecursionError or ValueError (exit 70)."""
+    text, message = JSON_CASES[name]
+    target = scratch / ("records/rank-0.json" if command == "diagnose" else name)
+    target.parent.mkdir(exist_ok=True)
+    target.write_bytes(text if isinstance(text, bytes) else text.encode())
+    argv = {"simulate": ["simulate", "small.pipe", "--costs", name],
+            "optimize": ["optimize", "small.pipe", "--costs", name, "-o", "out.pipe", "--time-limit", "5"],
+            "plan": ["plan", name, "--ranks", "2", "--microbatches", "4", "-o", "out.pipe"],
+            "diagnose": ["diagnose", "records"]}[command]
+    assert_refused(pipeforge(argv, scratch), message)
+    assert not (scratch / "out.pipe").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_diagnose_refuses_a_record_that_is_not_a_regular_file(kind, scratch):
+    (scratch / "records").mkdir()
+    if kind == "fifo":
+        os.mkfifo(scratch / "records" / "rank-0.json")
+    else:
+        (scratch / "records" / "rank-0.json").symlink_to("/dev/zero")
+    assert_refused(pipeforge(["diagnose", "records"], scratch), "not a regular file")

@@ -93,7 +93,7 @@ def test_a_slow_link_below_a_slow_stage_leaves_no_setting_without_an_order():
     costs = CostModel(F=0.5, I=0.5, W=0.5, comm=0.0, per_stage=((0, "F", 1.5),), links=(0.0, 2.0))
     found, _ = best_evaluation(problem(3, 6, None, costs))
     assert len(found) == len(KNOB_SETTINGS)
-    for graph, order, evaluation in found:
+    for graph, order, _ in found:
         assert is_complete(graph, order)
 
 

@@ -70,7 +70,7 @@ def reference(stages, x, target, mask, bias) -> tuple[list, list]:
 
     losses, outs = [], []
     for m in range(MICROBATCHES):
-        pick = lambda t: t.tensor_split(MICROBATCHES)[m]  # noqa: E731
+        pick = lambda t, m=m: t.tensor_split(MICROBATCHES)[m]  # noqa: E731
         h = stages[0]({"x": pick(x), "tag": "keep"}, scale=0.5, mask=pick(mask))
         out = stages[1](h, mask=pick(mask), bias=pick(bias))
         loss = loss_fn(out, pick(target))

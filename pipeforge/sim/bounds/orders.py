@@ -179,7 +179,8 @@ def _rank_bounds(schedule: Schedule, graph: WorkGraph, est: list[float], down: l
     whole = _whole_ranks(schedule, graph)
     return tuple(
         RankBound(r, busy[r], _finite(heads[r]), _finite(tails[r]), _finite_or_none(first_backward[r]),
-                  _finite_or_none(loops[r]), _forward_room(forwards[r], memory.count_limit(memory.limit, schedule.stages)),
+                  _finite_or_none(loops[r]),
+                  _forward_room(forwards[r], memory.count_limit(memory.limit, schedule.stages)),
                   r in whole)
         for r in range(schedule.ranks)
     )

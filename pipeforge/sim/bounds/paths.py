@@ -55,7 +55,7 @@ class Paths:
     def heads(self, r: int, duration: dict[int, float]) -> dict[int, float]:
         """For each action after some action of rank r: the least time from the start of r's first
         action to its start (the longest path from any of r's actions, which starts no earlier)."""
-        rank, head = self.graph.rank, {}
+        rank, head = self.graph.rank, dict[int, float]()
         for a in self.order:
             h = head.get(a, -1.0)
             if rank[a] == r and h < 0.0:
@@ -70,7 +70,7 @@ class Paths:
     def tails(self, r: int, duration: dict[int, float]) -> dict[int, float]:
         """For each action before some action of rank r: the least time from its end to the end of r's
         last action (the longest path to any of r's actions, which ends no later)."""
-        rank, tail = self.graph.rank, {}
+        rank, tail = self.graph.rank, dict[int, float]()
         for a in reversed(self.order):
             t = 0.0 if rank[a] == r else -1.0
             for b, latency in self.children[a]:
