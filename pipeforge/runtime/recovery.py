@@ -76,7 +76,7 @@ class StepStart:
         self.begun = True
         if not self.peers:
             self.failed_last = False
-            return self._refuse(refusal, [])
+            return self._refuse(refusal, []) or caches
         mine = torch.tensor([int(self.failed_last), int(refusal is not None)], dtype=torch.int64,
                             device=transport.device)
         theirs = {peer: torch.zeros_like(mine) for peer in self.peers}
