@@ -106,7 +106,8 @@ def cost_file_from_json(data: object, name: str = "<costs>") -> StageCosts:
     if any("checkpoint" in e for e in entries):
         s = next((i for i, e in enumerate(entries) if "checkpoint" not in e or "activation" not in e), None)
         if s is not None:
-            raise CostFileError(name, f"$.stages[{s}]", "'checkpoint' needs 'checkpoint' and 'activation' on every stage")
+            raise CostFileError(name, f"$.stages[{s}]",
+                                "'checkpoint' needs 'checkpoint' and 'activation' on every stage")
         bad = next((i for i, e in enumerate(entries) if e["checkpoint"] > e["activation"]), None)
         if bad is not None:
             raise CostFileError(name, f"$.stages[{bad}].checkpoint", "is more than the stage's activation; it is "
