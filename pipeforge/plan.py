@@ -80,8 +80,9 @@ def _entry(entry, where: str, name: str, positive: bool) -> dict[str, float]:
         raise UsageError(f"{name}: {where}: expected an object with F, I, W (and activation, weight_grad)")
     found = {}
     for key, value in entry.items():
-        if key not in (*_KINDS, "activation", "weight_grad"):
-            raise UsageError(f"{name}: {where}.{key}: unknown key; expected F, I, W, activation, weight_grad")
+        if key not in (*_KINDS, "activation", "weight_grad", "parameters"):
+            raise UsageError(f"{name}: {where}.{key}: unknown key; expected F, I, W, activation, weight_grad, "
+                             "parameters")
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
             raise UsageError(f"{name}: {where}.{key}: expected a number >= 0")
         found[key] = float(value)
