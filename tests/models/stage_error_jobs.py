@@ -1,9 +1,9 @@
 """Workers for a stage that raises inside ``step()``: every peer is told, then the pipeline steps on.
 
 ``fail_then_step(rank, nproc, job)`` builds the demo MLP's stages for the generated
-module ``job["path"]`` (float64); on rank ``job["victim"]`` the stage raises in its
-forward (``job["kind"] == "F"``) or its backward (``"B"``) of microbatch ``job["mb"]``
-during the first step. Every rank reports what that step raised (type, message, the
+module ``job["path"]`` (float64); on rank ``job["victim"]`` stage ``job["stage"]`` (default:
+the victim's number) raises in its forward (``job["kind"] == "F"``) or its backward (any
+other kind) of microbatch ``job["mb"]`` during the first step (an ``eval`` with ``job["eval"]``). Every rank reports what that step raised (type, message, the
 ``PeerStageError``'s fields, when it raised), then takes ``STEPS`` more steps on fresh
 batches and reports the largest gradient difference from the unpipelined model trained
 on the same batches (one SGD step after each).
@@ -68,13 +68,15 @@ def fail_then_step(rank: int, nproc: int, job: dict) -> dict:
     reference = [copy.deepcopy(m) for m in full]
     mine = {s: copy.deepcopy(full[s]) for s in info.stages_of(rank)}
     victim = rank == job["victim"]
-    wrapped = {s: FailsOnce(m, job["kind"], job["mb"]) if victim else m for s, m in mine.items()}
+    failing = job.get("stage", job["victim"])
+    wrapped = {s: FailsOnce(m, job["kind"], job["mb"]) if victim and s == failing else m for s, m in mine.items()}
     pipe = generated.make_pipeline(wrapped, loss_fn=models.loss_fn, timeout=job["wait"])
     report: dict = {"rank": rank}
     x, y = models.make_batch(info.stages, 2 * info.microbatches, seed=100)
     started = time.monotonic()
+    call = pipe.eval if job.get("eval") else pipe.step
     try:
-        pipe.step(*((x,) if pipe.holds_first else ()), target=y if pipe.holds_last else None)
+        call(*((x,) if pipe.holds_first else ()), target=y if pipe.holds_last else None)
         report["error"] = None
     except PipelineError as error:
         report.update(caught_at=time.time(), seconds=time.monotonic() - started, type=type(error).__name__,
@@ -82,9 +84,8 @@ def fail_then_step(rank: int, nproc: int, job: dict) -> dict:
                       fields={name: getattr(error, name, None)
                               for name in ("failed_rank", "stage", "microbatch", "action")})
     if victim:
-        report["raised_at"] = next(iter(wrapped.values())).raised_at
-        for module in wrapped.values():
-            module.armed = False
+        report["raised_at"] = wrapped[failing].raised_at
+        wrapped[failing].armed = False
     for module in mine.values():
         module.zero_grad(set_to_none=True)
     worst = 0.0
