@@ -18,6 +18,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipeforge.errors import PipeforgeError, UsageError
+from pipeforge.files import JsonError, read_json
+from pipeforge.ir import MemorySpec
+from pipeforge.library import load_library_schedule, names
+from pipeforge.sim import simulate
+from pipeforge.sim.costfile import cost_file_from_json
 
 _KINDS = ("F", "I", "W")
 
@@ -51,8 +56,6 @@ class Plan:
 
 def read_layer_costs(path: str | Path) -> LayerCosts:
     name = str(path)
-    from pipeforge.files import JsonError, read_json
-
     try:
         data = read_json(path, "cost file")  # a regular file of at most 4 MiB, JSON within bounds
     except JsonError as error:
@@ -77,8 +80,9 @@ def _entry(entry, where: str, name: str, positive: bool) -> dict[str, float]:
         raise UsageError(f"{name}: {where}: expected an object with F, I, W (and activation, weight_grad)")
     found = {}
     for key, value in entry.items():
-        if key not in (*_KINDS, "activation", "weight_grad"):
-            raise UsageError(f"{name}: {where}.{key}: unknown key; expected F, I, W, activation, weight_grad")
+        if key not in (*_KINDS, "activation", "weight_grad", "parameters"):
+            raise UsageError(f"{name}: {where}.{key}: unknown key; expected F, I, W, activation, weight_grad, "
+                             "parameters")
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
             raise UsageError(f"{name}: {where}.{key}: expected a number >= 0")
         found[key] = float(value)
@@ -137,8 +141,6 @@ def least_costliest(costs: LayerCosts, stages: int) -> tuple[int, ...]:
 
 def plan(costs: LayerCosts, ranks: int, microbatches: int, schedules: list[str] | None = None,
          memory_limit: float | None = None, max_moves: int = 200) -> Plan:
-    from pipeforge.library import load_library_schedule, names
-
     found: list[Plan] = []
     refused: list[str] = []
     for name in schedules or names():
@@ -210,10 +212,6 @@ def _neighbours(layers: tuple[int, ...]):
 
 
 def _simulate(costs, schedule, layers, memory_limit):
-    from pipeforge.ir import MemorySpec
-    from pipeforge.sim import simulate
-    from pipeforge.sim.costfile import cost_file_from_json
-
     found = cost_file_from_json(stage_costs(costs, layers))
     memory = found.memory(replace(schedule.memory or MemorySpec(), limit=memory_limit)
                           if memory_limit is not None else schedule.memory or MemorySpec())

@@ -21,6 +21,8 @@ import sys
 from fnmatch import fnmatch
 from pathlib import Path
 
+import pytest
+
 import pipeforge
 
 PACKAGE = Path(pipeforge.__file__).parent
@@ -242,3 +244,30 @@ def test_the_layering_test_sees_an_upward_import_and_a_cycle(tmp_path):
     graph = {module: _imported(module, path, modules) for module, path in modules.items()}
     assert _cycles(graph) == ["pipeforge.sim.a -> pipeforge.sim.b -> pipeforge.sim.a"]
     assert LAYER[_unit("pipeforge.sim.a")] > LAYER[_unit("pipeforge.ir")]
+
+
+RUNTIME_LOADED = """
+import json, sys, tempfile
+import pipeforge
+from pipeforge.generator import codegen
+path = codegen(pipeforge.load("1f1b", defines={"P": 2, "M": 2}), tempfile.mkdtemp())
+import importlib.util
+spec = importlib.util.spec_from_file_location("generated", path)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+import pipeforge.runtime as runtime
+for name in runtime.__all__:
+    getattr(runtime, name)
+print(json.dumps(sorted(name for name in sys.modules if name.startswith("pipeforge."))))
+"""
+
+
+def test_the_runtime_is_exactly_what_generated_code_imports(tmp_path):
+    pytest.importorskip("torch")
+    done = subprocess.run([sys.executable, "-c", RUNTIME_LOADED], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=240, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    runtime = {f"pipeforge.runtime.{path.stem}" for path in (PACKAGE / "runtime").glob("*.py") if path.stem != "__init__"}
+    assert runtime <= loaded, f"in runtime/ but not imported by generated code: {sorted(runtime - loaded)}"
+    assert not {name for name in loaded if name.startswith("pipeforge.tools")}

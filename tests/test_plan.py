@@ -60,7 +60,8 @@ def test_measured_layer_costs_feed_the_plan():
 
     tokens, mask, _ = families.batch("llama", 2, seed=0)
     measured = layer_costs(families.build("llama", layers=5), tokens, attention_mask=mask, repeats=1)
-    assert len(measured["layers"]) == 5 and set(measured["first"]) == {"F", "I", "W"}
-    assert all(layer[k] > 0 for layer in measured["layers"] for k in ("F", "I", "W", "activation"))
+    assert len(measured["layers"]) == 5 and set(measured["first"]) == {"F", "I", "W", "parameters"}
+    assert all(layer[k] > 0 for layer in measured["layers"] for k in ("F", "I", "W", "activation", "parameters"))
+    assert measured["first"]["parameters"] > 0  # the embedding
     found = plan(layer_costs_from_json(measured), 2, 4, schedules=["1f1b"])
     assert sum(found.layers) == 5

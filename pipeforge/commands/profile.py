@@ -26,7 +26,13 @@ def register(subparsers) -> None:
                     "and write the median F, I, W and B times (ms), activation and weight-gradient bytes per "
                     "stage and the transfer time per link as a JSON cost file for simulate/show/optimize --costs.")
     parser.add_argument("model", metavar="MODEL.py", help="a Python file defining pipeforge_model(stages)")
-    parser.add_argument("--stages", type=int, required=True, help="number of stages (one local process each)")
+    parser.add_argument("--stages", type=int, help="number of stages (one local process each; required but with "
+                                                   "--per-layer)")
+    parser.add_argument("--per-layer", action="store_true",
+                        help="measure each layer of MODEL.py's whole model instead (a function pipeforge_layers(): "
+                             "docs/profile.md) in this process, cut one stage per layer by pipeforge.split, and write "
+                             "the layer cost file pipeforge plan reads")
+    parser.add_argument("--repeats", type=int, default=5, help="with --per-layer: measured rounds (default 5)")
     parser.add_argument("--microbatches", type=int, help="microbatches per step (default 2 * STAGES)")
     parser.add_argument("--steps", type=int, default=3, help="measured steps (default 3)")
     parser.add_argument("--warmup", type=int, default=3,
@@ -48,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     from pipeforge.commands.run import require_torch
 
     require_suffix(args.output, ".json")
+    if args.per_layer:
+        return _per_layer(args)
     _check(args)
     require_torch()
     from pipeforge.generator import codegen
@@ -92,7 +100,44 @@ def usable_cores() -> int | str:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "unknown"
 
 
+def _per_layer(args: argparse.Namespace) -> int:
+    """``--per-layer``: ``pipeforge.models.profile.layer_costs`` on the file's model, written as plan reads it."""
+    from pipeforge.commands.run import require_torch
+    from pipeforge.files import require_regular_file
+
+    if args.stages is not None:
+        raise UsageError("--per-layer measures one stage per layer: leave --stages out")
+    if args.repeats < 1:
+        raise UsageError(f"--repeats {args.repeats}: expected at least 1")
+    require_regular_file(args.model, "Python file defining pipeforge_layers()")
+    require_torch()
+    from pipeforge.models.profile import layer_costs, load_layer_model
+    from pipeforge.plan import layer_costs_from_json
+
+    started = time.monotonic()
+    found = load_layer_model(args.model)
+    data = layer_costs(found["model"], found["batch"], attention_mask=found.get("attention_mask"),
+                       repeats=args.repeats)
+    layer_costs_from_json(data, args.output)  # what we write, plan must read
+    write_atomically(args.output, json.dumps(data, indent=2) + "\n")
+    if args.json:
+        print_json(data)
+        return Exit.OK
+    lines = [f"profiled {printable(args.model)}: {len(data['layers'])} layers, {args.repeats} rounds in "
+             f"{time.monotonic() - started:.1f} s (times in ms, memory in bytes)",
+             f"{'layer':>6}{'F':>10}{'I':>10}{'W':>10}{'activation':>14}{'parameters':>14}"]
+    rows = [(str(i), e) for i, e in enumerate(data["layers"])] + [("first", data["first"]), ("last", data["last"])]
+    for name, e in rows:
+        lines.append(f"{name:>6}{e['F']:>10.3f}{e['I']:>10.3f}{e['W']:>10.3f}{e.get('activation', 0):>14.0f}"
+                     f"{e['parameters']:>14.0f}")
+    lines.append(f"wrote {printable(args.output)}")
+    print("\n".join(lines))
+    return Exit.OK
+
+
 def _check(args: argparse.Namespace) -> None:
+    if args.stages is None:
+        raise UsageError("--stages N is required (or --per-layer)")
     if args.stages < 2:
         raise UsageError(f"--stages {args.stages}: expected at least 2 (one local process per stage)")
     if args.microbatches is not None and args.microbatches < 1:

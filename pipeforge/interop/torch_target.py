@@ -18,6 +18,7 @@ from pipeforge.passes.torch_lowering import TORCH_KINDS, TorchLowering, torch_lo
 from pipeforge.semantics import Semantics, peer_stage
 from pipeforge.verifier import verify
 from pipeforge.verifier.report import KINDS, Report, Violation
+from pipeforge.interop.torchtitan import Launcher, placement_violations
 
 TARGETS = ("torch", "torchtitan")
 RECEIVES = (ActionKind.RECV_F, ActionKind.RECV_B)
@@ -100,8 +101,6 @@ def verify_as(schedule: Schedule, target: str = "torch", *, defer_pp_recv: bool 
         report = verify(waits_form(lowering.program), semantics=Semantics.BUFFERED)
     placement = None
     if target == "torchtitan":
-        from pipeforge.interop.torchtitan import Launcher, placement_violations
-
         launcher = launcher or Launcher()
         placement, found = placement_violations(schedule, launcher)
         report = with_violations(report, found)

@@ -29,6 +29,10 @@ from pipeforge.interop.torchtitan import (
     stage_count,
 )
 from pipeforge.ir import ActionKind, Placement, Schedule
+from pipeforge.interop.torchtitan import torchtitan_available
+from pipeforge.files import write_atomically
+from pipeforge.interop.torch_csv import to_csv_text
+from pipeforge.interop.torch_target import verify_as
 
 TORCH_COMPUTE = frozenset({ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W})
 
@@ -58,8 +62,6 @@ class Export:
         return "\n".join(lines) + "\n"
 
     def write(self, out_dir: str | Path) -> tuple[Path, Path]:
-        from pipeforge.files import write_atomically
-
         folder = Path(out_dir)
         csv_path, toml_path = folder / f"{self.name}.csv", folder / f"{self.name}.toml"
         write_atomically(csv_path, self.csv, make_dirs=True)
@@ -73,9 +75,6 @@ def format_stages(stages: dict[int, tuple[int, ...]]) -> str:
 
 def plan_export(schedule: Schedule, *, layers: int | None = None, microbatch_size: int = 1) -> Export:
     """The CSV and settings that make torchtitan run ``schedule``; ``ExportRefusal`` saying why not."""
-    from pipeforge.interop.torch_csv import to_csv_text
-    from pipeforge.interop.torch_target import verify_as
-
     if schedule.chains > 1:
         raise ExportRefusal(f"{schedule.name!r} runs {schedule.chains} chains (a bidirectional schedule); torch's "
                             f"runtime, and so torchtitan, runs one")
@@ -148,8 +147,6 @@ def model_parts(schedule: Schedule, name: str, layers: int | None) -> list[list[
 
 def llm_parts(stages: int, layers: int, input_weight: int = 1, output_weight: int = 1) -> list[list[str]]:
     """torchtitan's ``_generate_llm_fqn_per_model_part`` (its own where installed)."""
-    from pipeforge.interop.torchtitan import torchtitan_available
-
     if torchtitan_available():
         from torchtitan.distributed.pipeline_parallel import (
             _generate_llm_fqn_per_model_part as generate,

@@ -6,8 +6,10 @@ the last stage also predicts), runs each stage through the runtime's own
 ``StageRunner`` (forward, then backward for inputs and for weights, as the
 split-backward schedules run them) on ``batch`` ``repeats`` times, and returns
 the median F, I, W of every layer (ms) and the bytes its forward leaves saved
-for backward (``activation``). What stage 0 and the last stage take beyond the
-median layer is ``first`` and ``last``: the embedding's and the head's cost.
+for backward (``activation``) and the bytes of its parameters (``parameters``). What
+stage 0 and the last stage take beyond the median layer is ``first`` and ``last``:
+the embedding's and the head's cost. ``load_layer_model(path)`` reads the model file
+of ``pipeforge profile --per-layer``.
 """
 
 from __future__ import annotations
@@ -44,11 +46,49 @@ def layer_costs(model: torch.nn.Module, batch: torch.Tensor, *, attention_mask: 
     middle = per_stage[1:-1]
     layer = {k: statistics.median(m[k] for m in middle) for k in ("F", "I", "W")}
     activation = statistics.median(saved[1:-1])
+    weights = [_parameter_bytes(cut.modules[s]) for s in range(count)]
+    weight = statistics.median(weights[1:-1])
     layers = [{**(layer if s in (0, count - 1) else per_stage[s]),
-               "activation": float(activation if s in (0, count - 1) else saved[s])} for s in range(count)]
+               "activation": float(activation if s in (0, count - 1) else saved[s]),
+               "parameters": float(weight if s in (0, count - 1) else weights[s])} for s in range(count)]
     return {"units": "ms", "layers": layers,
-            "first": {k: max(per_stage[0][k] - layer[k], 0.0) for k in layer},
-            "last": {k: max(per_stage[-1][k] - layer[k], 0.0) for k in layer}}
+            "first": {**{k: max(per_stage[0][k] - layer[k], 0.0) for k in layer},
+                      "parameters": float(max(weights[0] - weight, 0))},
+            "last": {**{k: max(per_stage[-1][k] - layer[k], 0.0) for k in layer},
+                     "parameters": float(max(weights[-1] - weight, 0))}}
+
+
+def _parameter_bytes(module: torch.nn.Module) -> int:
+    """The bytes of a stage module's parameters, each once (a tied weight held twice counts once)."""
+    return sum(p.numel() * p.element_size() for p in {id(p): p for p in module.parameters()}.values())
+
+
+LAYER_FUNCTION = "pipeforge_layers"
+
+
+def load_layer_model(path: str) -> dict:
+    """``pipeforge profile --per-layer``'s model file: ``pipeforge_layers()`` returns ``{"model": the whole
+    model (a Hugging Face causal LM, an ``nn.Sequential`` or a module with a list of layers), "batch": its
+    input, "attention_mask": optional}``; anything else is a ``UsageError`` naming the file."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pipeforge_user_layers", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:  # noqa: BLE001 (the user's file: its error, named, exit 2)
+        raise UsageError(f"{path}: importing it raised {type(error).__name__}: {error}") from None
+    make = getattr(module, LAYER_FUNCTION, None)
+    if not callable(make):
+        raise UsageError(f"{path}: defines no function {LAYER_FUNCTION}() (docs/profile.md, per layer)")
+    found = make()
+    if not isinstance(found, dict) or "model" not in found or "batch" not in found:
+        raise UsageError(f"{path}: {LAYER_FUNCTION}() must return a dict with 'model' and 'batch' "
+                         f"(and optionally 'attention_mask'), got {type(found).__name__}"
+                         + (f" with keys {sorted(found)}" if isinstance(found, dict) else ""))
+    if not isinstance(found["model"], torch.nn.Module) or not isinstance(found["batch"], torch.Tensor):
+        raise UsageError(f"{path}: {LAYER_FUNCTION}(): 'model' must be a torch.nn.Module and 'batch' a tensor")
+    return found
 
 
 def _loss(output, target):

@@ -16,6 +16,12 @@ from dataclasses import dataclass, replace
 from pipeforge.errors import PipeforgeError, UsageError
 from pipeforge.ir import ActionKind, CostModel, MemorySpec, Schedule, replace_programs
 from pipeforge.optimizer.result import OptimizeResult, metrics_of
+from pipeforge.optimizer.search import optimize
+from pipeforge.passes.recompute import offload as offload_pass
+from pipeforge.passes.recompute import recompute as recompute_pass
+from pipeforge.verifier import verify
+from pipeforge.ir import Step
+from pipeforge.sim.simulate import simulate
 
 POLICIES = ("none", "auto", "all")
 SAVING = frozenset({ActionKind.R, ActionKind.OFFLOAD, ActionKind.RELOAD})
@@ -47,8 +53,6 @@ def strip(schedule: Schedule) -> Schedule:
 
 def fused(schedule: Schedule) -> Schedule:
     """``schedule`` with each I made a B and its W dropped (the backward whole, where the I was)."""
-    from pipeforge.ir import Step
-
     programs = []
     for program in schedule.programs:
         steps = []
@@ -66,10 +70,6 @@ def selective(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> Sched
     """The input's order with stage s recomputing every k_s-th microbatch, each k_s the largest (the least
     recompute) whose rank fits ``memory.limit``: found for every stage at once by halving each stage's range
     (what one rank holds depends only on its own stages' recompute). None when even k_s = 1 does not fit."""
-    from pipeforge.passes.recompute import recompute as recompute_pass
-    from pipeforge.sim.simulate import simulate
-    from pipeforge.verifier import verify
-
     stages, m = schedule.stages, schedule.microbatches
     low, high = [1] * stages, [m + 1] * stages  # k in [low, high): low fits (or is 1), high does not
     owner = [schedule.rank_of(s) for s in range(stages)]
@@ -111,11 +111,6 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
                     ) -> tuple[OptimizeResult, MemoryChoice]:
     """The best verified schedule of ``schedule``'s work under ``memory_limit`` with the recompute policy
     and offload switch given (module doc), and what it chose. ``options`` go to ``optimize``."""
-    from pipeforge.optimizer.search import optimize
-    from pipeforge.passes.recompute import offload as offload_pass
-    from pipeforge.passes.recompute import recompute as recompute_pass
-    from pipeforge.verifier import verify
-
     if recompute not in POLICIES:
         raise UsageError(f"--recompute {recompute!r}: expected one of {', '.join(POLICIES)}")
     plain = strip(schedule)

@@ -112,14 +112,21 @@ class Pipeline:
         nothing of it is left to meet the next one (``pipeforge.runtime.recovery``)."""
         self._start.begun = False
         self.transport.begin_step()  # every call its own tag, refused or not: every rank counts its calls alike
+        shapes = self._input_shapes
         try:
             if self.trace:
                 return self._traced(call, *arguments)
             return call(*arguments)
-        except BaseException:
-            if self._start.begun:  # a call refused before it communicated leaves nothing behind
-                self._start.failed(self.transport)
-            raise
+        except BaseException as error:
+            self._input_shapes = shapes  # a batch refused or failed does not become the shape later ones keep
+            if not self._start.begun:  # a call refused before it communicated leaves nothing behind
+                raise
+            told = self._start.failed(self.transport, error)  # the peers learn of it (recovery.StepStart.failed)
+            if told is None:
+                raise
+            for note in getattr(error, "__notes__", ()):
+                told.add_note(note)
+            raise told from error
 
     def _step(self, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs) -> Any:
         if self.holds_last and any(r.loss_fn is None for r in self.runners.values() if r.is_last):

@@ -6,7 +6,9 @@ from each neighbouring rank (``neighbours``) saying whether this rank's last ste
 refuses this one (``refusal``, a tensor whose rows do not split like the batch: its neighbours refuse with
 it). Where a step failed, the neighbours meet in a fresh gloo group and forget the activation shapes they
 learned. ``failed`` marks this rank's step as failed and closes its connections, so a neighbour waiting
-for it fails at once, not at its timeout. Requires every rank to call ``step``/``eval`` the
+for it fails at once, not at its timeout; a rank whose own code failed leaves a record on the default
+store first (``tell``), and a rank whose wait failed raises what the record says (``told_of``: a
+``PeerStageError`` naming the rank, stage, microbatch and action). Requires every rank to call ``step``/``eval`` the
 same number of times (refused calls included: each call is a tag). On gloo a failure is recovered when
 every rank failed the step or neighbours a rank that did; NCCL matches by order, and a failed step leaves
 its group unusable. When, and why it is enough: ``docs/runtime-internals.md`` (Transport and recovery).
@@ -14,6 +16,7 @@ its group unusable. When, and why it is enough: ``docs/runtime-internals.md`` (T
 
 from __future__ import annotations
 
+import json
 import secrets
 from datetime import timedelta
 
@@ -22,6 +25,7 @@ import torch.distributed as dist
 
 from pipeforge.runtime.context import ScheduleInfo, ShapeCache
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, Transfer, Transport
+from pipeforge.runtime.stage import PeerStageError, StageError
 
 
 def connect(transport: Transport, info: ScheduleInfo, group=None) -> None:
@@ -72,7 +76,7 @@ class StepStart:
         self.begun = True
         if not self.peers:
             self.failed_last = False
-            return self._refuse(refusal, [])
+            return self._refuse(refusal, []) or caches
         mine = torch.tensor([int(self.failed_last), int(refusal is not None)], dtype=torch.int64,
                             device=transport.device)
         theirs = {peer: torch.zeros_like(mine) for peer in self.peers}
@@ -105,13 +109,54 @@ class StepStart:
         raise PipelineUsageError(f"rank {self.rank}: rank {refused[0]} refused this "
                                  "step for its arguments (its error names the argument)")
 
-    def failed(self, transport: Transport) -> None:
-        """The step failed on this rank: what it left in flight is abandoned, the connections to the
-        neighbours closed (a neighbour waiting for this rank fails now, not at its timeout); the next step
-        starts afresh."""
+    def failed(self, transport: Transport, error: BaseException | None = None) -> PeerStageError | None:
+        """The step failed on this rank with ``error``: what it left in flight is abandoned, the connections to
+        the neighbours closed (a neighbour waiting for this rank fails now, not at its timeout); the next step
+        starts afresh. A rank whose own code failed (a ``StageError``, anything but a communication's
+        ``PipelineError``) first leaves a record of it on the store (``tell``); a rank whose wait failed reads
+        the records of the step and returns the ``PeerStageError`` to raise instead (``told``)."""
         transport.abandon()
-        transport.close_pairs(self.peers)
+        told = None
+        if error is not None and transport.reconnectable and transport.name:
+            if isinstance(error, StageError) or not isinstance(error, PipelineError):
+                tell(transport, error)
+            elif isinstance(error, PipelineError) and not isinstance(error, PeerStageError):
+                told = told_of(transport, self.info.ranks, error)
+        transport.close_pairs(self.peers)  # after the record: a peer woken by it finds the record there
         self.failed_last = True
+        return told
+
+
+def _records(transport: Transport):
+    return dist.PrefixStore(f"{transport.name}/failed/{transport.tag}", dist.distributed_c10d._get_default_store())
+
+
+def tell(transport: Transport, error: BaseException) -> None:
+    """This step's record of this rank's failure on the default store: its rank and, for a ``StageError``,
+    stage, chain, microbatch and action. The ``check`` after the ``set`` is a round trip, so the record
+    is in the store before this rank closes its connections."""
+    record = {"rank": transport.rank, "message": str(error) if isinstance(error, StageError)
+              else f"rank {transport.rank}: {type(error).__name__}: {error}"}
+    if isinstance(error, StageError):
+        record.update(stage=error.stage, chain=error.chain, microbatch=error.microbatch, action=error.action)
+    try:
+        store = _records(transport)
+        store.set(str(transport.rank), json.dumps(record))
+        store.check([str(transport.rank)])
+    except Exception:  # noqa: BLE001, S110 (a store that is gone: the peers still fail, with their own error)
+        pass
+
+
+def told_of(transport: Transport, ranks: int, error: PipelineError) -> PeerStageError | None:
+    """The error this rank raises when another rank left a record of this step (the lowest such rank)."""
+    try:
+        store = _records(transport)
+        for rank in range(ranks):
+            if rank != transport.rank and store.check([str(rank)]):
+                return PeerStageError(transport.rank, json.loads(store.get(str(rank))), error)
+    except Exception:  # noqa: BLE001, S110 (no store: this rank's own error stands)
+        pass
+    return None
 
 
 def _rendezvous(transport: Transport) -> timedelta:

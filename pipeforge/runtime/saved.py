@@ -193,8 +193,13 @@ class SavedActivations:
             event.record(self._stream)
             self._copies[key] = event
         else:
+            copies: dict[tuple, torch.Tensor] = {}  # one copy of a tensor saved several times (views alike)
             for saved in holder:
-                saved.tensor = saved.tensor.to(where, copy=True)  # a host copy: the device copy is dropped
+                t = saved.tensor
+                key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+                if key not in copies:
+                    copies[key] = t.to(where, copy=True)  # a host copy: the device copy is dropped
+                saved.tensor = copies[key]
         for saved in holder:
             if away:
                 saved.release()  # off the device: no longer counted
@@ -209,6 +214,13 @@ class SavedActivations:
         event = self._copies.pop(key, None)
         if event is not None:
             torch.cuda.current_stream(self.device).wait_event(event)
+
+    def backward_done(self, key: Key) -> None:
+        """After the B or W of ``key``: its holder goes (autograd has freed what it saved)."""
+        holder = self.holders.pop(key, None)
+        if holder is not None:
+            for saved in holder:
+                saved.release()
 
     def finish(self) -> None:
         """After the step: nothing left behind."""

@@ -43,6 +43,21 @@ class StageError(PipelineError):
                          f"{type(error).__name__}: {error}")
 
 
+class PeerStageError(PipelineError):
+    """This rank's step stopped because another rank failed it (its ``StageError``, or another exception):
+    ``failed_rank`` and, when a stage raised, its ``stage``, ``chain``, ``microbatch`` and ``action``; the
+    error this rank's own wait raised is the ``__cause__`` (``pipeforge.runtime.recovery``)."""
+
+    def __init__(self, rank: int, record: dict, here: Exception):
+        self.rank, self.failed_rank = rank, record["rank"]
+        self.stage, self.chain = record.get("stage"), record.get("chain")
+        self.microbatch, self.action = record.get("microbatch"), record.get("action")
+        what = record["message"].removeprefix(f"rank {self.failed_rank}: ")
+        where = f" at {what}" if self.action is not None else f": {what}"
+        super().__init__(f"rank {rank}: the step stopped because rank {self.failed_rank} failed{where} "
+                         f"(this rank learned it here: {here})")
+
+
 @dataclass
 class MicrobatchState:
     """What a stage keeps for one microbatch between its forward and its backward."""

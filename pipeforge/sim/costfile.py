@@ -21,8 +21,10 @@ from pipeforge.semantics import DURATION_DEFAULTS, compute_kind_names
 
 _DURATIONS = compute_kind_names()  # one duration a compute kind (semantics)
 _REQUIRED = tuple(kind for kind in _DURATIONS if ActionKind(kind) not in DURATION_DEFAULTS)  # F, I, W
-_STAGE_KEYS = (*_REQUIRED, *(kind for kind in _DURATIONS if kind not in _REQUIRED), "activation", "weight_grad")
-_TOP_KEYS = ("units", "stages", "links", "comm", "dispatch", "step", "chain_sum")
+_STAGE_KEYS = (*_REQUIRED, *(kind for kind in _DURATIONS if kind not in _REQUIRED), "activation", "weight_grad",
+               "checkpoint")
+_TOP_KEYS = ("units", "stages", "links", "comm", "dispatch", "step", "chain_sum", "host_bandwidth")
+_TRANSFERS = ("OFFLOAD", "RELOAD")  # their durations default to activation / host_bandwidth where both are given
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class StageCosts:
     weight_grad: tuple[float, ...]  # M_B units, () when the file gives none
     units: str | None
     activation_bytes: float | None  # what one M_B is, in the file's memory unit
+    checkpoint: tuple[float, ...] = ()  # M_B units: what a recomputed forward keeps, () when the file gives none
 
     @property
     def stages(self) -> int:
@@ -45,7 +48,8 @@ class StageCosts:
 
         activation = self.activation or base.activation
         weight_grad = self.weight_grad or base.weight_grad
-        return replace(base, activation=activation, weight_grad=weight_grad)
+        checkpoints = self.checkpoint or base.checkpoints
+        return replace(base, activation=activation, weight_grad=weight_grad, checkpoints=checkpoints)
 
 
 class CostFileError(UsageError):
@@ -82,7 +86,15 @@ def cost_file_from_json(data: object, name: str = "<costs>") -> StageCosts:
     if units is not None and not isinstance(units, str):
         raise CostFileError(name, "$.units", "expected a string such as \"ms\"")
     dispatch = _number(data.get("dispatch", 0.0), "$.dispatch", name, positive=False)
-    per_stage = tuple((s, kind, entry[kind] + dispatch) for s, entry in enumerate(entries)
+    bandwidth = data.get("host_bandwidth")
+    if bandwidth is not None:
+        bandwidth = _number(bandwidth, "$.host_bandwidth", name, positive=True, duration=False)
+        if not all("activation" in e for e in entries):
+            raise CostFileError(name, "$.host_bandwidth", "needs 'activation' on every stage (a transfer moves it)")
+        for entry in entries:  # one microbatch's activations over the host link, each way
+            for kind in _TRANSFERS:
+                entry.setdefault(kind, entry["activation"] / bandwidth)
+    per_stage = tuple((s, kind, entry[kind] + dispatch * (kind not in _TRANSFERS)) for s, entry in enumerate(entries)
                       for kind in _DURATIONS if kind in entry)
     first = entries[0]
     overhead = StepOverhead(_number(data.get("step", 0.0), "$.step", name, positive=False),
@@ -90,7 +102,18 @@ def cost_file_from_json(data: object, name: str = "<costs>") -> StageCosts:
     costs = CostModel(**{kind: first[kind] + dispatch for kind in _REQUIRED}, comm=comm,
                       per_stage=per_stage, links=links, overhead=overhead)
     activation, weight_grad, unit = _memory(entries, name)
-    return StageCosts(costs, activation, weight_grad, units, unit)
+    checkpoint = ()
+    if any("checkpoint" in e for e in entries):
+        s = next((i for i, e in enumerate(entries) if "checkpoint" not in e or "activation" not in e), None)
+        if s is not None:
+            raise CostFileError(name, f"$.stages[{s}]",
+                                "'checkpoint' needs 'checkpoint' and 'activation' on every stage")
+        bad = next((i for i, e in enumerate(entries) if e["checkpoint"] > e["activation"]), None)
+        if bad is not None:
+            raise CostFileError(name, f"$.stages[{bad}].checkpoint", "is more than the stage's activation; it is "
+                                "what a recomputed forward keeps of it")
+        checkpoint = tuple(e["checkpoint"] / unit for e in entries)
+    return StageCosts(costs, activation, weight_grad, units, unit, checkpoint)
 
 
 def _stage(entry: object, where: str, name: str) -> dict[str, float]:

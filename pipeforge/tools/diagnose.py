@@ -21,6 +21,7 @@ from pipeforge.ir import Action, parse_action
 from pipeforge.runtime.records import FORMAT
 from pipeforge.semantics import RUNTIME_METHODS, partner, peer_stage
 from pipeforge.verifier.report import Hop, Violation, describe_cycle
+from pipeforge.resources import library_dir
 
 KIND_OF_METHOD = {method: kind for kind, method in RUNTIME_METHODS.items()}
 # "# TOKEN FILE:LINE:COL step N": a group token is bracketed; the file may be quoted (older modules) or bare
@@ -261,8 +262,6 @@ def comment_of(line: str, sources: dict, folder: Path) -> tuple[str | None, Span
 def find_source(name: str, folder: Path) -> Source | None:
     """The .pipe (or CSV) text a location names: as given, beside the module or up to three folders
     above it, or in the library."""
-    from pipeforge.resources import library_dir
-
     near = [folder, *list(folder.parents)[:3]]  # a rank's file sits in a folder beside the main module
     for candidate in (Path(name), *(place / name for place in near), library_dir() / Path(name).name):
         try:

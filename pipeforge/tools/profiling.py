@@ -112,6 +112,7 @@ class _Meter:
         self.saved: dict[int, dict[tuple, int]] = {}  # mb -> (address, elements) -> bytes
         self.used_by_w: dict[int, set[tuple]] = {}
         self.plan_bytes: dict[int, int] = {}
+        self.checkpoints: list[int] = []  # bytes of each counted forward's inputs (a recompute's checkpoint)
         self.output_bytes = 0
         self.phase: tuple[str, int] | None = None
         self.recording = False  # keep the times of this step
@@ -158,6 +159,9 @@ class _Meter:
             self.phase = None
             if kind == "F":
                 self.output_bytes = _nbytes(result)
+                if self.counting:  # what a recomputed forward keeps: its inputs (the stage's args and kwargs)
+                    self.checkpoints.append(_nbytes(args[0] if args else ()) + _nbytes(args[3] if len(args) > 3 else
+                                                                                    kwargs.get("kwargs")))
             if kind == "I":
                 self.plan_bytes[mb] = _plan_bytes(runner.states[mb].weight_plan)
             if self.recording:
@@ -172,7 +176,12 @@ class _Meter:
                  for mb, keys in self.used_by_w.items() if mb in self.saved]
         weight_grad = min(statistics.median(grads), activation) if grads else 0
         entry = {kind: statistics.median(self.times[kind]) for kind in compute_kind_names() if self.times[kind]}
-        return {**entry, "activation": float(activation), "weight_grad": float(weight_grad)}
+        if "F" in entry:
+            entry["R"] = entry["F"]  # R runs the forward again under autograd: the F measured here
+        memory = {"activation": float(activation), "weight_grad": float(weight_grad)}
+        if self.checkpoints and activation:
+            memory["checkpoint"] = float(min(statistics.median(self.checkpoints), activation))
+        return {**entry, **memory}
 
     def step_overhead(self) -> float:
         return statistics.median(self.outside) if self.outside else 0.0

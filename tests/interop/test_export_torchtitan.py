@@ -191,3 +191,26 @@ def test_torchtitans_own_code_builds_and_runs_every_export(tmp_path):
     failures = [(labels[i], [o.value[i] for o in outcomes]) for i in range(len(jobs))
                 if not all(kind == "ran" and diff <= GRADIENT_TOLERANCE for kind, diff in (o.value[i] for o in outcomes))]
     assert not failures
+
+
+@pytest.mark.parametrize("name", ["1F1B", "GPipe", "Interleaved1F1B", "ZBVZeroBubble", "LoopedBFS"])
+@pytest.mark.parametrize("ranks, layers, per_stage", [(2, 6, None), (2, 6, 2), (2, 6, 4), (2, 14, 4), (4, 30, 4),
+                                                      (3, 7, 3), (2, 2, 1)])
+def test_stage_count_equals_torchtitans_metadata(name, ranks, layers, per_stage):
+    """``stage_count`` (what ``--as torchtitan --layers --layers-per-stage`` assumes) against torchtitan's
+    own ``_get_pipeline_metadata``: the same count, or both refuse."""
+    from types import SimpleNamespace
+
+    titan = torchtitan_or_skip()
+    from torchtitan.config import ParallelismConfig
+
+    parallelism = ParallelismConfig(pipeline_parallel_schedule=name, pipeline_parallel_layers_per_stage=per_stage)
+    launcher = Launcher(name, layers, per_stage)
+    try:
+        theirs = titan._get_pipeline_metadata(SimpleNamespace(pp=ranks), parallelism,
+                                              SimpleNamespace(layers=[None] * layers))[0]
+    except ValueError:
+        with pytest.raises(LauncherRefusal):
+            stage_count(launcher, ranks)
+        return
+    assert stage_count(launcher, ranks) == theirs

@@ -30,6 +30,10 @@ def test_profile_writes_a_cost_file_that_simulate_reads(tmp_path, capsys, clock,
     assert data["stages"][0]["activation"] == 16 * 256 * 4 + 16 * 64 * 4
     # W reads the Linear's input again (and what I recorded for it)
     assert data["stages"][0]["weight_grad"] >= 16 * 256 * 4
+    # a recompute: the forward again under autograd (R = F), keeping the stage's input: 16x256 float32 on stage 0
+    assert all(stage["R"] == stage["F"] for stage in data["stages"])
+    assert data["stages"][0]["checkpoint"] == 16 * 256 * 4
+    assert 0 < data["stages"][1]["checkpoint"] <= data["stages"][1]["activation"]
     assert data["step"] >= 0 and data["dispatch"] >= 0 and len(data["chain_sum"]) == 2 and all(t > 0 for t in data["chain_sum"])
     found = read_cost_file(out)
     assert found.costs.overhead.step == data["step"]

@@ -98,7 +98,8 @@ def test_both_ranks_catch_a_failed_step_and_train_on_like_the_unpipelined_model(
         assert report["world"] == 2.0, report
         assert report["seconds"] < WAIT / 2, report  # the peer did not wait out its timeout
     assert "a bad batch" in outcomes[victim].value["errors"][0][1]
-    assert "PipelineError: rank" in outcomes[1 - victim].value["errors"][0][1]
+    told = outcomes[1 - victim].value["errors"][0][1]  # the peer is told what failed (tests/models/test_stage_errors)
+    assert f"PeerStageError: rank {1 - victim}: the step stopped because rank {victim} failed at stage" in told, told
 
 
 @pytest.mark.parametrize("words,problem", [

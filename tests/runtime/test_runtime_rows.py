@@ -72,6 +72,9 @@ def steps_with_bad_rows(rank: int, nproc: int, path: str) -> list[str]:
                    **({"extra": good[:6]} if rank == 0 else {}))
     except PipelineUsageError as error:
         results.append(f"refused: {error}")
+    extra = torch.zeros(8, 3)  # the batch corrected: its keyword now of the batch's rows, trained as usual
+    fresh.step(*((x,) if rank == 0 else ()), target=y if rank == 1 else None, **({"extra": extra} if rank == 0 else {}))
+    results.append("trained")
     return results
 
 
@@ -96,6 +99,7 @@ def test_rows_that_do_not_split_like_the_batch_are_refused_on_every_rank(tmp_pat
                       "batch (its error names it)", last[5]
     for results in (first, last):
         assert results[1] == results[4] == "trained: 0.0e+00", results
+        assert results[6] == "trained", results
 
 
 @pytest.mark.parametrize("rows,batch,chunks,fits", [

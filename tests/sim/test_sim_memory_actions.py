@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import pipeforge
 import pipeforge.testing as pt
 from pipeforge.interop.chrome_trace import trace_events
-from pipeforge.ir import CostModel, MemorySpec
+from pipeforge.ir import ActionKind, CostModel, MemorySpec
 from pipeforge.passes.recompute import offload, recompute
 from pipeforge.render.grid import render_text
 
@@ -85,3 +85,28 @@ def test_bounds_stay_sound_with_recompute_and_offload(schedule, data):
     assert timeline.work_bubble_rate >= timeline.work_bound.bubble_rate - 1e-9
     spans = max(s.span for s in timeline.rank_stats)
     assert spans >= timeline.work_bound.max_span - 1e-9
+
+
+def test_a_cost_file_gives_recompute_checkpoint_and_transfer_over_the_host_link(tmp_path):
+    import json
+
+    import pytest
+
+    from pipeforge.sim.costfile import CostFileError, read_cost_file
+
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({"host_bandwidth": 1000, "stages": [
+        {"F": 1, "I": 1, "W": 1, "R": 0.8, "activation": 2000, "checkpoint": 100},
+        {"F": 1, "I": 1, "W": 1, "RELOAD": 0.25, "activation": 1000, "checkpoint": 50}]}))
+    found = read_cost_file(path)
+    duration = found.costs.duration
+    assert duration(ActionKind.R, 0) == 0.8 and duration(ActionKind.R, 1) == 1.0  # default: the stage's F
+    assert duration(ActionKind.OFFLOAD, 0) == 2.0 and duration(ActionKind.RELOAD, 0) == 2.0  # 2000 / 1000
+    assert duration(ActionKind.OFFLOAD, 1) == 1.0 and duration(ActionKind.RELOAD, 1) == 0.25  # given wins
+    assert found.memory(MemorySpec()).checkpoints == (0.05, 0.025)  # in M_B = the largest activation
+    path.write_text(json.dumps({"stages": [{"F": 1, "I": 1, "W": 1, "activation": 10, "checkpoint": 20}]}))
+    with pytest.raises(CostFileError, match=r"\$\.stages\[0\]\.checkpoint: is more than the stage's activation"):
+        read_cost_file(path)
+    path.write_text(json.dumps({"host_bandwidth": 5, "stages": [{"F": 1, "I": 1, "W": 1}]}))
+    with pytest.raises(CostFileError, match=r"\$\.host_bandwidth: needs 'activation'"):
+        read_cost_file(path)
