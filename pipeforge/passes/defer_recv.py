@@ -60,7 +60,7 @@ class Deferral:
         if step.is_compute:
             for action in step.actions:
                 needed = consumed_receive(action, self.schedule.stages)
-                if any(receive == needed for receive, _ in self.deferred):
+                if needed is not None and any(receive == needed for receive, _ in self.deferred):
                     self.flush_through(needed)
         self.out.append(step)
 

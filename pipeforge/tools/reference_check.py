@@ -204,7 +204,7 @@ def run_check_from_environment(module_path: str, *, steps: int = 2, model: str =
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         job = CheckJob(module_path, model=model, steps=steps, timeout=timeout, device=device)
         report = check_rank(dist.get_rank(), dist.get_world_size(), job)
-        reports = [None] * dist.get_world_size()
+        reports: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(reports, report)
         return summarize(reports) if dist.get_rank() == 0 else None
     finally:

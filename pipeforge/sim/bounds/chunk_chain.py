@@ -40,7 +40,7 @@ def _rank_chain(graph: WorkGraph, paths: Paths, r: int, count: float, weights: f
     if len(stages) < 2 or count < len(stages) - TOLERANCE:
         return 0.0
     low, top = stages[0], stages[-1]
-    f_low, f_top, i_low = mine.get((low, _F)), mine.get((top, _F)), mine.get((low, _I))
+    f_low, f_top, i_low = mine[(low, _F)], mine[(top, _F)], mine.get((low, _I))
     i_top, w_low, w_top = mine.get((top, _I)), mine.get((low, _W)), mine.get((top, _W))
     if i_low is None or i_top is None:
         return 0.0

@@ -117,9 +117,10 @@ def _choose(stages: list[_Stage], target: float) -> Choice | None:
             return None
         window = stage.forward if returns is None else stage.forward + stage.down + returns + stage.up
         if stage.busy + stage.idle(window) > target:
-            window = stage.next_full(window)
-            if window is None:
+            full = stage.next_full(window)
+            if full is None:
                 return None
+            window = full
         needed = max(needed, stage.busy + stage.idle(window))
         forwards.append(stage.count(window))
         returns = window + stage.backward

@@ -168,7 +168,7 @@ def _rank_shape(graph: WorkGraph, paths: Paths, r: int) -> _RankShape | None:
     lane = {(actions[a].chain, actions[a].stage, actions[a].kind): a for k in (_F, _I, _W) for a in mine[k]}
     # The rank's first action is an F of the lowest stage it holds in some chain (everything else on it
     # needs one); an I not after it may start as early as it.
-    firsts = {}
+    firsts: dict[int, int] = {}
     for a in mine[_F]:
         if actions[a].stage < actions[firsts.get(actions[a].chain, a)].stage or actions[a].chain not in firsts:
             firsts[actions[a].chain] = a
@@ -205,10 +205,11 @@ def round_trip_idle(graph: WorkGraph, r: int, limit: float | None, paths: Paths 
     if shape is None:
         return 0.0
     stages = graph.shape.stages
-    limit = graph.memory.count_limit(limit, stages) if limit is not None else float(shape.forwards)
-    first_burst = min(shape.forwards, math.floor(limit + TOLERANCE))
+    count = graph.memory.count_limit(limit, stages) if limit is not None else None
+    bound = float(shape.forwards) if count is None else count
+    first_burst = min(shape.forwards, math.floor(bound + TOLERANCE))
     head = max(0.0, shape.trip_to_i - first_burst * shape.longest_f)
-    tail = max(0.0, shape.least_lag - tail_work(shape, limit, graph.memory.least_weights(stages)))
+    tail = max(0.0, shape.least_lag - tail_work(shape, bound, graph.memory.least_weights(stages)))
     if first_burst < shape.forwards:
         return head + tail
     return max(head, tail)
@@ -236,7 +237,7 @@ def through_spans(graph: WorkGraph, paths: Paths | None = None) -> list[tuple[fl
         return [(0.0, None)] * ranks
     paths = paths or Paths(graph)
     duration = paths.least
-    found = []
+    found: list[tuple[float, int | None]] = []
     for r in range(ranks):
         heads, tails = paths.heads(r, duration), paths.tails(r, duration)
         jobs: dict[int, list[tuple[float, float, float]]] = {}
@@ -300,7 +301,7 @@ def _memory_chain(graph: WorkGraph, paths: Paths, duration: dict[int, float], r:
     if not forwards:
         return 0.0
     stage = min(forwards)
-    f, i, w = mine.get((stage, _F)), mine.get((stage, _I)), mine.get((stage, _W))
+    f, i, w = mine[(stage, _F)], mine.get((stage, _I)), mine.get((stage, _W))
     if i is None:
         return 0.0
     trip = paths.from_start_of(f, duration)[i] + duration[i]  # F(s) start to I(s) end
