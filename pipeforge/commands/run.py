@@ -125,7 +125,7 @@ def _report(args: argparse.Namespace, name: str, nproc: int, verdict: dict, seco
         diff = verdict["max_abs_diff"]
         shown = "not compared (a rank failed)" if diff is None else f"{diff:.3g}"
         print(f"{name}: {status} on {nproc} processes ({args.backend}), {args.steps} steps of the {args.model} "
-              f"model in {seconds:.1f} s: max |pipelined - unpipelined| = {shown}")
+              f"model in {seconds:.1f} s: max |pipelined - unpipelined| = {shown}", flush=True)
     if not verdict["match"]:
         for rank, error in sorted(verdict.get("errors", {}).items()):
             print(f"rank {rank}: {error.strip().splitlines()[-1]}", file=sys.stderr)

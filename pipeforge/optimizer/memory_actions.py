@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from pipeforge.errors import PipeforgeError, UsageError
+from pipeforge.errors import Argument, ArgumentError, PipeforgeError, UsageError, words
 from pipeforge.ir import ActionKind, CostModel, MemorySpec, Schedule, replace_programs
 from pipeforge.optimizer.result import OptimizeResult, metrics_of
 from pipeforge.optimizer.search import optimize
@@ -112,7 +112,7 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
     """The best verified schedule of ``schedule``'s work under ``memory_limit`` with the recompute policy
     and offload switch given (module doc), and what it chose. ``options`` go to ``optimize``."""
     if recompute not in POLICIES:
-        raise UsageError(f"--recompute {recompute!r}: expected one of {', '.join(POLICIES)}")
+        raise ArgumentError(Argument("recompute", value=repr(recompute)), f"expected one of {', '.join(POLICIES)}")
     plain = strip(schedule)
     memory = schedule.memory or MemorySpec()
     limit = memory_limit if memory_limit is not None else memory.limit
@@ -192,9 +192,9 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
         attempt("offload", virtual, None if limit is None else limit - 2 * largest, offload_pass)
     fitting = [(r, n) for r, n in candidates if limit is None or max(r.after.peak_memory) <= limit + 1e-9]
     if not fitting:
-        raise PipeforgeError(f"no schedule of {schedule.name!r}'s work fits the memory limit {limit:g} with "
-                             f"--recompute {recompute}" + (" and --offload" if offload else "") + ": "
-                             + "; ".join(errors))
+        switches = (Argument("recompute", value=recompute), *((" and ", Argument("offload")) if offload else ()))
+        raise PipeforgeError(words(f"no schedule of {schedule.name!r}'s work fits the memory limit {limit:g} with ",
+                                   *switches, ": " + "; ".join(errors)))
     best, name = min(fitting, key=lambda pair: (pair[0].after.max_span, pair[0].after.makespan))
     actions = [a for _, _, a in best.schedule.actions()]
     choice = MemoryChoice(name if name not in ("offload",) else "none", name == "offload",

@@ -103,7 +103,7 @@ def test_a_search_longer_than_a_second_reports_progress_on_stderr(tmp_path):
     import sys
 
     command = [sys.executable, "-m", "pipeforge", "optimize", "interleaved-1f1b", "-D", "M=16", "--strategy", "local",
-               "--time-limit", "2.5", "-o", str(tmp_path / "o.pipe")]
+               "--time-limit", "5", "-o", str(tmp_path / "o.pipe")]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "optimize:" in done.stderr and "local search" in done.stderr
