@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pipeforge.commands.common import print_json, require_suffix
 from pipeforge.commands.exits import Exit
-from pipeforge.errors import UsageError
+from pipeforge.errors import UsageError, printable
 
 
 def register(subparsers) -> None:
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{result.schedule} (P={args.ranks}, M={args.microbatches}), layers {list(result.layers)}: "
           f"step {result.step:g}{units} (even split {list(result.even_layers)}: {result.even_step:g}{units}; "
           f"lower bound {result.lower_bound:g}{units})")
-    print(f"wrote {out} and {layer_map}")
+    print(f"wrote {printable(str(out))} and {printable(str(layer_map))}")
     return Exit.OK
 
 
