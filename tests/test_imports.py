@@ -263,7 +263,6 @@ print(json.dumps(sorted(name for name in sys.modules if name.startswith("pipefor
 
 
 def test_the_runtime_is_exactly_what_generated_code_imports(tmp_path):
-    pytest.importorskip("torch")
     done = subprocess.run([sys.executable, "-c", RUNTIME_LOADED], cwd=tmp_path, capture_output=True, text=True,
                           timeout=240, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr[-3000:]

@@ -39,7 +39,7 @@ def test_the_search_deadline_leaves_the_finish_and_never_precedes_the_start():
 
 
 def test_optimize_ends_within_its_limit_verification_included():
-    schedule = pipeforge.load("1f1b", defines={"P": 16, "M": 48})
+    schedule = pipeforge.load("1f1b", defines={"P": 16, "M": 96})
     costs = CostModel(F=11.347, I=11.248, W=8.132, comm=0.377)
     started = time.monotonic()
     result = optimize(schedule, costs=costs, memory_limit=18, weights=0.432, time_limit=2.0)
