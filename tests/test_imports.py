@@ -21,8 +21,6 @@ import sys
 from fnmatch import fnmatch
 from pathlib import Path
 
-import pytest
-
 import pipeforge
 
 PACKAGE = Path(pipeforge.__file__).parent
