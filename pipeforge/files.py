@@ -198,15 +198,8 @@ def write_atomically(path: str | os.PathLike, data: bytes | str, *, make_dirs: b
     writers of one output the second sees the first's file (never both succeed
     silently). A FIFO, device or socket at ``path`` is refused, never replaced.
     """
-    target = Path(path)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    directory = target.parent if str(target.parent) else Path(".")
-    _require_folder(directory, str(path), make_dirs)
-    with _folder_lock(directory, str(path)):
-        refuse_special(target, str(path))
-        if replaceable is not None:
-            replaceable(target)
-        _replace(target, payload, directory, str(path))
+    with locked_output(path, make_dirs=make_dirs, replaceable=replaceable) as write:
+        write(data)
 
 
 @contextmanager
