@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -56,6 +57,7 @@ class Report:
             return
         self.compared += 1
         diff = (got.detach().double() - want.detach().double()).abs().max().item() if got.numel() else 0.0
+        diff = math.inf if math.isnan(diff) else diff  # a NaN compares false with everything: count it as off
         scale = max(want.detach().double().abs().max().item() if want.numel() else 0.0, 1e-12)
         if diff > self.max_abs:
             self.max_abs, self.worst = diff, what
