@@ -265,8 +265,12 @@ class Pipeline:
             raise PipelineUsageError(f"{where}: keyword(s) {clash} given both as the batch and as per-stage inputs "
                                      "of stage 0")
         device = self.transport.device
-        args, kwargs = to_device(args, device), to_device(kwargs, device)
-        shapes = _metas((args, kwargs))  # the whole batch's: one shape gives one shape per microbatch
+        if not kwargs and all(type(a) is torch.Tensor for a in args):  # plain tensors: _metas's answer at once
+            args = tuple(a if a.device == device else a.to(device) for a in args)
+            shapes = tuple((a.shape, a.dtype) for a in args)
+        else:
+            args, kwargs = to_device(args, device), to_device(kwargs, device)
+            shapes = _metas((args, kwargs))  # the whole batch's: one shape gives one shape per microbatch
         if self._input_shapes is not None and shapes != self._input_shapes:
             raise PipelineUsageError(f"rank {self.rank}: the batch changed shape since the first step; "
                                      "build a new pipeline for another batch shape")
