@@ -375,7 +375,7 @@ class RankContext:
         runner = self.runners.get((stage, chain)) or self.runner(stage, chain)
         self._hand_back(runner, runner.backward(mb, self._output_grads(runner, mb)), mb)
         self.activations.backward()
-        if self.saved.holders:
+        if self.saved.tracked:
             self.saved.backward_done((stage, mb, chain))
 
     def _backward_input(self, stage: int, mb: int, chain: int) -> None:
@@ -392,7 +392,7 @@ class RankContext:
     def _backward_weight(self, stage: int, mb: int, chain: int) -> None:
         self.runner(stage, chain).backward_weight(mb)
         self.activations.backward_weight()
-        if self.saved.holders:
+        if self.saved.tracked:
             self.saved.backward_done((stage, mb, chain))
 
     def _recompute(self, stage: int, mb: int, chain: int) -> None:
