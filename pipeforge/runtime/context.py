@@ -33,6 +33,7 @@ from pipeforge.runtime.p2p import (
     empty_header,
     encode_header,
 )
+from pipeforge.runtime.rng import StepRng
 from pipeforge.runtime.saved import SavedActivations
 from pipeforge.runtime.stage import StageRunner
 from pipeforge.semantics import GRADIENT_KINDS, RUNTIME_METHODS, SENDS, lane, peer_stage
@@ -119,7 +120,7 @@ class RankContext:
     def __init__(self, info: ScheduleInfo, rank: int, runners: dict[tuple[int, int], StageRunner],
                  transport: Transport, caches: ShapeCache, *, training: bool = True,
                  functions: dict[str, CustomFunction] | None = None, data_parallel: DataParallel | None = None,
-                 observers: tuple[Observer, ...] = ()):
+                 observers: tuple[Observer, ...] = (), rng: StepRng | None = None):
         self.info = info
         self.rank = rank
         self.runners = runners
@@ -129,6 +130,7 @@ class RankContext:
         self.functions = dict(functions or {})
         self.data_parallel = data_parallel if data_parallel is not None else DataParallel(rank, {})
         self.observers = tuple(observers)
+        self.rng = rng  # each forward's seeding (``rng.py``; None: the caller's RNG as it goes)
         self.inputs: list[tuple[tuple[Any, ...], dict[str, Any]]] = []  # stage 0's (args, kwargs) per microbatch
         self.stage_inputs: dict[int, list[dict[str, Any]]] = {}  # a stage's keyword inputs per microbatch
         self.targets: list[Any] = []
@@ -324,10 +326,11 @@ class RankContext:
         if own is not None:
             kwargs = {**kwargs, **own[mb]}
         target = self.targets[mb] if runner.is_last and self.targets else None
-        if self.saved.active:
-            output = self.saved.forward(runner, mb, args, target, self.training, kwargs)
+        if self.rng is not None:
+            with self.rng.forward(stage, mb):  # a recompute's checkpoint keeps the state seeded here
+                output = self._run_forward(runner, mb, args, target, kwargs)
         else:
-            output = runner.forward(mb, args, target, self.training, kwargs)
+            output = self._run_forward(runner, mb, args, target, kwargs)
         if self.training:
             self.activations.record(ActionKind.F, (stage, mb, chain) in self.saved.recomputed)
         if runner.is_last:
@@ -337,12 +340,17 @@ class RankContext:
         else:
             self._outbox[Action(stage, SEND_F, mb, chain)] = _sendable(output, runner.name)
 
+    def _run_forward(self, runner: StageRunner, mb: int, args: tuple, target: Any, kwargs: dict) -> Any:
+        if self.saved.active:
+            return self.saved.forward(runner, mb, args, target, self.training, kwargs)
+        return runner.forward(mb, args, target, self.training, kwargs)
+
     def _backward(self, stage: int, mb: int, chain: int) -> None:
         self.saved.wait((stage, mb, chain))
         runner = self.runners.get((stage, chain)) or self.runner(stage, chain)
         self._hand_back(runner, runner.backward(mb, self._output_grads(runner, mb)), mb)
         self.activations.backward()
-        if self.saved.holders:
+        if self.saved.tracked:
             self.saved.backward_done((stage, mb, chain))
 
     def _backward_input(self, stage: int, mb: int, chain: int) -> None:
@@ -359,7 +367,7 @@ class RankContext:
     def _backward_weight(self, stage: int, mb: int, chain: int) -> None:
         self.runner(stage, chain).backward_weight(mb)
         self.activations.backward_weight()
-        if self.saved.holders:
+        if self.saved.tracked:
             self.saved.backward_done((stage, mb, chain))
 
     def _recompute(self, stage: int, mb: int, chain: int) -> None:

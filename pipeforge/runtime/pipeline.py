@@ -44,6 +44,7 @@ from pipeforge.runtime.optimizer_watch import watch as watch_optimizers
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, Transfer, Transport
 from pipeforge.runtime.records import Recorder, resolve_directory
 from pipeforge.runtime.recovery import StepStart, connect
+from pipeforge.runtime.rng import StepRng
 from pipeforge.runtime.rows import BatchRows, named_tensors
 from pipeforge.runtime.stage import StageRunner
 from pipeforge.runtime.step_trace import Trace, TraceEvent, Tracer
@@ -78,6 +79,8 @@ class Pipeline:
         self.observers: list[Observer] = []  # told of every later step's actions (``context.Observer``)
         self._tracer: Tracer | None = None
         self.recorder: Recorder | None = None  # records where this rank was when a step fails (``records``)
+        self.rng_seed: int | None = None  # each forward's RNG seeded per (step, stage, microbatch) (``rng.py``)
+        self.rng_step = 0  # the step index the next step() seeds with (every call of step() adds one)
 
     def register_custom_function(self, kind: Any, function: CustomFunction) -> None:
         """Run ``function(action, ctx)`` instead of the runtime's own for every action of ``kind`` (see
@@ -105,6 +108,7 @@ class Pipeline:
              shared_kwargs: Mapping[str, Any] | None = None,
              stage_kwargs: Mapping[int, Mapping[str, Any]] | None = None, **kwargs: Any) -> Any:
         """One training step over all microbatches; outputs merged on the last stage's rank."""
+        self.rng_step += 1  # every call, refused or failed: every rank counts its calls alike
         return self._guarded(self._step, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs)
 
     def _guarded(self, call, *arguments) -> Any:
@@ -138,7 +142,8 @@ class Pipeline:
         self._sync_replicas()
         earlier = self._set_aside_chain_grads()
         try:
-            ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=True)
+            ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=True,
+                            rng_step=self.rng_step - 1)
             self._reduce_chains()
         finally:
             _add_back(earlier)
@@ -163,7 +168,7 @@ class Pipeline:
 
     def _eval(self, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs) -> Any:
         self._sync_replicas()
-        ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=False)
+        ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=False, rng_step=self.rng_step)
         return self._results(ctx, losses, return_outputs)
 
     def _traced(self, call, *arguments) -> Any:
@@ -181,9 +186,12 @@ class Pipeline:
 
     # -- inputs ----------------------------------------------------------------------
 
-    def _run(self, args: tuple, kwargs: dict, target: Any, shared: Any, per_stage: Any, training: bool) -> RankContext:
+    def _run(self, args: tuple, kwargs: dict, target: Any, shared: Any, per_stage: Any, training: bool,
+             rng_step: int) -> RankContext:
+        rng = StepRng(self.rng_seed, rng_step, self.transport.device) if self.rng_seed is not None else None
         ctx = RankContext(self.info, self.rank, self.runners, self.transport, self._caches, training=training,
-                          functions=self.functions, data_parallel=self.data_parallel, observers=self._observers())
+                          functions=self.functions, data_parallel=self.data_parallel, observers=self._observers(),
+                          rng=rng)
         if self.count_saved:
             ctx.saved.start_counting()
         if not self.holds_last and target is not None:
@@ -257,8 +265,12 @@ class Pipeline:
             raise PipelineUsageError(f"{where}: keyword(s) {clash} given both as the batch and as per-stage inputs "
                                      "of stage 0")
         device = self.transport.device
-        args, kwargs = to_device(args, device), to_device(kwargs, device)
-        shapes = _metas((args, kwargs))  # the whole batch's: one shape gives one shape per microbatch
+        if not kwargs and all(type(a) is torch.Tensor for a in args):  # plain tensors: _metas's answer at once
+            args = tuple(a if a.device == device else a.to(device) for a in args)
+            shapes = tuple((a.shape, a.dtype) for a in args)
+        else:
+            args, kwargs = to_device(args, device), to_device(kwargs, device)
+            shapes = _metas((args, kwargs))  # the whole batch's: one shape gives one shape per microbatch
         if self._input_shapes is not None and shapes != self._input_shapes:
             raise PipelineUsageError(f"rank {self.rank}: the batch changed shape since the first step; "
                                      "build a new pipeline for another batch shape")
@@ -434,9 +446,10 @@ def _metas(chunk: Any) -> tuple:
 def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_modules: dict[int, torch.nn.Module],
                    *, loss_fn=None, rank=None, group=None, device=None, scale_grads=True,
                    timeout: float | None = None, tied_parameters=None, dp_group=None, fsdp: bool = False,
-                   custom_functions: dict | None = None, records=None) -> Pipeline:
+                   custom_functions: dict | None = None, records=None, rng_seed: int | None = None) -> Pipeline:
     """Wire a generated module's rank programs to this process's stage modules; ``records`` (or
-    ``PIPEFORGE_RECORDS``): the directory where a failed or overdue step leaves this rank's record."""
+    ``PIPEFORGE_RECORDS``): the directory where a failed or overdue step leaves this rank's record;
+    ``rng_seed``: seed each forward's RNG per (step, stage, microbatch) (``pipeforge.runtime.rng``)."""
     if not dist.is_initialized():
         raise PipelineError("torch.distributed is not initialized: call init_process_group first")
     size = dist.get_world_size(group)
@@ -449,6 +462,8 @@ def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_m
     tied = TiedParameters.parse(tied_parameters, info.stages, rank)
     device = torch.device(device) if device is not None else _default_device(group)
     functions = checked_functions(custom_functions)
+    if rng_seed is not None and (not isinstance(rng_seed, int) or isinstance(rng_seed, bool)):
+        raise PipelineUsageError(f"rank {rank}: rng_seed must be an integer (or None), got {rng_seed!r}")
     runners = _runners(info, rank, stage_modules, loss_fn)
     replicas = _data_parallel(info, rank, stage_modules, dp_group, fsdp, device)
     wait = timedelta(seconds=timeout) if timeout is not None else None
@@ -461,6 +476,7 @@ def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_m
     agree(info, programs, rank, transport)  # every rank runs one schedule's unedited module, or all refuse
     pipeline = Pipeline(info, programs[rank], runners, transport, scale_grads=scale_grads, tied=tied,
                         data_parallel=replicas, functions=functions)
+    pipeline.rng_seed = rng_seed
     watch_optimizers(pipeline)  # a parameter an optimizer lists twice is warned about at its first step
     directory = resolve_directory(records)
     if directory is not None:

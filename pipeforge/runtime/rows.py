@@ -108,7 +108,7 @@ class BatchRows:
     def _problem(self, named: list[tuple[str, int, bool]], rows: int) -> str | None:
         chunks = self.info.microbatches
         for where, count, _ in named:
-            if rows and not splits_like(count, rows, chunks):
+            if rows and count != rows and not splits_like(count, rows, chunks):  # the batch's rows always split
                 return (f"rank {self.rank}: {where} has {count} rows and the batch {rows}: a tensor split into "
                         f"{chunks} microbatches must split like the batch (the batch's rows, or a whole multiple "
                         f"of them whose microbatches are that multiple of the batch's {microbatch_rows(rows, chunks)})")

@@ -28,6 +28,7 @@ from pipeforge.runtime.split_backward import (
     SplitBackward,
     WeightPlan,
     accumulate_weight_gradients,
+    run_backward,
 )
 
 
@@ -154,7 +155,7 @@ class StageRunner:
         del self.states[mb]
         if state.roots:
             try:
-                torch.autograd.backward(state.roots, state.root_grads)
+                run_backward(state.roots, state.root_grads)
             except PipelineError:
                 raise
             except Exception as error:
