@@ -16,8 +16,7 @@ unpipelined model.
 from __future__ import annotations
 
 import copy
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -26,6 +25,7 @@ from torch import nn
 
 import pipeforge
 from pipeforge.tools.generated import load_module
+from tests.zoo.harness import Report
 
 VOCAB, SEQ, WIDTH, LAYERS, ROWS = 40, 6, 16, 4, 2
 
@@ -39,26 +39,20 @@ class Case:
     steps: int = 2
 
 
-@dataclass
-class Report:
-    label: str
-    rank: int
-    max_rel: dict = field(default_factory=lambda: {"torch": 0.0, "unpipelined": 0.0})
-    worst: dict = field(default_factory=lambda: {"torch": "", "unpipelined": ""})
-    compared: dict = field(default_factory=lambda: {"torch": 0, "unpipelined": 0})
-    missing: list[str] = field(default_factory=list)
+class Reports:
+    """The two comparisons of one case on one rank, each a zoo harness ``Report``."""
+
+    def __init__(self, label: str, rank: int):
+        self.of = {against: Report(label, rank) for against in ("torch", "unpipelined")}
 
     def add(self, against: str, what: str, got, want) -> None:
-        if got is None or want is None:
-            if (got is None) != (want is None):
-                self.missing.append(f"{what} against {against}")
-            return
-        self.compared[against] += 1
-        diff = (got.detach() - want.detach()).abs().max().item()
-        scale = max(want.detach().abs().max().item(), 1e-12)
-        relative = diff / scale if not math.isnan(diff) else math.inf
-        if relative > self.max_rel[against]:
-            self.max_rel[against], self.worst[against] = relative, what
+        self.of[against].add(what, got, want)
+
+    def missing(self, what: str) -> None:
+        self.of["unpipelined"].missing.append(what)
+
+    def as_dict(self) -> dict:
+        return {against: report.as_dict() for against, report in self.of.items()}
 
 
 class TinyLlama(nn.Module):
@@ -177,18 +171,18 @@ def sgd(params, rate: float = 0.1) -> None:
 
 def run_cases(rank: int, nproc: int, cases: list[Case]) -> list[dict]:
     torch.set_num_threads(1)
-    return [vars(run_case(rank, nproc, case)) for case in cases]
+    return [run_case(rank, nproc, case).as_dict() for case in cases]
 
 
-def run_case(rank: int, nproc: int, case: Case) -> Report:
+def run_case(rank: int, nproc: int, case: Case) -> Reports:
     generated = load_module(case.module_path)
     info = generated.SCHEDULE
     owned = generated.stages_of_rank(rank)
     model = build(case.family)
     cut = pipeforge.split(torch_pipe(copy.deepcopy(model), case.family, info.stages), info, owned=owned)
     pipe = generated.make_pipeline(cut.modules, loss_fn=loss_fn, tied_parameters=cut.tied_parameters, timeout=60)
-    report = Report(case.label, rank)
-    torch_run = TorchRun(copy.deepcopy(model), case, info, owned, report)
+    report = Reports(case.label, rank)
+    torch_run = TorchRun(copy.deepcopy(model), case, info, owned)
     for step in range(case.steps):
         tokens, target = batch(info.microbatches, step)
         losses: list = []
@@ -201,7 +195,7 @@ def run_case(rank: int, nproc: int, case: Case) -> Report:
             if torch_losses is not None:
                 report.add("torch", f"step {step} loss {m}", loss, torch_losses[m])
         if pipe.holds_last and len(losses) != info.microbatches:
-            report.missing.append(f"step {step}: {len(losses)} losses")
+            report.missing(f"step {step}: {len(losses)} losses")
         for stage, module in cut.modules.items():
             for name, param in module.named_parameters():
                 what = f"step {step} grad of stage {stage} {name}"
@@ -233,10 +227,10 @@ def unpipelined_step(model: nn.Module, tokens, target, microbatches: int):
 class TorchRun:
     """torch's own runtime on its own trace of the model: ``pipe.build_stage`` and the case's schedule class."""
 
-    def __init__(self, model: nn.Module, case: Case, info, owned, report: Report):
+    def __init__(self, model: nn.Module, case: Case, info, owned):
         from torch.distributed.pipelining import schedules
 
-        self.case, self.owned, self.report = case, list(owned), report
+        self.case, self.owned = case, list(owned)
         self.pipe = torch_pipe(model, case.family, info.stages)
         self.ran = False
         if case.torch_schedule is None:
