@@ -46,6 +46,7 @@ from pipeforge.runtime.records import Recorder, resolve_directory
 from pipeforge.runtime.recovery import StepStart, connect
 from pipeforge.runtime.rng import StepRng
 from pipeforge.runtime.rows import BatchRows, named_tensors
+from pipeforge.runtime.saved import unkept_inputs
 from pipeforge.runtime.stage import StageRunner
 from pipeforge.runtime.step_trace import Trace, TraceEvent, Tracer
 
@@ -203,9 +204,11 @@ class Pipeline:
             device = self.transport.device
             ctx.targets = split_value(to_device(target, device), self.info.microbatches, f"rank {self.rank}: target")
         named = named_tensors(args, kwargs, target, shared, per_stage, self.stages)
+        unkept = unkept_inputs(self.info, self.rank, ctx.inputs, ctx.stage_inputs.get(0)) if training else None
+        refusal = self._rows.problem_known(named) or (unkept if self._rows.rows is not None else None)
         # the step's communication starts (recovery.StepStart): a rank refusing its rows tells its neighbours
-        self._caches = ctx.caches = self._start.begin(self.transport, self._caches, self._rows.problem_known(named))
-        self._rows.agree(self.transport, named)  # the first call: every rank's tensors split like the batch
+        self._caches = ctx.caches = self._start.begin(self.transport, self._caches, refusal)
+        self._rows.agree(self.transport, named, unkept)  # the first call: every rank refuses together
         self.data_parallel.begin(training)
         for runner in self.runners.values():
             runner.reset()

@@ -57,48 +57,53 @@ class BatchRows:
         greeting tells the neighbours, and every one refuses: ``recovery.StepStart.begin``)."""
         return self._problem(named, self.rows) if self.rows is not None else None
 
-    def agree(self, transport: Transport, named: list[tuple[str, int, bool]]) -> None:
-        """The first call: learn the batch's rows from the source rank, every rank refusing together."""
+    def agree(self, transport: Transport, named: list[tuple[str, int, bool]], refusal: str | None = None) -> None:
+        """The first call: learn the batch's rows from the source rank, every rank refusing together (for
+        its rows, or for ``refusal``: a recomputed stage given nothing to keep, ``Pipeline._run``)."""
         if self.rows is not None:
             return
         if self.info.ranks == 1:
-            problem = self._problem(named, self._batch_rows(named))
+            problem = self._problem(named, self._batch_rows(named)) or refusal
             if problem:
                 raise PipelineUsageError(problem)
             self.rows = self._batch_rows(named)
             return None
         if self.rank == self.source:
-            return self._send(transport, named)
-        return self._receive(transport, named)
+            return self._send(transport, named, refusal)
+        return self._receive(transport, named, refusal)
 
-    def _send(self, transport: Transport, named: list[tuple[str, int, bool]]) -> None:
+    def _send(self, transport: Transport, named: list[tuple[str, int, bool]], refusal: str | None) -> None:
         rows = self._batch_rows(named)
         problem = self._problem(named, rows)
+        code = ROWS if problem else OTHER if refusal else 0
         peers = [r for r in range(self.info.ranks) if r != self.rank]
-        word = torch.tensor([rows, int(problem is not None)], dtype=torch.int64, device=transport.device)
+        word = torch.tensor([rows, code], dtype=torch.int64, device=transport.device)
         answers = {peer: torch.zeros(1, dtype=torch.int64, device=transport.device) for peer in peers}
         transport.exchange([t for p in peers for t in (Transfer(True, word, p), Transfer(False, answers[p], p))],
                            "the batch's rows")
+        problem = problem or refusal
         if problem:
             raise PipelineUsageError(problem)
-        refused = [peer for peer, answer in answers.items() if answer.item()]
+        refused = [(peer, int(answer.item())) for peer, answer in answers.items() if answer.item()]
         if refused:
-            raise PipelineUsageError(f"rank {self.rank}: rank {refused[0]} refused this step: one of its tensors "
-                                     f"does not split like the batch of {rows} rows (its error names it)")
+            raise PipelineUsageError(_refused(self.rank, refused[0][0], refused[0][1],
+                                              f"one of its tensors does not split like the batch of {rows} rows"))
         self.rows = rows
 
-    def _receive(self, transport: Transport, named: list[tuple[str, int, bool]]) -> None:
+    def _receive(self, transport: Transport, named: list[tuple[str, int, bool]], refusal: str | None) -> None:
         word = torch.zeros(2, dtype=torch.int64, device=transport.device)
         transport.exchange([Transfer(False, word, self.source)], "the batch's rows")
-        rows, source_refused = int(word[0].item()), bool(word[1].item())
-        problem = self._problem(named, rows) if not source_refused else None
-        answer = torch.tensor([int(problem is not None)], dtype=torch.int64, device=transport.device)
+        rows, source_code = int(word[0].item()), int(word[1].item())
+        problem = self._problem(named, rows) if not source_code else None
+        code = ROWS if problem else OTHER if refusal else 0
+        answer = torch.tensor([code], dtype=torch.int64, device=transport.device)
         transport.exchange([Transfer(True, answer, self.source)], "the answer to the batch's rows")
+        problem = problem or refusal
         if problem:
             raise PipelineUsageError(problem)
-        if source_refused:
-            raise PipelineUsageError(f"rank {self.rank}: rank {self.source} refused this step: a tensor of its "
-                                     "batch does not split like the batch (its error names it)")
+        if source_code:
+            raise PipelineUsageError(_refused(self.rank, self.source, source_code,
+                                              "a tensor of its batch does not split like the batch"))
         self.rows = rows
 
     def _batch_rows(self, named: list[tuple[str, int, bool]]) -> int:
@@ -113,6 +118,14 @@ class BatchRows:
                         f"{chunks} microbatches must split like the batch (the batch's rows, or a whole multiple "
                         f"of them whose microbatches are that multiple of the batch's {microbatch_rows(rows, chunks)})")
         return None
+
+
+ROWS, OTHER = 1, 2  # why a rank refuses the first call: its rows, or what Pipeline._run found (its own error)
+
+
+def _refused(rank: int, peer: int, code: int, rows: str) -> str:
+    why = rows if code == ROWS else "its error says why (a recomputed stage given no tensor input to keep)"
+    return f"rank {rank}: rank {peer} refused this step: {why} (its error names it)"
 
 
 def named_tensors(args: tuple, kwargs: Mapping, target: Any, shared: Any, per_stage: Any,

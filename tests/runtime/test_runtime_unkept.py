@@ -1,0 +1,44 @@
+"""A recomputed stage given no tensor input to keep is refused on every rank, naming rank, stage, argument
+and the R's place; nothing is computed, and the next call is refused the same way (runtime/saved.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pipeforge
+from pipeforge.generator import codegen
+from pipeforge.runtime import PipelineUsageError
+from pipeforge.runtime.saved import SavedActivations
+from pipeforge.runtime.stage import StageRunner
+from pipeforge.tools.launch import spawn
+from tests.runtime.unkept_jobs import WAIT
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_every_rank_refuses_a_recomputed_stage_with_nothing_to_keep(tmp_path):
+    path = str(codegen(pipeforge.load("1f1b-recompute", defines={"P": 3, "M": 3}), tmp_path / "gen"))
+    outcomes = spawn("tests.runtime.unkept_jobs:refused", 3, path, timeout=WAIT, deadline=200)
+    assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
+    own = ("rank 0: stage 0 is recomputed (its R of microbatch 0 at 1f1b-recompute.pipe:12:54) but its forward is "
+           "given no tensor input to keep: argument 0 (int).")
+    for rank, outcome in enumerate(outcomes):
+        found = outcome.value
+        assert found["untouched"], rank
+        assert own in found["check"], (rank, found["check"])  # the preflight: every rank learns rank 0's problem
+        for call in ("step", "step again"):
+            if rank == 0:
+                assert found[call].startswith(own), found[call]
+            else:  # rank 2 is no neighbour of rank 0: the first call's agreement reaches every rank
+                assert found[call] == (f"rank {rank}: rank 0 refused this step: its error says why (a recomputed "
+                                       "stage given no tensor input to keep) (its error names it)"), found[call]
+
+
+def test_a_later_stage_given_no_tensor_is_refused_at_its_forward():
+    runner = StageRunner(torch.nn.Identity(), 2, 0, False, False, rank=1)
+    saved = SavedActivations(frozenset({(2, 0, 0)}), frozenset(), None)
+    with pytest.raises(PipelineUsageError, match=r"^rank 1: stage 2 is recomputed \(its R of microbatch 0\) but "
+                                                 r"its forward is given no tensor input to keep: argument 0 \(str\)"):
+        saved.forward(runner, 0, ("text",), None, True, {})
+    assert not saved.checkpoints and not runner.states
