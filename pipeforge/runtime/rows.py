@@ -57,53 +57,54 @@ class BatchRows:
         greeting tells the neighbours, and every one refuses: ``recovery.StepStart.begin``)."""
         return self._problem(named, self.rows) if self.rows is not None else None
 
-    def agree(self, transport: Transport, named: list[tuple[str, int, bool]], refusal: str | None = None) -> None:
-        """The first call: learn the batch's rows from the source rank, every rank refusing together (for
-        its rows, or for ``refusal``: a recomputed stage given nothing to keep, ``Pipeline._run``)."""
+    def agree(self, transport: Transport, named: list[tuple[str, int, bool]], start: Any = None) -> None:
+        """The first call: learn the batch's rows from the source rank, every rank refusing together.
+        ``start`` (a ``recovery.StepStart``): a refusing rank leaves its record on the store before it answers
+        (``start.tell``), and the others raise what it says (``start.refused_by``)."""
         if self.rows is not None:
             return
         if self.info.ranks == 1:
-            problem = self._problem(named, self._batch_rows(named)) or refusal
+            problem = self._problem(named, self._batch_rows(named))
             if problem:
                 raise PipelineUsageError(problem)
             self.rows = self._batch_rows(named)
             return None
         if self.rank == self.source:
-            return self._send(transport, named, refusal)
-        return self._receive(transport, named, refusal)
+            return self._send(transport, named, start)
+        return self._receive(transport, named, start)
 
-    def _send(self, transport: Transport, named: list[tuple[str, int, bool]], refusal: str | None) -> None:
+    def _send(self, transport: Transport, named: list[tuple[str, int, bool]], start: Any) -> None:
         rows = self._batch_rows(named)
         problem = self._problem(named, rows)
-        code = ROWS if problem else OTHER if refusal else 0
+        if problem:
+            _tell(start, transport, problem)
         peers = [r for r in range(self.info.ranks) if r != self.rank]
-        word = torch.tensor([rows, code], dtype=torch.int64, device=transport.device)
+        word = torch.tensor([rows, int(problem is not None)], dtype=torch.int64, device=transport.device)
         answers = {peer: torch.zeros(1, dtype=torch.int64, device=transport.device) for peer in peers}
         transport.exchange([t for p in peers for t in (Transfer(True, word, p), Transfer(False, answers[p], p))],
                            "the batch's rows")
-        problem = problem or refusal
         if problem:
             raise PipelineUsageError(problem)
-        refused = [(peer, int(answer.item())) for peer, answer in answers.items() if answer.item()]
+        refused = [peer for peer, answer in answers.items() if answer.item()]
         if refused:
-            raise PipelineUsageError(_refused(self.rank, refused[0][0], refused[0][1],
-                                              f"one of its tensors does not split like the batch of {rows} rows"))
+            raise _refused(start, transport, refused[0], f"rank {self.rank}: rank {refused[0]} refused this step: one "
+                           f"of its tensors does not split like the batch of {rows} rows (its error names it)")
         self.rows = rows
 
-    def _receive(self, transport: Transport, named: list[tuple[str, int, bool]], refusal: str | None) -> None:
+    def _receive(self, transport: Transport, named: list[tuple[str, int, bool]], start: Any) -> None:
         word = torch.zeros(2, dtype=torch.int64, device=transport.device)
         transport.exchange([Transfer(False, word, self.source)], "the batch's rows")
-        rows, source_code = int(word[0].item()), int(word[1].item())
-        problem = self._problem(named, rows) if not source_code else None
-        code = ROWS if problem else OTHER if refusal else 0
-        answer = torch.tensor([code], dtype=torch.int64, device=transport.device)
+        rows, source_refused = int(word[0].item()), bool(word[1].item())
+        problem = self._problem(named, rows) if not source_refused else None
+        if problem:
+            _tell(start, transport, problem)
+        answer = torch.tensor([int(problem is not None)], dtype=torch.int64, device=transport.device)
         transport.exchange([Transfer(True, answer, self.source)], "the answer to the batch's rows")
-        problem = problem or refusal
         if problem:
             raise PipelineUsageError(problem)
-        if source_code:
-            raise PipelineUsageError(_refused(self.rank, self.source, source_code,
-                                              "a tensor of its batch does not split like the batch"))
+        if source_refused:
+            raise _refused(start, transport, self.source, f"rank {self.rank}: rank {self.source} refused this step: "
+                           "a tensor of its batch does not split like the batch (its error names it)")
         self.rows = rows
 
     def _batch_rows(self, named: list[tuple[str, int, bool]]) -> int:
@@ -120,12 +121,14 @@ class BatchRows:
         return None
 
 
-ROWS, OTHER = 1, 2  # why a rank refuses the first call: its rows, or what Pipeline._run found (its own error)
+def _tell(start: Any, transport: Transport, problem: str) -> None:
+    if start is not None:
+        start.tell(transport, PipelineUsageError(problem))
 
 
-def _refused(rank: int, peer: int, code: int, rows: str) -> str:
-    why = rows if code == ROWS else "its error says why (a recomputed stage given no tensor input to keep)"
-    return f"rank {rank}: rank {peer} refused this step: {why} (its error names it)"
+def _refused(start: Any, transport: Transport, peer: int, fallback: str) -> PipelineUsageError:
+    told = start.refused_by(transport, peer, "word on the batch's rows") if start is not None else None
+    return told if told is not None and peer == getattr(told, "failed_rank", None) else PipelineUsageError(fallback)
 
 
 def named_tensors(args: tuple, kwargs: Mapping, target: Any, shared: Any, per_stage: Any,

@@ -21,19 +21,16 @@ def test_every_rank_refuses_a_recomputed_stage_with_nothing_to_keep(tmp_path):
     path = str(codegen(pipeforge.load("1f1b-recompute", defines={"P": 3, "M": 3}), tmp_path / "gen"))
     outcomes = spawn("tests.runtime.unkept_jobs:refused", 3, path, timeout=WAIT, deadline=200)
     assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
-    own = ("rank 0: stage 0 is recomputed (its R of microbatch 0 at 1f1b-recompute.pipe:12:54) but its forward is "
+    own = ("stage 0 is recomputed (its R of microbatch 0 at 1f1b-recompute.pipe:12:54) but its forward is "
            "given no tensor input to keep: argument 0 (int).")
     for rank, outcome in enumerate(outcomes):
         found = outcome.value
         assert found["untouched"], rank
-        assert own in found["check"], (rank, found["check"])  # the preflight: every rank learns rank 0's problem
-        for call in ("step", "step again"):
-            if rank == 0:
-                assert found[call].startswith(own), found[call]
-            else:  # rank 2 is no neighbour of rank 0: the first call's agreement reaches every rank
-                assert found[call] == (f"rank {rank}: rank 0 refused this step: its error says why (a recomputed "
-                                       "stage given no tensor input to keep) (its error names it)"), found[call]
-
+        for call in ("check", "step", "step again"):  # the preflight (automatic at the first step): every rank
+            assert found[call].startswith(f"rank {rank}: pipeline check: rank 0: {own}"), (rank, found[call])
+        for call in ("step, no preflight", "step again, no preflight"):  # step()'s own refusal reaches every rank
+            said = f"rank 0: {own}" if rank == 0 else f"rank {rank}: rank 0 refused this step: {own}"
+            assert found[call].startswith(said), (rank, found[call])  # rank 2 is no neighbour of rank 0
 
 def test_a_later_stage_given_no_tensor_is_refused_at_its_forward():
     runner = StageRunner(torch.nn.Identity(), 2, 0, False, False, rank=1)

@@ -30,17 +30,19 @@ def refused(rank: int, nproc: int, path: str) -> dict:
     modules = [FromAnIterator()] + [nn.Linear(3, 3) for _ in range(info.stages - 1)]
     mine = {s: modules[s] for s in info.stages_of(rank)}
     before = [p.detach().clone() for m in mine.values() for p in m.parameters()]
-    pipe = generated.make_pipeline(mine, loss_fn=lambda out, y: ((out - y) ** 2).mean(), timeout=WAIT)
-    arguments = (5,) if pipe.holds_first else ()
-    target = torch.zeros(2 * info.microbatches, 3) if pipe.holds_last else None
     found: dict = {}
-    for call in ("check", "step", "step again"):
-        try:
-            getattr(pipe, call.split()[0])(*arguments, target=target)
-        except PipelineUsageError as error:
-            found[call] = str(error)
-        else:
-            found[call] = "ran"
+    for preflight in (True, False):  # the first step's automatic check, or step()'s own refusal
+        pipe = generated.make_pipeline(mine, loss_fn=lambda out, y: ((out - y) ** 2).mean(), timeout=WAIT)
+        pipe.preflight = preflight
+        arguments = (5,) if pipe.holds_first else ()
+        target = torch.zeros(2 * info.microbatches, 3) if pipe.holds_last else None
+        for call in (("check", "step", "step again") if preflight else ("step", "step again")):
+            try:
+                getattr(pipe, call.split()[0])(*arguments, target=target)
+            except PipelineUsageError as error:
+                found[call + ("" if preflight else ", no preflight")] = str(error)
+            else:
+                found[call] = "ran"
     after = [p for m in mine.values() for p in m.parameters()]
     found["untouched"] = all(p.grad is None for p in after) and all(torch.equal(a, b) for a, b in zip(after, before))
     return found
