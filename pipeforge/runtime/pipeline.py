@@ -22,11 +22,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipeforge.ir import Action, ActionKind
 from pipeforge.runtime import preflight
 from pipeforge.runtime.context import Observer, RankContext, ScheduleInfo, ShapeCache
 from pipeforge.runtime.custom import CustomFunction, kind_name
 from pipeforge.runtime.custom import custom_functions as checked_functions
-from pipeforge.runtime.fingerprint import agree
+from pipeforge.runtime.fingerprint import agree, record
 from pipeforge.runtime.fsdp import DataParallel, data_parallel, is_sharded
 from pipeforge.runtime.gradients import (
     TiedParameters,
@@ -46,10 +47,12 @@ from pipeforge.runtime.records import Recorder, resolve_directory
 from pipeforge.runtime.recovery import StepStart, connect
 from pipeforge.runtime.rng import StepRng
 from pipeforge.runtime.rows import BatchRows, named_tensors
+from pipeforge.runtime.saved import unkept_inputs
 from pipeforge.runtime.stage import StageRunner
 from pipeforge.runtime.step_trace import Trace, TraceEvent, Tracer
 
 RankProgram = Callable[[RankContext], None]
+RECEIVES = frozenset({ActionKind.RECV_F, ActionKind.RECV_B})
 
 
 class Pipeline:
@@ -79,6 +82,11 @@ class Pipeline:
         self.observers: list[Observer] = []  # told of every later step's actions (``context.Observer``)
         self._tracer: Tracer | None = None
         self.recorder: Recorder | None = None  # records where this rank was when a step fails (``records``)
+        self.post_early = True  # post receives ahead of the program where the rules allow (``RankContext.post_early``)
+        self._receives = _receives_of(program)  # the program's receives, in the order it posts them
+        self.preflight = True  # the first step()/eval() runs check() with its arguments first (``_preflight``)
+        self.end_agreement = True  # every call ends agreeing through the store whether it failed anywhere
+        self._checked: set[bool] = set()  # the modes (training or not) check() passed for
         self.rng_seed: int | None = None  # each forward's RNG seeded per (step, stage, microbatch) (``rng.py``)
         self.rng_step = 0  # the step index the next step() seeds with (every call of step() adds one)
 
@@ -112,33 +120,40 @@ class Pipeline:
         return self._guarded(self._step, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs)
 
     def _guarded(self, call, *arguments) -> Any:
-        """``call`` (a step or an eval); if it fails once its communication began (``StepStart.begin``),
-        nothing of it is left to meet the next one (``pipeforge.runtime.recovery``)."""
+        """``call`` (a step or an eval), after the first call's ``check`` (``preflight``); if it fails once its
+        communication began (``StepStart.begin``), nothing of it is left to meet the next one, and every rank
+        learns that it failed (``StepStart.end``: ``pipeforge.runtime.recovery``)."""
         self._start.begun = False
         self.transport.begin_step()  # every call its own tag, refused or not: every rank counts its calls alike
         shapes = self._input_shapes
         try:
-            if self.trace:
-                return self._traced(call, *arguments)
-            return call(*arguments)
+            self._preflight(call == self._step, *arguments)
+            result = self._traced(call, *arguments) if self.trace else call(*arguments)
         except BaseException as error:
             self._input_shapes = shapes  # a batch refused or failed does not become the shape later ones keep
-            if not self._start.begun:  # a call refused before it communicated leaves nothing behind
+            if not self._start.begun:  # refused by the check, on every rank together: nothing left behind
                 raise
             told = self._start.failed(self.transport, error)  # the peers learn of it (recovery.StepStart.failed)
+            if isinstance(error, Exception) and self.end_agreement:
+                self._start.end(self.transport, failed=True)  # the ranks that finished learn of it too
             if told is None:
                 raise
             for note in getattr(error, "__notes__", ()):
                 told.add_note(note)
             raise told from error
+        if self.end_agreement:
+            self._start.end(self.transport, failed=False)  # raises where another rank's step failed
+        return result
+
+    def _preflight(self, training: bool, args, kwargs, target, losses, outputs, shared, per_stage) -> None:
+        """The first ``step()`` (and the first ``eval()``) runs ``check`` with its arguments first, unless
+        ``preflight`` is off or ``check`` passed already; it raises on every rank together."""
+        if not self.preflight or training in self._checked or self.data_parallel.hooks_compute:
+            return
+        preflight.check(self, args, kwargs, target, shared, per_stage, training=training)
+        self._checked.update((training, False))
 
     def _step(self, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs) -> Any:
-        if self.holds_last and any(r.loss_fn is None for r in self.runners.values() if r.is_last):
-            raise PipelineUsageError(f"rank {self.rank} holds the last stage {self.info.stages - 1}: step() trains "
-                                     "and needs make_pipeline(loss_fn=...); use eval() for a forward pass only")
-        if self.holds_last and target is None:
-            raise PipelineUsageError(f"rank {self.rank} holds the last stage {self.info.stages - 1}: step() needs "
-                                     "target= (split per microbatch and given to loss_fn with the stage's output)")
         self._sync_replicas()
         earlier = self._set_aside_chain_grads()
         try:
@@ -159,6 +174,23 @@ class Pipeline:
         stage by stage; a non-tensor output, a failing module or loss, reentrant checkpointing under a split
         backward raise the same ``PipelineUsageError`` on every rank (``pipeforge.runtime.preflight``)."""
         preflight.check(self, args, kwargs, target, shared_kwargs, stage_kwargs)
+        self._checked.update((True, False))
+
+    def refusal(self, target: Any, training: bool) -> str | None:
+        """What is wrong with the target a step or an eval is given on this rank (``None``: nothing)."""
+        last = self.info.stages - 1
+        if not self.holds_last:
+            if target is not None:
+                return (f"rank {self.rank} runs stages {self.stages}, not the last stage {last}: target= goes to "
+                        "the rank holding the last stage")
+            return None
+        if training and any(r.loss_fn is None for r in self.runners.values() if r.is_last):
+            return (f"rank {self.rank} holds the last stage {last}: step() trains and needs "
+                    "make_pipeline(loss_fn=...); use eval() for a forward pass only")
+        if training and target is None:
+            return (f"rank {self.rank} holds the last stage {last}: step() needs target= (split per microbatch "
+                    "and given to loss_fn with the stage's output)")
+        return None
 
     def eval(self, *args: Any, target: Any = None, losses: list | None = None, return_outputs: bool = True,
              shared_kwargs: Mapping[str, Any] | None = None,
@@ -194,18 +226,14 @@ class Pipeline:
                           rng=rng)
         if self.count_saved:
             ctx.saved.start_counting()
-        if not self.holds_last and target is not None:
-            raise PipelineUsageError(f"rank {self.rank} runs stages {self.stages}, not the last stage "
-                                     f"{self.info.stages - 1}: target= goes to the rank holding the last stage")
-        ctx.stage_inputs = self._stage_inputs(shared, per_stage)
-        ctx.inputs = self._batch(args, kwargs, ctx.stage_inputs.get(0))
-        if self.holds_last and target is not None:
-            device = self.transport.device
-            ctx.targets = split_value(to_device(target, device), self.info.microbatches, f"rank {self.rank}: target")
-        named = named_tensors(args, kwargs, target, shared, per_stage, self.stages)
-        # the step's communication starts (recovery.StepStart): a rank refusing its rows tells its neighbours
-        self._caches = ctx.caches = self._start.begin(self.transport, self._caches, self._rows.problem_known(named))
-        self._rows.agree(self.transport, named)  # the first call: every rank's tensors split like the batch
+        refusal = None
+        try:
+            named = self._prepare(ctx, args, kwargs, target, shared, per_stage, training)
+        except Exception as error:  # noqa: BLE001 (whatever refuses the arguments refuses the step on every rank)
+            refusal, named = error, []
+        # the step's communication starts (recovery.StepStart): a rank refusing its arguments tells every rank
+        self._caches = ctx.caches = self._start.begin(self.transport, self._caches, refusal)
+        self._rows.agree(self.transport, named, self._start)  # the first call: every rank's rows split like the batch
         self.data_parallel.begin(training)
         for runner in self.runners.values():
             runner.reset()
@@ -219,8 +247,30 @@ class Pipeline:
         ctx.saved.finish()
         return ctx
 
+    def _prepare(self, ctx: RankContext, args: tuple, kwargs: dict, target: Any, shared: Any, per_stage: Any,
+                 training: bool) -> list[tuple[str, int, bool]]:
+        """The call's arguments checked and split into ``ctx`` (a ``PipelineUsageError`` says what is wrong);
+        the tensors split into microbatches, with their rows (``rows.named_tensors``)."""
+        problem = self.refusal(target, training)
+        if problem:
+            raise PipelineUsageError(problem)
+        ctx.stage_inputs = self._stage_inputs(shared, per_stage)
+        ctx.inputs = self._batch(args, kwargs, ctx.stage_inputs.get(0))
+        if self.holds_last and target is not None:
+            device = self.transport.device
+            ctx.targets = split_value(to_device(target, device), self.info.microbatches, f"rank {self.rank}: target")
+        named = named_tensors(args, kwargs, target, shared, per_stage, self.stages)
+        problem = self._rows.problem_known(named)
+        if not problem and training:  # a recomputed stage 0 needs a tensor input to keep (runtime/saved.py)
+            problem = unkept_inputs(self.info, self.rank, ctx.inputs, ctx.stage_inputs.get(0))
+        if problem:
+            raise PipelineUsageError(problem)
+        return named
+
     def _run_program(self, ctx: RankContext, training: bool) -> None:
         ctx.begin_program()
+        if self.post_early and self._receives:
+            ctx.post_early(self._receives)
         with torch.set_grad_enabled(training):
             self._program(ctx)
         ctx.finish()
@@ -415,6 +465,15 @@ class Pipeline:
                              f"a bidirectional schedule runs stage {stage} in chain 0 on rank "
                              f"{self.info.rank_of(stage, 0)} and in chain 1 on rank {self.info.rank_of(stage, 1)}: "
                              "build both replicas from one seed, or copy one into the other")
+
+
+def _receives_of(program: RankProgram) -> tuple[Action, ...]:
+    """The receives ``program`` posts, in order (recorded as ``make_pipeline``'s agreement records it)."""
+    try:
+        actions = record(program).actions
+    except Exception:  # noqa: BLE001 (a program that does not run is refused by the agreement, before any step)
+        return ()
+    return tuple(a for a in actions if a.kind in RECEIVES)
 
 
 def _add_back(earlier: list[tuple[torch.nn.Parameter, torch.Tensor]]) -> None:
