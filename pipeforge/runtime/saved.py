@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from pipeforge.runtime.p2p import PipelineError
+from pipeforge.runtime.p2p import PipelineError, PipelineUsageError
 from pipeforge.runtime.stage import MicrobatchState
 
 Key = tuple[int, int, int]  # (stage, microbatch, chain)
@@ -166,6 +166,8 @@ class SavedActivations:
 
     def _checkpointed(self, runner, key: Key, args: tuple, target: Any, kwargs: dict) -> Any:
         """The forward of a recomputed microbatch: no autograd, its inputs and RNG state kept."""
+        if next(_tensors((args, kwargs)), None) is None:
+            raise PipelineUsageError(_unkept(runner.rank, runner.stage, key[1], None, args, kwargs))
         rng = _rng_state(self.device)
         kept = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
         output = runner.forward(key[1], kept, target, False, kwargs)  # loss and outputs kept as in training
@@ -263,6 +265,31 @@ class SavedActivations:
         self._copies.clear()
 
 
+def unkept_inputs(info, rank: int, inputs: list, own: list[dict] | None) -> str | None:
+    """Why this rank cannot recompute stage 0 (``info.recomputed``): a microbatch whose inputs (the batch's
+    arguments and keywords, ``inputs[m]``, and the stage's own, ``own[m]``) hold no tensor to keep; None if
+    it can. Stages after the first get tensors from the stage before (checked at their F)."""
+    for stage, mb, chain in info.recomputed:
+        if stage != 0 or info.rank_of(0, chain) != rank or mb >= len(inputs):
+            continue
+        args, kwargs = inputs[mb]
+        kwargs = {**kwargs, **(own[mb] if own else {})}
+        if next(_tensors((args, kwargs)), None) is None:
+            return _unkept(rank, 0, mb, info.recompute_source(0), args, kwargs)
+    return None
+
+
+def _unkept(rank: int | None, stage: int, mb: int, source: str | None, args: tuple, kwargs: dict) -> str:
+    given = [f"argument {i} ({type(a).__name__})" for i, a in enumerate(args)]
+    given += [f"keyword {k!r} ({type(v).__name__})" for k, v in kwargs.items()]
+    where = f"rank {rank}: " if rank is not None else ""
+    at = f" at {source}" if source else ""
+    return (f"{where}stage {stage} is recomputed (its R of microbatch {mb}{at}) but its forward is given no tensor "
+            f"input to keep: {', '.join(given) or 'nothing'}. R runs the forward again from the inputs its F kept, "
+            f"so a stage whose data comes from elsewhere (an iterator, a buffer it changes) cannot be rebuilt: "
+            f"give the stage its data as tensors, or do not recompute stage {stage}")
+
+
 def _tensors(value: Any):
     """Every tensor in ``value`` (through tuples, lists and dicts)."""
     if isinstance(value, torch.Tensor):
@@ -286,4 +313,4 @@ def _set_rng_state(state: tuple[torch.Tensor, torch.Tensor | None], device: torc
         torch.cuda.set_rng_state(state[1], device)
 
 
-__all__ = ["Checkpoint", "SavedActivations", "SavedBytes", "counted", "saved_key"]
+__all__ = ["Checkpoint", "SavedActivations", "SavedBytes", "counted", "saved_key", "unkept_inputs"]
