@@ -252,6 +252,9 @@ def plan_arm(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     P, M = args.ranks, args.microbatches
     os.environ["PLAN_LAYERS"] = str(args.layers or 2 * P)  # the profile's and the run's ranks inherit it
+    # the profile runs on one thread, as each rank does (TimingJob.threads): a machine with fewer cores than
+    # threads makes small kernels slow beside large ones, and the ends of the model would look light
+    os.environ["OMP_NUM_THREADS"] = "1"
     load_before = os.getloadavg()
     print(f"{os.cpu_count()} cores; load average {' '.join(f'{x:.2f}' for x in load_before)}")
     layer_costs, plan_pipe = out / "layers.json", out / "plan.pipe"
