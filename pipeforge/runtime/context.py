@@ -36,7 +36,7 @@ from pipeforge.runtime.p2p import (
 from pipeforge.runtime.rng import StepRng
 from pipeforge.runtime.saved import SavedActivations
 from pipeforge.runtime.stage import StageRunner
-from pipeforge.semantics import GRADIENT_KINDS, RUNTIME_METHODS, SENDS, lane, peer_stage
+from pipeforge.semantics import GRADIENT_KINDS, RUNTIME_METHODS, SENDS, early_receives, lane, peer_stage
 
 SEND_F, RECV_F, SEND_B, RECV_B = ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B
 FORWARD_COMMS = frozenset({SEND_F, RECV_F})  # what eval() keeps
@@ -60,6 +60,11 @@ class ScheduleInfo:
     placements: tuple[tuple[int, ...], ...]
     recomputed: tuple[tuple[int, int, int], ...] = ()  # (stage, microbatch, chain) that R rebuilds
     offloaded: tuple[tuple[int, int, int], ...] = ()  # (stage, microbatch, chain) that OFFLOAD moves to host
+    recompute_sources: tuple[tuple[int, str], ...] = ()  # (stage, "file:line:col" of its first R), for errors
+
+    def recompute_source(self, stage: int) -> str | None:
+        """Where the schedule's first R of ``stage`` was written (None: not known)."""
+        return next((source for s, source in self.recompute_sources if s == stage), None)
 
     def rank_of(self, stage: int, chain: int = 0) -> int:
         return self.placements[chain][stage]
@@ -141,6 +146,7 @@ class RankContext:
         self._outbox: dict[Action, tuple[torch.Tensor, ...]] = {}
         self._pending: dict[Action, tuple[Posted, tuple[torch.Tensor, ...]]] = {}
         self._sent: list[Posted] = []
+        self._early: set[Comm] = set()  # the receives posted ahead of the program (``post_early``)
         self._collecting: list[StageAction] | None = None  # the overlap step being collected for custom functions
         # no hook to run around a compute: actions go straight to their stage
         self._direct = not self.functions and not self.observers and not self.data_parallel.hooks_compute
@@ -253,6 +259,30 @@ class RankContext:
         for observer in self.observers:
             observer.begin_post(comms)
         self._post(comms)
+        for observer in self.observers:
+            observer.end_post(comms)
+
+    def post_early(self, receives: tuple[Comm, ...]) -> None:
+        """Before the program: post the receives of ``receives`` (the program's, in posting order) that
+        ``semantics.early_receives`` lets go ahead, those whose buffers are known (from the second step on),
+        each its own batch, waited where its data is used as always; the program's ``post`` then skips
+        them. Only on a transport whose every op progresses on its own (gloo's)."""
+        if not self.transport.reconnectable:
+            return
+        if not self.training:
+            receives = tuple(c for c in receives if c.kind in FORWARD_COMMS)
+        early = early_receives(receives, lambda comm: self.caches.peer(comm, self.info), self.caches.has_buffers)
+        if not early:
+            return
+        comms = tuple(map(Action._make, early))
+        for observer in self.observers:
+            observer.begin_post(comms)
+        for comm in comms:
+            tensors = self.caches.buffers(comm, self.transport.device)
+            peer = self.caches.peer(comm, self.info)
+            posted = self.transport.post([Transfer(False, t, peer) for t in tensors], GroupLabel((comm,)))
+            self._pending[comm] = (posted, tensors)
+        self._early = set(comms)
         for observer in self.observers:
             observer.end_post(comms)
 
@@ -396,6 +426,10 @@ class RankContext:
     def _post(self, comms: tuple[Comm, ...]) -> None:
         if not self.training:
             comms = tuple(c for c in comms if c.kind in FORWARD_COMMS)
+            if not comms:
+                return
+        if self._early:
+            comms = tuple(c for c in comms if c not in self._early)  # posted already, ahead of the program
             if not comms:
                 return
         label = GroupLabel(comms)
@@ -579,6 +613,10 @@ class ShapeCache:
 
     def known(self, key: tuple) -> bool:
         return key in self._received
+
+    def has_buffers(self, comm: Comm) -> bool:
+        """A buffer for ``comm``'s data is known (its shapes learned, or a gradient's buffer made on a step before)."""
+        return comm in self._buffers or comm in self._received
 
     def knows_all(self, receives: list[Comm]) -> bool:
         """Every receive's shapes are known (gradients' always are: they are the outputs' shapes)."""

@@ -22,11 +22,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipeforge.ir import Action, ActionKind
 from pipeforge.runtime import preflight
 from pipeforge.runtime.context import Observer, RankContext, ScheduleInfo, ShapeCache
 from pipeforge.runtime.custom import CustomFunction, kind_name
 from pipeforge.runtime.custom import custom_functions as checked_functions
-from pipeforge.runtime.fingerprint import agree
+from pipeforge.runtime.fingerprint import agree, record
 from pipeforge.runtime.fsdp import DataParallel, data_parallel, is_sharded
 from pipeforge.runtime.gradients import (
     TiedParameters,
@@ -46,10 +47,12 @@ from pipeforge.runtime.records import Recorder, resolve_directory
 from pipeforge.runtime.recovery import StepStart, connect
 from pipeforge.runtime.rng import StepRng
 from pipeforge.runtime.rows import BatchRows, named_tensors
+from pipeforge.runtime.saved import unkept_inputs
 from pipeforge.runtime.stage import StageRunner
 from pipeforge.runtime.step_trace import Trace, TraceEvent, Tracer
 
 RankProgram = Callable[[RankContext], None]
+RECEIVES = frozenset({ActionKind.RECV_F, ActionKind.RECV_B})
 
 
 class Pipeline:
@@ -79,6 +82,8 @@ class Pipeline:
         self.observers: list[Observer] = []  # told of every later step's actions (``context.Observer``)
         self._tracer: Tracer | None = None
         self.recorder: Recorder | None = None  # records where this rank was when a step fails (``records``)
+        self.post_early = True  # post receives ahead of the program where the rules allow (``RankContext.post_early``)
+        self._receives = _receives_of(program)  # the program's receives, in the order it posts them
         self.preflight = True  # the first step()/eval() runs check() with its arguments first (``_preflight``)
         self.end_agreement = True  # every call ends agreeing through the store whether it failed anywhere
         self._checked: set[bool] = set()  # the modes (training or not) check() passed for
@@ -256,12 +261,16 @@ class Pipeline:
             ctx.targets = split_value(to_device(target, device), self.info.microbatches, f"rank {self.rank}: target")
         named = named_tensors(args, kwargs, target, shared, per_stage, self.stages)
         problem = self._rows.problem_known(named)
+        if not problem and training:  # a recomputed stage 0 needs a tensor input to keep (runtime/saved.py)
+            problem = unkept_inputs(self.info, self.rank, ctx.inputs, ctx.stage_inputs.get(0))
         if problem:
             raise PipelineUsageError(problem)
         return named
 
     def _run_program(self, ctx: RankContext, training: bool) -> None:
         ctx.begin_program()
+        if self.post_early and self._receives:
+            ctx.post_early(self._receives)
         with torch.set_grad_enabled(training):
             self._program(ctx)
         ctx.finish()
@@ -456,6 +465,15 @@ class Pipeline:
                              f"a bidirectional schedule runs stage {stage} in chain 0 on rank "
                              f"{self.info.rank_of(stage, 0)} and in chain 1 on rank {self.info.rank_of(stage, 1)}: "
                              "build both replicas from one seed, or copy one into the other")
+
+
+def _receives_of(program: RankProgram) -> tuple[Action, ...]:
+    """The receives ``program`` posts, in order (recorded as ``make_pipeline``'s agreement records it)."""
+    try:
+        actions = record(program).actions
+    except Exception:  # noqa: BLE001 (a program that does not run is refused by the agreement, before any step)
+        return ()
+    return tuple(a for a in actions if a.kind in RECEIVES)
 
 
 def _add_back(earlier: list[tuple[torch.nn.Parameter, torch.Tensor]]) -> None:
