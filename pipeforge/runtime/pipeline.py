@@ -258,7 +258,7 @@ class Pipeline:
         if self.holds_last and target is not None:
             device = self.transport.device
             ctx.targets = split_value(to_device(target, device), self.info.microbatches, f"rank {self.rank}: target")
-        named = named_tensors(args, kwargs, target, shared, per_stage, self.stages)
+        named = named_tensors(args, kwargs, target, shared, per_stage, self._stages)
         problem = self._rows.problem_known(named)
         if problem:
             raise PipelineUsageError(problem)
@@ -330,7 +330,7 @@ class Pipeline:
         shared = _keywords(shared, f"rank {self.rank}: shared_kwargs")
         per_stage = self._per_stage(per_stage)
         inputs = {}
-        for stage in self.stages:
+        for stage in self._stages:
             own = per_stage.get(stage, {})
             clash = sorted(set(shared) & set(own))
             if clash:
