@@ -19,12 +19,16 @@ from pipeforge.optimizer import recompute_greedy
 from pipeforge.optimizer.budget import finish_seconds
 from pipeforge.optimizer.evaluate import Evaluation, Graph, Order, Problem, evaluate, schedule_of
 from pipeforge.optimizer.local import local_search
+from pipeforge.optimizer.offload_place import hidden_offloads
 from pipeforge.optimizer.result import Metrics, OptimizeResult, metrics_of
 from pipeforge.optimizer.search import optimize
 from pipeforge.optimizer.units import integer_units
 from pipeforge.passes.recompute import offload as offload_pass
 from pipeforge.passes.recompute import recompute as recompute_pass
+from pipeforge.semantics import split
+from pipeforge.sim.bounds import bubble_of_span, recompute_span
 from pipeforge.sim.simulate import simulate
+from pipeforge.sim.workgraph import Shape, WorkGraph, compile_actions
 from pipeforge.verifier import verify
 
 POLICIES = ("none", "auto", "all")
@@ -109,6 +113,27 @@ def selective(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> Sched
     return found if fits(found) else None
 
 
+def uniform(plain: Schedule, costs: CostModel, memory: MemorySpec) -> tuple[Schedule, int] | None:
+    """The input's order with every stage recomputing every k-th microbatch (the knob Megatron and
+    DeepSpeed offer): k the largest that fits (found by halving: less recompute holds more), or a smaller
+    k of a few tried where that is faster; None where even k = 1 does not fit."""
+    m = plain.microbatches
+
+    def build(k: int) -> Schedule:
+        which = [(s, b, 0) for s in range(plain.stages) for b in range(m) if b % k == 0]
+        return replace(recompute_pass(plain, which), memory=memory, costs=costs)
+
+    if not fits(build(1)):
+        return None
+    low, high = 1, m + 1  # build(low) fits; build(high) does not (m + 1 would recompute microbatch 0 only)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(build(middle)) else (low, middle)
+    spans = {k: simulate(build(k), costs).makespan for k in {low, max(1, low - 1), max(1, low // 2), 1}}
+    k = min(spans, key=lambda k: (spans[k], -k))
+    return build(k), k
+
+
 def fits(schedule: Schedule) -> bool:
     """Whether ``schedule`` runs within its memory limit (``simulate``'s peak, the rule verify checks)."""
     limit = schedule.memory.limit if schedule.memory is not None else None
@@ -123,6 +148,25 @@ def _plain_result(schedule: Schedule, costs: CostModel, memory: MemorySpec, afte
     except PipeforgeError:
         before = after
     return OptimizeResult(schedule, before, after, 0.0, 0.0, 0.0, False, False, "input", "none", 0.0)
+
+
+def recompute_bound(plain: Schedule, costs: CostModel, real: MemorySpec) -> tuple[WorkGraph, float]:
+    """The split work of ``plain`` (every B as I and W, as optimize bounds it: one microbatch's paths stand
+    for all) and the least worst span of any of its schedules that may recompute within ``real``'s limit
+    (``sim.bounds.recompute_span``)."""
+    work = [part for _, _, a in strip(plain).actions() if a.is_compute for part in split(a)]
+    graph = compile_actions(Shape.of(plain), work, costs, replace(real, limit=None))
+    return graph, recompute_span(graph, real).max_span
+
+
+def _with_recompute_bound(result: OptimizeResult, plain: Schedule, costs: CostModel,
+                          real: MemorySpec) -> OptimizeResult:
+    """``result`` with the bound of the space it was chosen from, where any (stage, microbatch) may be
+    recomputed (``sim.bounds.recompute_span``: the recompute the limit forces counted), its gap and verdict."""
+    graph, bound = recompute_bound(plain, costs, real)
+    span = result.after.max_span
+    gap = max(0.0, (span - bound) / span) if span > 0 else 0.0
+    return replace(result, span_bound=bound, bound=bubble_of_span(graph, bound), gap=gap, optimal=gap <= 1e-6)
 
 
 def per_microbatch(plain: Schedule, real: MemorySpec, units_costs: CostModel, deadline: float
@@ -242,7 +286,21 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
         chosen = selective(plain, costs, real)
         if chosen is not None:
             offer("selective", chosen)
+        same = uniform(plain, costs, real) if left() > 0 else None
+        if same is not None:
+            offer("selective", same[0])
     if "offload" in plans:
+        # the order found with no memory limit (every forward may be in flight), each activation that waits
+        # long enough offloaded where its transfers hide behind compute (``offload_place``)
+        tried.append("offload")
+        if left() > 0 or not candidates:
+            try:
+                free = optimize(replace(plain, memory=unlimited), costs=costs, memory_limit=float(plain.microbatches)
+                                * largest * len(stages), weights=memory.weights, time_limit=max(left(0.5), 1e-3),
+                                **options)
+                offer("offload", hidden_offloads(free.schedule, costs, unlimited))
+            except PipeforgeError as error:
+                errors.append(f"offload: {error}")
         # an offloaded F holds its activation until its OFFLOAD (the next F waits for it), and the RELOAD
         # before its backward adds it back: room for two
         virtual = replace(memory, activation=tuple(max(memory.stage_weight_grad(s), 0.01) for s in stages),
@@ -263,6 +321,8 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
         switches = (Argument("recompute", value=recompute), *((" and ", Argument("offload")) if offload else ()))
         raise PipeforgeError(words(f"no schedule of {schedule.name!r}'s work fits the memory limit {limit:g} with ",
                                    *switches, ": " + "; ".join(errors)))
+    if recompute != "none" and limit is not None:
+        best = _with_recompute_bound(best, plain, costs, real)
     kinds = [a.kind for _, _, a in best.schedule.actions()]
     choice = MemoryChoice(name if name not in ("offload",) else "none", name == "offload",
                           kinds.count(ActionKind.R), kinds.count(ActionKind.OFFLOAD),
@@ -270,4 +330,4 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
     return replace(best, seconds=time.monotonic() - started), choice
 
 
-__all__ = ["POLICIES", "MemoryChoice", "optimize_memory", "strip"]
+__all__ = ["POLICIES", "MemoryChoice", "fits", "optimize_memory", "recompute_bound", "strip", "uniform"]

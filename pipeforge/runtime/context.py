@@ -60,6 +60,11 @@ class ScheduleInfo:
     placements: tuple[tuple[int, ...], ...]
     recomputed: tuple[tuple[int, int, int], ...] = ()  # (stage, microbatch, chain) that R rebuilds
     offloaded: tuple[tuple[int, int, int], ...] = ()  # (stage, microbatch, chain) that OFFLOAD moves to host
+    recompute_sources: tuple[tuple[int, str], ...] = ()  # (stage, "file:line:col" of its first R), for errors
+
+    def recompute_source(self, stage: int) -> str | None:
+        """Where the schedule's first R of ``stage`` was written (None: not known)."""
+        return next((source for s, source in self.recompute_sources if s == stage), None)
 
     def rank_of(self, stage: int, chain: int = 0) -> int:
         return self.placements[chain][stage]

@@ -47,6 +47,7 @@ from pipeforge.runtime.records import Recorder, resolve_directory
 from pipeforge.runtime.recovery import StepStart, connect
 from pipeforge.runtime.rng import StepRng
 from pipeforge.runtime.rows import BatchRows, named_tensors
+from pipeforge.runtime.saved import unkept_inputs
 from pipeforge.runtime.stage import StageRunner
 from pipeforge.runtime.step_trace import Trace, TraceEvent, Tracer
 
@@ -260,6 +261,8 @@ class Pipeline:
             ctx.targets = split_value(to_device(target, device), self.info.microbatches, f"rank {self.rank}: target")
         named = named_tensors(args, kwargs, target, shared, per_stage, self._stages)
         problem = self._rows.problem_known(named)
+        if not problem and training:  # a recomputed stage 0 needs a tensor input to keep (runtime/saved.py)
+            problem = unkept_inputs(self.info, self.rank, ctx.inputs, ctx.stage_inputs.get(0))
         if problem:
             raise PipelineUsageError(problem)
         return named

@@ -21,6 +21,7 @@ from pipeforge.ir import ActionKind
 from pipeforge.runtime.aux import unwrap as unwrap_aux
 from pipeforge.runtime.microbatch import as_tuple, split_value, to_device
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError
+from pipeforge.runtime.saved import unkept_inputs
 from pipeforge.semantics import RUNTIME_METHODS
 
 REENTRANT = "CheckpointFunctionBackward"  # torch.utils.checkpoint(..., use_reentrant=True)'s autograd node
@@ -55,7 +56,8 @@ def _prepare(pipeline, args, kwargs, target, shared, per_stage, training: bool) 
         if target is not None:
             target = to_device(target, pipeline.transport.device)
             targets = split_value(target, pipeline.info.microbatches, f"rank {pipeline.rank}: target")
-        return {"inputs": stage_inputs, "batch": batch, "targets": targets}, None
+        unkept = unkept_inputs(pipeline.info, pipeline.rank, batch, stage_inputs.get(0))
+        return {"inputs": stage_inputs, "batch": batch, "targets": targets}, unkept
     except PipelineError as error:
         return {}, str(error)
 

@@ -4,10 +4,11 @@ Codegen writes which (stage, microbatch, chain) a schedule recomputes and offloa
 A recomputed forward runs without autograd and keeps its inputs and RNG state; R restores that state in a
 fork of the RNG (dropout draws the same masks) and runs the forward again under autograd. An offloaded
 forward saves through ``saved_tensors_hooks`` into a holder; OFFLOAD copies each saved non-parameter tensor
-to host memory, RELOAD back (CUDA: non-blocking on a side stream, waited before the backward; CPU: the same
-path with a host copy). ``SavedBytes`` counts the bytes of saved tensors alive on the device (each tensor
-once, ``saved_key``) and of recomputed forwards' checkpoints: ``Pipeline.saved_peak`` after a step with
-``count_saved`` (``pipeforge profile`` measures a stage's bytes with it). Rules: ``docs/semantics.md``.
+to host memory, RELOAD back, one code path on the rank's copy lane (``copy_lane.py``: CUDA, non-blocking
+on a side stream, waited before the backward; CPU, a host copy at once). ``SavedBytes`` counts the bytes
+of saved tensors alive on the device (each tensor once, ``saved_key``) and of recomputed forwards'
+checkpoints: ``Pipeline.saved_peak`` after a step with ``count_saved`` (``pipeforge profile`` measures a
+stage's bytes with it). Rules: ``docs/semantics.md``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from pipeforge.runtime.p2p import PipelineError
+from pipeforge.runtime.copy_lane import copy_lane, move
+from pipeforge.runtime.p2p import PipelineError, PipelineUsageError
 from pipeforge.runtime.stage import MicrobatchState
 
 Key = tuple[int, int, int]  # (stage, microbatch, chain)
@@ -132,8 +134,7 @@ class SavedActivations:
         self.checkpoints: dict[Key, Checkpoint] = {}
         self.holders: dict[Key, list[_Saved]] = {}
         self.kept: dict[Key, list[SavedKey | None]] = {}  # the counted tensors of each checkpoint, until the backward
-        self._stream = None
-        self._copies: dict[Key, Any] = {}  # key -> the event of its transfer still in flight (CUDA)
+        self.lane = copy_lane(device)  # OFFLOAD and RELOAD's copies (``copy_lane.py``: CPU and CUDA alike)
 
     def start_counting(self) -> None:
         """Count the saved tensors' bytes of this step (``SavedBytes``)."""
@@ -166,6 +167,8 @@ class SavedActivations:
 
     def _checkpointed(self, runner, key: Key, args: tuple, target: Any, kwargs: dict) -> Any:
         """The forward of a recomputed microbatch: no autograd, its inputs and RNG state kept."""
+        if next(_tensors((args, kwargs)), None) is None:
+            raise PipelineUsageError(_unkept(runner.rank, runner.stage, key[1], None, args, kwargs))
         rng = _rng_state(self.device)
         kept = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
         output = runner.forward(key[1], kept, target, False, kwargs)  # loss and outputs kept as in training
@@ -210,25 +213,12 @@ class SavedActivations:
         self._move(key, holder, self.device or torch.device("cpu"), away=False)
 
     def _move(self, key: Key, holder: list[_Saved], where: torch.device, away: bool) -> None:
-        cuda = self.device is not None and self.device.type == "cuda"
-        if cuda:
-            if self._stream is None:
-                self._stream = torch.cuda.Stream(self.device)
-            self._stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self._stream):
-                for saved in holder:
-                    saved.tensor = saved.tensor.to(where, non_blocking=True, copy=True)
-            event = torch.cuda.Event()
-            event.record(self._stream)
-            self._copies[key] = event
-        else:
-            copies: dict[tuple, torch.Tensor] = {}  # one copy of a tensor saved several times (views alike)
-            for saved in holder:
-                t = saved.tensor
-                key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
-                if key not in copies:
-                    copies[key] = t.to(where, copy=True)  # a host copy: the device copy is dropped
-                saved.tensor = copies[key]
+        """Every saved tensor of ``holder`` copied to ``where`` on the copy lane (``copy_lane.move``: one copy
+        of each storage's bytes they reach); counted off the device when ``away``, on it again when back."""
+        moved, sources, copies = move(self.lane, [saved.tensor for saved in holder], where)
+        for saved, tensor in zip(holder, moved):
+            saved.tensor = tensor  # the source is dropped (a host copy, or back on the device)
+        self.lane.finish(key, sources, copies)
         for saved in holder:
             if away:
                 saved.release()  # off the device: no longer counted
@@ -240,9 +230,7 @@ class SavedActivations:
         """Before a backward of ``key``: its activations are rebuilt, and its reload's copy is complete (CUDA)."""
         if key in self.checkpoints:
             raise PipelineError(f"stage {key[0]}: backward of microbatch {key[1]} before its R")
-        event = self._copies.pop(key, None)
-        if event is not None:
-            torch.cuda.current_stream(self.device).wait_event(event)
+        self.lane.wait(key)
 
     def backward_done(self, key: Key) -> None:
         """After the B or W of ``key``: its holder and its checkpoint go (autograd has freed what it saved)."""
@@ -260,7 +248,32 @@ class SavedActivations:
         self.holders.clear()
         self.checkpoints.clear()
         self.kept.clear()
-        self._copies.clear()
+        self.lane.clear()
+
+
+def unkept_inputs(info, rank: int, inputs: list, own: list[dict] | None) -> str | None:
+    """Why this rank cannot recompute stage 0 (``info.recomputed``): a microbatch whose inputs (the batch's
+    arguments and keywords, ``inputs[m]``, and the stage's own, ``own[m]``) hold no tensor to keep; None if
+    it can. Stages after the first get tensors from the stage before (checked at their F)."""
+    for stage, mb, chain in info.recomputed:
+        if stage != 0 or info.rank_of(0, chain) != rank or mb >= len(inputs):
+            continue
+        args, kwargs = inputs[mb]
+        kwargs = {**kwargs, **(own[mb] if own else {})}
+        if next(_tensors((args, kwargs)), None) is None:
+            return _unkept(rank, 0, mb, info.recompute_source(0), args, kwargs)
+    return None
+
+
+def _unkept(rank: int | None, stage: int, mb: int, source: str | None, args: tuple, kwargs: dict) -> str:
+    given = [f"argument {i} ({type(a).__name__})" for i, a in enumerate(args)]
+    given += [f"keyword {k!r} ({type(v).__name__})" for k, v in kwargs.items()]
+    where = f"rank {rank}: " if rank is not None else ""
+    at = f" at {source}" if source else ""
+    return (f"{where}stage {stage} is recomputed (its R of microbatch {mb}{at}) but its forward is given no tensor "
+            f"input to keep: {', '.join(given) or 'nothing'}. R runs the forward again from the inputs its F kept, "
+            f"so a stage whose data comes from elsewhere (an iterator, a buffer it changes) cannot be rebuilt: "
+            f"give the stage its data as tensors, or do not recompute stage {stage}")
 
 
 def _tensors(value: Any):
@@ -286,4 +299,4 @@ def _set_rng_state(state: tuple[torch.Tensor, torch.Tensor | None], device: torc
         torch.cuda.set_rng_state(state[1], device)
 
 
-__all__ = ["Checkpoint", "SavedActivations", "SavedBytes", "counted", "saved_key"]
+__all__ = ["Checkpoint", "SavedActivations", "SavedBytes", "counted", "saved_key", "unkept_inputs"]
