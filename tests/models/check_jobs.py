@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from pipeforge.runtime import PipelineError
 from pipeforge.tools.generated import load_module
+from tests.load import scaled
 
 WIDTH = 8
 
@@ -113,7 +114,7 @@ def run_step_error(rank: int, nproc: int, path: str) -> str | None:
         module.armed = calls["n"] == 2  # the second forward: microbatch 1
 
     every[1].register_forward_pre_hook(arm)
-    pipe = generated.make_pipeline({s: every[s] for s in generated.stages_of_rank(rank)}, loss_fn=loss_fn, timeout=5)
+    pipe = generated.make_pipeline({s: every[s] for s in generated.stages_of_rank(rank)}, loss_fn=loss_fn, timeout=scaled(5))
     x = torch.randn(2 * info.microbatches, WIDTH, dtype=torch.float64)
     try:
         pipe.step(*((x,) if pipe.holds_first else ()), target=torch.zeros_like(x) if pipe.holds_last else None)
