@@ -33,7 +33,7 @@ import jinja2
 
 from pipeforge.errors import Argument, ArgumentError, CodegenError, UsageError, VerificationError, words
 from pipeforge.files import locked_output, module_head, refuse_special
-from pipeforge.ir import Action, Schedule, Step
+from pipeforge.ir import Action, ActionKind, Schedule, Step
 from pipeforge.passes.lower import lower_with_origins
 from pipeforge.resources import templates_dir
 from pipeforge.semantics import RUNTIME_METHODS, Semantics, offloaded, recomputed
@@ -227,7 +227,19 @@ class GeneratedFiles:
     ranks: tuple[str, ...]
 
 
-def _context(schedule: Schedule) -> dict:
+def _recompute_sources(schedule: Schedule) -> tuple[tuple[int, str], ...]:
+    """(stage, ``file:line:col``) of each stage's first R that has a place, for the runtime's errors."""
+    found: dict[int, str] = {}
+    for program in schedule.programs:
+        for step in program:
+            span = step.span
+            for action in step.actions:
+                if action.kind is ActionKind.R and span is not None and action.stage not in found:
+                    found[_int(action.stage)] = f"{Path(str(span.file)).name}:{_int(span.line)}:{_int(span.col)}"
+    return tuple(sorted(found.items()))
+
+
+def _context(schedule: Schedule, locations: bool = True) -> dict:
     if len(schedule.programs) != schedule.ranks:
         raise CodegenError(f"schedule {schedule.name!r} declares {schedule.ranks} ranks but has "
                            f"{len(schedule.programs)} programs")
@@ -245,6 +257,7 @@ def _context(schedule: Schedule) -> dict:
         # (stage, microbatch, chain) whose F keeps only its checkpoint, and whose forward saves for OFFLOAD
         "recomputed": tuple(_ints(key) for key in sorted(recomputed(a for _, _, a in schedule.actions()))),
         "offloaded": tuple(_ints(key) for key in sorted(offloaded(a for _, _, a in schedule.actions()))),
+        "recompute_sources": _recompute_sources(schedule) if locations else (),
     }
 
 
@@ -275,7 +288,7 @@ def render_module(schedule: Schedule, *, locations: bool = True,
     serves (``lower_with_origins``): the index the comments name. Without it a
     step names its own index (the schedule is taken as written).
     """
-    context = _context(schedule)
+    context = _context(schedule, locations)
     text = environment().get_template(TEMPLATE).render(
         context, rank_folder=None, programs=_views(schedule, locations, origins))
     return _compiled(text, repr(schedule.name))
@@ -287,7 +300,7 @@ def render_files(schedule: Schedule, module: str, *, locations: bool = True,
     here; the rank modules are compiled by ``write_files``, where their path is known). The folder is named
     after the module and the rank modules' text (``<module>_ranks_<digest>``), so a new output never mixes
     with an old one."""
-    context = _context(schedule)
+    context = _context(schedule, locations)
     env = environment()
     template = env.get_template(RANK_TEMPLATE)
     main_name = f"{Ident(module)}.py"

@@ -21,6 +21,7 @@ from pipeforge.errors import PipeforgeError, UsageError
 from pipeforge.files import JsonError, read_json
 from pipeforge.ir import MemorySpec
 from pipeforge.library import load_library_schedule, names
+from pipeforge.partition import least_max_edges
 from pipeforge.sim import simulate
 from pipeforge.sim.costfile import cost_file_from_json
 
@@ -116,26 +117,9 @@ def even(count: int, stages: int) -> tuple[int, ...]:
 
 def least_costliest(costs: LayerCosts, stages: int) -> tuple[int, ...]:
     """Contiguous layers, one or more a stage, whose costliest stage (F + I + W) is cheapest (exact DP)."""
-    weight = [sum(layer[k] for k in _KINDS) for layer in costs.layers]
-    extra = [sum(costs.first.get(k, 0.0) for k in _KINDS), sum(costs.last.get(k, 0.0) for k in _KINDS)]
-    count, inf = len(weight), float("inf")
-    prefix = [0.0]
-    for w in weight:
-        prefix.append(prefix[-1] + w)
-    best = [[inf] * (count + 1) for _ in range(stages + 1)]
-    cut = [[0] * (count + 1) for _ in range(stages + 1)]
-    best[0][0] = 0.0
-    for s in range(1, stages + 1):
-        for b in range(s, count + 1):
-            for a in range(s - 1, b):
-                cost = prefix[b] - prefix[a] + (extra[0] if s == 1 else 0.0) + (extra[1] if s == stages else 0.0)
-                value = max(best[s - 1][a], cost)
-                if value < best[s][b]:
-                    best[s][b], cut[s][b] = value, a
-    edges = [count]
-    for s in range(stages, 0, -1):
-        edges.append(cut[s][edges[-1]])
-    edges.reverse()
+    weights = [sum(layer[k] for k in _KINDS) for layer in costs.layers]
+    first, last = (sum(end.get(k, 0.0) for k in _KINDS) for end in (costs.first, costs.last))
+    edges = least_max_edges(weights, stages, first, last, at_least=1)
     return tuple(edges[s + 1] - edges[s] for s in range(stages))
 
 

@@ -7,7 +7,7 @@ when a kind is missing): ``ROLES``, ``NEEDS`` (``needs``, ``local_needs``), ``OU
 ``PARAMETER_MEMORY`` (``memory_effect``, ``stage_effect``, ``held_after_additions``), ``PEER_OFFSET`` and
 ``PARTNER``, ``GRADIENT_KINDS``, ``SPLIT``, ``EXCLUDES``, ``COMPLETE``, ``REQUIRES``, ``RUNTIME_METHODS``; for
 recompute and offload ``NEEDS_IF_PRESENT``, ``RECOMPUTED_MEMORY`` (``effects_of``) and ``LANES``;
-``bubble_rate``. The functions take an ``Action`` and return actions as plain ``(stage, kind,
+``bubble_rate``; ``early_receives``. The functions take an ``Action`` and return actions as plain ``(stage, kind,
 microbatch, chain)`` tuples, equal to the Actions and hashing the same. Each rule: ``docs/semantics.md``;
 where each is used: ``docs/architecture.md``.
 """
@@ -34,7 +34,7 @@ __all__ = [
     "role", "needs", "output", "memory_effect", "stage_effect", "memory_delta", "bubble_rate", "compute_kind_names",
     "LOCAL_KINDS", "recomputed", "offloaded", "effects_of", "needs_if_present", "NEEDS_IF_PRESENT",
     "RECOMPUTED_MEMORY", "LANES", "lane",
-    "held_after_additions", "peer_stage", "partner", "local_needs", "split",
+    "held_after_additions", "peer_stage", "partner", "local_needs", "split", "early_receives",
 ]
 
 
@@ -330,6 +330,30 @@ def partner(action: ActionKey) -> ActionKey:
     """The action the peer must post to meet communication action ``action``."""
     s, kind, m, c = action
     return (s + PEER_OFFSET[kind], PARTNER[kind], m, c)
+
+
+def early_receives(receives: Iterable[ActionKey], peer_of: Callable[[ActionKey], int | None],
+                   ready: Callable[[ActionKey], bool]) -> list[ActionKey]:
+    """The receives of one rank's program (``receives``, in the order the program posts them) that may be
+    posted together at the start of the program, in that order (docs/semantics.md, "Receives posted early").
+
+    The k-th send from a peer meets the k-th receive from it, so a receive may go ahead of its step as
+    long as it stays behind every earlier receive from the same peer rank: per peer, the longest run of
+    its receives, from its first, that are ``ready`` (their buffers known). Nothing else moves: its wait
+    stays where its data is used. Only where posting a receive never blocks and each op progresses on its
+    own (gloo); not NCCL, whose ops of one communicator run in posting order on one stream.
+    """
+    stopped: set[int | None] = set()
+    early = []
+    for receive in receives:
+        peer = peer_of(receive)
+        if peer in stopped:
+            continue
+        if ready(receive):
+            early.append(receive)
+        else:
+            stopped.add(peer)
+    return early
 
 
 # --- what generated code calls --------------------------------------------------------------

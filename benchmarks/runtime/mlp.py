@@ -20,7 +20,10 @@ than wall time. One process (``--nproc 1``) shows the compute actions alone,
 and there 1F1B (one stage) also runs against the bare loop, in the same rounds
 (the ``vs bare loop`` row: its torch columns are the loop's, per microbatch
 ``x.requires_grad_(); out = m(x); (loss(out, y) / M).backward()``); two and
-four processes add the communication.
+four processes add the communication, and there each pipeline also runs against
+itself with receives posted where the program posts them (``pipe.post_early =
+False``; the ``vs late recvs`` row, its torch columns the late-receive runs):
+what posting receives ahead of the program gives.
 Gradients of the first step are compared between the two; any difference above
 1e-4 (relative) is a mismatch and the script exits 1.
 """
@@ -80,12 +83,22 @@ def bench_worker(rank: int, nproc: int, config: dict) -> dict:
                 steps=config["steps"], warmup=config["warmup"], modules=(*ours.values(), *theirs.values()),
                 device=device, compare=lambda: _harness.max_relative_difference(
                     _harness.gradients(ours), _harness.gradients(theirs)))
+            if info.ranks > 1:  # receives posted early (the default) against the program's own posts
+                records[(schedule_key, model_key, "late")] = _harness.measure_pair(
+                    lambda: _stepped(pipe, True, args, target), lambda: _stepped(pipe, False, args, target),
+                    steps=config["steps"], warmup=config["warmup"], modules=ours.values(), device=device)
+                pipe.post_early = True
             if len(ours) == 1 and info.ranks == 1:  # one process, one stage: against the bare loop too
                 bare = bare_loop(ours[held[0]], x, y, info.microbatches)
                 records[(schedule_key, model_key, "bare")] = _harness.measure_pair(
                     lambda: pipe.step(*args, target=target), bare, steps=config["steps"], warmup=config["warmup"],
                     modules=ours.values(), device=device)
     return _harness.gather_on_rank0(rank, nproc, records)
+
+
+def _stepped(pipe, early: bool, args: tuple, target) -> None:
+    pipe.post_early = early
+    pipe.step(*args, target=target)
 
 
 def bare_loop(module, x, y, microbatches: int):
@@ -137,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
             for key, row in outcomes[0].value.items():
                 schedule_key, model_key = key[:2]
                 pairs = nproc * SCHEDULES[schedule_key][2] * args.microbatches  # (stage, microbatch) pairs
-                if len(key) == 3:  # pipeforge against the bare loop: the torch columns are the bare loop's
-                    print(f"{'  vs bare loop':<18} {model_key:<6} {nproc:>5} {row['pipeforge'] * 1e3:>13.2f} "
+                if len(key) == 3:  # against the bare loop, or late receives: the torch columns are theirs
+                    title = "  vs bare loop" if key[2] == "bare" else "  vs late recvs"
+                    print(f"{title:<18} {model_key:<6} {nproc:>5} {row['pipeforge'] * 1e3:>13.2f} "
                           f"{row['torch'] * 1e3:>9.2f} {row['ratio']:>6.2f} {row['cpu_ratio']:>9.2f} "
                           f"{row['main_ratio']:>10.2f} {row['main_pipeforge'] / pairs * 1e6:>10.1f} "
                           f"{row['main_torch'] / pairs * 1e6:>13.1f} {'':>9}")

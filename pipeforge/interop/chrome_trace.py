@@ -3,7 +3,9 @@
 One process (pid 0, named after the schedule), one thread per rank (tid = rank;
 a rank's copy lane, where OFFLOAD and RELOAD run, tid = ranks + rank), one
 complete event (``"ph": "X"``) per compute action, named by its torch token
-(``2F0``) with its stage, microbatch, chain and program step in ``args``. One
+(``2F0``) with its stage, microbatch, chain and program step in ``args``, and
+per rank a counter ``rank r memory`` (``"ph": "C"``, ``args.M_B``) at every
+change of what it holds (``Timeline.memory_curves``, the HTML page's curve). One
 unit of cost is written as one millisecond (trace times are in microseconds).
 """
 
@@ -20,7 +22,7 @@ MICROSECONDS_PER_UNIT = 1000.0
 
 
 def trace_events(timeline: Timeline) -> list[dict]:
-    """Metadata events naming the process and the ranks, then one X event per action."""
+    """Metadata events naming the process and the ranks, one X event per action, the memory counters."""
     events: list[dict] = [{"name": "process_name", "ph": "M", "pid": 0, "tid": 0,
                            "args": {"name": f"pipeforge {timeline.name}"}}]
     for rank in range(timeline.ranks):
@@ -34,6 +36,9 @@ def trace_events(timeline: Timeline) -> list[dict]:
     for event in timeline.events:
         for action, start, end in event.action_spans():
             events.append(_action_event(action, event, start, end, timeline.ranks))
+    for rank, curve in enumerate(timeline.memory_curves):
+        events += [{"name": f"rank {rank} memory", "ph": "C", "pid": 0, "ts": time * MICROSECONDS_PER_UNIT,
+                    "args": {"M_B": held}} for time, held in curve]
     return events
 
 

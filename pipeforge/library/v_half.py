@@ -97,14 +97,14 @@ def peak_memory(rank: list[list[int]]) -> int:
     free slot releases one whose I is done (the Ws as they would be placed)."""
     has_weights = len(rank) > 4
     change = {F_DOWN: 1, F_UP: 1, I_UP: 0, I_DOWN: 0, W_ALL: -1, W_DOWN: -1}
-    at = {}
+    at: dict[int, int] = {}
     for kind, slots in enumerate(rank):
         for slot in slots:
             at[slot] = kind
     held = peak = pending = 0
     for slot in range(max((s[-1] for s in rank if s), default=-1) + 1):
-        kind = at.get(slot)
-        if kind is not None:
+        if slot in at:
+            kind = at[slot]
             held += change[kind]
             pending += kind in (I_UP, I_DOWN)
         elif not has_weights and pending:
@@ -126,7 +126,7 @@ def squeeze(times: Times, *, with_weights: bool, microbatches: int) -> Times:
     """
     times = [[list(kind) for kind in rank] for rank in times]
     budget = max(peak_memory(rank) for rank in times)
-    occupied = [set() for _ in times]
+    occupied: list[set[int]] = [set() for _ in times]
     phase = 0
     for slot, rank, kind, mb in in_slot_order(times):
         if phase == 0 and kind == I_DOWN and rank == 0:

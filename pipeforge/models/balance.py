@@ -2,8 +2,8 @@
 
 ``costs`` is one number per layer, or ``{"layers": [...], "first": x, "last":
 y}`` where ``first`` and ``last`` are what stage 0 (the embedding) and the last
-stage (the norm and the head) add. Exact dynamic programming over the cut
-points (layers x stages x layers steps); ties broken toward earlier cuts.
+stage (the norm and the head) add. The partition is ``pipeforge.partition``'s,
+which ``plan`` uses too (here a stage may hold no layer).
 """
 
 from __future__ import annotations
@@ -11,32 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from pipeforge.errors import UsageError
+from pipeforge.partition import least_max_edges
 
 
 def balanced_bounds(costs, count: int, stages: int) -> list[range]:
     layer_costs, first, last = _read(costs, count)
-    prefix = [0.0]
-    for cost in layer_costs:
-        prefix.append(prefix[-1] + cost)
-
-    def stage_cost(s: int, a: int, b: int) -> float:
-        return prefix[b] - prefix[a] + (first if s == 0 else 0.0) + (last if s == stages - 1 else 0.0)
-
-    # best[s][b]: the least max cost of stages 0..s-1 covering layers [0, b)
-    inf = float("inf")
-    best = [[inf] * (count + 1) for _ in range(stages + 1)]
-    cut = [[0] * (count + 1) for _ in range(stages + 1)]
-    best[0][0] = 0.0
-    for s in range(1, stages + 1):
-        for b in range(count + 1):
-            for a in range(b + 1):
-                value = max(best[s - 1][a], stage_cost(s - 1, a, b))
-                if value < best[s][b]:
-                    best[s][b], cut[s][b] = value, a
-    edges = [count]
-    for s in range(stages, 0, -1):
-        edges.append(cut[s][edges[-1]])
-    edges.reverse()
+    edges = least_max_edges(layer_costs, stages, first, last)
     return [range(edges[s], edges[s + 1]) for s in range(stages)]
 
 

@@ -6,7 +6,8 @@
     cut.layers             # the global layer indices of each stage
 
 It cuts a Hugging Face causal LM (``models/hf.py``), an ``nn.Sequential``, or a module of some modules,
-one ``nn.ModuleList`` and some more; layers per stage given, balanced by ``costs``, or even. A
+one ``nn.ModuleList`` and some more; layers per stage given, balanced by ``costs``, or even; a torch
+``pipeline()`` ``Pipe`` at its own cut (``models/torch_pipe.py``). A
 parameter two stages hold is one ``tied_parameters`` group (``untie=True``: a copy per stage). A meta
 model is materialized for the owned stages only, from per-part seeds or a ``state_dict``
 (``models/checkpoint.py``). The whole contract: ``docs/models.md``.
@@ -22,7 +23,7 @@ import torch
 from torch import nn
 
 from pipeforge.errors import UsageError
-from pipeforge.models import hf
+from pipeforge.models import hf, torch_pipe
 from pipeforge.models.plain import LayerListStage, list_parts
 
 
@@ -52,6 +53,11 @@ def split(model: nn.Module, stages: int, *, owned: Sequence[int] | None = None,
     bad = [s for s in owned if not isinstance(s, int) or not 0 <= s < stages]
     if bad:
         raise UsageError(f"pipeforge.split: owned stages {bad} are out of range (stages 0..{stages - 1})")
+    if torch_pipe.is_torch_pipe(model):
+        if layers is not None or costs is not None or state_dict is not None:
+            raise UsageError("pipeforge.split: a torch Pipe is split where pipeline() cut it; layers, costs and "
+                             "state_dict do not apply to it")
+        return _split_pipe(model, stages, owned, untie, device, verify)
     if hf.is_causal_lm(model):
         model.config.use_cache = False
         parts = hf.parts_of(model)
@@ -84,6 +90,18 @@ def split(model: nn.Module, stages: int, *, owned: Sequence[int] | None = None,
         else:
             verify_cut(model, every)
     return Split(modules, groups, bounds, stages, {key: name for key, name in names.items() if key[0] in modules})
+
+
+def _split_pipe(pipe, stages: int, owned: list[int], untie: bool, device, verify: bool) -> Split:
+    every, groups = torch_pipe.cut_pipe(pipe, stages, verify=verify)
+    modules = {s: every[s] for s in owned}
+    if untie:
+        modules = _untied(modules)
+    if device is not None:
+        for module in modules.values():
+            torch_pipe.move_to(module, torch.device(device))
+    names = {(s, name): name for s, module in modules.items() for name, _ in module.named_parameters()}
+    return Split(modules, groups, [], stages, names)
 
 
 def _bounds(count: int, stages: int, layers: Sequence[int] | None, costs) -> list[range]:

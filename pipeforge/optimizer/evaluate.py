@@ -34,6 +34,8 @@ class Problem:
     weights: float
     activation: tuple[float, ...] = ()  # per stage, M_B (MemorySpec.activation)
     weight_grad: tuple[float, ...] = ()  # per stage, M_B (MemorySpec.weight_grad)
+    checkpoint: float = 0.0  # M_B, what a recomputed F keeps (MemorySpec.checkpoint)
+    checkpoints: tuple[float, ...] = ()  # per stage (MemorySpec.checkpoints)
 
     @staticmethod
     def of(schedule: Schedule, costs: CostModel | None = None, memory_limit: float | None = None) -> Problem:
@@ -43,7 +45,7 @@ class Problem:
             ranks=schedule.ranks, stages=schedule.stages, microbatches=schedule.microbatches,
             placements=schedule.placements, costs=costs or schedule.costs or CostModel(),
             memory_limit=limit, weights=memory.weights, activation=memory.activation,
-            weight_grad=memory.weight_grad,
+            weight_grad=memory.weight_grad, checkpoint=memory.checkpoint, checkpoints=memory.checkpoints,
         )
 
     def rank_of(self, action: Action) -> int:
@@ -59,7 +61,8 @@ class Problem:
     @property
     def memory(self) -> MemorySpec:
         """The memory rule as a spec (limit, weights, per-stage activation and weight-gradient sizes)."""
-        return MemorySpec(self.memory_limit, self.weights, activation=self.activation, weight_grad=self.weight_grad)
+        return MemorySpec(self.memory_limit, self.weights, activation=self.activation, weight_grad=self.weight_grad,
+                          checkpoint=self.checkpoint, checkpoints=self.checkpoints)
 
     @property
     def shape(self) -> Shape:

@@ -1,29 +1,37 @@
 """optimize with recompute and offload: which (stage, microbatch) to recompute or offload under a memory limit.
 
-``optimize_memory(schedule, recompute=none|auto|all, offload=False, ...)`` searches the order of the
-schedule's F and backward as ``optimize`` does, under a memory model where a recomputed (or offloaded)
-forward holds only its checkpoint (or nothing), then inserts R before each first backward (or OFFLOAD
-after each F and RELOAD before it: ``passes.recompute``), and keeps the candidate with the least worst
-span among those that verify within the real limit. ``auto``: the best of no recompute, every microbatch
-recomputed, and the input's order with each stage recomputing every k-th microbatch (k per stage, the least
-recompute that fits: ``selective``). The result always verifies (``pipeforge.verify``).
+``optimize_memory(schedule, recompute=none|auto|all, offload=False, ...)`` -> ``(OptimizeResult,
+MemoryChoice)``: the schedule of the same work with the least worst span among the plans the policy
+allows (``PLANS``: no recompute; every microbatch recomputed; R chosen per (stage, microbatch) and placed
+while scheduling, ``recompute_greedy``; every k-th microbatch per stage; every activation offloaded),
+verified within the real limit (``pipeforge.verify``), and what it chose. ``time_limit`` bounds the whole
+call. How each plan is built: ``docs/optimize.md`` (Recompute and offload).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 
 from pipeforge.errors import Argument, ArgumentError, PipeforgeError, UsageError, words
-from pipeforge.ir import ActionKind, CostModel, MemorySpec, Schedule, replace_programs
-from pipeforge.optimizer.result import OptimizeResult, metrics_of
+from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step, replace_programs
+from pipeforge.optimizer import recompute_greedy
+from pipeforge.optimizer.budget import finish_seconds
+from pipeforge.optimizer.evaluate import Evaluation, Graph, Order, Problem, evaluate, schedule_of
+from pipeforge.optimizer.local import local_search
+from pipeforge.optimizer.offload_place import hidden_offloads
+from pipeforge.optimizer.result import Metrics, OptimizeResult, metrics_of
 from pipeforge.optimizer.search import optimize
+from pipeforge.optimizer.units import integer_units
 from pipeforge.passes.recompute import offload as offload_pass
 from pipeforge.passes.recompute import recompute as recompute_pass
-from pipeforge.verifier import verify
-from pipeforge.ir import Step
+from pipeforge.sim.bounds import bubble_of_span, recompute_span
 from pipeforge.sim.simulate import simulate
+from pipeforge.sim.workgraph import compile_schedule
+from pipeforge.verifier import verify
 
 POLICIES = ("none", "auto", "all")
+PLANS = ("none", "all", "per-microbatch", "selective", "offload")  # what auto tries, in the order reported
 SAVING = frozenset({ActionKind.R, ActionKind.OFFLOAD, ActionKind.RELOAD})
 
 
@@ -87,32 +95,99 @@ def selective(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> Sched
                     low[s] = ks[s]
                 else:
                     high[s] = ks[s]
-    # where even the largest k fits, recompute nothing there (k = m + 1 names no microbatch)
+    # where even the largest k fits, recompute nothing there (k = m + 1 names no microbatch); the peaks are
+    # simulate's (the rule verify checks; the chosen schedule is verified by the caller)
     ks = [low[s] for s in range(stages)]
     found = build(ks)
-    if not verify(found).valid:
+    if not fits(found):
         return None
-    for s in range(stages):
-        if high[s] == m + 1:
-            trial = build(ks[:s] + [m + 1] + ks[s + 1:])
-            if verify(trial).valid:
-                ks[s], found = m + 1, trial
-    return found
+    spare = [s for s in range(stages) if high[s] == m + 1]
+    if spare:
+        trial = build([m + 1 if s in spare else ks[s] for s in range(stages)])
+        peaks = simulate(trial, costs).peak_memory
+        for s in spare:  # what one rank holds depends only on its own stages' recompute
+            if peaks[owner[s]] <= memory.limit + 1e-9:
+                ks[s] = m + 1
+        found = build(ks)
+    return found if fits(found) else None
 
 
-def _plain_result(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> OptimizeResult:
-    """A result standing for ``schedule`` as given (when no search gave one to take the fields from)."""
-    metrics = metrics_of(schedule, costs, memory)
-    return OptimizeResult(schedule, metrics, metrics, 0.0, 0.0, 0.0, False, False, "input", "none", 0.0)
+def uniform(plain: Schedule, costs: CostModel, memory: MemorySpec) -> tuple[Schedule, int] | None:
+    """The input's order with every stage recomputing every k-th microbatch (the knob Megatron and
+    DeepSpeed offer): k the largest that fits (found by halving: less recompute holds more), or a smaller
+    k of a few tried where that is faster; None where even k = 1 does not fit."""
+    m = plain.microbatches
+
+    def build(k: int) -> Schedule:
+        which = [(s, b, 0) for s in range(plain.stages) for b in range(m) if b % k == 0]
+        return replace(recompute_pass(plain, which), memory=memory, costs=costs)
+
+    if not fits(build(1)):
+        return None
+    low, high = 1, m + 1  # build(low) fits; build(high) does not (m + 1 would recompute microbatch 0 only)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(build(middle)) else (low, middle)
+    spans = {k: simulate(build(k), costs).makespan for k in {low, max(1, low - 1), max(1, low // 2), 1}}
+    k = min(spans, key=lambda k: (spans[k], -k))
+    return build(k), k
+
+
+def fits(schedule: Schedule) -> bool:
+    """Whether ``schedule`` runs within its memory limit (``simulate``'s peak, the rule verify checks)."""
+    limit = schedule.memory.limit if schedule.memory is not None else None
+    return limit is None or max(simulate(schedule).peak_memory, default=0.0) <= limit + 1e-9
+
+
+def _plain_result(schedule: Schedule, costs: CostModel, memory: MemorySpec, after: Metrics) -> OptimizeResult:
+    """A result standing for ``schedule`` as given (when no search gave one to take the fields from); its
+    figures as ``after``'s where the input itself cannot run."""
+    try:
+        before = metrics_of(schedule, costs, memory)
+    except PipeforgeError:
+        before = after
+    return OptimizeResult(schedule, before, after, 0.0, 0.0, 0.0, False, False, "input", "none", 0.0)
+
+
+def _with_recompute_bound(result: OptimizeResult, plain: Schedule, costs: CostModel,
+                          real: MemorySpec) -> OptimizeResult:
+    """``result`` with the bound of the space it was chosen from, where any (stage, microbatch) may be
+    recomputed (``sim.bounds.recompute_span``: the recompute the limit forces counted), its gap and verdict."""
+    graph, _ = compile_schedule(plain, costs, replace(real, limit=None))
+    bound = recompute_span(graph, real).max_span
+    span = result.after.max_span
+    gap = max(0.0, (span - bound) / span) if span > 0 else 0.0
+    return replace(result, span_bound=bound, bound=bubble_of_span(graph, bound), gap=gap, optimal=gap <= 1e-6)
+
+
+def per_microbatch(plain: Schedule, real: MemorySpec, units_costs: CostModel, deadline: float
+                   ) -> tuple[Graph, Order, Evaluation] | None:
+    """The best order ``recompute_greedy`` builds under ``real`` (R chosen per (stage, microbatch) and
+    placed in the waits; in ``units_costs``, integer units), None where it does not apply."""
+    problem = replace(Problem.of(replace(plain, memory=real), None, real.limit), costs=units_costs)
+    if not recompute_greedy.supports(problem):
+        return None
+    best = None
+    for _, keys in recompute_greedy.recompute_orders(problem, deadline):
+        graph = Graph(problem, [Action(*key) for seq in keys for key in seq])
+        order = tuple(graph.ids(seq) for seq in keys)
+        evaluation = evaluate(graph, order)
+        if evaluation is not None and evaluation.fits(real.limit) and (
+                best is None or evaluation.key() < best[2].key()):
+            best = (graph, order, evaluation)
+    return best
 
 
 def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: bool = False,
                     costs: CostModel | None = None, memory_limit: float | None = None, **options
                     ) -> tuple[OptimizeResult, MemoryChoice]:
     """The best verified schedule of ``schedule``'s work under ``memory_limit`` with the recompute policy
-    and offload switch given (module doc), and what it chose. ``options`` go to ``optimize``."""
+    and offload switch given (module doc), and what it chose. ``options`` go to ``optimize``; its
+    ``time_limit`` (default 10 s) bounds the whole call, the final verification included."""
     if recompute not in POLICIES:
         raise ArgumentError(Argument("recompute", value=repr(recompute)), f"expected one of {', '.join(POLICIES)}")
+    started = time.monotonic()
+    time_limit = options.pop("time_limit", 10.0)
     plain = strip(schedule)
     memory = schedule.memory or MemorySpec()
     limit = memory_limit if memory_limit is not None else memory.limit
@@ -121,42 +196,65 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
     if weights is not None:
         memory = replace(memory, weights=weights)
     real = replace(memory, limit=limit)
+    unlimited = replace(memory, limit=None)
     stages = range(schedule.stages)
     rebuilt = max((memory.stage_activation(s) - memory.stage_checkpoint(s) for s in stages), default=0.0)
     largest = max((memory.stage_activation(s) for s in stages), default=1.0)
-    candidates: list[tuple[OptimizeResult, str]] = []
+    actions = sum(1 for _ in plain.actions()) * 2
+    finish = 1.5 * finish_seconds(actions, 0.0)  # timing and verifying the chosen schedule (budget.py's estimate)
+    deadline = started + max(0.0, time_limit - finish)
+    candidates: list[tuple[OptimizeResult, str, bool]] = []
     tried: list[str] = []
     errors: list[str] = []
 
-    def attempt(name: str, virtual: MemorySpec, virtual_limit: float | None, transform) -> bool:
+    def left(share: float = 1.0) -> float:
+        return max(0.0, deadline - time.monotonic()) * share
+
+    def offer(name: str, final: Schedule, base: OptimizeResult | None = None, verified: bool = False) -> None:
+        final = replace(final, memory=real if limit is not None else unlimited)
+        try:
+            after = metrics_of(final, costs, final.memory)
+        except PipeforgeError as error:  # e.g. the input's own order with R added cannot run
+            errors.append(f"{name}: {error}")
+            return
+        if base is None:
+            base = candidates[0][0] if candidates else _plain_result(plain, costs, memory, after)
+        else:
+            after = replace(after, least_work_bubble_rate=base.after.least_work_bubble_rate)
+        candidates.append((replace(base, schedule=final, after=after, memory_limit=limit), name, verified))
+
+    def attempt(name: str, virtual: MemorySpec, virtual_limit: float | None, transform, share: float) -> bool:
         if name not in tried:
             tried.append(name)
         if virtual_limit is not None and virtual_limit <= 0:
             errors.append(f"{name}: no room under the limit")
             return False
+        if candidates and left() <= 0:
+            errors.append(f"{name}: no time left")
+            return False
         try:
             result = optimize(replace(plain, memory=virtual), costs=costs, memory_limit=virtual_limit,
-                              weights=virtual.weights, **options)
+                              weights=virtual.weights, time_limit=max(left(share), 1e-3), **options)
         except PipeforgeError as error:
             errors.append(f"{name}: {error}")
             return False
-        final = transform(result.schedule)
-        final = replace(final, memory=real if limit is not None else replace(memory, limit=None))
-        if not verify(final).valid:
-            errors.append(f"{name}: the result with its memory actions goes over the limit")
-            return False
-        after = metrics_of(final, result.schedule.costs or costs, final.memory)
-        after = replace(after, least_work_bubble_rate=result.after.least_work_bubble_rate)
-        candidates.append((replace(result, schedule=final, after=after, memory_limit=limit), name))
+        offer(name, result.schedule if transform is None else transform(result.schedule), result,
+              verified=transform is None)
         return True
 
     plans = [name for name, wanted in (("none", recompute in ("none", "auto")),
+                                       ("per-microbatch", recompute == "auto" and limit is not None),
                                        ("all", recompute == "all" or (recompute == "auto" and limit is not None)),
                                        ("offload", offload)) if wanted]
-    if "time_limit" in options:  # the attempts share the time limit
-        options["time_limit"] = options["time_limit"] / len(plans)
+    units = integer_units(costs)
+    placed = None
+    if "per-microbatch" in plans:
+        tried.append("per-microbatch")
+        placed = per_microbatch(plain, real, units.costs, time.monotonic() + left(0.25))
+        if placed is not None:
+            offer("per-microbatch", replace(schedule_of(plain, placed[0], placed[1]), costs=costs))
     if "none" in plans:
-        attempt("none", memory, limit, lambda s: s)
+        attempt("none", memory, limit, None, 0.2 if len(plans) > 1 else 1.0)
     if "all" in plans:
         # a recomputed F holds its checkpoint c; R adds a - c just before the backward, so the search keeps
         # that much room under the limit. First as if I released all but c's weight part (true when each W
@@ -166,41 +264,61 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
         # (a checkpoint of 0 searched as 1 % of the activation: the search counts forwards by their memory)
         kept = [max(memory.stage_checkpoint(s), 0.01 * memory.stage_activation(s)) for s in stages]
         optimistic = replace(memory, activation=tuple(kept), weight_grad=())
-        attempt("all", optimistic, room, recompute_pass)
-        attempt("all", optimistic, room, lambda s: recompute_pass(fused(s)))  # each W back into its I: a B
-        careful = replace(memory, activation=tuple(kept[s] + memory.stage_weight_grad(s) for s in stages),
-                          weight_grad=tuple(memory.stage_weight_grad(s) for s in stages))
-        attempt("all", careful, room, recompute_pass)
         given = recompute_pass(plain)  # the input's own order, every microbatch recomputed
-        given = replace(given, memory=real if limit is not None else replace(memory, limit=None))
-        if verify(given).valid:
-            candidates.append((replace(candidates[0][0] if candidates else _plain_result(plain, costs, memory),
-                                       schedule=given, after=metrics_of(given, costs, given.memory),
-                                       memory_limit=limit), "all"))
-    if recompute == "auto" and limit is not None:
+        offer("all", given)
+        attempt("all", optimistic, room, recompute_pass, 0.2 if recompute == "auto" else 0.4)
+        if recompute == "all":
+            attempt("all", optimistic, room, lambda s: recompute_pass(fused(s)), 0.5)  # each W into its I: a B
+            careful = replace(memory, activation=tuple(kept[s] + memory.stage_weight_grad(s) for s in stages),
+                              weight_grad=tuple(memory.stage_weight_grad(s) for s in stages))
+            attempt("all", careful, room, recompute_pass, 1.0)
+    if recompute == "auto" and limit is not None and left() > 0:
         tried.append("selective")
         chosen = selective(plain, costs, real)
         if chosen is not None:
-            base = candidates[0][0] if candidates else _plain_result(plain, costs, memory)
-            candidates.append((replace(base, schedule=chosen, after=metrics_of(chosen, costs, chosen.memory),
-                                       memory_limit=limit), "selective"))
+            offer("selective", chosen)
+        same = uniform(plain, costs, real) if left() > 0 else None
+        if same is not None:
+            offer("selective", same[0])
     if "offload" in plans:
+        # the order found with no memory limit (every forward may be in flight), each activation that waits
+        # long enough offloaded where its transfers hide behind compute (``offload_place``)
+        tried.append("offload")
+        if left() > 0 or not candidates:
+            try:
+                free = optimize(replace(plain, memory=unlimited), costs=costs, memory_limit=float(plain.microbatches)
+                                * largest * len(stages), weights=memory.weights, time_limit=max(left(0.5), 1e-3),
+                                **options)
+                offer("offload", hidden_offloads(free.schedule, costs, unlimited))
+            except PipeforgeError as error:
+                errors.append(f"offload: {error}")
         # an offloaded F holds its activation until its OFFLOAD (the next F waits for it), and the RELOAD
         # before its backward adds it back: room for two
         virtual = replace(memory, activation=tuple(max(memory.stage_weight_grad(s), 0.01) for s in stages),
                           weight_grad=tuple(max(memory.stage_weight_grad(s), 0.01) for s in stages))
-        attempt("offload", virtual, None if limit is None else limit - 2 * largest, offload_pass)
-    fitting = [(r, n) for r, n in candidates if limit is None or max(r.after.peak_memory) <= limit + 1e-9]
-    if not fitting:
+        attempt("offload", virtual, None if limit is None else limit - 2 * largest, offload_pass, 1.0)
+    if placed is not None and left() > 0:  # the rest of the time: local search on the per-microbatch order
+        graph, order, _ = placed
+        found = local_search(graph, order, time_limit=left())
+        offer("per-microbatch", replace(schedule_of(plain, graph, found.order), costs=costs))
+    fitting = sorted(((r, n, v) for r, n, v in candidates
+                      if limit is None or max(r.after.peak_memory) <= limit + 1e-9),
+                     key=lambda c: (c[0].after.max_span, c[0].after.makespan))
+    for best, name, verified in fitting:  # the best that verifies (each should: the rules are semantics')
+        if verified or verify(best.schedule, solve=False).valid:
+            break
+        errors.append(f"{name}: its result does not verify")
+    else:
         switches = (Argument("recompute", value=recompute), *((" and ", Argument("offload")) if offload else ()))
         raise PipeforgeError(words(f"no schedule of {schedule.name!r}'s work fits the memory limit {limit:g} with ",
                                    *switches, ": " + "; ".join(errors)))
-    best, name = min(fitting, key=lambda pair: (pair[0].after.max_span, pair[0].after.makespan))
-    actions = [a for _, _, a in best.schedule.actions()]
+    if recompute != "none" and limit is not None:
+        best = _with_recompute_bound(best, plain, costs, real)
+    kinds = [a.kind for _, _, a in best.schedule.actions()]
     choice = MemoryChoice(name if name not in ("offload",) else "none", name == "offload",
-                          sum(a.kind is ActionKind.R for a in actions),
-                          sum(a.kind is ActionKind.OFFLOAD for a in actions), tuple(tried))
-    return best, choice
+                          kinds.count(ActionKind.R), kinds.count(ActionKind.OFFLOAD),
+                          tuple(sorted(tried, key=PLANS.index)))
+    return replace(best, seconds=time.monotonic() - started), choice
 
 
-__all__ = ["POLICIES", "MemoryChoice", "optimize_memory", "strip"]
+__all__ = ["POLICIES", "MemoryChoice", "fits", "optimize_memory", "strip", "uniform"]

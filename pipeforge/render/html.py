@@ -2,7 +2,8 @@
 
 Nothing is fetched: styles and the small tooltip script are inline. Hovering
 an action shows its token, rank, start, end and duration (the SVG's own
-``<title>`` tooltips still work where scripts are off).
+``<title>`` tooltips still work where scripts are off). Under the picture, on
+its time scale, the memory each rank holds over time (``render/memory.py``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from html import escape as _escape
 
 from pipeforge.errors import printable
+from pipeforge.render.memory import render_memory_svg
 from pipeforge.render.svg import default_title, render_svg
 from pipeforge.sim.simulate import Timeline
 
@@ -61,6 +63,7 @@ def render_html(timeline: Timeline, title: str | None = None) -> str:
         f"<h2>{escape(timeline.name)}: simulated timeline</h2>",
         _summary_table(timeline),
         f'<div class="picture">{render_svg(timeline, title=heading)}</div>',
+        f'<div class="picture">{render_memory_svg(timeline)}</div>',
         _rank_table(timeline),
         '<div id="tip"></div>',
         f"<script>{SCRIPT}</script>",

@@ -19,6 +19,8 @@ _EXPORTS = {
     "Pipeline": "pipeforge.runtime.pipeline",
     "build_pipeline": "pipeforge.runtime.pipeline",
     "RankModules": "pipeforge.runtime.rank_modules",
+    "microbatch_rng": "pipeforge.runtime.rng",
+    "microbatch_seed": "pipeforge.runtime.rng",
 }
 
 __all__ = sorted(_EXPORTS)

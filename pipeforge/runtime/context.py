@@ -33,9 +33,10 @@ from pipeforge.runtime.p2p import (
     empty_header,
     encode_header,
 )
+from pipeforge.runtime.rng import StepRng
 from pipeforge.runtime.saved import SavedActivations
 from pipeforge.runtime.stage import StageRunner
-from pipeforge.semantics import GRADIENT_KINDS, RUNTIME_METHODS, SENDS, lane, peer_stage
+from pipeforge.semantics import GRADIENT_KINDS, RUNTIME_METHODS, SENDS, early_receives, lane, peer_stage
 
 SEND_F, RECV_F, SEND_B, RECV_B = ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B
 FORWARD_COMMS = frozenset({SEND_F, RECV_F})  # what eval() keeps
@@ -59,6 +60,11 @@ class ScheduleInfo:
     placements: tuple[tuple[int, ...], ...]
     recomputed: tuple[tuple[int, int, int], ...] = ()  # (stage, microbatch, chain) that R rebuilds
     offloaded: tuple[tuple[int, int, int], ...] = ()  # (stage, microbatch, chain) that OFFLOAD moves to host
+    recompute_sources: tuple[tuple[int, str], ...] = ()  # (stage, "file:line:col" of its first R), for errors
+
+    def recompute_source(self, stage: int) -> str | None:
+        """Where the schedule's first R of ``stage`` was written (None: not known)."""
+        return next((source for s, source in self.recompute_sources if s == stage), None)
 
     def rank_of(self, stage: int, chain: int = 0) -> int:
         return self.placements[chain][stage]
@@ -119,7 +125,7 @@ class RankContext:
     def __init__(self, info: ScheduleInfo, rank: int, runners: dict[tuple[int, int], StageRunner],
                  transport: Transport, caches: ShapeCache, *, training: bool = True,
                  functions: dict[str, CustomFunction] | None = None, data_parallel: DataParallel | None = None,
-                 observers: tuple[Observer, ...] = ()):
+                 observers: tuple[Observer, ...] = (), rng: StepRng | None = None):
         self.info = info
         self.rank = rank
         self.runners = runners
@@ -129,6 +135,7 @@ class RankContext:
         self.functions = dict(functions or {})
         self.data_parallel = data_parallel if data_parallel is not None else DataParallel(rank, {})
         self.observers = tuple(observers)
+        self.rng = rng  # each forward's seeding (``rng.py``; None: the caller's RNG as it goes)
         self.inputs: list[tuple[tuple[Any, ...], dict[str, Any]]] = []  # stage 0's (args, kwargs) per microbatch
         self.stage_inputs: dict[int, list[dict[str, Any]]] = {}  # a stage's keyword inputs per microbatch
         self.targets: list[Any] = []
@@ -139,6 +146,7 @@ class RankContext:
         self._outbox: dict[Action, tuple[torch.Tensor, ...]] = {}
         self._pending: dict[Action, tuple[Posted, tuple[torch.Tensor, ...]]] = {}
         self._sent: list[Posted] = []
+        self._early: set[Comm] = set()  # the receives posted ahead of the program (``post_early``)
         self._collecting: list[StageAction] | None = None  # the overlap step being collected for custom functions
         # no hook to run around a compute: actions go straight to their stage
         self._direct = not self.functions and not self.observers and not self.data_parallel.hooks_compute
@@ -254,6 +262,30 @@ class RankContext:
         for observer in self.observers:
             observer.end_post(comms)
 
+    def post_early(self, receives: tuple[Comm, ...]) -> None:
+        """Before the program: post the receives of ``receives`` (the program's, in posting order) that
+        ``semantics.early_receives`` lets go ahead, those whose buffers are known (from the second step on),
+        each its own batch, waited where its data is used as always; the program's ``post`` then skips
+        them. Only on a transport whose every op progresses on its own (gloo's)."""
+        if not self.transport.reconnectable:
+            return
+        if not self.training:
+            receives = tuple(c for c in receives if c.kind in FORWARD_COMMS)
+        early = early_receives(receives, lambda comm: self.caches.peer(comm, self.info), self.caches.has_buffers)
+        if not early:
+            return
+        comms = tuple(map(Action._make, early))
+        for observer in self.observers:
+            observer.begin_post(comms)
+        for comm in comms:
+            tensors = self.caches.buffers(comm, self.transport.device)
+            peer = self.caches.peer(comm, self.info)
+            posted = self.transport.post([Transfer(False, t, peer) for t in tensors], GroupLabel((comm,)))
+            self._pending[comm] = (posted, tensors)
+        self._early = set(comms)
+        for observer in self.observers:
+            observer.end_post(comms)
+
     # -- dispatch through the hooks ----------------------------------------------------
 
     def issue(self, action: StageAction) -> None:
@@ -324,10 +356,11 @@ class RankContext:
         if own is not None:
             kwargs = {**kwargs, **own[mb]}
         target = self.targets[mb] if runner.is_last and self.targets else None
-        if self.saved.active:
-            output = self.saved.forward(runner, mb, args, target, self.training, kwargs)
+        if self.rng is not None:
+            with self.rng.forward(stage, mb):  # a recompute's checkpoint keeps the state seeded here
+                output = self._run_forward(runner, mb, args, target, kwargs)
         else:
-            output = runner.forward(mb, args, target, self.training, kwargs)
+            output = self._run_forward(runner, mb, args, target, kwargs)
         if self.training:
             self.activations.record(ActionKind.F, (stage, mb, chain) in self.saved.recomputed)
         if runner.is_last:
@@ -337,12 +370,17 @@ class RankContext:
         else:
             self._outbox[Action(stage, SEND_F, mb, chain)] = _sendable(output, runner.name)
 
+    def _run_forward(self, runner: StageRunner, mb: int, args: tuple, target: Any, kwargs: dict) -> Any:
+        if self.saved.active:
+            return self.saved.forward(runner, mb, args, target, self.training, kwargs)
+        return runner.forward(mb, args, target, self.training, kwargs)
+
     def _backward(self, stage: int, mb: int, chain: int) -> None:
         self.saved.wait((stage, mb, chain))
         runner = self.runners.get((stage, chain)) or self.runner(stage, chain)
         self._hand_back(runner, runner.backward(mb, self._output_grads(runner, mb)), mb)
         self.activations.backward()
-        if self.saved.holders:
+        if self.saved.tracked:
             self.saved.backward_done((stage, mb, chain))
 
     def _backward_input(self, stage: int, mb: int, chain: int) -> None:
@@ -359,7 +397,7 @@ class RankContext:
     def _backward_weight(self, stage: int, mb: int, chain: int) -> None:
         self.runner(stage, chain).backward_weight(mb)
         self.activations.backward_weight()
-        if self.saved.holders:
+        if self.saved.tracked:
             self.saved.backward_done((stage, mb, chain))
 
     def _recompute(self, stage: int, mb: int, chain: int) -> None:
@@ -388,6 +426,10 @@ class RankContext:
     def _post(self, comms: tuple[Comm, ...]) -> None:
         if not self.training:
             comms = tuple(c for c in comms if c.kind in FORWARD_COMMS)
+            if not comms:
+                return
+        if self._early:
+            comms = tuple(c for c in comms if c not in self._early)  # posted already, ahead of the program
             if not comms:
                 return
         label = GroupLabel(comms)
@@ -571,6 +613,10 @@ class ShapeCache:
 
     def known(self, key: tuple) -> bool:
         return key in self._received
+
+    def has_buffers(self, comm: Comm) -> bool:
+        """A buffer for ``comm``'s data is known (its shapes learned, or a gradient's buffer made on a step before)."""
+        return comm in self._buffers or comm in self._received
 
     def knows_all(self, receives: list[Comm]) -> bool:
         """Every receive's shapes are known (gradients' always are: they are the outputs' shapes)."""

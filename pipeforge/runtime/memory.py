@@ -23,6 +23,17 @@ WEIGHTS = (0.0, 0.5, 1.0)  # record() spells these out
 _F, _B, _I, _W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 
 
+def _effect(kind: ActionKind, recomputed: bool) -> tuple[float, float, float]:
+    """What one ``kind`` action adds, releases whole and releases of the weight-gradient part (the rules'
+    numbers, read once per kind: ``record`` runs once per action)."""
+    added = memory_effect(kind, 0.0, checkpoint=0.0 if recomputed else None)[0]
+    _, released, per_weight = MEMORY[kind]
+    return added, released, per_weight
+
+
+_EFFECTS: dict[tuple[ActionKind, bool], tuple[float, float, float]] = {}
+
+
 class ActivationCount:
     """Per rank: what the runtime holds between F and I/W/B, and the peaks during one step.
 
@@ -53,8 +64,10 @@ class ActivationCount:
         (``recomputed``: an F whose microbatch R rebuilds, counted as ``semantics.memory_effect`` counts it
         with a checkpoint of 0: the runtime counts microbatches, not bytes; ``Pipeline.saved_peak`` has
         the bytes)."""
-        added = memory_effect(kind, 0.0, checkpoint=0.0 if recomputed else None)[0]
-        _, released, per_weight = MEMORY[kind]
+        effect = _EFFECTS.get((kind, recomputed))
+        if effect is None:
+            effect = _EFFECTS[(kind, recomputed)] = _effect(kind, recomputed)
+        added, released, per_weight = effect
         if added:
             units = self.units = self.units + added
             grads, peaks = self.grads, self._peaks  # WEIGHTS: 0, 0.5, 1

@@ -22,11 +22,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipeforge.ir import Action, ActionKind
 from pipeforge.runtime import preflight
 from pipeforge.runtime.context import Observer, RankContext, ScheduleInfo, ShapeCache
 from pipeforge.runtime.custom import CustomFunction, kind_name
 from pipeforge.runtime.custom import custom_functions as checked_functions
-from pipeforge.runtime.fingerprint import agree
+from pipeforge.runtime.fingerprint import agree, record
 from pipeforge.runtime.fsdp import DataParallel, data_parallel, is_sharded
 from pipeforge.runtime.gradients import (
     TiedParameters,
@@ -44,11 +45,14 @@ from pipeforge.runtime.optimizer_watch import watch as watch_optimizers
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, Transfer, Transport
 from pipeforge.runtime.records import Recorder, resolve_directory
 from pipeforge.runtime.recovery import StepStart, connect
+from pipeforge.runtime.rng import StepRng
 from pipeforge.runtime.rows import BatchRows, named_tensors
+from pipeforge.runtime.saved import unkept_inputs
 from pipeforge.runtime.stage import StageRunner
 from pipeforge.runtime.step_trace import Trace, TraceEvent, Tracer
 
 RankProgram = Callable[[RankContext], None]
+RECEIVES = frozenset({ActionKind.RECV_F, ActionKind.RECV_B})
 
 
 class Pipeline:
@@ -78,6 +82,13 @@ class Pipeline:
         self.observers: list[Observer] = []  # told of every later step's actions (``context.Observer``)
         self._tracer: Tracer | None = None
         self.recorder: Recorder | None = None  # records where this rank was when a step fails (``records``)
+        self.post_early = True  # post receives ahead of the program where the rules allow (``RankContext.post_early``)
+        self._receives = _receives_of(program)  # the program's receives, in the order it posts them
+        self.preflight = True  # the first step()/eval() runs check() with its arguments first (``_preflight``)
+        self.end_agreement = True  # every call ends agreeing through the store whether it failed anywhere
+        self._checked: set[bool] = set()  # the modes (training or not) check() passed for
+        self.rng_seed: int | None = None  # each forward's RNG seeded per (step, stage, microbatch) (``rng.py``)
+        self.rng_step = 0  # the step index the next step() seeds with (every call of step() adds one)
 
     def register_custom_function(self, kind: Any, function: CustomFunction) -> None:
         """Run ``function(action, ctx)`` instead of the runtime's own for every action of ``kind`` (see
@@ -105,40 +116,49 @@ class Pipeline:
              shared_kwargs: Mapping[str, Any] | None = None,
              stage_kwargs: Mapping[int, Mapping[str, Any]] | None = None, **kwargs: Any) -> Any:
         """One training step over all microbatches; outputs merged on the last stage's rank."""
+        self.rng_step += 1  # every call, refused or failed: every rank counts its calls alike
         return self._guarded(self._step, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs)
 
     def _guarded(self, call, *arguments) -> Any:
-        """``call`` (a step or an eval); if it fails once its communication began (``StepStart.begin``),
-        nothing of it is left to meet the next one (``pipeforge.runtime.recovery``)."""
+        """``call`` (a step or an eval), after the first call's ``check`` (``preflight``); if it fails once its
+        communication began (``StepStart.begin``), nothing of it is left to meet the next one, and every rank
+        learns that it failed (``StepStart.end``: ``pipeforge.runtime.recovery``)."""
         self._start.begun = False
         self.transport.begin_step()  # every call its own tag, refused or not: every rank counts its calls alike
         shapes = self._input_shapes
         try:
-            if self.trace:
-                return self._traced(call, *arguments)
-            return call(*arguments)
+            self._preflight(call == self._step, *arguments)
+            result = self._traced(call, *arguments) if self.trace else call(*arguments)
         except BaseException as error:
             self._input_shapes = shapes  # a batch refused or failed does not become the shape later ones keep
-            if not self._start.begun:  # a call refused before it communicated leaves nothing behind
+            if not self._start.begun:  # refused by the check, on every rank together: nothing left behind
                 raise
             told = self._start.failed(self.transport, error)  # the peers learn of it (recovery.StepStart.failed)
+            if isinstance(error, Exception) and self.end_agreement:
+                self._start.end(self.transport, failed=True)  # the ranks that finished learn of it too
             if told is None:
                 raise
             for note in getattr(error, "__notes__", ()):
                 told.add_note(note)
             raise told from error
+        if self.end_agreement:
+            self._start.end(self.transport, failed=False)  # raises where another rank's step failed
+        return result
+
+    def _preflight(self, training: bool, args, kwargs, target, losses, outputs, shared, per_stage) -> None:
+        """The first ``step()`` (and the first ``eval()``) runs ``check`` with its arguments first, unless
+        ``preflight`` is off or ``check`` passed already; it raises on every rank together."""
+        if not self.preflight or training in self._checked or self.data_parallel.hooks_compute:
+            return
+        preflight.check(self, args, kwargs, target, shared, per_stage, training=training)
+        self._checked.update((training, False))
 
     def _step(self, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs) -> Any:
-        if self.holds_last and any(r.loss_fn is None for r in self.runners.values() if r.is_last):
-            raise PipelineUsageError(f"rank {self.rank} holds the last stage {self.info.stages - 1}: step() trains "
-                                     "and needs make_pipeline(loss_fn=...); use eval() for a forward pass only")
-        if self.holds_last and target is None:
-            raise PipelineUsageError(f"rank {self.rank} holds the last stage {self.info.stages - 1}: step() needs "
-                                     "target= (split per microbatch and given to loss_fn with the stage's output)")
         self._sync_replicas()
         earlier = self._set_aside_chain_grads()
         try:
-            ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=True)
+            ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=True,
+                            rng_step=self.rng_step - 1)
             self._reduce_chains()
         finally:
             _add_back(earlier)
@@ -154,6 +174,23 @@ class Pipeline:
         stage by stage; a non-tensor output, a failing module or loss, reentrant checkpointing under a split
         backward raise the same ``PipelineUsageError`` on every rank (``pipeforge.runtime.preflight``)."""
         preflight.check(self, args, kwargs, target, shared_kwargs, stage_kwargs)
+        self._checked.update((True, False))
+
+    def refusal(self, target: Any, training: bool) -> str | None:
+        """What is wrong with the target a step or an eval is given on this rank (``None``: nothing)."""
+        last = self.info.stages - 1
+        if not self.holds_last:
+            if target is not None:
+                return (f"rank {self.rank} runs stages {self.stages}, not the last stage {last}: target= goes to "
+                        "the rank holding the last stage")
+            return None
+        if training and any(r.loss_fn is None for r in self.runners.values() if r.is_last):
+            return (f"rank {self.rank} holds the last stage {last}: step() trains and needs "
+                    "make_pipeline(loss_fn=...); use eval() for a forward pass only")
+        if training and target is None:
+            return (f"rank {self.rank} holds the last stage {last}: step() needs target= (split per microbatch "
+                    "and given to loss_fn with the stage's output)")
+        return None
 
     def eval(self, *args: Any, target: Any = None, losses: list | None = None, return_outputs: bool = True,
              shared_kwargs: Mapping[str, Any] | None = None,
@@ -163,7 +200,7 @@ class Pipeline:
 
     def _eval(self, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs) -> Any:
         self._sync_replicas()
-        ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=False)
+        ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=False, rng_step=self.rng_step)
         return self._results(ctx, losses, return_outputs)
 
     def _traced(self, call, *arguments) -> Any:
@@ -181,23 +218,22 @@ class Pipeline:
 
     # -- inputs ----------------------------------------------------------------------
 
-    def _run(self, args: tuple, kwargs: dict, target: Any, shared: Any, per_stage: Any, training: bool) -> RankContext:
+    def _run(self, args: tuple, kwargs: dict, target: Any, shared: Any, per_stage: Any, training: bool,
+             rng_step: int) -> RankContext:
+        rng = StepRng(self.rng_seed, rng_step, self.transport.device) if self.rng_seed is not None else None
         ctx = RankContext(self.info, self.rank, self.runners, self.transport, self._caches, training=training,
-                          functions=self.functions, data_parallel=self.data_parallel, observers=self._observers())
+                          functions=self.functions, data_parallel=self.data_parallel, observers=self._observers(),
+                          rng=rng)
         if self.count_saved:
             ctx.saved.start_counting()
-        if not self.holds_last and target is not None:
-            raise PipelineUsageError(f"rank {self.rank} runs stages {self.stages}, not the last stage "
-                                     f"{self.info.stages - 1}: target= goes to the rank holding the last stage")
-        ctx.stage_inputs = self._stage_inputs(shared, per_stage)
-        ctx.inputs = self._batch(args, kwargs, ctx.stage_inputs.get(0))
-        if self.holds_last and target is not None:
-            device = self.transport.device
-            ctx.targets = split_value(to_device(target, device), self.info.microbatches, f"rank {self.rank}: target")
-        named = named_tensors(args, kwargs, target, shared, per_stage, self.stages)
-        # the step's communication starts (recovery.StepStart): a rank refusing its rows tells its neighbours
-        self._caches = ctx.caches = self._start.begin(self.transport, self._caches, self._rows.problem_known(named))
-        self._rows.agree(self.transport, named)  # the first call: every rank's tensors split like the batch
+        refusal = None
+        try:
+            named = self._prepare(ctx, args, kwargs, target, shared, per_stage, training)
+        except Exception as error:  # noqa: BLE001 (whatever refuses the arguments refuses the step on every rank)
+            refusal, named = error, []
+        # the step's communication starts (recovery.StepStart): a rank refusing its arguments tells every rank
+        self._caches = ctx.caches = self._start.begin(self.transport, self._caches, refusal)
+        self._rows.agree(self.transport, named, self._start)  # the first call: every rank's rows split like the batch
         self.data_parallel.begin(training)
         for runner in self.runners.values():
             runner.reset()
@@ -211,8 +247,30 @@ class Pipeline:
         ctx.saved.finish()
         return ctx
 
+    def _prepare(self, ctx: RankContext, args: tuple, kwargs: dict, target: Any, shared: Any, per_stage: Any,
+                 training: bool) -> list[tuple[str, int, bool]]:
+        """The call's arguments checked and split into ``ctx`` (a ``PipelineUsageError`` says what is wrong);
+        the tensors split into microbatches, with their rows (``rows.named_tensors``)."""
+        problem = self.refusal(target, training)
+        if problem:
+            raise PipelineUsageError(problem)
+        ctx.stage_inputs = self._stage_inputs(shared, per_stage)
+        ctx.inputs = self._batch(args, kwargs, ctx.stage_inputs.get(0))
+        if self.holds_last and target is not None:
+            device = self.transport.device
+            ctx.targets = split_value(to_device(target, device), self.info.microbatches, f"rank {self.rank}: target")
+        named = named_tensors(args, kwargs, target, shared, per_stage, self.stages)
+        problem = self._rows.problem_known(named)
+        if not problem and training:  # a recomputed stage 0 needs a tensor input to keep (runtime/saved.py)
+            problem = unkept_inputs(self.info, self.rank, ctx.inputs, ctx.stage_inputs.get(0))
+        if problem:
+            raise PipelineUsageError(problem)
+        return named
+
     def _run_program(self, ctx: RankContext, training: bool) -> None:
         ctx.begin_program()
+        if self.post_early and self._receives:
+            ctx.post_early(self._receives)
         with torch.set_grad_enabled(training):
             self._program(ctx)
         ctx.finish()
@@ -257,8 +315,12 @@ class Pipeline:
             raise PipelineUsageError(f"{where}: keyword(s) {clash} given both as the batch and as per-stage inputs "
                                      "of stage 0")
         device = self.transport.device
-        args, kwargs = to_device(args, device), to_device(kwargs, device)
-        shapes = _metas((args, kwargs))  # the whole batch's: one shape gives one shape per microbatch
+        if not kwargs and all(type(a) is torch.Tensor for a in args):  # plain tensors: _metas's answer at once
+            args = tuple(a if a.device == device else a.to(device) for a in args)
+            shapes = tuple((a.shape, a.dtype) for a in args)
+        else:
+            args, kwargs = to_device(args, device), to_device(kwargs, device)
+            shapes = _metas((args, kwargs))  # the whole batch's: one shape gives one shape per microbatch
         if self._input_shapes is not None and shapes != self._input_shapes:
             raise PipelineUsageError(f"rank {self.rank}: the batch changed shape since the first step; "
                                      "build a new pipeline for another batch shape")
@@ -405,6 +467,15 @@ class Pipeline:
                              "build both replicas from one seed, or copy one into the other")
 
 
+def _receives_of(program: RankProgram) -> tuple[Action, ...]:
+    """The receives ``program`` posts, in order (recorded as ``make_pipeline``'s agreement records it)."""
+    try:
+        actions = record(program).actions
+    except Exception:  # noqa: BLE001 (a program that does not run is refused by the agreement, before any step)
+        return ()
+    return tuple(a for a in actions if a.kind in RECEIVES)
+
+
 def _add_back(earlier: list[tuple[torch.nn.Parameter, torch.Tensor]]) -> None:
     """The gradients ``Pipeline._set_aside_chain_grads`` set aside, added to this step's."""
     for param, grad in earlier:
@@ -434,9 +505,10 @@ def _metas(chunk: Any) -> tuple:
 def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_modules: dict[int, torch.nn.Module],
                    *, loss_fn=None, rank=None, group=None, device=None, scale_grads=True,
                    timeout: float | None = None, tied_parameters=None, dp_group=None, fsdp: bool = False,
-                   custom_functions: dict | None = None, records=None) -> Pipeline:
+                   custom_functions: dict | None = None, records=None, rng_seed: int | None = None) -> Pipeline:
     """Wire a generated module's rank programs to this process's stage modules; ``records`` (or
-    ``PIPEFORGE_RECORDS``): the directory where a failed or overdue step leaves this rank's record."""
+    ``PIPEFORGE_RECORDS``): the directory where a failed or overdue step leaves this rank's record;
+    ``rng_seed``: seed each forward's RNG per (step, stage, microbatch) (``pipeforge.runtime.rng``)."""
     if not dist.is_initialized():
         raise PipelineError("torch.distributed is not initialized: call init_process_group first")
     size = dist.get_world_size(group)
@@ -449,6 +521,8 @@ def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_m
     tied = TiedParameters.parse(tied_parameters, info.stages, rank)
     device = torch.device(device) if device is not None else _default_device(group)
     functions = checked_functions(custom_functions)
+    if rng_seed is not None and (not isinstance(rng_seed, int) or isinstance(rng_seed, bool)):
+        raise PipelineUsageError(f"rank {rank}: rng_seed must be an integer (or None), got {rng_seed!r}")
     runners = _runners(info, rank, stage_modules, loss_fn)
     replicas = _data_parallel(info, rank, stage_modules, dp_group, fsdp, device)
     wait = timedelta(seconds=timeout) if timeout is not None else None
@@ -461,6 +535,7 @@ def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_m
     agree(info, programs, rank, transport)  # every rank runs one schedule's unedited module, or all refuse
     pipeline = Pipeline(info, programs[rank], runners, transport, scale_grads=scale_grads, tied=tied,
                         data_parallel=replicas, functions=functions)
+    pipeline.rng_seed = rng_seed
     watch_optimizers(pipeline)  # a parameter an optimizer lists twice is warned about at its first step
     directory = resolve_directory(records)
     if directory is not None:

@@ -21,13 +21,17 @@ from pipeforge.ir import ActionKind
 from pipeforge.runtime.aux import unwrap as unwrap_aux
 from pipeforge.runtime.microbatch import as_tuple, split_value, to_device
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError
+from pipeforge.runtime.saved import unkept_inputs
 from pipeforge.semantics import RUNTIME_METHODS
 
 REENTRANT = "CheckpointFunctionBackward"  # torch.utils.checkpoint(..., use_reentrant=True)'s autograd node
 
 
-def check(pipeline, args: tuple, kwargs: dict, target: Any, shared: Any, per_stage: Any) -> None:
-    prepared, problem = _prepare(pipeline, args, kwargs, target, shared, per_stage)
+def check(pipeline, args: tuple, kwargs: dict, target: Any, shared: Any, per_stage: Any, *,
+          training: bool = True) -> None:
+    """``training``: the arguments of ``step()`` (False: of ``eval()``, whose target is optional and whose
+    backward is never split)."""
+    prepared, problem = _prepare(pipeline, args, kwargs, target, shared, per_stage, training)
     problems = _gather(pipeline, problem)
     if any(problems):
         found = "; ".join(p for p in problems if p)
@@ -36,23 +40,24 @@ def check(pipeline, args: tuple, kwargs: dict, target: Any, shared: Any, per_sta
     devices = [pipeline.transport.device] if pipeline.transport.device.type == "cuda" else []
     try:
         with torch.random.fork_rng(devices=devices):
-            _run_stages(pipeline, prepared)
+            _run_stages(pipeline, prepared, training)
     finally:
         _restore(buffers)
 
 
-def _prepare(pipeline, args, kwargs, target, shared, per_stage) -> tuple[dict, str | None]:
+def _prepare(pipeline, args, kwargs, target, shared, per_stage, training: bool) -> tuple[dict, str | None]:
     try:
+        refused = pipeline.refusal(target, training)
+        if refused:
+            raise PipelineUsageError(refused)
         stage_inputs = pipeline._stage_inputs(shared, per_stage)
         batch = pipeline._batch(args, kwargs, stage_inputs.get(0))
         targets = None
         if target is not None:
-            if not pipeline.holds_last:
-                raise PipelineUsageError(f"rank {pipeline.rank} runs stages {pipeline.stages}, not the last stage: "
-                                         "target= goes to the rank holding the last stage")
             target = to_device(target, pipeline.transport.device)
             targets = split_value(target, pipeline.info.microbatches, f"rank {pipeline.rank}: target")
-        return {"inputs": stage_inputs, "batch": batch, "targets": targets}, None
+        unkept = unkept_inputs(pipeline.info, pipeline.rank, batch, stage_inputs.get(0))
+        return {"inputs": stage_inputs, "batch": batch, "targets": targets}, unkept
     except PipelineError as error:
         return {}, str(error)
 
@@ -63,7 +68,7 @@ def _gather(pipeline, problem: str | None) -> list[str | None]:
     return found
 
 
-def _run_stages(pipeline, prepared: dict) -> None:
+def _run_stages(pipeline, prepared: dict, training: bool) -> None:
     info, rank = pipeline.info, pipeline.rank
     outputs: dict[int, tuple] = {}
     reported: tuple = ()
@@ -71,7 +76,7 @@ def _run_stages(pipeline, prepared: dict) -> None:
         owner = info.rank_of(stage, 0)
         result: Any = None
         if owner == rank:
-            result = _run_stage(pipeline, prepared, stage, outputs.get(stage - 1), reported)
+            result = _run_stage(pipeline, prepared, stage, outputs.get(stage - 1), reported, training)
             if isinstance(result, tuple):
                 outputs[stage] = result
                 result = [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else None for t in result]
@@ -84,7 +89,7 @@ def _run_stages(pipeline, prepared: dict) -> None:
         reported = tuple(box[0] or ())
 
 
-def _run_stage(pipeline, prepared: dict, stage: int, local: tuple | None, reported: tuple):
+def _run_stage(pipeline, prepared: dict, stage: int, local: tuple | None, reported: tuple, training: bool):
     """The stage's output tensors, or what went wrong (a string)."""
     runner = pipeline.runners[(stage, 0)]
     if stage == 0:
@@ -111,7 +116,7 @@ def _run_stage(pipeline, prepared: dict, stage: int, local: tuple | None, report
         found = _loss_problem(runner, output, prepared["targets"])
         if isinstance(found, str):
             return found
-    if _splits_backward(pipeline) and _reentrant(found):
+    if training and _splits_backward(pipeline) and _reentrant(found):
         return ("it uses reentrant activation checkpointing (torch.utils.checkpoint with use_reentrant=True), "
                 f"whose backward cannot be split into I and W, and rank {pipeline.rank}'s program of schedule "
                 f"{pipeline.info.name!r} splits it: pass use_reentrant=False (Hugging Face: "

@@ -57,8 +57,10 @@ class BatchRows:
         greeting tells the neighbours, and every one refuses: ``recovery.StepStart.begin``)."""
         return self._problem(named, self.rows) if self.rows is not None else None
 
-    def agree(self, transport: Transport, named: list[tuple[str, int, bool]]) -> None:
-        """The first call: learn the batch's rows from the source rank, every rank refusing together."""
+    def agree(self, transport: Transport, named: list[tuple[str, int, bool]], start: Any = None) -> None:
+        """The first call: learn the batch's rows from the source rank, every rank refusing together.
+        ``start`` (a ``recovery.StepStart``): a refusing rank leaves its record on the store before it answers
+        (``start.tell``), and the others raise what it says (``start.refused_by``)."""
         if self.rows is not None:
             return
         if self.info.ranks == 1:
@@ -68,12 +70,14 @@ class BatchRows:
             self.rows = self._batch_rows(named)
             return None
         if self.rank == self.source:
-            return self._send(transport, named)
-        return self._receive(transport, named)
+            return self._send(transport, named, start)
+        return self._receive(transport, named, start)
 
-    def _send(self, transport: Transport, named: list[tuple[str, int, bool]]) -> None:
+    def _send(self, transport: Transport, named: list[tuple[str, int, bool]], start: Any) -> None:
         rows = self._batch_rows(named)
         problem = self._problem(named, rows)
+        if problem:
+            _tell(start, transport, problem)
         peers = [r for r in range(self.info.ranks) if r != self.rank]
         word = torch.tensor([rows, int(problem is not None)], dtype=torch.int64, device=transport.device)
         answers = {peer: torch.zeros(1, dtype=torch.int64, device=transport.device) for peer in peers}
@@ -83,22 +87,24 @@ class BatchRows:
             raise PipelineUsageError(problem)
         refused = [peer for peer, answer in answers.items() if answer.item()]
         if refused:
-            raise PipelineUsageError(f"rank {self.rank}: rank {refused[0]} refused this step: one of its tensors "
-                                     f"does not split like the batch of {rows} rows (its error names it)")
+            raise _refused(start, transport, refused[0], f"rank {self.rank}: rank {refused[0]} refused this step: one "
+                           f"of its tensors does not split like the batch of {rows} rows (its error names it)")
         self.rows = rows
 
-    def _receive(self, transport: Transport, named: list[tuple[str, int, bool]]) -> None:
+    def _receive(self, transport: Transport, named: list[tuple[str, int, bool]], start: Any) -> None:
         word = torch.zeros(2, dtype=torch.int64, device=transport.device)
         transport.exchange([Transfer(False, word, self.source)], "the batch's rows")
         rows, source_refused = int(word[0].item()), bool(word[1].item())
         problem = self._problem(named, rows) if not source_refused else None
+        if problem:
+            _tell(start, transport, problem)
         answer = torch.tensor([int(problem is not None)], dtype=torch.int64, device=transport.device)
         transport.exchange([Transfer(True, answer, self.source)], "the answer to the batch's rows")
         if problem:
             raise PipelineUsageError(problem)
         if source_refused:
-            raise PipelineUsageError(f"rank {self.rank}: rank {self.source} refused this step: a tensor of its "
-                                     "batch does not split like the batch (its error names it)")
+            raise _refused(start, transport, self.source, f"rank {self.rank}: rank {self.source} refused this step: "
+                           "a tensor of its batch does not split like the batch (its error names it)")
         self.rows = rows
 
     def _batch_rows(self, named: list[tuple[str, int, bool]]) -> int:
@@ -108,11 +114,21 @@ class BatchRows:
     def _problem(self, named: list[tuple[str, int, bool]], rows: int) -> str | None:
         chunks = self.info.microbatches
         for where, count, _ in named:
-            if rows and not splits_like(count, rows, chunks):
+            if rows and count != rows and not splits_like(count, rows, chunks):  # the batch's rows always split
                 return (f"rank {self.rank}: {where} has {count} rows and the batch {rows}: a tensor split into "
                         f"{chunks} microbatches must split like the batch (the batch's rows, or a whole multiple "
                         f"of them whose microbatches are that multiple of the batch's {microbatch_rows(rows, chunks)})")
         return None
+
+
+def _tell(start: Any, transport: Transport, problem: str) -> None:
+    if start is not None:
+        start.tell(transport, PipelineUsageError(problem))
+
+
+def _refused(start: Any, transport: Transport, peer: int, fallback: str) -> PipelineUsageError:
+    told = start.refused_by(transport, peer, "word on the batch's rows") if start is not None else None
+    return told if told is not None and peer == getattr(told, "failed_rank", None) else PipelineUsageError(fallback)
 
 
 def named_tensors(args: tuple, kwargs: Mapping, target: Any, shared: Any, per_stage: Any,

@@ -5,8 +5,9 @@ A recomputed forward runs without autograd and keeps its inputs and RNG state; R
 fork of the RNG (dropout draws the same masks) and runs the forward again under autograd. An offloaded
 forward saves through ``saved_tensors_hooks`` into a holder; OFFLOAD copies each saved non-parameter tensor
 to host memory, RELOAD back (CUDA: non-blocking on a side stream, waited before the backward; CPU: the same
-path with a host copy). ``SavedBytes`` counts the bytes of saved tensors alive on the device (each storage
-once): ``Pipeline.saved_peak`` after a step with ``count_saved``. Rules: ``docs/semantics.md``.
+path with a host copy). ``SavedBytes`` counts the bytes of saved tensors alive on the device (each tensor
+once, ``saved_key``) and of recomputed forwards' checkpoints: ``Pipeline.saved_peak`` after a step with
+``count_saved`` (``pipeforge profile`` measures a stage's bytes with it). Rules: ``docs/semantics.md``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from pipeforge.runtime.p2p import PipelineError
+from pipeforge.runtime.p2p import PipelineError, PipelineUsageError
 from pipeforge.runtime.stage import MicrobatchState
 
 Key = tuple[int, int, int]  # (stage, microbatch, chain)
@@ -31,39 +32,53 @@ class Checkpoint(NamedTuple):
     rng: tuple[torch.Tensor, torch.Tensor | None]
 
 
+SavedKey = tuple[int, int]  # (data pointer, bytes) of a saved tensor
+
+
+def saved_key(tensor: torch.Tensor) -> SavedKey | None:
+    """What the accounting counts once: a tensor's first element's address and its own bytes (a view and
+    its transpose are one; a slice is its own bytes, not its storage's); None for an empty tensor."""
+    address = tensor.data_ptr()
+    if address == 0:
+        return None
+    return address, tensor.numel() * tensor.element_size()
+
+
 class SavedBytes:
-    """The bytes of saved tensors alive on this rank's device (each storage once) and their peak."""
+    """The bytes of saved tensors alive on this rank's device (each ``saved_key`` once) and their peak."""
 
     def __init__(self) -> None:
         self.held = 0
         self.peak = 0
-        self._refs: dict[int, list[int]] = {}  # storage address -> [references, bytes]
+        self._refs: dict[SavedKey, int] = {}  # key -> references
 
-    def add(self, tensor: torch.Tensor) -> int | None:
-        storage = tensor.untyped_storage()
-        address = storage.data_ptr()
-        if address == 0:
+    def add(self, tensor: torch.Tensor) -> SavedKey | None:
+        key = saved_key(tensor)
+        if key is None:
             return None
-        entry = self._refs.get(address)
-        if entry is None:
-            entry = self._refs[address] = [0, storage.nbytes()]
-            self.held += entry[1]
-            self.peak = max(self.peak, self.held)
-        entry[0] += 1
-        return address
+        count = self._refs.get(key, 0)
+        self._refs[key] = count + 1
+        if count == 0:
+            self.held += key[1]
+            if self.held > self.peak:
+                self.peak = self.held
+        return key
 
-    def drop(self, address: int | None) -> None:
-        entry = self._refs.get(address) if address is not None else None
-        if entry is None:
+    def drop(self, key: SavedKey | None) -> None:
+        count = self._refs.get(key, 0) if key is not None else 0
+        if count == 0:
             return
-        entry[0] -= 1
-        if entry[0] == 0:
-            del self._refs[address]
-            self.held -= entry[1]
+        if count == 1:
+            del self._refs[key]
+            self.held -= key[1]
+        else:
+            self._refs[key] = count - 1
 
 
 class _Saved:
-    """One saved tensor as autograd holds it (the packed value): counted while it lives on the device."""
+    """One saved tensor as autograd holds it (the packed value): counted while it lives on the device.
+    It holds the tensor detached: an output saved with its own ``grad_fn`` would otherwise make a cycle
+    through autograd (node, saved value, tensor, node) that Python's gc cannot see, alive after W."""
 
     __slots__ = ("__weakref__", "address", "away", "counter", "tensor")
 
@@ -82,6 +97,29 @@ class _Saved:
         self.release()
 
 
+def counted(counter: SavedBytes | None, parameters: set[int], holder: list[_Saved] | None = None):
+    """``saved_tensors_hooks`` that count every saved tensor in ``counter`` while autograd holds it (and list
+    it in ``holder``, for OFFLOAD), a tensor in the storage of a parameter (``parameters``: storage
+    addresses) excepted: what ``Pipeline.saved_peak`` and ``pipeforge profile``'s activation bytes count."""
+
+    def pack(tensor: torch.Tensor) -> Any:
+        if tensor.untyped_storage().data_ptr() in parameters:
+            return tensor  # a parameter: neither counted nor moved
+        saved = _Saved(tensor.detach(), counter)
+        if holder is not None:
+            holder.append(saved)
+        return saved
+
+    def unpack(packed: Any) -> torch.Tensor:
+        if isinstance(packed, _Saved):
+            if packed.away:
+                raise PipelineError("a saved activation was used while offloaded (RELOAD it first)")
+            return packed.tensor
+        return packed
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+
 class SavedActivations:
     """One rank's recompute and offload state during one step (``RankContext.saved``)."""
 
@@ -93,12 +131,18 @@ class SavedActivations:
         self.counter = SavedBytes() if count else None
         self.checkpoints: dict[Key, Checkpoint] = {}
         self.holders: dict[Key, list[_Saved]] = {}
+        self.kept: dict[Key, list[SavedKey | None]] = {}  # the counted tensors of each checkpoint, until the backward
         self._stream = None
         self._copies: dict[Key, Any] = {}  # key -> the event of its transfer still in flight (CUDA)
 
     def start_counting(self) -> None:
         """Count the saved tensors' bytes of this step (``SavedBytes``)."""
         self.counter = SavedBytes()
+
+    @property
+    def tracked(self) -> bool:
+        """Something to let go of after a backward (``backward_done``)."""
+        return bool(self.holders or self.kept)
 
     @property
     def active(self) -> bool:
@@ -118,31 +162,18 @@ class SavedActivations:
 
     def _hooks(self, runner, holder: list[_Saved] | None):
         parameters = {p.untyped_storage().data_ptr() for p in runner.module.parameters()}
-        counter = self.counter
-
-        def pack(tensor: torch.Tensor) -> Any:
-            if tensor.untyped_storage().data_ptr() in parameters:
-                return tensor  # a parameter: neither counted nor moved
-            saved = _Saved(tensor, counter)
-            if holder is not None:
-                holder.append(saved)
-            return saved
-
-        def unpack(packed: Any) -> torch.Tensor:
-            if isinstance(packed, _Saved):
-                if packed.away:
-                    raise PipelineError("a saved activation was used while offloaded (RELOAD it first)")
-                return packed.tensor
-            return packed
-
-        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+        return counted(self.counter, parameters, holder)
 
     def _checkpointed(self, runner, key: Key, args: tuple, target: Any, kwargs: dict) -> Any:
         """The forward of a recomputed microbatch: no autograd, its inputs and RNG state kept."""
+        if next(_tensors((args, kwargs)), None) is None:
+            raise PipelineUsageError(_unkept(runner.rank, runner.stage, key[1], None, args, kwargs))
         rng = _rng_state(self.device)
         kept = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
         output = runner.forward(key[1], kept, target, False, kwargs)  # loss and outputs kept as in training
         self.checkpoints[key] = Checkpoint(kept, kwargs, target, rng)
+        if self.counter is not None:  # the checkpoint is held until the backward, as simulate counts it
+            self.kept[key] = [self.counter.add(t) for t in _tensors((kept, kwargs))]
         # a state without a graph: the output's shapes for the gradient's receive, and "backward pending"
         runner.states[key[1]] = MicrobatchState(kept, output, ())
         return output
@@ -216,17 +247,59 @@ class SavedActivations:
             torch.cuda.current_stream(self.device).wait_event(event)
 
     def backward_done(self, key: Key) -> None:
-        """After the B or W of ``key``: its holder goes (autograd has freed what it saved)."""
+        """After the B or W of ``key``: its holder and its checkpoint go (autograd has freed what it saved)."""
         holder = self.holders.pop(key, None)
         if holder is not None:
             for saved in holder:
                 saved.release()
+        counter = self.counter
+        for counted in self.kept.pop(key, ()):
+            if counter is not None:
+                counter.drop(counted)
 
     def finish(self) -> None:
         """After the step: nothing left behind."""
         self.holders.clear()
         self.checkpoints.clear()
+        self.kept.clear()
         self._copies.clear()
+
+
+def unkept_inputs(info, rank: int, inputs: list, own: list[dict] | None) -> str | None:
+    """Why this rank cannot recompute stage 0 (``info.recomputed``): a microbatch whose inputs (the batch's
+    arguments and keywords, ``inputs[m]``, and the stage's own, ``own[m]``) hold no tensor to keep; None if
+    it can. Stages after the first get tensors from the stage before (checked at their F)."""
+    for stage, mb, chain in info.recomputed:
+        if stage != 0 or info.rank_of(0, chain) != rank or mb >= len(inputs):
+            continue
+        args, kwargs = inputs[mb]
+        kwargs = {**kwargs, **(own[mb] if own else {})}
+        if next(_tensors((args, kwargs)), None) is None:
+            return _unkept(rank, 0, mb, info.recompute_source(0), args, kwargs)
+    return None
+
+
+def _unkept(rank: int | None, stage: int, mb: int, source: str | None, args: tuple, kwargs: dict) -> str:
+    given = [f"argument {i} ({type(a).__name__})" for i, a in enumerate(args)]
+    given += [f"keyword {k!r} ({type(v).__name__})" for k, v in kwargs.items()]
+    where = f"rank {rank}: " if rank is not None else ""
+    at = f" at {source}" if source else ""
+    return (f"{where}stage {stage} is recomputed (its R of microbatch {mb}{at}) but its forward is given no tensor "
+            f"input to keep: {', '.join(given) or 'nothing'}. R runs the forward again from the inputs its F kept, "
+            f"so a stage whose data comes from elsewhere (an iterator, a buffer it changes) cannot be rebuilt: "
+            f"give the stage its data as tensors, or do not recompute stage {stage}")
+
+
+def _tensors(value: Any):
+    """Every tensor in ``value`` (through tuples, lists and dicts)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
 
 
 def _rng_state(device: torch.device | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -240,4 +313,4 @@ def _set_rng_state(state: tuple[torch.Tensor, torch.Tensor | None], device: torc
         torch.cuda.set_rng_state(state[1], device)
 
 
-__all__ = ["Checkpoint", "SavedActivations", "SavedBytes"]
+__all__ = ["Checkpoint", "SavedActivations", "SavedBytes", "counted", "saved_key", "unkept_inputs"]

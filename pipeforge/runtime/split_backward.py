@@ -152,7 +152,7 @@ def _fused_input_pass(roots: tuple[torch.Tensor, ...], root_grads: tuple,
     """A graph holding a compiled region: its one backward node computes the input and the weight gradients
     together (and may free its buffers, so it runs once: AOTAutograd's donated buffers), so I runs the
     whole backward, as B does, and leaves W nothing. Exact; the split's overlap is lost for this stage."""
-    torch.autograd.backward(roots, root_grads)
+    run_backward(roots, root_grads)
     return tuple(t.grad for t in inputs), WeightPlan([], [], (), (), note=FUSED_NOTE)
 
 
@@ -284,7 +284,7 @@ def _run_input_pass(plan: WeightPlan, roots, root_grads, inputs: list[torch.Tens
     edges = [GradientEdge(node, k) for _, node, count in entries for k in range(count)]
     if not inputs and not edges:
         return ()
-    found = torch.autograd.grad(roots, [*inputs, *edges], root_grads, retain_graph=True, allow_unused=True)
+    found = gradients(roots, (*inputs, *edges), root_grads, True)
     at = len(inputs)
     for group, node, count in entries:
         group.grads[node] = found[at:at + count]
@@ -304,8 +304,7 @@ def backward_weight(plan: WeightPlan) -> list[tuple[torch.nn.Parameter, torch.Te
     """
     results: list[tuple[torch.nn.Parameter, torch.Tensor | None]] = []
     if plan.from_outputs:
-        found = torch.autograd.grad(plan.roots, plan.from_outputs, plan.root_grads, retain_graph=bool(plan.groups),
-                                    allow_unused=True)
+        found = gradients(plan.roots, tuple(plan.from_outputs), plan.root_grads, bool(plan.groups))
         results += list(zip(plan.from_outputs, found))
     for group in sorted(plan.groups, key=lambda g: len(g.nodes) == 1):
         results += _group_gradients(group, keep_graph=len(group.nodes) > 1)
@@ -316,7 +315,7 @@ def accumulate_weight_gradients(plan: WeightPlan) -> None:
     """W into the weights' ``.grad`` (added to what is there). A first stage's W runs its whole backward
     the way B does (``torch.autograd.backward``: one pass, each weight's gradient accumulated as it comes)."""
     if plan.whole:
-        torch.autograd.backward(plan.roots, plan.root_grads)
+        run_backward(plan.roots, plan.root_grads)
         return
     for param, grad in backward_weight(plan):
         if grad is None:
@@ -347,6 +346,54 @@ def _group_gradients(group: WeightGroup, keep_graph: bool) -> list[tuple[torch.n
     return list(zip(group.params, found))
 
 
+_ENGINE = getattr(torch.autograd.graph, "_engine_run_backward", None)  # torch's own entry point to its engine
+
+
+def run_backward(roots: tuple[torch.Tensor, ...], grads: tuple[torch.Tensor | None, ...]) -> None:
+    """``torch.autograd.backward(roots, grads)``: every leaf's ``.grad`` accumulated, the graph freed
+    (the engine called at once where ``engine_grads`` allows)."""
+    given = engine_grads(roots, grads)
+    if given is None:
+        torch.autograd.backward(roots, grads)
+    else:
+        _ENGINE(roots, given, False, False, (), True, True)
+
+
+def gradients(roots: tuple[torch.Tensor, ...], inputs: tuple, grads: tuple[torch.Tensor | None, ...],
+              keep_graph: bool) -> tuple[torch.Tensor | None, ...]:
+    """``torch.autograd.grad(roots, inputs, grads, retain_graph=keep_graph, allow_unused=True)``
+    (the engine called at once where ``engine_grads`` allows)."""
+    given = engine_grads(roots, grads)
+    if given is None:
+        return torch.autograd.grad(roots, inputs, grads, retain_graph=keep_graph, allow_unused=True)
+    return _ENGINE(roots, given, keep_graph, False, inputs, True, False)
+
+
+def engine_grads(roots: tuple[torch.Tensor, ...], grads: tuple[torch.Tensor | None, ...]) -> tuple | None:
+    """The roots' gradients as torch's engine takes them (``None`` of a scalar root: one), or ``None``
+    where torch's own checks must run and raise their error.
+
+    The runtime's root gradients are the roots' own shapes (received into buffers
+    made from the outputs, zeros like them, or ``None`` for a scalar loss), so the
+    runtime calls the engine without ``backward``'s and ``grad``'s Python checks,
+    which take about as long as a small stage's own backward. A gradient of
+    another shape, or a ``None`` for a root that is not a floating-point scalar,
+    is left to torch's checks.
+    """
+    if _ENGINE is None:
+        return None
+    given = []
+    for root, grad in zip(roots, grads):
+        if grad is None:
+            if root.numel() != 1 or not root.is_floating_point():
+                return None
+            grad = torch.ones_like(root, memory_format=torch.preserve_format)
+        elif grad.shape != root.shape:
+            return None
+        given.append(grad)
+    return tuple(given)
+
+
 def _run_engine(edges: tuple[GradientEdge, ...], grads: tuple[torch.Tensor, ...],
                 targets: tuple[GradientEdge, ...], keep_graph: bool) -> tuple[torch.Tensor | None, ...]:
     """``torch.autograd.grad(edges, targets, grads, retain_graph=keep_graph, allow_unused=True)``.
@@ -355,7 +402,6 @@ def _run_engine(edges: tuple[GradientEdge, ...], grads: tuple[torch.Tensor, ...]
     ``autograd.grad``'s checks of their shapes and types (a good part of a small
     group's time) are skipped where torch offers its engine entry point.
     """
-    run = getattr(torch.autograd.graph, "_engine_run_backward", None)
-    if run is None:
+    if _ENGINE is None:
         return torch.autograd.grad(edges, targets, grads, retain_graph=keep_graph, allow_unused=True)
-    return run(edges, grads, keep_graph, False, targets, True, False)
+    return _ENGINE(edges, grads, keep_graph, False, targets, True, False)

@@ -23,11 +23,12 @@ import torch
 from pipeforge.runtime.aux import WithAuxLoss
 from pipeforge.runtime.aux import unwrap as unwrap_aux
 from pipeforge.runtime.microbatch import as_tuple, detached
-from pipeforge.runtime.p2p import PipelineError
+from pipeforge.runtime.p2p import PipelineError, PipelineUsageError
 from pipeforge.runtime.split_backward import (
     SplitBackward,
     WeightPlan,
     accumulate_weight_gradients,
+    run_backward,
 )
 
 
@@ -53,9 +54,22 @@ class PeerStageError(PipelineError):
         self.stage, self.chain = record.get("stage"), record.get("chain")
         self.microbatch, self.action = record.get("microbatch"), record.get("action")
         what = record["message"].removeprefix(f"rank {self.failed_rank}: ")
-        where = f" at {what}" if self.action is not None else f": {what}"
-        super().__init__(f"rank {rank}: the step stopped because rank {self.failed_rank} failed{where} "
-                         f"(this rank learned it here: {here})")
+        if record.get("refused"):
+            text = f"rank {rank}: rank {self.failed_rank} refused this step: {what}"
+        else:
+            where = f" at {what}" if self.action is not None else f": {what}"
+            text = f"rank {rank}: the step stopped because rank {self.failed_rank} failed{where}"
+        super().__init__(f"{text} (this rank learned it here: {here})")
+
+    @staticmethod
+    def of(rank: int, record: dict, here: Exception) -> PeerStageError:
+        """The error for ``record``: a ``PeerRefusedError`` where the failing rank refused the step's arguments."""
+        return (PeerRefusedError if record.get("refused") else PeerStageError)(rank, record, here)
+
+
+class PeerRefusedError(PeerStageError, PipelineUsageError):
+    """Another rank refused the step for its arguments (a batch of another shape, a missing target, rows
+    that do not split like the batch): its message, with ``failed_rank`` naming it."""
 
 
 @dataclass
@@ -154,7 +168,7 @@ class StageRunner:
         del self.states[mb]
         if state.roots:
             try:
-                torch.autograd.backward(state.roots, state.root_grads)
+                run_backward(state.roots, state.root_grads)
             except PipelineError:
                 raise
             except Exception as error:

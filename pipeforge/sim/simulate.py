@@ -197,6 +197,31 @@ class Timeline:
         """Rank ``rank``'s events in program order."""
         return self.events_by_rank[rank]
 
+    @cached_property
+    def memory_curves(self) -> tuple[tuple[tuple[float, float], ...], ...]:
+        """Per rank, what it holds over time (M_B): ``(time, held from then on)`` where it changes, from
+        ``(0, 0)``. Each action's effect (``semantics.effects_of``, as the peak counts it) adds at its start and
+        releases at its end; at one time the releases come first. Its largest value is never above the
+        rank's ``peak_memory`` (UNSHARD and RESHARD, which take no time, are left out of it)."""
+        effect = effects_of(self.memory, (a for _, _, a in self.schedule.actions()))
+        curves = []
+        for events in self.events_by_rank:
+            changes: list[tuple[float, int, float]] = []  # (time, 0 release / 1 addition, amount)
+            for event in events:
+                for action, start, end in event.action_spans():
+                    added, released = effect(action)
+                    if added:
+                        changes.append((start, 1, added))
+                    if released:
+                        changes.append((end, 0, -released))
+            held, at = 0.0, [(0.0, 0.0)]
+            for time, _, amount in sorted(changes, key=lambda c: (c[0], c[1])):
+                held += amount
+                at[-1:] = [(time, held)] if at[-1][0] == time else [at[-1], (time, held)]
+            curve = [at[0]] + [point for before, point in zip(at, at[1:]) if point[1] != before[1]]
+            curves.append(tuple(curve))
+        return tuple(curves)
+
     def to_json(self) -> dict:
         return {
             "schedule": self.name,

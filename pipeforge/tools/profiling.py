@@ -109,9 +109,9 @@ class _Meter:
         self.clock_name = clock
         self.outside: list[float] = []  # ms of each measured step outside its program (``Trace.outside``)
         self.dispatch: list[float] = []  # ms per compute action of the runtime's own work (``Trace.dispatch``)
-        self.saved: dict[int, dict[tuple, int]] = {}  # mb -> (address, elements) -> bytes
-        self.used_by_w: dict[int, set[tuple]] = {}
-        self.plan_bytes: dict[int, int] = {}
+        self.counters: dict[int, Any] = {}  # mb -> its saved tensors' bytes (the runtime's ``SavedBytes``)
+        self.after_forward: dict[int, int] = {}  # mb -> bytes its F left saved
+        self.after_input: dict[int, int] = {}  # mb -> bytes still saved after its I (until its W)
         self.checkpoints: list[int] = []  # bytes of each counted forward's inputs (a recompute's checkpoint)
         self.output_bytes = 0
         self.phase: tuple[str, int] | None = None
@@ -119,23 +119,11 @@ class _Meter:
         self.counting = False  # count the bytes of this step (its times are not kept: the hooks cost time)
 
     def hooks(self, mb: int):
-        import torch
+        """Count what microbatch ``mb``'s F saves as the runtime counts it (``Pipeline.saved_peak``)."""
+        from pipeforge.runtime.saved import SavedBytes, counted
 
-        saved = self.saved.setdefault(mb, {})
-
-        def pack(tensor):
-            key = (tensor.data_ptr(), tensor.numel())
-            if tensor.untyped_storage().data_ptr() not in self.params:
-                saved[key] = tensor.numel() * tensor.element_size()
-            return key, tensor
-
-        def unpack(packed):
-            key, tensor = packed
-            if self.phase is not None and self.phase[0] == "W":
-                self.used_by_w.setdefault(self.phase[1], set()).add(key)
-            return tensor
-
-        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+        counter = self.counters[mb] = SavedBytes()
+        return counted(counter, self.params)
 
     def wrap(self, runner, memory: bool = True) -> None:
         """Time the stage's own compute (not the waits for its inputs) by wrapping the runner's methods;
@@ -162,8 +150,10 @@ class _Meter:
                 if self.counting:  # what a recomputed forward keeps: its inputs (the stage's args and kwargs)
                     self.checkpoints.append(_nbytes(args[0] if args else ()) + _nbytes(args[3] if len(args) > 3 else
                                                                                     kwargs.get("kwargs")))
-            if kind == "I":
-                self.plan_bytes[mb] = _plan_bytes(runner.states[mb].weight_plan)
+                    if mb in self.counters:
+                        self.after_forward[mb] = self.counters[mb].held
+            if kind == "I" and self.counting and mb in self.counters:
+                self.after_input[mb] = self.counters[mb].held
             if self.recording:
                 self.times[kind].append(elapsed * 1000.0)
             return result
@@ -171,9 +161,8 @@ class _Meter:
         return timed
 
     def stage_entry(self) -> dict[str, float]:
-        activation = statistics.median(sum(s.values()) for s in self.saved.values()) if self.saved else 0
-        grads = [sum(self.saved[mb].get(k, 0) for k in keys) + self.plan_bytes.get(mb, 0)
-                 for mb, keys in self.used_by_w.items() if mb in self.saved]
+        activation = statistics.median(self.after_forward.values()) if self.after_forward else 0
+        grads = [self.after_input[mb] for mb in self.after_forward if mb in self.after_input]
         weight_grad = min(statistics.median(grads), activation) if grads else 0
         entry = {kind: statistics.median(self.times[kind]) for kind in compute_kind_names() if self.times[kind]}
         if "F" in entry:
@@ -200,13 +189,6 @@ def _nbytes(value) -> int:
     if isinstance(value, dict):
         return sum(_nbytes(v) for v in value.values())
     return 0
-
-
-def _plan_bytes(plan) -> int:
-    if plan is None:
-        return 0
-    recorded = [g for group in plan.groups for grads in group.grads.values() for g in grads if g is not None]
-    return sum(_nbytes(g) for g in recorded) + _nbytes(tuple(g for g in plan.root_grads if g is not None))
 
 
 def profile_rank(rank: int, nproc: int, job: ProfileJob) -> dict:

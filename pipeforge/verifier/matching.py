@@ -1,14 +1,19 @@
-"""NCCL point-to-point matching (tags ignored): the k-th send from a to b meets the k-th receive on b from a."""
+"""NCCL point-to-point matching (tags ignored): the k-th send from a to b meets the k-th receive on b from a.
+
+``early_receives_pair_alike``: the same pairing when each rank posts receives ahead of the program as
+``semantics.early_receives`` lets the runtime (docs/semantics.md, "Receives posted early").
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property, partial
 from typing import NamedTuple
 
-from pipeforge.ir import ActionKind
-from pipeforge.semantics import PEER_OFFSET, SENDS, ActionKey
+from pipeforge.ir import ActionKind, Schedule
+from pipeforge.semantics import PEER_OFFSET, SENDS, ActionKey, early_receives, peer_stage
 from pipeforge.semantics import partner as partner_key
 from pipeforge.verifier.program import Program, Slot, text_of, violation_at
 from pipeforge.verifier.report import Violation
@@ -115,3 +120,34 @@ def check_matching(pairing: Pairing) -> list[Violation]:
                    f"receive); it needs {text_of(partner_key(send.key))}")
         found.append(violation_at("mismatch", message, send.slot))
     return found
+
+
+Chooser = Callable[[list[ActionKey], Callable[[ActionKey], int | None], Callable[[ActionKey], bool]], list[ActionKey]]
+
+
+def early_receives_pair_alike(schedule: Schedule, ready: Callable[[ActionKey], bool] = lambda key: True,
+                              choose: Chooser = early_receives) -> bool:
+    """Whether every rank of ``schedule`` (lowered) receives from each peer in the same order when it posts
+    the receives ``choose`` picks (``ready``: whose buffers are known) at the start of its program, the
+    others where they stand: then the k-th send still meets the k-th receive, and the pairing is the
+    schedule's own."""
+    def peer_of(key: ActionKey) -> int | None:
+        stage = peer_stage(key)
+        return schedule.rank_of(stage, key[3]) if 0 <= stage < schedule.stages else None
+
+    for program in schedule.programs:
+        receives: list[ActionKey] = [action for step in program if step.is_group for action in step.actions
+                    if action.kind in PEER_OFFSET and action.kind not in SENDS]
+        early = choose(receives, peer_of, ready)
+        taken = {id(key) for key in early}
+        posted: list[ActionKey] = [*early, *(key for key in receives if id(key) not in taken)]
+        if _per_peer(receives, peer_of) != _per_peer(posted, peer_of):
+            return False
+    return True
+
+
+def _per_peer(receives: list[ActionKey], peer_of: Callable[[ActionKey], int | None]) -> dict:
+    lanes: dict[int | None, list[ActionKey]] = defaultdict(list)
+    for key in receives:
+        lanes[peer_of(key)].append(key)
+    return lanes

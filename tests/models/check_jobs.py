@@ -2,8 +2,9 @@
 
 ``run_checks(rank, nproc, paths)`` builds, for each case, a pipeline of the
 schedule at ``paths[schedule]`` whose stage 1 (or 0) is broken as the case says,
-calls ``pipe.check(...)`` with the step's arguments and reports the message each
-rank got (``None`` when the check passed) and how long the call took.
+calls ``pipe.check(...)`` with the step's arguments (``run_first_steps``: calls
+``pipe.step(...)``, whose first call checks) and reports the message each rank
+got (``None`` when the check passed) and how long the call took.
 ``run_step_error`` lets a module raise inside ``step()`` and reports the error.
 """
 
@@ -82,7 +83,9 @@ def loss_fn(output, target):
     return F.mse_loss(output, target)
 
 
-def run_checks(rank: int, nproc: int, paths: dict[str, str]) -> dict[str, dict]:
+def run_checks(rank: int, nproc: int, paths: dict[str, str], call: str = "check") -> dict[str, dict]:
+    """``call``: ``"check"`` calls ``pipe.check`` first; ``"step"`` calls ``pipe.step`` alone, whose first
+    call runs the same check before any compute."""
     results = {}
     for case, (schedule, broken, how) in CASES.items():
         generated = load_module(paths[schedule])
@@ -93,12 +96,18 @@ def run_checks(rank: int, nproc: int, paths: dict[str, str]) -> dict[str, dict]:
         x = torch.randn(2 * info.microbatches, WIDTH, dtype=torch.float64)
         started = time.monotonic()
         try:
-            pipe.check(*((x,) if pipe.holds_first else ()), target=torch.zeros_like(x) if pipe.holds_last else None)
+            run = pipe.check if call == "check" else pipe.step
+            run(*((x,) if pipe.holds_first else ()), target=torch.zeros_like(x) if pipe.holds_last else None)
             message = None
         except PipelineError as error:
             message = str(error)
         results[case] = {"message": message, "seconds": time.monotonic() - started}
     return results
+
+
+def run_first_steps(rank: int, nproc: int, paths: dict[str, str]) -> dict[str, dict]:
+    """``run_checks`` with ``step()`` called at once: its first call checks."""
+    return run_checks(rank, nproc, paths, "step")
 
 
 def run_step_error(rank: int, nproc: int, path: str) -> str | None:
@@ -114,6 +123,7 @@ def run_step_error(rank: int, nproc: int, path: str) -> str | None:
 
     every[1].register_forward_pre_hook(arm)
     pipe = generated.make_pipeline({s: every[s] for s in generated.stages_of_rank(rank)}, loss_fn=loss_fn, timeout=5)
+    pipe.preflight = False  # the failure is inside step(): no check's forward before it (it counts forwards)
     x = torch.randn(2 * info.microbatches, WIDTH, dtype=torch.float64)
     try:
         pipe.step(*((x,) if pipe.holds_first else ()), target=torch.zeros_like(x) if pipe.holds_last else None)

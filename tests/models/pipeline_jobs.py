@@ -15,8 +15,7 @@ after two SGD steps.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +24,7 @@ import pipeforge
 from pipeforge.models import TokenMeanLoss
 from pipeforge.tools.generated import load_module
 from tests.models import families
+from tests.zoo.harness import Report  # the largest differences, by name
 
 SEED = 5
 
@@ -36,28 +36,6 @@ class Case:
     module_path: str
     steps: int = 2
     rows_per_microbatch: int = 2
-
-
-@dataclass
-class Report:
-    label: str
-    rank: int
-    max_rel: float = 0.0
-    worst: str = ""
-    compared: int = 0
-    missing: list[str] = field(default_factory=list)
-
-    def add(self, what: str, got, want) -> None:
-        if got is None or want is None:
-            if (got is None) != (want is None):
-                self.missing.append(what)
-            return
-        self.compared += 1
-        diff = (got.detach() - want.detach()).abs().max().item() if got.numel() else 0.0
-        scale = max(want.detach().abs().max().item() if want.numel() else 0.0, 1e-12)
-        relative = diff / scale if not math.isnan(diff) else math.inf
-        if relative > self.max_rel:
-            self.max_rel, self.worst = relative, what
 
 
 def layers_for(stages: int) -> int:

@@ -71,6 +71,7 @@ def fail_then_step(rank: int, nproc: int, job: dict) -> dict:
     failing = job.get("stage", job["victim"])
     wrapped = {s: FailsOnce(m, job["kind"], job["mb"]) if victim and s == failing else m for s, m in mine.items()}
     pipe = generated.make_pipeline(wrapped, loss_fn=models.loss_fn, timeout=job["wait"])
+    pipe.preflight = False  # the failure is inside step(): no check's forward before it (it counts forwards)
     report: dict = {"rank": rank}
     x, y = models.make_batch(info.stages, 2 * info.microbatches, seed=100)
     started = time.monotonic()

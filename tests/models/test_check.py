@@ -1,4 +1,5 @@
-"""Errors before the first step: ``Pipeline.check`` names rank, stage and inputs on every rank, none waits.
+"""Errors before the first step: ``Pipeline.check`` names rank, stage and inputs on every rank, none waits;
+the first ``step()`` runs the same check before any compute.
 
 And an exception inside a stage module during ``step()`` arrives naming rank,
 stage, microbatch and action.
@@ -26,12 +27,14 @@ EXPECTED = {  # case -> what every rank's message says
 PASSING = ("good", "reentrant-1f1b", "checkpoint-split")
 
 
-@pytest.fixture(scope="module")
-def checks(tmp_path_factory):
+@pytest.fixture(scope="module", params=["run_checks", "run_first_steps"])
+def checks(tmp_path_factory, request):
+    """Every case through ``pipe.check`` (``run_checks``), and through ``pipe.step`` alone (``run_first_steps``:
+    the first step checks before any compute, with the same messages)."""
     out = tmp_path_factory.mktemp("check")
     paths = {name: str(codegen(pipeforge.load(name, defines={"P": 2, "M": 2}), out / name))
              for name in ("1f1b", "zb-h1")}
-    outcomes = spawn("tests.models.check_jobs:run_checks", 2, paths, timeout=60, deadline=280)
+    outcomes = spawn(f"tests.models.check_jobs:{request.param}", 2, paths, timeout=60, deadline=280)
     assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes)
     return [o.value for o in outcomes]
 

@@ -14,7 +14,14 @@ import pipeforge
 import pipeforge.testing as pt
 from pipeforge.errors import PipeforgeError
 from pipeforge.ir import CostModel, MemorySpec
-from pipeforge.optimizer.memory_actions import optimize_memory
+from benchmarks.zb_profiles import TABLE_5
+from pipeforge.ir import Action
+from pipeforge.optimizer.evaluate import Graph, Problem, evaluate, schedule_of
+from pipeforge.optimizer.memory_actions import optimize_memory, per_microbatch
+from pipeforge.optimizer.recompute_greedy import recompute_orders
+from pipeforge.optimizer.units import integer_units
+from pipeforge.sim.bounds import recompute_span
+from pipeforge.sim.workgraph import compile_schedule
 from pipeforge.verifier import verify
 
 
@@ -37,6 +44,8 @@ def test_the_output_always_verifies_and_never_exceeds_the_limit(schedule, policy
     assert max(pipeforge.simulate(result.schedule).peak_memory) <= limit + 1e-9
     kinds = [a.kind.value for _, _, a in result.schedule.actions()]
     assert choice.recomputed == kinds.count("R") and choice.offloaded == kinds.count("OFFLOAD")
+    if policy != "none":  # the bound of the space with recompute (sim.bounds.recompute_span) stays a bound
+        assert result.span_bound <= result.after.max_span + 1e-6
     if policy == "none" and not offload:
         assert choice.recomputed == choice.offloaded == 0
     if policy == "all" and not offload:
@@ -46,7 +55,7 @@ def test_the_output_always_verifies_and_never_exceeds_the_limit(schedule, policy
 def test_auto_recomputes_when_the_limit_cannot_be_met_otherwise():
     schedule = replace(pipeforge.load("1f1b", defines={"P": 4, "M": 8}), memory=MemorySpec(checkpoint=0.05))
     result, choice = optimize_memory(schedule, recompute="auto", costs=CostModel(), memory_limit=1.6, time_limit=2)
-    assert choice.recompute in ("all", "selective") and choice.recomputed > 0 and max(result.after.peak_memory) <= 1.6
+    assert choice.recompute in ("all", "selective", "per-microbatch") and choice.recomputed > 0 and max(result.after.peak_memory) <= 1.6
     plain, _ = optimize_memory(schedule, recompute="none", costs=CostModel(), memory_limit=1.6, time_limit=2)
     assert result.after.max_span < plain.after.max_span
 
@@ -59,8 +68,41 @@ def test_the_command_reports_the_counts_beside_after(tmp_path):
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     chose = report["memory_actions"]
-    assert chose["recompute"] in ("all", "selective") and chose["recomputed"] > 0 and chose["tried"][0] == "none"
+    assert chose["recompute"] in ("all", "selective", "per-microbatch") and chose["recomputed"] > 0 and chose["tried"][0] == "none"
     assert max(report["after"]["peak_memory"]) <= 1.6 and report["after"]["makespan"] > 0
     written = pipeforge.load(str(tmp_path / "out.pipe"))
     assert verify(written).valid and written.memory.limit == 1.6
     assert sum(a.kind.value == "R" for _, _, a in written.actions()) == chose["recomputed"]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(st.integers(2, 5), st.integers(1, 10), st.sampled_from([0.3, 0.5, 0.75, 1.0, 1.5]),
+       st.sampled_from([0.0, 0.05, 0.3]), st.sampled_from([0.0, 0.4, 0.8]))
+def test_every_per_microbatch_order_runs_fits_and_verifies(ranks, microbatches, fraction, checkpoint, weights):
+    memory = MemorySpec(max(1.0, fraction * ranks), weights, checkpoint=checkpoint)
+    schedule = replace(pipeforge.load("1f1b", defines={"P": ranks, "M": max(microbatches, 1)}), memory=memory)
+    problem = Problem.of(schedule, CostModel(F=2, I=2, W=1, comm=0.5), memory.limit)
+    for _, keys in recompute_orders(problem):
+        graph = Graph(problem, [Action(*key) for seq in keys for key in seq])
+        order = tuple(graph.ids(seq) for seq in keys)
+        evaluation = evaluate(graph, order)
+        assert evaluation is not None and evaluation.fits(memory.limit)
+        report = verify(replace(schedule_of(schedule, graph, order), memory=memory))
+        assert report.valid, report.violations
+
+
+def test_per_microbatch_beats_full_recompute_at_half_the_memory():
+    """Table 5's 1.5B row (p = 8, m = 24) at 0.5p: the scheduler's order alone is under 0.9x 1f1b-recompute."""
+    row = TABLE_5[0]
+    memory = MemorySpec(0.5 * row.p, row.weights, checkpoint=0.05)
+    plain = replace(pipeforge.load("1f1b", defines={"P": row.p, "M": row.m}), memory=memory)
+    full = replace(pipeforge.load("1f1b-recompute", defines={"P": row.p, "M": row.m}), memory=memory)
+    found = per_microbatch(plain, memory, integer_units(row.costs).costs, float("inf"))
+    placed = replace(schedule_of(plain, found[0], found[1]), costs=row.costs, memory=memory)
+    assert verify(placed).valid
+    span = pipeforge.simulate(placed, row.costs).makespan
+    assert span <= 0.9 * pipeforge.simulate(full, row.costs).makespan
+    graph, _ = compile_schedule(plain, row.costs, replace(memory, limit=None))
+    bound = recompute_span(graph, memory)
+    assert bound.max_span <= span and bound.max_span <= pipeforge.simulate(full, row.costs).makespan
+    assert bound.ranks[0][1] > 0  # the limit forces recompute on rank 0

@@ -47,6 +47,7 @@ def sabotaged_run(rank: int, nproc: int, payload: tuple) -> float:
     if rank == victim:
         stages = {s: Sabotaged(m, how, when) for s, m in stages.items()}
     pipe = generated.make_pipeline(stages, loss_fn=models.loss_fn, timeout=wait)
+    pipe.preflight = False  # the fault is inside step(): no check's forward before it (it counts forwards)
     started = time.monotonic()
     for step in range(3):
         x, y = models.make_batch(info.stages, 2 * info.microbatches, seed=step)

@@ -3,8 +3,9 @@
 Before, a target with fewer rows than the batch was broadcast against each
 microbatch's output (exit 0, a wrong loss). Now the first step learns the
 batch's rows from stage 0's rank, and every later step's greeting carries a
-refusal to the neighbours, so both ranks refuse together; the steps between
-train like the unpipelined model (gloo, 2 ranks, float64).
+refusal to the neighbours, so both ranks refuse together, the other rank with
+the refusing rank's message; the steps between train like the unpipelined
+model (gloo, 2 ranks, float64).
 """
 
 from __future__ import annotations
@@ -87,16 +88,15 @@ def test_rows_that_do_not_split_like_the_batch_are_refused_on_every_rank(tmp_pat
     first, last = outcomes[0].value, outcomes[1].value
     assert last[0].startswith("refused: rank 1: target has 4 rows and the batch 8: a tensor split into 4 "
                               "microbatches must split like the batch"), last[0]
-    assert first[0] == "refused: rank 0: rank 1 refused this step: one of its tensors does not split like the " \
-                       "batch of 8 rows (its error names it)", first[0]
+    told = "refused: rank {}: rank {} refused this step: {} (this rank learned it here: rank {}: rank {}'s {})"
+    # the other rank raises the refusing rank's own message (a PeerRefusedError, a PipelineUsageError)
+    assert first[0] == told.format(0, 1, last[0].removeprefix("refused: rank 1: "), 0, 1, "word on the batch's rows")
     assert last[2].startswith("refused: rank 1: target has 6 rows and the batch 8"), last[2]
     assert last[3].startswith("refused: rank 1: shared_kwargs['mask'] has 6 rows and the batch 8"), last[3]
-    for refused in (first[2], first[3]):
-        assert refused == "refused: rank 0: rank 1 refused this step for its arguments (its error names the " \
-                          "argument)", refused
+    for index in (2, 3):
+        assert first[index] == told.format(0, 1, last[index].removeprefix("refused: rank 1: "), 0, 1, "greeting")
     assert first[5].startswith("refused: rank 0: step()/eval() keyword 'extra' has 6 rows and the batch 8"), first[5]
-    assert last[5] == "refused: rank 1: rank 0 refused this step: a tensor of its batch does not split like the " \
-                      "batch (its error names it)", last[5]
+    assert last[5] == told.format(1, 0, first[5].removeprefix("refused: rank 0: "), 1, 0, "word on the batch's rows")
     for results in (first, last):
         assert results[1] == results[4] == "trained: 0.0e+00", results
         assert results[6] == "trained", results

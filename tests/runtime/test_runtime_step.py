@@ -134,7 +134,8 @@ def test_step_splits_merges_and_leaves_no_graph_behind(tmp_path):
     outcomes = spawn(step_contract, 2, path, timeout=30, deadline=150)
     assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
     first, last = outcomes[0].value, outcomes[1].value
-    assert first["rows_seen"] == [3, 3, 2, 2]  # the dict batch split on dim 0, as torch.tensor_split does
+    # the dict batch split on dim 0, as torch.tensor_split does, after the first step's check of microbatch 0
+    assert first["rows_seen"] == [3, 3, 3, 2, 2]
     for result in (first, last):
         assert result["saved"] > 0 and result["alive_after_step"] == 0, result
         assert result["grad_diff"] < 1e-12, result
@@ -147,7 +148,8 @@ def test_step_splits_merges_and_leaves_no_graph_behind(tmp_path):
 
 
 def misuse(rank: int, nproc: int, paths: dict) -> dict:
-    """Each misuse raises before any communication, on the ranks that try it."""
+    """Each misuse raises before any compute, on the rank that tries it and on its peer (the first step's
+    check, or the step's greeting)."""
     import types
 
     import torch
@@ -175,14 +177,18 @@ def misuse(rank: int, nproc: int, paths: dict) -> dict:
     pipe = generated.make_pipeline({rank: stages[rank]}, loss_fn=models.loss_fn, timeout=30)
     x, y = models.make_batch(2, 4, seed=0)
     if rank == 1:
-        attempt("missing target", lambda: pipe.step())
-        attempt("batch on a later stage", lambda: pipe.step(x, target=y))
-        attempt("stage out of range", lambda: pipe.step(target=y, stage_kwargs={7: {"mask": x}}))
-        attempt("shared kwargs not a dict", lambda: pipe.step(target=y, shared_kwargs=[x]))
-        attempt("name in both", lambda: pipe.step(target=y, shared_kwargs={"m": x}, stage_kwargs={1: {"m": x}}))
+        misuses = [("missing target", lambda: pipe.step()),
+                   ("batch on a later stage", lambda: pipe.step(x, target=y)),
+                   ("stage out of range", lambda: pipe.step(target=y, stage_kwargs={7: {"mask": x}})),
+                   ("shared kwargs not a dict", lambda: pipe.step(target=y, shared_kwargs=[x])),
+                   ("name in both", lambda: pipe.step(target=y, shared_kwargs={"m": x}, stage_kwargs={1: {"m": x}}))]
     else:
-        attempt("target on the first stage", lambda: pipe.step(x, target=y))
-        attempt("nested unsplittable", lambda: pipe.step(x, extra=types.SimpleNamespace(ids=x)))
+        misuses = [("target on the first stage", lambda: pipe.step(x, target=y)),
+                   ("nested unsplittable", lambda: pipe.step(x, extra=types.SimpleNamespace(ids=x)))]
+    sound = (lambda: pipe.step(target=y)) if rank == 1 else (lambda: pipe.step(x))
+    for index in range(5):  # every rank calls step() as often: a refusal reaches every rank (the other's error)
+        attempt(*misuses[index]) if index < len(misuses) else attempt("the peer's misuse", sound)
+    assert "the peer's misuse" in errors or rank == 1, errors
 
     # tied copies and Chimera replicas that do not start equal: both ranks find out together
     tied = zoo.build("tied", 2, seed=rank)  # each rank built from its own seed: the tie's copies differ

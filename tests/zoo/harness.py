@@ -9,7 +9,9 @@ steps, against the same model run unpipelined in the same process.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -34,6 +36,7 @@ class Case:
     every_stage: bool = True  # give the model's mask / positions to every stage (pipeforge only)
     steps: int = 2
     rows_per_microbatch: int = 2
+    rng_seed: int | None = None  # make_pipeline(rng_seed=...), and the reference under microbatch_rng
 
 
 @dataclass
@@ -54,6 +57,7 @@ class Report:
             return
         self.compared += 1
         diff = (got.detach().double() - want.detach().double()).abs().max().item() if got.numel() else 0.0
+        diff = math.inf if math.isnan(diff) else diff  # a NaN compares false with everything: count it as off
         scale = max(want.detach().double().abs().max().item() if want.numel() else 0.0, 1e-12)
         if diff > self.max_abs:
             self.max_abs, self.worst = diff, what
@@ -78,14 +82,16 @@ _EXPECTED: dict[tuple, Expected] = {}
 
 
 def expected(model: str, stages: int, microbatches: int, case: Case) -> Expected:
-    key = (model, stages, microbatches, case.every_stage, case.steps, case.rows_per_microbatch)
+    key = (model, stages, microbatches, case.every_stage, case.steps, case.rows_per_microbatch, case.rng_seed)
     if key not in _EXPECTED:
         _EXPECTED[key] = unpipelined(model, stages, microbatches, case)
     return _EXPECTED[key]
 
 
 def unpipelined(model: str, stages: int, microbatches: int, case: Case) -> Expected:
-    """The whole model in one process: microbatches in order, gradients accumulated, then divided by M."""
+    """The whole model in one process: microbatches in order, gradients accumulated, then divided by M.
+    With ``case.rng_seed`` each stage's forward (the last one's with its loss) runs under
+    ``microbatch_rng(seed, step, stage, microbatch)``, as the pipeline seeds it (docs/runtime.md)."""
     modules = zoo.build(model, stages, seed=0)
     result = Expected()
     for step in range(case.steps):
@@ -93,9 +99,11 @@ def unpipelined(model: str, stages: int, microbatches: int, case: Case) -> Expec
         losses, outputs = [], []
         for m in range(microbatches):
             value = tokens.tensor_split(microbatches)[m]
-            for module in modules:
-                value = module(value, **{k: v.tensor_split(microbatches)[m] for k, v in every_stage.items()})
-            loss = zoo.loss_fn(value, targets.tensor_split(microbatches)[m])
+            for s, module in enumerate(modules):
+                with seeded(case.rng_seed, step, s, m):
+                    value = module(value, **{k: v.tensor_split(microbatches)[m] for k, v in every_stage.items()})
+                    if s == len(modules) - 1:
+                        loss = zoo.loss_fn(value, targets.tensor_split(microbatches)[m])
             loss.backward()
             losses.append(loss.detach())
             outputs.append(value.detach())
@@ -110,6 +118,12 @@ def unpipelined(model: str, stages: int, microbatches: int, case: Case) -> Expec
     result.params = {(s, name): p.detach().clone() for s, module in enumerate(modules)
                      for name, p in module.named_parameters()}
     return result
+
+
+def seeded(seed: int | None, step: int, stage: int, microbatch: int):
+    from pipeforge.runtime import microbatch_rng
+
+    return microbatch_rng(seed, step, stage, microbatch) if seed is not None else contextlib.nullcontext()
 
 
 def inputs(case: Case, microbatches: int, step: int) -> tuple:
@@ -176,7 +190,8 @@ class PipeforgeRunner:
 
         generated = load_module(case.module_path)
         tied = zoo.tied_parameters(case.model, info.stages)
-        self.pipe = generated.make_pipeline(mine, loss_fn=zoo.loss_fn, timeout=30, tied_parameters=tied)
+        self.pipe = generated.make_pipeline(mine, loss_fn=zoo.loss_fn, timeout=30, tied_parameters=tied,
+                                            rng_seed=case.rng_seed)
 
     def step(self, tokens, targets, every_stage: dict):
         losses = ["left from an earlier step"]

@@ -9,7 +9,9 @@
   no token was routed to gets no gradient in that microbatch);
 - ``tied``: the GPT with its LM head tied to the token embedding (the same
   parameter in the unpipelined model; named in ``tied_parameters`` when the
-  first and last stages live on different ranks).
+  first and last stages live on different ranks);
+- ``gpt-dropout`` (not in ``MODELS``): the GPT with dropout 0.3 in every block,
+  compared under ``make_pipeline(rng_seed=...)`` (``tests/zoo/test_zoo_dropout.py``).
 
 ``build(model, stages, seed)`` returns the stage modules (stage 0 embeds, the
 last stage ends with the head); ``batch(...)`` the tokens, the targets and the
@@ -41,9 +43,9 @@ class Embed(nn.Module):
 class GptBlock(nn.Module):
     """``nn.TransformerEncoderLayer``, causal, with the key padding mask every stage receives."""
 
-    def __init__(self):
+    def __init__(self, dropout: float = 0.0):
         super().__init__()
-        self.layer = nn.TransformerEncoderLayer(WIDTH, HEADS, 2 * WIDTH, dropout=0.0, batch_first=True,
+        self.layer = nn.TransformerEncoderLayer(WIDTH, HEADS, 2 * WIDTH, dropout=dropout, batch_first=True,
                                                 norm_first=True)
         self.register_buffer("causal", torch.ones(SEQ, SEQ, dtype=torch.bool).triu(1), persistent=False)
 
@@ -156,7 +158,14 @@ class Stage(nn.Module):
         return self.head(x) if self.head is not None else x
 
 
-BLOCKS = {"gpt": GptBlock, "llama": LlamaBlock, "moe": MoeBlock, "tied": GptBlock}
+DROPOUT = 0.3  # of the gpt-dropout model
+
+
+def DropoutGptBlock() -> GptBlock:
+    return GptBlock(DROPOUT)
+
+
+BLOCKS = {"gpt": GptBlock, "llama": LlamaBlock, "moe": MoeBlock, "tied": GptBlock, "gpt-dropout": DropoutGptBlock}
 
 
 def build(model: str, stages: int, seed: int = 0) -> list[nn.Module]:
@@ -185,7 +194,7 @@ def batch(model: str, rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor,
     if model == "llama":
         offsets = torch.randint(0, 3, (rows, 1), generator=generator)
         every_stage = {"positions": offsets + torch.arange(SEQ)}
-    elif model in ("gpt", "tied"):
+    elif model in ("gpt", "tied", "gpt-dropout"):
         lengths = torch.randint(1, SEQ + 1, (rows, 1), generator=generator)
         every_stage = {"padding": torch.arange(SEQ) >= lengths}
     else:

@@ -6,12 +6,14 @@
 2. *Schedules of this work* (``work.py``: ``work_bound`` -> ``WorkBound``): a B may be split into I and W,
    any order within a memory limit. ``optimize``'s ``bound`` and ``simulate``'s ``bounds.work``. Its
    per-rank arguments are in ``work.py`` and ``chunk_chain.py``, the one over all ranks together in
-   ``fill_chain.py``; all of them walk the longest paths of ``paths.py``.
+   ``fill_chain.py``; all of them walk the longest paths of ``paths.py``. ``recompute.py``: the same space
+   where any (stage, microbatch) may also be recomputed (the recompute a memory limit forces).
 
 Import bounds from here. Why each holds: ``docs/bounds.md``.
 """
 
 from pipeforge.sim.bounds.fill_chain import fill_chain_forwards, fill_chain_span
+from pipeforge.sim.bounds.recompute import RecomputeBound, recompute_span
 from pipeforge.sim.bounds.orders import ORDERS_SPACE, Bounds, RankBound, compute_bounds
 from pipeforge.sim.bounds.work import (
     ARGUMENTS, WORK_SPACE, RankSpan, WorkBound, bubble_lower_bound, bubble_of_span, busy_per_rank,
@@ -20,7 +22,7 @@ from pipeforge.sim.bounds.work import (
 
 __all__ = [
     "ARGUMENTS", "ORDERS_SPACE", "WORK_SPACE", "Bounds", "RankBound", "RankSpan", "WorkBound", "bubble_lower_bound",
-    "bubble_of_span", "busy_per_rank", "compute_bounds", "fill_chain_forwards", "fill_chain_span",
-    "memory_chain_spans", "rank_spans", "round_trip_idle", "span_lower_bound", "tail_work", "through_spans",
-    "work_bound",
+    "bubble_of_span", "busy_per_rank", "RecomputeBound", "recompute_span", "compute_bounds", "fill_chain_forwards",
+    "fill_chain_span", "memory_chain_spans", "rank_spans", "round_trip_idle", "span_lower_bound", "tail_work",
+    "through_spans", "work_bound",
 ]

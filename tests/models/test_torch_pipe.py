@@ -1,0 +1,158 @@
+"""torch ``pipeline()`` splits through ``pipeforge.split``: the cut, its ties, its refusals, and training on gloo.
+
+In one process: the stage modules cut from a torch ``Pipe`` (GPT-2 with sdpa
+and with eager attention, a hand-written Llama, a model whose head reads the
+embedding) chained give the model's own output bit for bit at 1 to 4 stages;
+values a later stage needs ride through the stages between; torch's replicated
+tied weight is the ``tied_parameters`` group. On 4 and 2 gloo ranks
+(``torch_pipe_jobs``): losses, every gradient after each of two steps and every
+parameter after two SGD steps equal torch's own runtime on the same split
+(GPT-2; where torch runs it) bit for bit and the unpipelined model to rounding.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import pipeforge
+from pipeforge.errors import UsageError
+from pipeforge.generator import codegen
+from pipeforge.tools.launch import spawn
+from tests.models import torch_pipe_jobs as jobs
+from tests.models.torch_pipe_jobs import Case
+
+ROUNDING = 1e-12
+FAMILIES = ("gpt2", "gpt2-eager", "tiny-llama", "long-skip")
+
+
+def chained(cut, tokens):
+    value = tokens
+    for stage in sorted(cut.modules):
+        value = cut.modules[stage](*(value if isinstance(value, tuple) else (value,)))
+    return value
+
+
+def own_output(model, tokens):
+    output = model(tokens)
+    return getattr(output, "logits", output)
+
+
+@pytest.mark.parametrize("family, stages", [(f, s) for f in FAMILIES for s in (2, 4)] + [("gpt2", 1), ("gpt2", 3)])
+def test_chained_stages_give_the_models_output_bit_for_bit(family, stages):
+    model = jobs.build(family)
+    cut = pipeforge.split(jobs.torch_pipe(copy.deepcopy(model), family, stages), stages)
+    tokens = torch.randint(0, jobs.VOCAB, (jobs.ROWS, jobs.SEQ), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(chained(cut, tokens), own_output(model, tokens))
+    assert sorted(cut.modules) == list(range(stages))
+
+
+def test_values_for_later_stages_ride_through_the_stages_between():
+    cut = pipeforge.split(jobs.torch_pipe(jobs.build("gpt2"), "gpt2", 4), 4)
+    tokens = torch.zeros(jobs.ROWS, jobs.SEQ, dtype=torch.long)
+    with torch.no_grad():
+        out0 = cut.modules[0](tokens)
+        out1 = cut.modules[1](*out0)
+    mask = next(t for t in out0 if t.dtype == torch.bool)  # made once on stage 0, used by every block
+    assert any(t is mask for t in out1), "stage 1 hands stage 0's mask on unchanged"
+    assert len(out1) == 2 and out1[1].dtype == torch.float64
+
+
+def test_the_tied_embedding_and_head_are_one_group_under_the_models_names():
+    model = jobs.build("gpt2")
+    cut = pipeforge.split(jobs.torch_pipe(copy.deepcopy(model), "gpt2", 4), 4, owned=[0, 3])
+    assert cut.tied_parameters == [[(0, "transformer.wte.weight"), (3, "lm_head.weight")]]
+    assert sorted(cut.modules) == [0, 3]
+    names = dict(model.named_parameters(remove_duplicate=False))
+    for (stage, name), model_name in cut.names.items():
+        assert model_name == name and torch.equal(cut.modules[stage].get_parameter(name), names[name])
+    assert cut.modules[0].get_parameter("transformer.wte.weight") is not cut.modules[3].get_parameter("lm_head.weight")
+
+
+def test_a_generated_modules_schedule_gives_the_stage_count(tmp_path):
+    from pipeforge.tools.generated import load_module
+
+    generated = load_module(str(codegen(pipeforge.load("zbv", defines={"P": 2, "M": 4}), tmp_path)))
+    pipe = jobs.torch_pipe(jobs.build("gpt2"), "gpt2", generated.SCHEDULE.stages)
+    cut = pipeforge.split(pipe, generated.SCHEDULE, owned=generated.stages_of_rank(0))
+    assert sorted(cut.modules) == [0, 3] and cut.tied_parameters
+
+
+def test_a_microbatch_of_another_shape_is_refused_naming_the_argument():
+    cut = pipeforge.split(jobs.torch_pipe(jobs.build("gpt2"), "gpt2", 2), 2)
+    with pytest.raises(UsageError, match=r"stage 0 argument 'input_ids': a microbatch of shape \(4, 6\).*\(2, 6\)"):
+        cut.modules[0](torch.zeros(2 * jobs.ROWS, jobs.SEQ, dtype=torch.long))
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"stages": 2}, "the torch Pipe has 4 stages, and stages=2"),
+    ({"stages": 4, "layers": [1, 1, 1, 1]}, "layers, costs and state_dict do not apply"),
+])
+def test_what_a_pipe_cannot_take_is_refused(options, message):
+    pipe = jobs.torch_pipe(jobs.build("gpt2"), "gpt2", 4)
+    stages = options.pop("stages")
+    with pytest.raises(UsageError, match=message):
+        pipeforge.split(pipe, stages, **options)
+
+
+def test_a_pipe_that_torch_itself_split_wrong_is_refused_before_training():
+    """HF Llama through torch 2.13's pipeline(): its rotary, run under no_grad, is outlined into a module torch
+    then calls without its inputs; torch's own Pipe fails, and split says so instead of a rank failing later."""
+    from tests.models import families
+
+    model = families.build("llama")
+    model.config.use_cache = False
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    pipe = pipeline(model, (torch.zeros(2, families.SEQ, dtype=torch.long),),
+                    split_spec={"model.layers.2": SplitPoint.BEGINNING})
+    with pytest.raises(UsageError, match="the torch Pipe itself fails"):
+        pipeforge.split(pipe, 2)
+
+
+# --- on gloo ranks -------------------------------------------------------------------------------------------
+
+# (schedule, family, torch's schedule class or None where torch's runtime refuses the split)
+FOUR_RANKS = [("1f1b", "gpt2", "Schedule1F1B"), ("gpipe", "gpt2", "ScheduleGPipe"),
+              # torch's zero-bubble runtime (PipelineScheduleMulti) refuses a stage receiving from two stages;
+              # ZB-H1 is compared with torch's 1F1B, the same sums in another order
+              ("zb-h1", "gpt2", "Schedule1F1B"),
+              ("1f1b", "gpt2-eager", None),  # a float mask to three stages: torch "Backward of skip connections"
+              ("1f1b", "tiny-llama", None), ("zb-h1", "long-skip", None)]
+TWO_RANKS = [("1f1b", "gpt2", "Schedule1F1B"), ("gpipe", "gpt2", "ScheduleGPipe"),
+             ("zb-h1", "gpt2", "ScheduleInterleavedZeroBubble"), ("1f1b", "tiny-llama", "Schedule1F1B"),
+             ("interleaved-1f1b", "gpt2", None), ("zbv", "gpt2", None),  # 4 stages on 2 ranks: skips
+             ("zbv", "tiny-llama", None), ("interleaved-zb", "long-skip", None)]
+
+
+def cases(ranks: int, out_dir) -> list[Case]:
+    found = []
+    for name, family, torch_schedule in FOUR_RANKS if ranks == 4 else TWO_RANKS:
+        path = str(codegen(pipeforge.load(name, defines={"P": ranks, "M": 4}), out_dir / name))
+        found.append(Case(f"{name} {family}", family, path, torch_schedule))
+    return found
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("ranks", [4, 2])
+def test_pipe_splits_train_as_torchs_runtime_and_the_unpipelined_model(ranks, tmp_path):
+    chosen = cases(ranks, tmp_path)
+    outcomes = spawn("tests.models.torch_pipe_jobs:run_cases", ranks, chosen, timeout=90, deadline=800)
+    assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
+    failures = []
+    for i, case in enumerate(chosen):
+        for against, limit in (("torch", 0.0), ("unpipelined", ROUNDING)):
+            reports = [o.value[i][against] for o in outcomes]
+            worst = max(reports, key=lambda r: r["max_rel"])
+            if worst["max_rel"] > limit:
+                failures.append(f"{case.label} against {against}: {worst['max_rel']:.3g} (largest at "
+                                f"{worst['worst']}, rank {worst['rank']})")
+            expected = against == "unpipelined" or case.torch_schedule is not None
+            if any((r["compared"] > 0) != expected for r in reports):
+                failures.append(f"{case.label}: compared with {against} on some ranks only, or unexpectedly")
+            failures += [f"{case.label}: missing {m} against {against}" for r in reports for m in r["missing"]]
+    assert not failures, "\n".join(failures)
