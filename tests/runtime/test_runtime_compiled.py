@@ -119,9 +119,10 @@ def compiled_stage_sets(rank: int, nproc: int, job: dict) -> dict:
     return found
 
 
-# aot_eager in float64: bit for bit; inductor in float32: within its rounding (one CI-sized inductor case a family)
-STAGE_SETS = [("gpt2", "aot_eager", "float64", 0.0), ("llama", "aot_eager", "float64", 0.0),
-              ("gpt2", "inductor", "float32", 1e-4), ("llama", "inductor", "float32", 1e-4)]
+# aot_eager in float64: bit for bit (GPT-2; Llama too, 156 s under load, left out of CI); inductor in float32
+# within its rounding, both families (256 s and 547 s on the loaded 2-core machine, cold caches)
+STAGE_SETS = [("gpt2", "aot_eager", "float64", 0.0), ("gpt2", "inductor", "float32", 1e-4),
+              ("llama", "inductor", "float32", 1e-4)]
 
 
 @pytest.mark.distributed
