@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.util
+import itertools
 import keyword
 import marshal
 import math
@@ -23,8 +24,10 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from operator import attrgetter
 from pathlib import Path
 from types import CodeType
 from typing import NamedTuple
@@ -33,14 +36,14 @@ import jinja2
 
 from pipeforge.errors import Argument, ArgumentError, CodegenError, UsageError, VerificationError, words
 from pipeforge.files import locked_output, module_head, refuse_special
-from pipeforge.ir import Action, ActionKind, Schedule, Step
+from pipeforge.ir import COMM_KINDS, Action, ActionKind, Schedule, Step
 from pipeforge.passes.lower import lower_with_origins
 from pipeforge.resources import templates_dir
 from pipeforge.semantics import RUNTIME_METHODS, Semantics, offloaded, recomputed
 from pipeforge.verifier import verify
 
 TEMPLATE = "pipeline.py.j2"  # the module a user loads
-RANK_TEMPLATE = "rank.py.j2"  # one rank's module beside it (both include rank_body.py.j2)
+RANK_TEMPLATE = "rank.py.j2"  # one rank's module beside it (the body of each rank function: body_text)
 DIGEST_LENGTH = 12  # hex digits of the rank modules' digest in their folder's name
 RUNTIME_SEMANTICS = (Semantics.RENDEZVOUS, Semantics.BUFFERED)  # what generated code may be verified under
 
@@ -72,9 +75,10 @@ class Ints(tuple):
 
 
 def finalize(value: object) -> str:
-    """What ``{{ ... }}`` may print: identifiers and comments as they are, literals as ``repr()``, a call
-    of the rank context (an identifier and integers) and a row of integers."""
-    if isinstance(value, (Ident, Comment)):
+    """What ``{{ ... }}`` may print: identifiers, comments and a rank function's body (``body_text``: calls
+    of the rank context, made of identifiers, integers and comments) as they are, literals as ``repr()``,
+    and a row of integers."""
+    if isinstance(value, (Ident, Comment, Body)):
         return str(value)
     if value is None or isinstance(value, (bool, int, str)):
         return repr(value)
@@ -82,9 +86,6 @@ def finalize(value: object) -> str:
         return repr(value)
     if isinstance(value, Ints):
         return ", ".join(map(repr, value))
-    if isinstance(value, Call):
-        chain = f", chain={value.chain!r}" if value.chain else ""
-        return f"ctx.{value.method}({finalize(value.args)}{chain})"
     raise CodegenError(f"codegen refuses to emit {type(value).__name__} {value!r}: not an identifier or a literal")
 
 
@@ -106,46 +107,20 @@ def environment() -> jinja2.Environment:
 # -- the view the template reads --------------------------------------------------
 
 
-class Call(NamedTuple):
-    """``ctx.<method>(args..., chain=...)``: an identifier and integers (``finalize`` prints it)."""
-
-    method: Ident
-    args: Ints
-    chain: int = 0
-
-
-class StepView(NamedTuple):
-    form: str  # "call", "overlap" or "post"
-    calls: tuple[Call, ...]
-    comment: Comment | None  # None: no comment (``locations=False``)
+class Body(str):
+    """A rank function's body, made by ``body_text`` alone from identifiers (``METHODS``), integers and
+    ``Comment``s: printed as it is."""
 
 
 class RankView(NamedTuple):
     rank: int
-    steps: tuple[StepView, ...]
+    body: Body
 
 
 METHODS = RUNTIME_METHODS  # kind -> the RankContext method generated code calls (pipeforge.semantics)
 _METHOD_IDENTS = {kind: Ident(method) for kind, method in METHODS.items()}
-SAFE_FILE = re.compile(r"[\w.+@-]+")  # a file name shown as it is in a comment; any other as its repr()
-
-
-def call_of(action: Action) -> Call:
-    method = _METHOD_IDENTS.get(action.kind)
-    if method is None:
-        raise CodegenError(f"codegen does not support {action.kind.value} actions ({action})")
-    args = (action.stage,) if action.microbatch is None else (action.stage, action.microbatch)
-    return Call(method, Ints(args), _int(action.chain))
-
-
 _KIND_NAMES = {kind: Ident(kind.value) for kind in METHODS}
-
-
-def token_text(action: Action) -> str:
-    """An action's torch token, ``2F0@1``, from its integers and its kind's name."""
-    microbatch = "" if action.microbatch is None else str(_int(action.microbatch))
-    chain = f"@{_int(action.chain)}" if action.chain else ""
-    return f"{_int(action.stage)}{_KIND_NAMES[action.kind]}{microbatch}{chain}"
+SAFE_FILE = re.compile(r"[\w.+@-]+")  # a file name shown as it is in a comment; any other as its repr()
 
 
 @cache
@@ -156,30 +131,96 @@ def file_text(path: str) -> str:
     return name if SAFE_FILE.fullmatch(name) else repr(name)
 
 
-def step_comment(step: Step, index: int) -> Comment | None:
-    """``# 0F1 x.pipe:8:9 step 2``: the torch token(s), the ``.pipe`` location, verify's step index."""
-    span = step.span
-    if span is None:
-        return None
-    tokens = [token_text(a) for a in step.actions]
-    if step.overlap:
-        token = "(" + ";".join(tokens) + ")"
-    elif len(tokens) > 1:
-        token = "[" + " ".join(tokens) + "]"
-    else:
-        token = tokens[0]
-    return Comment(f"# {token} {file_text(span.file)}:{_int(span.line)}:{_int(span.col)} step {_int(index)}")
+def action_texts() -> Callable[[Action], tuple[str, str]]:
+    """``texts(action)``: the action's call, ``ctx.forward(5, 3, chain=1)``, and its torch token,
+    ``5F3@1``, put together from parts made once per (kind, stage, chain): the method's ``Ident`` and the
+    integers' ``repr()``. A kind without a runtime method, or anything but an int where the schedule has
+    integers, is refused (``CodegenError``)."""
+    made: dict[tuple, tuple[str, str, str, str]] = {}
+
+    def texts(action: Action) -> tuple[str, str]:
+        stage, kind, mb, chain = action
+        if type(stage) is not int or type(chain) is not int or (mb is not None and type(mb) is not int):
+            _ints((stage, chain) if mb is None else (stage, mb, chain))
+        parts = made.get((kind, stage, chain))
+        if parts is None:
+            parts = made[(kind, stage, chain)] = action_parts(action)
+        if mb is None:
+            return parts[0] + parts[1], parts[2] + parts[3]
+        return f"{parts[0]}, {mb!r}{parts[1]}", f"{parts[2]}{mb!r}{parts[3]}"
+
+    return texts
 
 
-def step_view(step: Step, index: int, locations: bool) -> StepView:
-    calls = tuple(map(call_of, step.actions))
-    form = "post" if step.is_group else "overlap" if step.overlap else "call"
-    return StepView(form, calls, step_comment(step, index) if locations else None)
+def action_parts(action: Action) -> tuple[str, str, str, str]:
+    """An action's call and token around its microbatch: ``ctx.forward(5``, ``, chain=1)``, ``5F``, ``@1``."""
+    method = _METHOD_IDENTS.get(action.kind)
+    if method is None:
+        raise CodegenError(f"codegen does not support {action.kind.value} actions ({action})")
+    stage, chain = repr(action.stage), action.chain
+    return (f"ctx.{method}({stage}", f", chain={chain!r})" if chain else ")",
+            f"{stage}{_KIND_NAMES[action.kind]}", f"@{chain!r}" if chain else "")
 
 
-def rank_view(rank: int, program: tuple[Step, ...], origins: tuple[int, ...], locations: bool) -> RankView:
-    steps = tuple(step_view(step, origins[i], locations) for i, step in enumerate(program) if not step.is_idle)
-    return RankView(_int(rank), steps)
+def location_text(span) -> str:
+    """`` x.pipe:8:9 step `` of a step's comment (the step's index follows): checked as a ``Comment``."""
+    text = f" {file_text(span.file)}:{_int(span.line)}:{_int(span.col)} step "
+    return Comment(f"#{text}")[1:]
+
+
+def body_text(program: tuple[Step, ...], origins: tuple[int, ...], locations: bool) -> Body:
+    """A rank function's body: its steps in order, one call per action, 4 spaces in, lines without the
+    last newline. A step is
+
+        ctx.forward(0, 1)  # 0F1 x.pipe:8:9 step 2                  (a compute step)
+        ctx.post(ctx.send_f(0, 1))  # 0SEND_F1 x.pipe:8:9 step 2      (a group of one)
+        ctx.post(  # [0SEND_F1 0RECV_B0] x.pipe:8:9 step 2            (a group: each op a line,
+            ctx.send_f(0, 1),                                           then the closing parenthesis)
+        )
+        with ctx.overlap():  # (0F7;0B3) x.pipe:8:9 step 2           (an overlap: each action a line)
+
+    with the comment (torch token(s), ``.pipe`` location, verify's step index ``origins[i]``) unless
+    ``locations`` is false or the step has no span; idle steps are left out, and a rank with nothing to do
+    gets ``pass``. A comment is made of tokens (integers and kind names), a location checked as a
+    ``Comment`` once per span, and an int."""
+    texts = action_texts()
+    places: dict[int, str] = {}  # id(span) -> its location text (the spans live as long as the program)
+    lines: list[str] = []
+    add = lines.append
+    for position, step in enumerate(program):
+        actions = step.actions
+        if not actions:
+            continue
+        span = step.span if locations else None
+        if span is not None:
+            place = places.get(id(span))
+            if place is None:
+                place = places[id(span)] = location_text(span)
+            index = origins[position]
+            if type(index) is not int:
+                _int(index)
+        if len(actions) == 1:
+            call, token = texts(actions[0])
+            comment = "" if span is None else f"  # ({token}){place}{index}" if step.overlap else \
+                f"  # {token}{place}{index}"
+            if step.overlap:
+                add(f"    with ctx.overlap():{comment}\n        {call}")
+            elif actions[0][1] in COMM_KINDS:
+                add(f"    ctx.post({call}){comment}")
+            else:
+                add(f"    {call}{comment}")
+            continue
+        pairs = list(map(texts, actions))
+        tokens = [token for _, token in pairs]
+        if step.overlap:
+            comment = "" if span is None else f"  # ({';'.join(tokens)}){place}{index}"
+            add(f"    with ctx.overlap():{comment}\n        " + "\n        ".join([call for call, _ in pairs]))
+        elif actions[0][1] in COMM_KINDS:
+            comment = "" if span is None else f"  # [{' '.join(tokens)}]{place}{index}"
+            add(f"    ctx.post({comment}\n        " + ",\n        ".join([call for call, _ in pairs]) + ",\n    )")
+        else:  # (a Step refuses several actions that neither overlap nor communicate)
+            raise CodegenError(f"step {step} holds several actions but is neither an overlap nor a group")
+    return Body("\n".join(lines) if lines else "    pass")
 
 
 def _int(value: object) -> int:
@@ -243,6 +284,8 @@ def _context(schedule: Schedule, locations: bool = True) -> dict:
     if len(schedule.programs) != schedule.ranks:
         raise CodegenError(f"schedule {schedule.name!r} declares {schedule.ranks} ranks but has "
                            f"{len(schedule.programs)} programs")
+    actions = list(_every_action(schedule))
+    rebuilt = recomputed(actions)  # (a schedule without R has no recompute sources to look for)
     placements = []
     for placement in schedule.placements:
         owners = _ints(tuple(placement.stage_to_rank))
@@ -255,16 +298,23 @@ def _context(schedule: Schedule, locations: bool = True) -> dict:
         "placements": tuple(placements),
         "params": tuple((str(name), _int(value)) for name, value in schedule.params),
         # (stage, microbatch, chain) whose F keeps only its checkpoint, and whose forward saves for OFFLOAD
-        "recomputed": tuple(_ints(key) for key in sorted(recomputed(a for _, _, a in schedule.actions()))),
-        "offloaded": tuple(_ints(key) for key in sorted(offloaded(a for _, _, a in schedule.actions()))),
-        "recompute_sources": _recompute_sources(schedule) if locations else (),
+        "recomputed": tuple(_ints(key) for key in sorted(rebuilt)),
+        "offloaded": tuple(_ints(key) for key in sorted(offloaded(actions))),
+        "recompute_sources": _recompute_sources(schedule) if locations and rebuilt else (),
     }
+
+
+def _every_action(schedule: Schedule):
+    """Every action of the schedule, in C (a generator per action cost a fifth of the rendering)."""
+    steps = itertools.chain.from_iterable(schedule.programs)
+    return itertools.chain.from_iterable(map(attrgetter("actions"), steps))
 
 
 def _views(schedule: Schedule, locations: bool, origins: tuple[tuple[int, ...], ...] | None) -> tuple[RankView, ...]:
     if origins is None:
-        origins = tuple(tuple(range(len(program))) for program in schedule.programs)
-    return tuple(rank_view(r, program, origins[r], locations) for r, program in enumerate(schedule.programs))
+        origins = tuple(range(len(program)) for program in schedule.programs)
+    return tuple(RankView(_int(r), body_text(program, origins[r], locations))
+                 for r, program in enumerate(schedule.programs))
 
 
 def _compiled(text: str, what: str, filename: str | None = None) -> str:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
+from itertools import chain, compress
+from operator import attrgetter, itemgetter
 from typing import NamedTuple
 
 from pipeforge.errors import Span
-from pipeforge.ir import COMM_KINDS, ActionKind, Schedule, Step, as_action
+from pipeforge.ir import COMM_KINDS, COMPUTE_KINDS, ActionKind, Schedule, Step, as_action
 from pipeforge.semantics import PEER_OFFSET, ActionKey
 from pipeforge.semantics import partner as partner_key  # noqa: F401 (matching and timing use it from here)
 from pipeforge.verifier.report import Violation
@@ -59,14 +61,13 @@ class Program:
             row: list[Slot] = []
             shown_steps = program if as_written else written.programs[rank]
             origin = origins[rank]
+            if not all_in_range(program, in_range, microbatches):
+                bad.update(key for step in program for key in step.actions if not in_range_key(key, in_range,
+                                                                                               microbatches))
             for position, step in enumerate(program):
                 acts = step.actions
                 if not acts:
                     continue  # an idle slot means nothing
-                for key in acts:
-                    stage, kind, mb, chain = key
-                    if (stage, kind, chain) not in in_range or (mb is not None and mb not in microbatches):
-                        bad.add(key)
                 index = origin[position]
                 row.append(new_slot((rank, len(row), index, step, shown_steps[index], step.span, acts,
                                      acts[0][1] in COMM_KINDS)))
@@ -81,6 +82,13 @@ class Program:
                 for key in slot.acts:
                     yield slot, key
 
+    @cached_property
+    def compute(self) -> frozenset[ActionKey]:
+        """Every compute action of the program (of the slots that are not groups: a step never mixes
+        communication with other actions), found in C; made once, asked by several checks."""
+        keys = list(_flatten(map(_acts_of, _flatten(self.slots))))
+        return frozenset(compress(keys, map(COMPUTE_KINDS.__contains__, map(_kind_of, keys))))
+
     def rank_of(self, stage: int, chain: int = 0) -> int | None:
         """The rank owning ``stage`` in ``chain``, or None when either is out of range."""
         owners = self.owners
@@ -90,6 +98,27 @@ class Program:
 
     def step_count(self) -> int:
         return sum(len(row) for row in self.slots)
+
+
+def in_range_key(key: ActionKey, in_range: frozenset, microbatches: range) -> bool:
+    stage, kind, mb, chain = key
+    return (stage, kind, chain) in in_range and (mb is None or mb in microbatches)
+
+
+def all_in_range(program: tuple[Step, ...], in_range: frozenset, microbatches: range) -> bool:
+    """Whether every action of a rank's program is ``in_range_key``, decided by sets (built in C)."""
+    keys = list(_flatten(map(_actions_of, program)))
+    if not in_range.issuperset(map(_stage_kind_chain, keys)):
+        return False
+    found = set(map(_microbatch_of, keys))
+    found.discard(None)
+    if not all(type(mb) is int for mb in found):
+        return False
+    return not found or (min(found) >= microbatches.start and max(found) < microbatches.stop)
+
+
+_flatten, _actions_of, _acts_of = chain.from_iterable, attrgetter("actions"), attrgetter("acts")
+_stage_kind_chain, _microbatch_of, _kind_of = itemgetter(0, 1, 3), itemgetter(2), itemgetter(1)
 
 
 def stages_in_range(schedule: Schedule) -> frozenset[tuple[int, ActionKind, int]]:

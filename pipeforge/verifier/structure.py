@@ -10,11 +10,14 @@ these passes linear and quick.
 from __future__ import annotations
 
 from itertools import chain as _chain
+from itertools import compress as _compress
+from itertools import filterfalse as _filterfalse
+from itertools import product as _product
 from operator import attrgetter, itemgetter
 
 from pipeforge.ir import ActionKind
-from pipeforge.semantics import (EXCLUDES, NEEDLESS_KINDS, PEER_OFFSET, REQUIRES, ROLES, ActionKey, local_needs, output,
-                                 role)
+from pipeforge.semantics import (COMPLETE, EXCLUDES, NEEDLESS_KINDS, PEER_OFFSET, REQUIRES, ROLES, ActionKey,
+                                 local_needs, output, role)
 from pipeforge.verifier.program import Program, Slot, text_of, violation_at
 from pipeforge.verifier.report import Violation
 from pipeforge.verifier.sharding import check_sharding, stage_only_placement_problem
@@ -179,11 +182,12 @@ def surely_unique(program: Program) -> bool:
     return not any(kind in kinds and not kinds.isdisjoint(others) for kind, others in EXCLUDES.items())
 
 
-_flatten, _acts_of, _kind_of = _chain.from_iterable, attrgetter("acts"), itemgetter(1)  # C calls
+_flatten, _acts_of, _kind_of, _group_of = _chain.from_iterable, attrgetter("acts"), itemgetter(1), attrgetter("group")
 
 
-def present_compute(program: Program) -> set[ActionKey]:
-    present = {key for row in program.slots for slot in row for key in slot.acts if ROLES[key[1]] == "compute"}
+def present_compute(program: Program) -> frozenset[ActionKey]:
+    """The in-range compute actions of the program (``program.compute``, less those out of range)."""
+    present = program.compute
     return present - program.out_of_range if program.out_of_range else present
 
 
@@ -191,9 +195,11 @@ def check_missing(program: Program, chains: dict[int, int]) -> list[Violation]:
     """Completeness per (stage, microbatch), whatever the chains (an action on the wrong chain is
     a placement error, not a missing one)."""
     sched = program.schedule
-    present = present_compute(program)
+    present: set[ActionKey] | frozenset[ActionKey] = present_compute(program)
     if sched.chains > 1:  # (with one chain every action in range is of chain 0 already)
         present = {(stage, kind, mb, 0) for stage, kind, mb, _ in present}
+    if complete_in_one_form(present, sched.stages, sched.microbatches):
+        return []
     found: list[Violation] = []
     more = 0
     for mb in range(sched.microbatches):
@@ -210,13 +216,25 @@ def check_missing(program: Program, chains: dict[int, int]) -> list[Violation]:
     return found
 
 
+def complete_in_one_form(present: set[ActionKey] | frozenset[ActionKey], stages: int, microbatches: int) -> bool:
+    """The common case, decided by sets (built in C): the present compute actions (of chain 0) are
+    exactly one of the ``semantics.COMPLETE`` forms for every (stage, microbatch), F and B or F, I and
+    W, and nothing else, so ``missing_of`` finds nothing anywhere; when this says no, ``check_missing``
+    asks it for each (stage, microbatch)."""
+    for kinds in COMPLETE:
+        if len(present) == len(kinds) * stages * microbatches and \
+                present.issuperset(_product(range(stages), kinds, range(microbatches), (0,))):
+            return True
+    return False
+
+
 MAX_MISSING_REPORTED = 1000  # a mistyped --stages 1000000 must not list millions of lines
 
 
 _REQUIRING = tuple(kind for kind in REQUIRES if kind is not W)  # beyond W (checked below): OFFLOAD, RELOAD
 
 
-def missing_of(present: set[ActionKey], stage: int, mb: int) -> list[str]:
+def missing_of(present: set[ActionKey] | frozenset[ActionKey], stage: int, mb: int) -> list[str]:
     """What the (stage, microbatch) lacks: an F, and a B or both I and W (``semantics.SPLIT``)."""
     has_f, has_b, has_w = (stage, F, mb, 0) in present, (stage, B, mb, 0) in present, (stage, W, mb, 0) in present
     if has_f and has_b and not has_w and not any((stage, kind, mb, 0) in present for kind in _REQUIRING):
@@ -239,19 +257,42 @@ def missing_of(present: set[ActionKey], stage: int, mb: int) -> list[str]:
 
 
 def needed_comms(program: Program) -> dict[ActionKey, int | None]:
-    """Every send and receive the cross-rank edges of the present compute actions need, with its rank."""
+    """Every send and receive the cross-rank edges of the present compute actions need, with its rank.
+    ``semantics.output`` is asked once per (stage, kind, chain): where its output goes does not depend on
+    the microbatch."""
     stages = program.schedule.stages
     needed: dict[ActionKey, int | None] = {}
+    edges: dict[tuple, Edge] = {}
     for action in present_compute(program):
-        goes = output(action, stages)
-        owners = program.owners[action[3]]
-        if goes is not None and owners[goes.stage] != owners[action[0]]:
-            needed[goes.send] = owners[action[0]]
-            needed[goes.recv] = owners[goes.stage]
+        stage, kind, mb, chain = action
+        edge = edges.get((stage, kind, chain))
+        if edge is None:
+            edge = edges[(stage, kind, chain)] = cross_rank_edge(program, action, stages)
+        if edge:
+            send_stage, send_kind, send_rank, recv_stage, recv_kind, recv_rank = edge
+            needed[(send_stage, send_kind, mb, chain)] = send_rank
+            needed[(recv_stage, recv_kind, mb, chain)] = recv_rank
     return needed
 
 
+Edge = tuple  # (send stage, kind, rank, receive stage, kind, rank), or () for none
+
+
+def cross_rank_edge(program: Program, action: ActionKey, stages: int) -> Edge:
+    """(send stage, kind, rank, receive stage, kind, rank) carrying ``action``'s output to another rank,
+    or () when it stays on its rank (or goes nowhere)."""
+    goes = output(action, stages)
+    owners = program.owners[action[3]]
+    if goes is None or owners[goes.stage] == owners[action[0]]:
+        return ()
+    if goes.send[2:] != action[2:] or goes.recv[2:] != action[2:]:
+        raise ValueError(f"internal error: {action!r} sends {goes!r}, of another microbatch or chain")
+    return goes.send[0], goes.send[1], owners[action[0]], goes.recv[0], goes.recv[1], owners[goes.stage]
+
+
 def check_needed_comms(program: Program) -> list[Violation]:
+    if comms_as_needed(program):
+        return []
     needed = needed_comms(program)
     found = []
     present: set[ActionKey] = set()
@@ -270,6 +311,34 @@ def check_needed_comms(program: Program) -> list[Violation]:
         rank = needed[key]
         found.append(Violation("missing", f"{text_of(key)} is needed on rank {rank} and never posted", rank))
     return found
+
+
+def comms_as_needed(program: Program) -> bool:
+    """The common case, decided rank by rank with sets: every action in range, and each rank posts
+    exactly the sends and receives that ``needed_comms`` puts on it (a second post of one is
+    ``check_duplicates``'), so ``check_needed_comms`` has nothing to report; when this says no, it walks
+    the actions to find what. The compute actions are walked in program order, and each rank's sets
+    stay small (one table of every needed op, looked up in hash order, cost four times as much)."""
+    if program.out_of_range:
+        return False
+    stages = program.schedule.stages
+    wanted: list[set[ActionKey]] = [set() for _ in program.slots]
+    edges: dict[tuple, Edge] = {}
+    for row in program.slots:
+        for key in _flatten(map(_acts_of, _filterfalse(_group_of, row))):  # compute and stage-only steps
+            stage, kind, mb, chain = key
+            edge = edges.get((stage, kind, chain))
+            if edge is None:
+                edge = edges[(stage, kind, chain)] = cross_rank_edge(program, key, stages) \
+                    if ROLES[kind] == "compute" else ()
+            if edge:
+                send_stage, send_kind, send_rank, recv_stage, recv_kind, recv_rank = edge
+                wanted[send_rank].add((send_stage, send_kind, mb, chain))
+                wanted[recv_rank].add((recv_stage, recv_kind, mb, chain))
+    for row, keys in zip(program.slots, wanted, strict=True):
+        if set(_flatten(_compress(map(_acts_of, row), map(_group_of, row)))) != keys:
+            return False
+    return True
 
 
 # --- order ---------------------------------------------------------------------------------
