@@ -25,9 +25,10 @@ from pipeforge.optimizer.search import optimize
 from pipeforge.optimizer.units import integer_units
 from pipeforge.passes.recompute import offload as offload_pass
 from pipeforge.passes.recompute import recompute as recompute_pass
+from pipeforge.semantics import split
 from pipeforge.sim.bounds import bubble_of_span, recompute_span
 from pipeforge.sim.simulate import simulate
-from pipeforge.sim.workgraph import compile_schedule
+from pipeforge.sim.workgraph import Shape, WorkGraph, compile_actions
 from pipeforge.verifier import verify
 
 POLICIES = ("none", "auto", "all")
@@ -149,12 +150,20 @@ def _plain_result(schedule: Schedule, costs: CostModel, memory: MemorySpec, afte
     return OptimizeResult(schedule, before, after, 0.0, 0.0, 0.0, False, False, "input", "none", 0.0)
 
 
+def recompute_bound(plain: Schedule, costs: CostModel, real: MemorySpec) -> tuple[WorkGraph, float]:
+    """The split work of ``plain`` (every B as I and W, as optimize bounds it: one microbatch's paths stand
+    for all) and the least worst span of any of its schedules that may recompute within ``real``'s limit
+    (``sim.bounds.recompute_span``)."""
+    work = [part for _, _, a in strip(plain).actions() if a.is_compute for part in split(a)]
+    graph = compile_actions(Shape.of(plain), work, costs, replace(real, limit=None))
+    return graph, recompute_span(graph, real).max_span
+
+
 def _with_recompute_bound(result: OptimizeResult, plain: Schedule, costs: CostModel,
                           real: MemorySpec) -> OptimizeResult:
     """``result`` with the bound of the space it was chosen from, where any (stage, microbatch) may be
     recomputed (``sim.bounds.recompute_span``: the recompute the limit forces counted), its gap and verdict."""
-    graph, _ = compile_schedule(plain, costs, replace(real, limit=None))
-    bound = recompute_span(graph, real).max_span
+    graph, bound = recompute_bound(plain, costs, real)
     span = result.after.max_span
     gap = max(0.0, (span - bound) / span) if span > 0 else 0.0
     return replace(result, span_bound=bound, bound=bubble_of_span(graph, bound), gap=gap, optimal=gap <= 1e-6)
@@ -321,4 +330,4 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
     return replace(best, seconds=time.monotonic() - started), choice
 
 
-__all__ = ["POLICIES", "MemoryChoice", "fits", "optimize_memory", "strip", "uniform"]
+__all__ = ["POLICIES", "MemoryChoice", "fits", "optimize_memory", "recompute_bound", "strip", "uniform"]
