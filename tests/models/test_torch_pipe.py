@@ -61,6 +61,18 @@ def test_values_for_later_stages_ride_through_the_stages_between():
     assert len(out1) == 2 and out1[1].dtype == torch.float64
 
 
+def test_a_model_input_a_later_stage_reads_rides_from_stage_0():
+    model = jobs.build("late-input")
+    cut = pipeforge.split(jobs.torch_pipe(copy.deepcopy(model), "late-input", 4), 4)
+    tokens, extra, _ = jobs.batch("late-input", 1, 0)
+    assert "scale" in cut.modules[2].meta["pipeforge_inputs"]
+    with torch.no_grad():
+        value = cut.modules[0](tokens, **extra)  # stage 0 takes every input of the model, by name too
+        for stage in (1, 2, 3):
+            value = cut.modules[stage](*(value if isinstance(value, tuple) else (value,)))
+        assert torch.equal(value, model(tokens, **extra))
+
+
 def test_the_tied_embedding_and_head_are_one_group_under_the_models_names():
     model = jobs.build("gpt2")
     cut = pipeforge.split(jobs.torch_pipe(copy.deepcopy(model), "gpt2", 4), 4, owned=[0, 3])
@@ -121,7 +133,7 @@ FOUR_RANKS = [("1f1b", "gpt2", "Schedule1F1B"), ("gpipe", "gpt2", "ScheduleGPipe
               # ZB-H1 is compared with torch's 1F1B, the same sums in another order
               ("zb-h1", "gpt2", "Schedule1F1B"),
               ("1f1b", "gpt2-eager", None),  # a float mask to three stages: torch "Backward of skip connections"
-              ("1f1b", "tiny-llama", None), ("zb-h1", "long-skip", None)]
+              ("1f1b", "tiny-llama", None), ("zb-h1", "long-skip", None), ("1f1b", "late-input", None)]
 TWO_RANKS = [("1f1b", "gpt2", "Schedule1F1B"), ("gpipe", "gpt2", "ScheduleGPipe"),
              ("zb-h1", "gpt2", "ScheduleInterleavedZeroBubble"), ("1f1b", "tiny-llama", "Schedule1F1B"),
              ("interleaved-1f1b", "gpt2", None), ("zbv", "gpt2", None),  # 4 stages on 2 ranks: skips
@@ -156,3 +168,17 @@ def test_pipe_splits_train_as_torchs_runtime_and_the_unpipelined_model(ranks, tm
                 failures.append(f"{case.label}: compared with {against} on some ranks only, or unexpectedly")
             failures += [f"{case.label}: missing {m} against {against}" for r in reports for m in r["missing"]]
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_a_microbatch_of_another_shape_fails_every_rank_at_once_naming_stage_and_argument(tmp_path):
+    path = str(codegen(pipeforge.load("1f1b", defines={"P": 2, "M": 2}), tmp_path / "1f1b"))
+    outcomes = spawn("tests.models.torch_pipe_jobs:wrong_shape", 2, path, timeout=90, deadline=240)
+    assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
+    for outcome in outcomes:
+        found = outcome.value
+        assert found["error"] is not None, f"rank {outcome.rank} stepped"
+        assert "stage 0" in found["message"] and "'input_ids'" in found["message"], found["message"]
+        assert "traced with shape (2, 6)" in found["message"], found["message"]
+        assert found["seconds"] < 50, f"rank {outcome.rank} waited {found['seconds']:.0f} s (the timeout is 60)"

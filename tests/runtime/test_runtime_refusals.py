@@ -20,10 +20,11 @@ import pytest
 import pipeforge
 from pipeforge.generator import codegen
 from pipeforge.tools.launch import spawn
+from tests.load import scaled
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
-WAIT = 20.0  # every wait's bound: a rank that was not told would fail only after it
+WAIT = scaled(20.0)  # every wait's bound (times the load): a rank that was not told would fail only after it
 FAST = WAIT / 4  # what "at once" means here, under load (measured: well under a second alone)
 
 # case -> (the rank that refuses, what its message says)
