@@ -259,7 +259,7 @@ class Pipeline:
         if self.holds_last and target is not None:
             device = self.transport.device
             ctx.targets = split_value(to_device(target, device), self.info.microbatches, f"rank {self.rank}: target")
-        named = named_tensors(args, kwargs, target, shared, per_stage, self.stages)
+        named = named_tensors(args, kwargs, target, shared, per_stage, self._stages)
         problem = self._rows.problem_known(named)
         if not problem and training:  # a recomputed stage 0 needs a tensor input to keep (runtime/saved.py)
             problem = unkept_inputs(self.info, self.rank, ctx.inputs, ctx.stage_inputs.get(0))
@@ -333,7 +333,7 @@ class Pipeline:
         shared = _keywords(shared, f"rank {self.rank}: shared_kwargs")
         per_stage = self._per_stage(per_stage)
         inputs = {}
-        for stage in self.stages:
+        for stage in self._stages:
             own = per_stage.get(stage, {})
             clash = sorted(set(shared) & set(own))
             if clash:
