@@ -5,7 +5,11 @@ goes through ``read_bounded``: it must be a regular file (a FIFO, device or
 folder is refused before it is opened, so nothing blocks or streams forever)
 no larger than the limit for its kind (``LIMITS``, named in the message).
 Every file pipeforge writes (.pipe, CSV, pictures, traces, generated modules)
-goes through ``write_atomically``, so an error never leaves a half-written file.
+goes through ``write_atomically``, so an error never leaves a half-written file;
+every command's output through ``write_output``, whose replacement rule
+(``check_replaceable``, decided under the folder's lock) keeps two writers of one
+output from both succeeding silently: a file is replaced only by its own bytes,
+by the same thing (``ours``, as ``held`` reads it), or when forced.
 """
 
 from __future__ import annotations
@@ -17,10 +21,10 @@ import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from pipeforge.errors import UsageError
+from pipeforge.errors import Argument, Part, UsageError, words
 
 MiB = 1 << 20
 
@@ -30,7 +34,7 @@ LIMITS = {
     "schedule file": 32 * MiB,  # a .pipe file or a torch CSV
     "cost file": 4 * MiB,  # simulate/optimize --costs
     "record": 4 * MiB,  # a rank's failure record (pipeforge diagnose)
-    "module file": 4 * MiB,  # how much of a file at codegen's output path is read to judge it (module_head)
+    "output file": 4 * MiB,  # how much of a file at an output path is read to judge what it holds
 }
 
 _KINDS = (
@@ -131,14 +135,24 @@ def module_head(path: str | os.PathLike) -> ast.Module | None:
     """The top-level statements of a Python file before its first function or class, or None.
 
     For judging what a file at an output path holds (``generator.generated_schedule``)
-    without parsing it whole: at most ``LIMITS["module file"]`` bytes are read, and a
+    without parsing it whole: at most ``LIMITS["output file"]`` bytes are read, and a
     head that is not Python, nests too deeply for the parser, or cannot be read
     (a FIFO, a device, no permission) gives None.
     """
+    data = output_head(Path(path))
+    return None if data is None else parse_module_head(data)
+
+
+def output_head(path: Path) -> bytes | None:
+    """The first ``LIMITS["output file"]`` bytes of the regular file at ``path``; None where it cannot be read."""
     try:
-        data = read_bounded(path, "module file", head=LIMITS["module file"])
+        return read_bounded(path, "output file", head=LIMITS["output file"])
     except UsageError:
         return None
+
+
+def parse_module_head(data: bytes) -> ast.Module | None:
+    """``module_head`` of the bytes ``data``."""
     cut = re.search(rb"^(def|class|async|@)", data, re.MULTILINE)
     try:
         return ast.parse(data[:cut.start()] if cut else data)
@@ -222,6 +236,80 @@ def locked_output(path: str | os.PathLike, *, make_dirs: bool = False,
         yield write
 
 
+def write_output(path: str | os.PathLike, data: bytes | str, *, force: bool = False,
+                 held: Callable[[bytes], str | None] | None = None, make_dirs: bool = False) -> None:
+    """Write a command's output ``data`` to ``path`` atomically (``write_atomically``), replacing a file
+    there only as ``check_replaceable`` allows (``held``: what a file holds, in words; ``data`` is what
+    ``held`` reads in it), decided under the folder's lock; anything may be replaced when ``force``."""
+    write_outputs([(path, data)], force=force, held=held, make_dirs=make_dirs)
+
+
+def write_outputs(outputs: list[tuple[str | os.PathLike, bytes | str]], *, force: bool = False,
+                  held: Callable[[bytes], str | None] | None = None, make_dirs: bool = False) -> None:
+    """``write_output`` for the files of one output together (``export``'s CSV and settings): every
+    folder's lock taken (in one order), every file checked, then each written; one refused, none is."""
+    payloads = [(Path(path), data.encode("utf-8") if isinstance(data, str) else data) for path, data in outputs]
+    folders: dict[str, tuple[Path, str]] = {}
+    for target, _ in payloads:
+        folder = target.parent if str(target.parent) else Path(".")
+        _require_folder(folder, str(target), make_dirs)
+        folders.setdefault(os.path.realpath(folder), (folder, str(target)))
+    with ExitStack() as locks:
+        for key in sorted(folders):
+            locks.enter_context(_folder_lock(*folders[key]))
+        for target, payload in payloads:
+            refuse_special(target, str(target))
+            if not force:
+                check_replaceable(target, payload=payload, held=held, ours=None if held is None else held(payload))
+        staged: list[tuple[str, Path, str]] = []
+        try:  # every file staged first: one that cannot be written leaves every target as it was
+            for target, payload in payloads:
+                folder = target.parent if str(target.parent) else Path(".")
+                staged.append((_stage(target, payload, folder, str(target)), target, str(target)))
+        except BaseException:
+            for temporary, _, _ in staged:
+                Path(temporary).unlink(missing_ok=True)
+            raise
+        _commit(staged)
+
+
+def check_replaceable(target: Path, *, payload: bytes | None = None, ours: str | None = None,
+                      held: Callable[[bytes], str | None] | None = None, foreign: str = "holds something else",
+                      elsewhere: tuple[Part, ...] = ("name another file",)) -> None:
+    """The replacement rule, decided here only: a file at ``target`` may be replaced when it holds
+    ``payload`` byte for byte, or when ``held`` (what the first ``LIMITS["output file"]`` bytes of a
+    file hold, in words such as ``schedule 'x'``; None when it cannot tell) reads ``ours`` in it.
+    Otherwise a ``UsageError`` says what is there (``foreign`` where ``held`` cannot tell) and what
+    this is, and asks for ``force`` or ``elsewhere``. A folder, FIFO or device is refused, forced or not;
+    an absent ``target`` is always written."""
+    name = str(target)
+    if not os.path.lexists(target):
+        return
+    refuse_special(target, name)
+    if payload is not None and _holds(target, payload):
+        return
+    head = output_head(target) if held is not None else None
+    found = held(head) if head is not None and held is not None else None
+    if found is not None and found == ours:
+        return
+    if ours is None:
+        told = f"{name!r} exists and holds something other than what this writes"
+    else:
+        what = f"holds {found}" if found is not None else foreign
+        told = f"{name!r} exists and {what}; this is {ours}"
+    raise UsageError(words(told, ". Pass ", Argument("force"), " to replace it, or ", *elsewhere))
+
+
+def _holds(target: Path, payload: bytes) -> bool:
+    """Whether the regular file at ``target`` holds exactly ``payload`` (read no further than its length)."""
+    try:
+        if target.stat().st_size != len(payload):
+            return False
+        return read_bounded(target, "output file", head=len(payload) + 1) == payload
+    except (OSError, UsageError):
+        return False
+
+
 def _require_folder(directory: Path, name: str, make: bool) -> None:
     """``directory`` is a folder (made, with its parents, when ``make``); a UsageError saying why not."""
     if make and not directory.exists():
@@ -250,6 +338,11 @@ def refuse_special(target: Path, name: str) -> None:
 
 
 def _replace(target: Path, payload: bytes, directory: Path, name: str) -> None:
+    _commit([(_stage(target, payload, directory, name), target, name)])
+
+
+def _stage(target: Path, payload: bytes, directory: Path, name: str) -> str:
+    """``payload`` in a new temporary file beside ``target``: its path (removed again on any error)."""
     try:
         handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     except OSError as error:
@@ -258,13 +351,26 @@ def _replace(target: Path, payload: bytes, directory: Path, name: str) -> None:
         with os.fdopen(handle, "wb") as out:
             out.write(payload)
         os.chmod(temporary, 0o666 & ~_umask())
-        os.replace(temporary, target)
-    except OSError as error:  # disk full, a read-only target, ...
+    except OSError as error:  # disk full, ...
         Path(temporary).unlink(missing_ok=True)
         raise UsageError(f"cannot write {name!r}: {error.strerror or error}") from None
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+    return temporary
+
+
+def _commit(staged: list[tuple[str, Path, str]]) -> None:
+    """Each staged temporary file renamed over its target; on an error the ones not yet renamed are removed."""
+    try:
+        for temporary, target, name in staged:
+            try:
+                os.replace(temporary, target)
+            except OSError as error:  # a read-only target, ...
+                raise UsageError(f"cannot write {name!r}: {error.strerror or error}") from None
+    finally:
+        for temporary, _, _ in staged:
+            Path(temporary).unlink(missing_ok=True)
 
 
 LOCK_WAIT = 60.0  # seconds a writer waits for another pipeforge writing into the same folder

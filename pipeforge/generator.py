@@ -33,7 +33,8 @@ import jinja2
 
 from pipeforge.errors import Argument, ArgumentError, CodegenError, UsageError, VerificationError, words
 from pipeforge.bytecode import CompileError, Compiling, write_cached
-from pipeforge.files import locked_output, module_head, refuse_special
+from pipeforge.files import check_replaceable as check_output_replaceable
+from pipeforge.files import locked_output, module_head, parse_module_head
 from pipeforge.ir import COMM_KINDS, Action, ActionKind, Schedule, Step
 from pipeforge.passes.lower import Lowered, lower_with_origins
 from pipeforge.resources import templates_dir
@@ -556,25 +557,26 @@ def import_name(text: str, what: Argument) -> Ident:
 
 
 def check_replaceable(path: Path, schedule: Schedule) -> None:
-    """Refuse to overwrite ``path`` unless it is absent or the module of this same schedule."""
-    if not os.path.lexists(path):
-        return
-    refuse_special(path, str(path))  # a folder, FIFO or device: never replaced, --force or not
-    held = generated_schedule(path)
-    ours = (schedule.name, dict(schedule.params))
-    if held == ours:
-        return
-    what = "is not a module pipeforge wrote" if held is None else \
-        f"holds the module of schedule {held[0]!r}{_params_text(held[1])}"
-    raise UsageError(words(f"{str(path)!r} exists and {what}; this is schedule {schedule.name!r}"
-                           f"{_params_text(ours[1])}. Pass ", Argument("name", value="NAME"), " (or ",
-                           Argument("output", value="DIR/NAME.py"), ") to write beside it, or ", Argument("force"),
-                           " to replace it"))
+    """Refuse to overwrite ``path`` unless it is absent or the module of this same schedule (name and
+    parameters): the replacement rule of every output (``files.check_replaceable``)."""
+    ours = f"the module of schedule {schedule.name!r}{_params_text(dict(schedule.params))}"
+    beside = (Argument("name", value="NAME"), " (or ", Argument("output", value="DIR/NAME.py"), ") to write beside it")
+    check_output_replaceable(path, ours=ours, held=_held_module, foreign="is not a module pipeforge wrote",
+                             elsewhere=beside)
+
+
+def _held_module(head: bytes) -> str | None:
+    """What the module whose head is ``head`` was generated from, in ``check_replaceable``'s words."""
+    found = _schedule_of(parse_module_head(head))
+    return None if found is None else f"the module of schedule {found[0]!r}{_params_text(found[1])}"
 
 
 def generated_schedule(path: Path) -> tuple[str, dict] | None:
     """``(schedule name, PARAMS)`` of a module codegen wrote, read without running it; None otherwise."""
-    tree = module_head(path)
+    return _schedule_of(module_head(path))
+
+
+def _schedule_of(tree: ast.Module | None) -> tuple[str, dict] | None:
     if tree is None:
         return None
     found: dict[str, object] = {}

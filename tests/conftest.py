@@ -39,7 +39,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under --fast, cap the examples of properties that set their own ``max_examples`` too."""
+    """Every test's pytest-timeout limit (its mark, else the ini's) times ``tests.load.SCALE``; under
+    --fast, cap the examples of properties that set their own ``max_examples`` too."""
+    _scale_timeouts(config, items)
     if not config.getoption("--fast"):
         return
     for item in items:
@@ -47,6 +49,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         chosen = getattr(test, "_hypothesis_internal_use_settings", None)
         if chosen is not None and chosen.max_examples > FAST_EXAMPLES:
             test._hypothesis_internal_use_settings = settings(chosen, max_examples=FAST_EXAMPLES)
+
+
+def _scale_timeouts(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from tests.load import SCALE
+
+    if SCALE == 1:
+        return
+    given = config.getoption("timeout", None)  # pytest-timeout's --timeout, else its ini value
+    default = float(given if given is not None else config.getini("timeout") or 0)
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        limit = float(marker.args[0]) if marker and marker.args else \
+            float(marker.kwargs.get("timeout", default)) if marker else default
+        if limit > 0:
+            item.add_marker(pytest.mark.timeout(limit * SCALE))
 
 
 class Goldens:

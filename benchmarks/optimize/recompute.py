@@ -8,7 +8,7 @@ allows) at memory limits 0.5p, 0.75p and 1p M_B: 36 rows. Side by side in one ru
 is faster); the best schedule without recompute that fits (``--recompute none``); ``optimize --recompute
 auto`` with the ratio to full recompute, how far it is ahead of the uniform policy and of no recompute
 (in %), what it chose and the seconds it took; the proven bound on any schedule of the work that may
-recompute (``sim.bounds.recompute_span``) as a ratio to full recompute; and with ``--offload``, the
+recompute (``memory_actions.recompute_bound``) as a ratio to full recompute; and with ``--offload``, the
 makespan with offload allowed over the one the row reaches with no memory limit. Numbers measured on a
 shared machine are noise beyond the ratios of one run ("under load").
 
@@ -26,9 +26,7 @@ import pipeforge
 from benchmarks.zb_profiles import TABLE_5
 from pipeforge.errors import PipeforgeError
 from pipeforge.ir import MemorySpec
-from pipeforge.optimizer.memory_actions import optimize_memory, uniform
-from pipeforge.sim.bounds import recompute_span
-from pipeforge.sim.workgraph import compile_schedule
+from pipeforge.optimizer.memory_actions import optimize_memory, recompute_bound, uniform
 
 CHECKPOINT = 0.05  # M_B: what a recomputed forward keeps (the figure)
 FRACTIONS = (0.5, 0.75, 1.0)
@@ -57,8 +55,7 @@ def row_figures(row, fraction: float, time_limit: float, with_offload: bool) -> 
     auto, choice = optimize_memory(replace(plain, memory=memory), recompute="auto", costs=row.costs,
                                    memory_limit=limit, time_limit=time_limit)
     seconds = time.monotonic() - started
-    graph, _ = compile_schedule(replace(full, memory=memory), row.costs, memory)
-    bound = recompute_span(graph, memory)
+    _, bound = recompute_bound(plain, row.costs, memory)
     span = auto.after.makespan
 
     def ahead(other: float | None) -> str:
@@ -67,7 +64,7 @@ def row_figures(row, fraction: float, time_limit: float, with_offload: bool) -> 
     text = (f"{row.model:>6} {row.p:>3} {row.m:>4} {fraction:>5g}p {full_span:9.1f} "
             f"{'-' if uniform is None else f'{uniform[0]:.1f} k={uniform[1]}':>14} "
             f"{'-' if none_span is None else f'{none_span:.1f}':>9} {span:9.1f} {span / full_span:6.3f} "
-            f"{ahead(uniform and uniform[0])} {ahead(none_span)} {bound.max_span / full_span:6.3f} "
+            f"{ahead(uniform and uniform[0])} {ahead(none_span)} {bound / full_span:6.3f} "
             f"{choice.recompute:>14} {choice.recomputed:>5} {seconds:5.1f}")
     if with_offload:
         free, _ = optimize_memory(replace(plain, memory=replace(memory, limit=None)), costs=row.costs,

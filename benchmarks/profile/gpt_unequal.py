@@ -8,7 +8,8 @@ MLP of width 12 * WIDTH: about 48 WIDTH^2 flops a token, as two blocks' matmuls)
 and the last stage the LM head, as heavy as two blocks (vocabulary 24 * WIDTH,
 then the cross-entropy). So with 2 blocks a stage the stages cost about
 4 : 2 : ... : 2 : 4, which on 2 stages is 4 : 4; ``GPT_BLOCKS=1,3`` makes
-2 stages 3 : 5.
+2 stages 3 : 5. ``pipeforge_layers()`` is the same GPT whole, for ``pipeforge
+profile --per-layer`` and ``pipeforge.split`` (``PLAN_LAYERS`` blocks, default 8).
 """
 
 from __future__ import annotations
@@ -68,3 +69,65 @@ def pipeforge_model(stages: int) -> dict:
     modules = [Stage(s == 0, s == stages - 1, n) for s, n in enumerate(blocks_per_stage(stages))]
     tokens = torch.randint(0, VOCAB, (ROWS, SEQ + 1))
     return {"modules": modules, "batch": tokens[:, :-1], "target": tokens[:, 1:], "loss_fn": loss_fn}
+
+
+class Embed(nn.Module):
+    """The token embedding and its MLP (about two blocks' matmuls): stage 0's extra weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.mix = nn.Sequential(nn.Linear(WIDTH, 12 * WIDTH), nn.GELU(), nn.Linear(12 * WIDTH, WIDTH))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        return x + self.mix(x)
+
+
+class Block(nn.Module):
+    """One causal transformer block, as ``Stage`` runs it."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = nn.TransformerEncoderLayer(WIDTH, HEADS, 4 * WIDTH, dropout=0.0, batch_first=True,
+                                                norm_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = nn.Transformer.generate_square_subsequent_mask(x.size(1), dtype=x.dtype)
+        return self.block(x, src_mask=mask, is_causal=True)
+
+
+class Head(nn.Module):
+    """The final norm and the LM head (vocabulary 24 * WIDTH): the last stage's extra weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(WIDTH)
+        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(x))
+
+
+class GPT(nn.Module):
+    """The whole model as a layer list (embedding, blocks, head), which ``pipeforge.split`` cuts anywhere."""
+
+    def __init__(self, blocks: int):
+        super().__init__()
+        self.embed = Embed()
+        self.blocks = nn.ModuleList(Block() for _ in range(blocks))
+        self.head = Head()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def pipeforge_layers() -> dict:
+    """The whole GPT, its batch, target and loss (``pipeforge profile --per-layer``, the loop's plan arm)."""
+    torch.manual_seed(0)
+    tokens = torch.randint(0, VOCAB, (ROWS, SEQ + 1))
+    return {"model": GPT(int(os.environ.get("PLAN_LAYERS", "8"))), "batch": tokens[:, :-1], "target": tokens[:, 1:],
+            "loss_fn": loss_fn}

@@ -39,6 +39,15 @@ load average before and after. ``--out`` keeps costs.json, optimized.pipe,
 results.json and, per schedule, ``timeline-NAME.json``: the step simulated with
 the run's own costs and one measured step (the median round's) side by side as a
 Chrome/Perfetto trace.
+
+``--plan`` runs the plan arm instead: ``pipeforge profile MODEL --per-layer``
+(``--model``: the GPT above as one layer list, default; ``llama_unequal.py``, a
+Hugging Face Llama whose head weighs about three layers; ``--layers`` of them,
+default 2 a rank), ``pipeforge plan`` on those costs (``--schedules`` to choose
+from), then the plan's schedule run with the plan's layer map, with the even
+split and with the even split again (A/A), each cut by ``pipeforge.split`` from
+the model file's whole model, taking turns step by step; reported: the predicted
+plan / even ratio and the measured one with its 95 % interval.
 """
 
 from __future__ import annotations
@@ -163,7 +172,18 @@ def main() -> int:
     parser.add_argument("--time-limit", type=float, default=10.0, help="optimize --time-limit")
     parser.add_argument("--out", help="folder for costs.json, optimized.pipe, results.json and timelines "
                                       "(default: temporary)")
+    parser.add_argument("--plan", action="store_true",
+                        help="the plan arm instead: profile --per-layer, plan, then the plan's layer map against the "
+                             "even split on the plan's schedule (see the module docstring)")
+    parser.add_argument("--model", default=str(MODEL), help="with --plan: the model file (pipeforge_layers(); "
+                                                            "default the GPT, benchmarks/profile/llama_unequal.py the "
+                                                            "Hugging Face Llama)")
+    parser.add_argument("--layers", type=int, help="with --plan: the model's layers (PLAN_LAYERS; default 2 a rank)")
+    parser.add_argument("--schedules", help="with --plan: the library schedules plan may choose from (default all)")
+    parser.add_argument("--repeats", type=int, default=3, help="with --plan: profile --per-layer --repeats")
     args = parser.parse_args()
+    if args.plan:
+        return plan_arm(args)
     if args.blocks:
         os.environ["GPT_BLOCKS"] = args.blocks  # the profile's and the run's ranks inherit it
     out = Path(args.out or tempfile.mkdtemp(prefix="pipeforge-loop-"))
@@ -222,6 +242,64 @@ def main() -> int:
     verdict = {**verdict, "optimized_same_order_as": twins, "cores": os.cpu_count(), "load_before": load_before, "load_after": load_after,
                "command": " ".join(sys.argv)}
     (out / "results.json").write_text(json.dumps({"rows": rows, **verdict}, indent=2) + "\n")
+    print(f"wrote {out / 'results.json'}")
+    return 0
+
+
+def plan_arm(args) -> int:
+    """``pipeforge plan`` against the even split on the plan's own schedule: predicted, then measured."""
+    out = Path(args.out or tempfile.mkdtemp(prefix="pipeforge-plan-"))
+    out.mkdir(parents=True, exist_ok=True)
+    P, M = args.ranks, args.microbatches
+    os.environ["PLAN_LAYERS"] = str(args.layers or 2 * P)  # the profile's and the run's ranks inherit it
+    # the profile runs on one thread, as each rank does (TimingJob.threads): a machine with fewer cores than
+    # threads makes small kernels slow beside large ones, and the ends of the model would look light
+    os.environ["OMP_NUM_THREADS"] = "1"
+    load_before = os.getloadavg()
+    print(f"{os.cpu_count()} cores; load average {' '.join(f'{x:.2f}' for x in load_before)}")
+    layer_costs, plan_pipe = out / "layers.json", out / "plan.pipe"
+    print(pipeforge_cli("profile", args.model, "--per-layer", "--repeats", str(args.repeats), "-o", str(layer_costs)))
+    chosen = json.loads(pipeforge_cli("plan", str(layer_costs), "--ranks", str(P), "--microbatches", str(M),
+                                      *(["--schedules", args.schedules] if args.schedules else []),
+                                      "-o", str(plan_pipe), "--layer-map", str(out / "plan.layers.json"),
+                                      "--force", "--json"))
+    predicted = chosen["predicted_step"] / chosen["even_split_step"]
+    print(f"plan: {chosen['schedule']} with layers {chosen['layers']}, predicted step {chosen['predicted_step']:.1f}; "
+          f"the even split {chosen['even_layers']} on {chosen['schedule']}: {chosen['even_split_step']:.1f} "
+          f"(plan / even {predicted:.3f}; lower bound {chosen['lower_bound']:.1f}) {chosen['units'] or 'ms'}")
+    schedule = load(str(plan_pipe))
+    arms = {"plan": tuple(chosen["layers"]), "even": tuple(chosen["even_layers"]), "even A/A": tuple(chosen["even_layers"])}
+    with tempfile.TemporaryDirectory(prefix="pipeforge-plan-gen-") as gen:
+        paths = []
+        for index in range(len(arms)):
+            folder = Path(gen) / f"s{index}"
+            folder.mkdir()
+            paths.append(str(codegen(schedule, str(folder))))
+        job = TimingJob(args.model, tuple(paths), steps=args.steps, warmup=args.warmup, pin=args.pin,
+                        layers=tuple(arms.values()))
+        outcomes = spawn("pipeforge.tools.step_timing:time_schedules", P, job, timeout=300.0,
+                         deadline=60.0 + 10.0 * len(paths) * (args.steps + args.warmup) * 4)
+    failed = [o for o in outcomes if not o.ok]
+    if failed:
+        raise SystemExit("\n".join(f"rank {o.rank}: {o.error}" for o in failed))
+    steps = dict(zip(arms, sorted(outcomes, key=lambda o: o.rank)[0].value["steps_ms"]))
+    found = {}
+    for a, b in (("plan", "even"), ("even A/A", "even")):
+        per_round = per_round_ratio(steps[a], steps[b])
+        ci = median_interval(per_round)
+        found[f"{a} / {b}"] = {"measured": statistics.median(per_round), "interval_95": list(ci),
+                               "faster_rounds": sum(r < 1.0 for r in per_round), "rounds": len(per_round),
+                               "wins_measured": ci[1] < 1.0}
+        print(f"  {a + ' / ' + b:18} measured {statistics.median(per_round):.3f} [{ci[0]:.3f}-{ci[1]:.3f}], "
+              f"faster in {found[f'{a} / {b}']['faster_rounds']} of {len(per_round)} rounds; medians "
+              f"{statistics.median(steps[a]):.1f} / {statistics.median(steps[b]):.1f} ms")
+    found["plan / even"]["predicted"] = predicted
+    load_after = os.getloadavg()
+    print(f"  (a win: the whole 95% interval below 1; the A/A row shows the noise). Load average before "
+          f"{' '.join(f'{x:.2f}' for x in load_before)}, after {' '.join(f'{x:.2f}' for x in load_after)}")
+    (out / "results.json").write_text(json.dumps({"plan": chosen, "ratios": found, "steps_ms": steps,
+                                                  "load_before": load_before, "load_after": load_after,
+                                                  "command": " ".join(sys.argv)}, indent=2) + "\n")
     print(f"wrote {out / 'results.json'}")
     return 0
 

@@ -55,25 +55,42 @@ def check_width(width: int | None) -> None:
         raise UsageError(f"--width {width}: expected 0 to {MAX_WIDTH} (columns or pixels)")
 
 
-OUTPUT_ATTRIBUTES = ("output", "out", "out_dir")  # -o / OUT of the commands that write a file
+def add_force_argument(parser: argparse.ArgumentParser, what: str = "an existing output") -> None:
+    """--force: replace ``what`` even where the replacement rule (``files.check_replaceable``) refuses."""
+    parser.add_argument("--force", action="store_true",
+                        help=f"replace {what} even if it is not the same output (another schedule, other bytes)")
 
 
-def refuse_output_over_input(args: argparse.Namespace) -> None:
-    """An output that is the input file itself (or a link to it) would replace the schedule being read."""
+def write_source(path: str, text: str, force: bool) -> None:
+    """Write .pipe source ``text`` to ``path``: a file there is replaced only when it defines the same
+    schedules (by name), or with --force."""
+    from pipeforge.files import write_output
+    from pipeforge.lang import held_schedules
+
+    write_output(path, text, force=force, held=held_schedules)
+
+
+OUTPUT_ATTRIBUTES = ("output", "out", "out_dir", "layer_map")  # -o / OUT of the commands that write a file
+INPUT_ATTRIBUTES = ("path", "model", "layer_costs", "cost_file")  # the files they read
+
+
+def refuse_output_over_input(args: argparse.Namespace, outputs: tuple[str, ...] = ()) -> None:
+    """An output that is an input file itself (or a link to it) would replace what is being read:
+    refused, forced or not. ``outputs``: files a command writes that no flag names (export's)."""
     import os
 
-    path = getattr(args, "path", None) or getattr(args, "model", None)
-    if not path or not os.path.isfile(path):
-        return
-    for attribute in OUTPUT_ATTRIBUTES:
-        output = getattr(args, attribute, None)
-        try:
-            same = output is not None and os.path.samefile(path, output)
-        except OSError:  # the output does not exist yet, or cannot be looked at: the write decides
-            same = False
-        if same:
-            raise UsageError(f"the output {output!r} is the input {path!r}: writing it would replace what is "
-                             "being read; name another output file")
+    inputs = [path for path in (getattr(args, name, None) for name in INPUT_ATTRIBUTES)
+              if isinstance(path, str) and os.path.isfile(path)]
+    named = [getattr(args, attribute, None) for attribute in OUTPUT_ATTRIBUTES]
+    for output in [*named, *outputs]:
+        for path in inputs:
+            try:
+                same = output is not None and os.path.samefile(path, output)
+            except OSError:  # the output does not exist yet, or cannot be looked at: the write decides
+                same = False
+            if same:
+                raise UsageError(f"the output {str(output)!r} is the input {path!r}: writing it would replace what "
+                                 "is being read; name another output file")
 
 
 def load_input(args: argparse.Namespace):

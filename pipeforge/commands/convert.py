@@ -6,7 +6,9 @@
 - ``OUT.pipe``: canonical ``.pipe`` source (``pipeforge.lang.printer``);
 - ``OUT.json``: a Chrome/Perfetto trace (``pipeforge.interop.chrome_trace``).
 
-The output is written atomically: on any error nothing is left at OUT.
+The output is written atomically: on any error nothing is left at OUT. A file
+already at OUT is replaced only when it holds the same (schedules by name for
+``.pipe``, the same bytes otherwise), or with ``--force``.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeforge.commands.common import add_input_arguments, load_input
+from pipeforge.commands.common import add_force_argument, add_input_arguments, load_input, write_source
 from pipeforge.commands.exits import Exit
 from pipeforge.errors import UsageError
-from pipeforge.files import write_atomically
+from pipeforge.files import write_output
 from pipeforge.ir import Schedule
 
 SUFFIXES = (".csv", ".pipe", ".json")
@@ -30,6 +32,7 @@ def register(subparsers) -> None:
     parser.add_argument("out", metavar="OUT", help="the output: OUT.csv, OUT.pipe or OUT.json")
     parser.add_argument("--format", choices=("compute_only", "compute_comms"),
                         help="torch CSV form to write (default: compute_comms if the input has communication)")
+    add_force_argument(parser, "an existing OUT")
     parser.set_defaults(handler=run)
 
 
@@ -40,15 +43,14 @@ def run(args: argparse.Namespace) -> int:
     if args.format and suffix != ".csv":
         raise UsageError(f"--format applies to a .csv output, not {suffix!r}")
     schedule = load_input(args)
-    try:
-        if suffix == ".json":
-            from pipeforge.interop.chrome_trace import write_trace
+    if suffix == ".pipe":
+        write_source(args.out, render(schedule, suffix, args.format), args.force)
+    elif suffix == ".json":
+        from pipeforge.interop.chrome_trace import trace_text
 
-            write_trace(schedule, args.out)
-        else:
-            write_atomically(args.out, render(schedule, suffix, args.format))
-    except OSError as error:
-        raise UsageError(f"cannot write {args.out!r}: {error.strerror or error}") from None
+        write_output(args.out, trace_text(schedule), force=args.force)
+    else:
+        write_output(args.out, render(schedule, suffix, args.format), force=args.force)
     return Exit.OK
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeforge.commands.common import add_input_arguments, load_input, print_json
+from pipeforge.commands.common import add_force_argument, add_input_arguments, load_input, print_json
+from pipeforge.commands.common import refuse_output_over_input
 from pipeforge.commands.exits import Exit
 from pipeforge.commands.wording import message
-from pipeforge.errors import UsageError
+from pipeforge.errors import UsageError, printable
 
 
 def register(subparsers) -> None:
@@ -27,6 +28,7 @@ def register(subparsers) -> None:
                              "where its default stage count is not the schedule's")
     parser.add_argument("--microbatch-size", type=int, default=1, metavar="K",
                         help="pipeline_parallel_microbatch_size (local_batch_size = microbatches x K)")
+    add_force_argument(parser, "existing files in OUTDIR")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run)
 
@@ -50,11 +52,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"refused: {message(refused)}", file=sys.stderr)
         return Exit.INVALID
-    written = plan.write(args.out_dir)
+    refuse_output_over_input(args, tuple(str(path) for path in plan.paths(args.out_dir)))
+    written = plan.write(args.out_dir, force=args.force)
     if args.json:
         print_json({"exported": True, "refused": None, "files": [str(p) for p in written],
                     "settings": plan.settings, "stages": {str(r): list(s) for r, s in plan.stages.items()}})
     else:
-        print(f"wrote {written[0]} and {written[1]} (pipeline_parallel_schedule = "
+        print(f"wrote {printable(str(written[0]))} and {printable(str(written[1]))} (pipeline_parallel_schedule = "
               f"{plan.settings['parallelism']['pipeline_parallel_schedule']!r}; {format_stages(plan.stages)})")
     return Exit.OK

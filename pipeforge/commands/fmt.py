@@ -1,18 +1,17 @@
 """``pipeforge fmt PATH [-D NAME=VALUE]... [--schedule NAME] [-o OUT]``: the canonical .pipe form.
 
 Elaborates the schedule and prints it explicitly (every rank's steps as torch
-tokens), or writes it atomically to OUT. Exit 2 on bad input.
+tokens), or writes it atomically to OUT (replacing a file there only when it
+defines the same schedules, or with ``--force``). Exit 2 on bad input.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from pipeforge.commands.common import add_input_arguments, load_input, require_suffix
+from pipeforge.commands.common import add_force_argument, add_input_arguments, load_input, require_suffix, write_source
 from pipeforge.commands.exits import Exit
-from pipeforge.files import write_atomically
 
 
 def register(subparsers) -> None:
@@ -20,6 +19,7 @@ def register(subparsers) -> None:
                                    description=__doc__.split("\n\n")[0])
     add_input_arguments(parser)
     parser.add_argument("-o", "--output", metavar="OUT", help="write to OUT (atomically) instead of stdout")
+    add_force_argument(parser, "an existing OUT")
     parser.set_defaults(handler=run)
 
 
@@ -32,6 +32,6 @@ def run(args: argparse.Namespace) -> int:
     if args.output is None:
         sys.stdout.write(text)
         return Exit.OK
-    write_atomically(Path(args.output), text)
+    write_source(args.output, text, args.force)
     return Exit.OK
 

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeforge.commands.common import add_input_arguments, load_input, print_json
+from pipeforge.commands.common import add_force_argument, add_input_arguments, load_input, print_json, write_source
 from pipeforge.commands.exits import Exit
 from pipeforge.errors import UsageError, VerificationError
 from pipeforge.semantics import Semantics
@@ -33,6 +33,7 @@ def register(subparsers) -> None:
     add_input_arguments(parser)
     add_pass_arguments(parser)
     parser.add_argument("-o", "--output", metavar="OUT", help="OUT.pipe or OUT.csv (default: .pipe on stdout)")
+    add_force_argument(parser, "an existing OUT")
     parser.add_argument("--semantics", choices=(Semantics.RENDEZVOUS.value, Semantics.BUFFERED.value),
                         help="what the result is verified under (default: rendezvous, buffered with --defer-recv); "
                              "buffered suits a torch compute_comms CSV, whose cells torch posts one by one")
@@ -138,9 +139,12 @@ def run(args: argparse.Namespace) -> int:
     if not args.output:
         sys.stdout.write(text)
         return Exit.OK
-    from pipeforge.files import write_atomically
+    if suffix == ".pipe":
+        write_source(args.output, text, args.force)
+    else:
+        from pipeforge.files import write_output
 
-    write_atomically(args.output, text)
+        write_output(args.output, text, force=args.force)
     if args.json:
         print_json({"schedule": schedule.name, "output": args.output, "ranks": schedule.ranks,
                     "actions": schedule.action_count()})

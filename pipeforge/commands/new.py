@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from pipeforge.commands.common import parse_defines, require_suffix
+from pipeforge.commands.common import add_force_argument, parse_defines, require_suffix, write_source
 from pipeforge.commands.exits import Exit
-from pipeforge.errors import UsageError
-from pipeforge.files import write_atomically
 
 
 def register(subparsers) -> None:
@@ -27,8 +24,7 @@ def register(subparsers) -> None:
     parser.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE",
                         help="set a parameter's default (repeatable)")
     parser.add_argument("-o", "--output", metavar="FILE", help="where to write (default: stdout)")
-    parser.add_argument("--force", action="store_true",
-                        help="replace an existing file even if it is not the source of this schedule")
+    add_force_argument(parser, "an existing FILE")
     parser.set_defaults(handler=run)
 
 
@@ -41,26 +37,5 @@ def run(args: argparse.Namespace) -> int:
     if args.output is None:
         sys.stdout.write(text)
         return Exit.OK
-    write_atomically(Path(args.output), text,
-                     replaceable=None if args.force else lambda target: _check_replaceable(target, text))
+    write_source(args.output, text, args.force)
     return Exit.OK
-
-
-def _check_replaceable(target: Path, text: str) -> None:
-    """Refuse to replace a file that is not the .pipe source of the schedules ``text`` holds."""
-    from pipeforge.errors import PipeforgeError
-    from pipeforge.lang import schedule_names
-
-    if not target.exists():
-        return
-    ours = schedule_names(text)
-    try:
-        held = schedule_names(target)
-    except PipeforgeError:  # not a .pipe file, unreadable, too large: not ours
-        held = None
-    if held == ours:
-        return
-    what = "is not a .pipe file" if held is None else \
-        f"holds schedule{'s' if len(held) != 1 else ''} {', '.join(map(repr, held)) or 'none'}"
-    raise UsageError(f"{str(target)!r} exists and {what}; this is schedule {', '.join(map(repr, ours))}. "
-                     "Pass --force to replace it, or name another file")

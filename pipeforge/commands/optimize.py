@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-from pipeforge.commands.common import add_input_arguments, load_input, print_json, require_suffix
+from pipeforge.commands.common import add_force_argument, add_input_arguments, load_input, print_json, require_suffix
+from pipeforge.commands.common import write_source
 from pipeforge.commands.exits import Exit
 from pipeforge.commands.simulate import add_cost_file_argument
-from pipeforge.errors import PipeforgeError, UsageError
-from pipeforge.files import write_atomically
+from pipeforge.errors import PipeforgeError, UsageError, printable
 
 MIN_SEARCH_S = 1e-3  # what optimize gets when reading the input took the whole limit
 COST_HELP = ("override costs field by field: F=1,I=1,W=1,B=2,comm=0 (B defaults to I+W); "
@@ -46,6 +45,7 @@ def register(subparsers) -> None:
                         help="also try every activation offloaded to host memory (OFFLOAD after each F, RELOAD "
                              "before each first backward, on the copy lane)")
     parser.add_argument("-o", "--output", required=True, metavar="OUT.pipe", help="where to write the result")
+    add_force_argument(parser, "an existing OUT.pipe")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run)
 
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
                                                   costs, memory, began, progress)
     finally:
         progress.close()
-    write_atomically(Path(args.output), print_schedule(result.schedule))
+    write_source(args.output, print_schedule(result.schedule), args.force)
     if args.json:
         extra = {} if choice is None else {"memory_actions": choice.to_json()}
         print_json({**result.to_json(), **extra, "output": args.output})
@@ -170,7 +170,7 @@ def report(result, output: str) -> str:
            f"on {WORK_SPACE}{_binding(result.work_bound)})" if result.work_bound is not None else ""),
         *_fuse_line(result),
         f"stopped: {STOP_REASONS[result.stopped]}",
-        f"wrote {output}" + ("" if result.improved else " (the input: nothing better found)"),
+        f"wrote {printable(output)}" + ("" if result.improved else " (the input: nothing better found)"),
     ]
     if limit is not None and max(before.peak_memory, default=0.0) > limit + 1e-9:
         lines.insert(-1, f"note: the input holds {max(before.peak_memory):g} M_B, over the limit {limit:g}; "

@@ -4,7 +4,9 @@ Writes the chosen schedule's ``.pipe`` source (``-o``, its parameters as the
 defaults) and the layer map (``--layer-map``, default beside it:
 ``OUT.layers.json``), the layer counts ``pipeforge.split(..., layers=...)``
 takes; prints the predicted step, the even split's on the same schedule and the
-lower bound. An existing output is replaced only with ``--force``.
+lower bound. An existing output is replaced only when it holds the same (the
+same schedule by name; the same bytes for the layer map), or with ``--force``;
+both files or neither.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from pipeforge.commands.common import print_json, require_suffix
+from pipeforge.commands.common import add_force_argument, print_json, require_suffix
 from pipeforge.commands.exits import Exit
 from pipeforge.errors import UsageError, printable
 
@@ -30,14 +32,15 @@ def register(subparsers) -> None:
                         help="activation memory limit per rank, in M_B (the largest stage's activation)")
     parser.add_argument("-o", "--output", required=True, metavar="OUT.pipe", help="the chosen schedule's source")
     parser.add_argument("--layer-map", metavar="FILE.json", help="where the layer map goes (default OUT.layers.json)")
-    parser.add_argument("--force", action="store_true", help="replace existing outputs")
+    add_force_argument(parser, "existing outputs")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from pipeforge import library
-    from pipeforge.files import write_atomically
+    from pipeforge.files import write_outputs
+    from pipeforge.lang import held_schedules
     from pipeforge.plan import plan, read_layer_costs
 
     require_suffix(args.output, ".pipe")
@@ -47,9 +50,8 @@ def run(args: argparse.Namespace) -> int:
     layer_map = Path(args.layer_map) if args.layer_map else out.with_suffix(".layers.json")
     chosen = [s.strip() for s in args.schedules.split(",") if s.strip()] if args.schedules else None
     result = plan(read_layer_costs(args.layer_costs), args.ranks, args.microbatches, chosen, args.memory_limit)
-    refuse = None if args.force else _refuse_existing
-    write_atomically(out, library.source_with_defaults(result.schedule, result.defines), replaceable=refuse)
-    write_atomically(layer_map, json.dumps(result.to_json(), indent=2) + "\n", replaceable=refuse)
+    write_outputs([(out, library.source_with_defaults(result.schedule, result.defines)),
+                   (layer_map, json.dumps(result.to_json(), indent=2) + "\n")], force=args.force, held=held_schedules)
     if args.json:
         print_json({**result.to_json(), "output": str(out), "layer_map": str(layer_map)})
         return Exit.OK
@@ -60,7 +62,3 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {printable(str(out))} and {printable(str(layer_map))}")
     return Exit.OK
 
-
-def _refuse_existing(target: Path) -> None:
-    if target.exists():
-        raise UsageError(f"{target} exists: pass --force to replace it")

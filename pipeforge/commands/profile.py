@@ -10,10 +10,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeforge.commands.common import print_json, require_suffix
+from pipeforge.commands.common import add_force_argument, print_json, require_suffix
 from pipeforge.commands.exits import Exit
 from pipeforge.errors import UsageError, printable
-from pipeforge.files import write_atomically
+from pipeforge.files import check_replaceable, write_output
+
+
+PROFILE_TIMEOUT = 120.0  # seconds a rank waits for a peer on an idle machine (times time_scale())
 
 
 def register(subparsers) -> None:
@@ -37,8 +40,9 @@ def register(subparsers) -> None:
     parser.add_argument("--steps", type=int, default=3, help="measured steps (default 3)")
     parser.add_argument("--warmup", type=int, default=3,
                         help="steps of each schedule run first and not measured (default 3: the allocator settles)")
-    parser.add_argument("--timeout", type=float, default=120.0, metavar="S",
-                        help="seconds any rank may wait for a peer before failing (default 120)")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="seconds any rank may wait for a peer before failing (default 120, times the machine's "
+                             "load per core or PIPEFORGE_TIME_SCALE)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="time each F, I, W, B by the wall clock (default) or by its thread's CPU time "
                              "(CPU only: the work itself, steadier on a loaded machine)")
@@ -46,6 +50,7 @@ def register(subparsers) -> None:
                         help="keep each rank on a core of its own (where there are at least STAGES cores): "
                              "no rank waits for a core another holds")
     parser.add_argument("-o", "--output", required=True, metavar="COSTS.json", help="the cost file to write")
+    add_force_argument(parser, "an existing COSTS.json")
     parser.add_argument("--json", action="store_true", help="print the cost file to stdout too")
     parser.set_defaults(handler=run)
 
@@ -54,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     from pipeforge.commands.run import require_torch
 
     require_suffix(args.output, ".json")
+    if not args.force:  # refused now, not after the measuring: what it will measure is not what is there
+        check_replaceable(Path(args.output))
     if args.per_layer:
         return _per_layer(args)
     _check(args)
@@ -61,8 +68,11 @@ def run(args: argparse.Namespace) -> int:
     from pipeforge.generator import codegen
     from pipeforge.library import load_library_schedule
     from pipeforge.tools.profiling import ProfileJob, cost_file
-    from pipeforge.tools.launch import spawn
+    from pipeforge.tools.launch import spawn, time_scale
     from pipeforge.sim.costfile import cost_file_from_json
+
+    base = PROFILE_TIMEOUT if args.timeout is None else args.timeout
+    timeout = PROFILE_TIMEOUT * time_scale() if args.timeout is None else args.timeout
 
     microbatches = args.microbatches if args.microbatches is not None else 2 * args.stages
     schedule = load_library_schedule("zb-h1", {"P": args.stages, "M": microbatches})
@@ -72,9 +82,9 @@ def run(args: argparse.Namespace) -> int:
         (Path(out_dir) / "fused").mkdir()
         job = ProfileJob(str(Path(args.model).resolve()), str(codegen(schedule, out_dir)),
                          str(codegen(fused, str(Path(out_dir) / "fused"))), steps=args.steps,
-                         warmup=args.warmup, timeout=args.timeout, clock=args.clock, pin=args.pin)
-        outcomes = spawn("pipeforge.tools.profiling:profile_job", args.stages, job, timeout=args.timeout,
-                         deadline=args.timeout * (args.steps + args.warmup + 2) + 30)
+                         warmup=args.warmup, timeout=timeout, clock=args.clock, pin=args.pin)
+        outcomes = spawn("pipeforge.tools.profiling:profile_job", args.stages, job, timeout=timeout,
+                         deadline=base * (args.steps + args.warmup + 2) + 30)  # idle seconds: spawn scales it
     failed = [o for o in outcomes if not o.ok]
     if failed:
         for outcome in failed:
@@ -88,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
               f"cores", file=sys.stderr)
     data = cost_file([o.value for o in outcomes])
     cost_file_from_json(data, args.output)  # what we write must read back
-    write_atomically(args.output, json.dumps(data, indent=2) + "\n")
+    write_output(args.output, json.dumps(data, indent=2) + "\n", force=args.force)
     if args.json:
         print_json(data)
         return Exit.OK
@@ -119,7 +129,7 @@ def _per_layer(args: argparse.Namespace) -> int:
     data = layer_costs(found["model"], found["batch"], attention_mask=found.get("attention_mask"),
                        repeats=args.repeats)
     layer_costs_from_json(data, args.output)  # what we write, plan must read
-    write_atomically(args.output, json.dumps(data, indent=2) + "\n")
+    write_output(args.output, json.dumps(data, indent=2) + "\n", force=args.force)
     if args.json:
         print_json(data)
         return Exit.OK
@@ -144,7 +154,7 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--microbatches {args.microbatches}: expected at least 1")
     if args.steps < 1 or args.warmup < 0:
         raise UsageError("--steps must be at least 1 and --warmup at least 0")
-    if not 0 < args.timeout < float("inf"):
+    if args.timeout is not None and not 0 < args.timeout < float("inf"):
         raise UsageError(f"--timeout {args.timeout:g}: expected a positive number of seconds")
     from pipeforge.files import require_regular_file
 

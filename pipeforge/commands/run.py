@@ -34,8 +34,9 @@ def register(subparsers) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"),
                         help="where the model runs (default: CUDA under NCCL, else CPU); gloo with cuda stages "
                              "activations through host memory, so several ranks may share one GPU")
-    parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
-                        help="seconds any rank may wait for a peer before failing (default 30)")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="seconds any rank may wait for a peer before failing (default 30, times the machine's "
+                             "load per core or PIPEFORGE_TIME_SCALE)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--print-torchrun", action="store_true",
                         help="print the torchrun line that runs this check on several machines, and exit")
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--backend nccl needs --device cuda (NCCL moves GPU memory only)")
     if args.steps < 1:
         raise UsageError("--steps must be at least 1")
-    if not 0 < args.timeout < float("inf"):
+    if args.timeout is not None and not 0 < args.timeout < float("inf"):
         raise UsageError(f"--timeout {args.timeout:g}: expected a positive number of seconds")
     if args.nnodes is not None and not (args.print_torchrun and 1 <= args.nnodes <= nproc and nproc % args.nnodes == 0):
         raise UsageError(f"--nnodes {args.nnodes}: goes with --print-torchrun and must divide the {nproc} ranks "
@@ -107,8 +108,11 @@ def _check(args: argparse.Namespace, module: str, nproc: int) -> dict | None:
     if args.from_env:
         from pipeforge.tools.reference_check import run_check_from_environment
 
+        from pipeforge.tools.launch import RUN_TIMEOUT, time_scale
+
+        timeout = RUN_TIMEOUT * time_scale() if args.timeout is None else args.timeout
         return run_check_from_environment(module, steps=args.steps, model=args.model, backend=args.backend,
-                                          timeout=args.timeout, device=args.device)
+                                          timeout=timeout, device=args.device)
     from pipeforge.tools.launch import run_check
 
     return run_check(module, nproc, steps=args.steps, model=args.model, backend=args.backend, timeout=args.timeout,
@@ -150,8 +154,10 @@ def check_command(args: argparse.Namespace) -> list[str]:
     if args.schedule:
         command += ["--schedule", args.schedule]
     command += pass_flags(args)
-    command += ["--steps", str(args.steps), "--model", args.model,
-                "--backend", args.backend, "--timeout", f"{args.timeout:g}", "--from-env"]
+    command += ["--steps", str(args.steps), "--model", args.model, "--backend", args.backend]
+    if args.timeout is not None:  # else each machine scales the default by its own load
+        command += ["--timeout", f"{args.timeout:g}"]
+    command += ["--from-env"]
     if args.device:
         command[-1:-1] = ["--device", args.device]
     return command

@@ -2,7 +2,8 @@
 
 The output's suffix picks the form: ``.svg``, ``.png`` (needs the ``png`` extra),
 ``.html`` (self-contained, with tooltips), ``.txt`` (the terminal grid) or
-``.json`` (a Chrome/Perfetto trace). Files are written atomically.
+``.json`` (a Chrome/Perfetto trace). Files are written atomically; a file at OUT
+is replaced only by the same bytes, or with ``--force``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 from pathlib import Path
 
 from pipeforge.commands.simulate import add_cost_arguments, simulate_input
-from pipeforge.commands.common import add_input_arguments, check_width
+from pipeforge.commands.common import add_force_argument, add_input_arguments, check_width
 from pipeforge.commands.exits import Exit
 from pipeforge.errors import UsageError
 
@@ -26,6 +27,7 @@ def register(subparsers) -> None:
     add_cost_arguments(parser)
     parser.add_argument("-o", "--output", required=True, metavar="OUT",
                         help="OUT.svg, OUT.png, OUT.html, OUT.txt or OUT.json (Chrome trace)")
+    add_force_argument(parser, "an existing OUT")
     parser.add_argument("--title", help="the picture's title (default: name, bubble rate, makespan, memory)")
     parser.add_argument("--width", type=int, default=None,
                         help="time-axis width: pixels for pictures (default: fitted), columns for .txt (default 100)")
@@ -39,23 +41,28 @@ def run(args: argparse.Namespace) -> int:
                          f"not {suffix or 'nothing'!r}")
     check_width(args.width)
     timeline = simulate_input(args)
-    write_picture(timeline, args.output, suffix, title=args.title, width=args.width)
+    write_picture(timeline, args.output, suffix, title=args.title, width=args.width, force=args.force)
     return Exit.OK
 
 
-def write_picture(timeline, path: str, suffix: str, *, title: str | None = None, width: int | None = None) -> None:
-    from pipeforge.files import write_atomically
+def write_picture(timeline, path: str, suffix: str, *, title: str | None = None, width: int | None = None,
+                  force: bool = False) -> None:
+    """The picture at ``path``: a file there is replaced only by the same bytes, or with ``force``."""
+    from pipeforge.files import write_output
 
+    write_output(path, picture(timeline, suffix, title=title, width=width), force=force)
+
+
+def picture(timeline, suffix: str, *, title: str | None = None, width: int | None = None) -> bytes | str:
     if suffix == ".png":
-        from pipeforge.render.png import render_png
+        from pipeforge.render.png import png_bytes
 
-        render_png(timeline, path, title=title)
-    elif suffix == ".json":
-        from pipeforge.interop.chrome_trace import write_trace
+        return png_bytes(timeline, title=title)
+    if suffix == ".json":
+        from pipeforge.interop.chrome_trace import trace_text
 
-        write_trace(timeline, path)
-    else:
-        write_atomically(path, _text_picture(timeline, suffix, title, width))
+        return trace_text(timeline)
+    return _text_picture(timeline, suffix, title, width)
 
 
 def _text_picture(timeline, suffix: str, title: str | None, width: int | None) -> str:

@@ -30,7 +30,7 @@ from pipeforge.interop.torchtitan import (
 )
 from pipeforge.ir import ActionKind, Placement, Schedule
 from pipeforge.interop.torchtitan import torchtitan_available
-from pipeforge.files import write_atomically
+from pipeforge.files import write_outputs
 from pipeforge.interop.torch_csv import to_csv_text
 from pipeforge.interop.torch_target import verify_as
 
@@ -61,11 +61,17 @@ class Export:
                 lines.append(f"{key} = {json.dumps(value)}")
         return "\n".join(lines) + "\n"
 
-    def write(self, out_dir: str | Path) -> tuple[Path, Path]:
+    def paths(self, out_dir: str | Path) -> tuple[Path, Path]:
+        """Where ``write`` puts the CSV and the settings."""
         folder = Path(out_dir)
-        csv_path, toml_path = folder / f"{self.name}.csv", folder / f"{self.name}.toml"
-        write_atomically(csv_path, self.csv, make_dirs=True)
-        write_atomically(toml_path, self.toml(str(csv_path.resolve())))
+        return folder / f"{self.name}.csv", folder / f"{self.name}.toml"
+
+    def write(self, out_dir: str | Path, *, force: bool = True) -> tuple[Path, Path]:
+        """``OUT_DIR/<name>.csv`` and ``.toml``, both or neither; without ``force``, files there are
+        replaced only by the same bytes (``files.check_replaceable``)."""
+        csv_path, toml_path = self.paths(out_dir)
+        write_outputs([(csv_path, self.csv), (toml_path, self.toml(str(csv_path.resolve())))], force=force,
+                      make_dirs=True)
         return csv_path, toml_path
 
 

@@ -3,6 +3,7 @@
     load_file(path, defines={"P": 8}, schedule=None) -> Schedule
     load_text(text, defines=None, schedule=None, filename="<string>") -> Schedule
     schedule_names(text_or_path) -> list[str]
+    held_schedules(head) -> "schedule 'x'" | None   (what a file at an output path holds, without lark)
     parameters(path_or_text, schedule=None) -> list[(name, default)]
     default_offsets(text, schedule=None) -> list[(name, default, (start, end))]
     printer.print_schedule(schedule) -> str   (canonical .pipe text of any IR)
@@ -13,6 +14,7 @@ cheap. The language, chains included: ``docs/language.md``.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -22,8 +24,8 @@ from pipeforge.ir import Schedule
 from pipeforge.lang.elaborate import CompiledSchedule, compile_file, elaborate, pick
 from pipeforge.lang.parse import parse_text
 
-__all__ = ["load_file", "load_text", "schedule_names", "parameters", "default_offsets", "compile_text",
-           "compile_source", "CompiledSchedule"]
+__all__ = ["load_file", "load_text", "schedule_names", "held_schedules", "parameters", "default_offsets",
+           "compile_text", "compile_source", "CompiledSchedule"]
 
 
 def load_text(text: str, *, defines: dict[str, int] | None = None, schedule: str | None = None,
@@ -41,6 +43,19 @@ def load_file(path: str | Path, *, defines: dict[str, int] | None = None, schedu
 def schedule_names(text_or_path: str | Path) -> list[str]:
     """The names of the schedules a file (or a text) holds, in order."""
     return [s.name for s in compile_source(_source_of(text_or_path))]
+
+
+_HEADER = re.compile(rb"^[ \t]*schedule[ \t]+([A-Za-z_][A-Za-z0-9_]*)[ \t]*(?:\([^()]*\))?\s*\{", re.MULTILINE)
+
+
+def held_schedules(head: bytes) -> str | None:
+    """The schedules the .pipe text ``head`` (a file's first bytes) defines, in words (``schedule 'a'``,
+    ``schedules 'a', 'b'``), read from their headers without parsing the rest; None when it holds none.
+    Two .pipe files are the same output when these words are (``files.check_replaceable``)."""
+    names = [match.group(1).decode("ascii") for match in _HEADER.finditer(head)]
+    if not names:
+        return None
+    return f"schedule{'s' if len(names) > 1 else ''} {', '.join(map(repr, names))}"
 
 
 def parameters(path_or_text: str | Path, schedule: str | None = None) -> list[tuple[str, int]]:

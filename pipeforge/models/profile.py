@@ -8,8 +8,8 @@ split-backward schedules run them) on ``batch`` ``repeats`` times, and returns
 the median F, I, W of every layer (ms) and the bytes its forward leaves saved
 for backward (``activation``) and the bytes of its parameters (``parameters``). What
 stage 0 and the last stage take beyond the median layer is ``first`` and ``last``:
-the embedding's and the head's cost. ``load_layer_model(path)`` reads the model file
-of ``pipeforge profile --per-layer``.
+the embedding's and the head's cost (stage 0's whole backward runs in its W).
+``load_layer_model(path)`` reads the model file of ``pipeforge profile --per-layer``.
 """
 
 from __future__ import annotations
@@ -52,10 +52,16 @@ def layer_costs(model: torch.nn.Module, batch: torch.Tensor, *, attention_mask: 
                "activation": float(activation if s in (0, count - 1) else saved[s]),
                "parameters": float(weight if s in (0, count - 1) else weights[s])} for s in range(count)]
     return {"units": "ms", "layers": layers,
-            "first": {**{k: max(per_stage[0][k] - layer[k], 0.0) for k in layer},
-                      "parameters": float(max(weights[0] - weight, 0))},
+            "first": {**_first_extra(per_stage[0], layer), "parameters": float(max(weights[0] - weight, 0))},
             "last": {**{k: max(per_stage[-1][k] - layer[k], 0.0) for k in layer},
                      "parameters": float(max(weights[-1] - weight, 0))}}
+
+
+def _first_extra(stage0: dict[str, float], layer: dict[str, float]) -> dict[str, float]:
+    """What stage 0 takes beyond a layer. Its inputs need no gradient, so its I does nothing and its W
+    runs its whole backward, its layer's I included: the extra backward is the difference of the sums."""
+    backward = stage0["I"] + stage0["W"] - layer["I"] - layer["W"]
+    return {"F": max(stage0["F"] - layer["F"], 0.0), "I": 0.0, "W": max(backward, 0.0)}
 
 
 def _parameter_bytes(module: torch.nn.Module) -> int:

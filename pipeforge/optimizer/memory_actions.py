@@ -25,9 +25,10 @@ from pipeforge.optimizer.search import optimize
 from pipeforge.optimizer.units import integer_units
 from pipeforge.passes.recompute import offload as offload_pass
 from pipeforge.passes.recompute import recompute as recompute_pass
+from pipeforge.semantics import split
 from pipeforge.sim.bounds import bubble_of_span, recompute_span
 from pipeforge.sim.simulate import simulate
-from pipeforge.sim.workgraph import compile_schedule
+from pipeforge.sim.workgraph import Shape, WorkGraph, compile_actions
 from pipeforge.verifier import verify
 
 POLICIES = ("none", "auto", "all")
@@ -149,12 +150,20 @@ def _plain_result(schedule: Schedule, costs: CostModel, memory: MemorySpec, afte
     return OptimizeResult(schedule, before, after, 0.0, 0.0, 0.0, False, False, "input", "none", 0.0)
 
 
+def recompute_bound(plain: Schedule, costs: CostModel, real: MemorySpec) -> tuple[WorkGraph, float]:
+    """The split work of ``plain`` (every B as I and W, as optimize bounds it: one microbatch's paths stand
+    for all) and the least worst span of any of its schedules that may recompute within ``real``'s limit
+    (``sim.bounds.recompute_span``)."""
+    work = [part for _, _, a in strip(plain).actions() if a.is_compute for part in split(a)]
+    graph = compile_actions(Shape.of(plain), work, costs, replace(real, limit=None))
+    return graph, recompute_span(graph, real).max_span
+
+
 def _with_recompute_bound(result: OptimizeResult, plain: Schedule, costs: CostModel,
                           real: MemorySpec) -> OptimizeResult:
     """``result`` with the bound of the space it was chosen from, where any (stage, microbatch) may be
     recomputed (``sim.bounds.recompute_span``: the recompute the limit forces counted), its gap and verdict."""
-    graph, _ = compile_schedule(plain, costs, replace(real, limit=None))
-    bound = recompute_span(graph, real).max_span
+    graph, bound = recompute_bound(plain, costs, real)
     span = result.after.max_span
     gap = max(0.0, (span - bound) / span) if span > 0 else 0.0
     return replace(result, span_bound=bound, bound=bubble_of_span(graph, bound), gap=gap, optimal=gap <= 1e-6)
@@ -204,16 +213,19 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
     finish = 1.5 * finish_seconds(actions, 0.0)  # timing and verifying the chosen schedule (budget.py's estimate)
     deadline = started + max(0.0, time_limit - finish)
     candidates: list[tuple[OptimizeResult, str, bool]] = []
+    units = integer_units(costs)
     tried: list[str] = []
     errors: list[str] = []
 
     def left(share: float = 1.0) -> float:
         return max(0.0, deadline - time.monotonic()) * share
 
-    def offer(name: str, final: Schedule, base: OptimizeResult | None = None, verified: bool = False) -> None:
+    def offer(name: str, final: Schedule, base: OptimizeResult | None = None, verified: bool = False,
+              timed: Evaluation | None = None) -> None:
+        """A candidate, with its figures (``timed``: the engine's, in integer units, instead of simulating)."""
         final = replace(final, memory=real if limit is not None else unlimited)
         try:
-            after = metrics_of(final, costs, final.memory)
+            after = metrics_of(final, costs, final.memory) if timed is None else Metrics.of(timed).scaled(units.scale)
         except PipeforgeError as error:  # e.g. the input's own order with R added cannot run
             errors.append(f"{name}: {error}")
             return
@@ -246,15 +258,32 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
                                        ("per-microbatch", recompute == "auto" and limit is not None),
                                        ("all", recompute == "all" or (recompute == "auto" and limit is not None)),
                                        ("offload", offload)) if wanted]
-    units = integer_units(costs)
+    # where the input fits, an order without recompute is the likely winner (and must not lose for want of
+    # time): it runs first with most of the time; where it does not, one that recomputes nothing is rarely
+    # close, and the per-microbatch orders come first
+    began = time.monotonic()
+    try:
+        promising = limit is None or fits(replace(plain, memory=real))
+    except PipeforgeError:
+        promising = False
+    simulating = time.monotonic() - began  # one simulation of this work: what selective and uniform repeat
+    if "none" in plans and promising:
+        attempt("none", memory, limit, None, 1.0 if len(plans) == 1 else 0.6)
     placed = None
+    greedy_seconds = 0.0
     if "per-microbatch" in plans:
         tried.append("per-microbatch")
-        placed = per_microbatch(plain, real, units.costs, time.monotonic() + left(0.25))
+        began = time.monotonic()
+        placed = per_microbatch(plain, real, units.costs, began + left(0.25))
+        greedy_seconds = time.monotonic() - began
         if placed is not None:
-            offer("per-microbatch", replace(schedule_of(plain, placed[0], placed[1]), costs=costs))
-    if "none" in plans:
-        attempt("none", memory, limit, None, 0.2 if len(plans) > 1 else 1.0)
+            offer("per-microbatch", replace(schedule_of(plain, placed[0], placed[1]), costs=costs), timed=placed[2])
+    # (its first greedy orders take about as long as the per-microbatch ones, whatever its share of the time)
+    if "none" in plans and not promising and (placed is None or left() > 4 * greedy_seconds):
+        attempt("none", memory, limit, None, 1.0 if len(plans) == 1 else 0.15)
+    elif "none" in plans and not promising:
+        tried.append("none")
+        errors.append("none: no time left")
     if "all" in plans:
         # a recomputed F holds its checkpoint c; R adds a - c just before the backward, so the search keeps
         # that much room under the limit. First as if I released all but c's weight part (true when each W
@@ -266,18 +295,20 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
         optimistic = replace(memory, activation=tuple(kept), weight_grad=())
         given = recompute_pass(plain)  # the input's own order, every microbatch recomputed
         offer("all", given)
-        attempt("all", optimistic, room, recompute_pass, 0.2 if recompute == "auto" else 0.4)
+        if recompute == "all" or placed is None:  # (auto: where the per-microbatch orders do not apply)
+            attempt("all", optimistic, room, recompute_pass, 0.2 if recompute == "auto" else 0.4)
         if recompute == "all":
             attempt("all", optimistic, room, lambda s: recompute_pass(fused(s)), 0.5)  # each W into its I: a B
             careful = replace(memory, activation=tuple(kept[s] + memory.stage_weight_grad(s) for s in stages),
                               weight_grad=tuple(memory.stage_weight_grad(s) for s in stages))
             attempt("all", careful, room, recompute_pass, 1.0)
-    if recompute == "auto" and limit is not None and left() > 0:
+    rounds = 2 * max(1, plain.microbatches).bit_length() + 4  # the simulations each of them makes, about
+    if recompute == "auto" and limit is not None and left() > rounds * simulating:
         tried.append("selective")
         chosen = selective(plain, costs, real)
         if chosen is not None:
             offer("selective", chosen)
-        same = uniform(plain, costs, real) if left() > 0 else None
+        same = uniform(plain, costs, real) if left() > rounds * simulating else None
         if same is not None:
             offer("selective", same[0])
     if "offload" in plans:
@@ -299,8 +330,9 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
         attempt("offload", virtual, None if limit is None else limit - 2 * largest, offload_pass, 1.0)
     if placed is not None and left() > 0:  # the rest of the time: local search on the per-microbatch order
         graph, order, _ = placed
-        found = local_search(graph, order, time_limit=left())
-        offer("per-microbatch", replace(schedule_of(plain, graph, found.order), costs=costs))
+        found = local_search(graph, order, time_limit=left(0.8))  # (building its schedule after it takes time too)
+        offer("per-microbatch", replace(schedule_of(plain, graph, found.order), costs=costs),
+              timed=found.evaluation)
     fitting = sorted(((r, n, v) for r, n, v in candidates
                       if limit is None or max(r.after.peak_memory) <= limit + 1e-9),
                      key=lambda c: (c[0].after.max_span, c[0].after.makespan))
@@ -321,4 +353,4 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
     return replace(best, seconds=time.monotonic() - started), choice
 
 
-__all__ = ["POLICIES", "MemoryChoice", "fits", "optimize_memory", "strip", "uniform"]
+__all__ = ["POLICIES", "MemoryChoice", "fits", "optimize_memory", "recompute_bound", "strip", "uniform"]

@@ -4,10 +4,11 @@ Codegen writes which (stage, microbatch, chain) a schedule recomputes and offloa
 A recomputed forward runs without autograd and keeps its inputs and RNG state; R restores that state in a
 fork of the RNG (dropout draws the same masks) and runs the forward again under autograd. An offloaded
 forward saves through ``saved_tensors_hooks`` into a holder; OFFLOAD copies each saved non-parameter tensor
-to host memory, RELOAD back (CUDA: non-blocking on a side stream, waited before the backward; CPU: the same
-path with a host copy). ``SavedBytes`` counts the bytes of saved tensors alive on the device (each tensor
-once, ``saved_key``) and of recomputed forwards' checkpoints: ``Pipeline.saved_peak`` after a step with
-``count_saved`` (``pipeforge profile`` measures a stage's bytes with it). Rules: ``docs/semantics.md``.
+to host memory, RELOAD back, one code path on the rank's copy lane (``copy_lane.py``: CUDA, non-blocking
+on a side stream, waited before the backward; CPU, a host copy at once). ``SavedBytes`` counts the bytes
+of saved tensors alive on the device (each tensor once, ``saved_key``) and of recomputed forwards'
+checkpoints: ``Pipeline.saved_peak`` after a step with ``count_saved`` (``pipeforge profile`` measures a
+stage's bytes with it). Rules: ``docs/semantics.md``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from pipeforge.runtime.copy_lane import copy_lane, move
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError
 from pipeforge.runtime.stage import MicrobatchState
 
@@ -132,8 +134,7 @@ class SavedActivations:
         self.checkpoints: dict[Key, Checkpoint] = {}
         self.holders: dict[Key, list[_Saved]] = {}
         self.kept: dict[Key, list[SavedKey | None]] = {}  # the counted tensors of each checkpoint, until the backward
-        self._stream = None
-        self._copies: dict[Key, Any] = {}  # key -> the event of its transfer still in flight (CUDA)
+        self.lane = copy_lane(device)  # OFFLOAD and RELOAD's copies (``copy_lane.py``: CPU and CUDA alike)
 
     def start_counting(self) -> None:
         """Count the saved tensors' bytes of this step (``SavedBytes``)."""
@@ -212,25 +213,12 @@ class SavedActivations:
         self._move(key, holder, self.device or torch.device("cpu"), away=False)
 
     def _move(self, key: Key, holder: list[_Saved], where: torch.device, away: bool) -> None:
-        cuda = self.device is not None and self.device.type == "cuda"
-        if cuda:
-            if self._stream is None:
-                self._stream = torch.cuda.Stream(self.device)
-            self._stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self._stream):
-                for saved in holder:
-                    saved.tensor = saved.tensor.to(where, non_blocking=True, copy=True)
-            event = torch.cuda.Event()
-            event.record(self._stream)
-            self._copies[key] = event
-        else:
-            copies: dict[tuple, torch.Tensor] = {}  # one copy of a tensor saved several times (views alike)
-            for saved in holder:
-                t = saved.tensor
-                key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
-                if key not in copies:
-                    copies[key] = t.to(where, copy=True)  # a host copy: the device copy is dropped
-                saved.tensor = copies[key]
+        """Every saved tensor of ``holder`` copied to ``where`` on the copy lane (``copy_lane.move``: one copy
+        of each storage's bytes they reach); counted off the device when ``away``, on it again when back."""
+        moved, sources, copies = move(self.lane, [saved.tensor for saved in holder], where)
+        for saved, tensor in zip(holder, moved):
+            saved.tensor = tensor  # the source is dropped (a host copy, or back on the device)
+        self.lane.finish(key, sources, copies)
         for saved in holder:
             if away:
                 saved.release()  # off the device: no longer counted
@@ -242,9 +230,7 @@ class SavedActivations:
         """Before a backward of ``key``: its activations are rebuilt, and its reload's copy is complete (CUDA)."""
         if key in self.checkpoints:
             raise PipelineError(f"stage {key[0]}: backward of microbatch {key[1]} before its R")
-        event = self._copies.pop(key, None)
-        if event is not None:
-            torch.cuda.current_stream(self.device).wait_event(event)
+        self.lane.wait(key)
 
     def backward_done(self, key: Key) -> None:
         """After the B or W of ``key``: its holder and its checkpoint go (autograd has freed what it saved)."""
@@ -262,7 +248,7 @@ class SavedActivations:
         self.holders.clear()
         self.checkpoints.clear()
         self.kept.clear()
-        self._copies.clear()
+        self.lane.clear()
 
 
 def unkept_inputs(info, rank: int, inputs: list, own: list[dict] | None) -> str | None:

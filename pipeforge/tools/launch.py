@@ -7,6 +7,8 @@ store on a free port of 127.0.0.1 and the given timeout, calls
 ``worker(rank, nproc, payload)``, and returns every rank's ``Outcome``. A rank
 that does not report within the deadline is killed (only the processes started
 here, by their handles) and reported as timed out: nothing hangs.
+``time_scale()``: how many times slower than idle this machine runs now, by which
+the launcher's deadlines and the defaults of the commands' waits are multiplied.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from pipeforge.errors import UsageError
+
 LOCALHOST = "127.0.0.1"
+TIME_SCALE_VARIABLE = "PIPEFORGE_TIME_SCALE"
 # torch.autograd imports symbolic_shapes (sympy) on the first backward with explicit gradients
 PRELOAD = ["torch", "torch.distributed", "torch.fx.experimental.symbolic_shapes", "pipeforge.tools.reference_check"]
 
@@ -34,6 +39,27 @@ class Outcome:
     ok: bool
     value: Any = None
     error: str = ""
+
+
+def time_scale() -> float:
+    """``PIPEFORGE_TIME_SCALE`` where set (a number, at least 1), else the load average of the last minute
+    per usable core, at least 1: on a machine loaded tenfold, waits that a healthy peer meets alone in
+    one second may take ten. A ``UsageError`` names a variable that is not such a number."""
+    given = os.environ.get(TIME_SCALE_VARIABLE, "").strip()
+    if given:
+        try:
+            value = float(given)
+        except ValueError:
+            value = float("nan")
+        if not 1 <= value < float("inf"):
+            raise UsageError(f"{TIME_SCALE_VARIABLE}={given!r}: expected a number of at least 1")
+        return value
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on this platform
+        return 1.0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1.0, load / max(cores, 1))
 
 
 def free_port() -> int:
@@ -108,7 +134,9 @@ def _describe(error: BaseException) -> str:
 
 def spawn(worker: str | Callable[[int, int, Any], Any], nproc: int, payload: Any = None, *, timeout: float = 60.0,
           backend: str = "gloo", deadline: float | None = None) -> list[Outcome]:
-    """Run ``worker(rank, nproc, payload)`` on ``nproc`` local ranks; ``deadline`` (seconds) bounds the run.
+    """Run ``worker(rank, nproc, payload)`` on ``nproc`` local ranks; ``deadline`` bounds the run: the seconds
+    it may take on an idle machine (default ``2 * timeout + 30``), allowed ``time_scale()`` times that here.
+    ``timeout`` (each rank's wait to join the group) is used as given.
 
     Name the worker ``"module:function"`` to keep torch out of the parent process. A free port
     taken by someone else between choosing and binding it gets one retry on another port.
@@ -132,7 +160,8 @@ def _spawn_once(worker, nproc: int, payload: Any, timeout: float, backend: str,
     ]
     for process in processes:
         process.start()
-    outcomes = _collect(results, processes, time.monotonic() + (deadline or timeout * 2 + 30))
+    allowed = (deadline if deadline is not None else timeout * 2 + 30) * time_scale()
+    outcomes = _collect(results, processes, time.monotonic() + allowed)
     grace = time.monotonic() + 3  # ranks that reported are tidying up; the rest are killed
     for process in processes:
         process.join(timeout=max(0.0, grace - time.monotonic()))
@@ -140,6 +169,9 @@ def _spawn_once(worker, nproc: int, payload: Any, timeout: float, backend: str,
             process.kill()
             process.join()
     return [outcomes.get(r, Outcome(r, False, error="did not report before the deadline")) for r in range(nproc)]
+
+
+RUN_TIMEOUT = 30.0  # seconds a rank of `pipeforge run` waits for a peer on an idle machine (times time_scale())
 
 
 def _collect(results, processes: list, deadline: float) -> dict[int, Outcome]:
@@ -158,11 +190,14 @@ def _collect(results, processes: list, deadline: float) -> dict[int, Outcome]:
 
 
 def run_check(module_path: str, nproc: int, *, steps: int = 2, model: str = "mlp", backend: str = "gloo",
-              timeout: float = 30.0, device: str | None = None) -> dict:
-    """``pipeforge run``'s check on ``nproc`` local processes: the verdict, with each failed rank's error."""
+              timeout: float | None = None, device: str | None = None) -> dict:
+    """``pipeforge run``'s check on ``nproc`` local processes: the verdict, with each failed rank's error.
+    ``timeout``: how long a rank waits for a peer (default ``RUN_TIMEOUT`` times ``time_scale()``)."""
+    base = RUN_TIMEOUT if timeout is None else timeout  # the deadline is in idle seconds: spawn scales it
+    timeout = RUN_TIMEOUT * time_scale() if timeout is None else timeout
     job = {"module_path": module_path, "model": model, "steps": steps, "timeout": timeout, "device": device}
     outcomes = spawn("pipeforge.tools.reference_check:check_job_fields", nproc, job, timeout=timeout, backend=backend,
-                     deadline=timeout * (steps + 2) + 30)
+                     deadline=base * (steps + 2) + 30)
     failed = [o for o in outcomes if not o.ok]
     if failed:
         # null, not infinity: the JSON stays strict when nothing could be compared

@@ -23,6 +23,9 @@ class TimingJob:
     threads: int = 1
     trace: bool = False  # also return every measured step's trace (``pipeforge.runtime.step_trace``)
     pin: bool = False  # each rank on a core of its own (``pin_to_core``)
+    # per module, a layer map: the model file's whole model (``pipeforge_layers()``) cut by ``pipeforge.split``
+    # with these layers per stage, instead of its ``pipeforge_model(stages)`` stage modules (None: those)
+    layers: tuple[tuple[int, ...] | None, ...] = ()
 
 
 def time_schedules(rank: int, nproc: int, job: TimingJob) -> dict:
@@ -39,7 +42,8 @@ def time_schedules(rank: int, nproc: int, job: TimingJob) -> dict:
     import torch.distributed as dist
 
     pinned = claim_cores(rank, nproc, job.threads, job.pin)
-    runs = [_timed_pipeline(rank, path, job) for path in job.module_paths]
+    layouts = job.layers or (None,) * len(job.module_paths)
+    runs = [_timed_pipeline(rank, path, job, layers) for path, layers in zip(job.module_paths, layouts)]
     samples: list[list[tuple[float, float]]] = [[] for _ in runs]
     traces: list[list[dict]] = [[] for _ in runs]
     for step in range(job.warmup + job.steps):
@@ -67,12 +71,38 @@ def time_schedules(rank: int, nproc: int, job: TimingJob) -> dict:
             **({"traces": traces} if job.trace else {})}
 
 
-def _timed_pipeline(rank: int, path: str, job: TimingJob):
+def _timed_pipeline(rank: int, path: str, job: TimingJob, layers: tuple[int, ...] | None = None):
     generated = load_module(path)
-    model = load_model(job.model_path, generated.SCHEDULE.stages)
     held = sorted({stage for stage, _ in generated.SCHEDULE.held(rank)})
+    if layers is not None:
+        return _split_pipeline(rank, generated, held, job, layers)
+    model = load_model(job.model_path, generated.SCHEDULE.stages)
     mine = {stage: copy.deepcopy(model["modules"][stage]) for stage in held}
     pipe = generated.make_pipeline(mine, loss_fn=model["loss_fn"], timeout=job.timeout)
     pipe.trace = job.trace
     batch = model["batch"] if isinstance(model["batch"], tuple) else (model["batch"],)
     return pipe, list(mine.values()), model, batch
+
+
+def _split_pipeline(rank: int, generated, held: list[int], job: TimingJob, layers: tuple[int, ...]):
+    """The model file's whole model (``pipeforge_layers()``, with its optional ``target`` and ``loss_fn``;
+    else the output's mean is the loss) cut into this rank's stages with ``layers`` per stage."""
+    import torch
+
+    from pipeforge.models.profile import load_layer_model
+    from pipeforge.models.split import split
+
+    found = load_layer_model(job.model_path)
+    cut = split(found["model"], generated.SCHEDULE, owned=held, layers=list(layers))
+    target = found.get("target")
+    if target is None:
+        target = torch.zeros(found["batch"].size(0))
+    loss_fn = found.get("loss_fn") or _mean_loss
+    pipe = generated.make_pipeline(cut.modules, loss_fn=loss_fn, tied_parameters=cut.tied_parameters,
+                                   timeout=job.timeout)
+    pipe.trace = job.trace
+    return pipe, list(cut.modules.values()), {"target": target}, (found["batch"],)
+
+
+def _mean_loss(output, target):
+    return output.float().mean()

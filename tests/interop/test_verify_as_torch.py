@@ -311,11 +311,12 @@ def test_stage_on_two_ranks_is_refused_by_both():
 @pytest.mark.parametrize("name", sorted(FAILING_AT_RUN))
 def test_orders_torch_fails_on_while_running_are_invalid(name, tmp_path):
     from pipeforge.tools.launch import spawn
+    from tests.load import scaled
 
     schedule = broken(name)
     assert not verify_as(schedule).valid
     case = job(schedule, tmp_path, name, text=FAILING_AT_RUN[name])
-    outcomes = spawn("tests.interop.torch_jobs:run_jobs", 2, [case], timeout=8, deadline=60)
+    outcomes = spawn("tests.interop.torch_jobs:run_jobs", 2, [case], timeout=scaled(8), deadline=60)
     results = [o.value[0] if o.ok else ("failed", o.error) for o in outcomes]
     assert any(kind == "failed" for kind, _ in results), results
 

@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from pipeforge.runtime import PipelineError
 from pipeforge.tools.generated import load_module
+from tests.load import scaled
 
 WIDTH = 8
 
@@ -122,7 +123,8 @@ def run_step_error(rank: int, nproc: int, path: str) -> str | None:
         module.armed = calls["n"] == 2  # the second forward: microbatch 1
 
     every[1].register_forward_pre_hook(arm)
-    pipe = generated.make_pipeline({s: every[s] for s in generated.stages_of_rank(rank)}, loss_fn=loss_fn, timeout=5)
+    pipe = generated.make_pipeline({s: every[s] for s in generated.stages_of_rank(rank)}, loss_fn=loss_fn,
+                                   timeout=scaled(5))
     pipe.preflight = False  # the failure is inside step(): no check's forward before it (it counts forwards)
     x = torch.randn(2 * info.microbatches, WIDTH, dtype=torch.float64)
     try:

@@ -14,10 +14,11 @@ import pytest
 import pipeforge
 from pipeforge.generator import codegen
 from pipeforge.tools.launch import spawn
+from tests.load import scaled
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
-WAIT = 60.0  # every wait's bound: a peer that was not told would fail only after it
+WAIT = scaled(60.0)  # every wait's bound (times the load): a peer that was not told would fail only after it
 TOLD_WITHIN = 5.0  # seconds from the raise to a peer's error (measured: well under 1 s alone)
 
 

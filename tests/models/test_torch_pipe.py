@@ -20,6 +20,7 @@ import torch
 import pipeforge
 from pipeforge.errors import UsageError
 from pipeforge.generator import codegen
+from pipeforge.library import names
 from pipeforge.tools.launch import spawn
 from tests.models import torch_pipe_jobs as jobs
 from tests.models.torch_pipe_jobs import Case
@@ -59,6 +60,18 @@ def test_values_for_later_stages_ride_through_the_stages_between():
     mask = next(t for t in out0 if t.dtype == torch.bool)  # made once on stage 0, used by every block
     assert any(t is mask for t in out1), "stage 1 hands stage 0's mask on unchanged"
     assert len(out1) == 2 and out1[1].dtype == torch.float64
+
+
+def test_a_model_input_a_later_stage_reads_rides_from_stage_0():
+    model = jobs.build("late-input")
+    cut = pipeforge.split(jobs.torch_pipe(copy.deepcopy(model), "late-input", 4), 4)
+    tokens, extra, _ = jobs.batch("late-input", 1, 0)
+    assert "scale" in cut.modules[2].meta["pipeforge_inputs"]
+    with torch.no_grad():
+        value = cut.modules[0](tokens, **extra)  # stage 0 takes every input of the model, by name too
+        for stage in (1, 2, 3):
+            value = cut.modules[stage](*(value if isinstance(value, tuple) else (value,)))
+        assert torch.equal(value, model(tokens, **extra))
 
 
 def test_the_tied_embedding_and_head_are_one_group_under_the_models_names():
@@ -121,27 +134,49 @@ FOUR_RANKS = [("1f1b", "gpt2", "Schedule1F1B"), ("gpipe", "gpt2", "ScheduleGPipe
               # ZB-H1 is compared with torch's 1F1B, the same sums in another order
               ("zb-h1", "gpt2", "Schedule1F1B"),
               ("1f1b", "gpt2-eager", None),  # a float mask to three stages: torch "Backward of skip connections"
-              ("1f1b", "tiny-llama", None), ("zb-h1", "long-skip", None)]
+              ("1f1b", "tiny-llama", None), ("zb-h1", "long-skip", None), ("1f1b", "late-input", None)]
 TWO_RANKS = [("1f1b", "gpt2", "Schedule1F1B"), ("gpipe", "gpt2", "ScheduleGPipe"),
              ("zb-h1", "gpt2", "ScheduleInterleavedZeroBubble"), ("1f1b", "tiny-llama", "Schedule1F1B"),
              ("interleaved-1f1b", "gpt2", None), ("zbv", "gpt2", None),  # 4 stages on 2 ranks: skips
              ("zbv", "tiny-llama", None), ("interleaved-zb", "long-skip", None)]
 
 
-def cases(ranks: int, out_dir) -> list[Case]:
+def cases(ranks: int, out_dir, every: bool = False) -> list[Case]:
+    """The representative set, or (``every``) every library schedule with GPT-2, compared with unpipelined."""
+    chosen = [(name, "gpt2", None) for name in names()] if every else FOUR_RANKS if ranks == 4 else TWO_RANKS
     found = []
-    for name, family, torch_schedule in FOUR_RANKS if ranks == 4 else TWO_RANKS:
-        path = str(codegen(pipeforge.load(name, defines={"P": ranks, "M": 4}), out_dir / name))
+    for name, family, torch_schedule in chosen:
+        path = str(codegen(load(name, ranks), out_dir / name))
         found.append(Case(f"{name} {family}", family, path, torch_schedule))
     return found
+
+
+def load(name: str, ranks: int):
+    for microbatches in (4, 2 * ranks):
+        try:
+            return pipeforge.load(name, defines={"P": ranks, "M": microbatches})
+        except pipeforge.SemanticError:
+            continue
+    raise AssertionError(f"{name} accepts neither M=4 nor M={2 * ranks}")
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("ranks", [4, 2])
 def test_pipe_splits_train_as_torchs_runtime_and_the_unpipelined_model(ranks, tmp_path):
-    chosen = cases(ranks, tmp_path)
-    outcomes = spawn("tests.models.torch_pipe_jobs:run_cases", ranks, chosen, timeout=90, deadline=800)
+    assert_as_torch_and_unpipelined(ranks, cases(ranks, tmp_path), deadline=800)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("ranks", [4, 2])
+def test_every_library_schedule_trains_a_gpt2_pipe_as_the_unpipelined_model(ranks, tmp_path):
+    assert_as_torch_and_unpipelined(ranks, cases(ranks, tmp_path, every=True), deadline=1400)
+
+
+def assert_as_torch_and_unpipelined(ranks: int, chosen: list[Case], deadline: float) -> None:
+    outcomes = spawn("tests.models.torch_pipe_jobs:run_cases", ranks, chosen, timeout=120, deadline=deadline)
     assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
     failures = []
     for i, case in enumerate(chosen):
@@ -156,3 +191,17 @@ def test_pipe_splits_train_as_torchs_runtime_and_the_unpipelined_model(ranks, tm
                 failures.append(f"{case.label}: compared with {against} on some ranks only, or unexpectedly")
             failures += [f"{case.label}: missing {m} against {against}" for r in reports for m in r["missing"]]
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_a_microbatch_of_another_shape_fails_every_rank_at_once_naming_stage_and_argument(tmp_path):
+    path = str(codegen(pipeforge.load("1f1b", defines={"P": 2, "M": 2}), tmp_path / "1f1b"))
+    outcomes = spawn("tests.models.torch_pipe_jobs:wrong_shape", 2, path, timeout=90, deadline=240)
+    assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
+    for outcome in outcomes:
+        found = outcome.value
+        assert found["error"] is not None, f"rank {outcome.rank} stepped"
+        assert "stage 0" in found["message"] and "'input_ids'" in found["message"], found["message"]
+        assert "traced with shape (2, 6)" in found["message"], found["message"]
+        assert found["seconds"] < 50, f"rank {outcome.rank} waited {found['seconds']:.0f} s (the timeout is 60)"

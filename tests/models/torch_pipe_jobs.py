@@ -33,7 +33,8 @@ VOCAB, SEQ, WIDTH, LAYERS, ROWS = 40, 6, 16, 4, 2
 @dataclass(frozen=True)
 class Case:
     label: str
-    family: str  # "gpt2", "gpt2-eager", "tiny-llama" (hand-written, rotary tables and mask made once), "long-skip"
+    family: str  # "gpt2", "gpt2-eager", "tiny-llama" (hand-written, rotary tables and mask made once), "long-skip",
+    # "late-input"
     module_path: str
     torch_schedule: str | None  # torch's schedule class to compare with, or None (torch cannot run the split)
     steps: int = 2
@@ -122,20 +123,30 @@ class LongSkip(nn.Module):
         return self.head(h + first)
 
 
-def build(family: str, seed: int = 0) -> nn.Module:
+class LateInput(LongSkip):
+    """A model input only the last stage reads (it rides from stage 0, which takes every input)."""
+
+    def forward(self, tokens, scale):
+        h = self.embed(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h * scale)
+
+
+def build(family: str, seed: int = 0, layers: int = LAYERS) -> nn.Module:
     torch.manual_seed(seed)
     if family in ("gpt2", "gpt2-eager"):
         from transformers import GPT2Config, GPT2LMHeadModel
 
         # sdpa (the default) takes a boolean mask; eager an additive float one, which torch's runtime cannot
         # send to more than one stage ("Backward of skip connections not supported yet")
-        config = GPT2Config(vocab_size=VOCAB, n_embd=WIDTH, n_layer=LAYERS, n_head=4, n_positions=4 * SEQ,
+        config = GPT2Config(vocab_size=VOCAB, n_embd=WIDTH, n_layer=layers, n_head=4, n_positions=4 * SEQ,
                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                             attn_implementation="eager" if family == "gpt2-eager" else "sdpa",
                             bos_token_id=0, eos_token_id=0, use_cache=False)
         model = GPT2LMHeadModel(config)
     else:
-        model = TinyLlama() if family == "tiny-llama" else LongSkip()
+        model = {"tiny-llama": TinyLlama, "long-skip": LongSkip, "late-input": LateInput}[family](layers)
     return model.to(torch.float64).train()
 
 
@@ -147,14 +158,19 @@ def torch_pipe(model: nn.Module, family: str, stages: int):
     """torch's ``pipeline()`` split of ``model`` into ``stages`` at layer boundaries, traced on a microbatch."""
     from torch.distributed.pipelining import SplitPoint, pipeline
 
-    spec = {f"{layer_prefix(family)}.{LAYERS * s // stages}": SplitPoint.BEGINNING for s in range(1, stages)}
-    return pipeline(model, (torch.zeros(ROWS, SEQ, dtype=torch.long),), split_spec=spec)
+    layers = len(model.get_submodule(layer_prefix(family)))
+    spec = {f"{layer_prefix(family)}.{layers * s // stages}": SplitPoint.BEGINNING for s in range(1, stages)}
+    tokens, extra, _ = batch(family, 1, 0)
+    return pipeline(model, (tokens,), extra, split_spec=spec)
 
 
-def batch(microbatches: int, step: int):
+def batch(family: str, microbatches: int, step: int):
+    """Token ids, the model's other inputs by name, and next-token targets, for ``microbatches`` of ROWS rows."""
     generator = torch.Generator().manual_seed(100 + step)
     tokens = torch.randint(0, VOCAB, (microbatches * ROWS, SEQ), generator=generator)
-    return tokens, torch.roll(tokens, -1, dims=1)
+    extra = {"scale": torch.rand(microbatches * ROWS, SEQ, 1, generator=generator, dtype=torch.float64)} \
+        if family == "late-input" else {}
+    return tokens, extra, torch.roll(tokens, -1, dims=1)
 
 
 def loss_fn(logits, target):
@@ -178,19 +194,21 @@ def run_case(rank: int, nproc: int, case: Case) -> Reports:
     generated = load_module(case.module_path)
     info = generated.SCHEDULE
     owned = generated.stages_of_rank(rank)
-    model = build(case.family)
+    model = build(case.family, layers=max(LAYERS, info.stages))
     cut = pipeforge.split(torch_pipe(copy.deepcopy(model), case.family, info.stages), info, owned=owned)
     pipe = generated.make_pipeline(cut.modules, loss_fn=loss_fn, tied_parameters=cut.tied_parameters, timeout=60)
     report = Reports(case.label, rank)
     torch_run = TorchRun(copy.deepcopy(model), case, info, owned)
     for step in range(case.steps):
-        tokens, target = batch(info.microbatches, step)
+        tokens, extra, target = batch(case.family, info.microbatches, step)
         losses: list = []
         pipe.step(*((tokens,) if pipe.holds_first else ()), target=target if pipe.holds_last else None,
-                  losses=losses)
-        want_losses, want_grads = unpipelined_step(model, tokens, target, info.microbatches)
+                  losses=losses, **(extra if pipe.holds_first else {}))
+        want_losses, want_grads = unpipelined_step(model, tokens, extra, target, info.microbatches)
         torch_losses, torch_grads = torch_run.step(tokens, target)
         for m, loss in enumerate(losses):
+            if loss is None:  # a bidirectional schedule finished microbatch m on the other chain's rank
+                continue
             report.add("unpipelined", f"step {step} loss {m}", loss, want_losses[m])
             if torch_losses is not None:
                 report.add("torch", f"step {step} loss {m}", loss, torch_losses[m])
@@ -212,10 +230,10 @@ def run_case(rank: int, nproc: int, case: Case) -> Reports:
     return report
 
 
-def unpipelined_step(model: nn.Module, tokens, target, microbatches: int):
+def unpipelined_step(model: nn.Module, tokens, extra: dict, target, microbatches: int):
     losses = []
-    for x, y in zip(tokens.tensor_split(microbatches), target.tensor_split(microbatches)):
-        output = model(x)
+    for m, (x, y) in enumerate(zip(tokens.tensor_split(microbatches), target.tensor_split(microbatches))):
+        output = model(x, **{name: value.tensor_split(microbatches)[m] for name, value in extra.items()})
         loss = loss_fn(getattr(output, "logits", output), y)
         (loss / microbatches).backward()
         losses.append(loss.detach())
@@ -270,3 +288,20 @@ class TorchRun:
             dist.all_reduce(total)
             for param in mine:
                 param.grad = total.clone()
+
+
+def wrong_shape(rank: int, nproc: int, module_path: str) -> dict:
+    """A step whose microbatches have twice the rows the Pipe was traced with: what each rank raises, and when."""
+    import time
+
+    generated = load_module(module_path)
+    info = generated.SCHEDULE
+    cut = pipeforge.split(torch_pipe(build("gpt2"), "gpt2", info.stages), info, owned=generated.stages_of_rank(rank))
+    pipe = generated.make_pipeline(cut.modules, loss_fn=loss_fn, tied_parameters=cut.tied_parameters, timeout=60)
+    tokens, _, target = batch("gpt2", 2 * info.microbatches, 0)
+    start = time.monotonic()
+    try:
+        pipe.step(*((tokens,) if pipe.holds_first else ()), target=target if pipe.holds_last else None)
+    except Exception as error:
+        return {"error": type(error).__name__, "message": str(error), "seconds": time.monotonic() - start}
+    return {"error": None, "message": "", "seconds": time.monotonic() - start}

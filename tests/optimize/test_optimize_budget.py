@@ -18,9 +18,10 @@ import pipeforge
 from pipeforge.ir import CostModel
 from pipeforge.optimizer import optimize
 from pipeforge.optimizer.budget import FINISH_FIXED_S, finish_seconds, search_deadline
+from tests.load import scaled
 
-SLACK_S = 1.0           # past the limit, for what a loaded machine adds to the estimate
-START_UP_SLACK_S = 2.0  # the interpreter's start-up and imports on a loaded machine
+SLACK_S = scaled(1.0)   # past the limit, for what a loaded machine adds to the estimate
+START_UP_SLACK_S = scaled(2.0)  # the interpreter's start-up and imports on a loaded machine
 # 14.6B's profile at p = 16, m = 48 (the paper's Table 5): no order reaches the bound at 1.125p (18 M_B),
 # nor at 1p with V placements, so the search runs to its deadline (at 2p the Zero Bubble builder's fill
 # chain settings now reach the bound at once)

@@ -9,7 +9,8 @@ import pytest
 
 import pipeforge
 from pipeforge.cli import main
-from pipeforge.commands.optimize import ProgressLine, write_atomically
+from pipeforge.commands.optimize import ProgressLine
+from pipeforge.files import write_atomically
 from pipeforge.ir import MemorySpec
 from pipeforge.sim import simulate
 

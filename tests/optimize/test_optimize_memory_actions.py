@@ -17,11 +17,10 @@ from pipeforge.ir import CostModel, MemorySpec
 from benchmarks.zb_profiles import TABLE_5
 from pipeforge.ir import Action
 from pipeforge.optimizer.evaluate import Graph, Problem, evaluate, schedule_of
-from pipeforge.optimizer.memory_actions import optimize_memory, per_microbatch
+from pipeforge.optimizer.memory_actions import optimize_memory, per_microbatch, recompute_bound
 from pipeforge.optimizer.recompute_greedy import recompute_orders
 from pipeforge.optimizer.units import integer_units
 from pipeforge.sim.bounds import recompute_span
-from pipeforge.sim.workgraph import compile_schedule
 from pipeforge.verifier import verify
 
 
@@ -102,7 +101,7 @@ def test_per_microbatch_beats_full_recompute_at_half_the_memory():
     assert verify(placed).valid
     span = pipeforge.simulate(placed, row.costs).makespan
     assert span <= 0.9 * pipeforge.simulate(full, row.costs).makespan
-    graph, _ = compile_schedule(plain, row.costs, replace(memory, limit=None))
+    graph, _ = recompute_bound(plain, row.costs, memory)
     bound = recompute_span(graph, memory)
     assert bound.max_span <= span and bound.max_span <= pipeforge.simulate(full, row.costs).makespan
     assert bound.ranks[0][1] > 0  # the limit forces recompute on rank 0

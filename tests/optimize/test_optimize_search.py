@@ -14,6 +14,7 @@ from pipeforge.ir import Action, ActionKind, CostModel, Placement
 from pipeforge.optimizer import optimize
 from pipeforge.sim import simulate
 from pipeforge.verifier import verify
+from tests.load import scaled
 from tests.optimize.opt_instances import (
     costs_strategy, fused_work, make_schedule, one_f_one_b, random_programs, split_work,
 )
@@ -174,7 +175,7 @@ def test_exact_keeps_its_time_limit_and_says_it_ran_out():
     schedule = pipeforge.load("1f1b", defines={"P": 4, "M": 8})
     started = time.monotonic()
     result = optimize(schedule, costs=ZB_COSTS, memory_limit=5.0, strategy="exact", time_limit=1.0)
-    assert time.monotonic() - started < 4.0  # the limit, plus slack for a loaded machine (unbounded: 8-24 s)
+    assert time.monotonic() - started < 1.0 + scaled(3.0)  # the limit, plus slack for a loaded machine (unbounded: 8-24 s)
     assert result.stopped == "time" and not result.optimal
     assert result.bound <= result.after.bubble_rate
 
@@ -182,13 +183,13 @@ def test_exact_keeps_its_time_limit_and_says_it_ran_out():
 def test_auto_stops_at_the_bound_without_spending_the_time_limit():
     schedule = pipeforge.load("1f1b", defines={"P": 8, "M": 24})
     result = optimize(schedule, costs=ZB_COSTS, memory_limit=8.0, strategy="auto", time_limit=60.0)
-    assert result.stopped == "bound" and result.optimal and result.seconds < 30.0
+    assert result.stopped == "bound" and result.optimal and result.seconds < scaled(30.0)
 
 
 def test_local_search_stops_when_it_stops_improving():
     schedule = make_schedule(3, 3, one_f_one_b(3, 3))
     result = optimize(schedule, costs=CostModel(comm=0.3), memory_limit=3.0, strategy="local", time_limit=60.0)
-    assert result.stopped in ("stalled", "bound") and result.seconds < 30.0
+    assert result.stopped in ("stalled", "bound") and result.seconds < scaled(30.0)
 
 
 def test_overlap_steps_are_accepted_and_timed_by_the_simulators_engine():

@@ -63,3 +63,37 @@ def test_median_interval_and_sign_test(bench):
     assert bench.median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0)  # too few rounds: the whole range
     assert bench.sign_test(3, 3) == pytest.approx(1 / 8)
     assert bench.sign_test(0, 10) == pytest.approx(1.0)
+
+
+def test_the_gpt_as_one_layer_list_is_what_split_cuts(monkeypatch):
+    """The plan arm's GPT: ``pipeforge.split`` of the whole model checks its stages chained equal it."""
+    import pipeforge
+
+    gpt = importlib.import_module("benchmarks.profile.gpt_unequal")
+    monkeypatch.setenv("PLAN_LAYERS", "3")
+    found = gpt.pipeforge_layers()
+    cut = pipeforge.split(found["model"], 2, layers=[1, 2])  # verify=True: chained stages == the model
+    assert [len(cut.modules[s].blocks) for s in (0, 1)] == [1, 2]
+    assert hasattr(cut.modules[0], "embed") and hasattr(cut.modules[1], "head")
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_timing_a_layer_map_cuts_the_model_files_whole_model(tmp_path):
+    """``TimingJob(layers=...)``: each module's pipeline built from ``pipeforge_layers()`` cut as its map says."""
+    from pathlib import Path
+
+    from pipeforge.generator import codegen
+    from pipeforge.library import load_library_schedule
+    from pipeforge.tools.launch import spawn
+    from pipeforge.tools.step_timing import TimingJob
+
+    model = str(Path(__file__).with_name("layer_model.py"))
+    paths = []
+    for index in range(2):
+        (tmp_path / str(index)).mkdir()
+        paths.append(str(codegen(load_library_schedule("1f1b", {"P": 2, "M": 4}), str(tmp_path / str(index)))))
+    job = TimingJob(model, tuple(paths), steps=2, warmup=1, layers=((3, 1), (2, 2)))
+    outcomes = spawn("pipeforge.tools.step_timing:time_schedules", 2, job, timeout=120, deadline=280)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes if not o.ok]
+    assert all(len(steps) == 2 and min(steps) > 0 for steps in outcomes[0].value["steps_ms"])

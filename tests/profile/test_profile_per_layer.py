@@ -44,3 +44,14 @@ def test_per_layer_refusals_name_the_problem(tmp_path, capsys):
     assert main(["profile", MODEL, "-o", out]) == 2
     assert "--stages N is required" in capsys.readouterr().err
     assert not Path(out).exists()
+
+
+def test_stage_zeros_extra_counts_its_layers_input_backward_once():
+    """Stage 0's inputs need no gradient: its I does nothing and its W runs the whole backward, its layer's I
+    included; the embedding's extra is the difference of the backward sums (before: W minus the layer's W
+    alone, which counted the layer's I twice on stage 0)."""
+    from pipeforge.models.profile import _first_extra
+
+    layer = {"F": 1.0, "I": 1.0, "W": 1.0}
+    assert _first_extra({"F": 3.0, "I": 0.0, "W": 5.0}, layer) == {"F": 2.0, "I": 0.0, "W": 3.0}
+    assert _first_extra({"F": 0.5, "I": 0.0, "W": 1.5}, layer) == {"F": 0.0, "I": 0.0, "W": 0.0}

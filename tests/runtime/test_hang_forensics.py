@@ -23,10 +23,11 @@ from pathlib import Path
 import pytest
 
 from pipeforge.tools.launch import spawn
+from tests.load import SCALE, scaled
 
 ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT = 3.0
-DIAGNOSE_WITHIN = 5.0
+TIMEOUT = round(scaled(3.0), 1)  # the ranks' wait for a peer, times the load: a hang is caught in the same multiple
+DIAGNOSE_WITHIN = scaled(5.0)
 
 THREE_RANKS_M1 = """\
 # three ranks, two stages each (loop), one microbatch
@@ -84,7 +85,8 @@ def edit(path: Path, rank: int, *, move: str | None = None, after: str | None = 
 def run_case(module: Path, ranks: int, records: Path, *, stop: dict | None = None, environment: bool = False):
     job = {"module": str(module), "records": str(records), "timeout": TIMEOUT, "stop": stop,
            "environment": environment}
-    return spawn("tests.runtime.hang_jobs:run_hang", ranks, job, timeout=TIMEOUT + 2, deadline=4 * TIMEOUT + 12)
+    return spawn("tests.runtime.hang_jobs:run_hang", ranks, job, timeout=TIMEOUT + scaled(2),
+                 deadline=4 * TIMEOUT / SCALE + 12)
 
 
 def diagnose(records: Path) -> tuple[dict, str, float]:

@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 
 from pipeforge.tools.launch import free_port
+from tests.load import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
-AGENT_TIMEOUT = 90  # seconds; under load the whole test takes about 25 s here
+AGENT_TIMEOUT = scaled(90)  # seconds; under load the whole test takes about 25 s here
 
 
 def printed_line(*args: str) -> list[str]:

@@ -11,11 +11,12 @@ import torch
 import pipeforge
 from pipeforge.generator import codegen
 from pipeforge.tools.launch import spawn
+from tests.load import scaled
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 
-WAIT = 2.0  # seconds a rank waits for a hung peer (the hang test's limit)
-LONG_WAIT = 60.0  # a killed or failing peer is noticed by event (a closed connection): a bound only, safe under load
+WAIT = round(scaled(2.0), 1)  # seconds a rank waits for a hung peer (the hang test's limit), times the load
+LONG_WAIT = scaled(60.0)  # a killed or failing peer is noticed by event (a closed connection): a bound only
 
 
 class Sabotaged(torch.nn.Module):
@@ -76,7 +77,7 @@ def test_a_peer_killed_mid_step_makes_the_others_fail_clearly(one_f_one_b):
         assert outcome.error.startswith("PipelineError: rank "), outcome.error
         assert "failed" in outcome.error and "peer rank may have died" in outcome.error
         assert "Connection" in outcome.error or "Timed out" in outcome.error
-    assert seconds < 30
+    assert seconds < scaled(30)
 
 
 def test_a_hung_peer_times_out_within_the_configured_wait(one_f_one_b):
@@ -86,7 +87,7 @@ def test_a_hung_peer_times_out_within_the_configured_wait(one_f_one_b):
         assert not outcome.ok
         assert outcome.error.startswith("PipelineError: rank "), outcome.error
     assert any(f"waits limited to {WAIT:g} s" in o.error and "Timed out" in o.error for o in neighbours)
-    assert seconds < 30
+    assert seconds < scaled(30)
 
 
 def test_an_activation_that_changes_shape_is_named(one_f_one_b):
@@ -95,7 +96,7 @@ def test_an_activation_that_changes_shape_is_named(one_f_one_b):
     assert not outcomes[1].ok
     assert "changed shape since the first step" in outcomes[1].error
     assert all(not o.ok for o in outcomes)
-    assert seconds < 40
+    assert seconds < scaled(40)
 
 
 def bad_modules(rank: int, nproc: int, path: str) -> str:

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from pipeforge.tools.launch import free_port, resolve_backend, spawn, summarize
+from tests.load import scaled
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 
@@ -28,25 +29,25 @@ def stuck(rank: int, nproc: int, payload: None) -> None:
 
 
 def test_every_rank_runs_in_one_gloo_group():
-    outcomes = spawn(world, 3, "hello", timeout=20)
+    outcomes = spawn(world, 3, "hello", timeout=scaled(20))
     assert [o.value for o in outcomes] == [(r, 3, "gloo", "hello") for r in range(3)]
 
 
 def test_a_worker_named_by_string():
-    outcomes = spawn("pipeforge.tools.launch:free_port", 1, timeout=20)
+    outcomes = spawn("pipeforge.tools.launch:free_port", 1, timeout=scaled(20))
     assert outcomes[0].ok is False and "free_port() takes 0 positional arguments" in outcomes[0].error
 
 
 def test_a_failing_rank_reports_its_error():
-    outcomes = spawn(fail_on_one, 2, timeout=10, deadline=40)
+    outcomes = spawn(fail_on_one, 2, timeout=scaled(10), deadline=40)
     assert outcomes[0].ok and outcomes[0].value == 0
     assert not outcomes[1].ok and "ValueError: rank one refuses" in outcomes[1].error
 
 
 def test_a_stuck_rank_is_killed_at_the_deadline():
     started = time.monotonic()
-    outcomes = spawn(stuck, 2, timeout=5, deadline=4)
-    assert time.monotonic() - started < 20
+    outcomes = spawn(stuck, 2, timeout=scaled(5), deadline=4)  # stuck for 60 s: killed at 4 s times the scale
+    assert time.monotonic() - started < scaled(20)
     assert all(not o.ok and "deadline" in o.error for o in outcomes)
 
 

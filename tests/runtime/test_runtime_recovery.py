@@ -21,10 +21,11 @@ import pipeforge
 from pipeforge.generator import codegen
 from pipeforge.runtime.p2p import PipelineError, decode_header
 from pipeforge.tools.launch import spawn
+from tests.load import scaled
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
 
-WAIT = 60.0  # a wait's bound; the failed rank closes its connections, so its peer learns of it at once
+WAIT = scaled(60.0)  # a wait's bound (times the load); the failed rank closes its connections, so its peer learns of it at once
 STEPS, BAD = 4, 1  # step BAD fails
 
 

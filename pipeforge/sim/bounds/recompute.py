@@ -1,11 +1,12 @@
 """A lower bound on every schedule of this work that may recompute: the recompute a memory limit forces.
 
 ``recompute_span(graph, memory)`` -> ``RecomputeBound``: for a work graph of F and backward (no R,
-OFFLOAD or RELOAD) and a ``MemorySpec`` with a limit and a checkpoint, a proven lower bound on the worst
+OFFLOAD or RELOAD; every microbatch of the same kinds, as the split work is: the other arguments read
+one microbatch's paths) and a ``MemorySpec`` with a limit and a checkpoint, a proven lower bound on the worst
 span of any schedule of that work within the limit in which any (stage, microbatch) may be recomputed
 (an R of cost ``R`` before its backward, its F holding only the checkpoint until then); per rank, the
-span and the recompute time the limit forces; never below ``work_bound(graph, None)`` (what no memory
-argument needs). Offloading is not covered. Sound, not tight: memory is counted over time, not at peaks.
+span and the recompute time the limit forces; never below ``work_bound`` at a limit no rank reaches
+(what needs no memory argument). Offloading is not covered. Sound, not tight: memory is counted over time, not at peaks.
 The argument: ``docs/bounds.md`` (Recompute).
 """
 
@@ -32,7 +33,8 @@ class RecomputeBound:
 
 def recompute_span(graph: WorkGraph, memory: MemorySpec) -> RecomputeBound:
     """The bound of the module doc for ``graph``'s work under ``memory`` (its limit and checkpoints)."""
-    free = work_bound(graph, None).max_span
+    # no memory argument: a limit no rank can reach (work_bound's None means the schedule's own peak)
+    free = work_bound(graph, float(len(graph.actions)) * max((1.0, *memory.activation))).max_span
     limit = memory.limit
     if limit is None:
         return RecomputeBound(free, None)
