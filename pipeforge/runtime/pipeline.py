@@ -148,10 +148,12 @@ class Pipeline:
     def _preflight(self, training: bool, args, kwargs, target, losses, outputs, shared, per_stage) -> None:
         """The first ``step()`` (and the first ``eval()``) runs ``check`` with its arguments first, unless
         ``preflight`` is off or ``check`` passed already; it raises on every rank together."""
-        if not self.preflight or training in self._checked or self.data_parallel.hooks_compute:
+        if not self.preflight or training in self._checked:
             return
-        preflight.check(self, args, kwargs, target, shared, per_stage, training=training)
-        self._checked.update((training, False))
+        # data-parallel or FSDP stages (on any rank): the inputs alone, every rank alike
+        ran = preflight.check(self, args, kwargs, target, shared, per_stage, training=training,
+                              run_stages=not self.data_parallel.hooks_compute)
+        self._checked.update((training, False) if ran else (training,))
 
     def _step(self, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs) -> Any:
         self._sync_replicas()

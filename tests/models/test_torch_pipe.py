@@ -20,6 +20,7 @@ import torch
 import pipeforge
 from pipeforge.errors import UsageError
 from pipeforge.generator import codegen
+from pipeforge.library import names
 from pipeforge.tools.launch import spawn
 from tests.models import torch_pipe_jobs as jobs
 from tests.models.torch_pipe_jobs import Case
@@ -140,20 +141,42 @@ TWO_RANKS = [("1f1b", "gpt2", "Schedule1F1B"), ("gpipe", "gpt2", "ScheduleGPipe"
              ("zbv", "tiny-llama", None), ("interleaved-zb", "long-skip", None)]
 
 
-def cases(ranks: int, out_dir) -> list[Case]:
+def cases(ranks: int, out_dir, every: bool = False) -> list[Case]:
+    """The representative set, or (``every``) every library schedule with GPT-2, compared with unpipelined."""
+    chosen = [(name, "gpt2", None) for name in names()] if every else FOUR_RANKS if ranks == 4 else TWO_RANKS
     found = []
-    for name, family, torch_schedule in FOUR_RANKS if ranks == 4 else TWO_RANKS:
-        path = str(codegen(pipeforge.load(name, defines={"P": ranks, "M": 4}), out_dir / name))
+    for name, family, torch_schedule in chosen:
+        path = str(codegen(load(name, ranks), out_dir / name))
         found.append(Case(f"{name} {family}", family, path, torch_schedule))
     return found
+
+
+def load(name: str, ranks: int):
+    for microbatches in (4, 2 * ranks):
+        try:
+            return pipeforge.load(name, defines={"P": ranks, "M": microbatches})
+        except pipeforge.SemanticError:
+            continue
+    raise AssertionError(f"{name} accepts neither M=4 nor M={2 * ranks}")
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("ranks", [4, 2])
 def test_pipe_splits_train_as_torchs_runtime_and_the_unpipelined_model(ranks, tmp_path):
-    chosen = cases(ranks, tmp_path)
-    outcomes = spawn("tests.models.torch_pipe_jobs:run_cases", ranks, chosen, timeout=90, deadline=800)
+    assert_as_torch_and_unpipelined(ranks, cases(ranks, tmp_path), deadline=800)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("ranks", [4, 2])
+def test_every_library_schedule_trains_a_gpt2_pipe_as_the_unpipelined_model(ranks, tmp_path):
+    assert_as_torch_and_unpipelined(ranks, cases(ranks, tmp_path, every=True), deadline=1400)
+
+
+def assert_as_torch_and_unpipelined(ranks: int, chosen: list[Case], deadline: float) -> None:
+    outcomes = spawn("tests.models.torch_pipe_jobs:run_cases", ranks, chosen, timeout=120, deadline=deadline)
     assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
     failures = []
     for i, case in enumerate(chosen):

@@ -133,20 +133,20 @@ class LateInput(LongSkip):
         return self.head(h * scale)
 
 
-def build(family: str, seed: int = 0) -> nn.Module:
+def build(family: str, seed: int = 0, layers: int = LAYERS) -> nn.Module:
     torch.manual_seed(seed)
     if family in ("gpt2", "gpt2-eager"):
         from transformers import GPT2Config, GPT2LMHeadModel
 
         # sdpa (the default) takes a boolean mask; eager an additive float one, which torch's runtime cannot
         # send to more than one stage ("Backward of skip connections not supported yet")
-        config = GPT2Config(vocab_size=VOCAB, n_embd=WIDTH, n_layer=LAYERS, n_head=4, n_positions=4 * SEQ,
+        config = GPT2Config(vocab_size=VOCAB, n_embd=WIDTH, n_layer=layers, n_head=4, n_positions=4 * SEQ,
                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                             attn_implementation="eager" if family == "gpt2-eager" else "sdpa",
                             bos_token_id=0, eos_token_id=0, use_cache=False)
         model = GPT2LMHeadModel(config)
     else:
-        model = {"tiny-llama": TinyLlama, "long-skip": LongSkip, "late-input": LateInput}[family]()
+        model = {"tiny-llama": TinyLlama, "long-skip": LongSkip, "late-input": LateInput}[family](layers)
     return model.to(torch.float64).train()
 
 
@@ -158,7 +158,8 @@ def torch_pipe(model: nn.Module, family: str, stages: int):
     """torch's ``pipeline()`` split of ``model`` into ``stages`` at layer boundaries, traced on a microbatch."""
     from torch.distributed.pipelining import SplitPoint, pipeline
 
-    spec = {f"{layer_prefix(family)}.{LAYERS * s // stages}": SplitPoint.BEGINNING for s in range(1, stages)}
+    layers = len(model.get_submodule(layer_prefix(family)))
+    spec = {f"{layer_prefix(family)}.{layers * s // stages}": SplitPoint.BEGINNING for s in range(1, stages)}
     tokens, extra, _ = batch(family, 1, 0)
     return pipeline(model, (tokens,), extra, split_spec=spec)
 
@@ -193,7 +194,7 @@ def run_case(rank: int, nproc: int, case: Case) -> Reports:
     generated = load_module(case.module_path)
     info = generated.SCHEDULE
     owned = generated.stages_of_rank(rank)
-    model = build(case.family)
+    model = build(case.family, layers=max(LAYERS, info.stages))
     cut = pipeforge.split(torch_pipe(copy.deepcopy(model), case.family, info.stages), info, owned=owned)
     pipe = generated.make_pipeline(cut.modules, loss_fn=loss_fn, tied_parameters=cut.tied_parameters, timeout=60)
     report = Reports(case.label, rank)
@@ -206,6 +207,8 @@ def run_case(rank: int, nproc: int, case: Case) -> Reports:
         want_losses, want_grads = unpipelined_step(model, tokens, extra, target, info.microbatches)
         torch_losses, torch_grads = torch_run.step(tokens, target)
         for m, loss in enumerate(losses):
+            if loss is None:  # a bidirectional schedule finished microbatch m on the other chain's rank
+                continue
             report.add("unpipelined", f"step {step} loss {m}", loss, want_losses[m])
             if torch_losses is not None:
                 report.add("torch", f"step {step} loss {m}", loss, torch_losses[m])
