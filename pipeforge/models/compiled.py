@@ -88,17 +88,17 @@ class SplitRegion(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, *grads: torch.Tensor | None):
         graphs: RegionGraphs = ctx.graphs
-        wanted = [_will_run(node) for node, _ in ctx.next_functions]
+        nodes = [node for node, _ in ctx.next_functions]
         saved = ctx.saved_tensors
         tangents = [_tangent(grads[i], meta) for i, meta in zip(graphs.differentiable, graphs.tangent_metas)]
         result: list[torch.Tensor | None] = [None] * (1 + ctx.count)
-        inputs_wanted = any(wanted[i] for i in graphs.inputs_at)
-        if inputs_wanted or ctx.kept is None:
+        # a gradient returned for an input this call does not want is dropped by the engine
+        if ctx.kept is None or any(_will_run(nodes[i]) for i in graphs.inputs_at):
             found = graphs.input_grads(*saved, *tangents)
             for i, grad in zip(graphs.inputs_at, found):
-                result[1 + i] = grad if wanted[i] else None
+                result[1 + i] = grad
             ctx.kept = found[len(graphs.inputs_at):]
-        if any(wanted[i] for i in graphs.weights_at):
+        if any(_will_run(nodes[i]) for i in graphs.weights_at):
             for i, grad in zip(graphs.weights_at, graphs.weight_grads(*saved, *tangents, *ctx.kept)):
                 result[1 + i] = grad
             ctx.kept = None
