@@ -1,8 +1,10 @@
 """Bytecode of generated modules: compiled in worker processes while the caller goes on, and cached.
 
-``Compiling(sources, jobs)`` starts compiling ``(filename, text)`` pairs (``jobs`` worker processes of this
-same interpreter, ``python -I -S``, each given a share of the sources through a temporary file; at most one
-in-process compile for small inputs, one core, or where no worker can start); ``codes()`` waits and
+``Compiling(sources, jobs)`` starts compiling ``(filename, text)`` pairs in ``jobs`` worker processes of this
+same interpreter (``python -I -S``, each given a share of the sources through a temporary file; by default
+one per core this process may use but one, which the caller keeps for its own work: codegen verifies
+there); with no worker (``jobs=0``, one core, small inputs, or where none can start) the sources are
+compiled in this process, when their codes are asked for. ``codes()`` waits and
 returns each source's code as ``marshal`` bytes, in order, or raises ``CompileError`` naming the first
 source that does not compile. Leaving the ``with`` block early stops the workers. ``write_cached(source,
 code)`` writes the ``__pycache__`` file of a written source (PEP 552's timestamp form, as ``py_compile``).
@@ -56,8 +58,8 @@ class Compiling:
     def __init__(self, sources: list[tuple[str, str]], jobs: int | None = None):
         self.sources = sources
         self.workers: list[tuple[subprocess.Popen, IO[bytes], list[int]]] = []
-        jobs = available_cores() if jobs is None else jobs
-        if jobs > 1 and len(sources) > 1 and sum(len(text) for _, text in sources) >= PARALLEL_FROM:
+        jobs = available_cores() - 1 if jobs is None else jobs
+        if jobs > 0 and sum(len(text) for _, text in sources) >= PARALLEL_FROM:
             self.start(min(jobs, len(sources)))
 
     def __enter__(self) -> Compiling:

@@ -436,8 +436,8 @@ def codegen(schedule: Schedule, output: str | os.PathLike, *, locations: bool = 
     ``<name>_ranks_<digest>`` beside it. Refuses (``UsageError``) a name that is not a Python identifier,
     and a target file holding another schedule's module (or anything else) unless ``force``.
     ``semantics``: what the schedule is verified under (``generate``). The rank modules compile in ``jobs``
-    worker processes (default: one per core this process may use; ``pipeforge.bytecode``) while the
-    schedule is verified."""
+    worker processes (default: one per core this process may use but the one verifying; 0: here, after
+    verifying; ``pipeforge.bytecode``) while the schedule is verified."""
     path = module_path(schedule, output, name)
     check_size(schedule)
     if not force:

@@ -310,13 +310,13 @@ def round_groups(graph: DependencyGraph, rounds: Rounds, ranks: int) -> list[dic
     alike (FIFO-consistent), and even split into groups of one (a torch CSV has
     no groups) the ops meet pair by pair in that global order without deadlock.
     """
-    groups: list[dict[int, list[Action]]] = [{} for _ in range(ranks)]
+    groups: list[dict[int, list[Action]]] = [defaultdict(list) for _ in range(ranks)]
     executed = rounds.executed
     for send, recv, producer, consumer in graph.transfers:
         round_no = executed.get(producer)
         if round_no is not None:
-            groups[producer[0]].setdefault(round_no, []).append(send)
-            groups[consumer[0]].setdefault(round_no, []).append(recv)
+            groups[producer[0]][round_no].append(send)
+            groups[consumer[0]][round_no].append(recv)
     return groups
 
 
@@ -325,6 +325,8 @@ def round_groups(graph: DependencyGraph, rounds: Rounds, ranks: int) -> list[dic
 
 def emit_remainder(writer: ProgramWriter, schedule: Schedule, graph: DependencyGraph, rounds: Rounds) -> None:
     """Lower what the rounds could not run: receives just in time, sends in FIFO order."""
+    if all(stuck >= len(program) for stuck, program in zip(rounds.stuck_at, schedule.programs, strict=True)):
+        return  # every rank ran to its end: every producer ran, nothing is pending
     pending = [t for t in graph.transfers if t.producer not in rounds.executed]
     recv_before: dict[Position, list[CarriedEdge]] = defaultdict(list)
     send_after: dict[Position, list[tuple[int, int, CarriedEdge]]] = defaultdict(list)
