@@ -67,8 +67,9 @@ def row_figures(row, fraction: float, time_limit: float, with_offload: bool) -> 
             f"{ahead(uniform and uniform[0])} {ahead(none_span)} {bound / full_span:6.3f} "
             f"{choice.recompute:>14} {choice.recomputed:>5} {seconds:5.1f}")
     if with_offload:
+        # no memory limit: every forward may be in flight (a limit of None would be the input's own peak)
         free, _ = optimize_memory(replace(plain, memory=replace(memory, limit=None)), costs=row.costs,
-                                  memory_limit=None, time_limit=time_limit)
+                                  memory_limit=float(row.m), time_limit=time_limit)
         try:
             off, off_choice = optimize_memory(replace(plain, memory=memory), recompute="none", offload=True,
                                               costs=row.costs, memory_limit=limit, time_limit=time_limit)
