@@ -51,6 +51,20 @@ def test_chained_stages_give_the_models_output_bit_for_bit(family, stages):
     assert sorted(cut.modules) == list(range(stages))
 
 
+def test_a_pipe_traced_in_training_mode_keeps_its_dropout_and_is_cut():
+    from torch.distributed.pipelining import SplitPoint, pipeline
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=jobs.VOCAB, n_embd=jobs.WIDTH, n_layer=2, n_head=4,
+                                       bos_token_id=0, eos_token_id=0, use_cache=False)).train()  # dropout 0.1
+    tokens = torch.zeros(jobs.ROWS, jobs.SEQ, dtype=torch.long)
+    pipe = pipeline(model, (tokens,), split_spec={"transformer.h.1": SplitPoint.BEGINNING})
+    cut = pipeforge.split(pipe, 2)  # its check runs the Pipe and the stages from one random state
+    with torch.no_grad():
+        assert not torch.equal(chained(cut, tokens), chained(cut, tokens))  # other masks each time
+
+
 def test_values_for_later_stages_ride_through_the_stages_between():
     cut = pipeforge.split(jobs.torch_pipe(jobs.build("gpt2"), "gpt2", 4), 4)
     tokens = torch.zeros(jobs.ROWS, jobs.SEQ, dtype=torch.long)
@@ -109,6 +123,25 @@ def test_what_a_pipe_cannot_take_is_refused(options, message):
     stages = options.pop("stages")
     with pytest.raises(UsageError, match=message):
         pipeforge.split(pipe, stages, **options)
+
+
+class TwoOutputs(jobs.LongSkip):
+    def forward(self, tokens):
+        first = h = self.embed(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h), first
+
+
+def test_a_model_output_made_before_the_last_stage_is_refused_naming_its_stage():
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    model = TwoOutputs().to(torch.float64)
+    pipe = pipeline(model, (torch.zeros(jobs.ROWS, jobs.SEQ, dtype=torch.long),),
+                    split_spec={"layers.2": SplitPoint.BEGINNING})
+    with pytest.raises(UsageError, match=r"the model's output holds output\[1\] of stage 0, not computed by the "
+                                         r"last stage \(1\)"):
+        pipeforge.split(pipe, 2)
 
 
 def test_a_pipe_that_torch_itself_split_wrong_is_refused_before_training():
