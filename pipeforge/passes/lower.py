@@ -17,7 +17,7 @@ from functools import partial
 from typing import NamedTuple
 
 from pipeforge.ir import COMPUTE_KINDS, Action, ActionKind, Schedule, Step, make_action, replace_programs
-from pipeforge.semantics import GRADIENT_KINDS, LOCAL_KINDS, NEEDS, ActionKey
+from pipeforge.semantics import GRADIENT_KINDS, LOCAL_KINDS, NEEDS, ActionKey, partner
 
 Position = tuple[int, int]  # (rank, step index in the input program, idle slots counted)
 
@@ -71,34 +71,57 @@ class DependencyGraph:
     def of(schedule: Schedule) -> DependencyGraph:
         position = compute_positions(schedule)
         last = schedule.stages - 1
-        waits: dict[Position, list[Position]] = {}
+        waits: dict[Position, tuple[Position, ...]] = {}
         transfers: list[CarriedEdge] = []
         carried_once: set[ActionKey] = set()
         at = position.get
         edge = partial(tuple.__new__, CarriedEdge)
+        shapes: dict[tuple, CarriedShape] = {}  # (stage, kind, chain) -> its carried needs' shape
         for action, here in position.items():  # in program order: rank, then step
             stage, kind, mb, chain = action
-            if kind in LOCAL_KINDS:
-                continue  # every need on its own stage: program order decides
-            for producers, send, recv in NEEDS[kind](stage, mb, chain, last):  # semantics.needs(action), unpacked
-                if send is None:
-                    continue  # the producer is on the same stage: program order decides
-                for producer in producers:
-                    there = at(producer)
+            shape = shapes.get((stage, kind, chain))
+            if shape is None:
+                shape = shapes[(stage, kind, chain)] = carried_shape(action, last)
+            found: list[Position] = []
+            for producers, (send_stage, send_kind), (recv_stage, recv_kind) in shape:
+                for producer_stage, producer_kind in producers:
+                    there = at((producer_stage, producer_kind, mb, chain))
                     # Only a cross-rank edge makes a rank wait: on one rank program order decides, and a
                     # producer written after its consumer is an order error, not a deadlock.
                     if there is None or there[0] == here[0]:
                         continue
-                    if here in waits:
-                        waits[here].append(there)
-                    else:
-                        waits[here] = [there]
-                    if send not in carried_once and recv not in carried_once:  # B and I both written
-                        carried_once.add(send)
-                        carried_once.add(recv)
-                        transfers.append(edge((make_action(send), make_action(recv), there, here)))
-        frozen = {step: tuple(producers) for step, producers in waits.items()}
-        return DependencyGraph(position, frozen, tuple(transfers))
+                    found.append(there)
+                    send = (send_stage, send_kind, mb, chain)
+                    if send not in carried_once:  # once, even where B and I are both written (its receive
+                        carried_once.add(send)    # is the partner of the send: the send alone names it)
+                        transfers.append(edge((make_action(send), make_action((recv_stage, recv_kind, mb, chain)),
+                                               there, here)))
+            if found:  # (the actions of an overlap step share its position)
+                waits[here] = (*waits[here], *found) if here in waits else tuple(found)
+        return DependencyGraph(position, waits, tuple(transfers))
+
+
+# The needs of a (stage, kind, chain) that a send/receive may carry: per need, its producers' (stage, kind)
+# and the send's and the receive's (stage, kind); the microbatch and chain are the action's own.
+CarriedShape = tuple[tuple[tuple[tuple[int, ActionKind], ...], tuple[int, ActionKind], tuple[int, ActionKind]], ...]
+
+
+def carried_shape(action: Action, last: int) -> CarriedShape:
+    """``semantics.needs`` of ``action`` that a send carries (none for ``LOCAL_KINDS``: every need on its
+    own stage, program order decides), asked once per (stage, kind, chain): every rule names actions of
+    the action's own microbatch and chain (checked here)."""
+    stage, kind, mb, chain = action
+    if kind in LOCAL_KINDS:
+        return ()
+    shape = []
+    for producers, send, recv in NEEDS[kind](stage, mb, chain, last):  # semantics.needs(action), unpacked
+        if send is None:
+            continue  # the producer is on the same stage: program order decides
+        if any(key[2:] != (mb, chain) for key in (*producers, send, recv)) or partner(send) != recv:
+            raise ValueError(f"internal error: {action!r} needs {producers!r} carried by {send!r} to {recv!r}, "
+                             "of another microbatch or chain, or not a send and its receive")
+        shape.append((tuple(key[:2] for key in producers), send[:2], recv[:2]))
+    return tuple(shape)
 
 
 def compute_positions(schedule: Schedule) -> dict[Action, Position]:

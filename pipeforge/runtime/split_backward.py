@@ -142,7 +142,8 @@ class SplitBackward:
 
 
 COMPILED_NODE = "CompiledFunctionBackward"  # AOTAutograd's node: a torch.compile'd region of the graph
-FUSED_NOTE = "compiled region: the whole backward at I (input and weight gradients are one node's), W empty"
+FUSED_NOTE = ("compiled region: the whole backward at I (input and weight gradients are one node's), W empty "
+              "(pipeforge.models.compiled.split_backend compiles regions that split)")
 REGION_NODE = "SplitRegionBackward"  # a region compiled with pipeforge.models.compiled.split_backend
 SPLIT_NOTE = "compiled regions split: their input-gradient graphs at I, their weight-gradient graphs at W"
 
