@@ -5,9 +5,10 @@ and with eager attention, a hand-written Llama, a model whose head reads the
 embedding) chained give the model's own output bit for bit at 1 to 4 stages;
 values a later stage needs ride through the stages between; torch's replicated
 tied weight is the ``tied_parameters`` group. On 4 and 2 gloo ranks
-(``torch_pipe_jobs``): losses, every gradient after each of two steps and every
-parameter after two SGD steps equal torch's own runtime on the same split
-(GPT-2; where torch runs it) bit for bit and the unpipelined model to rounding.
+(``torch_pipe_jobs``): losses, every gradient after each of two steps, every
+parameter after two SGD steps and eval's outputs then equal torch's own runtime
+on the same split (where torch runs it) bit for bit and the unpipelined model
+to rounding; the slow tier runs every library schedule with GPT-2.
 """
 
 from __future__ import annotations
