@@ -253,7 +253,7 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
     rebuilt = max((memory.stage_activation(s) - memory.stage_checkpoint(s) for s in stages), default=0.0)
     largest = max((memory.stage_activation(s) for s in stages), default=1.0)
     actions = sum(1 for _ in plain.actions()) * 2
-    finish = 1.5 * finish_seconds(actions, 0.0)  # timing and verifying the chosen schedule (budget.py's estimate)
+    finish = 2 * finish_seconds(actions, 0.0)  # timing and verifying the chosen schedule (budget.py's estimate)
     deadline = started + max(0.0, time_limit - finish)
     candidates: list[tuple[OptimizeResult, str, bool]] = []
     units = integer_units(costs)
