@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.autograd.function import once_differentiable
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -45,7 +46,7 @@ class CapturedRegion:
         self.gm, self.inner = gm, inner
         self.weights = tuple(isinstance(t, torch.nn.Parameter) for t in example_inputs)
         self._plain: Callable | None = None
-        self._graphs: RegionGraphs | None = None
+        self._graphs: RegionGraphs | Callable | None = None
 
     def __call__(self, *args: torch.Tensor) -> Any:
         # dynamo guards grad mode and every input's requires_grad: a region sees one case for life
@@ -54,7 +55,9 @@ class CapturedRegion:
                 self._plain = self.inner(self.gm, list(args))
             return self._plain(*args)
         if self._graphs is None:
-            self._graphs = trace_region(self.gm, args, self.weights, self.inner)
+            self._graphs = trace_region(self.gm, args, self.weights, self.inner) or self.inner(self.gm, list(args))
+        if not isinstance(self._graphs, RegionGraphs):  # compiled plainly: one fused node
+            return self._graphs(*args)
         return self._graphs.structure(SplitRegion.apply(self._graphs, *args))
 
 
@@ -123,12 +126,13 @@ def _tangent(grad: torch.Tensor | None, meta: tuple[torch.Size, torch.dtype, tor
 
 
 def trace_region(gm: fx.GraphModule, args: Sequence[torch.Tensor], weights: tuple[bool, ...],
-                 inner: Callable) -> RegionGraphs:
+                 inner: Callable) -> RegionGraphs | None:
     """Trace the region with its backward (``make_fx`` over ``autograd.grad``) and cut the joint graph in three:
     the forward (what the outputs need), the input gradients (what they need beyond the forward), and the
-    weight gradients (the rest); each compiled by ``inner`` for the shapes of ``args``."""
-    with torch.enable_grad():
-        probe = gm(*(a.detach().requires_grad_(a.requires_grad) for a in args))
+    weight gradients (the rest); each compiled by ``inner`` for the shapes of ``args``. ``None`` for a region
+    that writes into a tensor, which the caller compiles plainly."""
+    with FakeTensorMode() as fake, torch.enable_grad():  # the outputs' kinds, without running the region
+        probe = gm(*(fake.from_tensor(a) for a in args))
     flat = list(probe) if isinstance(probe, (tuple, list)) else [probe]
     differentiable = tuple(i for i, o in enumerate(flat) if isinstance(o, torch.Tensor) and o.requires_grad)
     wanting = tuple(i for i, a in enumerate(args) if a.requires_grad)
@@ -145,6 +149,8 @@ def trace_region(gm: fx.GraphModule, args: Sequence[torch.Tensor], weights: tupl
 
     tangents = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in metas]
     traced = make_fx(joint, tracing_mode="fake")(*args, *tangents)
+    if any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in traced.graph.nodes):
+        return None  # a region that writes into a tensor (batch norm's statistics): compiled plainly
     cut = cut_joint(traced, len(args), len(flat), [weights[i] for i in wanting])
     inputs_at = tuple(wanting[k] for k in cut.input_positions)
     weights_at = tuple(wanting[k] for k in cut.weight_positions)

@@ -5,9 +5,10 @@ and with eager attention, a hand-written Llama, a model whose head reads the
 embedding) chained give the model's own output bit for bit at 1 to 4 stages;
 values a later stage needs ride through the stages between; torch's replicated
 tied weight is the ``tied_parameters`` group. On 4 and 2 gloo ranks
-(``torch_pipe_jobs``): losses, every gradient after each of two steps and every
-parameter after two SGD steps equal torch's own runtime on the same split
-(GPT-2; where torch runs it) bit for bit and the unpipelined model to rounding.
+(``torch_pipe_jobs``): losses, every gradient after each of two steps, every
+parameter after two SGD steps and eval's outputs then equal torch's own runtime
+on the same split (where torch runs it) bit for bit and the unpipelined model
+to rounding; the slow tier runs every library schedule with GPT-2.
 """
 
 from __future__ import annotations
@@ -49,6 +50,20 @@ def test_chained_stages_give_the_models_output_bit_for_bit(family, stages):
     with torch.no_grad():
         assert torch.equal(chained(cut, tokens), own_output(model, tokens))
     assert sorted(cut.modules) == list(range(stages))
+
+
+def test_a_pipe_traced_in_training_mode_keeps_its_dropout_and_is_cut():
+    from torch.distributed.pipelining import SplitPoint, pipeline
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=jobs.VOCAB, n_embd=jobs.WIDTH, n_layer=2, n_head=4,
+                                       bos_token_id=0, eos_token_id=0, use_cache=False)).train()  # dropout 0.1
+    tokens = torch.zeros(jobs.ROWS, jobs.SEQ, dtype=torch.long)
+    pipe = pipeline(model, (tokens,), split_spec={"transformer.h.1": SplitPoint.BEGINNING})
+    cut = pipeforge.split(pipe, 2)  # its check runs the Pipe and the stages from one random state
+    with torch.no_grad():
+        assert not torch.equal(chained(cut, tokens), chained(cut, tokens))  # other masks each time
 
 
 def test_values_for_later_stages_ride_through_the_stages_between():
@@ -109,6 +124,25 @@ def test_what_a_pipe_cannot_take_is_refused(options, message):
     stages = options.pop("stages")
     with pytest.raises(UsageError, match=message):
         pipeforge.split(pipe, stages, **options)
+
+
+class TwoOutputs(jobs.LongSkip):
+    def forward(self, tokens):
+        first = h = self.embed(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h), first
+
+
+def test_a_model_output_made_before_the_last_stage_is_refused_naming_its_stage():
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    model = TwoOutputs().to(torch.float64)
+    pipe = pipeline(model, (torch.zeros(jobs.ROWS, jobs.SEQ, dtype=torch.long),),
+                    split_spec={"layers.2": SplitPoint.BEGINNING})
+    with pytest.raises(UsageError, match=r"the model's output holds output\[1\] of stage 0, not computed by the "
+                                         r"last stage \(1\)"):
+        pipeforge.split(pipe, 2)
 
 
 def test_a_pipe_that_torch_itself_split_wrong_is_refused_before_training():

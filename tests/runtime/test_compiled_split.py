@@ -15,7 +15,13 @@ import torch
 from torch import nn
 
 from pipeforge.models.compiled import split_backend
-from pipeforge.runtime.split_backward import REGION_NODE, SPLIT_NOTE, SplitBackward, accumulate_weight_gradients
+from pipeforge.runtime.split_backward import (
+    FUSED_NOTE,
+    REGION_NODE,
+    SPLIT_NOTE,
+    SplitBackward,
+    accumulate_weight_gradients,
+)
 
 GRAPHS = ("forward", "input", "weight")  # the order trace_region compiles a region's graphs in
 
@@ -145,6 +151,20 @@ def test_unused_outputs_integer_outputs_and_frozen_weights(float64):
     want[0].backward(grad)
     assert torch.equal(dx, leaf.grad) and mine.b.weight.grad is None
     assert torch.equal(mine.a.weight.grad, eager.a.weight.grad) and torch.equal(mine.b.bias.grad, eager.b.bias.grad)
+
+
+def test_a_region_that_writes_into_a_buffer_is_compiled_plainly(float64):
+    torch.manual_seed(4)
+    eager = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 4))
+    mine = torch.compile(copy.deepcopy(eager), backend=split_backend("aot_eager"), dynamic=False)
+    x, grad = torch.randn(8, 4, requires_grad=True), torch.randn(8, 4)
+    out = mine(x)
+    (dx,), plan = SplitBackward().backward_input((out,), (grad,), [x], list(mine.parameters()))
+    accumulate_weight_gradients(plan)
+    assert plan.note == FUSED_NOTE  # one fused node, as a plain compile gives
+    want_dx, want = eager_gradients(eager, x, grad)
+    assert torch.equal(dx, want_dx) and all(torch.equal(p.grad, w) for p, w in zip(mine.parameters(), want))
+    assert torch.equal(mine._orig_mod[1].running_mean, eager[1].running_mean)  # updated once each
 
 
 def test_without_gradients_the_plain_compiled_graph_runs(float64):
