@@ -108,7 +108,7 @@ def test_generated_code_imports_only_torch_and_the_runtime(tmp_path):
 # Lowest first. A module may import modules of its own layer or below, never above; a package's units
 # are its top-level modules and subpackages (``pipeforge/sim/bounds/work.py`` is in unit ``sim``).
 LAYERS = (
-    ("errors", "files", "resources", "_gc", "partition"),  # the foundation
+    ("errors", "files", "resources", "_gc", "partition", "bytecode"),  # the foundation
     ("ir",),                                  # values
     ("semantics",),                           # the rules about them
     ("lang",),                                # text to IR

@@ -151,6 +151,8 @@ def summarize(records: list[dict]) -> dict:
         "main_pipeforge": statistics.median(main["pipeforge"]),
         "main_torch": statistics.median(main["torch"]),
         "main_ratio": _median_ratio(main),
+        "ratio_interval": _ratio_interval(slowest),
+        "main_interval": _ratio_interval(main),
         "mismatch": max(r["mismatch"] for r in records),
         "steps": len(slowest["pipeforge"]),
     }
@@ -160,6 +162,14 @@ def _median_ratio(values: dict[str, list[float]]) -> float:
     """The median over steps of pipeforge / torch (steps where torch took no time left out)."""
     ratios = [a / b for a, b in zip(values["pipeforge"], values["torch"]) if b > 0]
     return statistics.median(ratios) if ratios else float("nan")
+
+
+def _ratio_interval(values: dict[str, list[float]]) -> tuple[float, float]:
+    """The distribution-free 95 % interval of the median per-step ratio (``benchmarks.profile.loop``'s)."""
+    from benchmarks.profile.loop import median_interval
+
+    ratios = [a / b for a, b in zip(values["pipeforge"], values["torch"]) if b > 0]
+    return median_interval(ratios) if ratios else (float("nan"), float("nan"))
 
 
 def run_ranks(worker, nproc: int, config: Any, *, timeout: float, deadline: float, backend: str = "gloo"

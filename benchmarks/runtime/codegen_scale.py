@@ -2,6 +2,8 @@
 
     .venv/bin/python -m benchmarks.runtime.codegen_scale            # the three sizes below
     .venv/bin/python -m benchmarks.runtime.codegen_scale --quick    # 1F1B at P=32, M=256 only
+    .venv/bin/python -m benchmarks.runtime.codegen_scale --base ../old-main --repeat 2   # side by side
+    .venv/bin/python -m benchmarks.runtime.codegen_scale --scaling  # interleaved 1F1B at M = 256, 512, 1024
 
 For each schedule and size, ``pipeforge codegen`` runs as its own process (wall
 and CPU seconds, the children's ``getrusage``); then a fresh process imports
@@ -17,6 +19,11 @@ process loading the one module holding every rank's function (``generate()``'s
 text, what every rank loaded before the per-rank layout), at the sizes where
 ``--one-module`` asks for it (P=32 by default; the 64-rank one takes minutes).
 
+``--base DIR`` runs every codegen and import with DIR's pipeforge too (another checkout, on
+``PYTHONPATH``), each pair one after the other (which first alternating), and prints the ratios of
+this tree to it: the two share the machine's load. ``--scaling`` times codegen of interleaved 1F1B
+at P=64, V=2 and M = 256, 512, 1024 (CPU microseconds per action: flat when it scales linearly).
+
 Targets (issue 23): codegen at most 10 s, a rank's import at most 0.3 s and
 60 MB. The script exits 1 when a rank's import grows the resident memory by
 more than 60 MB (memory does not depend on the machine's load; times do, so
@@ -29,6 +36,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,20 +71,25 @@ print(json.dumps({"seconds": seconds, "mb": max(rss() - base_rss, peak() - base_
 """
 
 
-def environment() -> dict[str, str]:
-    """The user's default: bytecode written (this project's shell sets PYTHONDONTWRITEBYTECODE)."""
+ROOT = Path(__file__).resolve().parents[2]  # the tree this benchmark is part of
+
+
+def environment(tree: Path = ROOT) -> dict[str, str]:
+    """The user's default: bytecode written (this project's shell sets PYTHONDONTWRITEBYTECODE), with
+    ``tree``'s pipeforge first on the path."""
     env = dict(os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(tree), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
 
-def run_codegen(name: str, defines: dict[str, int], out: Path) -> dict:
+def run_codegen(name: str, defines: dict[str, int], out: Path, tree: Path = ROOT) -> dict:
     args = [sys.executable, "-m", "pipeforge", "codegen", name, "-o", str(out), "--json"]
     for key, value in defines.items():
         args += ["-D", f"{key}={value}"]
     before = os.times()
     started = time.perf_counter()
-    done = subprocess.run(args, capture_output=True, text=True, env=environment(), check=False)
+    done = subprocess.run(args, capture_output=True, text=True, env=environment(tree), check=False)
     wall = time.perf_counter() - started
     after = os.times()
     if done.returncode != 0:
@@ -85,9 +98,9 @@ def run_codegen(name: str, defines: dict[str, int], out: Path) -> dict:
     return {"wall": wall, "cpu": cpu, **json.loads(done.stdout)}
 
 
-def probe_import(module: Path, rank: int) -> dict:
+def probe_import(module: Path, rank: int, tree: Path = ROOT) -> dict:
     done = subprocess.run([sys.executable, "-c", IMPORT_PROBE, str(module), str(rank)], capture_output=True,
-                          text=True, env=environment(), check=False)
+                          text=True, env=environment(tree), check=False)
     if done.returncode != 0:
         raise SystemExit(f"importing rank {rank} of {module} failed: {done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -103,40 +116,96 @@ def one_module(name: str, defines: dict[str, int], out: Path) -> Path:
     return path
 
 
+def measure(name: str, defines: dict[str, int], rank: int, tree: Path, one_module_at: list[int]) -> dict:
+    """Codegen, then the import of rank ``rank`` with the bytecode codegen wrote and without it."""
+    with tempfile.TemporaryDirectory(prefix="pipeforge-codegen-scale-") as tmp:
+        made = run_codegen(name, defines, Path(tmp) / "gen", tree)
+        mine = probe_import(Path(made["module"]), rank, tree)
+        for cached in Path(made["rank_folder"]).glob("__pycache__"):  # a rank that compiles its module itself
+            shutil.rmtree(cached)
+        compiling = probe_import(Path(made["module"]), rank, tree)
+        theirs = probe_import(one_module(name, defines, Path(tmp)), rank, tree) \
+            if defines["P"] in one_module_at else None
+        files = len(list(Path(made["rank_folder"]).glob("rank_*.py")))
+    return {"made": made, "import": mine, "compiling": compiling, "one_module": theirs, "files": files}
+
+
+def row(name: str, defines: dict[str, int], tree: str, found: dict) -> str:
+    made, mine, compiling, theirs = found["made"], found["import"], found["compiling"], found["one_module"]
+    reference = f"{theirs['seconds']:>12.2f} {theirs['mb']:>13.0f}" if theirs else f"{'-':>12} {'-':>13}"
+    return (f"{name:<18} {defines['P']:>3} {defines['M']:>5} {defines.get('V', ''):>2} {tree:>6} "
+            f"{made['wall']:>9.2f} {made['cpu']:>6.2f} {found['files']:>10} {mine['seconds']:>8.3f} "
+            f"{mine['mb']:>9.1f} {compiling['seconds']:>13.3f} {compiling['mb']:>12.1f} {reference}")
+
+
+def ratios(name: str, defines: dict[str, int], ours: list[dict], base: list[dict]) -> str:
+    def median(found: list[dict], *path: str) -> float:
+        values = []
+        for item in found:
+            for key in path:
+                item = item[key]
+            values.append(item)
+        return statistics.median(values)
+
+    parts = [f"{what} {median(ours, *path) / median(base, *path):.2f}x" for what, path in
+             (("codegen wall", ("made", "wall")), ("codegen cpu", ("made", "cpu")),
+              ("import s", ("import", "seconds")), ("import MB", ("import", "mb")))]
+    return f"  ratio this/base, {name} P={defines['P']} M={defines['M']} (medians): " + ", ".join(parts)
+
+
+def scaling(repeat: int) -> None:
+    """Codegen CPU per action of interleaved 1F1B at P=64, V=2 as M doubles."""
+    import pipeforge
+
+    print(f"{'schedule':<18} {'P':>3} {'M':>5} {'V':>2} {'actions':>8} {'codegen s':>9} {'cpu s':>6} "
+          f"{'cpu us/action':>13}")
+    for m in (256, 512, 1024):
+        defines = {"P": 64, "M": m, "V": 2}
+        actions = pipeforge.load("interleaved-1f1b", defines=defines).action_count()
+        times = []
+        for _ in range(repeat):
+            with tempfile.TemporaryDirectory(prefix="pipeforge-codegen-scale-") as tmp:
+                times.append(run_codegen("interleaved-1f1b", defines, Path(tmp) / "gen"))
+        wall, cpu = statistics.median(t["wall"] for t in times), statistics.median(t["cpu"] for t in times)
+        print(f"{'interleaved-1f1b':<18} {64:>3} {m:>5} {2:>2} {actions:>8} {wall:>9.2f} {cpu:>6.2f} "
+              f"{cpu / actions * 1e6:>13.1f}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1F1B at P=32, M=256 only")
     parser.add_argument("--rank", type=int, default=5, help="the rank whose import is measured")
     parser.add_argument("--one-module", type=int, nargs="*", default=[32], metavar="P",
                         help="rank counts at which the one-module reference is loaded too (default 32)")
+    parser.add_argument("--base", type=Path, metavar="DIR",
+                        help="another checkout of pipeforge measured side by side with this one")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each measurement (medians reported)")
+    parser.add_argument("--scaling", action="store_true", help="interleaved 1F1B at M = 256, 512, 1024 only")
     args = parser.parse_args(argv)
     print(load_average())
-    print(f"{'schedule':<18} {'P':>3} {'M':>5} {'V':>2} {'codegen s':>9} {'cpu s':>6} {'rank files':>10} "
+    if args.scaling:
+        scaling(args.repeat)
+        print(f"after: {load_average()}")
+        return 0
+    print(f"{'schedule':<18} {'P':>3} {'M':>5} {'V':>2} {'tree':>6} {'codegen s':>9} {'cpu s':>6} {'rank files':>10} "
           f"{'import s':>8} {'import MB':>9} {'no-pyc import':>13} {'no-pyc MB':>12} {'one-module s':>12} "
           f"{'one-module MB':>13}")
     over = False
+    trees = [("this", ROOT)] + ([("base", args.base.resolve())] if args.base else [])
     for name, defines in CASES[:1] if args.quick else CASES:
-        with tempfile.TemporaryDirectory(prefix="pipeforge-codegen-scale-") as tmp:
-            made = run_codegen(name, defines, Path(tmp) / "gen")
-            rank = min(args.rank, defines["P"] - 1)
-            mine = probe_import(Path(made["module"]), rank)
-            for cached in Path(made["rank_folder"]).glob("__pycache__"):  # a rank that compiles its module itself
-                shutil.rmtree(cached)
-            compiling = probe_import(Path(made["module"]), rank)
-            if defines["P"] in args.one_module:
-                theirs = probe_import(one_module(name, defines, Path(tmp)), rank)
-                reference = f"{theirs['seconds']:>12.2f} {theirs['mb']:>13.0f}"
-            else:
-                reference = f"{'-':>12} {'-':>13}"
-            files = len(list(Path(made["rank_folder"]).glob("rank_*.py")))
-            print(f"{name:<18} {defines['P']:>3} {defines['M']:>5} {defines.get('V', ''):>2} {made['wall']:>9.2f} "
-                  f"{made['cpu']:>6.2f} {files:>10} {mine['seconds']:>8.3f} {mine['mb']:>9.1f} "
-                  f"{compiling['seconds']:>13.3f} {compiling['mb']:>12.1f} {reference}",
-                  flush=True)
-            over |= max(mine["mb"], compiling["mb"]) > IMPORT_MB
+        rank = min(args.rank, defines["P"] - 1)
+        found: dict[str, list[dict]] = {label: [] for label, _ in trees}
+        for attempt in range(args.repeat):
+            for label, tree in trees if attempt % 2 == 0 else trees[::-1]:  # which runs first alternates
+                found[label].append(measure(name, defines, rank, tree, args.one_module if label == "this" else []))
+                print(row(name, defines, label, found[label][-1]), flush=True)
+        if args.base:
+            print(ratios(name, defines, found["this"], found["base"]), flush=True)
+        over |= max(max(f["import"]["mb"], f["compiling"]["mb"]) for f in found["this"]) > IMPORT_MB
     print(f"targets: codegen <= {CODEGEN_SECONDS:g} s, a rank's import <= {IMPORT_SECONDS:g} s and <= {IMPORT_MB:g} MB "
           "(import: seconds and peak-RSS growth of loading the module and rank --rank's program, beyond torch and "
-          "pipeforge.runtime); times are wall seconds on this machine under its load")
+          "pipeforge.runtime); times are wall seconds on this machine under its load; cpu s counts codegen's "
+          "worker processes too")
     print(f"after: {load_average()}")
     return 1 if over else 0
 

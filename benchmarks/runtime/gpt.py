@@ -11,9 +11,10 @@ schedule, one run of ``--nproc`` processes builds the same stage modules twice
 and runs (a) the module ``pipeforge codegen`` writes for the library schedule
 and (b) torch's own schedule class with real ``PipelineStage`` objects, steps
 alternating between the two (``benchmarks/runtime/_harness.py``). Reported: the medians,
-and the median of the per-step ratios pipeforge / torch (the target is at most
-1.0). The first step's gradients are compared; a relative difference above 1e-4
-is a mismatch (exit 1). A schedule whose run fails is reported with its first
+and the median of the per-step ratios pipeforge / torch with its distribution-free
+95 % interval (the target: the median at most 1.0, the whole interval below
+1.02). The first step's gradients are compared; a relative difference above
+1e-4 is a mismatch (exit 1). A schedule whose run fails is reported with its first
 error and the others still run. ``--control`` puts a second copy of torch's
 schedule in pipeforge's place: the ratios it prints are the spread that the
 machine's load alone gives (an A/A test), to read the others against.
@@ -102,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"GPT {model}, rows {args.rows}, P={args.nproc}, M={args.microbatches}, float32, gloo on CPU, "
           f"median of {args.steps} steps; {_harness.load_average()}"
           + ("\nCONTROL: torch's schedule in both columns (A/A)" if args.control else ""))
-    print(f"{'schedule':<17} {'torch class':<30} {'pipeforge ms':>12} {'torch ms':>9} {'ratio':>6} {'cpu ratio':>9} "
-          f"{'main ratio':>10} {'grad diff':>9}")
+    print(f"{'schedule':<17} {'torch class':<30} {'pipeforge ms':>12} {'torch ms':>9} {'ratio':>6} "
+          f"{'95% interval':>13} {'met':>4} {'cpu ratio':>9} {'main ratio':>10} {'main 95%':>13} {'grad diff':>9}")
     failed = False
     with tempfile.TemporaryDirectory(prefix="pipeforge-bench-gpt-") as out_dir:
         for name in args.schedules:
@@ -118,11 +119,16 @@ def main(argv: list[str] | None = None) -> int:
                 failed = True
                 continue
             row = _harness.summarize([o.value for o in outcomes])
+            low, high = row["ratio_interval"]
+            met = "yes" if row["ratio"] <= 1.0 and high < 1.02 else "no"  # issue 23: median <= 1, interval < 1.02
+            main_low, main_high = row["main_interval"]
             print(f"{name:<17} {SCHEDULES[name]:<30} {row['pipeforge'] * 1e3:>12.1f} {row['torch'] * 1e3:>9.1f} "
-                  f"{row['ratio']:>6.2f} {row['cpu_ratio']:>9.2f} {row['main_ratio']:>10.2f} {row['mismatch']:>9.1e}",
+                  f"{row['ratio']:>6.2f} {f'[{low:.2f}, {high:.2f}]':>13} {met:>4} {row['cpu_ratio']:>9.2f} "
+                  f"{row['main_ratio']:>10.2f} {f'[{main_low:.2f}, {main_high:.2f}]':>13} {row['mismatch']:>9.1e}",
                   flush=True)
             failed |= row["mismatch"] > TOLERANCE
-    print(_harness.legend())
+    print(_harness.legend() + "; 95% interval: the distribution-free interval of the median per-step ratio; "
+          "met: the median at most 1.0 and the whole interval below 1.02")
     print(f"after: {_harness.load_average()}")
     return 1 if failed else 0
 

@@ -2,9 +2,10 @@
 
 ``pipeforge.split(model, stages, owned=None, layers=None, costs=None)`` is
 ``pipeforge.models.split.split``; its result's ``.modules`` and
-``.tied_parameters`` go to a generated module's ``make_pipeline``. This package
-imports torch (and transformers for Hugging Face models, when given one); the
-runtime does not import it.
+``.tied_parameters`` go to a generated module's ``make_pipeline``;
+``pipeforge.models.compiled.split_backend`` compiles stage blocks so that their backward
+still splits into I and W. This package imports torch (and transformers for Hugging Face
+models, when given one); the runtime does not import it.
 """
 
 from __future__ import annotations

@@ -218,12 +218,14 @@ def verify_pipe(pipe, found: PipeGraph, every: dict[int, fx.GraphModule]) -> Non
     if any(t.is_meta for m in every.values() for t in [*m.parameters(), *m.buffers()]):
         return
     with torch.random.fork_rng(), torch.no_grad():
+        state = torch.random.get_rng_state()  # a graph traced in training mode draws its dropout masks
         try:
             want = _tensors(pipe(*example))
         except Exception as error:
             raise UsageError(f"pipeforge.split: the torch Pipe itself fails on inputs of its traced shapes, so "
                              f"its split is wrong before pipeforge runs it ({type(error).__name__}: "
                              f"{_first_line(error)})") from error
+        torch.random.set_rng_state(state)
         got: object = example
         for s in range(len(every)):
             try:

@@ -1,8 +1,9 @@
 """Exact search for small instances: a z3 model of every order, bisection on the worst span.
 
-``solve_exact(graph, incumbent, lower_bound, time_limit=...)`` -> ``ExactResult``: the best order z3
-finds of the graph's actions within the memory limit and the time limit, with a proven lower bound on
-its worst span (optimal when the two meet). ``TooLarge`` for more than ``MAX_ORDER_PAIRS`` ordering
+``solve_exact(graph, incumbent, lower_bound, time_limit=..., choices=None)`` -> ``ExactResult``: the
+best order z3 finds of the graph's actions within the memory limit and the time limit, with a proven
+lower bound on its worst span (optimal when the two meet); with ``choices``, z3 also decides which of
+the graph's R run (the recompute per (stage, microbatch)). ``TooLarge`` for more than ``MAX_ORDER_PAIRS`` ordering
 decisions, ``OutOfTime`` when the deadline passes while building. The second module that imports z3
 (here z3 chooses the order; ``verifier/model.py`` checks one). The model and why: ``docs/optimize.md``
 (Exact search).
@@ -30,10 +31,27 @@ class ExactResult:
     optimal: bool
     checks: int
     built: bool = True   # False: the time ran out while the model was being built
+    graph: Graph | None = None  # the graph ``order`` is of, where it is not the one searched (``Choices``)
 
     @property
     def gap(self) -> float:
         return (self.upper_bound - self.lower_bound) / self.upper_bound if self.upper_bound > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Choices:
+    """Which R of the graph searched exact search may drop (its F then keeps its activations, no rebuild
+    runs): each such R node with its F node, and what that F adds when it keeps them (``semantics``)."""
+
+    forward: dict[int, int]  # R node -> its F node
+    kept: dict[int, float]   # F node -> its memory effect when its R is dropped
+
+    def dropped(self, graph: Graph, order: Order, chosen: set[int]) -> tuple[Graph, Order]:
+        """``order`` with every R outside ``chosen`` left out, as an order of its own graph."""
+        gone = set(self.forward) - chosen
+        actions = [a for i, a in enumerate(graph.actions) if i not in gone]
+        smaller = Graph(graph.problem, actions)
+        return smaller, tuple(smaller.ids(graph.actions[a] for a in seq if a not in gone) for seq in order)
 
 
 class OutOfTime(Exception):
@@ -89,13 +107,15 @@ class _ModelText:
     constraint).
     """
 
-    def __init__(self, graph: Graph, asap: bool, deadline: float):
-        self.graph, self.deadline = graph, deadline
+    def __init__(self, graph: Graph, asap: bool, deadline: float, choices: Choices | None = None):
+        self.graph, self.deadline, self.choices = graph, deadline, choices
+        self.rebuilt = {} if choices is None else {f: r for r, f in choices.forward.items()}
         n = len(graph.actions)
         self.by_rank = [[a for a in range(n) if graph.rank[a] == r] for r in range(graph.problem.ranks)]
         self.ancestors = _reachability(graph)
         self.before: set[tuple[int, int]] = set()
         self.lines: list[str] = [f"(declare-const s{a} Real)" for a in range(n)] + ["(declare-const Z Real)"]
+        self.lines += [f"(declare-const x{r} Bool)" for r in (choices.forward if choices else ())]
         self._data_dependencies()
         for r, actions in enumerate(self.by_rank):
             self._no_overlap(actions)
@@ -113,8 +133,27 @@ class _ModelText:
         if len(self.lines) % CHECK_EVERY == 0 and time.monotonic() > self.deadline:
             raise OutOfTime
 
+    def duration(self, a: int, extra: float = 0.0) -> str:
+        """``a``'s duration (plus ``extra``): an R that may be dropped lasts its own only where it runs."""
+        if self.choices is not None and a in self.choices.forward:
+            return f"(+ (ite x{a} {_num(self.graph.duration[a])} 0.0) {_num(extra)})"
+        return _num(self.graph.duration[a] + extra)
+
+    def delta(self, a: int) -> str:
+        """What ``a`` adds to its rank's memory: an R that may be dropped only where it runs, its F its
+        checkpoint where it does and its whole activation where it does not."""
+        delta = _num(self.graph.delta[a])
+        if self.choices is not None and a in self.choices.forward:
+            return f"(ite x{a} {delta} 0.0)"
+        if a in self.rebuilt:
+            return f"(ite x{self.rebuilt[a]} {delta} {_num(self.choices.kept[a])})"  # type: ignore[union-attr]
+        return delta
+
+    def may_add(self, a: int) -> bool:
+        return self.graph.delta[a] > 0 or (a in self.rebuilt and self.choices.kept[a] > 0)  # type: ignore[union-attr]
+
     def end(self, a: int) -> str:
-        return f"(+ s{a} {_num(self.graph.duration[a])})"
+        return f"(+ s{a} {self.duration(a)})"
 
     def precedes(self, a: int, b: int) -> str:
         return f"o{a}_{b}" if (a, b) in self.before else f"(not o{b}_{a})"
@@ -123,7 +162,7 @@ class _ModelText:
         for a, deps in enumerate(self.graph.deps):
             self.add(f"(assert (>= s{a} 0.0))")
             for d, latency in deps:
-                self.add(f"(assert (>= s{a} (+ s{d} {_num(self.graph.duration[d] + latency)})))")
+                self.add(f"(assert (>= s{a} (+ s{d} {self.duration(d, latency)})))")
 
     def _no_overlap(self, actions: list[int]) -> None:
         for i, a in enumerate(actions):
@@ -139,14 +178,14 @@ class _ModelText:
                 self.add(f"(assert (=> (not {flag}) (>= s{a} {self.end(b)})))")
 
     def _memory(self, actions: list[int]) -> None:
-        limit, delta = self.graph.problem.memory_limit, self.graph.delta
+        limit = self.graph.problem.memory_limit
         if limit is None:
             return
         for b in actions:
-            if delta[b] <= 0:
+            if not self.may_add(b):
                 continue
-            held = " ".join(f"(ite {self.precedes(a, b)} {_num(delta[a])} 0.0)" for a in actions if a != b)
-            self.add(f"(assert (<= (+ {_num(delta[b])} {held}) {_num(limit)}))")
+            held = " ".join(f"(ite {self.precedes(a, b)} {self.delta(a)} 0.0)" for a in actions if a != b)
+            self.add(f"(assert (<= (+ {self.delta(b)} {held}) {_num(limit)}))")
 
     def _span(self, r: int, actions: list[int]) -> None:
         if not actions:
@@ -159,7 +198,7 @@ class _ModelText:
 
     def _asap(self, b: int) -> None:
         deps = self.graph.deps[b]
-        options = [f"(= s{b} (+ s{d} {_num(self.graph.duration[d] + latency)}))" for d, latency in deps]
+        options = [f"(= s{b} (+ s{d} {self.duration(d, latency)}))" for d, latency in deps]
         if not deps:
             options.append(f"(= s{b} 0.0)")
         rank_actions = self.by_rank[self.graph.rank[b]]
@@ -170,9 +209,9 @@ class _ModelText:
 class _Model:
     """The parsed model: its assertions, a solver holding them, the start variables and Z."""
 
-    def __init__(self, graph: Graph, asap: bool, deadline: float):
-        text = _ModelText(graph, asap, deadline)
-        self.graph, self.by_rank = graph, text.by_rank
+    def __init__(self, graph: Graph, asap: bool, deadline: float, choices: Choices | None = None):
+        text = _ModelText(graph, asap, deadline, choices)
+        self.graph, self.by_rank, self.choices = graph, text.by_rank, choices
         # A context of its own: z3's search depends on the ids of the terms a context already holds,
         # so in the shared one the same model could take 0.2 s in one process and a minute in another.
         self.context = z3.Context()
@@ -193,9 +232,20 @@ class _Model:
 
         return tuple(tuple(sorted(actions, key=when)) for actions in self.by_rank)
 
+    def found(self, model: z3.ModelRef | None = None) -> tuple[Graph, Order]:
+        """The model's order, as an order of the graph it runs (its dropped R left out)."""
+        model = model if model is not None else self.solver.model()
+        order = self.order_from_model(model)
+        if self.choices is None:
+            return self.graph, order
+        chosen = {r for r in self.choices.forward
+                  if z3.is_true(model.eval(z3.Bool(f"x{r}", self.context), model_completion=True))}
+        return self.choices.dropped(self.graph, order, chosen)
+
 
 def solve_exact(graph: Graph, incumbent: Order, lower_bound: float, *, time_limit: float,
-                asap: bool = True, progress: Callable[[float, str], None] | None = None) -> ExactResult:
+                asap: bool = True, progress: Callable[[float, str], None] | None = None,
+                choices: Choices | None = None, start: Graph | None = None) -> ExactResult:
     """The best order of ``graph`` within ``time_limit`` seconds, with a proven bound on the worst span.
 
     ``incumbent`` is a valid order (its span is the first upper bound) and
@@ -204,7 +254,8 @@ def solve_exact(graph: Graph, incumbent: Order, lower_bound: float, *, time_limi
     incremental checks tightens the bound with the time left.
     """
     deadline = time.monotonic() + time_limit
-    best = evaluate(graph, incumbent)
+    start = graph if start is None else start
+    best = evaluate(start, incumbent)
     if best is None:
         raise ValueError("the incumbent order does not run")
     pairs = order_pairs(graph)
@@ -212,24 +263,25 @@ def solve_exact(graph: Graph, incumbent: Order, lower_bound: float, *, time_limi
         raise TooLarge(f"exact search needs {pairs} ordering decisions here (pairs of actions on one rank); "
                        f"it can prove results only up to {MAX_ORDER_PAIRS} (about 4 ranks x 8 microbatches)")
     try:
-        model = _Model(graph, asap, deadline)
+        model = _Model(graph, asap, deadline, choices)
     except OutOfTime:
-        return ExactResult(incumbent, lower_bound, best.max_span, False, 0, built=False)
-    search = _Bisection(graph, model, lower_bound, best.max_span, incumbent)
+        return ExactResult(incumbent, lower_bound, best.max_span, False, 0, built=False, graph=start)
+    search = _Bisection(model, lower_bound, best.max_span, incumbent, start)
     search.minimize(max(0.0, deadline - time.monotonic()) * 2 / 3)
     while not search.closed() and search.probe(deadline - time.monotonic()):
         if progress is not None:
             spent = 1.0 - max(0.0, deadline - time.monotonic()) / time_limit
             progress(min(1.0, spent),
                      f"exact search: best worst span within {_gap(search.low, search.high):.2%} of the optimum")
-    return ExactResult(search.order, min(search.low, search.high), search.high, search.closed(), search.checks)
+    return ExactResult(search.order, min(search.low, search.high), search.high, search.closed(), search.checks,
+                       graph=search.graph)
 
 
 class _Bisection:
     """The proven interval [low, high] of the optimal worst span and the best order found."""
 
-    def __init__(self, graph: Graph, model: _Model, low: float, high: float, order: Order):
-        self.graph, self.model = graph, model
+    def __init__(self, model: _Model, low: float, high: float, order: Order, graph: Graph):
+        self.graph, self.model = graph, model  # the best order and the graph it is of
         self.low, self.high, self.order, self.checks = low, high, order, 0
 
     def closed(self) -> bool:
@@ -246,7 +298,7 @@ class _Bisection:
         if answer != z3.sat:
             self.keep_interim(optimizer)
             return
-        self.keep(self.model.order_from_model(optimizer.model()))
+        self.keep(self.model.found(optimizer.model()))
         value = _as_fraction(objective.value())
         if value is not None:
             self.low = max(self.low, float(value))
@@ -258,7 +310,7 @@ class _Bisection:
         except z3.Z3Exception:
             return
         if model is not None and len(model) > 0:
-            self.keep(self.model.order_from_model(model))
+            self.keep(self.model.found(model))
 
     def probe(self, seconds: float) -> bool:
         """One bisection check; False when there is no time left or no progress to make."""
@@ -271,12 +323,13 @@ class _Bisection:
         if answer == z3.unsat:
             self.low = target
             return True
-        return answer == z3.sat and self.keep(self.model.order_from_model())
+        return answer == z3.sat and self.keep(self.model.found())
 
-    def keep(self, found: Order) -> bool:
-        better = _improvement(self.graph, found, self.high)
+    def keep(self, found: tuple[Graph, Order]) -> bool:
+        graph, order = found
+        better = _improvement(graph, order, self.high)
         if better is not None:
-            self.order, self.high = better
+            (self.order, self.high), self.graph = better, graph
         return better is not None
 
 

@@ -20,6 +20,7 @@ from pipeforge.sim.workgraph import Times
 
 Progress = Callable[[float, str], None]
 F, W = ActionKind.F, ActionKind.W
+EARLY = (F, ActionKind.R)  # what a gap may be filled with from later on (an R: its rebuild run ahead, Mario-style)
 GAP_TRIES = 12
 
 
@@ -129,7 +130,7 @@ class _Searcher:
         return [q for q in range(1, len(seq)) if start[seq[q]] - end[seq[q - 1]] > TOLERANCE]
 
     def fill_gaps(self, r: int) -> bool:
-        """Pull a W from anywhere earlier, or an F from later, into each idle gap of rank r."""
+        """Pull a W from anywhere earlier, or an F (or R) from later, into each idle gap of rank r."""
         improved = False
         for q in reversed(self.gaps(r)):
             if self.out_of_time():
@@ -143,7 +144,7 @@ class _Searcher:
         for p in later_w:
             if self.try_move(r, p, q - 1):
                 return True
-        earlier_f = [p for p in range(q + 1, len(seq)) if kinds[seq[p]].kind is F][:GAP_TRIES]
+        earlier_f = [p for p in range(q + 1, len(seq)) if kinds[seq[p]].kind in EARLY][:GAP_TRIES]
         return any(self.try_move(r, p, q) for p in earlier_f)
 
     def improve_position(self, r: int, p: int) -> bool:

@@ -18,21 +18,23 @@ from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, St
 from pipeforge.optimizer import recompute_greedy
 from pipeforge.optimizer.budget import finish_seconds
 from pipeforge.optimizer.evaluate import Evaluation, Graph, Order, Problem, evaluate, schedule_of
+from pipeforge.optimizer.exact import MAX_ORDER_PAIRS, Choices, ExactResult, TooLarge, order_pairs, solve_exact
 from pipeforge.optimizer.local import local_search
 from pipeforge.optimizer.offload_place import hidden_offloads
 from pipeforge.optimizer.result import Metrics, OptimizeResult, metrics_of
-from pipeforge.optimizer.search import optimize
+from pipeforge.optimizer.search import ASAP_ACTIONS, optimize
 from pipeforge.optimizer.units import integer_units
 from pipeforge.passes.recompute import offload as offload_pass
 from pipeforge.passes.recompute import recompute as recompute_pass
-from pipeforge.semantics import split
+from pipeforge.semantics import split, stage_effect
 from pipeforge.sim.bounds import bubble_of_span, recompute_span
 from pipeforge.sim.simulate import simulate
 from pipeforge.sim.workgraph import Shape, WorkGraph, compile_actions
 from pipeforge.verifier import verify
 
 POLICIES = ("none", "auto", "all")
-PLANS = ("none", "all", "per-microbatch", "selective", "offload")  # what auto tries, in the order reported
+PLANS = ("none", "all", "per-microbatch", "exact", "selective", "offload")  # what auto tries, in the order reported
+EXACT_ACTIONS = 64  # auto's exact search (R chosen too) up to this many actions beside the R (P = 4, M = 5)
 SAVING = frozenset({ActionKind.R, ActionKind.OFFLOAD, ActionKind.RELOAD})
 
 
@@ -160,13 +162,54 @@ def recompute_bound(plain: Schedule, costs: CostModel, real: MemorySpec) -> tupl
 
 
 def _with_recompute_bound(result: OptimizeResult, plain: Schedule, costs: CostModel,
-                          real: MemorySpec) -> OptimizeResult:
+                          real: MemorySpec, proven: float = 0.0) -> OptimizeResult:
     """``result`` with the bound of the space it was chosen from, where any (stage, microbatch) may be
-    recomputed (``sim.bounds.recompute_span``: the recompute the limit forces counted), its gap and verdict."""
+    recomputed (``sim.bounds.recompute_span``: the recompute the limit forces counted; or ``proven``, exact
+    search's, where higher), its gap and verdict."""
     graph, bound = recompute_bound(plain, costs, real)
+    bound = max(bound, proven)
     span = result.after.max_span
     gap = max(0.0, (span - bound) / span) if span > 0 else 0.0
     return replace(result, span_bound=bound, bound=bubble_of_span(graph, bound), gap=gap, optimal=gap <= 1e-6)
+
+
+def _dropped_where_room(graph: Graph, order: Order, evaluation: Evaluation) -> tuple[Graph, Order, Evaluation]:
+    """``order`` without the R whose activations fit from their F on all the same (``recompute_greedy``'s
+    ``kept_where_room``), as an order of its own graph, where that is better; else as it is."""
+    keys = [tuple(graph.actions[a] for a in seq) for seq in order]
+    kept = [recompute_greedy.kept_where_room(graph.problem, seq) for seq in keys]
+    if kept == keys:
+        return graph, order, evaluation
+    smaller = Graph(graph.problem, [a for seq in kept for a in seq])
+    shorter = tuple(smaller.ids(seq) for seq in kept)
+    found = evaluate(smaller, shorter)
+    if found is None or not found.fits(graph.problem.memory_limit) or found.key() >= evaluation.key():
+        return graph, order, evaluation
+    return smaller, shorter, found
+
+
+def exact_recompute(plain: Schedule, real: MemorySpec, units_costs: CostModel,
+                    incumbent: tuple[Graph, Order, Evaluation], seconds: float) -> ExactResult | None:
+    """z3 over every order of the split work with every (stage, microbatch) recomputed or not
+    (``exact.Choices``: each R may be dropped, its F then keeping its activations), from ``incumbent``,
+    for ``seconds``: the best order found (of its own graph) and a proven bound on the worst span of any
+    schedule of the work that may recompute within ``real``'s limit. None where the model is too large."""
+    problem = incumbent[0].problem
+    work = [part for _, _, a in strip(plain).actions() if a.is_compute for part in split(a)]
+    work += [Action(a.stage, ActionKind.R, a.microbatch, a.chain) for a in work if a.kind is ActionKind.F]
+    graph = Graph(problem, work)
+    forward = {node: graph.index[Action(a.stage, ActionKind.F, a.microbatch, a.chain)]
+               for node, a in enumerate(graph.actions) if a.kind is ActionKind.R}
+    kept = {f: (lambda effect: effect[0] - effect[1])(stage_effect(real, ActionKind.F, graph.actions[f].stage))
+            for f in forward.values()}
+    if order_pairs(graph) > MAX_ORDER_PAIRS:
+        return None
+    _, lower = recompute_bound(plain, units_costs, real)
+    try:
+        return solve_exact(graph, incumbent[1], lower, time_limit=seconds, asap=len(graph.actions) <= ASAP_ACTIONS,
+                           choices=Choices(forward, kept), start=incumbent[0])
+    except TooLarge:
+        return None
 
 
 def per_microbatch(plain: Schedule, real: MemorySpec, units_costs: CostModel, deadline: float
@@ -210,19 +253,22 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
     rebuilt = max((memory.stage_activation(s) - memory.stage_checkpoint(s) for s in stages), default=0.0)
     largest = max((memory.stage_activation(s) for s in stages), default=1.0)
     actions = sum(1 for _ in plain.actions()) * 2
-    finish = 1.5 * finish_seconds(actions, 0.0)  # timing and verifying the chosen schedule (budget.py's estimate)
+    finish = 2 * finish_seconds(actions, 0.0)  # timing and verifying the chosen schedule (budget.py's estimate)
     deadline = started + max(0.0, time_limit - finish)
     candidates: list[tuple[OptimizeResult, str, bool]] = []
+    units = integer_units(costs)
     tried: list[str] = []
     errors: list[str] = []
 
     def left(share: float = 1.0) -> float:
         return max(0.0, deadline - time.monotonic()) * share
 
-    def offer(name: str, final: Schedule, base: OptimizeResult | None = None, verified: bool = False) -> None:
+    def offer(name: str, final: Schedule, base: OptimizeResult | None = None, verified: bool = False,
+              timed: Evaluation | None = None) -> None:
+        """A candidate, with its figures (``timed``: the engine's, in integer units, instead of simulating)."""
         final = replace(final, memory=real if limit is not None else unlimited)
         try:
-            after = metrics_of(final, costs, final.memory)
+            after = metrics_of(final, costs, final.memory) if timed is None else Metrics.of(timed).scaled(units.scale)
         except PipeforgeError as error:  # e.g. the input's own order with R added cannot run
             errors.append(f"{name}: {error}")
             return
@@ -255,15 +301,38 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
                                        ("per-microbatch", recompute == "auto" and limit is not None),
                                        ("all", recompute == "all" or (recompute == "auto" and limit is not None)),
                                        ("offload", offload)) if wanted]
-    units = integer_units(costs)
+    # where the input fits, an order without recompute is the likely winner (and must not lose for want of
+    # time): it runs first with most of the time; where it does not, one that recomputes nothing is rarely
+    # close, and the per-microbatch orders come first
+    began = time.monotonic()
+    try:
+        promising = limit is None or fits(replace(plain, memory=real))
+    except PipeforgeError:
+        promising = False
+    simulating = time.monotonic() - began  # one simulation of this work: what selective and uniform repeat
+    if "none" in plans and promising:
+        attempt("none", memory, limit, None, 1.0 if len(plans) == 1 else 0.6)
     placed = None
+    greedy_seconds = 0.0
     if "per-microbatch" in plans:
         tried.append("per-microbatch")
-        placed = per_microbatch(plain, real, units.costs, time.monotonic() + left(0.25))
+        began = time.monotonic()
+        placed = per_microbatch(plain, real, units.costs, began + left(0.25))
+        greedy_seconds = time.monotonic() - began
         if placed is not None:
-            offer("per-microbatch", replace(schedule_of(plain, placed[0], placed[1]), costs=costs))
-    if "none" in plans:
-        attempt("none", memory, limit, None, 0.2 if len(plans) > 1 else 1.0)
+            offer("per-microbatch", replace(schedule_of(plain, placed[0], placed[1]), costs=costs), timed=placed[2])
+    if recompute == "auto" and limit is not None:
+        # the knob Megatron offers, whatever the time: auto is never behind it
+        tried.append("selective")
+        same = uniform(plain, costs, real)
+        if same is not None:
+            offer("selective", same[0])
+    # (its first greedy orders take about as long as the per-microbatch ones, whatever its share of the time)
+    if "none" in plans and not promising and (placed is None or left() > 4 * greedy_seconds):
+        attempt("none", memory, limit, None, 1.0 if len(plans) == 1 else 0.15)
+    elif "none" in plans and not promising:
+        tried.append("none")
+        errors.append("none: no time left")
     if "all" in plans:
         # a recomputed F holds its checkpoint c; R adds a - c just before the backward, so the search keeps
         # that much room under the limit. First as if I released all but c's weight part (true when each W
@@ -275,20 +344,19 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
         optimistic = replace(memory, activation=tuple(kept), weight_grad=())
         given = recompute_pass(plain)  # the input's own order, every microbatch recomputed
         offer("all", given)
-        attempt("all", optimistic, room, recompute_pass, 0.2 if recompute == "auto" else 0.4)
+        if recompute == "all" or placed is None:  # (auto: where the per-microbatch orders do not apply)
+            attempt("all", optimistic, room, recompute_pass, 0.2 if recompute == "auto" else 0.4)
         if recompute == "all":
             attempt("all", optimistic, room, lambda s: recompute_pass(fused(s)), 0.5)  # each W into its I: a B
             careful = replace(memory, activation=tuple(kept[s] + memory.stage_weight_grad(s) for s in stages),
                               weight_grad=tuple(memory.stage_weight_grad(s) for s in stages))
             attempt("all", careful, room, recompute_pass, 1.0)
-    if recompute == "auto" and limit is not None and left() > 0:
+    rounds = 2 * max(1, plain.microbatches).bit_length() + 4  # the simulations selective makes, about
+    if recompute == "auto" and limit is not None and left() > rounds * simulating:
         tried.append("selective")
         chosen = selective(plain, costs, real)
         if chosen is not None:
             offer("selective", chosen)
-        same = uniform(plain, costs, real) if left() > 0 else None
-        if same is not None:
-            offer("selective", same[0])
     if "offload" in plans:
         # the order found with no memory limit (every forward may be in flight), each activation that waits
         # long enough offloaded where its transfers hide behind compute (``offload_place``)
@@ -306,10 +374,24 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
         virtual = replace(memory, activation=tuple(max(memory.stage_weight_grad(s), 0.01) for s in stages),
                           weight_grad=tuple(max(memory.stage_weight_grad(s), 0.01) for s in stages))
         attempt("offload", virtual, None if limit is None else limit - 2 * largest, offload_pass, 1.0)
+    strategy = options.get("strategy", "auto")
+    small = placed is not None and len(placed[0].actions) <= EXACT_ACTIONS
+    exact = placed is not None and (strategy == "exact" or (strategy == "auto" and small))
+    proven = 0.0  # exact search's bound on schedules that may recompute (units of ``units``)
     if placed is not None and left() > 0:  # the rest of the time: local search on the per-microbatch order
         graph, order, _ = placed
-        found = local_search(graph, order, time_limit=left())
-        offer("per-microbatch", replace(schedule_of(plain, graph, found.order), costs=costs))
+        found = local_search(graph, order, time_limit=left(0.3 if exact else 0.8))  # (then building its schedule)
+        placed = _dropped_where_room(graph, found.order, found.evaluation)
+        offer("per-microbatch", replace(schedule_of(plain, placed[0], placed[1]), costs=costs), timed=placed[2])
+    if exact and placed is not None and left() > 0:
+        tried.append("exact")
+        searched = exact_recompute(plain, real, units.costs, placed, left(0.8))
+        if searched is not None:
+            proven = searched.lower_bound * units.scale
+            evaluation = evaluate(searched.graph, searched.order) if searched.graph is not None else None
+            if evaluation is not None:
+                offer("per-microbatch", replace(schedule_of(plain, searched.graph, searched.order), costs=costs),
+                      timed=evaluation)
     fitting = sorted(((r, n, v) for r, n, v in candidates
                       if limit is None or max(r.after.peak_memory) <= limit + 1e-9),
                      key=lambda c: (c[0].after.max_span, c[0].after.makespan))
@@ -322,11 +404,11 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
         raise PipeforgeError(words(f"no schedule of {schedule.name!r}'s work fits the memory limit {limit:g} with ",
                                    *switches, ": " + "; ".join(errors)))
     if recompute != "none" and limit is not None:
-        best = _with_recompute_bound(best, plain, costs, real)
+        best = _with_recompute_bound(best, plain, costs, real, proven)
     kinds = [a.kind for _, _, a in best.schedule.actions()]
     choice = MemoryChoice(name if name not in ("offload",) else "none", name == "offload",
                           kinds.count(ActionKind.R), kinds.count(ActionKind.OFFLOAD),
-                          tuple(sorted(tried, key=PLANS.index)))
+                          tuple(sorted(set(tried), key=PLANS.index)))
     return replace(best, seconds=time.monotonic() - started), choice
 
 

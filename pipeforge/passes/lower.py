@@ -17,7 +17,7 @@ from functools import partial
 from typing import NamedTuple
 
 from pipeforge.ir import COMPUTE_KINDS, Action, ActionKind, Schedule, Step, make_action, replace_programs
-from pipeforge.semantics import GRADIENT_KINDS, LOCAL_KINDS, NEEDS, ActionKey
+from pipeforge.semantics import GRADIENT_KINDS, LOCAL_KINDS, NEEDS, ActionKey, partner
 
 Position = tuple[int, int]  # (rank, step index in the input program, idle slots counted)
 
@@ -71,34 +71,57 @@ class DependencyGraph:
     def of(schedule: Schedule) -> DependencyGraph:
         position = compute_positions(schedule)
         last = schedule.stages - 1
-        waits: dict[Position, list[Position]] = {}
+        waits: dict[Position, tuple[Position, ...]] = {}
         transfers: list[CarriedEdge] = []
         carried_once: set[ActionKey] = set()
         at = position.get
         edge = partial(tuple.__new__, CarriedEdge)
+        shapes: dict[tuple, CarriedShape] = {}  # (stage, kind, chain) -> its carried needs' shape
         for action, here in position.items():  # in program order: rank, then step
             stage, kind, mb, chain = action
-            if kind in LOCAL_KINDS:
-                continue  # every need on its own stage: program order decides
-            for producers, send, recv in NEEDS[kind](stage, mb, chain, last):  # semantics.needs(action), unpacked
-                if send is None:
-                    continue  # the producer is on the same stage: program order decides
-                for producer in producers:
-                    there = at(producer)
+            shape = shapes.get((stage, kind, chain))
+            if shape is None:
+                shape = shapes[(stage, kind, chain)] = carried_shape(action, last)
+            found: list[Position] = []
+            for producers, (send_stage, send_kind), (recv_stage, recv_kind) in shape:
+                for producer_stage, producer_kind in producers:
+                    there = at((producer_stage, producer_kind, mb, chain))
                     # Only a cross-rank edge makes a rank wait: on one rank program order decides, and a
                     # producer written after its consumer is an order error, not a deadlock.
                     if there is None or there[0] == here[0]:
                         continue
-                    if here in waits:
-                        waits[here].append(there)
-                    else:
-                        waits[here] = [there]
-                    if send not in carried_once and recv not in carried_once:  # B and I both written
-                        carried_once.add(send)
-                        carried_once.add(recv)
-                        transfers.append(edge((make_action(send), make_action(recv), there, here)))
-        frozen = {step: tuple(producers) for step, producers in waits.items()}
-        return DependencyGraph(position, frozen, tuple(transfers))
+                    found.append(there)
+                    send = (send_stage, send_kind, mb, chain)
+                    if send not in carried_once:  # once, even where B and I are both written (its receive
+                        carried_once.add(send)    # is the partner of the send: the send alone names it)
+                        transfers.append(edge((make_action(send), make_action((recv_stage, recv_kind, mb, chain)),
+                                               there, here)))
+            if found:  # (the actions of an overlap step share its position)
+                waits[here] = (*waits[here], *found) if here in waits else tuple(found)
+        return DependencyGraph(position, waits, tuple(transfers))
+
+
+# The needs of a (stage, kind, chain) that a send/receive may carry: per need, its producers' (stage, kind)
+# and the send's and the receive's (stage, kind); the microbatch and chain are the action's own.
+CarriedShape = tuple[tuple[tuple[tuple[int, ActionKind], ...], tuple[int, ActionKind], tuple[int, ActionKind]], ...]
+
+
+def carried_shape(action: Action, last: int) -> CarriedShape:
+    """``semantics.needs`` of ``action`` that a send carries (none for ``LOCAL_KINDS``: every need on its
+    own stage, program order decides), asked once per (stage, kind, chain): every rule names actions of
+    the action's own microbatch and chain (checked here)."""
+    stage, kind, mb, chain = action
+    if kind in LOCAL_KINDS:
+        return ()
+    shape = []
+    for producers, send, recv in NEEDS[kind](stage, mb, chain, last):  # semantics.needs(action), unpacked
+        if send is None:
+            continue  # the producer is on the same stage: program order decides
+        if any(key[2:] != (mb, chain) for key in (*producers, send, recv)) or partner(send) != recv:
+            raise ValueError(f"internal error: {action!r} needs {producers!r} carried by {send!r} to {recv!r}, "
+                             "of another microbatch or chain, or not a send and its receive")
+        shape.append((tuple(key[:2] for key in producers), send[:2], recv[:2]))
+    return tuple(shape)
 
 
 def compute_positions(schedule: Schedule) -> dict[Action, Position]:
@@ -127,7 +150,7 @@ def owned_stages(schedule: Schedule, rank: int) -> dict[int, frozenset[int]]:
 class Rounds:
     """The executed prefix: round of each executed step, and where each rank got stuck."""
 
-    executed: dict[Position, int]
+    executed: tuple[list[int | None], ...]  # per rank, per step index: the round it ran in (None: it did not)
     order: tuple[tuple[tuple[int, int], ...], ...]  # per rank: (round, step index) in order
     stuck_at: tuple[int, ...]  # per rank: first step index not executed (len(program) if done)
     count: int
@@ -137,10 +160,12 @@ def run_rounds(schedule: Schedule, graph: DependencyGraph) -> Rounds:
     """Lockstep rounds, event-driven: a rank is looked at again only when it ran or a producer it
     waits for ran, so the work grows with the steps, not with ranks times rounds."""
     steps = [compute_indices(program) for program in schedule.programs]
-    waits_of = graph.needs.get
-    needs = [[waits_of((rank, i), ()) for i in row] for rank, row in enumerate(steps)]
+    waits: list[dict[int, tuple[Position, ...]]] = [{} for _ in steps]  # per rank: step index -> its waits
+    for (rank, index), producers in graph.needs.items():
+        waits[rank][index] = producers
+    needs = [[waits[rank].get(i, ()) for i in row] for rank, row in enumerate(steps)]
     done = [0] * len(steps)  # per rank: how many of its compute steps ran
-    executed: dict[Position, int] = {}
+    executed: tuple[list[int | None], ...] = tuple([None] * len(program) for program in schedule.programs)
     order: list[list[tuple[int, int]]] = [[] for _ in steps]
     waiting: dict[Position, list[int]] = defaultdict(list)  # producer -> ranks blocked on it
     candidates = [rank for rank, row in enumerate(steps) if row]
@@ -149,7 +174,7 @@ def run_rounds(schedule: Schedule, graph: DependencyGraph) -> Rounds:
         ran = []
         for rank in candidates:  # every executed entry is from an earlier round here
             for producer in needs[rank][done[rank]]:
-                if producer not in executed:
+                if executed[producer[0]][producer[1]] is None:
                     waiting[producer].append(rank)
                     break
             else:
@@ -160,7 +185,7 @@ def run_rounds(schedule: Schedule, graph: DependencyGraph) -> Rounds:
         for rank in ran:
             n = done[rank]
             index = steps[rank][n]
-            executed[(rank, index)] = round_no
+            executed[rank][index] = round_no
             order[rank].append((round_no, index))
             done[rank] = n + 1
             if n + 1 < len(steps[rank]):
@@ -287,13 +312,13 @@ def round_groups(graph: DependencyGraph, rounds: Rounds, ranks: int) -> list[dic
     alike (FIFO-consistent), and even split into groups of one (a torch CSV has
     no groups) the ops meet pair by pair in that global order without deadlock.
     """
-    groups: list[dict[int, list[Action]]] = [{} for _ in range(ranks)]
+    groups: list[dict[int, list[Action]]] = [defaultdict(list) for _ in range(ranks)]
     executed = rounds.executed
     for send, recv, producer, consumer in graph.transfers:
-        round_no = executed.get(producer)
+        round_no = executed[producer[0]][producer[1]]
         if round_no is not None:
-            groups[producer[0]].setdefault(round_no, []).append(send)
-            groups[consumer[0]].setdefault(round_no, []).append(recv)
+            groups[producer[0]][round_no].append(send)
+            groups[consumer[0]][round_no].append(recv)
     return groups
 
 
@@ -302,7 +327,10 @@ def round_groups(graph: DependencyGraph, rounds: Rounds, ranks: int) -> list[dic
 
 def emit_remainder(writer: ProgramWriter, schedule: Schedule, graph: DependencyGraph, rounds: Rounds) -> None:
     """Lower what the rounds could not run: receives just in time, sends in FIFO order."""
-    pending = [t for t in graph.transfers if t.producer not in rounds.executed]
+    if all(stuck >= len(program) for stuck, program in zip(rounds.stuck_at, schedule.programs, strict=True)):
+        return  # every rank ran to its end: every producer ran, nothing is pending
+    executed = rounds.executed
+    pending = [t for t in graph.transfers if executed[t.producer[0]][t.producer[1]] is None]
     recv_before: dict[Position, list[CarriedEdge]] = defaultdict(list)
     send_after: dict[Position, list[tuple[int, int, CarriedEdge]]] = defaultdict(list)
     for (src, dst), lane in lanes(pending).items():

@@ -92,12 +92,19 @@ def move(lane: HostCopies | StreamCopies, tensors: list[torch.Tensor],
     (a view and its transpose stay one tensor: what comes back is what left, byte for byte); with the
     copies' sources and the copies, for ``lane.finish``."""
     groups: dict[int, list[int]] = {}
+    alone = []  # tensors that are not plain views of a storage's bytes (sparse, conjugate, quantized, ...)
     for index, tensor in enumerate(tensors):
-        if tensor.numel():
+        if not _plain(tensor):
+            alone.append(index)
+        elif tensor.numel():
             groups.setdefault(tensor.untyped_storage().data_ptr(), []).append(index)
-    moved = [t.new_empty(t.shape, device=where) if not t.numel() else t for t in tensors]
+    moved = [t.new_empty(t.shape, device=where) if _plain(t) and not t.numel() else t for t in tensors]
     sources, copies = [], []
     with torch.no_grad(), lane.begin():
+        for index in alone:
+            moved[index] = lane.copy(tensors[index], where)
+            sources.append(tensors[index])
+            copies.append(moved[index])
         for indices in groups.values():
             members = [tensors[i] for i in indices]
             low, high = _covered(members)
@@ -108,6 +115,11 @@ def move(lane: HostCopies | StreamCopies, tensors: list[torch.Tensor],
             for index, tensor in zip(indices, members):
                 moved[index] = _view_of(copy, tensor, low)
     return moved, sources, copies
+
+
+def _plain(tensor: torch.Tensor) -> bool:
+    return (tensor.layout is torch.strided and not tensor.is_conj() and not tensor.is_neg()
+            and not tensor.is_quantized and not tensor.is_nested)
 
 
 def _covered(tensors: list[torch.Tensor]) -> tuple[int, int]:

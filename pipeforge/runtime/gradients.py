@@ -22,9 +22,11 @@ from pipeforge.runtime.p2p import PipelineUsageError, TensorMeta, Transfer, Tran
 def distinct_parameters(modules: Iterable[torch.nn.Module]) -> list[torch.nn.Parameter]:
     """Every parameter of ``modules`` once, in order of first appearance."""
     seen: dict[int, torch.nn.Parameter] = {}
-    for module in modules:
-        for param in module.parameters():
-            seen.setdefault(id(param), param)
+    for module in modules:  # module.parameters()'s order, without the names it builds for every one
+        for sub in module.modules():
+            for param in sub._parameters.values():
+                if param is not None:
+                    seen.setdefault(id(param), param)
     return list(seen.values())
 
 

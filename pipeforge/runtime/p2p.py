@@ -17,6 +17,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -91,9 +92,9 @@ def empty_header(device: torch.device) -> torch.Tensor:
     return torch.zeros(HEADER_LENGTH, dtype=torch.int64, device=device)
 
 
-@dataclass(frozen=True)
-class Transfer:
-    """One tensor to send to, or receive from, a peer (a group rank)."""
+class Transfer(NamedTuple):
+    """One tensor to send to, or receive from, a peer (a group rank). A NamedTuple: made for every
+    tensor a step moves, where a frozen dataclass's construction costs several times as much."""
 
     send: bool
     tensor: torch.Tensor
@@ -117,7 +118,9 @@ class Posted:
 
     def __init__(self, works: list, transfers: list[Transfer], label: object, rank: int, timeout: timedelta | None,
                  arrivals: list[tuple[torch.Tensor, torch.Tensor]] = ()):
-        if len(works) == len(transfers):  # one work per transfer (gloo): receives can be waited alone
+        if len(works) == 1 and len(transfers) == 1:  # one tensor (most of a schedule's messages, on gloo)
+            self._receives, self._sends = ([], works) if transfers[0].send else (works, [])
+        elif len(works) == len(transfers):  # one work per transfer (gloo): receives can be waited alone
             self._receives = [w for w, t in zip(works, transfers) if not t.send]
             self._sends = [w for w, t in zip(works, transfers) if t.send]
         else:

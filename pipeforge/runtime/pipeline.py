@@ -148,10 +148,12 @@ class Pipeline:
     def _preflight(self, training: bool, args, kwargs, target, losses, outputs, shared, per_stage) -> None:
         """The first ``step()`` (and the first ``eval()``) runs ``check`` with its arguments first, unless
         ``preflight`` is off or ``check`` passed already; it raises on every rank together."""
-        if not self.preflight or training in self._checked or self.data_parallel.hooks_compute:
+        if not self.preflight or training in self._checked:
             return
-        preflight.check(self, args, kwargs, target, shared, per_stage, training=training)
-        self._checked.update((training, False))
+        # data-parallel or FSDP stages (on any rank): the inputs alone, every rank alike
+        ran = preflight.check(self, args, kwargs, target, shared, per_stage, training=training,
+                              run_stages=not self.data_parallel.hooks_compute)
+        self._checked.update((training, False) if ran else (training,))
 
     def _step(self, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs) -> Any:
         self._sync_replicas()
@@ -259,7 +261,7 @@ class Pipeline:
         if self.holds_last and target is not None:
             device = self.transport.device
             ctx.targets = split_value(to_device(target, device), self.info.microbatches, f"rank {self.rank}: target")
-        named = named_tensors(args, kwargs, target, shared, per_stage, self.stages)
+        named = named_tensors(args, kwargs, target, shared, per_stage, self._stages)
         problem = self._rows.problem_known(named)
         if not problem and training:  # a recomputed stage 0 needs a tensor input to keep (runtime/saved.py)
             problem = unkept_inputs(self.info, self.rank, ctx.inputs, ctx.stage_inputs.get(0))
@@ -333,7 +335,7 @@ class Pipeline:
         shared = _keywords(shared, f"rank {self.rank}: shared_kwargs")
         per_stage = self._per_stage(per_stage)
         inputs = {}
-        for stage in self.stages:
+        for stage in self._stages:
             own = per_stage.get(stage, {})
             clash = sorted(set(shared) & set(own))
             if clash:

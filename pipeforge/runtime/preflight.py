@@ -28,14 +28,18 @@ REENTRANT = "CheckpointFunctionBackward"  # torch.utils.checkpoint(..., use_reen
 
 
 def check(pipeline, args: tuple, kwargs: dict, target: Any, shared: Any, per_stage: Any, *,
-          training: bool = True) -> None:
+          training: bool = True, run_stages: bool = True) -> bool:
     """``training``: the arguments of ``step()`` (False: of ``eval()``, whose target is optional and whose
-    backward is never split)."""
+    backward is never split). ``run_stages`` False on any rank: every rank checks the inputs alone (the
+    first step's automatic check of data-parallel stages); returns whether the stages ran."""
     prepared, problem = _prepare(pipeline, args, kwargs, target, shared, per_stage, training)
-    problems = _gather(pipeline, problem)
+    gathered = _gather(pipeline, (problem, run_stages))
+    problems = [p for p, _ in gathered]
     if any(problems):
         found = "; ".join(p for p in problems if p)
         raise PipelineUsageError(f"rank {pipeline.rank}: pipeline check: {found}")
+    if not all(runs for _, runs in gathered):
+        return False
     buffers = _buffers(pipeline)
     devices = [pipeline.transport.device] if pipeline.transport.device.type == "cuda" else []
     try:
@@ -43,6 +47,7 @@ def check(pipeline, args: tuple, kwargs: dict, target: Any, shared: Any, per_sta
             _run_stages(pipeline, prepared, training)
     finally:
         _restore(buffers)
+    return True
 
 
 def _prepare(pipeline, args, kwargs, target, shared, per_stage, training: bool) -> tuple[dict, str | None]:
@@ -62,7 +67,7 @@ def _prepare(pipeline, args, kwargs, target, shared, per_stage, training: bool) 
         return {}, str(error)
 
 
-def _gather(pipeline, problem: str | None) -> list[str | None]:
+def _gather(pipeline, problem: Any) -> list:
     found: list = [None] * pipeline.info.ranks
     dist.all_gather_object(found, problem, group=pipeline.transport.group)
     return found

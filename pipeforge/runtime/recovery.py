@@ -71,7 +71,7 @@ class StepStart:
         self.failed_last = False
         self.begun = False  # this call's communication began (what a failure must clean up after)
         self.told = False  # this call's record is on the store already
-        self.ended = 0  # the tag of the last step-end agreement (its keys are deleted at the next one)
+        self.agreed: tuple[int, ...] = ()  # the tags of the last two step-end agreements (``end``)
 
     def begin(self, transport: Transport, caches: ShapeCache, refusal: BaseException | None = None) -> ShapeCache:
         """The greeting, a fresh group if a rank failed; the shape cache the step uses. ``refusal``: why this
@@ -156,17 +156,21 @@ class StepStart:
         """The step-end agreement: every rank adds its outcome to one counter on the store. A rank whose step
         failed leaves at once; one whose step ran waits until every rank has added its own, and raises the
         failure of any other rank (a ``PeerStageError`` from its record), so no rank returns normally from a
-        step that failed elsewhere. Three store round trips on most ranks."""
+        step that failed elsewhere. Three store round trips on most ranks, two on the last to arrive (the
+        critical one); the first to arrive deletes the keys of the agreement before the last, which every rank
+        has read (each added to the last one since)."""
         if self.info.ranks == 1 or not transport.reconnectable or not transport.name:
             return
         store = _end_store(transport, transport.tag)
         try:
             value = store.add("n", 1 + FAILED * failed)
-            if value % FAILED == self.info.ranks:  # the last to arrive: release the others, forget the last step's
+            if value % FAILED == self.info.ranks:  # the last to arrive: release the others
                 store.set("done", str(value))
-                self._forget(transport)
-            elif not failed:
-                value = self._wait(transport, store)
+            else:
+                if value % FAILED == 1 and len(self.agreed) == 2:  # the first: it has time to tidy up
+                    self._forget(transport, self.agreed[0])
+                if not failed:
+                    value = self._wait(transport, store)
         except PipelineError:
             self.failed_last = True
             raise
@@ -177,7 +181,7 @@ class StepStart:
             raise PipelineError(f"rank {self.rank}: the agreement at the end of the step failed: "
                                 f"{backend_reason(error)}") from error
         finally:
-            self.ended = transport.tag
+            self.agreed = (*self.agreed[-1:], transport.tag)
         if failed or value < FAILED:
             return
         self.failed_last = True  # every rank meets in a fresh group at the next step's start
@@ -200,12 +204,10 @@ class StepStart:
                                 ) from error
         return int(store.get("done"))
 
-    def _forget(self, transport: Transport) -> None:
-        """The last agreement's keys: every rank has read them, since every rank has added to this one."""
-        if self.ended:
-            old = _end_store(transport, self.ended)
-            old.delete_key("n")
-            old.delete_key("done")
+    def _forget(self, transport: Transport, tag: int) -> None:
+        old = _end_store(transport, tag)
+        old.delete_key("n")
+        old.delete_key("done")
 
 
 FAILED = 1 << 32  # what a rank whose step failed adds to the step-end counter (beside the one every rank adds)

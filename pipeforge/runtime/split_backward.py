@@ -97,7 +97,8 @@ class SplitBackward:
         accumulators = self._accumulator_nodes(params)
         root_nodes = [n for n in map(grad_node, roots) if n is not None]
         graph = walk(root_nodes)
-        if any(type(node).__name__ == COMPILED_NODE for node in graph.nodes):
+        kinds = {type(node).__name__ for node in graph.nodes}
+        if COMPILED_NODE in kinds:
             return _fused_input_pass(roots, root_grads, inputs)
         weights = graph.positions(accumulators)
         stale = [i for i, at in enumerate(weights) if at < 0]
@@ -107,6 +108,8 @@ class SplitBackward:
         inputs_at = graph.positions([grad_node(t) for t in inputs])
         layout = self.layout(graph, graph.positions(root_nodes), inputs_at, weights)
         plan = _plan(layout, graph, params, accumulators, roots, root_grads)
+        if REGION_NODE in kinds:
+            plan.note = SPLIT_NOTE
         return _run_input_pass(plan, roots, root_grads, inputs), plan
 
     def layout(self, graph: Graph, roots: tuple[int, ...], inputs: tuple[int, ...], weights: tuple[int, ...]) -> Layout:
@@ -139,7 +142,10 @@ class SplitBackward:
 
 
 COMPILED_NODE = "CompiledFunctionBackward"  # AOTAutograd's node: a torch.compile'd region of the graph
-FUSED_NOTE = "compiled region: the whole backward at I (input and weight gradients are one node's), W empty"
+FUSED_NOTE = ("compiled region: the whole backward at I (input and weight gradients are one node's), W empty "
+              "(pipeforge.models.compiled.split_backend compiles regions that split)")
+REGION_NODE = "SplitRegionBackward"  # a region compiled with pipeforge.models.compiled.split_backend
+SPLIT_NOTE = "compiled regions split: their input-gradient graphs at I, their weight-gradient graphs at W"
 
 
 def _fused_input_pass(roots: tuple[torch.Tensor, ...], root_grads: tuple,

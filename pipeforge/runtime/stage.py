@@ -72,7 +72,7 @@ class PeerRefusedError(PeerStageError, PipelineUsageError):
     that do not split like the batch): its message, with ``failed_rank`` naming it."""
 
 
-@dataclass
+@dataclass(slots=True)
 class MicrobatchState:
     """What a stage keeps for one microbatch between its forward and its backward."""
 
@@ -110,7 +110,7 @@ class StageRunner:
             with torch.set_grad_enabled(training):
                 return self.forward(mb, args, target, training, kwargs)
         if not self.is_first:
-            args = tuple(_as_leaf(a, training) for a in args)
+            args = tuple([_as_leaf(a, training) for a in args])
         try:
             result = self.module(*args, **kwargs) if kwargs else self.module(*args)
             output, aux = unwrap_aux(result, self.name) if isinstance(result, WithAuxLoss) else (result, None)

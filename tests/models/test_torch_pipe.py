@@ -5,9 +5,10 @@ and with eager attention, a hand-written Llama, a model whose head reads the
 embedding) chained give the model's own output bit for bit at 1 to 4 stages;
 values a later stage needs ride through the stages between; torch's replicated
 tied weight is the ``tied_parameters`` group. On 4 and 2 gloo ranks
-(``torch_pipe_jobs``): losses, every gradient after each of two steps and every
-parameter after two SGD steps equal torch's own runtime on the same split
-(GPT-2; where torch runs it) bit for bit and the unpipelined model to rounding.
+(``torch_pipe_jobs``): losses, every gradient after each of two steps, every
+parameter after two SGD steps and eval's outputs then equal torch's own runtime
+on the same split (where torch runs it) bit for bit and the unpipelined model
+to rounding; the slow tier runs every library schedule with GPT-2.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 import pipeforge
 from pipeforge.errors import UsageError
 from pipeforge.generator import codegen
+from pipeforge.library import names
 from pipeforge.tools.launch import spawn
 from tests.models import torch_pipe_jobs as jobs
 from tests.models.torch_pipe_jobs import Case
@@ -48,6 +50,20 @@ def test_chained_stages_give_the_models_output_bit_for_bit(family, stages):
     with torch.no_grad():
         assert torch.equal(chained(cut, tokens), own_output(model, tokens))
     assert sorted(cut.modules) == list(range(stages))
+
+
+def test_a_pipe_traced_in_training_mode_keeps_its_dropout_and_is_cut():
+    from torch.distributed.pipelining import SplitPoint, pipeline
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=jobs.VOCAB, n_embd=jobs.WIDTH, n_layer=2, n_head=4,
+                                       bos_token_id=0, eos_token_id=0, use_cache=False)).train()  # dropout 0.1
+    tokens = torch.zeros(jobs.ROWS, jobs.SEQ, dtype=torch.long)
+    pipe = pipeline(model, (tokens,), split_spec={"transformer.h.1": SplitPoint.BEGINNING})
+    cut = pipeforge.split(pipe, 2)  # its check runs the Pipe and the stages from one random state
+    with torch.no_grad():
+        assert not torch.equal(chained(cut, tokens), chained(cut, tokens))  # other masks each time
 
 
 def test_values_for_later_stages_ride_through_the_stages_between():
@@ -110,6 +126,25 @@ def test_what_a_pipe_cannot_take_is_refused(options, message):
         pipeforge.split(pipe, stages, **options)
 
 
+class TwoOutputs(jobs.LongSkip):
+    def forward(self, tokens):
+        first = h = self.embed(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h), first
+
+
+def test_a_model_output_made_before_the_last_stage_is_refused_naming_its_stage():
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    model = TwoOutputs().to(torch.float64)
+    pipe = pipeline(model, (torch.zeros(jobs.ROWS, jobs.SEQ, dtype=torch.long),),
+                    split_spec={"layers.2": SplitPoint.BEGINNING})
+    with pytest.raises(UsageError, match=r"the model's output holds output\[1\] of stage 0, not computed by the "
+                                         r"last stage \(1\)"):
+        pipeforge.split(pipe, 2)
+
+
 def test_a_pipe_that_torch_itself_split_wrong_is_refused_before_training():
     """HF Llama through torch 2.13's pipeline(): its rotary, run under no_grad, is outlined into a module torch
     then calls without its inputs; torch's own Pipe fails, and split says so instead of a rank failing later."""
@@ -140,20 +175,42 @@ TWO_RANKS = [("1f1b", "gpt2", "Schedule1F1B"), ("gpipe", "gpt2", "ScheduleGPipe"
              ("zbv", "tiny-llama", None), ("interleaved-zb", "long-skip", None)]
 
 
-def cases(ranks: int, out_dir) -> list[Case]:
+def cases(ranks: int, out_dir, every: bool = False) -> list[Case]:
+    """The representative set, or (``every``) every library schedule with GPT-2, compared with unpipelined."""
+    chosen = [(name, "gpt2", None) for name in names()] if every else FOUR_RANKS if ranks == 4 else TWO_RANKS
     found = []
-    for name, family, torch_schedule in FOUR_RANKS if ranks == 4 else TWO_RANKS:
-        path = str(codegen(pipeforge.load(name, defines={"P": ranks, "M": 4}), out_dir / name))
+    for name, family, torch_schedule in chosen:
+        path = str(codegen(load(name, ranks), out_dir / name))
         found.append(Case(f"{name} {family}", family, path, torch_schedule))
     return found
+
+
+def load(name: str, ranks: int):
+    for microbatches in (4, 2 * ranks):
+        try:
+            return pipeforge.load(name, defines={"P": ranks, "M": microbatches})
+        except pipeforge.SemanticError:
+            continue
+    raise AssertionError(f"{name} accepts neither M=4 nor M={2 * ranks}")
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("ranks", [4, 2])
 def test_pipe_splits_train_as_torchs_runtime_and_the_unpipelined_model(ranks, tmp_path):
-    chosen = cases(ranks, tmp_path)
-    outcomes = spawn("tests.models.torch_pipe_jobs:run_cases", ranks, chosen, timeout=90, deadline=800)
+    assert_as_torch_and_unpipelined(ranks, cases(ranks, tmp_path), deadline=800)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("ranks", [4, 2])
+def test_every_library_schedule_trains_a_gpt2_pipe_as_the_unpipelined_model(ranks, tmp_path):
+    assert_as_torch_and_unpipelined(ranks, cases(ranks, tmp_path, every=True), deadline=1400)
+
+
+def assert_as_torch_and_unpipelined(ranks: int, chosen: list[Case], deadline: float) -> None:
+    outcomes = spawn("tests.models.torch_pipe_jobs:run_cases", ranks, chosen, timeout=120, deadline=deadline)
     assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
     failures = []
     for i, case in enumerate(chosen):

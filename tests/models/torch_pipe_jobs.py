@@ -9,8 +9,8 @@ torch's replicated parameters all-reduced by hand, as torch leaves that to the
 user); and unpipelined (microbatch after microbatch, each loss divided by their
 number, as ``scale_grads`` does). Each rank reports the largest relative
 difference of the losses, of every gradient of its stages after each step and
-of every parameter after the steps, against torch's runtime and against the
-unpipelined model.
+of every parameter after the steps, and of ``eval``'s merged outputs then,
+against torch's runtime and against the unpipelined model.
 """
 
 from __future__ import annotations
@@ -133,20 +133,20 @@ class LateInput(LongSkip):
         return self.head(h * scale)
 
 
-def build(family: str, seed: int = 0) -> nn.Module:
+def build(family: str, seed: int = 0, layers: int = LAYERS) -> nn.Module:
     torch.manual_seed(seed)
     if family in ("gpt2", "gpt2-eager"):
         from transformers import GPT2Config, GPT2LMHeadModel
 
         # sdpa (the default) takes a boolean mask; eager an additive float one, which torch's runtime cannot
         # send to more than one stage ("Backward of skip connections not supported yet")
-        config = GPT2Config(vocab_size=VOCAB, n_embd=WIDTH, n_layer=LAYERS, n_head=4, n_positions=4 * SEQ,
+        config = GPT2Config(vocab_size=VOCAB, n_embd=WIDTH, n_layer=layers, n_head=4, n_positions=4 * SEQ,
                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                             attn_implementation="eager" if family == "gpt2-eager" else "sdpa",
                             bos_token_id=0, eos_token_id=0, use_cache=False)
         model = GPT2LMHeadModel(config)
     else:
-        model = {"tiny-llama": TinyLlama, "long-skip": LongSkip, "late-input": LateInput}[family]()
+        model = {"tiny-llama": TinyLlama, "long-skip": LongSkip, "late-input": LateInput}[family](layers)
     return model.to(torch.float64).train()
 
 
@@ -158,7 +158,8 @@ def torch_pipe(model: nn.Module, family: str, stages: int):
     """torch's ``pipeline()`` split of ``model`` into ``stages`` at layer boundaries, traced on a microbatch."""
     from torch.distributed.pipelining import SplitPoint, pipeline
 
-    spec = {f"{layer_prefix(family)}.{LAYERS * s // stages}": SplitPoint.BEGINNING for s in range(1, stages)}
+    layers = len(model.get_submodule(layer_prefix(family)))
+    spec = {f"{layer_prefix(family)}.{layers * s // stages}": SplitPoint.BEGINNING for s in range(1, stages)}
     tokens, extra, _ = batch(family, 1, 0)
     return pipeline(model, (tokens,), extra, split_spec=spec)
 
@@ -193,7 +194,7 @@ def run_case(rank: int, nproc: int, case: Case) -> Reports:
     generated = load_module(case.module_path)
     info = generated.SCHEDULE
     owned = generated.stages_of_rank(rank)
-    model = build(case.family)
+    model = build(case.family, layers=max(LAYERS, info.stages))
     cut = pipeforge.split(torch_pipe(copy.deepcopy(model), case.family, info.stages), info, owned=owned)
     pipe = generated.make_pipeline(cut.modules, loss_fn=loss_fn, tied_parameters=cut.tied_parameters, timeout=60)
     report = Reports(case.label, rank)
@@ -206,6 +207,8 @@ def run_case(rank: int, nproc: int, case: Case) -> Reports:
         want_losses, want_grads = unpipelined_step(model, tokens, extra, target, info.microbatches)
         torch_losses, torch_grads = torch_run.step(tokens, target)
         for m, loss in enumerate(losses):
+            if loss is None:  # a bidirectional schedule finished microbatch m on the other chain's rank
+                continue
             report.add("unpipelined", f"step {step} loss {m}", loss, want_losses[m])
             if torch_losses is not None:
                 report.add("torch", f"step {step} loss {m}", loss, torch_losses[m])
@@ -218,6 +221,7 @@ def run_case(rank: int, nproc: int, case: Case) -> Reports:
                 if torch_grads is not None:
                     report.add("torch", what, param.grad, torch_grads[stage, name])
         sgd(pipe.parameters())
+    compare_eval(pipe, model, torch_run, case, info.microbatches, report)
     for stage, module in cut.modules.items():
         for name, param in module.named_parameters():
             what = f"stage {stage} {name} after {case.steps} steps"
@@ -225,6 +229,23 @@ def run_case(rank: int, nproc: int, case: Case) -> Reports:
             if torch_run.ran:
                 report.add("torch", what, param, torch_run.parameter(stage, name))
     return report
+
+
+def compare_eval(pipe, model: nn.Module, torch_run: TorchRun, case: Case, microbatches: int,
+                 report: Reports) -> None:
+    """``eval`` after the steps: the merged outputs against torch's ``schedule.eval`` and the model's own."""
+    tokens, extra, target = batch(case.family, microbatches, 99)
+    got = pipe.eval(*((tokens,) if pipe.holds_first else ()), **(extra if pipe.holds_first else {}))
+    theirs = torch_run.eval(tokens, target)
+    with torch.no_grad():
+        pieces = [model(x, **{name: value.tensor_split(microbatches)[m] for name, value in extra.items()})
+                  for m, x in enumerate(tokens.tensor_split(microbatches))]
+        want = torch.cat([getattr(piece, "logits", piece) for piece in pieces])
+    if not pipe.holds_last:
+        return
+    report.add("unpipelined", "eval outputs", got, want)
+    if theirs is not None:
+        report.add("torch", "eval outputs", got, theirs)
 
 
 def unpipelined_step(model: nn.Module, tokens, extra: dict, target, microbatches: int):
@@ -271,6 +292,13 @@ class TorchRun:
         sgd(p for s in self.owned for p in self.pipe.get_stage_module(s).parameters())
         self.ran = True
         return (losses if self.last else None), grads
+
+    def eval(self, tokens, target):
+        if self.case.torch_schedule is None:
+            return None
+        # torch's eval computes the loss on the last stage whenever a loss_fn is set: it needs the target
+        return self.schedule.eval(*((tokens,) if self.first else ()), target=target if self.last else None,
+                                  losses=[] if self.last else None)
 
     def all_reduce_replicated(self) -> None:
         """torch's ``pipe.replicated_params`` (a tied weight's copies): their gradients summed, as torch asks."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +17,9 @@ import pipeforge.testing as pt
 from pipeforge.errors import PipeforgeError
 from pipeforge.ir import CostModel, MemorySpec
 from benchmarks.zb_profiles import TABLE_5
-from pipeforge.ir import Action
+from pipeforge.ir import Action, ActionKind
+from pipeforge.optimizer.exact import solve_exact
+from pipeforge.semantics import split
 from pipeforge.optimizer.evaluate import Graph, Problem, evaluate, schedule_of
 from pipeforge.optimizer.memory_actions import optimize_memory, per_microbatch, recompute_bound
 from pipeforge.optimizer.recompute_greedy import recompute_orders
@@ -105,3 +109,32 @@ def test_per_microbatch_beats_full_recompute_at_half_the_memory():
     bound = recompute_span(graph, memory)
     assert bound.max_span <= span and bound.max_span <= pipeforge.simulate(full, row.costs).makespan
     assert bound.ranks[0][1] > 0  # the limit forces recompute on rank 0
+
+
+def test_exact_search_chooses_the_recompute_with_a_proven_bound():
+    """Small instance: z3 decides the order and which (stage, microbatch) to recompute; its bound holds for
+    every recompute set (each set's own optimum, found by exact search on that set's work, is not below)."""
+    memory = MemorySpec(1.0, 0.5, checkpoint=0.05)
+    schedule = replace(pipeforge.load("1f1b", defines={"P": 2, "M": 2}), memory=memory)
+    costs = CostModel(F=2, I=2, W=1, comm=0.5)
+    result, choice = optimize_memory(schedule, recompute="auto", costs=costs, memory_limit=1.0, time_limit=30,
+                                     strategy="exact")
+    assert "exact" in choice.tried and verify(result.schedule).valid and result.optimal
+    assert result.span_bound == pytest.approx(result.after.max_span)
+    problem = Problem.of(schedule, costs, 1.0)
+    plain = [a for _, _, a in schedule.actions()]
+    work = [part for a in plain for part in split(a)]
+    keys = [(a.stage, a.microbatch) for a in work if a.kind.value == "F"]
+    closed = 0
+    for chosen in itertools.chain.from_iterable(itertools.combinations(keys, n) for n in range(len(keys) + 1)):
+        graph = Graph(problem, work + [Action(s, ActionKind.R, m) for s, m in chosen])
+        # one microbatch at a time on each rank: it always fits a limit of one activation
+        start = tuple(graph.ids(Action(r, kind, m) for m in range(2) for kind in (ActionKind.F, ActionKind.R,
+                                                                               ActionKind.I, ActionKind.W)
+                                if kind is not ActionKind.R or (r, m) in chosen) for r in range(2))
+        assert evaluate(graph, start).fits(1.0)
+        found = solve_exact(graph, start, 0.0, time_limit=10)
+        if found.optimal:  # the best schedule recomputing ``chosen`` is not below the bound
+            closed += 1
+            assert found.upper_bound >= result.span_bound - 1e-9
+    assert closed > 0

@@ -1,12 +1,13 @@
 """torch.compile'd stage modules under the library schedules, split backward included.
 
-A compiled region is one autograd node (AOTAutograd's ``CompiledFunctionBackward``)
-whose backward computes input and weight gradients together, once (its donated
-buffers forbid running it again). Where a schedule splits the backward of such a
-graph, I runs the stage's whole backward and W nothing, and the step trace's I
-event says so. The gradients must equal the uncompiled modules' in float64.
-``aot_eager`` is the compile backend here: the same AOTAutograd node as inductor,
-without a C++ toolchain and the minutes inductor needs per graph on a loaded CPU.
+Compiled plainly, a region is one autograd node (AOTAutograd's ``CompiledFunctionBackward``)
+whose backward computes input and weight gradients together, once (its donated buffers forbid
+running it again): where a schedule splits the backward of such a graph, I runs the stage's
+whole backward and W nothing, and the step trace's I event says so. Compiled with
+``split_backend`` (GPT-2 and Llama stage sets, every decoder layer a region), I runs the
+regions' input-gradient graphs and W their weight-gradient graphs, and the trace says that.
+Gradients equal the eager stages' bit for bit with ``aot_eager`` in float64, and within rounding
+with inductor in float32.
 """
 
 from __future__ import annotations
@@ -72,3 +73,74 @@ def test_compiled_stages_give_the_eager_gradients_under_every_split_schedule():
     for name in SCHEDULES:  # every split I of a stage with inputs says what it did; 1F1B has none
         notes = sorted({note for outcome in outcomes for note in outcome.value[f"{name} I notes"]})
         assert notes == ([] if name == "1f1b" else [FUSED_NOTE]), (name, notes)
+
+
+def compiled_stage_sets(rank: int, nproc: int, job: dict) -> dict:
+    """GPT-2 or Llama stages with every decoder layer compiled by ``split_backend(job["backend"])``, against
+    the same stages eager, one step of every schedule: the largest relative gradient difference, the I labels."""
+    import copy
+
+    import torch
+
+    from pipeforge.models import TokenMeanLoss
+    from pipeforge.models.compiled import split_backend
+    from pipeforge.tools.generated import load_module
+    from tests.models import families
+
+    torch.set_num_threads(1)
+    torch._dynamo.config.cache_size_limit = 64
+    dtype = getattr(torch, job["dtype"])
+    found: dict = {}
+    for name, path in job["paths"].items():
+        module = load_module(path)
+        info, mine = module.SCHEDULE, module.stages_of_rank(rank)
+        cut = pipeforge.split(families.build(job["family"], layers=max(families.LAYERS, info.stages)).to(dtype),
+                              info, owned=mine, seed=5)
+        eager = cut.modules
+        compiled = copy.deepcopy(eager)
+        for stage in compiled.values():
+            for key, layer in stage.layers.items():
+                stage.layers[key] = torch.compile(layer, backend=split_backend(job["backend"]), dynamic=False)
+        tokens, mask, target = families.batch(job["family"], 2 * info.microbatches, seed=1)
+        grads, notes = {}, set()
+        for key, stages in (("eager", eager), ("compiled", compiled)):
+            loss_fn = TokenMeanLoss()
+            pipe = module.make_pipeline(stages, loss_fn=loss_fn, tied_parameters=cut.tied_parameters, timeout=300)
+            pipe.trace = key == "compiled"
+            pipe.step(*((tokens,) if pipe.holds_first else ()), shared_kwargs={"attention_mask": mask},
+                      target=loss_fn.batch(target) if pipe.holds_last else None)
+            grads[key] = [p.grad for s in mine for p in stages[s].parameters()]
+            if pipe.trace:
+                notes = {e.label for e in pipe.last_trace.events if e.kind == "I" and e.stage != 0}
+        assert all(g is not None for g in grads["compiled"]), name
+        found[name] = max(((a - b).abs().max() / b.abs().max().clamp(min=1e-30)).item()
+                          for a, b in zip(grads["compiled"], grads["eager"]))
+        found[f"{name} I notes"] = sorted(notes)
+    return found
+
+
+# aot_eager in float64: bit for bit (GPT-2; Llama too, 156 s under load, left out of CI); inductor in float32
+# within its rounding, both families (256 s and 547 s on the loaded 2-core machine, cold caches)
+STAGE_SETS = [("gpt2", "aot_eager", "float64", 0.0), ("gpt2", "inductor", "float32", 1e-4),
+              ("llama", "inductor", "float32", 1e-4)]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("family,backend,dtype,tolerance", STAGE_SETS)
+def test_compiled_gpt_and_llama_stage_sets_split_around_their_regions(family, backend, dtype, tolerance):
+    from pipeforge.runtime.split_backward import SPLIT_NOTE
+
+    with tempfile.TemporaryDirectory() as out:
+        paths = {name: str(codegen(pipeforge.load(name, defines={"P": 2, "M": MICROBATCHES}), f"{out}/{name}"))
+                 for name in SCHEDULES}
+        job = {"paths": paths, "family": family, "backend": backend, "dtype": dtype}
+        outcomes = spawn(compiled_stage_sets, 2, job, timeout=600, deadline=1400)
+    assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
+    for outcome in outcomes:
+        worst = {name: outcome.value[name] for name in SCHEDULES}
+        assert all(v <= tolerance for v in worst.values()), worst
+    for name in SCHEDULES:
+        notes = sorted({note for outcome in outcomes for note in outcome.value[f"{name} I notes"]})
+        assert notes == ([] if name == "1f1b" else [SPLIT_NOTE]), (name, notes)

@@ -139,3 +139,12 @@ def test_views_of_one_storage_come_back_as_views_of_one_copy():
     assert len(copies) == 2 and copies[0].numel() == 4 * 8 * 8  # rows 1..4 of the base: the bytes they reach
     assert len({t.untyped_storage().data_ptr() for t in moved[:3]}) == 1
     assert all(t.untyped_storage().data_ptr() != base.untyped_storage().data_ptr() for t in moved[:3])
+
+
+def test_tensors_that_are_no_plain_views_are_copied_as_they_are():
+    z = torch.randn(3, 2, dtype=torch.complex128)
+    sparse = torch.eye(3, dtype=torch.float64).to_sparse()
+    tensors = [z.conj(), z, sparse]
+    moved, _, copies = move(HostCopies(), tensors, torch.device("cpu"))
+    assert torch.equal(moved[0].resolve_conj(), z.conj().resolve_conj()) and torch.equal(moved[1], z)
+    assert torch.equal(moved[2].to_dense(), sparse.to_dense()) and len(copies) == 3

@@ -101,3 +101,33 @@ def test_a_refused_step_reaches_every_rank_at_once_with_its_message(tmp_path, ra
             quoted = own["error"].removeprefix(f"rank {victim}: ")
             assert report["error"].startswith(f"rank {outcome.rank}: rank {victim} refused this step: {quoted} "
                                               f"(this rank learned it here: rank {outcome.rank}: "), report
+
+
+def keys_after_steps(rank: int, nproc: int, path: str) -> list[int]:
+    """The default store's key count after 3 and after 13 steps (the step-end agreement's keys are deleted)."""
+    import torch.distributed as dist
+
+    from pipeforge.tools import demo_models as models
+    from pipeforge.tools.generated import load_module
+
+    generated = load_module(path)
+    info = generated.SCHEDULE
+    full = models.build_stages("mlp", info.stages, seed=0)
+    pipe = generated.make_pipeline({s: full[s] for s in info.stages_of(rank)}, loss_fn=models.loss_fn, timeout=WAIT)
+    x, y = models.make_batch(info.stages, 8, seed=0)
+    counts = []
+    for steps in (3, 10):
+        for _ in range(steps):
+            pipe.step(*((x,) if pipe.holds_first else ()), target=y if pipe.holds_last else None)
+        dist.barrier()
+        counts.append(dist.distributed_c10d._get_default_store().num_keys())
+        dist.barrier()
+    return counts
+
+
+def test_the_step_end_agreement_leaves_no_keys_behind(tmp_path):
+    path = str(codegen(pipeforge.load("1f1b", defines={"P": 2, "M": 4}), tmp_path / "gen.py"))
+    outcomes = spawn(keys_after_steps, 2, path, timeout=WAIT, deadline=120)
+    assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
+    early, late = outcomes[0].value
+    assert late <= early, (early, late)  # the keys of old agreements are deleted: no growth with the steps

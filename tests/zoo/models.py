@@ -10,8 +10,9 @@
 - ``tied``: the GPT with its LM head tied to the token embedding (the same
   parameter in the unpipelined model; named in ``tied_parameters`` when the
   first and last stages live on different ranks);
-- ``gpt-dropout`` (not in ``MODELS``): the GPT with dropout 0.3 in every block,
-  compared under ``make_pipeline(rng_seed=...)`` (``tests/zoo/test_zoo_dropout.py``).
+- ``gpt-dropout`` and ``tied-dropout`` (not in ``MODELS``): the GPT and the tied
+  GPT with dropout 0.3 in every block, compared under
+  ``make_pipeline(rng_seed=...)`` (``tests/zoo/test_zoo_dropout.py``).
 
 ``build(model, stages, seed)`` returns the stage modules (stage 0 embeds, the
 last stage ends with the head); ``batch(...)`` the tokens, the targets and the
@@ -165,7 +166,9 @@ def DropoutGptBlock() -> GptBlock:
     return GptBlock(DROPOUT)
 
 
-BLOCKS = {"gpt": GptBlock, "llama": LlamaBlock, "moe": MoeBlock, "tied": GptBlock, "gpt-dropout": DropoutGptBlock}
+BLOCKS = {"gpt": GptBlock, "llama": LlamaBlock, "moe": MoeBlock, "tied": GptBlock, "gpt-dropout": DropoutGptBlock,
+          "tied-dropout": DropoutGptBlock}
+TIED_MODELS = ("tied", "tied-dropout")
 
 
 def build(model: str, stages: int, seed: int = 0) -> list[nn.Module]:
@@ -173,7 +176,7 @@ def build(model: str, stages: int, seed: int = 0) -> list[nn.Module]:
     torch.manual_seed(seed)
     built = [Stage([BLOCKS[model]()], Embed() if s == 0 else None, Head() if s == stages - 1 else None)
              for s in range(stages)]
-    if model == "tied":
+    if model in TIED_MODELS:
         built[-1].head.out.weight = built[0].embed.tokens.weight
     return [stage.double() for stage in built]
 
@@ -182,7 +185,7 @@ TIED = [(0, "embed.tokens.weight"), (-1, "head.out.weight")]
 
 
 def tied_parameters(model: str, stages: int) -> list[list[tuple[int, str]]]:
-    if model != "tied":
+    if model not in TIED_MODELS:
         return []
     return [[(stage % stages, name) for stage, name in TIED]]
 
@@ -194,7 +197,7 @@ def batch(model: str, rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor,
     if model == "llama":
         offsets = torch.randint(0, 3, (rows, 1), generator=generator)
         every_stage = {"positions": offsets + torch.arange(SEQ)}
-    elif model in ("gpt", "tied", "gpt-dropout"):
+    elif model in ("gpt", "gpt-dropout", *TIED_MODELS):
         lengths = torch.randint(1, SEQ + 1, (rows, 1), generator=generator)
         every_stage = {"padding": torch.arange(SEQ) >= lengths}
     else:

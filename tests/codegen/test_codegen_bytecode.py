@@ -1,0 +1,78 @@
+"""Rank modules compiled in worker processes (pipeforge.bytecode): the same code as compiling here, the
+first source that does not compile named, and the bytecode codegen writes is what Python imports."""
+
+from __future__ import annotations
+
+import importlib.util
+import marshal
+import sys
+
+import pytest
+
+from pipeforge import bytecode, load
+from pipeforge.bytecode import CompileError, Compiling
+from pipeforge.generator import codegen, rank_folder
+
+
+def sources(count: int, lines: int) -> list[tuple[str, str]]:
+    body = "".join(f"    ctx.forward({i % 7}, {i})  # {i}F0 x.pipe:1:1 step {i}\n" for i in range(lines))
+    return [(f"/nowhere/rank_{r}.py", f"def rank_{r}(ctx):\n{body}    ctx.rank = {r}\n") for r in range(count)]
+
+
+@pytest.fixture
+def parallel(monkeypatch):
+    monkeypatch.setattr(bytecode, "PARALLEL_FROM", 0)  # workers even for small sources (the tests stay quick)
+
+
+def test_workers_give_the_code_compiled_here(parallel):
+    given = sources(5, 300)
+    with Compiling(given, jobs=2) as compiling:
+        assert len(compiling.workers) == 2
+        codes = compiling.codes()
+    for (filename, text), code in zip(given, codes, strict=True):
+        assert marshal.loads(code) == compile(text, filename, "exec", dont_inherit=True)
+        assert marshal.loads(code).co_filename == filename
+
+
+def test_no_job_or_small_sources_compile_here(parallel):
+    with Compiling(sources(3, 10), jobs=0) as compiling:
+        assert compiling.workers == []
+        assert len(compiling.codes()) == 3
+
+
+def test_small_sources_compile_here():
+    with Compiling(sources(3, 10), jobs=4) as compiling:
+        assert compiling.workers == []
+        assert len(compiling.codes()) == 3
+
+
+@pytest.mark.parametrize("jobs", [0, 1, 2])
+def test_the_first_source_that_does_not_compile_is_named(parallel, jobs):
+    given = sources(4, 20)
+    given[2] = (given[2][0], given[2][1] + "    ctx.forward(1,\n")
+    with Compiling(given, jobs=jobs) as compiling, pytest.raises(CompileError) as raised:
+        compiling.codes()
+    assert raised.value.index == 2 and "never closed" in raised.value.message
+
+
+def test_a_worker_that_dies_leaves_its_share_to_this_process(parallel):
+    given = sources(4, 50)
+    with Compiling(given, jobs=2) as compiling:
+        compiling.workers[0][0].kill()
+        codes = compiling.codes()
+    assert [marshal.loads(code) for code in codes] == [compile(t, f, "exec", dont_inherit=True) for f, t in given]
+
+
+def test_codegen_writes_the_bytecode_python_imports(tmp_path, parallel, monkeypatch):
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    path = codegen(load("zbv", defines={"P": 2, "M": 4}), tmp_path, jobs=2)
+    folder = rank_folder(path)
+    for rank in range(2):
+        source = folder / f"rank_{rank}.py"
+        cached = importlib.util.cache_from_source(str(source))
+        data = open(cached, "rb").read()
+        assert data[:4] == importlib.util.MAGIC_NUMBER
+        assert marshal.loads(data[16:]) == compile(source.read_text(), str(source.resolve()), "exec",
+                                                   dont_inherit=True)
+        stat = source.stat()  # what the importer checks before it takes the cache (else it compiles again)
+        assert data[4:16] == bytes(4) + int(stat.st_mtime).to_bytes(4, "little") + stat.st_size.to_bytes(4, "little")
