@@ -100,6 +100,18 @@ def test_the_tied_embedding_and_head_are_one_group_under_the_models_names():
     assert cut.modules[0].get_parameter("transformer.wte.weight") is not cut.modules[3].get_parameter("lm_head.weight")
 
 
+def test_stages_a_rank_does_not_own_go_with_the_pipe():
+    import gc
+    import weakref
+
+    pipe = jobs.torch_pipe(jobs.build("gpt2"), "gpt2", 4)
+    other = weakref.ref(pipe.get_stage_module(2).get_parameter("transformer.h.2.attn.c_attn.weight"))
+    cut = pipeforge.split(pipe, 4, owned=[0])
+    del pipe
+    gc.collect()
+    assert other() is None and sorted(cut.modules) == [0]
+
+
 def test_a_generated_modules_schedule_gives_the_stage_count(tmp_path):
     from pipeforge.tools.generated import load_module
 
