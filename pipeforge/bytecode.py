@@ -1,11 +1,14 @@
 """Bytecode of generated modules: compiled in worker processes while the caller goes on, and cached.
 
-``Compiling(sources, jobs)`` starts compiling ``(filename, text)`` pairs (``jobs`` worker processes of this
-same interpreter, ``python -I -S``, each given a share of the sources through a temporary file; at most one
-in-process compile for small inputs, one core, or where no worker can start); ``codes()`` waits and
-returns each source's code as ``marshal`` bytes, in order, or raises ``CompileError`` naming the first
-source that does not compile. Leaving the ``with`` block early stops the workers. ``write_cached(source,
-code)`` writes the ``__pycache__`` file of a written source (PEP 552's timestamp form, as ``py_compile``).
+``Compiling(sources, jobs, busy)`` starts compiling ``(filename, text)`` pairs in ``jobs`` worker
+processes of this same interpreter (``python -I -S``, each handed its share through a temporary file;
+by default one per core this process may use but one, kept for the caller's own work, ``busy``: codegen
+verifies there, then compiles what the workers were not given). With no worker (``jobs=0``, one core,
+small inputs, or where none can start) the sources compile in this process when their codes are asked
+for. ``codes()`` returns each source's code as ``marshal`` bytes, in order, or raises ``CompileError``
+naming the first source that does not compile; leaving the ``with`` block stops the workers.
+``write_cached(source, code)`` writes a written source's ``__pycache__`` file (PEP 552's timestamp
+form, as ``py_compile``).
 """
 
 from __future__ import annotations
@@ -53,12 +56,14 @@ class CompileError(Exception):
 class Compiling:
     """The sources being compiled (a context manager: its end stops the workers that are still running)."""
 
-    def __init__(self, sources: list[tuple[str, str]], jobs: int | None = None):
+    def __init__(self, sources: list[tuple[str, str]], jobs: int | None = None, busy: float = 0.0):
+        """``busy``: the caller's own work meanwhile, as a fraction of compiling every source here; the
+        workers are given that much less, which the caller compiles once done (so both end together)."""
         self.sources = sources
         self.workers: list[tuple[subprocess.Popen, IO[bytes], list[int]]] = []
-        jobs = available_cores() if jobs is None else jobs
-        if jobs > 1 and len(sources) > 1 and sum(len(text) for _, text in sources) >= PARALLEL_FROM:
-            self.start(min(jobs, len(sources)))
+        jobs = available_cores() - 1 if jobs is None else jobs
+        if jobs > 0 and sum(len(text) for _, text in sources) >= PARALLEL_FROM:
+            self.start(min(jobs, len(sources)), min(1.0, jobs * (1.0 + busy) / (jobs + 1)))
 
     def __enter__(self) -> Compiling:
         return self
@@ -66,13 +71,19 @@ class Compiling:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self, jobs: int) -> None:
+    def start(self, jobs: int, given: float) -> None:
+        """Workers for the largest sources, ``given`` of all their text (the rest stays here)."""
         shares: list[list[int]] = [[] for _ in range(jobs)]
         sizes = [0] * jobs
+        left = given * sum(len(text) for _, text in self.sources)
         for index in sorted(range(len(self.sources)), key=lambda i: -len(self.sources[i][1])):
+            if left <= 0:
+                break
             least = sizes.index(min(sizes))  # the largest source next to the least loaded worker
             shares[least].append(index)
             sizes[least] += len(self.sources[index][1])
+            left -= len(self.sources[index][1])
+        shares = [share for share in shares if share]
         for share in shares:
             try:
                 self.workers.append(self.started(sorted(share)))

@@ -173,6 +173,21 @@ def _with_recompute_bound(result: OptimizeResult, plain: Schedule, costs: CostMo
     return replace(result, span_bound=bound, bound=bubble_of_span(graph, bound), gap=gap, optimal=gap <= 1e-6)
 
 
+def _dropped_where_room(graph: Graph, order: Order, evaluation: Evaluation) -> tuple[Graph, Order, Evaluation]:
+    """``order`` without the R whose activations fit from their F on all the same (``recompute_greedy``'s
+    ``kept_where_room``), as an order of its own graph, where that is better; else as it is."""
+    keys = [tuple(graph.actions[a] for a in seq) for seq in order]
+    kept = [recompute_greedy.kept_where_room(graph.problem, seq) for seq in keys]
+    if kept == keys:
+        return graph, order, evaluation
+    smaller = Graph(graph.problem, [a for seq in kept for a in seq])
+    shorter = tuple(smaller.ids(seq) for seq in kept)
+    found = evaluate(smaller, shorter)
+    if found is None or not found.fits(graph.problem.memory_limit) or found.key() >= evaluation.key():
+        return graph, order, evaluation
+    return smaller, shorter, found
+
+
 def exact_recompute(plain: Schedule, real: MemorySpec, units_costs: CostModel,
                     incumbent: tuple[Graph, Order, Evaluation], seconds: float) -> ExactResult | None:
     """z3 over every order of the split work with every (stage, microbatch) recomputed or not
@@ -238,7 +253,7 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
     rebuilt = max((memory.stage_activation(s) - memory.stage_checkpoint(s) for s in stages), default=0.0)
     largest = max((memory.stage_activation(s) for s in stages), default=1.0)
     actions = sum(1 for _ in plain.actions()) * 2
-    finish = 1.5 * finish_seconds(actions, 0.0)  # timing and verifying the chosen schedule (budget.py's estimate)
+    finish = 2 * finish_seconds(actions, 0.0)  # timing and verifying the chosen schedule (budget.py's estimate)
     deadline = started + max(0.0, time_limit - finish)
     candidates: list[tuple[OptimizeResult, str, bool]] = []
     units = integer_units(costs)
@@ -366,9 +381,8 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
     if placed is not None and left() > 0:  # the rest of the time: local search on the per-microbatch order
         graph, order, _ = placed
         found = local_search(graph, order, time_limit=left(0.3 if exact else 0.8))  # (then building its schedule)
-        offer("per-microbatch", replace(schedule_of(plain, graph, found.order), costs=costs),
-              timed=found.evaluation)
-        placed = (graph, found.order, found.evaluation)
+        placed = _dropped_where_room(graph, found.order, found.evaluation)
+        offer("per-microbatch", replace(schedule_of(plain, placed[0], placed[1]), costs=costs), timed=placed[2])
     if exact and placed is not None and left() > 0:
         tried.append("exact")
         searched = exact_recompute(plain, real, units.costs, placed, left(0.8))

@@ -150,7 +150,7 @@ def owned_stages(schedule: Schedule, rank: int) -> dict[int, frozenset[int]]:
 class Rounds:
     """The executed prefix: round of each executed step, and where each rank got stuck."""
 
-    executed: dict[Position, int]
+    executed: tuple[list[int | None], ...]  # per rank, per step index: the round it ran in (None: it did not)
     order: tuple[tuple[tuple[int, int], ...], ...]  # per rank: (round, step index) in order
     stuck_at: tuple[int, ...]  # per rank: first step index not executed (len(program) if done)
     count: int
@@ -160,10 +160,12 @@ def run_rounds(schedule: Schedule, graph: DependencyGraph) -> Rounds:
     """Lockstep rounds, event-driven: a rank is looked at again only when it ran or a producer it
     waits for ran, so the work grows with the steps, not with ranks times rounds."""
     steps = [compute_indices(program) for program in schedule.programs]
-    waits_of = graph.needs.get
-    needs = [[waits_of((rank, i), ()) for i in row] for rank, row in enumerate(steps)]
+    waits: list[dict[int, tuple[Position, ...]]] = [{} for _ in steps]  # per rank: step index -> its waits
+    for (rank, index), producers in graph.needs.items():
+        waits[rank][index] = producers
+    needs = [[waits[rank].get(i, ()) for i in row] for rank, row in enumerate(steps)]
     done = [0] * len(steps)  # per rank: how many of its compute steps ran
-    executed: dict[Position, int] = {}
+    executed: tuple[list[int | None], ...] = tuple([None] * len(program) for program in schedule.programs)
     order: list[list[tuple[int, int]]] = [[] for _ in steps]
     waiting: dict[Position, list[int]] = defaultdict(list)  # producer -> ranks blocked on it
     candidates = [rank for rank, row in enumerate(steps) if row]
@@ -172,7 +174,7 @@ def run_rounds(schedule: Schedule, graph: DependencyGraph) -> Rounds:
         ran = []
         for rank in candidates:  # every executed entry is from an earlier round here
             for producer in needs[rank][done[rank]]:
-                if producer not in executed:
+                if executed[producer[0]][producer[1]] is None:
                     waiting[producer].append(rank)
                     break
             else:
@@ -183,7 +185,7 @@ def run_rounds(schedule: Schedule, graph: DependencyGraph) -> Rounds:
         for rank in ran:
             n = done[rank]
             index = steps[rank][n]
-            executed[(rank, index)] = round_no
+            executed[rank][index] = round_no
             order[rank].append((round_no, index))
             done[rank] = n + 1
             if n + 1 < len(steps[rank]):
@@ -310,13 +312,13 @@ def round_groups(graph: DependencyGraph, rounds: Rounds, ranks: int) -> list[dic
     alike (FIFO-consistent), and even split into groups of one (a torch CSV has
     no groups) the ops meet pair by pair in that global order without deadlock.
     """
-    groups: list[dict[int, list[Action]]] = [{} for _ in range(ranks)]
+    groups: list[dict[int, list[Action]]] = [defaultdict(list) for _ in range(ranks)]
     executed = rounds.executed
     for send, recv, producer, consumer in graph.transfers:
-        round_no = executed.get(producer)
+        round_no = executed[producer[0]][producer[1]]
         if round_no is not None:
-            groups[producer[0]].setdefault(round_no, []).append(send)
-            groups[consumer[0]].setdefault(round_no, []).append(recv)
+            groups[producer[0]][round_no].append(send)
+            groups[consumer[0]][round_no].append(recv)
     return groups
 
 
@@ -325,7 +327,10 @@ def round_groups(graph: DependencyGraph, rounds: Rounds, ranks: int) -> list[dic
 
 def emit_remainder(writer: ProgramWriter, schedule: Schedule, graph: DependencyGraph, rounds: Rounds) -> None:
     """Lower what the rounds could not run: receives just in time, sends in FIFO order."""
-    pending = [t for t in graph.transfers if t.producer not in rounds.executed]
+    if all(stuck >= len(program) for stuck, program in zip(rounds.stuck_at, schedule.programs, strict=True)):
+        return  # every rank ran to its end: every producer ran, nothing is pending
+    executed = rounds.executed
+    pending = [t for t in graph.transfers if executed[t.producer[0]][t.producer[1]] is None]
     recv_before: dict[Position, list[CarriedEdge]] = defaultdict(list)
     send_after: dict[Position, list[tuple[int, int, CarriedEdge]]] = defaultdict(list)
     for (src, dst), lane in lanes(pending).items():

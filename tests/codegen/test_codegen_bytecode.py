@@ -34,15 +34,19 @@ def test_workers_give_the_code_compiled_here(parallel):
         assert marshal.loads(code).co_filename == filename
 
 
-def test_one_job_or_small_sources_compile_here():
+def test_no_job_or_small_sources_compile_here(parallel):
+    with Compiling(sources(3, 10), jobs=0) as compiling:
+        assert compiling.workers == []
+        assert len(compiling.codes()) == 3
+
+
+def test_small_sources_compile_here():
     with Compiling(sources(3, 10), jobs=4) as compiling:
         assert compiling.workers == []
         assert len(compiling.codes()) == 3
-    with Compiling(sources(3, 10), jobs=1) as compiling:
-        assert compiling.workers == []
 
 
-@pytest.mark.parametrize("jobs", [1, 2])
+@pytest.mark.parametrize("jobs", [0, 1, 2])
 def test_the_first_source_that_does_not_compile_is_named(parallel, jobs):
     given = sources(4, 20)
     given[2] = (given[2][0], given[2][1] + "    ctx.forward(1,\n")

@@ -5,9 +5,10 @@ and with eager attention, a hand-written Llama, a model whose head reads the
 embedding) chained give the model's own output bit for bit at 1 to 4 stages;
 values a later stage needs ride through the stages between; torch's replicated
 tied weight is the ``tied_parameters`` group. On 4 and 2 gloo ranks
-(``torch_pipe_jobs``): losses, every gradient after each of two steps and every
-parameter after two SGD steps equal torch's own runtime on the same split
-(GPT-2; where torch runs it) bit for bit and the unpipelined model to rounding.
+(``torch_pipe_jobs``): losses, every gradient after each of two steps, every
+parameter after two SGD steps and eval's outputs then equal torch's own runtime
+on the same split (where torch runs it) bit for bit and the unpipelined model
+to rounding; the slow tier runs every library schedule with GPT-2.
 """
 
 from __future__ import annotations
@@ -97,6 +98,18 @@ def test_the_tied_embedding_and_head_are_one_group_under_the_models_names():
     for (stage, name), model_name in cut.names.items():
         assert model_name == name and torch.equal(cut.modules[stage].get_parameter(name), names[name])
     assert cut.modules[0].get_parameter("transformer.wte.weight") is not cut.modules[3].get_parameter("lm_head.weight")
+
+
+def test_stages_a_rank_does_not_own_go_with_the_pipe():
+    import gc
+    import weakref
+
+    pipe = jobs.torch_pipe(jobs.build("gpt2"), "gpt2", 4)
+    other = weakref.ref(pipe.get_stage_module(2).get_parameter("transformer.h.2.attn.c_attn.weight"))
+    cut = pipeforge.split(pipe, 4, owned=[0])
+    del pipe
+    gc.collect()
+    assert other() is None and sorted(cut.modules) == [0]
 
 
 def test_a_generated_modules_schedule_gives_the_stage_count(tmp_path):

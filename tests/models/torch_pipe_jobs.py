@@ -9,8 +9,8 @@ torch's replicated parameters all-reduced by hand, as torch leaves that to the
 user); and unpipelined (microbatch after microbatch, each loss divided by their
 number, as ``scale_grads`` does). Each rank reports the largest relative
 difference of the losses, of every gradient of its stages after each step and
-of every parameter after the steps, against torch's runtime and against the
-unpipelined model.
+of every parameter after the steps, and of ``eval``'s merged outputs then,
+against torch's runtime and against the unpipelined model.
 """
 
 from __future__ import annotations
@@ -221,6 +221,7 @@ def run_case(rank: int, nproc: int, case: Case) -> Reports:
                 if torch_grads is not None:
                     report.add("torch", what, param.grad, torch_grads[stage, name])
         sgd(pipe.parameters())
+    compare_eval(pipe, model, torch_run, case, info.microbatches, report)
     for stage, module in cut.modules.items():
         for name, param in module.named_parameters():
             what = f"stage {stage} {name} after {case.steps} steps"
@@ -228,6 +229,23 @@ def run_case(rank: int, nproc: int, case: Case) -> Reports:
             if torch_run.ran:
                 report.add("torch", what, param, torch_run.parameter(stage, name))
     return report
+
+
+def compare_eval(pipe, model: nn.Module, torch_run: TorchRun, case: Case, microbatches: int,
+                 report: Reports) -> None:
+    """``eval`` after the steps: the merged outputs against torch's ``schedule.eval`` and the model's own."""
+    tokens, extra, target = batch(case.family, microbatches, 99)
+    got = pipe.eval(*((tokens,) if pipe.holds_first else ()), **(extra if pipe.holds_first else {}))
+    theirs = torch_run.eval(tokens, target)
+    with torch.no_grad():
+        pieces = [model(x, **{name: value.tensor_split(microbatches)[m] for name, value in extra.items()})
+                  for m, x in enumerate(tokens.tensor_split(microbatches))]
+        want = torch.cat([getattr(piece, "logits", piece) for piece in pieces])
+    if not pipe.holds_last:
+        return
+    report.add("unpipelined", "eval outputs", got, want)
+    if theirs is not None:
+        report.add("torch", "eval outputs", got, theirs)
 
 
 def unpipelined_step(model: nn.Module, tokens, extra: dict, target, microbatches: int):
@@ -274,6 +292,13 @@ class TorchRun:
         sgd(p for s in self.owned for p in self.pipe.get_stage_module(s).parameters())
         self.ran = True
         return (losses if self.last else None), grads
+
+    def eval(self, tokens, target):
+        if self.case.torch_schedule is None:
+            return None
+        # torch's eval computes the loss on the last stage whenever a loss_fn is set: it needs the target
+        return self.schedule.eval(*((tokens,) if self.first else ()), target=target if self.last else None,
+                                  losses=[] if self.last else None)
 
     def all_reduce_replicated(self) -> None:
         """torch's ``pipe.replicated_params`` (a tied weight's copies): their gradients summed, as torch asks."""
