@@ -15,6 +15,7 @@ by the same thing (``ours``, as ``held`` reads it), or when forced.
 from __future__ import annotations
 
 import ast
+import errno
 import os
 import re
 import stat
@@ -35,6 +36,7 @@ LIMITS = {
     "cost file": 4 * MiB,  # simulate/optimize --costs
     "record": 4 * MiB,  # a rank's failure record (pipeforge diagnose)
     "output file": 4 * MiB,  # how much of a file at an output path is read to judge what it holds
+    "generated module": 64 * MiB,  # a module codegen wrote, read back by pipeforge diagnose (400,000 actions fit)
 }
 
 _KINDS = (
@@ -249,6 +251,11 @@ def write_outputs(outputs: list[tuple[str | os.PathLike, bytes | str]], *, force
     """``write_output`` for the files of one output together (``export``'s CSV and settings): every
     folder's lock taken (in one order), every file checked, then each written; one refused, none is."""
     payloads = [(Path(path), data.encode("utf-8") if isinstance(data, str) else data) for path, data in outputs]
+    seen: dict[str, Path] = {}
+    for target, _ in payloads:
+        other = seen.setdefault(os.path.realpath(target), target)
+        if other is not target:
+            raise UsageError(f"{str(other)!r} and {str(target)!r} name one file: each output needs its own")
     folders: dict[str, tuple[Path, str]] = {}
     for target, _ in payloads:
         folder = target.parent if str(target.parent) else Path(".")
@@ -292,7 +299,9 @@ def check_replaceable(target: Path, *, payload: bytes | None = None, ours: str |
     found = held(head) if head is not None and held is not None else None
     if found is not None and found == ours:
         return
-    if ours is None:
+    if not target.exists():
+        told = f"{name!r} is a symbolic link to {os.readlink(target)!r}, which does not exist"
+    elif ours is None:
         told = f"{name!r} exists and holds something other than what this writes"
     else:
         what = f"holds {found}" if found is not None else foreign
@@ -328,7 +337,9 @@ def refuse_special(target: Path, name: str) -> None:
     """Refuse (UsageError) to write ``target`` when it is a folder, FIFO, device or socket (links followed)."""
     try:
         info = target.stat()
-    except OSError:  # absent, a dangling link, ...: the rename decides
+    except OSError as error:  # absent, a dangling link, ...: the rename decides; a loop of links never will
+        if error.errno == errno.ELOOP:
+            raise UsageError(f"cannot write {name!r}: {error.strerror}; name a file") from None
         return
     if stat.S_ISDIR(info.st_mode):
         raise UsageError(f"cannot write {name!r}: it is a directory; name a file")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeforge.errors import Argument, Source, Span, UsageError, words
+from pipeforge.files import read_bounded
 from pipeforge.ir import Action, parse_action
 from pipeforge.runtime.records import FORMAT
 from pipeforge.semantics import RUNTIME_METHODS, partner, peer_stage
@@ -179,9 +180,9 @@ def check_together(records: list[dict], paths: list[Path]) -> None:
 def read_program(record: dict, module_override: str | None = None) -> list[Statement]:
     """The statements of the record's rank function, from the generated module that ran."""
     path = Path(module_override or record["module"] or "")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
+    try:  # a regular file within bounds: a FIFO or a device named here must not block or stream forever
+        text = read_bounded(path, "generated module").decode("utf-8")
+    except (UsageError, UnicodeDecodeError) as error:
         raise UsageError(words(f"rank {record['rank']}: cannot read the generated module {str(path)!r} that ran: "
                                f"{error}; name it with ", Argument("module"))) from None
     digest = record.get("module_sha256")
@@ -191,7 +192,10 @@ def read_program(record: dict, module_override: str | None = None) -> list[State
     try:
         tree = ast.parse(text, filename=str(path))
     except SyntaxError as error:
-        raise UsageError(f"{path!s}:{error.lineno}: not a Python module: {error.msg}") from None
+        where = f"{path!s}:{error.lineno}" if error.lineno else repr(str(path))
+        raise UsageError(f"{where}: not a Python module: {error.msg}") from None
+    except (ValueError, RecursionError, MemoryError):  # NUL bytes; nesting past the parser's own stack
+        raise UsageError(f"{str(path)!r}: not a Python module pipeforge wrote (it does not parse)") from None
     function = next((node for node in tree.body if isinstance(node, ast.FunctionDef)
                      and node.name == f"rank_{record['rank']}"), None)
     if function is None:
@@ -265,8 +269,8 @@ def find_source(name: str, folder: Path) -> Source | None:
     near = [folder, *list(folder.parents)[:3]]  # a rank's file sits in a folder beside the main module
     for candidate in (Path(name), *(place / name for place in near), library_dir() / Path(name).name):
         try:
-            return Source(name, candidate.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError):
+            return Source(name, read_bounded(candidate, "schedule file").decode("utf-8"))
+        except (UsageError, UnicodeDecodeError):  # missing, a FIFO or device, too large, not text
             continue
     return None
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.hostile.test_hostile_inputs import SUFFIX as FIRST_SUFFIX
+from tests.hostile.test_hostile_inputs import WRITERS as FIRST_WRITERS
 from tests.hostile.test_hostile_inputs import (
     BAD_INPUTS,
     IS_ROOT,
@@ -53,15 +55,29 @@ def here(request) -> Path:
 
 @pytest.mark.parametrize("command", sorted(WRITERS))
 @pytest.mark.parametrize("kind, message", [("fifo", "FIFO"), ("folder", "directory"),
-                                           ("device", "character device")])
+                                           ("device", "character device"),
+                                           ("loop", "Too many levels of symbolic links"),
+                                           ("dangling", "which does not exist")])
 def test_an_output_that_is_not_a_regular_file_is_refused_and_kept(command, kind, message, here):
     argv, suffix = WRITERS[command]
     out = here / f"sink{suffix}"
-    {"fifo": lambda: os.mkfifo(out), "folder": out.mkdir, "device": lambda: out.symlink_to("/dev/null")}[kind]()
+    {"fifo": lambda: os.mkfifo(out), "folder": out.mkdir, "device": lambda: out.symlink_to("/dev/null"),
+     "loop": lambda: out.symlink_to(out.name), "dangling": lambda: out.symlink_to("nowhere/x")}[kind]()
     before = snapshot(here)
     assert_refused(pipeforge(argv(out.name), here), message)
     assert snapshot(here) == before and os.path.lexists(out)
-    assert {"fifo": out.is_fifo, "folder": out.is_dir, "device": out.is_symlink}[kind]()
+    assert out.is_fifo() if kind == "fifo" else out.is_dir() if kind == "folder" else out.is_symlink()
+
+
+@pytest.mark.parametrize("command", sorted(FIRST_WRITERS))
+@pytest.mark.parametrize("kind, message", [("loop", "Too many levels of symbolic links"),
+                                           ("dangling", "which does not exist")])
+def test_an_output_that_is_a_link_loop_or_dangling_is_refused_and_kept(command, kind, message, here):
+    out = here / f"link{FIRST_SUFFIX[command]}"
+    out.symlink_to(out.name if kind == "loop" else "nowhere/x")
+    before = snapshot(here)
+    assert_refused(pipeforge(FIRST_WRITERS[command](out.name), here), message)
+    assert snapshot(here) == before and out.is_symlink()
 
 
 @pytest.mark.parametrize("command", sorted(set(WRITERS) - {"profile"}))  # profile measures first: minutes
@@ -172,3 +188,37 @@ def test_a_path_with_escape_bytes_is_printed_escaped(argv, here):
     again = pipeforge([*argv[:-1], argv[-1].replace("e\x1b", "nowhere/e\x1b")], here)
     if argv[0] not in ("codegen", "export"):  # those two make their output folder
         assert_refused(again, "does not exist")
+
+
+def test_two_outputs_of_one_command_on_one_file_are_refused(here):
+    argv = ["plan", "layers.json", "--ranks", "2", "--microbatches", "2", "-o", "p.pipe", "--layer-map", "./p.pipe"]
+    assert_refused(pipeforge(argv, here), "name one file")
+    assert not (here / "p.pipe").exists()
+
+
+@pytest.mark.parametrize("module, message", [
+    ("/dev/zero", "is a character device"), ("fifo.py", "is a FIFO"), ("folder.pipe", "is a directory"),
+    ("loop_a.pipe", "Too many levels of symbolic links"), ("big.pipe", "may hold at most 64 MiB"),
+    ("deep.py", "not a Python module"), ("nul.py", "not a Python module: source code string cannot contain null"),
+])
+def test_diagnose_reads_the_module_a_record_names_within_bounds(module, message, here):
+    """``pipeforge diagnose`` reads the generated module each record (or ``--module``) names: a FIFO there once
+    blocked it, /dev/zero streamed without end, a deeply nested file overflowed the parser."""
+    from pipeforge.errors import UsageError
+    from pipeforge.tools.diagnose import read_program
+
+    os.mkfifo(here / "fifo.py")
+    with open(here / "big.pipe", "r+b") as big:
+        big.truncate(65 << 20)
+    (here / "deep.py").write_text("x = " + "-" * 1_000_000 + "1\n")  # past the parser's own stack
+    (here / "nul.py").write_bytes(b"x = 1\0\n")
+    with pytest.raises(UsageError, match=message):
+        read_program({"rank": 0, "module": str(here / module)})
+
+
+def test_diagnose_looks_for_sources_past_what_is_not_a_bounded_regular_file(here):
+    from pipeforge.tools.diagnose import find_source
+
+    for name in ("fifo.pipe", "zero.pipe", "big.pipe", "loop_a.pipe", "folder.pipe"):
+        assert find_source(name, here) is None
+    assert find_source("small.pipe", here).text.startswith("schedule tiny")

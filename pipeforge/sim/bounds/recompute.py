@@ -12,10 +12,11 @@ The argument: ``docs/bounds.md`` (Recompute).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeforge.ir import ActionKind, MemorySpec
-from pipeforge.sim.bounds.work import busy_per_rank, work_bound
+from pipeforge.semantics import bubble_rate
+from pipeforge.sim.bounds.work import WorkBound, busy_per_rank, work_bound
 from pipeforge.sim.workgraph import WorkGraph
 
 _F, _B, _I, _R = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.R
@@ -41,6 +42,20 @@ def recompute_span(graph: WorkGraph, memory: MemorySpec) -> RecomputeBound:
     busy = busy_per_rank(graph)
     ranks = tuple(_rank_span(graph, memory, r, busy[r], limit) for r in range(graph.shape.ranks))
     return RecomputeBound(max(free, max((span for span, _ in ranks), default=0.0)), limit, ranks)
+
+
+def with_forced_recompute(bound: WorkBound, graph: WorkGraph, memory: MemorySpec) -> WorkBound:
+    """``bound`` (a ``work_bound`` with no memory limit: its arguments hold whatever is recomputed) with
+    each rank's forced-recompute span (``RankSpan.recompute``) and the worst span raised to the largest."""
+    found = recompute_span(graph, memory)
+    if not found.ranks:
+        return bound
+    ranks = tuple(replace(r, recompute=found.ranks[r.rank][0]) if r.rank < len(found.ranks) else r
+                  for r in bound.ranks)
+    span = max(bound.max_span, max((r.span for r in ranks), default=0.0))
+    busy = [r.busy for r in ranks]
+    return WorkBound(span, bubble_rate(sum(busy) / len(busy) if busy else 0.0, span), memory.limit, ranks,
+                     bound.fill)
 
 
 def _stages(graph: WorkGraph, r: int) -> list[tuple[int, int, int]]:
@@ -113,4 +128,4 @@ def _rank_span(graph: WorkGraph, memory: MemorySpec, r: int, busy: float, limit:
     return high, forced
 
 
-__all__ = ["RecomputeBound", "recompute_span", "round_trip"]
+__all__ = ["RecomputeBound", "recompute_span", "round_trip", "with_forced_recompute"]
