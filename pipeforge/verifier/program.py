@@ -84,8 +84,8 @@ class Program:
 
     @cached_property
     def compute(self) -> frozenset[ActionKey]:
-        """Every compute action of the program (of the slots that are not groups: a step never mixes
-        communication with other actions), found in C; made once, asked by several checks."""
+        """Every compute action of the program, found in C (``COMPUTE_KINDS`` by each action's kind);
+        made once, asked by several checks."""
         keys = list(_flatten(map(_acts_of, _flatten(self.slots))))
         return frozenset(compress(keys, map(COMPUTE_KINDS.__contains__, map(_kind_of, keys))))
 
