@@ -62,7 +62,7 @@ class Compiling:
         self.sources = sources
         self.workers: list[tuple[subprocess.Popen, IO[bytes], list[int]]] = []
         jobs = available_cores() - 1 if jobs is None else jobs
-        if jobs > 0 and sum(len(text) for _, text in sources) >= PARALLEL_FROM:
+        if jobs > 0 and sys.executable and sum(len(text) for _, text in sources) >= PARALLEL_FROM:
             self.start(min(jobs, len(sources)), min(1.0, jobs * (1.0 + busy) / (jobs + 1)))
 
     def __enter__(self) -> Compiling:

@@ -89,7 +89,7 @@ def run_codegen(name: str, defines: dict[str, int], out: Path, tree: Path = ROOT
         args += ["-D", f"{key}={value}"]
     before = os.times()
     started = time.perf_counter()
-    done = subprocess.run(args, capture_output=True, text=True, env=environment(tree), check=False)
+    done = subprocess.run(args, capture_output=True, text=True, env=environment(tree), cwd=tree, check=False)
     wall = time.perf_counter() - started
     after = os.times()
     if done.returncode != 0:
@@ -100,7 +100,7 @@ def run_codegen(name: str, defines: dict[str, int], out: Path, tree: Path = ROOT
 
 def probe_import(module: Path, rank: int, tree: Path = ROOT) -> dict:
     done = subprocess.run([sys.executable, "-c", IMPORT_PROBE, str(module), str(rank)], capture_output=True,
-                          text=True, env=environment(tree), check=False)
+                          text=True, env=environment(tree), cwd=tree, check=False)  # (cwd: python -c looks there first)
     if done.returncode != 0:
         raise SystemExit(f"importing rank {rank} of {module} failed: {done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

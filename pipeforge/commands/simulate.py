@@ -115,6 +115,9 @@ def _own_work_rate(timeline) -> str:
 
 
 def _work_limit_text(timeline) -> str:
+    if timeline.work_limit is None and timeline.recomputes_only and timeline.memory.limit is not None and \
+            timeline.within_memory_limit is not False:
+        return f"at most {timeline.memory.limit:g} M_B a rank, any (stage, microbatch) recomputed or not"
     if timeline.work_limit is None:
         return "any memory (this schedule recomputes or offloads)"
     own = " (this schedule's peak)" if timeline.memory.limit is None else ""

@@ -17,7 +17,7 @@ from typing import NamedTuple
 from pipeforge.errors import VerificationError
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step, as_action
 from pipeforge.semantics import PARAMETER_MEMORY, bubble_rate, effects_of, held_after_additions, split
-from pipeforge.sim.bounds import bubble_of_span, compute_bounds, work_bound
+from pipeforge.sim.bounds import bubble_of_span, compute_bounds, with_forced_recompute, work_bound
 from pipeforge.sim.costs import costs_to_json, resolve_costs
 from pipeforge.sim.workgraph import (Order, Shape, Times, WorkGraph, blocking_input, compile_actions, compile_schedule,
                                     peak_memory, time_order)
@@ -124,7 +124,11 @@ class Timeline:
     def work_bound(self):
         """The bound on every schedule of this work (``pipeforge.sim.bounds.WorkBound``, space 2 there)
         within the memory limit, else within this schedule's own peak: what ``optimize`` reports."""
-        return work_bound(self.split_work, self.work_limit)
+        bound = work_bound(self.split_work, self.work_limit)
+        # the recompute its limit forces (where this schedule itself keeps the limit, as for the memory bound)
+        if self.recomputes_only and self.memory.limit is not None and self.within_memory_limit is not False:
+            bound = with_forced_recompute(bound, self.split_work, self.memory)
+        return bound
 
     @property
     def work_bubble_rate(self) -> float:
@@ -142,6 +146,11 @@ class Timeline:
         if self.saves_memory:
             return None
         return self.memory.limit if self.memory.limit is not None else max(self.peak_memory, default=0.0)
+
+    @property
+    def recomputes_only(self) -> bool:
+        """The schedule recomputes some microbatch and offloads none (what ``with_forced_recompute`` covers)."""
+        return self.saves_memory and not any(a.kind is ActionKind.OFFLOAD for _, _, a in self.schedule.actions())
 
     @cached_property
     def saves_memory(self) -> bool:

@@ -89,6 +89,23 @@ def test_a_model_input_a_later_stage_reads_rides_from_stage_0():
         assert torch.equal(value, model(tokens, **extra))
 
 
+def test_a_padding_mask_traced_as_a_keyword_is_given_to_stage_0_by_name():
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    model = jobs.build("gpt2")
+    tokens = torch.randint(0, jobs.VOCAB, (jobs.ROWS, jobs.SEQ), generator=torch.Generator().manual_seed(2))
+    traced = torch.tensor([[1] * jobs.SEQ, [1] * 4 + [0] * (jobs.SEQ - 4)])
+    pipe = pipeline(copy.deepcopy(model), (tokens,), {"attention_mask": traced},
+                    split_spec={f"transformer.h.{i}": SplitPoint.BEGINNING for i in (1, 2, 3)})
+    cut = pipeforge.split(pipe, 4)
+    for mask in (traced, traced.flip(0)):  # the values may differ from the trace's, the shape not
+        with torch.no_grad():
+            value = cut.modules[0](tokens, attention_mask=mask)
+            for stage in (1, 2, 3):
+                value = cut.modules[stage](*value) if isinstance(value, tuple) else cut.modules[stage](value)
+            assert torch.equal(value, model(tokens, attention_mask=mask).logits)
+
+
 def test_the_tied_embedding_and_head_are_one_group_under_the_models_names():
     model = jobs.build("gpt2")
     cut = pipeforge.split(jobs.torch_pipe(copy.deepcopy(model), "gpt2", 4), 4, owned=[0, 3])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -11,6 +12,7 @@ import pipeforge
 import pipeforge.testing as pt
 from pipeforge.interop.chrome_trace import trace_events
 from pipeforge.ir import ActionKind, CostModel, MemorySpec
+from pipeforge.optimizer.memory_actions import optimize_memory
 from pipeforge.passes.recompute import offload, recompute
 from pipeforge.render.grid import render_text
 
@@ -110,3 +112,23 @@ def test_a_cost_file_gives_recompute_checkpoint_and_transfer_over_the_host_link(
     path.write_text(json.dumps({"host_bandwidth": 5, "stages": [{"F": 1, "I": 1, "W": 1}]}))
     with pytest.raises(CostFileError, match=r"\$\.host_bandwidth: needs 'activation'"):
         read_cost_file(path)
+
+
+@pytest.mark.parametrize("ranks, microbatches, fraction", [(2, 4, 0.5), (4, 8, 0.5), (4, 8, 0.75), (8, 24, 0.5)])
+def test_the_work_bound_of_a_recomputing_schedule_counts_the_recompute_its_limit_forces(ranks, microbatches,
+                                                                                         fraction):
+    """simulate's bound on schedules of this work that may recompute (sim/bounds/recompute.py): no lower than
+    with no memory argument, no higher than the schedule's own span or than what optimize finds."""
+    costs = CostModel(F=18.5, I=18.1, W=9.3, comm=0.6)
+    memory = MemorySpec(max(1.0, fraction * ranks), 0.37, checkpoint=0.05)
+    full = replace(pipeforge.load("1f1b-recompute", defines={"P": ranks, "M": microbatches}), memory=memory)
+    timeline = pipeforge.simulate(full, costs)
+    bound = timeline.work_bound
+    assert bound.max_span <= max(s.span for s in timeline.rank_stats) + 1e-9
+    free = pipeforge.simulate(replace(full, memory=replace(memory, limit=None)), costs).work_bound
+    assert bound.max_span >= free.max_span - 1e-9
+    plain = replace(pipeforge.load("1f1b", defines={"P": ranks, "M": microbatches}), memory=memory)
+    found, _ = optimize_memory(plain, recompute="auto", costs=costs, memory_limit=memory.limit, time_limit=2)
+    assert bound.max_span <= found.after.max_span + 1e-9
+    if ranks == 8:  # at 0.5p on 8 ranks the limit forces recompute on rank 0, and that argument binds
+        assert bound.argument == "forced recompute" and bound.ranks[0].recompute > bound.ranks[0].busy

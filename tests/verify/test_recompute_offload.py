@@ -88,7 +88,8 @@ def test_every_new_violation_points_at_its_step_with_a_caret(tmp_path):
 
 def test_recompute_everything_verifies_fast_at_64_by_256_by_2():
     """The interleaved 64 x 256 x 2 schedule with every (stage, microbatch) recomputed, and with every one
-    offloaded, verifies within 2x of the same schedule without them (the best of three of each)."""
+    offloaded, verifies within 2x of the same schedule without them (the best of three of each, in this
+    process's CPU time: other processes' load lengthens the wall clock of one run and not another)."""
     import time
 
     from pipeforge.passes.recompute import offload, recompute
@@ -98,9 +99,9 @@ def test_recompute_everything_verifies_fast_at_64_by_256_by_2():
     schedules = {"plain": plain, "recompute": recompute(plain), "offload": offload(plain)}
     for _ in range(3):  # interleaved, so that a burst of load elsewhere falls on all three alike
         for name, schedule in schedules.items():
-            started = time.perf_counter()
+            started = time.process_time()
             assert verify(schedule).valid
-            timed[name] = min(timed[name], time.perf_counter() - started)
+            timed[name] = min(timed[name], time.process_time() - started)
     assert timed["recompute"] <= 2 * timed["plain"] and timed["offload"] <= 2 * timed["plain"], timed
 
 

@@ -12,10 +12,11 @@ The argument: ``docs/bounds.md`` (Recompute).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from pipeforge.ir import ActionKind, MemorySpec
-from pipeforge.sim.bounds.work import busy_per_rank, work_bound
+from pipeforge.ir import ActionKind, CostModel, MemorySpec
+from pipeforge.semantics import bubble_rate
+from pipeforge.sim.bounds.work import WorkBound, busy_per_rank, work_bound
 from pipeforge.sim.workgraph import WorkGraph
 
 _F, _B, _I, _R = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.R
@@ -43,6 +44,20 @@ def recompute_span(graph: WorkGraph, memory: MemorySpec) -> RecomputeBound:
     return RecomputeBound(max(free, max((span for span, _ in ranks), default=0.0)), limit, ranks)
 
 
+def with_forced_recompute(bound: WorkBound, graph: WorkGraph, memory: MemorySpec) -> WorkBound:
+    """``bound`` (a ``work_bound`` with no memory limit: its arguments hold whatever is recomputed) with
+    each rank's forced-recompute span (``RankSpan.recompute``) and the worst span raised to the largest."""
+    found = recompute_span(graph, memory)
+    if not found.ranks:
+        return bound
+    ranks = tuple(replace(r, recompute=found.ranks[r.rank][0]) if r.rank < len(found.ranks) else r
+                  for r in bound.ranks)
+    span = max(bound.max_span, max((r.span for r in ranks), default=0.0))
+    busy = [r.busy for r in ranks]
+    return WorkBound(span, bubble_rate(sum(busy) / len(busy) if busy else 0.0, span), memory.limit, ranks,
+                     bound.fill)
+
+
 def _stages(graph: WorkGraph, r: int) -> list[tuple[int, int, int]]:
     """(chain, stage, forwards) of each stage rank r runs F of."""
     counts: dict[tuple[int, int], int] = {}
@@ -53,14 +68,19 @@ def _stages(graph: WorkGraph, r: int) -> list[tuple[int, int, int]]:
 
 
 def round_trip(graph: WorkGraph, chain: int, stage: int) -> float:
-    """The least time from the start of F(stage, m) to the end of its backward there: the forwards up to the
-    last stage, the backwards (the cheaper of I and B) down again, each link's latency both ways."""
-    costs, last = graph.costs, graph.shape.stages - 1
-    where = graph.shape.placements[chain].stage_to_rank
+    """The least time from the start of F(stage, m) to the end of its backward there (``trip_time``)."""
+    return trip_time(graph.costs, graph.shape.placements[chain].stage_to_rank, stage)
+
+
+def trip_time(costs: CostModel, stage_to_rank, stage: int) -> float:
+    """The least time from the start of an F of ``stage`` to the end of its backward there: the forwards
+    up to the last stage, the backwards (the cheaper of I and B) down again, each link's latency both
+    ways (between stages on different ranks)."""
+    last = len(stage_to_rank) - 1
     total = 0.0
     for t in range(stage, last + 1):
         total += costs.duration(_F, t) + min(costs.duration(_I, t), costs.duration(_B, t))
-        if t < last and where[t] != where[t + 1]:
+        if t < last and stage_to_rank[t] != stage_to_rank[t + 1]:
             total += costs.latency(t, t + 1) + costs.latency(t + 1, t)
     return total
 
@@ -113,4 +133,4 @@ def _rank_span(graph: WorkGraph, memory: MemorySpec, r: int, busy: float, limit:
     return high, forced
 
 
-__all__ = ["RecomputeBound", "recompute_span", "round_trip"]
+__all__ = ["RecomputeBound", "recompute_span", "round_trip", "trip_time", "with_forced_recompute"]

@@ -34,6 +34,8 @@ ARGUMENTS = {
     "through": "the work of another rank that lies between two of this rank's actions, run one at a time",
     "memory chain": "the rank's forwards, at most floor(limit) of them in flight, each held a round trip",
     "chunk chain": "the memory chain of a rank holding several stages, each microbatch holding all of them a while",
+    "forced recompute": "where any (stage, microbatch) may be recomputed: the rank's compute plus the recompute its "
+                        "limit forces, memory held over time within the limit (recompute.py)",
     "fill chain": "over all ranks: the idle the pipeline's fill forces before each rank's first backward, "
                   "shared out among the ranks as well as any schedule can (fill_chain.py)",
 }
@@ -53,15 +55,18 @@ class RankSpan:
     through_rank: int | None = None
     chain: float = 0.0
     chunks: float = 0.0
+    recompute: float = 0.0  # the forced recompute's (recompute.py), where the schedules may recompute
 
     @property
     def span(self) -> float:
-        return max(self.busy, self.round_trip, self.through, self.chain, self.chunks)
+        return max(self.busy, self.round_trip, self.through, self.chain, self.chunks, self.recompute)
 
     @property
     def argument(self) -> str:
-        """``busy``, ``round trip``, ``through rank q``, ``memory chain`` or ``chunk chain``: the argument
-        that gives ``span``."""
+        """``busy``, ``round trip``, ``through rank q``, ``memory chain``, ``chunk chain`` or ``forced
+        recompute``: the argument that gives ``span``."""
+        if self.recompute > max(self.busy, self.round_trip, self.through, self.chain, self.chunks) + TOLERANCE:
+            return "forced recompute"
         if self.chunks > max(self.busy, self.round_trip, self.through, self.chain) + TOLERANCE:
             return "chunk chain"
         if self.chain > max(self.busy, self.round_trip, self.through) + TOLERANCE:
@@ -73,7 +78,7 @@ class RankSpan:
     def to_json(self) -> dict:
         return {"rank": self.rank, "span": self.span, "argument": self.argument, "busy": self.busy,
                 "round_trip": self.round_trip, "through": self.through, "through_rank": self.through_rank,
-                "memory_chain": self.chain, "chunk_chain": self.chunks}
+                "memory_chain": self.chain, "chunk_chain": self.chunks, "forced_recompute": self.recompute}
 
 
 @dataclass(frozen=True)
@@ -91,7 +96,7 @@ class WorkBound:
     def scaled(self, factor: float) -> WorkBound:
         """The same bound with every time multiplied by ``factor``."""
         ranks = tuple(RankSpan(r.rank, r.busy * factor, r.round_trip * factor, r.through * factor, r.through_rank,
-                               r.chain * factor, r.chunks * factor) for r in self.ranks)
+                               r.chain * factor, r.chunks * factor, r.recompute * factor) for r in self.ranks)
         return WorkBound(self.max_span * factor, self.bubble_rate, self.memory_limit, ranks, self.fill * factor)
 
     @property
