@@ -19,6 +19,7 @@ from pipeforge.ir import ActionKind
 from pipeforge.optimizer.evaluate import TOLERANCE, Problem
 from pipeforge.optimizer.units import integer_units
 from pipeforge.semantics import ActionKey, effects_of, stage_effect
+from pipeforge.sim.bounds import trip_time
 
 F, I, W, R = (ActionKind.F.value, ActionKind.I.value, ActionKind.W.value,  # noqa: E741
               ActionKind.R.value)
@@ -49,18 +50,6 @@ SETTINGS = (Setting(1.0, 1, True), Setting(1.0, 1, True, even=False, by_trip=Tru
             Setting(1.0, 1, True, even=False), Setting(1.0, 2, True, even=False, by_trip=True),
             Setting(1.25, 2, True), Setting(1.25, 1, False), Setting(1.05, 1, True, even=False, by_trip=True),
             Setting(1.25, 2, True, even=False), Setting(1.0, 2, True), Setting(None, 1, False))
-
-
-def trip_time(costs, rank_of: list[int], stage: int) -> float:
-    """The least time from the start of an F of ``stage`` to the end of its I there (to the last stage and
-    back, each link's latency both ways)."""
-    last = len(rank_of) - 1
-    total = 0.0
-    for t in range(stage, last + 1):
-        total += costs.duration(ActionKind.F, t) + costs.duration(ActionKind.I, t)
-        if t < last and rank_of[t] != rank_of[t + 1]:
-            total += costs.latency(t, t + 1) + costs.latency(t + 1, t)
-    return total
 
 
 class NothingCanStart(Exception):

@@ -278,7 +278,10 @@ class _Search:
             self.offer(_Candidate(self.split, order, evaluation, found_by))
 
     def local(self, start: _Candidate | None, seconds: float, bound: float) -> None:
-        if start is None or seconds <= 0:
+        if start is None:
+            return
+        if seconds <= 0:  # the finish took all the time there was (a slow or loaded machine): that is a stop by time
+            self.stopped = "time"
             return
         self.tell(0.1, "local search")
         found = local_search(start.graph, start.order, time_limit=seconds, target=bound, progress=self.progress)
@@ -289,7 +292,10 @@ class _Search:
         """Keep B fused or split it per (stage, microbatch) (``fuse.py``), from the best order and the input:
         the fuse search with local search between its descents (``local``), else its descents alone."""
         seeds = [(c.graph, c.order) for c in (self.best, self.source) if c is not None]
-        if not seeds or self.left() <= 0:
+        if not seeds:
+            return
+        if self.left() <= 0:
+            self.stopped = "time"
             return
         self.tell(0.4, "fuse search: keep B whole or split it")
         found = FuseSearch(self.split, self.deadline, bound, self.progress).run(seeds, local=local)
@@ -302,7 +308,10 @@ class _Search:
         from pipeforge.optimizer.exact import TooLarge, solve_exact
 
         incumbent = self.best if self.best is not None and self.best.graph is self.split else None
-        if incumbent is None or seconds <= 0:
+        if incumbent is None:
+            return 0.0
+        if seconds <= 0:
+            self.stopped = "time"
             return 0.0
         self.tell(0.5, "exact search (z3)")
         small = len(self.split.actions) <= ASAP_ACTIONS

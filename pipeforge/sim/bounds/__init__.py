@@ -13,7 +13,7 @@ Import bounds from here. Why each holds: ``docs/bounds.md``.
 """
 
 from pipeforge.sim.bounds.fill_chain import fill_chain_forwards, fill_chain_span
-from pipeforge.sim.bounds.recompute import RecomputeBound, recompute_span, with_forced_recompute
+from pipeforge.sim.bounds.recompute import RecomputeBound, recompute_span, trip_time, with_forced_recompute
 from pipeforge.sim.bounds.orders import ORDERS_SPACE, Bounds, RankBound, compute_bounds
 from pipeforge.sim.bounds.work import (
     ARGUMENTS, WORK_SPACE, RankSpan, WorkBound, bubble_lower_bound, bubble_of_span, busy_per_rank,
@@ -24,5 +24,5 @@ __all__ = [
     "ARGUMENTS", "ORDERS_SPACE", "WORK_SPACE", "Bounds", "RankBound", "RankSpan", "WorkBound", "bubble_lower_bound",
     "bubble_of_span", "busy_per_rank", "RecomputeBound", "recompute_span", "compute_bounds", "fill_chain_forwards",
     "fill_chain_span", "memory_chain_spans", "rank_spans", "round_trip_idle", "span_lower_bound", "tail_work",
-    "through_spans", "with_forced_recompute", "work_bound",
+    "through_spans", "trip_time", "with_forced_recompute", "work_bound",
 ]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from pipeforge.ir import ActionKind, MemorySpec
+from pipeforge.ir import ActionKind, CostModel, MemorySpec
 from pipeforge.semantics import bubble_rate
 from pipeforge.sim.bounds.work import WorkBound, busy_per_rank, work_bound
 from pipeforge.sim.workgraph import WorkGraph
@@ -68,14 +68,19 @@ def _stages(graph: WorkGraph, r: int) -> list[tuple[int, int, int]]:
 
 
 def round_trip(graph: WorkGraph, chain: int, stage: int) -> float:
-    """The least time from the start of F(stage, m) to the end of its backward there: the forwards up to the
-    last stage, the backwards (the cheaper of I and B) down again, each link's latency both ways."""
-    costs, last = graph.costs, graph.shape.stages - 1
-    where = graph.shape.placements[chain].stage_to_rank
+    """The least time from the start of F(stage, m) to the end of its backward there (``trip_time``)."""
+    return trip_time(graph.costs, graph.shape.placements[chain].stage_to_rank, stage)
+
+
+def trip_time(costs: CostModel, stage_to_rank, stage: int) -> float:
+    """The least time from the start of an F of ``stage`` to the end of its backward there: the forwards
+    up to the last stage, the backwards (the cheaper of I and B) down again, each link's latency both
+    ways (between stages on different ranks)."""
+    last = len(stage_to_rank) - 1
     total = 0.0
     for t in range(stage, last + 1):
         total += costs.duration(_F, t) + min(costs.duration(_I, t), costs.duration(_B, t))
-        if t < last and where[t] != where[t + 1]:
+        if t < last and stage_to_rank[t] != stage_to_rank[t + 1]:
             total += costs.latency(t, t + 1) + costs.latency(t + 1, t)
     return total
 
@@ -128,4 +133,4 @@ def _rank_span(graph: WorkGraph, memory: MemorySpec, r: int, busy: float, limit:
     return high, forced
 
 
-__all__ = ["RecomputeBound", "recompute_span", "round_trip", "with_forced_recompute"]
+__all__ = ["RecomputeBound", "recompute_span", "round_trip", "trip_time", "with_forced_recompute"]
