@@ -5,8 +5,9 @@ into one stage per layer (``split(..., layers=[1] * L)``: stage 0 also embeds,
 the last stage also predicts), runs each stage through the runtime's own
 ``StageRunner`` (forward, then backward for inputs and for weights, as the
 split-backward schedules run them) on ``batch`` ``repeats`` times, and returns
-the median F, I, W of every layer (ms) and the bytes its forward leaves saved
-for backward (``activation``) and the bytes of its parameters (``parameters``). What
+the median F, I, W of every layer (ms), the bytes its forward leaves saved for
+backward as the runtime counts them (``activation``: ``runtime.saved.counted``, a
+parameter's storage excepted) and the bytes of its parameters (``parameters``). What
 stage 0 and the last stage take beyond the median layer is ``first`` and ``last``:
 the embedding's and the head's cost (stage 0's whole backward runs in its W).
 ``load_layer_model(path)`` reads the model file of ``pipeforge profile --per-layer``.
@@ -102,19 +103,18 @@ def _loss(output, target):
 
 
 def _round(runners, batch, kwargs, times, saved) -> None:
+    from pipeforge.runtime.saved import SavedBytes, counted
+
     value = batch
     for runner in runners:
-        counted = [0]
-
-        def pack(tensor, counted=counted):
-            counted[0] += tensor.numel() * tensor.element_size()
-            return tensor
-
+        # the runtime's own accounting (each saved tensor's bytes once, a parameter's storage not at all)
+        counter = SavedBytes()
+        parameters = {p.untyped_storage().data_ptr() for p in runner.module.parameters()}
         started = time.perf_counter()
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with counted(counter, parameters):
             value = runner.forward(0, (value,), None, True, kwargs)
         times[runner.stage]["F"].append(time.perf_counter() - started)
-        saved[runner.stage] = counted[0]
+        saved[runner.stage] = counter.held
     grads = None
     for runner in reversed(runners):
         started = time.perf_counter()
