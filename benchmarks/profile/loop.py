@@ -258,7 +258,8 @@ def plan_arm(args) -> int:
     load_before = os.getloadavg()
     print(f"{os.cpu_count()} cores; load average {' '.join(f'{x:.2f}' for x in load_before)}")
     layer_costs, plan_pipe = out / "layers.json", out / "plan.pipe"
-    print(pipeforge_cli("profile", args.model, "--per-layer", "--repeats", str(args.repeats), "-o", str(layer_costs)))
+    print(pipeforge_cli("profile", args.model, "--per-layer", "--microbatches", str(M), "--repeats", str(args.repeats),
+                        "-o", str(layer_costs)))  # each layer timed on one microbatch, as the ranks run it
     chosen = json.loads(pipeforge_cli("plan", str(layer_costs), "--ranks", str(P), "--microbatches", str(M),
                                       *(["--schedules", args.schedules] if args.schedules else []),
                                       "-o", str(plan_pipe), "--layer-map", str(out / "plan.layers.json"),

@@ -124,10 +124,15 @@ def _per_layer(args: argparse.Namespace) -> int:
     from pipeforge.models.profile import layer_costs, load_layer_model
     from pipeforge.plan import layer_costs_from_json
 
+    if args.microbatches is not None and args.microbatches < 1:
+        raise UsageError(f"--microbatches {args.microbatches}: expected at least 1")
     started = time.monotonic()
     found = load_layer_model(args.model)
-    data = layer_costs(found["model"], found["batch"], attention_mask=found.get("attention_mask"),
-                       repeats=args.repeats)
+    batch, mask = found["batch"], found.get("attention_mask")
+    if args.microbatches is not None:  # one microbatch's rows, as the pipeline will run each layer
+        batch, mask = microbatch_of(batch, args.microbatches, "batch"), \
+            None if mask is None else microbatch_of(mask, args.microbatches, "attention_mask")
+    data = layer_costs(found["model"], batch, attention_mask=mask, repeats=args.repeats)
     layer_costs_from_json(data, args.output)  # what we write, plan must read
     write_output(args.output, json.dumps(data, indent=2) + "\n", force=args.force)
     if args.json:
@@ -143,6 +148,14 @@ def _per_layer(args: argparse.Namespace) -> int:
     lines.append(f"wrote {printable(args.output)}")
     print("\n".join(lines))
     return Exit.OK
+
+
+def microbatch_of(tensor, microbatches: int, name: str):
+    """The first of ``microbatches`` row chunks of ``tensor`` (the runtime's split: rows divided as evenly as
+    they go), refused where there are fewer rows than microbatches."""
+    if tensor.shape[0] < microbatches:
+        raise UsageError(f"--microbatches {microbatches}: the model file's {name} has only {tensor.shape[0]} rows")
+    return tensor.tensor_split(microbatches)[0]
 
 
 def _check(args: argparse.Namespace) -> None:

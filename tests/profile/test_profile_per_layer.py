@@ -55,3 +55,20 @@ def test_stage_zeros_extra_counts_its_layers_input_backward_once():
     layer = {"F": 1.0, "I": 1.0, "W": 1.0}
     assert _first_extra({"F": 3.0, "I": 0.0, "W": 5.0}, layer) == {"F": 2.0, "I": 0.0, "W": 3.0}
     assert _first_extra({"F": 0.5, "I": 0.0, "W": 1.5}, layer) == {"F": 0.0, "I": 0.0, "W": 0.0}
+
+
+@pytest.mark.timeout(300)
+def test_per_layer_with_microbatches_times_one_microbatchs_rows(tmp_path, capsys):
+    """``--microbatches 4`` times each layer on a quarter of the file's 16 rows: the Linear's saved input is a
+    quarter as large (bytes, not times: steady under load); more microbatches than rows is refused."""
+    whole, quarter = tmp_path / "whole.json", tmp_path / "quarter.json"
+    assert main(["profile", MODEL, "--per-layer", "--repeats", "1", "-o", str(whole)]) == 0
+    assert main(["profile", MODEL, "--per-layer", "--repeats", "1", "--microbatches", "4", "-o", str(quarter)]) == 0
+    capsys.readouterr()
+    for big, small in zip(json.loads(whole.read_text())["layers"], json.loads(quarter.read_text())["layers"]):
+        assert small["activation"] * 4 == big["activation"], (small, big)
+        assert small["parameters"] == big["parameters"]
+    out = tmp_path / "none.json"
+    assert main(["profile", MODEL, "--per-layer", "--microbatches", "17", "-o", str(out)]) == 2
+    assert "--microbatches 17: the model file's batch has only 16 rows" in capsys.readouterr().err
+    assert not out.exists()
