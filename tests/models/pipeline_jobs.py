@@ -24,7 +24,7 @@ import pipeforge
 from pipeforge.models import TokenMeanLoss
 from pipeforge.tools.generated import load_module
 from tests.models import families
-from tests.zoo.harness import Report  # the largest differences, by name
+from tests.zoo.harness import Report, sgd  # the largest differences, by name; the SGD every reference uses
 
 SEED = 5
 
@@ -80,14 +80,6 @@ def run_case(rank: int, case: Case) -> Report:
             want = reference.params[cut.names[(stage, name)]]
             report.add(f"stage {stage} {name} after {case.steps} steps", param, want)
     return report
-
-
-def sgd(params, rate: float = 0.1) -> None:
-    with torch.no_grad():
-        for param in params:
-            if param.grad is not None:
-                param.sub_(param.grad, alpha=rate)
-            param.grad = None
 
 
 class Reference:

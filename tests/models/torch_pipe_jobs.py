@@ -25,7 +25,7 @@ from torch import nn
 
 import pipeforge
 from pipeforge.tools.generated import load_module
-from tests.zoo.harness import Report
+from tests.zoo.harness import Report, sgd
 
 VOCAB, SEQ, WIDTH, LAYERS, ROWS = 40, 6, 16, 4, 2
 
@@ -175,14 +175,6 @@ def batch(family: str, microbatches: int, step: int):
 
 def loss_fn(logits, target):
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
-
-
-def sgd(params, rate: float = 0.1) -> None:
-    with torch.no_grad():
-        for param in params:
-            if param.grad is not None:
-                param.sub_(param.grad, alpha=rate)
-            param.grad = None
 
 
 def run_cases(rank: int, nproc: int, cases: list[Case]) -> list[dict]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -135,7 +136,7 @@ def parameters(modules) -> list[torch.nn.Parameter]:
     return list({id(p): p for m in modules for p in m.parameters()}.values())
 
 
-def sgd(params: list[torch.nn.Parameter], rate: float = 0.1) -> None:
+def sgd(params: Iterable[torch.nn.Parameter], rate: float = 0.1) -> None:
     with torch.no_grad():
         for param in params:
             if param.grad is not None:
