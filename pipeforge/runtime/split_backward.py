@@ -53,6 +53,7 @@ class Layout:
 
     groups: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]  # (weights, frontier nodes) of each group
     from_outputs: tuple[int, ...]
+    released: tuple[int, ...] = ()  # the nodes W does not run: I frees their saved tensors
 
 
 @dataclass(frozen=True)
@@ -108,9 +109,10 @@ class SplitBackward:
         inputs_at = graph.positions([grad_node(t) for t in inputs])
         layout = self.layout(graph, graph.positions(root_nodes), inputs_at, weights)
         plan = _plan(layout, graph, params, accumulators, roots, root_grads)
-        if REGION_NODE in kinds:
-            plan.note = SPLIT_NOTE
-        return _run_input_pass(plan, roots, root_grads, inputs), plan
+        found = _run_input_pass(plan, roots, root_grads, inputs)
+        stuck = release_saved([graph.nodes[at] for at in layout.released])
+        plan.note = "; ".join(([SPLIT_NOTE] if REGION_NODE in kinds else []) + ([stuck] if stuck else []))
+        return found, plan
 
     def layout(self, graph: Graph, roots: tuple[int, ...], inputs: tuple[int, ...], weights: tuple[int, ...]) -> Layout:
         key = (graph.shape, roots, inputs, weights)
@@ -208,7 +210,34 @@ def analyse(shape: tuple[tuple[int, ...], ...], roots: tuple[int, ...], inputs: 
             below[node] = _weights_below(node, kids, below, weight_at)
     at_outputs = set().union(*(below[r] for r in roots if r in below))
     frontiers = {w: nodes for w, nodes in frontiers.items() if w not in at_outputs}
-    return Layout(_group_weights(frontiers), tuple(sorted(at_outputs)))
+    groups, from_outputs = _group_weights(frontiers), tuple(sorted(at_outputs))
+    run = _run_by_weight_pass(shape, roots, weight_at, groups, from_outputs)
+    return Layout(groups, from_outputs, tuple(n for n in range(len(shape)) if n not in run))
+
+
+def _run_by_weight_pass(shape: tuple[tuple[int, ...], ...], roots: tuple[int, ...], weight_at: dict[int, int],
+                        groups: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...],
+                        from_outputs: tuple[int, ...]) -> set[int]:
+    """The nodes W's engine calls run: for each call, the nodes below its start that reach one of its weights
+    (as the engine finds what it must execute). Their saved tensors are what W needs; I frees the others'."""
+    reach: dict[int, frozenset[int]] = {}
+    for node in _children_first(shape, roots):
+        reach[node] = _weights_below(node, shape[node], reach, weight_at)
+    starts = [(nodes, frozenset(weights)) for weights, nodes in groups]
+    if from_outputs:
+        starts.append((roots, frozenset(from_outputs)))
+    run: set[int] = set()
+    for nodes, wanted in starts:
+        seen: set[int] = set()
+        stack = [n for n in nodes if reach.get(n, frozenset()) & wanted]
+        while stack:
+            node = stack.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            stack += [k for k in shape[node] if k not in seen and reach[k] & wanted]
+        run |= seen
+    return run
 
 
 def _children_first(shape: tuple[tuple[int, ...], ...], roots: tuple[int, ...]) -> list[int]:
@@ -269,6 +298,80 @@ def _group_weights(frontiers: dict[int, list[int]]) -> tuple[tuple[tuple[int, ..
             owner[n] = w
     return tuple((tuple(weights), tuple(dict.fromkeys(n for m in weights for n in frontiers[m])))
                  for _, weights in sorted(members.items()))
+
+
+class Releasable:
+    """A saved tensor's packed value that I can free (``runtime/saved.py``'s, under its saved-tensor hooks)."""
+
+    __slots__ = ()
+
+    def free(self) -> None:
+        raise NotImplementedError
+
+
+_SAVED_FIELDS: dict[type, tuple[str, ...]] = {}  # a node type -> its saved tensors' attributes
+OPAQUE_NODES = ("CopySlices",)  # nodes that hold another node's saved tensors where Python cannot reach them
+
+
+def _saved_fields(node: Node) -> tuple[str, ...]:
+    kind = type(node)
+    names = _SAVED_FIELDS.get(kind)
+    if names is None:
+        names = _SAVED_FIELDS[kind] = tuple(n for n in dir(node) if n.startswith("_raw_saved_"))
+    return names
+
+
+def _dropped(_: torch.Tensor) -> None:
+    return None
+
+
+def _used_after_release(_: None) -> torch.Tensor:
+    raise RuntimeError("pipeforge: a saved tensor that the split backward's I released was used again "
+                       "(a node W was not expected to run)")
+
+
+def _free(saved) -> bool:
+    """Free one saved tensor (a ``torch._C._autograd.SavedTensor``); False where it cannot be (other hooks)."""
+    if getattr(saved, "unpack_hook", None) is None:  # no hooks (or a torch that does not say)
+        try:  # torch then keeps the saved value only through these hooks, which keep nothing
+            saved.register_hooks(_dropped, _used_after_release)
+            return True
+        except RuntimeError:  # already freed, or hooks are set
+            pass
+    try:
+        packed = getattr(saved, "data", None)  # under hooks: the packed value
+    except RuntimeError:  # freed
+        return True
+    if packed is None:  # nothing was saved there
+        return True
+    if isinstance(packed, Releasable):
+        packed.free()
+        return True
+    return False
+
+
+def release_saved(nodes: list[Node]) -> str:
+    """Free the saved tensors of ``nodes`` (the nodes W does not run, after I): "" where all went, else what
+    was kept (a node holding another's saved tensors, a saved tensor under someone else's hooks)."""
+    kept: dict[str, int] = {}
+    for node in nodes:
+        names = _saved_fields(node)
+        if not names:
+            if type(node).__name__ in OPAQUE_NODES:
+                kept[type(node).__name__] = kept.get(type(node).__name__, 0) + 1
+            continue
+        for name in names:
+            try:
+                value = getattr(node, name)
+            except RuntimeError:  # freed
+                continue
+            for saved in value if isinstance(value, (tuple, list)) else (value,):
+                if saved is not None and not _free(saved):
+                    kept[type(node).__name__] = kept.get(type(node).__name__, 0) + 1
+    if not kept:
+        return ""
+    what = ", ".join(f"{name} x{count}" if count > 1 else name for name, count in sorted(kept.items()))
+    return f"kept until W: saved tensors I cannot free ({what})"
 
 
 def _plan(layout: Layout, graph: Graph, params, accumulators: list[Node | None], roots, root_grads) -> WeightPlan:
