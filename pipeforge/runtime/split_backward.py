@@ -1,12 +1,13 @@
 """Backward split in two passes: I (gradients of the inputs) and W (gradients of the weights).
 
 ``SplitBackward`` (one per stage): ``backward_input`` (I) runs autograd from the stage's outputs to its
-inputs only and records the gradient at each weight's frontier node; ``accumulate_weight_gradients``
-(W) starts there and computes the weight gradients alone. I then W accumulates the same gradients as
-one full backward, for any module (weights told apart by identity, an unreached weight gets none,
-frozen weights and buffers are left alone), and nothing of I's work runs twice. How (frontier nodes,
-groups, what is kept between microbatches): ``docs/runtime-internals.md``; what it costs beside torch's:
-``benchmarks/runtime/split_backward.py``.
+inputs only and records the gradient at each weight's frontier node, then frees the saved tensors of
+every node W will not run (``release_saved``); ``accumulate_weight_gradients`` (W) starts at the
+frontier and computes the weight gradients alone. I then W accumulates the same gradients as one full
+backward, for any module (weights told apart by identity, an unreached weight gets none, frozen weights
+and buffers are left alone), and nothing of I's work runs twice. How (frontier nodes, groups, what I
+frees, what is kept between microbatches): ``docs/runtime-internals.md``; what it costs and holds
+beside torch's: ``benchmarks/runtime/split_backward.py``.
 """
 
 from __future__ import annotations
