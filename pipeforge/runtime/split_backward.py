@@ -46,6 +46,7 @@ class WeightPlan:
     root_grads: tuple
     whole: bool = False  # no input gradients wanted (a first stage): W is the stage's whole backward
     note: str = ""  # what the split did other than split (the step trace's label of the I)
+    calls: tuple[tuple[int, ...], ...] | None = None  # the one-node groups of each engine call (Layout.calls)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class Layout:
     groups: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]  # (weights, frontier nodes) of each group
     from_outputs: tuple[int, ...]
     released: tuple[int, ...] = ()  # the nodes W does not run: I frees their saved tensors
+    calls: tuple[tuple[int, ...], ...] = ()  # the groups with one frontier node, by engine call of W
 
 
 @dataclass(frozen=True)
@@ -213,7 +215,32 @@ def analyse(shape: tuple[tuple[int, ...], ...], roots: tuple[int, ...], inputs: 
     frontiers = {w: nodes for w, nodes in frontiers.items() if w not in at_outputs}
     groups, from_outputs = _group_weights(frontiers), tuple(sorted(at_outputs))
     run = _run_by_weight_pass(shape, roots, weight_at, groups, from_outputs)
-    return Layout(groups, from_outputs, tuple(n for n in range(len(shape)) if n not in run))
+    return Layout(groups, from_outputs, tuple(n for n in range(len(shape)) if n not in run),
+                  _engine_calls(shape, roots, groups))
+
+
+def _engine_calls(shape: tuple[tuple[int, ...], ...], roots: tuple[int, ...],
+                  groups: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]) -> tuple[tuple[int, ...], ...]:
+    """The groups with one frontier node, in as few engine calls as runs no node twice: a group's level is
+    one more than the highest level of a one-node group's frontier below its own (0 with none below), and
+    each level is one call. Two frontier nodes of one level never reach each other, so a call starting
+    at both runs what two calls would (any path from one to the other's weights passes the other's node:
+    it is that weight's only frontier), and nothing between them."""
+    single = {nodes[0]: g for g, (_, nodes) in enumerate(groups) if len(nodes) == 1}
+    if len(single) < 2:
+        return tuple((g,) for g in single.values())
+    highest: dict[int, int] = {}  # node -> the highest level of a one-node frontier at or below it (-1: none)
+    level: dict[int, int] = {}
+    for node in _children_first(shape, roots):
+        below = max((highest[k] for k in shape[node]), default=-1)
+        if node in single:
+            level[single[node]] = below + 1
+            below += 1
+        highest[node] = below
+    calls: dict[int, list[int]] = {}
+    for g in sorted(level):
+        calls.setdefault(level[g], []).append(g)
+    return tuple(tuple(gs) for _, gs in sorted(calls.items()))
 
 
 def _run_by_weight_pass(shape: tuple[tuple[int, ...], ...], roots: tuple[int, ...], weight_at: dict[int, int],
@@ -379,7 +406,7 @@ def _plan(layout: Layout, graph: Graph, params, accumulators: list[Node | None],
     groups = [WeightGroup([params[w] for w in weights], [graph.nodes[n] for n in nodes],
                           tuple(GradientEdge(accumulators[w], 0) for w in weights))
               for weights, nodes in layout.groups]
-    return WeightPlan(groups, [params[w] for w in layout.from_outputs], roots, root_grads)
+    return WeightPlan(groups, [params[w] for w in layout.from_outputs], roots, root_grads, calls=layout.calls)
 
 
 def _run_input_pass(plan: WeightPlan, roots, root_grads, inputs: list[torch.Tensor]) -> tuple:
@@ -403,16 +430,22 @@ def backward_weight(plan: WeightPlan) -> list[tuple[torch.nn.Parameter, torch.Te
     The graph is released as W goes where that is safe: the weights that start
     at the outputs go first (their paths may cross other groups' frontier
     nodes), then the groups with several frontier nodes (their calls may run
-    nodes between those), then the groups with one, whose call runs only that
-    node and the nodes below it towards the group's weights, which no other
-    group reaches (a node reaching two groups' weights would join them).
+    nodes between those), then the groups with one, whose call runs only their
+    nodes and the nodes below them towards their weights, which no other
+    group reaches (a node reaching two groups' weights would join them); those
+    go several to a call where no node of one reaches another's (``Layout.calls``).
     """
     results: list[tuple[torch.nn.Parameter, torch.Tensor | None]] = []
     if plan.from_outputs:
         found = gradients(plan.roots, tuple(plan.from_outputs), plan.root_grads, bool(plan.groups))
         results += list(zip(plan.from_outputs, found))
-    for group in sorted(plan.groups, key=lambda g: len(g.nodes) == 1):
-        results += _group_gradients(group, keep_graph=len(group.nodes) > 1)
+    for group in plan.groups:
+        if len(group.nodes) > 1:
+            results += _group_gradients([group], keep_graph=True)
+    calls = plan.calls if plan.calls is not None else tuple(
+        (g,) for g, group in enumerate(plan.groups) if len(group.nodes) == 1)
+    for call in calls:
+        results += _group_gradients([plan.groups[g] for g in call], keep_graph=False)
     return results
 
 
@@ -431,24 +464,35 @@ def accumulate_weight_gradients(plan: WeightPlan) -> None:
             param.grad += grad
 
 
-def _group_gradients(group: WeightGroup, keep_graph: bool) -> list[tuple[torch.nn.Parameter, torch.Tensor | None]]:
-    edges, grads = [], []
-    for node in group.nodes:
-        for index, grad in enumerate(group.grads[node]):
-            if grad is not None:
-                edges.append(GradientEdge(node, index))
-                grads.append(grad)
+def _group_gradients(groups: list[WeightGroup],
+                     keep_graph: bool) -> list[tuple[torch.nn.Parameter, torch.Tensor | None]]:
+    """The weights' gradients of ``groups`` in one engine call (several: groups with one frontier node each)."""
+    edges, grads, params, targets = [], [], [], []
+    unreached: list[tuple[torch.nn.Parameter, torch.Tensor | None]] = []
+    for group in groups:
+        started = len(edges)
+        for node in group.nodes:
+            for index, grad in enumerate(group.grads[node]):
+                if grad is not None:
+                    edges.append(GradientEdge(node, index))
+                    grads.append(grad)
+        if len(edges) == started:  # nothing reached the group's nodes in I
+            unreached += [(p, None) for p in group.params]
+            continue
+        params += group.params
+        targets += group.targets
     if not edges:
-        return [(p, None) for p in group.params]
+        return unreached
     handles = []
-    if len(group.nodes) > 1:  # a lower frontier node keeps the gradient I recorded for it
+    if len(groups) == 1 and len(groups[0].nodes) > 1:  # a lower frontier node keeps the gradient I recorded for it
+        group = groups[0]
         handles = [node.register_prehook(lambda _, saved=group.grads[node]: saved) for node in group.nodes]
     try:
-        found = _run_engine(tuple(edges), tuple(grads), group.targets, keep_graph)
+        found = _run_engine(tuple(edges), tuple(grads), tuple(targets), keep_graph)
     finally:
         for handle in handles:
             handle.remove()
-    return list(zip(group.params, found))
+    return list(zip(params, found)) + unreached
 
 
 _ENGINE = getattr(torch.autograd.graph, "_engine_run_backward", None)  # torch's own entry point to its engine

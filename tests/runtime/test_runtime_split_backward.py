@@ -415,3 +415,20 @@ def test_a_plain_stage_frees_everything_and_says_nothing():
     x = torch.randn(3, 5, dtype=torch.float64)
     _, _, plan = split(module, x, (torch.randn(3, 5, dtype=torch.float64),))
     assert plan.note == ""
+
+
+def test_weight_pass_calls_the_engine_once_for_groups_that_do_not_reach_each_other():
+    """A top-2 MoE's experts sit side by side: their groups share calls; a chain of layers cannot."""
+    from tests.zoo import models as zoo
+
+    torch.manual_seed(0)
+    moe, chain = zoo.MoeBlock().double(), nn.Sequential(nn.Linear(5, 5), nn.Tanh(), nn.Linear(5, 5)).double()
+    for module, x, fewer in ((moe, torch.randn(3, zoo.SEQ, zoo.WIDTH, dtype=torch.float64), True),
+                             (chain, torch.randn(3, 5, dtype=torch.float64), False)):
+        seeds = (torch.randn_like(module(x)),)
+        want_dx, want = gradients(module, x, seeds, {}, split_backward=False)
+        module.zero_grad(set_to_none=True)
+        got_dx, got, plan = split(module, x, seeds)
+        assert (len(plan.calls) < len(plan.groups)) == fewer
+        assert sorted(g for call in plan.calls for g in call) == list(range(len(plan.groups)))
+        assert torch.equal(got_dx, want_dx) and all(same(g, w) for g, w in zip(got, want))
