@@ -38,7 +38,7 @@ from pipeforge.files import locked_output, module_head, parse_module_head
 from pipeforge.ir import COMM_KINDS, Action, ActionKind, Schedule, Step
 from pipeforge.passes.lower import Lowered, lower_with_origins
 from pipeforge.resources import templates_dir
-from pipeforge.semantics import RUNTIME_METHODS, Semantics, offloaded, recomputed
+from pipeforge.semantics import RUNTIME_METHODS, Semantics, effects_of, offload_waits, offloaded, recomputed
 from pipeforge.verifier import verify
 
 TEMPLATE = "pipeline.py.j2"  # the module a user loads
@@ -300,7 +300,29 @@ def _context(schedule: Schedule, locations: bool = True) -> dict:
         "recomputed": tuple(_ints(key) for key in sorted(rebuilt)),
         "offloaded": tuple(_ints(key) for key in sorted(offloaded(actions))),
         "recompute_sources": _recompute_sources(schedule) if locations and rebuilt else (),
+        "offload_waits": _offload_waits(schedule, actions),
     }
+
+
+def _offload_waits(schedule: Schedule, actions: list) -> tuple:
+    """``ScheduleInfo.offload_waits``: each step that adds memory and the OFFLOAD whose copy it waits for,
+    by the copy lane rule (``semantics.offload_waits``) on the schedule's memory spec and limit."""
+    memory = schedule.memory
+    if memory is None or memory.limit is None or not any(a.kind is ActionKind.OFFLOAD for a in actions):
+        return ()
+    effect = effects_of(memory, actions)
+    found = []
+    for program in schedule.programs:
+        steps = [[(a, *effect(a)) for a in step.actions] for step in program]
+        summary = [(sum(e[1] for e in step), sum(e[2] for e in step),
+                    any(e[0].kind is ActionKind.OFFLOAD for e in step)) for step in steps]
+        for step, wait in zip(steps, offload_waits(summary, memory.limit)):
+            if wait is None:
+                continue
+            gone = next(e[0] for e in steps[wait] if e[0].kind is ActionKind.OFFLOAD)
+            found += [((_int(a.stage), str(a.kind.value), _int(a.microbatch), _int(a.chain)),
+                       _ints((gone.stage, gone.microbatch, gone.chain))) for a, added, _ in step if added > 0]
+    return tuple(found)
 
 
 def _every_action(schedule: Schedule):
