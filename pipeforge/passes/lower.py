@@ -25,8 +25,8 @@ Position = tuple[int, int]  # (rank, step index in the input program, idle slots
 class CarriedEdge(NamedTuple):
     """One cross-rank data edge of the input: ``send`` on the producer's rank, ``recv`` on the consumer's."""
 
-    send: ActionKey
-    recv: ActionKey
+    send: Action
+    recv: Action
     producer: Position
     consumer: Position
 
@@ -71,24 +71,25 @@ class DependencyGraph:
     def of(schedule: Schedule) -> DependencyGraph:
         position = compute_positions(schedule)
         last = schedule.stages - 1
+        owners = [placement.stage_to_rank for placement in schedule.placements]
         waits: dict[Position, tuple[Position, ...]] = {}
         transfers: list[CarriedEdge] = []
         carried_once: set[ActionKey] = set()
         at = position.get
         edge = partial(tuple.__new__, CarriedEdge)
-        shapes: dict[tuple, CarriedShape] = {}  # (stage, kind, chain) -> its carried needs' shape
+        shapes: dict[tuple, CrossRankShape] = {}  # (stage, kind, chain) -> its cross-rank needs' shape
         for action, here in position.items():  # in program order: rank, then step
             stage, kind, mb, chain = action
             shape = shapes.get((stage, kind, chain))
             if shape is None:
-                shape = shapes[(stage, kind, chain)] = carried_shape(action, last)
+                shape = shapes[(stage, kind, chain)] = cross_rank(carried_shape(action, last), owners[chain], stage)
+            if not shape:
+                continue
             found: list[Position] = []
-            for producers, (send_stage, send_kind), (recv_stage, recv_kind) in shape:
+            for producers, send_stage, send_kind, recv_stage, recv_kind in shape:
                 for producer_stage, producer_kind in producers:
                     there = at((producer_stage, producer_kind, mb, chain))
-                    # Only a cross-rank edge makes a rank wait: on one rank program order decides, and a
-                    # producer written after its consumer is an order error, not a deadlock.
-                    if there is None or there[0] == here[0]:
+                    if there is None:
                         continue
                     found.append(there)
                     send = (send_stage, send_kind, mb, chain)
@@ -101,12 +102,31 @@ class DependencyGraph:
         return DependencyGraph(position, waits, tuple(transfers))
 
 
+# Per need whose producers are on another rank: those producers' (stage, kind), then the send's stage and
+# kind and the receive's stage and kind.
+CrossRankShape = tuple[tuple[tuple[tuple[int, ActionKind], ...], int, ActionKind, int, ActionKind], ...]
+
+
+def cross_rank(shape: CarriedShape, owners: tuple[int, ...], stage: int) -> CrossRankShape:
+    """The needs of ``shape`` whose producers are on another rank than ``stage``, flat: (producers, send
+    stage, send kind, receive stage, receive kind). Only a cross-rank edge makes a rank wait: on one rank
+    program order decides, and a producer written after its consumer is an order error, not a deadlock.
+    A compute action's position is on the rank owning its stage (``compute_positions``), so which needs
+    cross ranks is known per (stage, kind, chain), before any microbatch is looked up."""
+    found = []
+    for producers, send, recv in shape:
+        elsewhere = tuple(p for p in producers if 0 <= p[0] < len(owners) and owners[p[0]] != owners[stage])
+        if elsewhere:
+            found.append((elsewhere, send[0], send[1], recv[0], recv[1]))
+    return tuple(found)
+
+
 # The needs of a (stage, kind, chain) that a send/receive may carry: per need, its producers' (stage, kind)
 # and the send's and the receive's (stage, kind); the microbatch and chain are the action's own.
 CarriedShape = tuple[tuple[tuple[tuple[int, ActionKind], ...], tuple[int, ActionKind], tuple[int, ActionKind]], ...]
 
 
-def carried_shape(action: Action, last: int) -> CarriedShape:
+def carried_shape(action: ActionKey, last: int) -> CarriedShape:
     """``semantics.needs`` of ``action`` that a send carries (none for ``LOCAL_KINDS``: every need on its
     own stage, program order decides), asked once per (stage, kind, chain): every rule names actions of
     the action's own microbatch and chain (checked here)."""
@@ -124,10 +144,10 @@ def carried_shape(action: Action, last: int) -> CarriedShape:
     return tuple(shape)
 
 
-def compute_positions(schedule: Schedule) -> dict[Action, Position]:
+def compute_positions(schedule: Schedule) -> dict[ActionKey, Position]:
     """Where each compute action first occurs on the rank that owns its stage. One written on
     another rank is a ``placement`` error: no communication (nor any wait) is derived from it."""
-    position: dict[Action, Position] = {}
+    position: dict[ActionKey, Position] = {}  # Actions, looked up by plain tuples equal to them
     for rank, program in enumerate(schedule.programs):
         owned = owned_stages(schedule, rank)
         for index, step in enumerate(program):
@@ -227,7 +247,7 @@ class ProgramWriter:
         self.steps[rank].append(self.schedule.programs[rank][index])
         self.served[rank].append(index)
 
-    def group(self, rank: int, keys: list[ActionKey], serves: int) -> None:
+    def group(self, rank: int, keys: list[Action], serves: int) -> None:
         if not keys:
             return
         span = self.schedule.programs[rank][serves].span
