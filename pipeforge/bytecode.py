@@ -1,14 +1,15 @@
 """Bytecode of generated modules: compiled in worker processes while the caller goes on, and cached.
 
-``Compiling(sources, jobs, busy)`` starts compiling ``(filename, text)`` pairs in ``jobs`` worker
-processes of this same interpreter (``python -I -S``, each handed its share through a temporary file;
-by default one per core this process may use but one, kept for the caller's own work, ``busy``: codegen
-verifies there, then compiles what the workers were not given). With no worker (``jobs=0``, one core,
-small inputs, or where none can start) the sources compile in this process when their codes are asked
-for. ``codes()`` returns each source's code as ``marshal`` bytes, in order, or raises ``CompileError``
-naming the first source that does not compile; leaving the ``with`` block stops the workers.
-``write_cached(source, code)`` writes a written source's ``__pycache__`` file (PEP 552's timestamp
-form, as ``py_compile``).
+``Compiling(sources, jobs)`` compiles ``(filename, text)`` pairs, given at once or one by one as the
+caller makes them (``add(text)``; the name may come last, in ``codes(filenames)``), in ``jobs`` worker
+processes of this same interpreter (``python -I -S``; by default one per core this process may use but
+the caller's own) once the text passes ``PARALLEL_FROM``, and here. No share is fixed beforehand: each
+source is claimed once, atomically (a file created exclusively): the workers take them in order as they
+come, and ``codes()`` here takes them from the last down, so the caller's own work meanwhile (codegen
+renders and verifies) and the compiling end together whatever the load. ``codes()`` returns each
+source's code as ``marshal`` bytes, in order, or raises ``CompileError`` naming the first source that
+does not compile; leaving the ``with`` block stops the workers. ``write_cached(source, code)`` writes a
+written source's ``__pycache__`` file (PEP 552's timestamp form, as ``py_compile``).
 """
 
 from __future__ import annotations
@@ -16,29 +17,56 @@ from __future__ import annotations
 import importlib.util
 import marshal
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
 PARALLEL_FROM = 2_000_000  # characters of source below which one in-process compile is quicker than workers
 
-# A worker: marshal'd [(index, filename, text), ...] on stdin; writes the magic number, then per source
-# its index, length and marshal'd code; on a source that does not compile, "index\nmessage" on stderr, exit 3.
+# A worker, in the folder argv[1]: on stdin a line per source, its index (its text marshal'd in
+# source_<index>), then "end" once its file names are in names (marshal'd); it compiles each source it
+# claims (claim_<index>, created exclusively), in order, under a name it gives the real one at the end,
+# then writes the magic number and per source its index, length and marshal'd code. It claims nothing
+# after a source that does not compile (the caller compiles that one again and reports it).
 WORKER = r"""
-import marshal, sys
+import marshal, os, sys
 from importlib.util import MAGIC_NUMBER
-sources, optimize = marshal.load(sys.stdin.buffer), int(sys.argv[1])
+from types import CodeType
+folder, optimize = sys.argv[1], int(sys.argv[2])
+def claimed(index):
+    try:
+        os.close(os.open(os.path.join(folder, f"claim_{index}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+def named(code, filename):
+    consts = tuple(named(c, filename) if isinstance(c, CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
+codes, failed = {}, False
+for line in sys.stdin.buffer:
+    if line == b"end\n":
+        break
+    index = int(line)
+    if failed or not claimed(index):
+        continue
+    with open(os.path.join(folder, f"source_{index}"), "rb") as given:
+        text = marshal.load(given)
+    try:
+        codes[index] = compile(text, "<pending>", "exec", dont_inherit=True, optimize=optimize)
+    except (SyntaxError, ValueError):
+        failed = True
+else:
+    sys.exit(4)  # no "end": the caller has gone
+with open(os.path.join(folder, "names"), "rb") as given:
+    names = marshal.load(given)
 out = sys.stdout.buffer
 out.write(MAGIC_NUMBER)
-for index, filename, text in sources:
-    try:
-        code = compile(text, filename, "exec", dont_inherit=True, optimize=optimize)
-    except (SyntaxError, ValueError) as error:
-        sys.stderr.write(f"{index}\n{error}")
-        sys.exit(3)
-    data = marshal.dumps(code)
+for index, code in codes.items():
+    data = marshal.dumps(named(code, names[index]))
     out.write(index.to_bytes(8, "little") + len(data).to_bytes(8, "little"))
     out.write(data)
 """
@@ -56,14 +84,16 @@ class CompileError(Exception):
 class Compiling:
     """The sources being compiled (a context manager: its end stops the workers that are still running)."""
 
-    def __init__(self, sources: list[tuple[str, str]], jobs: int | None = None, busy: float = 0.0):
-        """``busy``: the caller's own work meanwhile, as a fraction of compiling every source here; the
-        workers are given that much less, which the caller compiles once done (so both end together)."""
-        self.sources = sources
-        self.workers: list[tuple[subprocess.Popen, IO[bytes], list[int]]] = []
-        jobs = available_cores() - 1 if jobs is None else jobs
-        if jobs > 0 and sys.executable and sum(len(text) for _, text in sources) >= PARALLEL_FROM:
-            self.start(min(jobs, len(sources)), min(1.0, jobs * (1.0 + busy) / (jobs + 1)))
+    def __init__(self, sources: Sequence[tuple[str, str]] = (), jobs: int | None = None):
+        self.texts: list[str] = []
+        self.names: list[str | None] = []
+        self.jobs = available_cores() - 1 if jobs is None else jobs
+        self.size = 0
+        self.folder: str | None = None  # the workers' folder (sources, claims, names), once started
+        self.workers: list[tuple[subprocess.Popen, IO[bytes]]] = []
+        for filename, text in sources:
+            self.add(text, filename, start=False)
+        self.start_if_large(len(self.texts) or self.jobs)
 
     def __enter__(self) -> Compiling:
         return self
@@ -71,76 +101,128 @@ class Compiling:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self, jobs: int, given: float) -> None:
-        """Workers for the largest sources, ``given`` of all their text (the rest stays here)."""
-        shares: list[list[int]] = [[] for _ in range(jobs)]
-        sizes = [0] * jobs
-        left = given * sum(len(text) for _, text in self.sources)
-        for index in sorted(range(len(self.sources)), key=lambda i: -len(self.sources[i][1])):
-            if left <= 0:
-                break
-            least = sizes.index(min(sizes))  # the largest source next to the least loaded worker
-            shares[least].append(index)
-            sizes[least] += len(self.sources[index][1])
-            left -= len(self.sources[index][1])
-        shares = [share for share in shares if share]
-        for share in shares:
-            try:
-                self.workers.append(self.started(sorted(share)))
-            except OSError:  # no worker can start here: what is left is compiled in-process
-                break
+    def add(self, text: str, filename: str | None = None, *, start: bool = True) -> None:
+        """One more source (its name may wait for ``codes``): handed to the workers, which start once
+        the sources given pass ``PARALLEL_FROM`` characters."""
+        index = len(self.texts)
+        self.texts.append(text)
+        self.names.append(filename)
+        self.size += len(text)
+        if self.folder is not None:
+            self.give(index)
+        elif start:
+            self.start_if_large(self.jobs)
 
-    def started(self, share: list[int]) -> tuple[subprocess.Popen, IO[bytes], list[int]]:
-        given = tempfile.TemporaryFile()
+    def start_if_large(self, jobs: int) -> None:
+        if self.folder is not None or self.jobs <= 0 or not sys.executable or self.size < PARALLEL_FROM:
+            return
+        self.folder = tempfile.mkdtemp(prefix="pipeforge-compiling-")
+        for _ in range(min(self.jobs, jobs)):
+            try:
+                self.workers.append(self.started())
+            except OSError:  # no worker can start here: the sources are compiled in-process
+                break
+        for index in range(len(self.texts)):
+            self.give(index)
+
+    def started(self) -> tuple[subprocess.Popen, IO[bytes]]:
         taken = tempfile.TemporaryFile()
         try:
-            marshal.dump([(i, *self.sources[i]) for i in share], given)
-            given.seek(0)
-            worker = subprocess.Popen([sys.executable, "-I", "-S", "-c", WORKER, str(sys.flags.optimize)],
-                                      stdin=given, stdout=taken, stderr=subprocess.PIPE, close_fds=True)
+            worker = subprocess.Popen([sys.executable, "-I", "-S", "-c", WORKER, str(self.folder),
+                                       str(sys.flags.optimize)], stdin=subprocess.PIPE, stdout=taken,
+                                      stderr=subprocess.DEVNULL, close_fds=True)
         except BaseException:
             taken.close()
             raise
-        finally:
-            given.close()
-        return worker, taken, share
+        return worker, taken
 
-    def codes(self) -> list[bytes]:
-        """Each source's marshal'd code, in order (workers' shares as they wrote them, the rest here)."""
+    def give(self, index: int) -> None:
+        """Source ``index`` to every worker: its text in the folder, then its index on their stdin."""
+        if not self.workers:
+            return
+        with open(os.path.join(str(self.folder), f"source_{index}"), "wb") as written:
+            marshal.dump(self.texts[index], written)
+        self.tell(b"%d\n" % index)
+
+    def tell(self, line: bytes) -> None:
+        for worker, _ in self.workers:
+            try:
+                assert worker.stdin is not None
+                worker.stdin.write(line)
+                worker.stdin.flush()
+            except OSError:  # a worker that has gone: what it claimed is compiled here
+                pass
+
+    def claim(self, index: int) -> bool:
+        try:
+            os.close(os.open(os.path.join(str(self.folder), f"claim_{index}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
+
+    def codes(self, filenames: list[str] | None = None) -> list[bytes]:
+        """Each source's marshal'd code, in order: this process takes the sources no worker has claimed
+        yet from the last down, then the workers' codes are read, and any source still without code
+        (a worker that failed, a source that does not compile) is compiled here, in order."""
+        names = [name for name in (self.names if filenames is None else filenames) if isinstance(name, str)]
+        if len(names) != len(self.texts):
+            raise ValueError(f"{len(self.texts)} sources need as many file names, got {len(names)}")
         found: dict[int, bytes] = {}
-        for worker, taken, share in self.workers:
-            _, error = worker.communicate()
-            if worker.returncode == 3 and error:
-                index, _, message = error.decode("utf-8", "replace").partition("\n")
-                raise CompileError(int(index), message)
-            if worker.returncode == 0:
-                found.update(read_codes(taken, share))
-        for index, (filename, text) in enumerate(self.sources):
-            if index not in found:  # not given to a worker, or its worker failed otherwise: compiled here
+        if self.workers:
+            with open(os.path.join(str(self.folder), "names"), "wb") as written:
+                marshal.dump(names, written)
+            self.tell(b"end\n")
+            for worker, _ in self.workers:
+                if worker.stdin is not None:
+                    try:
+                        worker.stdin.close()
+                    except OSError:
+                        pass
+        for index in reversed(range(len(self.texts))):
+            if self.workers and not self.claim(index):
+                break  # a worker has it, and every source before it
+            try:
+                found[index] = marshal.dumps(compile_source(index, names[index], self.texts[index]))
+            except CompileError:
+                break  # compiled again below, after every source before it
+        for worker, taken in self.workers:
+            if worker.wait() == 0:
+                for index, code in read_codes(taken).items():
+                    found.setdefault(index, code)
+        for index, (filename, text) in enumerate(zip(names, self.texts, strict=True)):
+            if index not in found:  # a worker's that failed, or the first that does not compile: here
                 found[index] = marshal.dumps(compile_source(index, filename, text))
-        return [found[index] for index in range(len(self.sources))]
+        return [found[index] for index in range(len(self.texts))]
 
     def stop(self) -> None:
-        for worker, taken, _ in self.workers:
+        for worker, taken in self.workers:
             if worker.poll() is None:
                 worker.kill()
             worker.wait()
-            if worker.stderr is not None:
-                worker.stderr.close()
+            if worker.stdin is not None:
+                try:
+                    worker.stdin.close()
+                except OSError:
+                    pass
             taken.close()
         self.workers = []
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
 
 
-def read_codes(taken: IO[bytes], share: list[int]) -> dict[int, bytes]:
-    """What a worker wrote: every source of its share (else nothing: they are compiled here instead)."""
+def read_codes(taken: IO[bytes]) -> dict[int, bytes]:
+    """What a worker wrote, each source complete (else nothing: another interpreter's bytecode)."""
     taken.seek(0)
     if taken.read(len(importlib.util.MAGIC_NUMBER)) != importlib.util.MAGIC_NUMBER:
         return {}  # another interpreter behind sys.executable: its bytecode would not load here
     found: dict[int, bytes] = {}
-    while header := taken.read(16):
+    while len(header := taken.read(16)) == 16:
         index, size = int.from_bytes(header[:8], "little"), int.from_bytes(header[8:], "little")
-        found[index] = taken.read(size)
-    return found if sorted(found) == share else {}
+        data = taken.read(size)
+        if len(data) == size:
+            found[index] = data
+    return found
 
 
 def compile_source(index: int, filename: str, text: str):
@@ -159,7 +241,7 @@ def available_cores() -> int:
 
 def write_cached(source: Path, code: bytes) -> None:
     """``source``'s ``__pycache__`` file from its marshal'd code, unless Python keeps bytecode elsewhere
-    or not at all (the timestamp form of PEP 552: the source's mtime and size, as ``py_compile`` writes)."""
+    or not at all (the timestamp form of PEP 552: the source's mtime and size, as ``py_compile``)."""
     if sys.dont_write_bytecode or sys.pycache_prefix:
         return
     cached = Path(importlib.util.cache_from_source(str(source)))

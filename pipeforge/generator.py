@@ -21,7 +21,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from operator import attrgetter
@@ -38,7 +38,7 @@ from pipeforge.files import locked_output, module_head, parse_module_head
 from pipeforge.ir import COMM_KINDS, Action, ActionKind, Schedule, Step
 from pipeforge.passes.lower import Lowered, lower_with_origins
 from pipeforge.resources import templates_dir
-from pipeforge.semantics import RUNTIME_METHODS, Semantics, offloaded, recomputed
+from pipeforge.semantics import RUNTIME_METHODS, Semantics, effects_of, offload_waits, offloaded, recomputed
 from pipeforge.verifier import verify
 
 TEMPLATE = "pipeline.py.j2"  # the module a user loads
@@ -300,7 +300,29 @@ def _context(schedule: Schedule, locations: bool = True) -> dict:
         "recomputed": tuple(_ints(key) for key in sorted(rebuilt)),
         "offloaded": tuple(_ints(key) for key in sorted(offloaded(actions))),
         "recompute_sources": _recompute_sources(schedule) if locations and rebuilt else (),
+        "offload_waits": _offload_waits(schedule, actions),
     }
+
+
+def _offload_waits(schedule: Schedule, actions: list) -> tuple:
+    """``ScheduleInfo.offload_waits``: each step that adds memory and the OFFLOAD whose copy it waits for,
+    by the copy lane rule (``semantics.offload_waits``) on the schedule's memory spec and limit."""
+    memory = schedule.memory
+    if memory is None or memory.limit is None or not any(a.kind is ActionKind.OFFLOAD for a in actions):
+        return ()
+    effect = effects_of(memory, actions)
+    found = []
+    for program in schedule.programs:
+        steps = [[(a, *effect(a)) for a in step.actions] for step in program]
+        summary = [(sum(e[1] for e in step), sum(e[2] for e in step),
+                    any(e[0].kind is ActionKind.OFFLOAD for e in step)) for step in steps]
+        for step, wait in zip(steps, offload_waits(summary, memory.limit)):
+            if wait is None:
+                continue
+            gone = next(e[0] for e in steps[wait] if e[0].kind is ActionKind.OFFLOAD)
+            found += [((_int(a.stage), str(a.kind.value), _int(a.microbatch), _int(a.chain)),
+                       _ints((gone.stage, gone.microbatch, gone.chain))) for a, added, _ in step if added > 0]
+    return tuple(found)
 
 
 def _every_action(schedule: Schedule):
@@ -309,11 +331,12 @@ def _every_action(schedule: Schedule):
     return itertools.chain.from_iterable(map(attrgetter("actions"), steps))
 
 
-def _views(schedule: Schedule, locations: bool, origins: tuple[tuple[int, ...], ...] | None) -> tuple[RankView, ...]:
+def _views(schedule: Schedule, locations: bool, origins: tuple[tuple[int, ...], ...] | None) -> Iterator[RankView]:
+    """Each rank's view, made as it is asked for (codegen hands a rank to be compiled as soon as it is
+    rendered)."""
     if origins is None:
         origins = tuple(range(len(program)) for program in schedule.programs)
-    return tuple(RankView(_int(r), body_text(program, origins[r], locations))
-                 for r, program in enumerate(schedule.programs))
+    return (RankView(_int(r), body_text(program, origins[r], locations)) for r, program in enumerate(schedule.programs))
 
 
 def _compiled(text: str, what: str, filename: str | None = None) -> str:
@@ -339,29 +362,34 @@ def render_module(schedule: Schedule, *, locations: bool = True,
     """
     context = _context(schedule, locations)
     text = environment().get_template(TEMPLATE).render(
-        context, rank_folder=None, programs=_views(schedule, locations, origins))
+        context, rank_folder=None, programs=tuple(_views(schedule, locations, origins)))
     return _compiled(text, repr(schedule.name))
 
 
 def render_files(schedule: Schedule, module: str, *, locations: bool = True,
-                 origins: tuple[tuple[int, ...], ...] | None = None) -> GeneratedFiles:
+                 origins: tuple[tuple[int, ...], ...] | None = None,
+                 rendered: Callable[[str], None] | None = None) -> GeneratedFiles:
     """The module ``module`` (its file stem) and its rank modules for a lowered schedule (not verified
-    here; the rank modules are compiled by ``write_files``, where their path is known). The folder is named
-    after the module and the rank modules' text (``<module>_ranks_<digest>``), so a new output never mixes
-    with an old one."""
+    here; the rank modules are compiled by ``write_files``, where their path is known, or as each is
+    rendered: ``rendered(text)`` is called with each rank's text in order). The folder is named after the
+    module and the rank modules' text (``<module>_ranks_<digest>``), so a new output never mixes with an
+    old one."""
     context = _context(schedule, locations)
     env = environment()
     template = env.get_template(RANK_TEMPLATE)
     main_name = f"{Ident(module)}.py"
-    ranks = tuple(template.render(context, program=view, main=main_name)
-                  for view in _views(schedule, locations, origins))
     digest = hashlib.sha256()
-    for text in ranks:
+    ranks = []
+    for view in _views(schedule, locations, origins):
+        text = template.render(context, program=view, main=main_name)
+        ranks.append(text)
         digest.update(text.encode("utf-8"))
         digest.update(b"\0")
+        if rendered is not None:
+            rendered(text)
     folder = f"{module}_ranks_{digest.hexdigest()[:DIGEST_LENGTH]}"
     main = _compiled(env.get_template(TEMPLATE).render(context, rank_folder=folder, programs=()), repr(schedule.name))
-    return GeneratedFiles(main, folder, ranks)
+    return GeneratedFiles(main, folder, tuple(ranks))
 
 
 # as given; a line of Python per action, one module per rank: ZBV at P=64, M=1024 (393,216) takes about
@@ -437,35 +465,35 @@ def codegen(schedule: Schedule, output: str | os.PathLike, *, locations: bool = 
     and a target file holding another schedule's module (or anything else) unless ``force``.
     ``semantics``: what the schedule is verified under (``generate``). The rank modules compile in ``jobs``
     worker processes (default: one per core this process may use but the one verifying; 0: here, after
-    verifying; ``pipeforge.bytecode``) while the schedule is verified."""
+    verifying; ``pipeforge.bytecode``), each from when it is rendered, while the schedule is verified; this
+    process then compiles those no worker has started."""
     path = module_path(schedule, output, name)
     check_size(schedule)
     if not force:
         check_replaceable(path, schedule)
     lowered = _lowering(schedule, semantics)
-    try:
-        files = render_files(lowered.schedule, path.stem, locations=locations, origins=lowered.origins)
-    except CodegenError:
-        _verified(schedule, lowered, semantics)  # an invalid schedule is reported as such first
-        raise
-    folder = path.parent / files.rank_folder
-    sources = [(str((folder / f"rank_{rank}.py").resolve()), text) for rank, text in enumerate(files.ranks)]
-    with Compiling(sources, jobs, busy=VERIFY_SHARE) as compiling:  # they compile in workers while this verifies
+    with Compiling(jobs=jobs) as compiling:  # each rank compiles in the workers once rendered, while this verifies
+        try:
+            files = render_files(lowered.schedule, path.stem, locations=locations, origins=lowered.origins,
+                                 rendered=compiling.add)
+        except CodegenError:
+            _verified(schedule, lowered, semantics)  # an invalid schedule is reported as such first
+            raise
         _verified(schedule, lowered, semantics)
-        codes = _rank_codes(compiling)
+        codes = _rank_codes(compiling, _rank_paths(path.parent / files.rank_folder, files))
     write_files(path, files, codes=codes, replaceable=None if force else lambda target: check_replaceable(target,
                                                                                                          schedule))
     return path
 
 
-# verify's CPU over that of compiling the rank modules (measured at P=64, M=1024: ZBV 0.81, interleaved
-# 1F1B 0.73): on 2 cores the one worker compiles 0.9 of them, this process verifies and compiles the rest
-VERIFY_SHARE = 0.8
+def _rank_paths(folder: Path, files: GeneratedFiles) -> list[str]:
+    """The file name each rank module's code carries: its path once written."""
+    return [str((folder / f"rank_{rank}.py").resolve()) for rank in range(len(files.ranks))]
 
 
-def _rank_codes(compiling: Compiling) -> list[bytes]:
+def _rank_codes(compiling: Compiling, filenames: list[str] | None = None) -> list[bytes]:
     try:
-        return compiling.codes()
+        return compiling.codes(filenames)
     except CompileError as error:
         raise CodegenError(f"generated code for rank {error.index} does not compile: {error.message}") from None
 
@@ -481,8 +509,7 @@ def write_files(path: Path, files: GeneratedFiles, *, codes: list[bytes] | None 
     directory = path.parent
     folder = directory / files.rank_folder
     if codes is None:
-        with Compiling([(str((folder / f"rank_{rank}.py").resolve()), text)
-                        for rank, text in enumerate(files.ranks)]) as compiling:
+        with Compiling(list(zip(_rank_paths(folder, files), files.ranks, strict=True))) as compiling:
             codes = _rank_codes(compiling)
     with locked_output(path, make_dirs=True, replaceable=replaceable) as write_module:
         created = not folder.is_dir()

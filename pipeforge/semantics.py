@@ -6,7 +6,8 @@ copy, on purpose. One table per fact, one entry per ``ActionKind`` (``tests/test
 when a kind is missing): ``ROLES``, ``NEEDS`` (``needs``, ``local_needs``), ``OUTPUTS``, ``MEMORY`` and
 ``PARAMETER_MEMORY`` (``memory_effect``, ``stage_effect``, ``held_after_additions``), ``PEER_OFFSET`` and
 ``PARTNER``, ``GRADIENT_KINDS``, ``SPLIT``, ``EXCLUDES``, ``COMPLETE``, ``REQUIRES``, ``RUNTIME_METHODS``; for
-recompute and offload ``NEEDS_IF_PRESENT``, ``RECOMPUTED_MEMORY`` (``effects_of``) and ``LANES``;
+recompute and offload ``NEEDS_IF_PRESENT``, ``RECOMPUTED_MEMORY`` (``effects_of``), ``LANES`` and
+``offload_waits`` (when an addition waits for the copy lane);
 ``bubble_rate``; ``early_receives``. The functions take an ``Action`` and return actions as plain ``(stage, kind,
 microbatch, chain)`` tuples, equal to the Actions and hashing the same. Each rule: ``docs/semantics.md``;
 where each is used: ``docs/architecture.md``.
@@ -14,6 +15,7 @@ where each is used: ``docs/architecture.md``.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from enum import Enum
 from typing import NamedTuple
@@ -33,7 +35,7 @@ __all__ = [
     "COMPLETE", "REQUIRES", "DURATION_DEFAULTS", "RUNTIME_METHODS", "Need", "Output",
     "role", "needs", "output", "memory_effect", "stage_effect", "memory_delta", "bubble_rate", "compute_kind_names",
     "LOCAL_KINDS", "recomputed", "offloaded", "effects_of", "needs_if_present", "NEEDS_IF_PRESENT",
-    "RECOMPUTED_MEMORY", "LANES", "lane",
+    "RECOMPUTED_MEMORY", "LANES", "lane", "offload_waits",
     "held_after_additions", "peer_stage", "partner", "local_needs", "split", "early_receives",
 ]
 
@@ -375,6 +377,38 @@ LANES: dict[ActionKind, str] = {OFFLOAD: "copy", RELOAD: "copy"}
 def lane(kind: ActionKind) -> str:
     """``compute`` or ``copy`` (``LANES``; every kind not named there runs on the compute lane)."""
     return LANES.get(kind, "compute")
+
+
+def offload_waits(steps: Iterable[tuple[float, float, bool]], limit: float | None) -> list[int | None]:
+    """For each step of a rank's program, given as ``(added, released, is_offload)`` (the step's effects
+    summed; ``is_offload``: an OFFLOAD step), the index of the OFFLOAD step whose end it waits for before
+    its additions start, or None (docs/semantics.md, "Recompute and offload", the copy lane rule).
+
+    A step that adds memory (F, R, RELOAD) waits only when the memory needs it: counting what is held the
+    program-order way (``held_after_additions``: ``h``) but each earlier OFFLOAD's release only from its
+    transfer's end, it waits for the earliest OFFLOAD ``o_j`` such that ``h`` plus the releases of the
+    OFFLOADs written after ``o_j`` (and before it) is within ``limit`` (1e-9 tolerance); the copy lane ends
+    its transfers in program order, so once ``o_j`` has ended, what is still in flight is among those. No
+    limit (None): never waits. ``h`` over the limit (a schedule verify refuses): waits for the last one."""
+    waits: list[int | None] = []
+    positions: list[int] = []  # the OFFLOAD steps so far, in order
+    totals: list[float] = [0.0]  # totals[i]: releases of the first i of them
+    held = 0.0
+    for index, (added, released, is_offload) in enumerate(steps):
+        held += added
+        wait = None
+        if added > 0 and limit is not None and positions:
+            room = limit + 1e-9 - held  # how much of the releases may still be in flight
+            need = totals[-1] - room  # the releases that must have ended, at least
+            if need > 0:
+                ended = max(1, bisect_left(totals, need))  # the fewest OFFLOADs ended, first ones first, that cover it
+                wait = positions[min(ended, len(positions)) - 1]
+        waits.append(wait)
+        held -= released
+        if is_offload:
+            positions.append(index)
+            totals.append(totals[-1] + released)
+    return waits
 
 
 # --- gradients and completeness ------------------------------------------------------------

@@ -153,3 +153,18 @@ def test_action_text_round_trips(text):
 def test_actions_order_by_stage_kind_microbatch_chain():
     actions = [parse_action(t) for t in ["1F0", "0W1", "0B1", "0F2@1", "0F2"]]
     assert [str(a) for a in sorted(actions)] == ["0B1", "0F2", "0F2@1", "0W1", "1F0"]
+
+
+@pytest.mark.parametrize("limit, waits", [
+    (None, [None] * 6), (4.0, [None] * 6),
+    (2.0, [None, None, None, 2, None, 4]),  # two held: every earlier offload's release is needed
+    (3.0, [None, None, None, None, None, 2]),  # room for one transfer in flight: only the first must end
+    (1.0, [None, None, None, 2, None, 4]),  # over the limit (verify refuses it): waits for the last
+])
+def test_an_addition_waits_for_an_offload_only_when_the_limit_needs_it(limit, waits):
+    """F F OFFLOAD F OFFLOAD F, one M_B each (``semantics.offload_waits``)."""
+    from pipeforge.semantics import offload_waits
+
+    steps = [(1.0, 0.0, False), (1.0, 0.0, False), (0.0, 1.0, True), (1.0, 0.0, False), (0.0, 1.0, True),
+             (1.0, 0.0, False)]
+    assert offload_waits(steps, limit) == waits

@@ -56,6 +56,29 @@ class Elaboration:
             listed = " and ".join(repr(name) for name in missing)
             raise SemanticError(f"{user} needs {listed} declared before it", span)
 
+    # The declared counts, read by statements that have required them (``require_declared``) or that
+    # run only inside a rank block, which requires all three; placements come with 'stages'.
+
+    @property
+    def rank_count(self) -> int:
+        assert self.ranks is not None, "'ranks' is read before a require_declared check"
+        return self.ranks
+
+    @property
+    def stage_count(self) -> int:
+        assert self.stages is not None, "'stages' is read before a require_declared check"
+        return self.stages
+
+    @property
+    def microbatch_count(self) -> int:
+        assert self.microbatches is not None, "'microbatches' is read before a require_declared check"
+        return self.microbatches
+
+    @property
+    def chain_count(self) -> int:
+        assert self.placements is not None, "the placements are read before a require_declared check of 'stages'"
+        return len(self.placements)
+
     def parameter_text(self) -> str:
         return ", ".join(f"{name} = {value}" for name, value in self.params)
 
@@ -65,8 +88,9 @@ class Elaboration:
         if self.program is not None:
             raise SemanticError("rank blocks cannot nest: this one is inside the block of rank "
                                 f"{self.program.rank}", span)
-        if not 0 <= rank < self.ranks:
-            raise SemanticError(f"rank {rank} is out of range: this schedule has ranks 0..{self.ranks - 1}", span)
+        ranks = self.rank_count
+        if not 0 <= rank < ranks:
+            raise SemanticError(f"rank {rank} is out of range: this schedule has ranks 0..{ranks - 1}", span)
         first = self.rank_spans.get(rank)
         if first is not None:
             raise SemanticError(f"rank {rank} is given twice: a rank's steps must come from one rank block",
@@ -95,20 +119,22 @@ class Elaboration:
     # -- checking actions ---------------------------------------------------
 
     def check_stage(self, stage: int, span: Span) -> int:
-        if 0 <= stage < self.stages:
+        stages = self.stage_count
+        if 0 <= stage < stages:
             return stage
-        raise SemanticError(f"stage {stage} is out of range: this schedule has stages 0..{self.stages - 1}", span)
+        raise SemanticError(f"stage {stage} is out of range: this schedule has stages 0..{stages - 1}", span)
 
     def check_microbatch(self, microbatch: int, span: Span) -> int:
-        if 0 <= microbatch < self.microbatches:
+        microbatches = self.microbatch_count
+        if 0 <= microbatch < microbatches:
             return microbatch
         raise SemanticError(f"microbatch {microbatch} is out of range: this schedule has microbatches "
-                            f"0..{self.microbatches - 1}", span)
+                            f"0..{microbatches - 1}", span)
 
     def check_chain(self, chain: int, span: Span) -> int:
-        if 0 <= chain < len(self.placements):
+        chains = self.chain_count
+        if 0 <= chain < chains:
             return chain
-        chains = len(self.placements)
         have = "one chain (0)" if chains == 1 else f"chains 0..{chains - 1}"
         raise SemanticError(f"chain {chain} is out of range: this schedule has {have}; "
                             "give 'stages N placement A, B' for a second chain", span)
@@ -127,10 +153,11 @@ class Elaboration:
             if what not in self.declared:
                 raise SemanticError(f"schedule {self.name!r} never declares {what!r}", span)
         programs = tuple(
-            tuple(self.programs[rank].steps) if rank in self.programs else () for rank in range(self.ranks)
+            tuple(self.programs[rank].steps) if rank in self.programs else () for rank in range(self.rank_count)
         )
+        assert self.placements is not None, "'stages' is declared, and its placements with it"
         return Schedule(
-            name=self.name, ranks=self.ranks, stages=self.stages, microbatches=self.microbatches,
+            name=self.name, ranks=self.rank_count, stages=self.stage_count, microbatches=self.microbatch_count,
             placements=self.placements, programs=programs, costs=self.costs, memory=self.memory,
             params=self.params, source=self.source.text if self.source else None,
         )

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from lark import Tree
 
 from pipeforge.errors import SemanticError, Source, Span
-from pipeforge.ir import CostModel, MemorySpec, Placement, cost_fields, cost_problem
+from pipeforge.ir import CostModel, MemorySpec, Placement, StepOverhead, cost_fields, cost_problem
 from pipeforge.lang.context import MAX_COUNT, Elaboration
 from pipeforge.lang.exprs import compile_expr, require_int, require_number, span_of
 
@@ -68,11 +68,11 @@ def reverse_placement(stages: int, ranks: int) -> Placement:
 
 def _build_placement(tree: Tree, file: Source) -> PlacementBuilder:
     if tree.data == "place_loop":
-        return lambda ctx, env, stages: Placement.loop(stages, ctx.ranks)
+        return lambda ctx, env, stages: Placement.loop(stages, ctx.rank_count)
     if tree.data == "place_v":
-        return lambda ctx, env, stages: Placement.v(stages, ctx.ranks)
+        return lambda ctx, env, stages: Placement.v(stages, ctx.rank_count)
     if tree.data == "place_reverse":
-        return lambda ctx, env, stages: reverse_placement(stages, ctx.ranks)
+        return lambda ctx, env, stages: reverse_placement(stages, ctx.rank_count)
     return _build_explicit_placement(tree, file)
 
 
@@ -90,7 +90,7 @@ def _build_explicit_placement(tree: Tree, file: Source) -> PlacementBuilder:
         missing = [s for s, r in enumerate(mapping) if r is None]
         if missing:
             raise SemanticError(f"the placement gives no rank to stage(s) {', '.join(map(str, missing))}", span)
-        return Placement(tuple(mapping))
+        return Placement(tuple(rank for rank in mapping if rank is not None))  # none is None: checked above
 
     return explicit
 
@@ -122,8 +122,9 @@ def _build_stage_list(tree: Tree, file: Source):
 
 
 def _check_rank(ctx: Elaboration, rank: int, span: Span) -> None:
-    if not 0 <= rank < ctx.ranks:
-        raise SemanticError(f"the placement names rank {rank}, but this schedule has ranks 0..{ctx.ranks - 1}", span)
+    ranks = ctx.rank_count
+    if not 0 <= rank < ranks:
+        raise SemanticError(f"the placement names rank {rank}, but this schedule has ranks 0..{ranks - 1}", span)
 
 
 def _assign(mapping: list[int | None], stage: int, rank: int, span: Span) -> None:
@@ -164,7 +165,8 @@ def build_costs(tree: Tree, file: Source) -> Exec:
         links: dict[int, float] = {}
         for entry in entries:
             entry(ctx, env, fields, per_stage, links)
-        ctx.costs = CostModel(**fields, per_stage=tuple(per_stage), links=_dense(links, fields.get("comm", 0.0)))
+        ctx.costs = CostModel(**fields, per_stage=tuple(per_stage), links=_dense(links, fields.get("comm", 0.0)),
+                              overhead=StepOverhead())  # a costs block gives no step overhead
 
     return declare_costs
 
@@ -182,8 +184,7 @@ def _build_cost_entry(tree: Tree, file: Source):
         raise SemanticError(f"unknown cost {key!r}: costs are {', '.join(_COST_KEYS)}", key_span)
     value = compile_expr(value_tree, file)
     value_span = span_of(value_tree, file)
-    index = compile_expr(index_tree, file) if index_tree is not None else None
-    index_span = span_of(index_tree, file) if index_tree is not None else None
+    index = (compile_expr(index_tree, file), span_of(index_tree, file)) if index_tree is not None else None
 
     def set_cost(ctx: Elaboration, env: dict, fields: dict, per_stage: list, links: dict) -> None:
         number = require_number(value(env), value_span, f"the cost {key}")
@@ -195,20 +196,23 @@ def _build_cost_entry(tree: Tree, file: Source):
         if index is None:
             fields[key] = number
             return
+        index_of, index_span = index
+        ctx.require_declared(("stages",), index_span, f"the cost {key}[s]")
         if key == "comm":
-            links[_check_link(ctx, require_int(index(env), index_span, "a link"), index_span)] = number
+            links[_check_link(ctx, require_int(index_of(env), index_span, "a link"), index_span)] = number
             return
-        stage = ctx.check_stage(require_int(index(env), index_span, "a stage"), index_span)
+        stage = ctx.check_stage(require_int(index_of(env), index_span, "a stage"), index_span)
         per_stage.append((stage, key, number))
 
     return set_cost
 
 
 def _check_link(ctx: Elaboration, link: int, span: Span) -> int:
-    if 0 <= link < ctx.stages - 1:
+    stages = ctx.stage_count
+    if 0 <= link < stages - 1:
         return link
     raise SemanticError(f"link {link} is out of range: comm[s] is the link from stage s to s + 1, "
-                        f"so s is in 0..{ctx.stages - 2}", span)
+                        f"so s is in 0..{stages - 2}", span)
 
 
 _MEMORY_KEYS = ("limit", "weights", "unsharded", "checkpoint")
@@ -231,6 +235,7 @@ def build_memory(tree: Tree, file: Source) -> Exec:
             if not 0.0 <= number < float("inf"):
                 raise SemanticError(f"{key}[s] is in units of M_B: finite and at least 0, got {number!r}",
                                     value_span)
+            ctx.require_declared(("stages",), index_span, f"the memory {key}[s]")
             per_stage[key][ctx.check_stage(require_int(index(env), index_span, "a stage"), index_span)] = number
         _check_memory(fields, {key: value_span for key, _, _, _, value_span in entries})
         activation = _dense(per_stage["activation"], 1.0)

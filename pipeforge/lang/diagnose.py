@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from functools import cache
+from typing import cast
 
 from lark import Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
@@ -60,7 +61,9 @@ _EXAMPLES = {
 
 
 def bad_character(error: UnexpectedCharacters, text: str, file: Source) -> PipeSyntaxError:
-    char = text[error.pos_in_stream] if error.pos_in_stream < len(text) else ""
+    # lark declares pos_in_stream None on UnexpectedInput; UnexpectedCharacters sets the lexer's position, an int
+    pos = cast(int, error.pos_in_stream)
+    char = text[pos] if pos < len(text) else ""
     span = file.span(error.line, error.column, error.line, error.column + 1)
     if char == '"':
         return PipeSyntaxError("unterminated string: a string must end with '\"' on the same line", span)
@@ -68,7 +71,7 @@ def bad_character(error: UnexpectedCharacters, text: str, file: Source) -> PipeS
         return PipeSyntaxError("strings are written in double quotes: \"...\"", span)
     if char == "/":
         return PipeSyntaxError("'/' is not an operator here: integer division is '//'", span)
-    if char == "." and re.search(r"\bschedule\s+\w+\s*\([^()]*=\s*-?\d+$", text[:error.pos_in_stream]):
+    if char == "." and re.search(r"\bschedule\s+\w+\s*\([^()]*=\s*-?\d+$", text[:pos]):
         return PipeSyntaxError("a parameter default must be an integer literal, like 'P = 4'", span)
     expected = _expected_text(set(error.allowed or ()))
     return PipeSyntaxError(f"unexpected character {char!r}" + (f": expected {expected}" if expected else ""), span)
@@ -100,8 +103,9 @@ def _statement_note(error: UnexpectedToken, token: Token) -> tuple[str, ...]:
 
 
 def _token_span(token: Token, file: Source) -> Span:
-    line = token.line if isinstance(getattr(token, "line", None), int) else 1
-    col = token.column if isinstance(getattr(token, "column", None), int) else 1
+    line_given, col_given = getattr(token, "line", None), getattr(token, "column", None)
+    line = line_given if isinstance(line_given, int) else 1
+    col = col_given if isinstance(col_given, int) else 1
     end_col = getattr(token, "end_column", None)
     if token.type == "$END" or not isinstance(end_col, int) or getattr(token, "end_line", line) != line:
         end_col = col + max(len(str(token)), 1)
@@ -133,6 +137,7 @@ def _unclosed_brace(error: UnexpectedToken, stack: list, file: Source, text: str
         opened = _unclosed(stack, "LBRACE", "RBRACE")
         if opened is None:
             return None
+        assert opened.line is not None and opened.column is not None, "lark's lexer gives every token its place"
         suspect = Brace(opened.line, opened.column, None)
     span = file.span(suspect.line, suspect.col, suspect.line, suspect.col + 1)
     if suspect.evidence_line is None:
@@ -280,14 +285,13 @@ class _Position:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _Position) and self.position == other.position
-
-    __hash__ = None
+    # no __hash__: a class that defines __eq__ alone is unhashable (its __hash__ is None)
 
 
 def _matching_example(error: UnexpectedToken) -> str | None:
-    def parse_example(text: str) -> None:
+    def parse_example(text: str) -> Tree[Token]:
         try:
-            parser().parse(text)
+            return parser().parse(text)
         except UnexpectedInput as example_error:
             example_error.state = _Position(example_error.state)
             raise

@@ -16,7 +16,7 @@ from pipeforge.errors import (Argument, ArgumentError, PipeforgeError, PipeSynta
                               UsageError, words)
 from pipeforge.ir import Schedule
 from pipeforge.lang.context import Elaboration
-from pipeforge.lang.exprs import span_of
+from pipeforge.lang.exprs import span_of, token_of
 from pipeforge.lang.statements import compile_body
 
 
@@ -78,7 +78,7 @@ def compile_schedule(tree: Tree, file: Source) -> CompiledSchedule:
 
 
 def _int_literal(tree: Tree) -> int:
-    value = int(tree.children[0])
+    value = int(token_of(tree))
     return -value if tree.data == "negative_int" else value
 
 

@@ -22,18 +22,27 @@ from lark import Token, Tree
 
 from pipeforge.errors import SemanticError, Source, Span
 
-Env = dict
-Eval = Callable[[Env], object]
+Value = int | float  # a value of the language: an integer (a condition is a bool, an int) or a finite float
+Env = dict[str, Value]
+Eval = Callable[[Env], Value]
 
 
 def span_of(node: Tree | Token, file: Source) -> Span:
     """The source span of a lark tree or token (end exclusive)."""
     if isinstance(node, Token):
+        assert node.line is not None and node.column is not None, "lark's lexer gives every token its place"
         return file.span(node.line, node.column, node.end_line, node.end_column)
     meta = node.meta
     if getattr(meta, "empty", True):
         return file.span(1, 1)
     return file.span(meta.line, meta.column, meta.end_line, meta.end_column)
+
+
+def token_of(tree: Tree) -> Token:
+    """The one token of a rule that holds one (a literal, a name), as the grammar writes it."""
+    token = tree.children[0]
+    assert isinstance(token, Token), f"the grammar's {tree.data!r} holds a token"
+    return token
 
 
 def describe(value: object) -> str:
@@ -52,7 +61,7 @@ def require_int(value: object, span: Span, what: str) -> int:
 
 
 def require_number(value: object, span: Span, what: str) -> float:
-    if type(value) in (int, float):
+    if type(value) is int or type(value) is float:
         try:
             return float(value)
         except OverflowError:
@@ -60,7 +69,7 @@ def require_number(value: object, span: Span, what: str) -> float:
     raise SemanticError(f"{what} must be a number, got {describe(value)}", span)
 
 
-def _constant(value: object) -> Eval:
+def _constant(value: Value) -> Eval:
     return lambda env: value
 
 
@@ -69,7 +78,7 @@ def _name(tree: Tree, file: Source) -> Eval:
     name = str(token)
     span = span_of(token, file)
 
-    def lookup(env: Env) -> object:
+    def lookup(env: Env) -> Value:
         try:
             return env[name]
         except KeyError:
@@ -86,7 +95,7 @@ MAX_INT_BITS = 256  # far beyond any count a schedule means; a value past it is 
 _LIMIT = 1 << MAX_INT_BITS
 
 
-def bounded(value: object, span: Span, low: int = -_LIMIT, high: int = _LIMIT) -> object:
+def bounded(value: Value, span: Span, low: int = -_LIMIT, high: int = _LIMIT) -> Value:
     """``value`` itself when it is within the language's bounds (a number of magnitude below
     2 ** MAX_INT_BITS: not inf, not nan); a SemanticError at ``span`` otherwise."""
     if low < value < high:
@@ -98,9 +107,12 @@ def _too_large(value: object, span: Span) -> SemanticError:
     return SemanticError(f"the result is too large a number (2 ** {MAX_INT_BITS} or more)", span)
 
 
-def _operation(op: Callable[[object, object], object], where: str):
+Combine = Callable[[Value, Value, Span], Value]
+
+
+def _operation(op: Callable[[Value, Value], Value], where: str) -> Combine:
     """``(a, b, span) -> op(a, b)`` with the language's errors: operands it cannot combine, results too large."""
-    def combine(a: object, b: object, span: Span, low: int = -_LIMIT, high: int = _LIMIT) -> object:
+    def combine(a: Value, b: Value, span: Span, low: int = -_LIMIT, high: int = _LIMIT) -> Value:
         try:
             value = op(a, b)
         except TypeError:
@@ -114,10 +126,10 @@ def _operation(op: Callable[[object, object], object], where: str):
     return combine
 
 
-def _divided(op: Callable[[object, object], object], symbol: str, divisor_span: Span):
+def _divided(op: Callable[[Value, Value], Value], symbol: str, divisor_span: Span) -> Combine:
     combine = _operation(op, f"with {symbol!r}")
 
-    def apply(a: object, b: object, span: Span) -> object:
+    def apply(a: Value, b: Value, span: Span) -> Value:
         if b == 0:
             raise SemanticError(f"division by zero: the right side of {symbol!r} is 0", divisor_span)
         return combine(a, b, span)
@@ -147,7 +159,7 @@ def _chain(tree: Tree, file: Source) -> Eval:
             first = _link(first, combine, right, span)
         return first
 
-    def apply(env: Env) -> object:
+    def apply(env: Env) -> Value:
         value = first(env)
         for combine, right, span in steps:
             value = combine(value, right(env), span)
@@ -159,7 +171,7 @@ def _chain(tree: Tree, file: Source) -> Eval:
 _NESTED = 16  # chains up to this long evaluate as nested closures (that deep at most), longer ones in a loop
 
 
-def _link(left: Eval, combine, right: Eval, span: Span) -> Eval:
+def _link(left: Eval, combine: Combine, right: Eval, span: Span) -> Eval:
     return lambda env: combine(left(env), right(env), span)
 
 
@@ -188,7 +200,7 @@ def _logical(first: Eval, rest: list[Eval], conjunction: bool) -> Eval:
     return apply
 
 
-def _compare(op: Callable[[object, object], bool]) -> Callable[[Tree, Source], Eval]:
+def _compare(op: Callable[[Value, Value], bool]) -> Callable[[Tree, Source], Eval]:
     def build(tree: Tree, file: Source) -> Eval:
         left, right = (compile_expr(child, file) for child in tree.children)
         span = span_of(tree, file)
@@ -213,7 +225,7 @@ def _neg(tree: Tree, file: Source) -> Eval:
     inner = compile_expr(tree.children[0], file)
     span = span_of(tree, file)
 
-    def negate(env: Env) -> object:
+    def negate(env: Env) -> Value:
         value = inner(env)
         if type(value) not in (int, float):
             raise SemanticError(f"cannot negate {describe(value)}", span)
@@ -222,12 +234,12 @@ def _neg(tree: Tree, file: Source) -> Eval:
     return negate
 
 
-def _extremum(pick: Callable[..., object], name: str) -> Callable[[Tree, Source], Eval]:
+def _extremum(pick: Callable[..., Value], name: str) -> Callable[[Tree, Source], Eval]:
     def build(tree: Tree, file: Source) -> Eval:
         parts = [compile_expr(child, file) for child in tree.children]
         span = span_of(tree, file)
 
-        def apply(env: Env) -> object:
+        def apply(env: Env) -> Value:
             try:
                 return pick(part(env) for part in parts)
             except TypeError:
@@ -239,11 +251,11 @@ def _extremum(pick: Callable[..., object], name: str) -> Callable[[Tree, Source]
 
 
 def _int_literal(tree: Tree, file: Source) -> Eval:
-    return _constant(bounded(int(tree.children[0]), span_of(tree, file)))
+    return _constant(bounded(int(token_of(tree)), span_of(tree, file)))
 
 
 def _float_literal(tree: Tree, file: Source) -> Eval:
-    return _constant(bounded(float(tree.children[0]), span_of(tree, file)))
+    return _constant(bounded(float(token_of(tree)), span_of(tree, file)))
 
 
 _BUILDERS: dict[str, Callable[[Tree, Source], Eval]] = {

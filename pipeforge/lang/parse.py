@@ -16,6 +16,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 from pipeforge.errors import PipeSyntaxError, Source, Span
 from pipeforge.lang import diagnose
 from pipeforge.lang.context import MAX_ACTIONS
+from pipeforge.lang.exprs import span_of
 from pipeforge.lang.lark_parser import MAX_TOKENS, TooManyTokens, parser
 
 
@@ -69,7 +70,7 @@ def check_bounds(tree: Tree, source: Source) -> None:
 
 def _span(node: Tree | Token, source: Source) -> Span:
     if isinstance(node, Token):
-        return source.span(node.line, node.column, node.end_line, node.end_column)
+        return span_of(node, source)
     meta = node.meta
     if getattr(meta, "empty", True):
         return source.span(1, 1)

@@ -48,16 +48,18 @@ class RankBuilder:
 
     def record(self, action: Action) -> None:
         """Note a compute action for the implicit microbatches that follow it."""
-        kind = action.kind
+        kind, microbatch = action.kind, action.microbatch
+        if microbatch is None:  # none of F, B, I, W: each has its microbatch (parse_action, or implicit)
+            return
         key = (action.chain, action.stage)
         if kind is _F:
-            self._counter(self._forwarded, key).mark(action.microbatch)
+            self._counter(self._forwarded, key).mark(microbatch)
         elif kind is _B or kind is _I:
-            self._counter(self._backwarded, key).mark(action.microbatch)
+            self._counter(self._backwarded, key).mark(microbatch)
             if kind is _I:
-                self._awaiting_w.setdefault(key, {})[action.microbatch] = None
+                self._awaiting_w.setdefault(key, {})[microbatch] = None
         elif kind is _W:
-            self._awaiting_w.get(key, {}).pop(action.microbatch, None)
+            self._awaiting_w.get(key, {}).pop(microbatch, None)
 
     def implicit_microbatch(self, kind: ActionKind, stage: int, chain: int, microbatches: int, span: Span) -> int:
         """The microbatch ``kind(stage)`` stands for here, or a SemanticError when none is left."""

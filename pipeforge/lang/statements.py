@@ -118,8 +118,8 @@ def _rank_block(tree: Tree, file: Source) -> Exec:
     def rank_block(ctx: Elaboration, env: dict) -> None:
         ctx.require_declared(("ranks", "stages", "microbatches"), header, "a rank block")
         if binder is not None and binder not in env:
-            ctx.spend(ctx.ranks, span)
-            for rank in range(ctx.ranks):
+            ctx.spend(ctx.rank_count, span)
+            for rank in range(ctx.rank_count):
                 run_rank(ctx, env, rank)
             return
         run_rank(ctx, env, require_int(rank_of(env), rank_span, "a rank"))
@@ -143,11 +143,12 @@ def _chain_block(tree: Tree, file: Source) -> Exec:
 
 
 def _idle(tree: Tree, file: Source) -> Exec:
-    step = Step((), False, span_of(tree, file))
+    span = span_of(tree, file)
+    step = Step((), False, span)
 
     def emit_idle(ctx: Elaboration, env: dict) -> None:
         if ctx.sink is None:
-            raise ctx.outside_rank("an idle slot", step.span)
+            raise ctx.outside_rank("an idle slot", span)
         ctx.sink.append(step)
 
     return emit_idle
@@ -204,8 +205,8 @@ def _action_call(tree: Tree, file: Source) -> Exec:
     is_compute = kind.is_compute
 
     def emit_action(ctx: Elaboration, env: dict) -> None:
-        program = ctx.program
-        if program is None:
+        program, sink = ctx.program, ctx.sink
+        if program is None or sink is None:  # both None, or neither: outside a rank block
             raise ctx.outside_rank(f"{kind.value}(...)", span)
         stage = ctx.check_stage(require_int(stage_of(env), stage_span, "a stage"), stage_span)
         chain = ctx.chain if chain_of is None else ctx.check_chain(
@@ -215,19 +216,20 @@ def _action_call(tree: Tree, file: Source) -> Exec:
             microbatch = ctx.check_microbatch(require_int(microbatch_of(env), microbatch_span, "a microbatch"),
                                               microbatch_span)
         elif takes_microbatch:
-            microbatch = program.implicit_microbatch(kind, stage, chain, ctx.microbatches, span)
+            microbatch = program.implicit_microbatch(kind, stage, chain, ctx.microbatch_count, span)
         ctx.actions_left -= 1
         if ctx.actions_left < 0:
             raise ctx.too_many_actions(span)
         action = Action(stage, kind, microbatch, chain)
         if is_compute:
             program.record(action)
-        ctx.sink.append(Step((action,), False, span))
+        sink.append(Step((action,), False, span))
 
     return emit_action
 
 
 def _check_arity(kind: ActionKind, count: int, span: Span) -> None:
+    expected: tuple[int, ...]
     if kind in IMPLICIT_KINDS:
         expected, usage = (1, 2), f"{kind.value}(stage) or {kind.value}(stage, microbatch)"
     elif kind.has_microbatch:

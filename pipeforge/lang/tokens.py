@@ -18,7 +18,7 @@ from lark import Token, Tree
 from pipeforge.errors import PipeSyntaxError, Source, Span
 from pipeforge.ir import Action, Step, parse_action
 from pipeforge.lang.context import Elaboration
-from pipeforge.lang.exprs import span_of
+from pipeforge.lang.exprs import span_of, token_of
 
 Exec = Callable[[Elaboration, dict], None]
 
@@ -47,6 +47,7 @@ class _Locator:
     """
 
     def __init__(self, token: Token, file: Source) -> None:
+        assert token.line is not None and token.column is not None, "lark's lexer gives every token its place"
         self.file, self.text = file, str(token)
         self.line, self.col = token.line, token.column
         self._offset, self._line, self._line_start = 0, token.line, -token.column + 1
@@ -70,7 +71,7 @@ class _Locator:
 def _run_steps(token: Token, file: Source) -> list[tuple[Step, tuple[tuple[Action, int, int], ...]]]:
     """Each step of a run with its actions and their offsets in the run."""
     locator = _Locator(token, file)
-    steps = []
+    steps: list[tuple[Step, tuple[tuple[Action, int, int], ...]]] = []
     for match in _STEP.finditer(locator.text):
         step_text, start, end = match.group(), match.start(), match.end()
         span = locator.span(start, end)
@@ -84,7 +85,8 @@ def _run_steps(token: Token, file: Source) -> list[tuple[Step, tuple[tuple[Actio
     return steps
 
 
-def _bracketed_step(locator: _Locator, step_text: str, start: int, span: Span):
+def _bracketed_step(locator: _Locator, step_text: str, start: int,
+                    span: Span) -> tuple[Step, tuple[tuple[Action, int, int], ...]]:
     located = tuple(_located_action(locator, start + part.start(), part.group())
                     for part in _ACTION.finditer(step_text))
     try:
@@ -101,20 +103,21 @@ def _located_action(locator: _Locator, start: int, text: str) -> tuple[Action, i
 
 
 def compile_run(tree: Tree, file: Source) -> Exec:
-    token = tree.children[0]
+    token = token_of(tree)
     locator = _Locator(token, file)
     steps = _run_steps(token, file)
     first_span = steps[0][0].span
+    assert first_span is not None, "_run_steps gives each step its span"
 
     def emit_run(ctx: Elaboration, env: dict) -> None:
-        sink = ctx.sink
-        if sink is None:
+        program, sink = ctx.program, ctx.sink
+        if program is None or sink is None:  # both None, or neither: outside a rank block
             raise ctx.outside_rank(f"the step {steps[0][0]}", first_span)
         ctx.actions_left -= len(steps)
         if ctx.actions_left < 0:
             raise ctx.too_many_actions(first_span)
-        record = ctx.program.record
-        stages, microbatches, chains = ctx.stages, ctx.microbatches, len(ctx.placements)
+        record = program.record
+        stages, microbatches, chains = ctx.stage_count, ctx.microbatch_count, ctx.chain_count
         for step, located in steps:
             for action, start, end in located:
                 mb = action.microbatch
@@ -129,8 +132,9 @@ def compile_run(tree: Tree, file: Source) -> Exec:
 
 def compile_bracketed(tree: Tree, file: Source) -> Exec:
     """A single token, or an overlap or group that the run did not take (kept for its error messages)."""
-    actions = tuple(_single_action(token, file) for token in tree.children)
-    spans = tuple(span_of(token, file) for token in tree.children)
+    action_tokens = [token for token in tree.children if isinstance(token, Token)]  # each child, by the grammar
+    actions = tuple(_single_action(token, file) for token in action_tokens)
+    spans = tuple(span_of(token, file) for token in action_tokens)
     span = span_of(tree, file)
     try:
         step = Step(actions, tree.data == "token_overlap", span)
@@ -138,13 +142,14 @@ def compile_bracketed(tree: Tree, file: Source) -> Exec:
         raise PipeSyntaxError(str(error), span) from None
 
     def emit_tokens(ctx: Elaboration, env: dict) -> None:
-        if ctx.sink is None:
+        program, sink = ctx.program, ctx.sink
+        if program is None or sink is None:  # both None, or neither: outside a rank block
             raise ctx.outside_rank(f"the step {step}", span)
         for action, action_span in zip(actions, spans):
             ctx.check_action(action, action_span)
             if action.is_compute:
-                ctx.program.record(action)
-        ctx.sink.append(step)
+                program.record(action)
+        sink.append(step)
 
     return emit_tokens
 

@@ -19,12 +19,11 @@ def list_parts(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], list[tupl
     if isinstance(model, nn.Sequential):
         return [], list(model.named_children()), []
     children = list(model.named_children())
-    lists = [i for i, (_, child) in enumerate(children) if isinstance(child, nn.ModuleList)]
+    lists = [(i, name, child) for i, (name, child) in enumerate(children) if isinstance(child, nn.ModuleList)]
     if len(lists) != 1:
         raise UsageError(f"pipeforge.split: {type(model).__name__} is neither a Hugging Face causal LM, an "
                          f"nn.Sequential, nor a module with one nn.ModuleList of layers (it has {len(lists)})")
-    index = lists[0]
-    name, layers = children[index]
+    index, name, layers = lists[0]
     return children[:index], [(f"{name}.{i}", layer) for i, layer in enumerate(layers)], children[index + 1:]
 
 
@@ -47,6 +46,7 @@ class LayerListStage(nn.Module):
         if holder is None:
             holder = nn.ModuleDict()
             self.add_module(head, holder)
+        assert isinstance(holder, nn.ModuleDict), "a dotted name's head is a list's name: the ModuleDict made here"
         holder[tail] = module
         self.order.append(name)
 

@@ -36,7 +36,7 @@ def layer_costs(model: torch.nn.Module, batch: torch.Tensor, *, attention_mask: 
     runners = [StageRunner(cut.modules[s], s, 0, s == 0, s == count - 1, _loss if s == count - 1 else None)
                for s in range(count)]
     kwargs = {"attention_mask": attention_mask} if attention_mask is not None else {}
-    times = {s: {"F": [], "I": [], "W": []} for s in range(count)}
+    times: dict[int, dict[str, list[float]]] = {s: {"F": [], "I": [], "W": []} for s in range(count)}
     saved = [0] * count
     for _ in range(repeats + 1):  # the first round warms up
         _round(runners, batch, kwargs, times, saved)
@@ -80,6 +80,8 @@ def load_layer_model(path: str) -> dict:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("pipeforge_user_layers", path)
+    if spec is None or spec.loader is None:  # a name Python imports no module from (not *.py)
+        raise UsageError(f"{path}: not a Python module file (a .py file defining {LAYER_FUNCTION}())")
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)

@@ -37,8 +37,8 @@ def verify_cut(model: nn.Module, every: dict[int, nn.Module]) -> None:
                 stage.eval()
             want = _own_output(model, example)
             got = example
-            for stage in sorted(every):
-                got = every[stage](got)
+            for index in sorted(every):
+                got = every[index](got)
     finally:
         for module, training in modes:
             module.training = training

@@ -25,8 +25,8 @@ Position = tuple[int, int]  # (rank, step index in the input program, idle slots
 class CarriedEdge(NamedTuple):
     """One cross-rank data edge of the input: ``send`` on the producer's rank, ``recv`` on the consumer's."""
 
-    send: ActionKey
-    recv: ActionKey
+    send: Action
+    recv: Action
     producer: Position
     consumer: Position
 
@@ -106,7 +106,7 @@ class DependencyGraph:
 CarriedShape = tuple[tuple[tuple[tuple[int, ActionKind], ...], tuple[int, ActionKind], tuple[int, ActionKind]], ...]
 
 
-def carried_shape(action: Action, last: int) -> CarriedShape:
+def carried_shape(action: ActionKey, last: int) -> CarriedShape:
     """``semantics.needs`` of ``action`` that a send carries (none for ``LOCAL_KINDS``: every need on its
     own stage, program order decides), asked once per (stage, kind, chain): every rule names actions of
     the action's own microbatch and chain (checked here)."""
@@ -124,10 +124,10 @@ def carried_shape(action: Action, last: int) -> CarriedShape:
     return tuple(shape)
 
 
-def compute_positions(schedule: Schedule) -> dict[Action, Position]:
+def compute_positions(schedule: Schedule) -> dict[ActionKey, Position]:
     """Where each compute action first occurs on the rank that owns its stage. One written on
     another rank is a ``placement`` error: no communication (nor any wait) is derived from it."""
-    position: dict[Action, Position] = {}
+    position: dict[ActionKey, Position] = {}  # Actions, looked up by plain tuples equal to them
     for rank, program in enumerate(schedule.programs):
         owned = owned_stages(schedule, rank)
         for index, step in enumerate(program):
@@ -227,7 +227,7 @@ class ProgramWriter:
         self.steps[rank].append(self.schedule.programs[rank][index])
         self.served[rank].append(index)
 
-    def group(self, rank: int, keys: list[ActionKey], serves: int) -> None:
+    def group(self, rank: int, keys: list[Action], serves: int) -> None:
         if not keys:
             return
         span = self.schedule.programs[rank][serves].span

@@ -63,6 +63,7 @@ def _insert(schedule: Schedule, which: Collection[Key] | None, before: ActionKin
                         steps.append(Step((Action(action.stage, after, action.microbatch, action.chain),),
                                           span=step.span))
             if step.is_compute:
-                forwarded.update((a.stage, a.microbatch, a.chain) for a in step.actions if a.kind is F)
+                forwarded.update((a.stage, a.microbatch, a.chain) for a in step.actions
+                                 if a.kind is F and a.microbatch is not None)  # (an F always has one)
         programs.append(tuple(steps))
     return replace_programs(schedule, tuple(programs))

@@ -11,7 +11,7 @@ refuses, the result holds torch's message instead of a program. How torch lowers
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from pipeforge.ir import (
     Action,
@@ -92,7 +92,11 @@ def _lower_with_torch(rows, schedule: Schedule, stage_to_rank: dict[int, int], d
     order = {rank: [ts._Action.from_str(cell(step)) for step in row] for rank, row in enumerate(rows)}
     try:
         ts._validate_schedule(order, schedule.ranks, schedule.stages, schedule.microbatches)
-        order = {rank: ts._add_reduce_grad(ts._add_unshard_reshard(actions, MAX_ACTIVE_STAGES), schedule.microbatches)
+        # cast: torch annotates _add_unshard_reshard's result list[_Action] and _add_reduce_grad's argument
+        # list[_Action | None], which it only reads (skipping a None)
+        order = {rank: ts._add_reduce_grad(cast("list[ts._Action | None]",
+                                                ts._add_unshard_reshard(actions, MAX_ACTIVE_STAGES)),
+                                           schedule.microbatches)
                  for rank, actions in order.items()}
         lowered = ts._add_send_recv(order, stage_to_rank=stage_to_rank.__getitem__, num_stages=schedule.stages)
         if defer:

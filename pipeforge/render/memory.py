@@ -3,8 +3,8 @@
 One panel per rank, time left to right on the picture's scale (``render/svg.py``'s ``Layout``, the same
 width), the rank's held memory (``Timeline.memory_curves``, M_B) as a stepped line on one scale for all
 ranks, the memory limit dashed where one is declared, the rank's peak written beside it. Each line is a
-``<polyline class="memory">`` with ``data-rank`` and ``data-peak`` (its largest value, which is the
-rank's ``peak_memory``) and a ``<title>`` tooltip; the HTML page shows it under the picture.
+``<polyline class="memory">`` with ``data-rank`` and ``data-peak`` (its largest value, the rank's
+``timed_peak_memory``) and a ``<title>`` tooltip; the HTML page shows it under the picture.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def render_memory_svg(timeline: Timeline, *, width: float | None = None) -> str:
         f'{escape(f"memory held per rank over time (M_B; scale 0 to {top_value:g})")}</text>',
     ]
     for rank, curve in enumerate(curves):
-        parts += _panel(rank, curve, timeline.peak_memory[rank], limit, top_value, layout)
+        parts += _panel(rank, curve, timeline.timed_peak_memory[rank], limit, top_value, layout)
     parts += _axis(layout, axis)
     parts.append("</svg>")
     return "\n".join(parts) + "\n"

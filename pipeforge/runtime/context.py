@@ -61,6 +61,9 @@ class ScheduleInfo:
     recomputed: tuple[tuple[int, int, int], ...] = ()  # (stage, microbatch, chain) that R rebuilds
     offloaded: tuple[tuple[int, int, int], ...] = ()  # (stage, microbatch, chain) that OFFLOAD moves to host
     recompute_sources: tuple[tuple[int, str], ...] = ()  # (stage, "file:line:col" of its first R), for errors
+    # ((stage, kind, microbatch, chain) of a step that adds memory, (stage, microbatch, chain) of the OFFLOAD
+    # whose copy it waits for): the copy lane rule (semantics.offload_waits), only where the limit needs it
+    offload_waits: tuple[tuple[tuple[int, str, int, int], tuple[int, int, int]], ...] = ()
 
     def recompute_source(self, stage: int) -> str | None:
         """Where the schedule's first R of ``stage`` was written (None: not known)."""
@@ -142,6 +145,7 @@ class RankContext:
         self.activations = ActivationCount()  # what simulate's memory model counts (O(1) per action)
         self.saved = SavedActivations(frozenset(info.recomputed), frozenset(info.offloaded),
                                       transport.device)  # R, OFFLOAD, RELOAD: runtime/saved.py
+        self._offload_waits = {tuple(step): key for step, key in info.offload_waits}
         self._handed: dict[Action, Any] = {}
         self._outbox: dict[Action, tuple[torch.Tensor, ...]] = {}
         self._pending: dict[Action, tuple[Posted, tuple[torch.Tensor, ...]]] = {}
@@ -349,7 +353,15 @@ class RankContext:
 
     # -- the runtime's own compute ------------------------------------------------------
 
+    def _wait_offload(self, stage: int, kind: str, mb: int, chain: int) -> None:
+        """Before a step that adds memory: the OFFLOAD the copy lane rule names for it has ended."""
+        key = self._offload_waits.get((stage, kind, mb, chain))
+        if key is not None:
+            self.saved.lane.wait_offload(key)
+
     def _forward(self, stage: int, mb: int, chain: int) -> None:
+        if self._offload_waits:
+            self._wait_offload(stage, "F", mb, chain)
         runner = self.runners.get((stage, chain)) or self.runner(stage, chain)
         args, kwargs = self._forward_input(stage, mb, chain)
         own = self.stage_inputs.get(stage)
@@ -401,6 +413,8 @@ class RankContext:
             self.saved.backward_done((stage, mb, chain))
 
     def _recompute(self, stage: int, mb: int, chain: int) -> None:
+        if self._offload_waits:
+            self._wait_offload(stage, "R", mb, chain)
         self.saved.recompute(self.runner(stage, chain), mb)
         self.activations.record(ActionKind.R)
 
@@ -409,6 +423,8 @@ class RankContext:
         self.activations.record(ActionKind.OFFLOAD)
 
     def _reload(self, stage: int, mb: int, chain: int) -> None:
+        if self._offload_waits:
+            self._wait_offload(stage, "RELOAD", mb, chain)
         self.saved.reload(self.runner(stage, chain), mb)
         self.activations.record(ActionKind.RELOAD)
 

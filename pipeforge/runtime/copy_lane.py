@@ -1,15 +1,16 @@
 """The copy lane of OFFLOAD and RELOAD: how one microbatch's saved tensors move, on a CPU or a GPU.
 
 ``copy_lane(device)`` gives one of two lanes with one interface, driven alike (``begin`` around the
-copies, ``copy`` per copy, ``finish`` after them, ``wait`` before the backward); ``move`` makes the copies
+copies, ``copy`` per copy, ``finish`` after them, ``wait`` before the backward, ``wait_offload`` before a
+step that adds memory where the copy lane rule names an OFFLOAD, docs/semantics.md); ``move`` makes the copies
 for both: one copy of the bytes of a storage its saved tensors reach, the tensors rebuilt as the same
 views of it, so a RELOAD brings back exactly what its OFFLOAD took.
 
 - ``HostCopies`` (a CPU device): each copy is made at once; nothing to finish or wait for.
 - ``StreamCopies`` (CUDA): non-blocking copies on a side stream that first waits for the compute
   stream; sources recorded on the side stream and copies on the compute stream (``record_stream``); an
-  event after the copies, which the backward's compute stream waits for. Not run on a GPU yet
-  (``docs/runtime-internals.md``).
+  event after the copies, which the backward's compute stream waits for, and the host before an addition
+  the rule makes wait for an OFFLOAD (its sources' memory is free again). Not run on a GPU yet.
 """
 
 from __future__ import annotations
@@ -31,11 +32,14 @@ class HostCopies:
     def copy(self, tensor: torch.Tensor, where: torch.device) -> torch.Tensor:
         return tensor.to(where, copy=True)
 
-    def finish(self, key: Key, sources: list[torch.Tensor], copies: list[torch.Tensor]) -> None:
+    def finish(self, key: Key, sources: list[torch.Tensor], copies: list[torch.Tensor], away: bool = False) -> None:
         pass
 
     def wait(self, key: Key) -> None:
         pass
+
+    def wait_offload(self, key: Key) -> None:
+        pass  # the copy was made when asked for: its source is free already
 
     def clear(self) -> None:
         pass
@@ -51,6 +55,7 @@ class StreamCopies:
         self.cuda = cuda
         self.stream: Any = None  # made at the first transfer
         self.events: dict[Key, Any] = {}  # the last transfer of each microbatch still to be waited for
+        self.offloads: dict[Key, Any] = {}  # each OFFLOAD's event, until an addition waits for it or the step ends
 
     def begin(self):
         if self.stream is None:
@@ -61,7 +66,7 @@ class StreamCopies:
     def copy(self, tensor: torch.Tensor, where: torch.device) -> torch.Tensor:
         return tensor.to(where, non_blocking=True, copy=True)
 
-    def finish(self, key: Key, sources: list[torch.Tensor], copies: list[torch.Tensor]) -> None:
+    def finish(self, key: Key, sources: list[torch.Tensor], copies: list[torch.Tensor], away: bool = False) -> None:
         compute = self.cuda.current_stream(self.device)
         for source in sources:  # read on the side stream: not reused before the copy is done
             self.record(source, self.stream)
@@ -70,14 +75,24 @@ class StreamCopies:
         event = self.cuda.Event()
         event.record(self.stream)
         self.events[key] = event
+        if away:
+            self.offloads[key] = event
 
     def wait(self, key: Key) -> None:
         event = self.events.pop(key, None)
         if event is not None:
             self.cuda.current_stream(self.device).wait_event(event)
 
+    def wait_offload(self, key: Key) -> None:
+        """The host waits for OFFLOAD ``key``'s copies (and so every earlier transfer: one side stream):
+        then the allocator may give what they read to the step that adds memory."""
+        event = self.offloads.pop(key, None)
+        if event is not None:
+            event.synchronize()
+
     def clear(self) -> None:
         self.events.clear()
+        self.offloads.clear()
 
     @staticmethod
     def record(tensor: torch.Tensor, stream: Any) -> None:

@@ -218,7 +218,7 @@ class SavedActivations:
         moved, sources, copies = move(self.lane, [saved.tensor for saved in holder], where)
         for saved, tensor in zip(holder, moved):
             saved.tensor = tensor  # the source is dropped (a host copy, or back on the device)
-        self.lane.finish(key, sources, copies)
+        self.lane.finish(key, sources, copies, away)
         for saved in holder:
             if away:
                 saved.release()  # off the device: no longer counted

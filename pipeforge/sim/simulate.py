@@ -210,8 +210,8 @@ class Timeline:
     def memory_curves(self) -> tuple[tuple[tuple[float, float], ...], ...]:
         """Per rank, what it holds over time (M_B): ``(time, held from then on)`` where it changes, from
         ``(0, 0)``. Each action's effect (``semantics.effects_of``, as the peak counts it) adds at its start and
-        releases at its end; at one time the releases come first. Its largest value is never above the
-        rank's ``peak_memory`` (UNSHARD and RESHARD, which take no time, are left out of it)."""
+        releases at its end; at one time the releases come first (UNSHARD and RESHARD, which take no time,
+        are left out of it). Its largest value is ``timed_peak_memory``."""
         effect = effects_of(self.memory, (a for _, _, a in self.schedule.actions()))
         curves = []
         for events in self.events_by_rank:
@@ -231,6 +231,14 @@ class Timeline:
             curves.append(tuple(curve))
         return tuple(curves)
 
+    @property
+    def timed_peak_memory(self) -> tuple[float, ...]:
+        """Per rank, the most it holds at any time of this timing (``memory_curves``: an OFFLOAD's release
+        counted from its transfer's end). Under a declared limit that ``peak_memory`` keeps, never above it
+        (the copy lane rule, docs/semantics.md); without one it may pass ``peak_memory``, where an addition
+        did not wait for a transfer still in flight."""
+        return tuple(max(held for _, held in curve) for curve in self.memory_curves)
+
     def to_json(self) -> dict:
         return {
             "schedule": self.name,
@@ -239,6 +247,7 @@ class Timeline:
             "bubble_rate": self.bubble_rate,
             "least_work_bubble_rate": self.work_bubble_rate,
             "peak_memory": list(self.peak_memory),
+            "timed_peak_memory": list(self.timed_peak_memory),
             "lower_bound": self.lower_bound,
             "bubble_lower_bound": self.bubble_lower_bound,
             "gap": self.gap,

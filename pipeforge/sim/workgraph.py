@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from pipeforge.ir import COMPUTE_KINDS, Action, ActionKind, CostModel, MemorySpec, Placement, Schedule
-from pipeforge.semantics import ActionKey, effects_of, lane, needs, needs_if_present
+from pipeforge.semantics import ActionKey, effects_of, lane, needs, needs_if_present, offload_waits
 from pipeforge.sim.costs import duration_table
 
 Order = tuple[tuple[int, ...], ...]
@@ -151,18 +151,32 @@ def compile_schedule(schedule: Schedule, costs: CostModel, memory: MemorySpec) -
 
 
 def _offload_waits(graph: WorkGraph, order: Order) -> list[tuple[Dependency, ...]]:
-    """A node that adds memory (F, R, RELOAD) waits for the end of the last OFFLOAD before it on its
-    rank (the copy lane runs its transfers in order, so for every earlier one): the memory an offload
-    frees is free before anything counts on it (docs/semantics.md, "Recompute and offload")."""
+    """A node that adds memory (F, R, RELOAD) waits for the end of the OFFLOAD ``semantics.offload_waits``
+    names for its step, if any: only where, counting each earlier offload's release from its transfer's
+    end, what it adds would pass the memory limit (none declared: it never waits; docs/semantics.md,
+    "Recompute and offload")."""
     waits = list(graph.waits)
-    offload, added = ActionKind.OFFLOAD, graph.added
+    offload, added, released, actions = ActionKind.OFFLOAD, graph.added, graph.released, graph.actions
+    steps = graph.step
+    limit = graph.memory.limit
+    if limit is None:
+        return waits
     for seq in order:
-        last = None
+        groups: list[list[int]] = []  # the rank's nodes, one list a step
         for node in seq:
-            if last is not None and added[node] > 0:
-                waits[node] = waits[node] + ((last, 0.0),)
-            if graph.actions[node].kind is offload:
-                last = node
+            if groups and steps is not None and steps[node] == steps[groups[-1][0]]:
+                groups[-1].append(node)
+            else:
+                groups.append([node])
+        summary = [(sum(added[n] for n in group), sum(released[n] for n in group),
+                    any(actions[n].kind is offload for n in group)) for group in groups]
+        for group, wait in zip(groups, offload_waits(summary, limit)):
+            if wait is None:
+                continue
+            last = groups[wait][0]
+            for node in group:
+                if added[node] > 0:
+                    waits[node] = waits[node] + ((last, 0.0),)
     return waits
 
 

@@ -82,6 +82,8 @@ def load_model(path: str, stages: int) -> dict[str, Any]:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("pipeforge_user_model", path)
+    if spec is None or spec.loader is None:  # a name Python imports no module from (not *.py)
+        raise ModelFileError(f"{path}: not a Python module file (a .py file defining {MODEL_FUNCTION}(stages))")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     make = getattr(module, MODEL_FUNCTION, None)

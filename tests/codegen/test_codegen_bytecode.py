@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 import marshal
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +34,35 @@ def test_workers_give_the_code_compiled_here(parallel):
     for (filename, text), code in zip(given, codes, strict=True):
         assert marshal.loads(code) == compile(text, filename, "exec", dont_inherit=True)
         assert marshal.loads(code).co_filename == filename
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_sources_given_one_by_one_are_named_at_the_end(parallel, jobs):
+    given = sources(6, 200)
+    with Compiling(jobs=jobs) as compiling:
+        for _, text in given:
+            compiling.add(text)
+        assert len(compiling.workers) == jobs
+        claimed = Path(compiling.folder) / "claim_0"
+        deadline = time.monotonic() + 60
+        while not claimed.exists() and time.monotonic() < deadline:  # a worker has taken one at least
+            time.sleep(0.01)
+        assert claimed.exists()
+        codes = compiling.codes([filename for filename, _ in given])
+    for (filename, text), code in zip(given, codes, strict=True):
+        loaded = marshal.loads(code)
+        assert loaded == compile(text, filename, "exec", dont_inherit=True)
+        functions = [c for c in loaded.co_consts if hasattr(c, "co_filename")]
+        assert functions and {loaded.co_filename, *(f.co_filename for f in functions)} == {filename}
+
+
+def test_a_source_given_late_that_does_not_compile_is_named_with_its_file(parallel):
+    given = sources(4, 20)
+    with Compiling(jobs=1) as compiling, pytest.raises(CompileError) as raised:
+        for index, (_, text) in enumerate(given):
+            compiling.add(text + ("    ctx.forward(1,\n" if index == 1 else ""))
+        compiling.codes([filename for filename, _ in given])
+    assert raised.value.index == 1 and "never closed" in raised.value.message and "rank_1.py" in raised.value.message
 
 
 def test_no_job_or_small_sources_compile_here(parallel):

@@ -59,6 +59,11 @@ def test_model_file_without_the_function_exits_2(tmp_path, capsys):
                  "-o", str(tmp_path / "c.json")]) == 2
     assert "defines no function pipeforge_model(stages)" in capsys.readouterr().err
     assert not (tmp_path / "c.json").exists()
+    text = tmp_path / "model.txt"  # no module: before, each rank's AttributeError from importlib
+    text.write_text("def pipeforge_model(stages):\n    pass\n", encoding="utf-8")
+    assert main(["profile", str(text), "--stages", "2", "--steps", "1", "--warmup", "0",
+                 "-o", str(tmp_path / "c.json")]) == 2
+    assert "model.txt: not a Python module file" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["--stages", "1"], ["--stages", "2", "--steps", "0"]])

@@ -39,6 +39,10 @@ def test_per_layer_refusals_name_the_problem(tmp_path, capsys):
     out = str(tmp_path / "layers.json")
     assert main(["profile", str(bare), "--per-layer", "-o", out]) == 2
     assert "defines no function pipeforge_layers()" in capsys.readouterr().err
+    text = tmp_path / "layers.txt"  # no module: before, an AttributeError from importlib (exit 70)
+    text.write_text("def pipeforge_layers():\n    pass\n")
+    assert main(["profile", str(text), "--per-layer", "-o", out]) == 2
+    assert "layers.txt: not a Python module file" in capsys.readouterr().err
     assert main(["profile", MODEL, "--per-layer", "--stages", "2", "-o", out]) == 2
     assert "leave --stages out" in capsys.readouterr().err
     assert main(["profile", MODEL, "-o", out]) == 2

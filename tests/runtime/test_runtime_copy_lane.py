@@ -99,6 +99,9 @@ class _Event:
     def record(self, stream):
         self.owner.log.append(f"event {self.number} on {stream.name}")
 
+    def synchronize(self):
+        self.owner.log.append(f"host waits event {self.number}")
+
 
 def test_the_cuda_lanes_logic_against_a_recording_stand_in():
     cuda = RecordingCuda()
@@ -120,6 +123,50 @@ def test_the_cuda_lanes_logic_against_a_recording_stand_in():
     sources = len(recorded) // 4  # two transfers, each recording its sources (side) and its copies (compute)
     assert recorded == ([("cpu", "side")] * sources + [("cpu", "compute")] * sources) * 2 and sources > 0
     assert not lane.events and not saved.holders
+
+
+def test_an_addition_waits_on_the_host_for_the_offload_the_rule_names_and_only_then():
+    """``wait_offload``: on CUDA the host waits for that OFFLOAD's event (not a reload's), once; on the CPU
+    the copy was made at once and there is nothing to wait for."""
+    cuda = RecordingCuda()
+    lane = StreamCopies(torch.device("cuda"), cuda=cuda)
+    lane.begin()
+    lane.finish(KEY, [], [], away=True)
+    lane.finish((1, 1, 0), [], [], away=False)  # a reload: the backward waits for it, no addition does
+    lane.wait_offload((1, 1, 0))
+    lane.wait_offload(KEY)
+    lane.wait_offload(KEY)
+    assert [line for line in cuda.log if line.startswith("host")] == ["host waits event 1"]
+    HostCopies().wait_offload(KEY)
+
+
+def test_codegen_writes_each_wait_the_copy_lane_rule_names(tmp_path):
+    """F F OFFLOAD0 F OFFLOAD1 RELOAD0 B RELOAD1 B B on rank 0 at limit 2: F2 waits for OFFLOAD0, each
+    RELOAD for OFFLOAD1 (2 held in program order: neither transfer may be in flight); at limit 3 F2 does
+    not wait (3 with OFFLOAD0 in flight) and the RELOADs wait for OFFLOAD0 only; with no limit nothing
+    waits."""
+    import pipeforge
+    from pipeforge.generator import codegen
+    from pipeforge.tools.generated import load_module
+
+    text = """schedule off(P = 2, M = 3) {
+        ranks P
+        stages P placement loop
+        microbatches M
+        memory { limit = LIMIT }
+        rank 0 { 0F0 0F1 0OFFLOAD0 0F2 0OFFLOAD1 0RELOAD0 0B0 0RELOAD1 0B1 0B2 }
+        rank 1 { 1F0 1B0 1F1 1B1 1F2 1B2 }
+    }
+    """
+    found = {}
+    for limit in ("2", "3", None):
+        source = text.replace("LIMIT", limit) if limit else text.replace("        memory { limit = LIMIT }\n", "")
+        module = load_module(str(codegen(pipeforge.loads(source), tmp_path / f"limit{limit}")))
+        found[limit] = module.SCHEDULE.offload_waits
+    assert found["2"] == (((0, "F", 2, 0), (0, 0, 0)), ((0, "RELOAD", 0, 0), (0, 1, 0)),
+                          ((0, "RELOAD", 1, 0), (0, 1, 0)))
+    assert found["3"] == (((0, "RELOAD", 0, 0), (0, 0, 0)), ((0, "RELOAD", 1, 0), (0, 0, 0)))
+    assert found[None] == ()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine: the CUDA lane's logic is "

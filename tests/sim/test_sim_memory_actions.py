@@ -21,6 +21,7 @@ OFFLOADING = """schedule off(P = 2, M = 3) {
     stages P placement loop
     microbatches M
     costs { F = 1  I = 1  W = 1  OFFLOAD = 0.5  RELOAD = 0.5 }
+    memory { limit = 2 }
     rank 0 { 0F0 0F1 0OFFLOAD0 0F2 0OFFLOAD1 0RELOAD0 0B0 0RELOAD1 0B1 0B2 }
     rank 1 { 1F0 1B0 1F1 1B1 1F2 1B2 }
 }
@@ -33,7 +34,7 @@ def test_transfers_run_on_the_copy_lane_beside_the_compute():
     assert got == [
         ("0F0", 0.0, 1.0, "compute"), ("0F1", 1.0, 2.0, "compute"),
         ("0OFFLOAD0", 2.0, 2.5, "copy"),  # issued when F1 ends
-        ("0F2", 2.5, 3.5, "compute"),  # adds memory: waits for the offload before it
+        ("0F2", 2.5, 3.5, "compute"),  # 2 held in program order, 3 with OFFLOAD0 in flight: waits for it
         ("0OFFLOAD1", 3.5, 4.0, "copy"), ("0RELOAD0", 4.0, 4.5, "copy"),  # one transfer at a time
         ("0B0", 4.5, 6.5, "compute"),  # after its reload (and 1B0, ended at 4)
         ("0RELOAD1", 6.5, 7.0, "copy"), ("0B1", 7.0, 9.0, "compute"), ("0B2", 10.0, 12.0, "compute"),
@@ -47,17 +48,27 @@ def test_transfers_run_on_the_copy_lane_beside_the_compute():
     assert [e["name"] for e in copy_events] == ["0OFFLOAD0", "0OFFLOAD1", "0RELOAD0", "0RELOAD1"]
 
 
-def test_a_forward_waits_for_the_offload_before_it_and_nothing_else_does():
-    """With free transfers F2 starts when F1 ends; with 0.5 it waits for OFFLOAD0 (2.5). B0 waits for its
-    RELOAD either way, and rank 1 never waits for rank 0's copy lane."""
-    def start(text: str, action: str) -> float:
-        timeline = pipeforge.simulate(pipeforge.loads(text))
-        return next(e.start for e in timeline.events if str(e.actions[0]) == action)
+def test_a_forward_waits_for_an_offload_only_when_the_memory_limit_needs_it():
+    """At limit 2, F2 would hold 3 with OFFLOAD0 still in flight: it waits for it (2.5); at limit 3, or with
+    no limit, it starts when F1 ends (2.0), and so does it with free transfers. B0 waits for its RELOAD
+    either way, and rank 1 never waits for rank 0's copy lane."""
+    def timeline(text: str):
+        return pipeforge.simulate(pipeforge.loads(text))
 
+    def start(text: str, action: str) -> float:
+        return next(e.start for e in timeline(text).events if str(e.actions[0]) == action)
+
+    roomy, unlimited = (OFFLOADING.replace("limit = 2", "limit = 3"),
+                        OFFLOADING.replace("    memory { limit = 2 }\n", ""))
     fast = OFFLOADING.replace("OFFLOAD = 0.5  RELOAD = 0.5", "OFFLOAD = 0  RELOAD = 0")
-    assert start(fast, "0F2") == 2.0 and start(OFFLOADING, "0F2") == 2.5
-    assert start(fast, "0B0") == 4.0 and start(OFFLOADING, "0B0") == 4.5
-    assert start(fast, "1F2") == start(OFFLOADING, "1F2")
+    assert start(OFFLOADING, "0F2") == 2.5 and start(fast, "0F2") == 2.0
+    assert start(roomy, "0F2") == 2.0 and start(unlimited, "0F2") == 2.0
+    assert start(fast, "0B0") == 4.0 and start(OFFLOADING, "0B0") == 4.5 and start(unlimited, "0B0") == 4.0
+    assert start(fast, "1F2") == start(OFFLOADING, "1F2") == start(unlimited, "1F2")
+    # what simulate reports: the program-order peak (verify's count) and the timed one (OFFLOAD0 in flight)
+    assert timeline(OFFLOADING).peak_memory == timeline(roomy).peak_memory == (2.0, 1.0)
+    assert timeline(OFFLOADING).timed_peak_memory == (2.0, 1.0)
+    assert timeline(roomy).timed_peak_memory == (3.0, 1.0)
 
 
 def test_recompute_costs_default_to_the_forward_and_the_checkpoint_sets_the_peak():

@@ -62,6 +62,15 @@ NOTES = """
   RELOAD, or RELOAD without OFFLOAD, is missing. Memory: the F of an (s,m) the
   schedule recomputes (an R anywhere) adds the checkpoint, R the rest of the
   activation; OFFLOAD releases the activation, RELOAD adds it back.
+- The copy lane, in time (``copy_lane_timing``, which reads a timeline rather
+  than a verdict): OFFLOAD and RELOAD are issued when the compute before them
+  has ended and run one at a time in program order; a step that adds memory
+  waits for the end of an earlier OFFLOAD only so far as, counting the
+  program-order amount but each OFFLOAD's release only from its end, it would
+  pass the limit: it waits for the first j OFFLOADs, j the least that brings it
+  within (all of them when none does); with no limit it never waits. Then what
+  a rank holds over time (additions from their start, releases from their
+  end, releases first at one time) never passes a limit the program keeps.
 """
 
 
@@ -485,6 +494,84 @@ class World:
                     break
                 held -= sum(release.get(a.kind, 0.0) for a in step.actions)
         return found
+
+
+def copy_lane_timing(schedule: Schedule, events, comm: float, weights: float, checkpoint: float,
+                     limit: float | None) -> list[str]:
+    """What is wrong with ``events`` (a timeline of the compute-only ``schedule``: each with ``rank``,
+    ``step``, ``lane``, ``start``, ``end``, ``action_spans()``) by the copy lane rule of ``NOTES``: each
+    step must start exactly when the last of what it waits for ends, and a kept limit must hold in time."""
+    ends = {key(a): (e.rank, end) for e in events for a, _, end in e.action_spans()}
+    rebuilt = {(a.stage, a.microbatch, a.chain) for _, _, a in schedule.actions() if a.kind is K.R}
+    release = {K.I: 1 - weights, K.W: weights, K.B: 1.0, K.OFFLOAD: 1.0}
+
+    def added(a: Action) -> float:
+        if a.kind is K.F:
+            return checkpoint if (a.stage, a.microbatch, a.chain) in rebuilt else 1.0
+        return {K.R: 1.0 - checkpoint, K.RELOAD: 1.0}.get(a.kind, 0.0)
+
+    problems = []
+    for rank in range(schedule.ranks):
+        steps = sorted((e for e in events if e.rank == rank), key=lambda e: e.step)
+        held, kept, offloads = 0.0, True, []  # offloads: (event, released) so far
+        compute_end = copy_end = 0.0
+        for e in steps:
+            actions = [a for a, _, _ in e.action_spans()]
+            more = sum(added(a) for a in actions)
+            held += more
+            kept = kept and (limit is None or held <= limit + 1e-9)
+            due = [compute_end] if e.lane == "compute" else [compute_end, copy_end]
+            for a in actions:
+                due += [end + (comm if producer_rank != rank else 0.0)
+                        for producer_rank, end in _producers(schedule, a, ends)]
+            if more > 0 and limit is not None and offloads:
+                ended = next((j for j in range(len(offloads) + 1)
+                              if held + sum(r for _, r in offloads[j:]) <= limit + 1e-9), len(offloads))
+                if ended:
+                    due.append(offloads[ended - 1][0].end)
+            if abs(e.start - max(due)) > 1e-9:
+                problems.append(f"rank {rank} step {e.step} {actions[0]} starts at {e.start}, not {max(due)}")
+            if e.lane == "compute":
+                compute_end = e.end
+            else:
+                copy_end = e.end
+            held -= sum(release.get(a.kind, 0.0) for a in actions)
+            if any(a.kind is K.OFFLOAD for a in actions):
+                offloads.append((e, sum(release.get(a.kind, 0.0) for a in actions)))
+        if kept and limit is not None:
+            changes = sorted((t, 1 if amount > 0 else 0, amount) for e in steps for a, start, end in e.action_spans()
+                             for t, amount in ((start, added(a)), (end, -release.get(a.kind, 0.0))) if amount)
+            now = 0.0
+            for t, _, amount in changes:
+                now += amount
+                if now > limit + 1e-9:
+                    problems.append(f"rank {rank} holds {now} > {limit} at {t}")
+                    break
+    return problems
+
+
+def _producers(schedule: Schedule, a: Action, ends: dict) -> list[tuple[int, float]]:
+    """(rank, end) of each action ``a`` waits for (of those the timeline ran): its inputs by the rules."""
+    s, m, c = a.stage, a.microbatch, a.chain
+    options: list[tuple[tuple, ...]] = []
+    if a.kind is K.F and s > 0:
+        options = [((s - 1, K.F, m, c),)]
+    elif a.kind in (K.B, K.I):
+        options = [((s, K.F, m, c),), ((s, K.R, m, c),), ((s, K.RELOAD, m, c),)]
+        if s < schedule.stages - 1:
+            options.append(((s + 1, K.B, m, c), (s + 1, K.I, m, c)))
+    elif a.kind is K.W:
+        options = [((s, K.I, m, c),)]
+    elif a.kind in (K.R, K.OFFLOAD):
+        options = [((s, K.F, m, c),)]
+    elif a.kind is K.RELOAD:
+        options = [((s, K.OFFLOAD, m, c),)]
+    found = []
+    for need in options:
+        present = [ends[option] for option in need if option in ends]
+        if present:
+            found.append(present[0])
+    return found
 
 
 def expected_receive(send: Action) -> Action:

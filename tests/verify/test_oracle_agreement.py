@@ -373,3 +373,21 @@ def test_recompute_and_offload_mutated_with_communication(schedule):
 @given(memory_action_schedules().flatmap(retargeted))
 def test_recompute_and_offload_retargeted(schedule):
     agree_both(schedule)
+
+
+@settings(FAST, max_examples=150)
+@given(memory_action_schedules(), st.sampled_from([0.0, 0.5]), st.sampled_from([0.0, 0.7, 1.5, 3.0]))
+def test_the_copy_lane_timing_is_the_oracles(schedule, comm, transfer):
+    """simulate's timeline of a schedule that offloads starts every step when the oracle's reading of the
+    copy lane rule says (an addition waits for an OFFLOAD only where the limit needs it), and keeps a limit
+    the program keeps at every time."""
+    from dataclasses import replace
+
+    from pipeforge.ir import CostModel
+    from pipeforge.sim import simulate
+    from tests.verify.oracle import copy_lane_timing
+
+    costs = CostModel(F=1.0, I=1.0, W=0.5, comm=comm, OFFLOAD=transfer, RELOAD=transfer / 2)
+    spec = schedule.memory
+    timeline = simulate(replace(schedule, costs=costs), costs)
+    assert copy_lane_timing(schedule, timeline.events, comm, spec.weights, spec.checkpoint, spec.limit) == []
