@@ -135,7 +135,10 @@ def test_the_step_end_agreement_leaves_no_keys_behind(tmp_path):
 
 def one_rank_skips_the_agreement(rank: int, nproc: int, job: dict) -> list[str]:
     """Three steps; in the second, rank ``job["late"]`` leaves the step-end agreement out (as a rank that died
-    or hung after its program would): what each step raised on this rank ('' where it returned)."""
+    or hung after its program would): what each step raised on this rank ('' where it returned). The ranks
+    meet on the caller's group after each step, so the late rank's next greeting does not time out."""
+    import torch.distributed as dist
+
     from pipeforge.runtime import PipelineError
     from pipeforge.tools import demo_models as models
     from pipeforge.tools.generated import load_module
@@ -154,6 +157,7 @@ def one_rank_skips_the_agreement(rank: int, nproc: int, job: dict) -> list[str]:
             seen.append("")
         except PipelineError as error:
             seen.append(str(error))
+        dist.barrier()
     return seen
 
 
