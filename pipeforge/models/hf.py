@@ -11,16 +11,22 @@ stage), and an MoE stage its load-balancing loss through ``runtime.WithAuxLoss``
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeGuard
 
 import torch
 from torch import nn
 
 from pipeforge.errors import UsageError
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig, PreTrainedModel
 
-def is_causal_lm(model: nn.Module) -> bool:
+
+def is_causal_lm(model: nn.Module) -> TypeGuard[PreTrainedModel]:
+    """Whether ``model`` is a Hugging Face causal LM: duck-typed, by the members of a ``PreTrainedModel`` that
+    ``parts_of`` reads (so the type checker takes it for one)."""
     return hasattr(model, "config") and hasattr(model, "base_model_prefix") and hasattr(model, "get_output_embeddings")
 
 
@@ -28,7 +34,7 @@ def is_causal_lm(model: nn.Module) -> bool:
 class Parts:
     """The pieces of a causal LM that the stages hold, each with the name it has in the model."""
 
-    config: object
+    config: PreTrainedConfig
     embed: nn.Module
     position: nn.Module | None  # an absolute position embedding (GPT-2's wpe)
     dropout: nn.Module | None
@@ -38,10 +44,10 @@ class Parts:
     head: nn.Module
     names: dict[str, str]  # part ("embed", "layers.3", "head") -> its name in the model
     router: tuple[type, int] | None  # the module class whose output holds router logits, and the index
-    balancing: object | None  # the family's load_balancing_loss_func
+    balancing: Callable[..., torch.Tensor] | None  # the family's load_balancing_loss_func (None: it has none)
 
 
-def parts_of(model: nn.Module) -> Parts:
+def parts_of(model: PreTrainedModel) -> Parts:
     """The model's parts (errors name what the cut does not know)."""
     prefix = model.base_model_prefix
     base = getattr(model, prefix, None)
@@ -148,7 +154,8 @@ class CausalLMStage(nn.Module):
         self.kinds = [attention_type(parts.config, i) for i in range(first_layer, last_layer)]
         for kind in set(self.kinds):
             mask_function(kind)  # refused now, not at the first step
-        self._router = parts.router if aux_loss else None
+        # a family without load_balancing_loss_func (DeepSeek-V3's loss-free balancing) adds no loss of its own
+        self._router = parts.router if aux_loss and parts.balancing is not None else None
         self._balancing = parts.balancing
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -200,8 +207,9 @@ class CausalLMStage(nn.Module):
     def balancing_loss(self, logits: list, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``config.router_aux_loss_coef`` times the sum over this stage's layers of each layer's load-balancing
         loss (the family's own ``load_balancing_loss_func`` on one layer's router logits)."""
-        config = self.config
+        config, balancing = self.config, self._balancing
+        assert balancing is not None, "a stage records router logits only where its family has the loss (__init__)"
         experts = getattr(config, "num_local_experts", None) or config.num_experts
-        total = sum(self._balancing((layer,), experts, config.num_experts_per_tok, attention_mask)
+        total = sum(balancing((layer,), experts, config.num_experts_per_tok, attention_mask)
                     for layer in logits)
         return config.router_aux_loss_coef * total

@@ -16,8 +16,9 @@ model is materialized for the owned stages only, from per-part seeds or a ``stat
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -25,6 +26,9 @@ from torch import nn
 from pipeforge.errors import UsageError
 from pipeforge.models import hf, torch_pipe
 from pipeforge.models.plain import LayerListStage, list_parts
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass
@@ -58,6 +62,7 @@ def split(model: nn.Module, stages: int, *, owned: Sequence[int] | None = None,
             raise UsageError("pipeforge.split: a torch Pipe is split where pipeline() cut it; layers, costs and "
                              "state_dict do not apply to it")
         return _split_pipe(model, stages, owned, untie, device, verify)
+    build: Callable[[int], nn.Module]
     if hf.is_causal_lm(model):
         model.config.use_cache = False
         parts = hf.parts_of(model)
@@ -71,7 +76,7 @@ def split(model: nn.Module, stages: int, *, owned: Sequence[int] | None = None,
         bounds = _bounds(len(blocks), stages, layers, costs)
         build = lambda s: LayerListStage(pre if s == 0 else [], blocks, bounds[s], post if s == stages - 1 else [])
         init = _reset_parameters
-    every = {s: build(s) for s in range(stages)}
+    every: dict[int, nn.Module] = {s: build(s) for s in range(stages)}
     names = _model_names(model, every)
     groups = _tied_groups(model, every, names)
     modules = {s: every[s] for s in owned}
@@ -94,7 +99,7 @@ def split(model: nn.Module, stages: int, *, owned: Sequence[int] | None = None,
 
 def _split_pipe(pipe, stages: int, owned: list[int], untie: bool, device, verify: bool) -> Split:
     every, groups = torch_pipe.cut_pipe(pipe, stages, verify=verify)
-    modules = {s: every[s] for s in owned}
+    modules: dict[int, nn.Module] = {s: every[s] for s in owned}
     if untie:
         modules = _untied(modules)
     if device is not None:
@@ -139,7 +144,7 @@ def _tied_groups(model: nn.Module, every: dict[int, nn.Module], names) -> list[l
         by_param.setdefault(model_name, []).append((stage, name))
     ties = getattr(model, "all_tied_weights_keys", None) or {}
     model_names = {name for name, _ in model.named_parameters(remove_duplicate=False)}
-    first = {}
+    first: dict[int, str] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         first.setdefault(id(param), name)
     canonical = {name: first[id(param)] for name, param in model.named_parameters(remove_duplicate=False)}
@@ -148,7 +153,7 @@ def _tied_groups(model: nn.Module, every: dict[int, nn.Module], names) -> list[l
             by_param.setdefault(canonical[source], []).extend(by_param.pop(canonical[target], []))
     groups = []
     for entries in by_param.values():
-        firsts = {}
+        firsts: dict[int, tuple[int, str]] = {}
         for stage, name in entries:
             firsts.setdefault(stage, (stage, name))
         if len(firsts) > 1:
@@ -168,7 +173,7 @@ def _untied(modules: dict[int, nn.Module]) -> dict[int, nn.Module]:
 
 
 def _copy_parameters(module: nn.Module, shared: set[int]) -> nn.Module:
-    memo = {}
+    memo: dict[int, object] = {}  # deepcopy's: id -> the object that stands for it in the copy
     for param in module.parameters():
         if id(param) not in shared:
             memo[id(param)] = param
@@ -182,7 +187,7 @@ def _on_meta(modules: dict[int, nn.Module]) -> bool:
     return any(t.is_meta for m in modules.values() for t in [*m.parameters(), *m.buffers()])
 
 
-def _hf_init(model: nn.Module):
+def _hf_init(model: PreTrainedModel) -> Callable[[nn.Module], None]:
     def init(module: nn.Module) -> None:
         model._init_weights(module)
 

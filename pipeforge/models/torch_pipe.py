@@ -180,7 +180,7 @@ def tied_groups(pipe, found: PipeGraph, modules: Mapping[int, nn.Module]) -> lis
     return sorted(groups)
 
 
-def move_to(module: fx.GraphModule, device: torch.device) -> None:
+def move_to(module: nn.Module, device: torch.device) -> None:
     """The module's tensors and the devices its graphs name (``pipeline()`` traces them in) on ``device``."""
     module.to(device)
     for sub in module.modules():

@@ -80,3 +80,24 @@ def test_the_moe_balancing_loss_reaches_the_router_only_through_the_channel(name
 
     with_aux, without = router_grad(True), router_grad(False)
     assert not torch.allclose(with_aux, without)
+
+
+def test_a_moe_family_without_a_balancing_loss_trains_its_stages_without_one():
+    """DeepSeek-V3 records router logits but balances without a loss (its module has no
+    load_balancing_loss_func): its stages return their output alone, as its own forward adds no loss
+    (before: a TypeError calling None at the first training forward)."""
+    import transformers as tf
+
+    config = tf.DeepseekV3Config(vocab_size=40, hidden_size=16, intermediate_size=32, moe_intermediate_size=8,
+                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                 n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                                 first_k_dense_replace=0, q_lora_rank=None, kv_lora_rank=8, qk_rope_head_dim=4,
+                                 qk_nope_head_dim=4, v_head_dim=4, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config)  # float32: the experts' grouped_mm takes no float64
+    cut = pipeforge.split(model, 1)
+    stage = cut.modules[0].train()
+    tokens = torch.randint(0, 40, (2, 5))
+    out = stage(tokens)
+    assert isinstance(out, torch.Tensor)
+    torch.testing.assert_close(out, model.train()(input_ids=tokens, use_cache=False).logits)
