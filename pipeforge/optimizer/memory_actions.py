@@ -14,13 +14,14 @@ import time
 from dataclasses import dataclass, replace
 
 from pipeforge.errors import Argument, ArgumentError, PipeforgeError, UsageError, words
+from pipeforge.library import load_library_schedule
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step, replace_programs
 from pipeforge.optimizer import recompute_greedy
 from pipeforge.optimizer.budget import finish_seconds
 from pipeforge.optimizer.evaluate import Evaluation, Graph, Order, Problem, evaluate, schedule_of
 from pipeforge.optimizer.exact import MAX_ORDER_PAIRS, Choices, ExactResult, TooLarge, order_pairs, solve_exact
 from pipeforge.optimizer.local import local_search
-from pipeforge.optimizer.offload_place import hidden_offloads
+from pipeforge.optimizer.offload_place import placed_offloads, weights_within
 from pipeforge.optimizer.result import Metrics, OptimizeResult, metrics_of
 from pipeforge.optimizer.search import ASAP_ACTIONS, optimize
 from pipeforge.optimizer.units import integer_units
@@ -358,22 +359,15 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
         if chosen is not None:
             offer("selective", chosen)
     if "offload" in plans:
-        # the order found with no memory limit (every forward may be in flight), each activation that waits
-        # long enough offloaded where its transfers hide behind compute (``offload_place``)
         tried.append("offload")
-        if left() > 0 or not candidates:
-            try:
-                free = optimize(replace(plain, memory=unlimited), costs=costs, memory_limit=float(plain.microbatches)
-                                * largest * len(stages), weights=memory.weights, time_limit=max(left(0.5), 1e-3),
-                                **options)
-                offer("offload", hidden_offloads(free.schedule, costs, unlimited))
-            except PipeforgeError as error:
-                errors.append(f"offload: {error}")
-        # an offloaded F holds its activation until its OFFLOAD (the next F waits for it), and the RELOAD
-        # before its backward adds it back: room for two
-        virtual = replace(memory, activation=tuple(max(memory.stage_weight_grad(s), 0.01) for s in stages),
-                          weight_grad=tuple(max(memory.stage_weight_grad(s), 0.01) for s in stages))
-        attempt("offload", virtual, None if limit is None else limit - 2 * largest, offload_pass, 1.0)
+        placed_any = _offload_plan(plain, costs, real, unlimited, largest, options, left, offer, errors,
+                                   bool(candidates))
+        # the fallback: the order found with each F holding only its weight-gradient part, OFFLOAD after each
+        # F and RELOAD before each backward (room for two activations: one back, one in flight)
+        if not placed_any:
+            virtual = replace(memory, activation=tuple(max(memory.stage_weight_grad(s), 0.01) for s in stages),
+                              weight_grad=tuple(max(memory.stage_weight_grad(s), 0.01) for s in stages))
+            attempt("offload", virtual, None if limit is None else limit - 2 * largest, offload_pass, 1.0)
     strategy = options.get("strategy", "auto")
     small = placed is not None and len(placed[0].actions) <= EXACT_ACTIONS
     exact = placed is not None and (strategy == "exact" or (strategy == "auto" and small))
@@ -410,6 +404,49 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
                           kinds.count(ActionKind.R), kinds.count(ActionKind.OFFLOAD),
                           tuple(sorted(set(tried), key=PLANS.index)))
     return replace(best, seconds=time.monotonic() - started), choice
+
+
+OFFLOAD_SEEDS = ("zb-h2", "zb-h1")  # library orders of 1F1B's shape whose forwards run ahead: offload's seeds
+
+
+def _offload_plan(plain: Schedule, costs: CostModel, real: MemorySpec, unlimited: MemorySpec, largest: float,
+                  options: dict, left, offer, errors: list[str], others: bool) -> bool:
+    """Offload's orders (``offload_place``), best first while time is left: ZB-H2's and ZB-H1's order where
+    the input has their shape, and the order ``optimize`` finds with no limit (every forward may be in
+    flight); each with its W brought forward where the weight-gradient parts, which no transfer moves,
+    leave less than two activations of room, then offloaded where the limit needs it. Whether one fits."""
+    bases: list[Schedule] = []
+    for name in OFFLOAD_SEEDS:
+        try:
+            seed = load_library_schedule(name, {"P": plain.ranks, "M": plain.microbatches})
+        except PipeforgeError:
+            continue
+        if seed.stages == plain.stages and seed.placements == plain.placements:
+            bases.append(replace(seed, name=plain.name, params=plain.params, costs=plain.costs))
+    if left() > 0 or not (others or bases):
+        try:
+            bases.insert(min(1, len(bases)), optimize(
+                replace(plain, memory=unlimited), costs=costs, memory_limit=float(plain.microbatches) * largest
+                * plain.stages, weights=real.weights, time_limit=max(left(0.3), 1e-3), **options).schedule)
+        except PipeforgeError as error:
+            errors.append(f"offload: {error}")
+    limit = real.limit
+    if limit is None:
+        for base in bases[:1]:
+            offer("offload", base)
+        return bool(bases)
+    variants = [(base, 2 * largest, 2 * largest, 0.0) for base in bases]
+    variants += [(base, 2 * largest, largest, slack) for base in bases for slack in (0.0, largest)]
+    placed = False
+    for base, reserve, backward_reserve, slack in variants:
+        if placed and left() <= 0:
+            break
+        order = weights_within(base, real, limit - reserve, limit - backward_reserve)
+        moved = placed_offloads(order, costs, real, slack)
+        if moved is not None:
+            offer("offload", moved)
+            placed = True
+    return placed
 
 
 __all__ = ["POLICIES", "MemoryChoice", "fits", "optimize_memory", "recompute_bound", "strip", "uniform"]

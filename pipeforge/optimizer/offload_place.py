@@ -1,87 +1,174 @@
-"""Offloads placed where their transfers hide behind compute.
+"""Offloads placed so that a compute order keeps a memory limit with its transfers hidden behind compute.
 
-``hidden_offloads(schedule, costs, memory)`` -> the compute-only ``schedule`` with, for every (stage,
-microbatch) whose activations wait long enough between its F and its backward, an OFFLOAD written after
-the compute action from whose end the copy lane can move them out before the rank's next action that adds
-memory starts, and a RELOAD written after the latest compute action from whose end they are back before
-the backward starts, both in the schedule's own timing (``simulate``; the copy lane taken one transfer at
-a time). Nothing else moves. The caller simulates and verifies what it gets (the transfers may still
-delay some action where the lane is busy).
+``placed_offloads(schedule, costs, memory, slack)`` -> the compute-only ``schedule`` (one action a step)
+with OFFLOAD and RELOAD steps inserted, or None where it cannot keep ``memory.limit``. Walking each rank's
+program against the order's own timing with no limit (``simulate``), a forward is offloaded, its OFFLOAD
+right after it, where what the rank holds in program order would pass ``limit - slack`` before its backward
+and its activations wait long enough to go out and come back; its RELOAD goes after the latest compute
+step from whose end (the rank's copy lane taken one transfer at a time, in program order) it is back by
+the backward's start. The copy lane rule (``semantics.offload_waits``) makes a later addition wait only
+where the limit needs it, so a ``slack`` of one activation leaves room for the transfer in flight. Nothing
+else moves; the caller simulates and verifies what it gets. ``weights_within(schedule, memory, budget)``
+first brings W forward where the weight-gradient parts, which no transfer moves, would leave too little
+room. How: ``docs/optimize.md``.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right, insort
+from dataclasses import replace
+
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step, replace_programs
+from pipeforge.semantics import effects_of, held_after_additions
 from pipeforge.sim.simulate import simulate
 
 F, B, I, OFFLOAD, RELOAD = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.OFFLOAD, ActionKind.RELOAD
 
 
-def hidden_offloads(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> Schedule:
-    """The schedule with the offloads of the module doc (one compute action a step expected)."""
-    timeline = simulate(schedule, costs, memory=memory)
+def placed_offloads(schedule: Schedule, costs: CostModel, memory: MemorySpec, slack: float = 1.0) -> Schedule | None:
+    """The schedule with the offloads of the module doc, or None where the limit is not kept."""
+    limit = memory.limit
+    if limit is None:
+        return schedule
+    timeline = simulate(schedule, costs, memory=replace(memory, limit=None))
     times = {(e.rank, e.step): (e.start, e.end) for e in timeline.events}
+    effect = effects_of(memory, (a for _, _, a in schedule.actions()))
     programs = []
     for r, program in enumerate(schedule.programs):
-        steps = [(i, step) for i, step in enumerate(program) if step.is_compute and len(step.actions) == 1]
-        programs.append(_rank_program(program, steps, times, r, costs))
+        found = _rank_program(r, program, times, effect, costs, limit, slack)
+        if found is None:
+            return None
+        programs.append(found)
     return replace_programs(schedule, tuple(programs))
 
 
-def _rank_program(program, steps, times, r: int, costs: CostModel) -> tuple[Step, ...]:
-    """Rank r's program with OFFLOAD and RELOAD steps inserted (after the step index they follow)."""
-    after: dict[int, list[Step]] = {}
-    lane = 0.0  # when the copy lane is free, in the schedule's timing
-    adds = [i for i, step in steps if step.actions[0].kind is F]
-    backward = {(s.actions[0].stage, s.actions[0].microbatch): i for i, s in steps if s.actions[0].kind in (B, I)}
-    inserted: list[tuple[float, float, Action]] = []
-    for i, step in steps:
-        action = step.actions[0]
-        if action.kind is not F or (action.stage, action.microbatch) not in backward:
+class _Lane:
+    """A rank's copy lane as planned: transfers by program position, each started when issued and the lane is free."""
+
+    def __init__(self) -> None:
+        self.items: list[list] = []  # [position, issue, duration, start, end]
+
+    def free_before(self, position: float) -> float:
+        """When the lane is free of every transfer written before ``position``."""
+        at = bisect_right([item[0] for item in self.items], position)
+        return self.items[at - 1][4] if at else 0.0
+
+    def add(self, position: float, issue: float, duration: float) -> None:
+        insort(self.items, [position, issue, duration, 0.0, 0.0])
+        at = next(i for i, item in enumerate(self.items) if item[0] == position)
+        free = self.items[at - 1][4] if at else 0.0
+        for item in self.items[at:]:
+            start = max(item[1], free)
+            if item is not self.items[at] and start == item[3]:
+                break  # unchanged from here on
+            item[3], item[4] = start, start + item[2]
+            free = item[4]
+
+    def remove(self, position: float) -> None:
+        at = next(i for i, item in enumerate(self.items) if item[0] == position)
+        del self.items[at]
+        free = self.items[at - 1][4] if at else 0.0
+        for item in self.items[at:]:
+            item[3] = max(item[1], free)
+            item[4] = free = item[3] + item[2]
+
+
+def _rank_program(r: int, program, times, effect, costs: CostModel, limit: float, slack: float):
+    steps = [(i, step.actions[0]) for i, step in enumerate(program) if step.is_compute]
+    if any(len(program[i].actions) != 1 for i, _ in steps):
+        return None  # overlap steps: not placed here
+    effects = [effect(a) for _, a in steps]
+    counts = list(held_after_additions([e] for e in effects))  # in program order, as the rank runs now
+    backward = {(a.stage, a.microbatch, a.chain): k for k, (_, a) in enumerate(steps) if a.kind in (B, I)}
+    starts = [times[(r, i)][0] for i, _ in steps]
+    ends = [times[(r, i)][1] for i, _ in steps]
+    lane = _Lane()
+    after: dict[int, list[Action]] = {}  # compute step (position among steps) -> the copies written after it
+    target = limit - slack
+    for k, (_, a) in enumerate(steps):
+        if a.kind is not F:
             continue
-        cost = costs.duration(OFFLOAD, action.stage)
-        back = backward[(action.stage, action.microbatch)]
-        back_start = times[(r, back)][0]
-        out_after = _offload_point(steps, times, r, i, back, adds, cost, lane)
-        if out_after is None:
+        key = (a.stage, a.microbatch, a.chain)
+        b = backward.get(key)
+        if b is None or max(counts[k + 1:b], default=0.0) <= target + 1e-9:
             continue
-        out_start = max(times[(r, out_after)][1], lane)
-        reload_cost = costs.duration(RELOAD, action.stage)
-        in_after = _reload_point(steps, times, r, out_after, back, out_start + cost, reload_cost, back_start)
-        if in_after is None:
+        size = effects[k][0]
+        out, back = costs.duration(OFFLOAD, a.stage), costs.duration(RELOAD, a.stage)
+        lane.add(k + 0.25, ends[k], out)
+        j = _reload_point(lane, k, b, ends, starts[b], back)
+        if j is None:
+            lane.remove(k + 0.25)
             continue
-        lane = out_start + cost
-        key = (action.stage, action.microbatch, action.chain)
-        after.setdefault(out_after, []).append(Step((Action(key[0], OFFLOAD, key[1], key[2]),), span=step.span))
-        after.setdefault(in_after, []).append(Step((Action(key[0], RELOAD, key[1], key[2]),), span=step.span))
-        inserted.append((out_start, out_start + cost, action))
+        lane.add(j + 0.5 + 1e-6 * k, ends[j], back)
+        for n in range(k + 1, j + 1):
+            counts[n] -= size
+        after.setdefault(k, []).append(Action(a.stage, OFFLOAD, a.microbatch, a.chain))
+        after.setdefault(j, []).append(Action(a.stage, RELOAD, a.microbatch, a.chain))
     found: list[Step] = []
+    positions = {i: k for k, (i, _) in enumerate(steps)}
     for i, step in enumerate(program):
         found.append(step)
-        found.extend(after.get(i, ()))
+        at = positions.get(i)
+        if at is not None:
+            copies = sorted(after.get(at, ()), key=lambda c: c.kind is not OFFLOAD)  # its OFFLOAD, then RELOADs
+            found.extend(Step((c,), span=step.span) for c in copies)
+    every = _program_effects(found, effect)
+    if max(held_after_additions(every), default=0.0) > limit + 1e-9:
+        return None
     return tuple(found)
 
 
-def _offload_point(steps, times, r, forward: int, back: int, adds: list[int], cost: float, lane: float):
-    """The first step at or after the F (before its backward) after which the transfer ends before the
-    next F after it starts; None if there is none."""
-    positions = [i for i, _ in steps if forward <= i < back]
-    for i in positions:
-        start = max(times[(r, i)][1], lane)
-        following = next((j for j in adds if j > i), None)
-        if following is None or times[(r, following)][0] >= start + cost - 1e-9:
-            return i
+def weights_within(schedule: Schedule, memory: MemorySpec, budget: float, backward_budget: float | None = None
+                   ) -> Schedule:
+    """``schedule`` with each rank's W brought forward, oldest first, to just before an F, B or I where the
+    weight-gradient parts its I's leave (I done, W not) pass ``budget`` (M_B): what offloading cannot move
+    (an OFFLOAD comes before the I), so that an activation in flight or reloaded has room (before a B or
+    I: ``backward_budget``, default ``budget``). Nothing else moves."""
+    effect = effects_of(memory, (a for _, _, a in schedule.actions()))
+    programs = []
+    for program in schedule.programs:
+        pending: dict[tuple, tuple[Step, float]] = {}  # (stage, microbatch, chain) -> its W step, its part
+        waiting = {(a.stage, a.microbatch, a.chain): step for step in program if step.is_compute
+                   for a in step.actions if a.kind is ActionKind.W and len(step.actions) == 1}
+        moved: set[tuple] = set()
+        held, found = 0.0, []
+        for step in program:
+            a = step.actions[0] if len(step.actions) == 1 else None
+            key = None if a is None else (a.stage, a.microbatch, a.chain)
+            if a is not None and a.kind in (F, B, I):  # what adds memory, or (a reloaded I or B) may
+                room = budget if a.kind is F or backward_budget is None else backward_budget
+                while held > room + 1e-9 and pending:
+                    early, (w_step, part) = next(iter(pending.items()))
+                    del pending[early]
+                    moved.add(early)
+                    held -= part
+                    found.append(w_step)
+            if a is not None and a.kind is ActionKind.W:
+                if key in moved:
+                    continue
+                if key in pending:
+                    held -= pending.pop(key)[1]
+            found.append(step)
+            if a is not None and a.kind is I and key in waiting:
+                part = effect(waiting[key].actions[0])[1]
+                pending[key] = (waiting[key], part)
+                held += part
+        programs.append(tuple(found))
+    return replace_programs(schedule, tuple(programs))
+
+
+def _program_effects(program, effect) -> list[list[tuple[float, float]]]:
+    return [[effect(a) for a in step.actions] if step.is_compute else [] for step in program]
+
+
+def _reload_point(lane: _Lane, k: int, b: int, ends: list[float], deadline: float, duration: float) -> int | None:
+    """The latest compute step in [k, b) from whose end the RELOAD, behind the transfers written before it,
+    is back by ``deadline``; None if none is."""
+    for j in range(b - 1, k - 1, -1):
+        start = max(ends[j], lane.free_before(j + 0.5 + 1e-6 * k))
+        if start + duration <= deadline + 1e-9:
+            return j
     return None
 
 
-def _reload_point(steps, times, r, out_after: int, back: int, away: float, cost: float, back_start: float):
-    """The latest step before the backward (and after the offload) from whose end the reload is back
-    before the backward starts; None if there is none."""
-    best = None
-    for i, _ in steps:
-        if out_after < i < back and max(times[(r, i)][1], away) + cost <= back_start + 1e-9:
-            best = i
-    return best
-
-
-__all__ = ["hidden_offloads"]
+__all__ = ["placed_offloads", "weights_within"]

@@ -44,7 +44,9 @@ def test_the_output_always_verifies_and_never_exceeds_the_limit(schedule, policy
     report = verify(result.schedule)
     assert report.valid, report.violations
     assert max(result.after.peak_memory) <= limit + 1e-9
-    assert max(pipeforge.simulate(result.schedule).peak_memory) <= limit + 1e-9
+    timeline = pipeforge.simulate(result.schedule)
+    assert max(timeline.peak_memory) <= limit + 1e-9
+    assert max(timeline.timed_peak_memory) <= limit + 1e-9  # in time too: the copy lane rule
     kinds = [a.kind.value for _, _, a in result.schedule.actions()]
     assert choice.recomputed == kinds.count("R") and choice.offloaded == kinds.count("OFFLOAD")
     if policy != "none":  # the bound of the space with recompute (sim.bounds.recompute_span) stays a bound
@@ -138,3 +140,19 @@ def test_exact_search_chooses_the_recompute_with_a_proven_bound():
             closed += 1
             assert found.upper_bound >= result.span_bound - 1e-9
     assert closed > 0
+
+
+def test_offload_hides_its_transfers_behind_compute_at_1p():
+    """1F1B's shape, 4 ranks, 12 microbatches, transfers as long as F: at a limit of 4 M_B, ZB-H2's order
+    (which holds 7 on rank 0 with no limit) offloaded where the limit needs it comes within 5 % of the
+    makespan with no limit, the transfers hidden (the copy lane rule lets a forward start while the
+    offload before it is in flight), and keeps the limit at every time."""
+    costs = CostModel(F=1.0, I=1.0, W=0.5, comm=0.05)
+    plain = replace(pipeforge.load("1f1b", defines={"P": 4, "M": 12}), memory=MemorySpec(weights=0.37))
+    free, _ = optimize_memory(plain, costs=costs, memory_limit=12.0, time_limit=1)
+    result, choice = optimize_memory(plain, recompute="none", offload=True, costs=costs, memory_limit=4.0,
+                                     time_limit=1)
+    assert choice.offloaded > 0 and result.after.makespan <= 1.05 * free.after.makespan
+    timeline = pipeforge.simulate(result.schedule)
+    assert max(timeline.peak_memory) <= 4.0 + 1e-9 and max(timeline.timed_peak_memory) <= 4.0 + 1e-9
+    assert verify(result.schedule).valid
