@@ -37,17 +37,32 @@ class _Counter:
 class RankBuilder:
     """The steps of one rank so far, and what its implicit microbatches have consumed."""
 
-    __slots__ = ("rank", "steps", "_forwarded", "_backwarded", "_awaiting_w")
+    __slots__ = ("rank", "steps", "recorded", "_counted", "_forwarded", "_backwarded", "_awaiting_w")
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.steps: list[Step] = []
+        # the compute actions so far, in order (``recorded.append``: cheaper than ``record``); counted
+        # for the implicit microbatches only when one is asked for, so a file that writes every
+        # microbatch never counts them
+        self.recorded: list[Action] = []
+        self._counted = 0
         self._forwarded: dict[tuple[int, int], _Counter] = {}
         self._backwarded: dict[tuple[int, int], _Counter] = {}
         self._awaiting_w: dict[tuple[int, int], dict[int, None]] = {}
 
     def record(self, action: Action) -> None:
         """Note a compute action for the implicit microbatches that follow it."""
+        self.recorded.append(action)
+
+    def _count(self) -> None:
+        """Count the compute actions recorded since the last implicit microbatch, in order."""
+        recorded = self.recorded
+        for index in range(self._counted, len(recorded)):
+            self._count_one(recorded[index])
+        self._counted = len(recorded)
+
+    def _count_one(self, action: Action) -> None:
         kind, microbatch = action.kind, action.microbatch
         if microbatch is None:  # none of F, B, I, W: each has its microbatch (parse_action, or implicit)
             return
@@ -63,6 +78,8 @@ class RankBuilder:
 
     def implicit_microbatch(self, kind: ActionKind, stage: int, chain: int, microbatches: int, span: Span) -> int:
         """The microbatch ``kind(stage)`` stands for here, or a SemanticError when none is left."""
+        if self._counted < len(self.recorded):
+            self._count()
         key = (chain, stage)
         if kind is _W:
             return self._oldest_awaiting_w(key, stage, span)

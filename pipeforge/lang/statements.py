@@ -12,7 +12,7 @@ from collections.abc import Callable
 from lark import Tree
 
 from pipeforge.errors import SemanticError, Source, Span
-from pipeforge.ir import Action, ActionKind, Step
+from pipeforge.ir import ActionKind, Step, make_action
 from pipeforge.lang.programs import IMPLICIT_KINDS
 from pipeforge.lang import declarations, tokens
 from pipeforge.lang.context import Elaboration
@@ -208,21 +208,25 @@ def _action_call(tree: Tree, file: Source) -> Exec:
         program, sink = ctx.program, ctx.sink
         if program is None or sink is None:  # both None, or neither: outside a rank block
             raise ctx.outside_rank(f"{kind.value}(...)", span)
-        stage = ctx.check_stage(require_int(stage_of(env), stage_span, "a stage"), stage_span)
+        stage = stage_of(env)
+        if type(stage) is not int or not 0 <= stage < ctx.stage_count:  # (the checks' common case inline)
+            stage = ctx.check_stage(require_int(stage, stage_span, "a stage"), stage_span)
         chain = ctx.chain if chain_of is None else ctx.check_chain(
             require_int(chain_of(env), chain_span, "a chain"), chain_span)
         microbatch = None
         if microbatch_of is not None:
-            microbatch = ctx.check_microbatch(require_int(microbatch_of(env), microbatch_span, "a microbatch"),
-                                              microbatch_span)
+            microbatch = microbatch_of(env)
+            if type(microbatch) is not int or not 0 <= microbatch < ctx.microbatch_count:
+                microbatch = ctx.check_microbatch(require_int(microbatch, microbatch_span, "a microbatch"),
+                                                  microbatch_span)
         elif takes_microbatch:
             microbatch = program.implicit_microbatch(kind, stage, chain, ctx.microbatch_count, span)
         ctx.actions_left -= 1
         if ctx.actions_left < 0:
             raise ctx.too_many_actions(span)
-        action = Action(stage, kind, microbatch, chain)
+        action = make_action((stage, kind, microbatch, chain))
         if is_compute:
-            program.record(action)
+            program.recorded.append(action)
         sink.append(Step((action,), False, span))
 
     return emit_action
