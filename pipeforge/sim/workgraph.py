@@ -26,7 +26,7 @@ class WorkGraph:
     def __init__(self, shape: Shape, actions: list[Action], costs: CostModel, memory: MemorySpec):
         self.shape, self.costs, self.memory, self.weights = shape, costs, memory, memory.weights
         self.actions = actions
-        self.index: dict[Action, int] = {}
+        self.index: dict[ActionKey, int] = {}  # Actions, looked up by plain tuples equal to them too
         for node, action in enumerate(actions):
             self.index.setdefault(action, node)
         placements = shape.placements
@@ -105,7 +105,7 @@ class Shape(NamedTuple):
         return Shape(schedule.ranks, schedule.stages, schedule.microbatches, schedule.placements)
 
 
-def _first_present(index: dict[Action, int], producers: tuple[ActionKey, ...]) -> int | None:
+def _first_present(index: dict[ActionKey, int], producers: tuple[ActionKey, ...]) -> int | None:
     for producer in producers:
         node = index.get(producer)
         if node is not None:
@@ -269,6 +269,7 @@ def _time_with_copies(graph: WorkGraph, order: Order) -> Times:
     start, end = [0.0] * size, [-1.0] * size
     done, free, lane_free = [0] * len(order), [0.0] * len(order), [0.0] * len(order)
     waits, duration, copy = graph.waits, graph.duration, graph.copy
+    assert copy is not None, "time_order sends here only a graph with copy-lane nodes"
     waiting: dict[int, list[int]] = {}
     ready = list(range(len(order)))
     while ready:
