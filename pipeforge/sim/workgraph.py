@@ -171,12 +171,8 @@ def _offload_waits(graph: WorkGraph, order: Order) -> list[tuple[Dependency, ...
         summary = [(sum(added[n] for n in group), sum(released[n] for n in group),
                     any(actions[n].kind is offload for n in group)) for group in groups]
         for group, wait in zip(groups, offload_waits(summary, limit)):
-            if wait is None:
-                continue
-            last = groups[wait][0]
-            for node in group:
-                if added[node] > 0:
-                    waits[node] = waits[node] + ((last, 0.0),)
+            if wait is not None:  # the step's additions count from its start (an overlap step's first node)
+                waits[group[0]] = waits[group[0]] + ((groups[wait][0], 0.0),)
     return waits
 
 
