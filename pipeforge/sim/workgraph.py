@@ -151,10 +151,10 @@ def compile_schedule(schedule: Schedule, costs: CostModel, memory: MemorySpec) -
 
 
 def _offload_waits(graph: WorkGraph, order: Order) -> list[tuple[Dependency, ...]]:
-    """A node that adds memory (F, R, RELOAD) waits for the end of the OFFLOAD ``semantics.offload_waits``
-    names for its step, if any: only where, counting each earlier offload's release from its transfer's
-    end, what it adds would pass the memory limit (none declared: it never waits; docs/semantics.md,
-    "Recompute and offload")."""
+    """A step that adds memory (F, R, RELOAD) waits, at its first node, for the end of the OFFLOAD
+    ``semantics.offload_waits`` names for it, if any: only where, counting each earlier offload's release
+    from its transfer's end, what it adds would pass the memory limit (none declared: it never waits;
+    docs/semantics.md, "Recompute and offload")."""
     waits = list(graph.waits)
     offload, added, released, actions = ActionKind.OFFLOAD, graph.added, graph.released, graph.actions
     steps = graph.step
