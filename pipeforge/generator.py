@@ -21,7 +21,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from operator import attrgetter, itemgetter
@@ -167,7 +167,7 @@ def location_text(span) -> str:
     return Comment(f"#{text}")[1:]
 
 
-def body_text(program: tuple[Step, ...], origins: tuple[int, ...], locations: bool) -> Body:
+def body_text(program: tuple[Step, ...], origins: Sequence[int], locations: bool) -> Body:
     """A rank function's body: its steps in order, one call per action, 4 spaces in, lines without the
     last newline. A step is
 
@@ -332,7 +332,7 @@ def _every_action(schedule: Schedule):
     return itertools.chain.from_iterable(map(attrgetter("actions"), steps))
 
 
-def _views(schedule: Schedule, locations: bool, origins: tuple[tuple[int, ...], ...] | None) -> Iterator[RankView]:
+def _views(schedule: Schedule, locations: bool, origins: Sequence[Sequence[int]] | None) -> Iterator[RankView]:
     """Each rank's view, made as it is asked for (codegen hands a rank to be compiled as soon as it is
     rendered)."""
     if origins is None:
@@ -612,7 +612,7 @@ def generated_schedule(path: Path) -> tuple[str, dict] | None:
 def _schedule_of(tree: ast.Module | None) -> tuple[str, dict] | None:
     if tree is None:
         return None
-    found: dict[str, object] = {}
+    found: dict[str, ast.expr] = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             found[node.targets[0].id] = node.value

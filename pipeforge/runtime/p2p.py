@@ -210,6 +210,7 @@ class Transport:
         self.posted: list[Posted] = []  # this step's batches
         self.abandoned: list[Posted] = []  # what failed steps left in flight, kept alive
         self.abandoned_groups: list = []  # the groups they were posted on
+        self.agreement_group = None  # gloo: the step-end agreement's own group, made with each fresh group
 
     def begin_step(self) -> None:
         """A new step: its own tag (1, 2, ... on every rank alike, as every rank counts its calls)."""
@@ -229,14 +230,16 @@ class Transport:
         """Post from now on through a fresh gloo group of the ``size`` ranks, met on the default store
         under ``name`` (every rank passes the same name); the old one stays alive for what is in flight.
         make_pipeline connects the pipeline's own group so: a failure never touches the caller's groups."""
-        store = dist.PrefixStore(name, dist.distributed_c10d._get_default_store())
+        default = dist.distributed_c10d._get_default_store()
         try:
-            fresh = dist.ProcessGroupGloo(store, self.rank, size, timeout)
+            fresh = dist.ProcessGroupGloo(dist.PrefixStore(name, default), self.rank, size, timeout)
+            # the step-end agreement's: a failed step closes the pipeline group's connections, never these
+            agreement = dist.ProcessGroupGloo(dist.PrefixStore(f"{name}/end", default), self.rank, size, timeout)
         except Exception as error:  # noqa: BLE001
             raise PipelineError(f"rank {self.rank}: connecting the pipeline's ranks {why} failed (waited "
                                 f"{timeout.total_seconds():g} s for every rank): {backend_reason(error)}") from error
-        self.abandoned_groups.append(self._process_group)
-        self._process_group = fresh
+        self.abandoned_groups += [g for g in (self._process_group, self.agreement_group) if g is not None]
+        self._process_group, self.agreement_group = fresh, agreement
 
     def close_pairs(self, peers: list[int]) -> None:
         """Close this rank's connections to ``peers`` in the pipeline's group (gloo closes a connection whose

@@ -85,10 +85,19 @@ class Pipeline:
         self.post_early = True  # post receives ahead of the program where the rules allow (``RankContext.post_early``)
         self._receives = _receives_of(program)  # the program's receives, in the order it posts them
         self.preflight = True  # the first step()/eval() runs check() with its arguments first (``_preflight``)
-        self.end_agreement = True  # every call ends agreeing through the store whether it failed anywhere
         self._checked: set[bool] = set()  # the modes (training or not) check() passed for
         self.rng_seed: int | None = None  # each forward's RNG seeded per (step, stage, microbatch) (``rng.py``)
         self.rng_step = 0  # the step index the next step() seeds with (every call of step() adds one)
+
+    @property
+    def end_agreement(self) -> bool:
+        """Every call ends agreeing with every rank whether it failed anywhere (``recovery.StepStart.end``);
+        set False on every rank to leave it out."""
+        return self._start.agreeing
+
+    @end_agreement.setter
+    def end_agreement(self, value: bool) -> None:
+        self._start.agreeing = bool(value)
 
     def register_custom_function(self, kind: Any, function: CustomFunction) -> None:
         """Run ``function(action, ctx)`` instead of the runtime's own for every action of ``kind`` (see

@@ -8,7 +8,8 @@ neighbours raise a ``PeerRefusedError`` quoting it). Where a step failed, the ra
 group and forget the activation shapes they learned. ``failed`` abandons what is in flight and closes this
 rank's connections, so a rank waiting for it fails at once; a rank whose own code failed leaves a record
 first (``tell``), one whose wait failed raises what the record says (``told_of``). ``end`` is the step-end
-agreement on the store: a rank whose step ran to its end raises the failure of any other. Every rank calls
+agreement (one word per rank through rank 0, on a group of its own): a rank whose step ran to its end
+raises the failure of any other. Every rank calls
 ``step``/``eval`` the same number of times (each call is a tag). NCCL matches by order: a failed step
 leaves its group unusable. When, and why it is enough: ``docs/runtime-internals.md`` (Transport and recovery).
 """
@@ -71,13 +72,19 @@ class StepStart:
         self.failed_last = False
         self.begun = False  # this call's communication began (what a failure must clean up after)
         self.told = False  # this call's record is on the store already
-        self.agreed: tuple[int, ...] = ()  # the tags of the last two step-end agreements (``end``)
+        self.agreeing = True  # calls end with the agreement (``Pipeline.end_agreement``)
+        self._expected: dict | None = None  # this call's step-end receives, by peer (``expect``)
+        self._sends: list = []  # the last agreement's sends (``end``)
+        self.abandoned: list = []  # what failed calls' agreements left in flight, kept alive
 
     def begin(self, transport: Transport, caches: ShapeCache, refusal: BaseException | None = None) -> ShapeCache:
         """The greeting, a fresh group if a rank failed; the shape cache the step uses. ``refusal``: why this
         rank refuses the step (its arguments): its record goes on the store first, then it is raised, and its
         neighbours raise a ``PeerRefusedError`` with its message (``docs/runtime-internals.md``)."""
         self.begun, self.told = True, False
+        if self._expected is not None:  # a call that ended without its agreement (turned off meanwhile)
+            self.abandoned += [work for work, _ in self._expected.values()]
+            self._expected = None
         if refusal is not None:
             self.tell(transport, refusal)
         if not self.peers:
@@ -95,6 +102,7 @@ class StepStart:
             if broken:  # the words did not cross: again, in the fresh group (a refusal must reach the neighbours)
                 theirs, _ = self._greet(transport, refusal is not None)
         refused = [peer for peer, word in theirs.items() if word[1].item()]
+        self.expect(transport)  # the step-end agreement's receives, in the group the step posts in
         if refusal is not None:
             raise refusal
         if refused:
@@ -152,69 +160,131 @@ class StepStart:
         self.failed_last = True
         return told
 
-    def end(self, transport: Transport, failed: bool) -> None:
-        """The step-end agreement: every rank adds its outcome to one counter on the store. A rank whose step
-        failed leaves at once; one whose step ran waits until every rank has added its own, and raises the
-        failure of any other rank (a ``PeerStageError`` from its record), so no rank returns normally from a
-        step that failed elsewhere. Three store round trips on most ranks, two on the last to arrive (the
-        critical one); the first to arrive deletes the keys of the agreement before the last, which every rank
-        has read (each added to the last one since)."""
-        if self.info.ranks == 1 or not transport.reconnectable or not transport.name:
+    def expect(self, transport: Transport) -> None:
+        """Post this call's step-end receives ahead of its end (once a call; ``end`` posts them where the call
+        failed before ``begin`` did): the words then land as soon as they are sent."""
+        if self._expected is not None or not self.agreeing or not _agrees(self.info, transport):
             return
-        store = _end_store(transport, transport.tag)
+        group, tag = transport.agreement_group, transport.tag
+        sources = self.others if self.rank == ROOT or self.info.ranks <= ALL_TO_ALL else [ROOT]
+        words = {peer: torch.zeros(1, dtype=torch.int64) for peer in sources}
+        self._expected = {peer: (group.recv([word], peer, tag), word) for peer, word in words.items()}
+
+    def end(self, transport: Transport, failed: bool) -> None:
+        """The step-end agreement, on the pipeline's agreement group (``Transport.agreement_group``, which a
+        failure never closes) under the call's tag: every rank sends rank 0 one word (1 where its step failed)
+        and rank 0 sends every rank the sum (on two ranks each sends the other its word). A rank whose step
+        failed sends and leaves at once; one whose step ran waits (within ``timeout``) and raises the failure
+        of any other rank (a ``PeerStageError`` from its record), or a ``PipelineError`` where a rank sent
+        no word in time, so no rank returns normally from a step that failed elsewhere. Its receives were
+        posted at ``begin`` (``expect``), so a word lands as it is sent: two messages on the critical path
+        (one on two ranks), no store round trip."""
+        if not _agrees(self.info, transport):
+            return
+        value = 0
         try:
-            value = store.add("n", 1 + FAILED * failed)
-            if value % FAILED == self.info.ranks:  # the last to arrive: release the others
-                store.set("done", str(value))
-            else:
-                if value % FAILED == 1 and len(self.agreed) == 2:  # the first: it has time to tidy up
-                    self._forget(transport, self.agreed[0])
-                if not failed:
-                    value = self._wait(transport, store)
+            self._settle_sends(transport)
+            self.expect(transport)
+            value = self._exchange(transport, failed)
         except PipelineError:
-            self.failed_last = True
+            value = UNHEARD
             raise
-        except Exception as error:  # noqa: BLE001 (the store is gone: a failed step raises its own error)
+        except Exception as error:  # noqa: BLE001 (the group is gone: a failed step raises its own error)
+            value = UNHEARD
             if failed:
                 return
-            self.failed_last = True
             raise PipelineError(f"rank {self.rank}: the agreement at the end of the step failed: "
                                 f"{backend_reason(error)}") from error
         finally:
-            self.agreed = (*self.agreed[-1:], transport.tag)
-        if failed or value < FAILED:
+            if failed or value:  # nothing of it is waited again: kept alive while gloo may still use it
+                self.failed_last = True  # every rank meets in a fresh group at the next step's start
+                self.abandoned += [work for work, _ in (self._expected or {}).values()] + self._sends
+                self._sends = []
+            self._expected = None
+        if failed or value == 0:
             return
-        self.failed_last = True  # every rank meets in a fresh group at the next step's start
+        if value >= UNHEARD:
+            raise PipelineError(f"rank {self.rank}: at the end of the step, {value // UNHEARD} rank(s) sent no word"
+                                f"{_within(transport)}; a rank may have died or hung")
         here = PipelineError(f"rank {self.rank}: the end of its step, which ran to its end")
         told = told_of(transport, self.info.ranks, here)
         if told is not None:
             raise told from here
-        raise PipelineError(f"rank {self.rank}: the step failed on {value // FAILED} other rank(s) (their errors "
+        raise PipelineError(f"rank {self.rank}: the step failed on {value} other rank(s) (their errors "
                             "name the cause); this rank's step ran to its end")
 
-    def _wait(self, transport: Transport, store) -> int:
-        wait = transport.timeout
+    def _exchange(self, transport: Transport, failed: bool) -> int:
+        """This rank's word out, and (unless it failed) the sum in: failures, plus ``UNHEARD`` for each rank
+        not heard from in time. Up to ``ALL_TO_ALL`` ranks every rank tells every other (one message on the
+        critical path); beyond, every rank tells rank 0, which answers every rank (two)."""
+        group, tag = transport.agreement_group, transport.tag
+        word = _WORDS[failed]
+        if self.rank != ROOT and self.info.ranks > ALL_TO_ALL:
+            self._sends.append(group.send([word], ROOT, tag))
+            if failed:
+                return 0
+            work, answer = self._expected[ROOT]
+            self._wait(transport, work, ROOT)
+            return int(answer.item())
+        if self.info.ranks <= ALL_TO_ALL:
+            self._send(group, word, self.others, tag)
+        total = int(failed)
+        if not failed:
+            total += self._sum_words(transport)
+        if self.info.ranks > ALL_TO_ALL:  # rank 0 answers: at once where its own step failed
+            self._send(group, torch.tensor([total]), self.others, tag)
+        return 0 if failed else total
+
+    def _send(self, group, word: torch.Tensor, peers: list[int], tag: int) -> None:
+        for peer in peers:
+            try:
+                self._sends.append(group.send([word], peer, tag))
+            except Exception:  # noqa: BLE001, S110 (a connection a timeout closed: that peer learns by its own wait)
+                pass
+
+    def _sum_words(self, transport: Transport) -> int:
+        total = 0
+        for peer, (work, word) in self._expected.items():
+            try:
+                self._wait(transport, work, peer)
+                total += int(word.item())
+            except PipelineError:  # rank 0 tells the others, not leaving them to wait out their own timeout
+                total += UNHEARD
+        return total
+
+    def _wait(self, transport: Transport, work, peer: int) -> None:
         try:
-            store.wait(["done"], wait) if wait is not None else store.wait(["done"])
-        except Exception as error:  # noqa: BLE001 (a timeout: some rank never finished its step)
-            arrived = store.add("n", 0) % FAILED
-            limit = f" within {wait.total_seconds():g} s" if wait is not None else ""
-            raise PipelineError(f"rank {self.rank}: at the end of the step, {arrived} of {self.info.ranks} ranks "
-                                f"had finished it{limit}; a rank may have died or hung ({backend_reason(error)})"
-                                ) from error
-        return int(store.get("done"))
+            work.wait(_wait_limit(transport))
+        except Exception as error:  # noqa: BLE001 (a timeout, or a closed connection)
+            raise PipelineError(f"rank {self.rank}: at the end of the step, no word from rank {peer}"
+                                f"{_within(transport)}: {backend_reason(error)}") from error
 
-    def _forget(self, transport: Transport, tag: int) -> None:
-        old = _end_store(transport, tag)
-        old.delete_key("n")
-        old.delete_key("done")
+    def _settle_sends(self, transport: Transport) -> None:
+        """The words sent at the last agreement, which every rank took (it ran on every rank: long done)."""
+        sends, self._sends = self._sends, []
+        for work in sends:
+            work.wait(_wait_limit(transport))
 
 
-FAILED = 1 << 32  # what a rank whose step failed adds to the step-end counter (beside the one every rank adds)
+ALL_TO_ALL = 2  # up to so many ranks every rank sends every other its step-end word; beyond, through rank 0
+ROOT = 0  # the rank that sums the step-end words and answers every rank
+UNHEARD = 1 << 32  # what rank 0 adds to the step-end sum for each rank it did not hear from in time
+_WORDS = {False: torch.tensor([0]), True: torch.tensor([1])}  # a rank's step-end word (only ever sent)
 
 
-def _end_store(transport: Transport, tag: int):
-    return dist.PrefixStore(f"{transport.name}/end/{tag}", dist.distributed_c10d._get_default_store())
+def _agrees(info: ScheduleInfo, transport: Transport) -> bool:
+    return info.ranks > 1 and transport.agreement_group is not None
+
+
+def _wait_limit(transport: Transport) -> timedelta:
+    """A step-end wait's bound: the pipeline's ``timeout``, else the default store's (what a wait on it had)."""
+    if transport.timeout is not None:
+        return transport.timeout
+    return dist.distributed_c10d._get_default_store().timeout
+
+
+def _within(transport: Transport) -> str:
+    return f" within {_wait_limit(transport).total_seconds():g} s"
 
 
 def _records(transport: Transport):

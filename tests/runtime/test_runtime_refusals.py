@@ -104,7 +104,7 @@ def test_a_refused_step_reaches_every_rank_at_once_with_its_message(tmp_path, ra
 
 
 def keys_after_steps(rank: int, nproc: int, path: str) -> list[int]:
-    """The default store's key count after 3 and after 13 steps (the step-end agreement's keys are deleted)."""
+    """The default store's key count after 3 and after 13 steps (the step-end agreement adds none)."""
     import torch.distributed as dist
 
     from pipeforge.tools import demo_models as models
@@ -130,4 +130,48 @@ def test_the_step_end_agreement_leaves_no_keys_behind(tmp_path):
     outcomes = spawn(keys_after_steps, 2, path, timeout=WAIT, deadline=120)
     assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
     early, late = outcomes[0].value
-    assert late <= early, (early, late)  # the keys of old agreements are deleted: no growth with the steps
+    assert late <= early, (early, late)  # no growth with the steps
+
+
+def one_rank_skips_the_agreement(rank: int, nproc: int, job: dict) -> list[str]:
+    """Three steps; in the second, rank ``job["late"]`` leaves the step-end agreement out (as a rank that died
+    or hung after its program would): what each step raised on this rank ('' where it returned). The ranks
+    meet on the caller's group after each step, so the late rank's next greeting does not time out."""
+    import torch.distributed as dist
+
+    from pipeforge.runtime import PipelineError
+    from pipeforge.tools import demo_models as models
+    from pipeforge.tools.generated import load_module
+
+    generated = load_module(job["path"])
+    info = generated.SCHEDULE
+    full = models.build_stages("mlp", info.stages, seed=0)
+    pipe = generated.make_pipeline({s: full[s] for s in info.stages_of(rank)}, loss_fn=models.loss_fn,
+                                   timeout=job["wait"])
+    x, y = models.make_batch(info.stages, 8, seed=0)
+    seen = []
+    for index in range(3):
+        pipe.end_agreement = not (index == 1 and rank == job["late"])
+        try:
+            pipe.step(*((x,) if pipe.holds_first else ()), target=y if pipe.holds_last else None)
+            seen.append("")
+        except PipelineError as error:
+            seen.append(str(error))
+        dist.barrier()
+    return seen
+
+
+@pytest.mark.parametrize("ranks,late", [(2, 1), (3, 0), (3, 2)])  # two ranks tell each other; three, through rank 0
+def test_a_rank_that_sends_no_step_end_word_fails_the_others_step(tmp_path, ranks, late):
+    path = str(codegen(pipeforge.load("1f1b", defines={"P": ranks, "M": 4}), tmp_path / "gen.py"))
+    job = {"path": path, "late": late, "wait": scaled(2.0)}
+    outcomes = spawn(one_rank_skips_the_agreement, ranks, job, timeout=WAIT, deadline=240)
+    assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
+    for outcome in outcomes:
+        first, second, third = outcome.value
+        assert first == third == "", outcome.value  # the pipeline steps on after it
+        if outcome.rank == late:
+            assert second == "", outcome.value
+        else:  # not a normal return: no rank learned whether the late rank's step failed
+            assert second.startswith(f"rank {outcome.rank}: at the end of the step, "), outcome.value
+            assert "word" in second, outcome.value
