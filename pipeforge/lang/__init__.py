@@ -101,7 +101,7 @@ def _read(path: str | Path) -> str:
         raise _not_utf8(str(path), data, error) from None
 
 
-def _not_utf8(file: str, data: bytes, error: UnicodeDecodeError):
+def _not_utf8(file: str, data: bytes, error: UnicodeDecodeError) -> PipeSyntaxError:
     """A PipeSyntaxError at the first byte that is not UTF-8."""
     prefix = data[:error.start].decode("utf-8", errors="replace")
     line = prefix.count("\n") + 1

@@ -85,7 +85,7 @@ def duration_table(costs: CostModel, stages: int) -> dict[tuple[ActionKind, int]
     return {(kind, stage): costs.duration(kind, stage) for kind in COMPUTE_KINDS for stage in range(stages)}
 
 
-def costs_to_json(costs: CostModel) -> dict:
+def costs_to_json(costs: CostModel) -> dict[str, object]:
     out = {f.name: getattr(costs, f.name) for f in fields(costs) if f.name not in ("per_stage", "links", "overhead")}
     out["B"] = costs.B if costs.B is not None else costs.I + costs.W
     if costs.overhead.given:
