@@ -180,7 +180,8 @@ def _article(word: str) -> str:
     return "an" if word[0] in "aeiou" else "a"
 
 
-def _fused(kind: str, steps: list[Step], accepts, shape: str, header: Span, span: Span) -> Step:
+def _fused(kind: str, steps: list[Step], accepts: Callable[[Step], bool], shape: str, header: Span,
+           span: Span) -> Step:
     if not steps:
         raise SemanticError(f"this {kind} block holds no action", header)
     for step in steps:
