@@ -21,10 +21,10 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from types import CodeType
 from typing import NamedTuple
@@ -167,7 +167,7 @@ def location_text(span) -> str:
     return Comment(f"#{text}")[1:]
 
 
-def body_text(program: tuple[Step, ...], origins: tuple[int, ...], locations: bool) -> Body:
+def body_text(program: tuple[Step, ...], origins: Sequence[int], locations: bool) -> Body:
     """A rank function's body: its steps in order, one call per action, 4 spaces in, lines without the
     last newline. A step is
 
@@ -284,7 +284,8 @@ def _context(schedule: Schedule, locations: bool = True) -> dict:
         raise CodegenError(f"schedule {schedule.name!r} declares {schedule.ranks} ranks but has "
                            f"{len(schedule.programs)} programs")
     actions = list(_every_action(schedule))
-    rebuilt = recomputed(actions)  # (a schedule without R has no recompute sources to look for)
+    kinds = set(map(itemgetter(1), actions))  # (in C: most schedules hold no R nor OFFLOAD to look for)
+    rebuilt = recomputed(actions) if ActionKind.R in kinds else set()  # (without R, no recompute sources)
     placements = []
     for placement in schedule.placements:
         owners = _ints(tuple(placement.stage_to_rank))
@@ -298,7 +299,7 @@ def _context(schedule: Schedule, locations: bool = True) -> dict:
         "params": tuple((str(name), _int(value)) for name, value in schedule.params),
         # (stage, microbatch, chain) whose F keeps only its checkpoint, and whose forward saves for OFFLOAD
         "recomputed": tuple(_ints(key) for key in sorted(rebuilt)),
-        "offloaded": tuple(_ints(key) for key in sorted(offloaded(actions))),
+        "offloaded": tuple(_ints(key) for key in sorted(offloaded(actions) if ActionKind.OFFLOAD in kinds else ())),
         "recompute_sources": _recompute_sources(schedule) if locations and rebuilt else (),
         "offload_waits": _offload_waits(schedule, actions),
     }
@@ -331,7 +332,7 @@ def _every_action(schedule: Schedule):
     return itertools.chain.from_iterable(map(attrgetter("actions"), steps))
 
 
-def _views(schedule: Schedule, locations: bool, origins: tuple[tuple[int, ...], ...] | None) -> Iterator[RankView]:
+def _views(schedule: Schedule, locations: bool, origins: Sequence[Sequence[int]] | None) -> Iterator[RankView]:
     """Each rank's view, made as it is asked for (codegen hands a rank to be compiled as soon as it is
     rendered)."""
     if origins is None:
@@ -611,7 +612,7 @@ def generated_schedule(path: Path) -> tuple[str, dict] | None:
 def _schedule_of(tree: ast.Module | None) -> tuple[str, dict] | None:
     if tree is None:
         return None
-    found: dict[str, object] = {}
+    found: dict[str, ast.expr] = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             found[node.targets[0].id] = node.value

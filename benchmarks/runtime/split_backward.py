@@ -24,6 +24,11 @@ machine it is far less noisy than wall time, and the autograd engine runs CPU
 work on the calling thread). Reported per module: the medians of B, I, W, the
 ratios (I + W) / B of both, and whether each split gave the fused backward's
 gradients (bit for bit: ``exact``; else the largest relative difference).
+
+A second table (bytes, which do not depend on the machine's load): on the middle and last stage of
+each model of the test zoo (3 stages, float64), what a forward leaves saved (``activation``, the
+runtime's accounting, ``runtime.saved.counted``) and what is still saved after I, until W
+(``weight_grad``), pipeforge's I against torch's ``stage_backward_input``.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import argparse
 import statistics
 import sys
 import time
+
+import gc
 
 import torch
 from torch import nn
@@ -142,6 +149,54 @@ def measure(case: Case, rounds: int, warmup: int, clock) -> dict[str, tuple[floa
                    statistics.median(i + w for i, w in s) * 1e3) for name, s in samples.items()}
 
 
+ZOO = ("gpt", "gpt-dropout", "llama", "moe", "tied")
+
+
+def held_after_input(model: str, stage: int, split: str) -> tuple[int, int]:
+    """(activation, weight_grad) bytes of ``stage`` of the zoo's ``model`` cut in 3, ``split`` "pipeforge" or
+    "torch"; W then runs, and nothing may stay saved after it."""
+    from pipeforge.runtime.saved import SavedBytes, counted
+    from tests.zoo import models as zoo
+
+    module = zoo.build(model, 3)[stage]
+    params = [p for p in module.parameters() if p.requires_grad]
+    _, targets, every_stage = zoo.batch(model, 2, 0)
+    x = torch.randn(2, zoo.SEQ, zoo.WIDTH, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    x.requires_grad_()
+    counter = SavedBytes()
+    with counted(counter, {p.untyped_storage().data_ptr() for p in params}):
+        out = module(x, **every_stage)
+        out = zoo.loss_fn(out, targets) if stage == 2 else out
+    activation, grad = counter.held, torch.ones_like(out)
+    if split == "pipeforge":
+        _, plan = SplitBackward().backward_input((out,), (grad,), [x], params)
+        weight_grad = counter.held
+        accumulate_weight_gradients(plan)
+        del plan
+    else:
+        _, groups = stage_backward_input([out], [grad], [x], iter(params))
+        weight_grad = counter.held
+        stage_backward_weight(iter(params), groups)
+        del groups
+    del out
+    gc.collect()
+    if counter.held:
+        raise RuntimeError(f"{model} stage {stage}, {split}: {counter.held} bytes still saved after W")
+    return activation, weight_grad
+
+
+def memory_table() -> None:
+    print("\nbytes saved from I to W (weight_grad) of what the forward saved (activation), test zoo, 3 stages")
+    print(f"{'model':14}{'stage':>6}{'activation':>12}{'pf weight_grad':>16}{'/ act':>7}{'torch weight_grad':>19}"
+          f"{'/ act':>7}")
+    for model in ZOO:
+        for stage in (1, 2):
+            activation, ours = held_after_input(model, stage, "pipeforge")
+            _, theirs = held_after_input(model, stage, "torch")
+            print(f"{model:14}{stage:6d}{activation:12d}{ours:16d}{ours / activation:7.3f}{theirs:19d}"
+                  f"{theirs / activation:7.3f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=60)
@@ -162,6 +217,7 @@ def main() -> int:
         b, ours, theirs = got["B"][2], got["pipeforge"], got["torch"]
         print(f"{case.name:24}{b:7.2f}{ours[0]:8.2f}{ours[1]:7.2f}{ours[2] / b:10.2f}"
               f"{theirs[0]:9.2f}{theirs[1]:9.2f}{theirs[2] / b:13.2f}  {exact[0]}, {exact[1]}")
+    memory_table()
     return 0
 
 

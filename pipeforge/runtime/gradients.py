@@ -193,6 +193,7 @@ def _set_grad(param: torch.nn.Parameter, total: torch.Tensor) -> None:
         return
     from torch.distributed.tensor import DTensor
 
+    assert isinstance(param, DTensor), "a parameter with to_local is a DTensor (FSDP's)"
     param.grad = DTensor.from_local(total.clone(), param.device_mesh, param.placements, run_check=False,
                                     shape=param.shape, stride=param.stride())
 

@@ -16,8 +16,8 @@ every microbatch gave the same one, else listed.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 import torch
 
@@ -45,8 +45,8 @@ def split_value(value: Any, chunks: int, where: str = "the value") -> list[Any]:
     if isinstance(value, torch.Tensor):
         return _split_tensor(value, chunks, where)
     if isinstance(value, Mapping):
-        parts = {key: split_value(item, chunks, f"{where}[{key!r}]") for key, item in value.items()}
-        return [_rebuild_mapping(value, {key: part[m] for key, part in parts.items()}) for m in range(chunks)]
+        fields = {key: split_value(item, chunks, f"{where}[{key!r}]") for key, item in value.items()}
+        return [_rebuild_mapping(value, {key: part[m] for key, part in fields.items()}) for m in range(chunks)]
     if isinstance(value, (tuple, list)):
         parts = [split_value(item, chunks, f"{where}[{index}]") for index, item in enumerate(value)]
         return [_rebuild_sequence(value, [part[m] for part in parts]) for m in range(chunks)]
@@ -82,8 +82,11 @@ def _refuse_hidden_tensors(value: Any, where: str) -> None:
 
 
 def _rebuild_mapping(original: Mapping, items: dict) -> Any:
+    # cast: Mapping's own signature takes no items; the concrete class (dict, OrderedDict, a model output) does,
+    # or raises the TypeError caught here
+    rebuild = cast("Callable[[dict], Any]", type(original))
     try:
-        return type(original)(items)
+        return rebuild(items)
     except TypeError:
         return dict(items)
 

@@ -12,7 +12,7 @@ and the random state are restored; parameters and gradients are untouched. ``doc
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -23,6 +23,9 @@ from pipeforge.runtime.microbatch import as_tuple, split_value, to_device
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError
 from pipeforge.runtime.saved import unkept_inputs
 from pipeforge.semantics import RUNTIME_METHODS
+
+if TYPE_CHECKING:
+    from torch.autograd.graph import Node
 
 REENTRANT = "CheckpointFunctionBackward"  # torch.utils.checkpoint(..., use_reentrant=True)'s autograd node
 
@@ -111,6 +114,7 @@ def _run_stage(pipeline, prepared: dict, stage: int, local: tuple | None, report
             output, _ = unwrap_aux(runner.module(*args, **kwargs), f"stage {stage}")
     except Exception as error:  # noqa: BLE001 - any failure of the user's module is reported, named
         return f"its module raised {type(error).__name__}: {error} (called with {_describe_call(args, kwargs)})"
+    found: tuple | str
     if not runner.is_last:
         if not _sendable(output):
             return (f"its module returned {_describe(output)}; a stage before the last must return a tensor or a "
@@ -154,7 +158,7 @@ def _splits_backward(pipeline) -> bool:
 
 def _reentrant(tensors) -> bool:
     seen: set[int] = set()
-    todo = [t.grad_fn for t in tensors if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    todo: list[Node | None] = [t.grad_fn for t in tensors if isinstance(t, torch.Tensor) and t.grad_fn is not None]
     while todo:
         node = todo.pop()
         if node is None or id(node) in seen:

@@ -48,6 +48,7 @@ class RankModules(Mapping):
                                 "regenerate the module with pipeforge codegen")
         name = f"pipeforge_rank_{abs(hash(str(path)))}"
         spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None, "a .py file has its spec and loader"
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # tracebacks and pickling find it
         try:

@@ -20,6 +20,7 @@ import torch
 
 from pipeforge.runtime.copy_lane import copy_lane, move
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError
+from pipeforge.runtime.split_backward import Releasable
 from pipeforge.runtime.stage import MicrobatchState
 
 Key = tuple[int, int, int]  # (stage, microbatch, chain)
@@ -77,10 +78,11 @@ class SavedBytes:
             self._refs[key] = count - 1
 
 
-class _Saved:
+class _Saved(Releasable):
     """One saved tensor as autograd holds it (the packed value): counted while it lives on the device.
     It holds the tensor detached: an output saved with its own ``grad_fn`` would otherwise make a cycle
-    through autograd (node, saved value, tensor, node) that Python's gc cannot see, alive after W."""
+    through autograd (node, saved value, tensor, node) that Python's gc cannot see, alive after W. An I
+    frees those its W does not need (``free``: ``split_backward.release_saved``)."""
 
     __slots__ = ("__weakref__", "address", "away", "counter", "tensor")
 
@@ -94,6 +96,10 @@ class _Saved:
         if self.counter is not None:
             self.counter.drop(self.address)
             self.address = None
+
+    def free(self) -> None:
+        self.tensor = None
+        self.release()
 
     def __del__(self) -> None:
         self.release()
@@ -116,6 +122,9 @@ def counted(counter: SavedBytes | None, parameters: set[int], holder: list[_Save
         if isinstance(packed, _Saved):
             if packed.away:
                 raise PipelineError("a saved activation was used while offloaded (RELOAD it first)")
+            if packed.tensor is None:
+                raise PipelineError("a saved activation that the split backward's I freed was used again "
+                                    "(a node its W was not expected to run)")
             return packed.tensor
         return packed
 
@@ -215,6 +224,7 @@ class SavedActivations:
     def _move(self, key: Key, holder: list[_Saved], where: torch.device, away: bool) -> None:
         """Every saved tensor of ``holder`` copied to ``where`` on the copy lane (``copy_lane.move``: one copy
         of each storage's bytes they reach); counted off the device when ``away``, on it again when back."""
+        holder = [saved for saved in holder if saved.tensor is not None]  # not freed by an I
         moved, sources, copies = move(self.lane, [saved.tensor for saved in holder], where)
         for saved, tensor in zip(holder, moved):
             saved.tensor = tensor  # the source is dropped (a host copy, or back on the device)

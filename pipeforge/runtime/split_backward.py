@@ -1,12 +1,13 @@
 """Backward split in two passes: I (gradients of the inputs) and W (gradients of the weights).
 
 ``SplitBackward`` (one per stage): ``backward_input`` (I) runs autograd from the stage's outputs to its
-inputs only and records the gradient at each weight's frontier node; ``accumulate_weight_gradients``
-(W) starts there and computes the weight gradients alone. I then W accumulates the same gradients as
-one full backward, for any module (weights told apart by identity, an unreached weight gets none,
-frozen weights and buffers are left alone), and nothing of I's work runs twice. How (frontier nodes,
-groups, what is kept between microbatches): ``docs/runtime-internals.md``; what it costs beside torch's:
-``benchmarks/runtime/split_backward.py``.
+inputs only and records the gradient at each weight's frontier node, then frees the saved tensors of
+every node W will not run (``release_saved``); ``accumulate_weight_gradients`` (W) starts at the
+frontier and computes the weight gradients alone. I then W accumulates the same gradients as one full
+backward, for any module (weights told apart by identity, an unreached weight gets none, frozen weights
+and buffers are left alone), and nothing of I's work runs twice. How (frontier nodes, groups, what I
+frees, what is kept between microbatches): ``docs/runtime-internals.md``; what it costs and holds
+beside torch's: ``benchmarks/runtime/split_backward.py``.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class WeightPlan:
     root_grads: tuple
     whole: bool = False  # no input gradients wanted (a first stage): W is the stage's whole backward
     note: str = ""  # what the split did other than split (the step trace's label of the I)
+    calls: tuple[tuple[int, ...], ...] | None = None  # the one-node groups of each engine call (Layout.calls)
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class Layout:
 
     groups: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]  # (weights, frontier nodes) of each group
     from_outputs: tuple[int, ...]
+    released: tuple[int, ...] = ()  # the nodes W does not run: I frees their saved tensors
+    calls: tuple[tuple[int, ...], ...] = ()  # the groups with one frontier node, by engine call of W
 
 
 @dataclass(frozen=True)
@@ -108,9 +112,10 @@ class SplitBackward:
         inputs_at = graph.positions([grad_node(t) for t in inputs])
         layout = self.layout(graph, graph.positions(root_nodes), inputs_at, weights)
         plan = _plan(layout, graph, params, accumulators, roots, root_grads)
-        if REGION_NODE in kinds:
-            plan.note = SPLIT_NOTE
-        return _run_input_pass(plan, roots, root_grads, inputs), plan
+        found = _run_input_pass(plan, roots, root_grads, inputs)
+        stuck = release_saved([graph.nodes[at] for at in layout.released])
+        plan.note = "; ".join(([SPLIT_NOTE] if REGION_NODE in kinds else []) + ([stuck] if stuck else []))
+        return found, plan
 
     def layout(self, graph: Graph, roots: tuple[int, ...], inputs: tuple[int, ...], weights: tuple[int, ...]) -> Layout:
         key = (graph.shape, roots, inputs, weights)
@@ -208,7 +213,59 @@ def analyse(shape: tuple[tuple[int, ...], ...], roots: tuple[int, ...], inputs: 
             below[node] = _weights_below(node, kids, below, weight_at)
     at_outputs = set().union(*(below[r] for r in roots if r in below))
     frontiers = {w: nodes for w, nodes in frontiers.items() if w not in at_outputs}
-    return Layout(_group_weights(frontiers), tuple(sorted(at_outputs)))
+    groups, from_outputs = _group_weights(frontiers), tuple(sorted(at_outputs))
+    run = _run_by_weight_pass(shape, roots, weight_at, groups, from_outputs)
+    return Layout(groups, from_outputs, tuple(n for n in range(len(shape)) if n not in run),
+                  _engine_calls(shape, roots, groups))
+
+
+def _engine_calls(shape: tuple[tuple[int, ...], ...], roots: tuple[int, ...],
+                  groups: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]) -> tuple[tuple[int, ...], ...]:
+    """The groups with one frontier node, in as few engine calls as runs no node twice: a group's level is
+    one more than the highest level of a one-node group's frontier below its own (0 with none below), and
+    each level is one call. Two frontier nodes of one level never reach each other, so a call starting
+    at both runs what two calls would (any path from one to the other's weights passes the other's node:
+    it is that weight's only frontier), and nothing between them."""
+    single = {nodes[0]: g for g, (_, nodes) in enumerate(groups) if len(nodes) == 1}
+    if len(single) < 2:
+        return tuple((g,) for g in single.values())
+    highest: dict[int, int] = {}  # node -> the highest level of a one-node frontier at or below it (-1: none)
+    level: dict[int, int] = {}
+    for node in _children_first(shape, roots):
+        below = max((highest[k] for k in shape[node]), default=-1)
+        if node in single:
+            level[single[node]] = below + 1
+            below += 1
+        highest[node] = below
+    calls: dict[int, list[int]] = {}
+    for g in sorted(level):
+        calls.setdefault(level[g], []).append(g)
+    return tuple(tuple(gs) for _, gs in sorted(calls.items()))
+
+
+def _run_by_weight_pass(shape: tuple[tuple[int, ...], ...], roots: tuple[int, ...], weight_at: dict[int, int],
+                        groups: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...],
+                        from_outputs: tuple[int, ...]) -> set[int]:
+    """The nodes W's engine calls run: for each call, the nodes below its start that reach one of its weights
+    (as the engine finds what it must execute). Their saved tensors are what W needs; I frees the others'."""
+    reach: dict[int, frozenset[int]] = {}
+    for node in _children_first(shape, roots):
+        reach[node] = _weights_below(node, shape[node], reach, weight_at)
+    starts = [(nodes, frozenset(weights)) for weights, nodes in groups]
+    if from_outputs:
+        starts.append((roots, frozenset(from_outputs)))
+    run: set[int] = set()
+    for nodes, wanted in starts:
+        seen: set[int] = set()
+        stack = [n for n in nodes if reach.get(n, frozenset()) & wanted]
+        while stack:
+            node = stack.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            stack += [k for k in shape[node] if k not in seen and reach[k] & wanted]
+        run |= seen
+    return run
 
 
 def _children_first(shape: tuple[tuple[int, ...], ...], roots: tuple[int, ...]) -> list[int]:
@@ -271,11 +328,85 @@ def _group_weights(frontiers: dict[int, list[int]]) -> tuple[tuple[tuple[int, ..
                  for _, weights in sorted(members.items()))
 
 
+class Releasable:
+    """A saved tensor's packed value that I can free (``runtime/saved.py``'s, under its saved-tensor hooks)."""
+
+    __slots__ = ()
+
+    def free(self) -> None:
+        raise NotImplementedError
+
+
+_SAVED_FIELDS: dict[type, tuple[str, ...]] = {}  # a node type -> its saved tensors' attributes
+OPAQUE_NODES = ("CopySlices",)  # nodes that hold another node's saved tensors where Python cannot reach them
+
+
+def _saved_fields(node: Node) -> tuple[str, ...]:
+    kind = type(node)
+    names = _SAVED_FIELDS.get(kind)
+    if names is None:
+        names = _SAVED_FIELDS[kind] = tuple(n for n in dir(node) if n.startswith("_raw_saved_"))
+    return names
+
+
+def _dropped(_: torch.Tensor) -> None:
+    return None
+
+
+def _used_after_release(_: None) -> torch.Tensor:
+    raise RuntimeError("pipeforge: a saved tensor that the split backward's I released was used again "
+                       "(a node W was not expected to run)")
+
+
+def _free(saved) -> bool:
+    """Free one saved tensor (a ``torch._C._autograd.SavedTensor``); False where it cannot be (other hooks)."""
+    if getattr(saved, "unpack_hook", None) is None:  # no hooks (or a torch that does not say)
+        try:  # torch then keeps the saved value only through these hooks, which keep nothing
+            saved.register_hooks(_dropped, _used_after_release)
+            return True
+        except RuntimeError:  # already freed, or hooks are set
+            pass
+    try:
+        packed = getattr(saved, "data", None)  # under hooks: the packed value
+    except RuntimeError:  # freed
+        return True
+    if packed is None:  # nothing was saved there
+        return True
+    if isinstance(packed, Releasable):
+        packed.free()
+        return True
+    return False
+
+
+def release_saved(nodes: list[Node]) -> str:
+    """Free the saved tensors of ``nodes`` (the nodes W does not run, after I): "" where all went, else what
+    was kept (a node holding another's saved tensors, a saved tensor under someone else's hooks)."""
+    kept: dict[str, int] = {}
+    for node in nodes:
+        names = _saved_fields(node)
+        if not names:
+            if type(node).__name__ in OPAQUE_NODES:
+                kept[type(node).__name__] = kept.get(type(node).__name__, 0) + 1
+            continue
+        for name in names:
+            try:
+                value = getattr(node, name)
+            except RuntimeError:  # freed
+                continue
+            for saved in value if isinstance(value, (tuple, list)) else (value,):
+                if saved is not None and not _free(saved):
+                    kept[type(node).__name__] = kept.get(type(node).__name__, 0) + 1
+    if not kept:
+        return ""
+    what = ", ".join(f"{name} x{count}" if count > 1 else name for name, count in sorted(kept.items()))
+    return f"kept until W: saved tensors I cannot free ({what})"
+
+
 def _plan(layout: Layout, graph: Graph, params, accumulators: list[Node | None], roots, root_grads) -> WeightPlan:
     groups = [WeightGroup([params[w] for w in weights], [graph.nodes[n] for n in nodes],
                           tuple(GradientEdge(accumulators[w], 0) for w in weights))
               for weights, nodes in layout.groups]
-    return WeightPlan(groups, [params[w] for w in layout.from_outputs], roots, root_grads)
+    return WeightPlan(groups, [params[w] for w in layout.from_outputs], roots, root_grads, calls=layout.calls)
 
 
 def _run_input_pass(plan: WeightPlan, roots, root_grads, inputs: list[torch.Tensor]) -> tuple:
@@ -299,16 +430,22 @@ def backward_weight(plan: WeightPlan) -> list[tuple[torch.nn.Parameter, torch.Te
     The graph is released as W goes where that is safe: the weights that start
     at the outputs go first (their paths may cross other groups' frontier
     nodes), then the groups with several frontier nodes (their calls may run
-    nodes between those), then the groups with one, whose call runs only that
-    node and the nodes below it towards the group's weights, which no other
-    group reaches (a node reaching two groups' weights would join them).
+    nodes between those), then the groups with one, whose call runs only their
+    nodes and the nodes below them towards their weights, which no other
+    group reaches (a node reaching two groups' weights would join them); those
+    go several to a call where no node of one reaches another's (``Layout.calls``).
     """
     results: list[tuple[torch.nn.Parameter, torch.Tensor | None]] = []
     if plan.from_outputs:
         found = gradients(plan.roots, tuple(plan.from_outputs), plan.root_grads, bool(plan.groups))
         results += list(zip(plan.from_outputs, found))
-    for group in sorted(plan.groups, key=lambda g: len(g.nodes) == 1):
-        results += _group_gradients(group, keep_graph=len(group.nodes) > 1)
+    for group in plan.groups:
+        if len(group.nodes) > 1:
+            results += _group_gradients([group], keep_graph=True)
+    calls = plan.calls if plan.calls is not None else tuple(
+        (g,) for g, group in enumerate(plan.groups) if len(group.nodes) == 1)
+    for call in calls:
+        results += _group_gradients([plan.groups[g] for g in call], keep_graph=False)
     return results
 
 
@@ -327,24 +464,35 @@ def accumulate_weight_gradients(plan: WeightPlan) -> None:
             param.grad += grad
 
 
-def _group_gradients(group: WeightGroup, keep_graph: bool) -> list[tuple[torch.nn.Parameter, torch.Tensor | None]]:
-    edges, grads = [], []
-    for node in group.nodes:
-        for index, grad in enumerate(group.grads[node]):
-            if grad is not None:
-                edges.append(GradientEdge(node, index))
-                grads.append(grad)
+def _group_gradients(groups: list[WeightGroup],
+                     keep_graph: bool) -> list[tuple[torch.nn.Parameter, torch.Tensor | None]]:
+    """The weights' gradients of ``groups`` in one engine call (several: groups with one frontier node each)."""
+    edges, grads, params, targets = [], [], [], []
+    unreached: list[tuple[torch.nn.Parameter, torch.Tensor | None]] = []
+    for group in groups:
+        started = len(edges)
+        for node in group.nodes:
+            for index, grad in enumerate(group.grads[node]):
+                if grad is not None:
+                    edges.append(GradientEdge(node, index))
+                    grads.append(grad)
+        if len(edges) == started:  # nothing reached the group's nodes in I
+            unreached += [(p, None) for p in group.params]
+            continue
+        params += group.params
+        targets += group.targets
     if not edges:
-        return [(p, None) for p in group.params]
+        return unreached
     handles = []
-    if len(group.nodes) > 1:  # a lower frontier node keeps the gradient I recorded for it
+    if len(groups) == 1 and len(groups[0].nodes) > 1:  # a lower frontier node keeps the gradient I recorded for it
+        group = groups[0]
         handles = [node.register_prehook(lambda _, saved=group.grads[node]: saved) for node in group.nodes]
     try:
-        found = _run_engine(tuple(edges), tuple(grads), group.targets, keep_graph)
+        found = _run_engine(tuple(edges), tuple(grads), tuple(targets), keep_graph)
     finally:
         for handle in handles:
             handle.remove()
-    return list(zip(group.params, found))
+    return list(zip(params, found)) + unreached
 
 
 _ENGINE = getattr(torch.autograd.graph, "_engine_run_backward", None)  # torch's own entry point to its engine

@@ -188,7 +188,7 @@ def compute_costs(traces: Iterable[Trace], clock: str = "wall") -> dict[int, dic
     found: dict[int, dict[str, list[float]]] = {}
     for trace in traces:
         for event in trace.events:
-            if event.kind in COMPUTE:
+            if event.kind in COMPUTE and event.stage is not None:  # (a compute event has its stage)
                 seconds = event.duration if clock == "wall" else event.cpu
                 found.setdefault(event.stage, {}).setdefault(event.kind, []).append(seconds * 1000.0)
     return {stage: {kind: statistics.median(values) for kind, values in sorted(kinds.items())}

@@ -186,7 +186,7 @@ def cost_file_json(stage_times: list[dict[str, float]], links: list[float], unit
                    step: float | None = None, chain_sum: list[float] | None = None,
                    dispatch: float | None = None) -> dict:
     """A cost file's JSON object from measured values (what ``pipeforge profile`` writes)."""
-    data = {"units": units, "stages": stage_times, "links": links}
+    data: dict[str, object] = {"units": units, "stages": stage_times, "links": links}
     if dispatch is not None:
         data["dispatch"] = dispatch
     if step is not None:

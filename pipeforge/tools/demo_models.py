@@ -54,7 +54,7 @@ class TupleStage(nn.Module):
         mixed = self.hidden(hidden) + self.skip(skip)
         if self.last:
             return mixed
-        carried = self.skip_out(skip) if self.first else skip
+        carried = self.skip_out(skip) if self.skip_out is not None else skip  # (made for the first stage only)
         return torch.tanh(mixed), carried
 
 
@@ -66,6 +66,7 @@ def build_stages(model: str, stages: int, seed: int = 0) -> list[nn.Module]:
     torch.manual_seed(seed)
     try:
         w = widths(stages)
+        built: list[nn.Module]
         if model == "mlp":
             built = [MlpStage(w[s], w[s + 1], s == stages - 1) for s in range(stages)]
         else:

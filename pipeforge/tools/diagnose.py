@@ -228,8 +228,9 @@ def node_actions(node: ast.stmt) -> tuple[Action, ...]:
 
 
 def call_actions(call: ast.Call) -> tuple[Action, ...]:
-    method = call.func.attr if isinstance(call.func, ast.Attribute) else None
-    kind = KIND_OF_METHOD.get(method)
+    if not isinstance(call.func, ast.Attribute):
+        return ()
+    kind = KIND_OF_METHOD.get(call.func.attr)
     if kind is None:
         return ()
     values = [arg.value for arg in call.args if isinstance(arg, ast.Constant) and isinstance(arg.value, int)]
@@ -313,7 +314,7 @@ def rank_state(record: dict, program: list[Statement]) -> RankState:
     if statement is not None and statement.actions[0].is_comm and record["last_finished"] != record["last_started"]:
         receives = tuple(a for a in statement.actions if "RECV" in a.kind.value)
         return RankState(rank, record, position, statement, receives[:1], "waits")
-    if statement is not None and record["last_finished"] == record["last_started"]:
+    if position is not None and statement is not None and record["last_finished"] == record["last_started"]:
         position = position + 1 if position + 1 < len(program) else None
         statement = program[position] if position is not None else None
     return RankState(rank, record, position, statement, (), "stopped" if statement else "finished")

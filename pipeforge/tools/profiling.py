@@ -205,10 +205,10 @@ def profile_rank(rank: int, nproc: int, job: ProfileJob) -> dict:
     if job.fused_module_path is not None:  # B: the same stage under 1F1B (its F timed too)
         pipes.append(_profiled_pipeline(job.fused_module_path, rank, module, model, meter, job, memory=False))
     _measure(pipes, model, module, meter, job)
-    sizes = [None] * nproc
+    sizes: list[int] = [0] * nproc  # each rank's, filled by all_gather_object
     dist.all_gather_object(sizes, meter.output_bytes)
     links = [_link_time(rank, s, sizes[s], job.link_trials) for s in range(nproc - 1)]
-    shapes = [None] * nproc
+    shapes: list[list[tuple]] = [[] for _ in range(nproc)]  # each rank's, filled by all_gather_object
     dist.all_gather_object(shapes, [(tuple(p.shape), str(p.dtype)) for p in module.parameters() if p.requires_grad])
     chain_sum = [_chain_sum_time(rank, s, nproc - 1 - s, shapes[s], job.chain_trials) for s in range(nproc)]
     return {"rank": rank, "pinned": pinned, "stage": meter.stage_entry(), "links": links,
@@ -292,13 +292,16 @@ def _chain_sum_time(rank: int, first: int, second: int, shapes: list[tuple], tri
         started = time.perf_counter()
         if first == second:
             for param in params:
-                param.grad = param.grad + param.grad
+                grad = param.grad
+                assert grad is not None, "set above"
+                param.grad = grad + grad
         else:
             flat = flat_grads(params)
             incoming = torch.empty_like(flat)
             peer = second if rank == first else first
             works = [dist.isend(flat, peer), dist.irecv(incoming, peer)]
             for work in works:
+                assert work is not None, "the default group holds every rank"
                 work.wait()
             add_flat(params, incoming)
         times.append((time.perf_counter() - started) * 1000.0)

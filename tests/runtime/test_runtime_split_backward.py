@@ -365,3 +365,70 @@ def test_any_sequence_of_routes_through_one_kept_split_is_exact(routes, repeat):
     for route in routes + (routes if repeat else []):
         assert_split_exact(split, module, x, {"route": route})
     assert split.analysed <= len({tuple(r) for r in routes})
+
+
+# -- what I frees, and what it cannot --------------------------------------------------------------
+
+
+class WritesIntoAView(nn.Module):
+    """An in-place write into a slice: a CopySlices node holds the write's saved tensors out of reach."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(5, 5), nn.Linear(5, 5)
+
+    def forward(self, x):
+        h = self.a(x).clone()
+        h[:, :2] = torch.tanh(h[:, :2]) * 2.0
+        return self.b(h)
+
+
+class Checkpointed(nn.Module):
+    """Non-reentrant activation checkpointing: its saved tensors are under checkpoint's own hooks."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(5, 5), nn.Linear(5, 5)
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        return self.b(checkpoint(lambda t: torch.tanh(self.a(t)) * t, x, use_reentrant=False))
+
+
+@pytest.mark.parametrize("make, kept", [(WritesIntoAView, "CopySlices"), (Checkpointed, "kept until W")])
+def test_what_input_pass_cannot_free_it_keeps_and_names(make, kept):
+    torch.manual_seed(0)
+    module = make().double()
+    x = torch.randn(3, 5, dtype=torch.float64)
+    seeds = (torch.randn(3, 5, dtype=torch.float64),)
+    want_dx, want = gradients(module, x, seeds, {}, split_backward=False)
+    module.zero_grad(set_to_none=True)
+    got_dx, got, plan = split(module, x, seeds)
+    assert kept in plan.note
+    assert torch.equal(got_dx, want_dx) and all(same(g, w) for g, w in zip(got, want))
+
+
+def test_a_plain_stage_frees_everything_and_says_nothing():
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(5, 7), nn.GELU(), nn.Linear(7, 5)).double()
+    x = torch.randn(3, 5, dtype=torch.float64)
+    _, _, plan = split(module, x, (torch.randn(3, 5, dtype=torch.float64),))
+    assert plan.note == ""
+
+
+def test_weight_pass_calls_the_engine_once_for_groups_that_do_not_reach_each_other():
+    """A top-2 MoE's experts sit side by side: their groups share calls; a chain of layers cannot."""
+    from tests.zoo import models as zoo
+
+    torch.manual_seed(0)
+    moe, chain = zoo.MoeBlock().double(), nn.Sequential(nn.Linear(5, 5), nn.Tanh(), nn.Linear(5, 5)).double()
+    for module, x, fewer in ((moe, torch.randn(3, zoo.SEQ, zoo.WIDTH, dtype=torch.float64), True),
+                             (chain, torch.randn(3, 5, dtype=torch.float64), False)):
+        seeds = (torch.randn_like(module(x)),)
+        want_dx, want = gradients(module, x, seeds, {}, split_backward=False)
+        module.zero_grad(set_to_none=True)
+        got_dx, got, plan = split(module, x, seeds)
+        assert (len(plan.calls) < len(plan.groups)) == fewer
+        assert sorted(g for call in plan.calls for g in call) == list(range(len(plan.groups)))
+        assert torch.equal(got_dx, want_dx) and all(same(g, w) for g, w in zip(got, want))
