@@ -38,6 +38,12 @@ def span_of(node: Tree[Token] | Token, file: Source) -> Span:
     return file.span(meta.line, meta.column, meta.end_line, meta.end_column)
 
 
+def subtree(node: Tree[Token] | Token) -> Tree[Token]:
+    """A child that the grammar makes a rule (a statement, a block, a placement), checked to be a tree."""
+    assert isinstance(node, Tree), f"the grammar makes a rule, not the token {node!r}, here"
+    return node
+
+
 def token_of(tree: Tree[Token]) -> Token:
     """The one token of a rule that holds one (a literal, a name), as the grammar writes it."""
     token = tree.children[0]
