@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from types import CodeType
 from typing import NamedTuple
@@ -284,7 +284,8 @@ def _context(schedule: Schedule, locations: bool = True) -> dict:
         raise CodegenError(f"schedule {schedule.name!r} declares {schedule.ranks} ranks but has "
                            f"{len(schedule.programs)} programs")
     actions = list(_every_action(schedule))
-    rebuilt = recomputed(actions)  # (a schedule without R has no recompute sources to look for)
+    kinds = set(map(itemgetter(1), actions))  # (in C: most schedules hold no R nor OFFLOAD to look for)
+    rebuilt = recomputed(actions) if ActionKind.R in kinds else set()  # (without R, no recompute sources)
     placements = []
     for placement in schedule.placements:
         owners = _ints(tuple(placement.stage_to_rank))
@@ -298,7 +299,7 @@ def _context(schedule: Schedule, locations: bool = True) -> dict:
         "params": tuple((str(name), _int(value)) for name, value in schedule.params),
         # (stage, microbatch, chain) whose F keeps only its checkpoint, and whose forward saves for OFFLOAD
         "recomputed": tuple(_ints(key) for key in sorted(rebuilt)),
-        "offloaded": tuple(_ints(key) for key in sorted(offloaded(actions))),
+        "offloaded": tuple(_ints(key) for key in sorted(offloaded(actions) if ActionKind.OFFLOAD in kinds else ())),
         "recompute_sources": _recompute_sources(schedule) if locations and rebuilt else (),
         "offload_waits": _offload_waits(schedule, actions),
     }

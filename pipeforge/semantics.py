@@ -389,7 +389,10 @@ def offload_waits(steps: Iterable[tuple[float, float, bool]], limit: float | Non
     transfer's end, it waits for the earliest OFFLOAD ``o_j`` such that ``h`` plus the releases of the
     OFFLOADs written after ``o_j`` (and before it) is within ``limit`` (1e-9 tolerance); the copy lane ends
     its transfers in program order, so once ``o_j`` has ended, what is still in flight is among those. No
-    limit (None): never waits. ``h`` over the limit (a schedule verify refuses): waits for the last one."""
+    limit (None): never waits. ``h`` over the limit (a schedule verify refuses): waits for the last one.
+    So what a rank holds in time never passes a limit its program keeps; ``h``'s largest value stays what
+    verify checks, simulate reports as ``peak_memory`` and the runtime counts (its ``timed_peak_memory`` is
+    the timed one, each release at its transfer's end)."""
     waits: list[int | None] = []
     positions: list[int] = []  # the OFFLOAD steps so far, in order
     totals: list[float] = [0.0]  # totals[i]: releases of the first i of them

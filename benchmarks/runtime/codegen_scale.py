@@ -3,6 +3,7 @@
     .venv/bin/python -m benchmarks.runtime.codegen_scale            # the three sizes below
     .venv/bin/python -m benchmarks.runtime.codegen_scale --quick    # 1F1B at P=32, M=256 only
     .venv/bin/python -m benchmarks.runtime.codegen_scale --base ../old-main --repeat 2   # side by side
+    .venv/bin/python -m benchmarks.runtime.codegen_scale --schedule zbv --base ../old-main --repeat 3
     .venv/bin/python -m benchmarks.runtime.codegen_scale --scaling  # interleaved 1F1B at M = 256, 512, 1024
 
 For each schedule and size, ``pipeforge codegen`` runs as its own process (wall
@@ -181,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="another checkout of pipeforge measured side by side with this one")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each measurement (medians reported)")
     parser.add_argument("--scaling", action="store_true", help="interleaved 1F1B at M = 256, 512, 1024 only")
+    parser.add_argument("--schedule", action="append", choices=[name for name, _ in CASES], metavar="NAME",
+                        help="measure only this case (repeatable; default: all three)")
     args = parser.parse_args(argv)
     print(load_average())
     if args.scaling:
@@ -192,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{'one-module MB':>13}")
     over = False
     trees = [("this", ROOT)] + ([("base", args.base.resolve())] if args.base else [])
-    for name, defines in CASES[:1] if args.quick else CASES:
+    cases = CASES[:1] if args.quick else [case for case in CASES if not args.schedule or case[0] in args.schedule]
+    for name, defines in cases:
         rank = min(args.rank, defines["P"] - 1)
         found: dict[str, list[dict]] = {label: [] for label, _ in trees}
         for attempt in range(args.repeat):

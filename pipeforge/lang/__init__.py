@@ -18,6 +18,8 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from lark import Tree
+
 from pipeforge.errors import PipeSyntaxError, Source
 from pipeforge.files import read_bounded
 from pipeforge.ir import Schedule
@@ -73,10 +75,14 @@ def default_offsets(text: str, schedule: str | None = None,
     """
     source = Source(filename, text)
     chosen = pick(compile_source(source), schedule, source)
-    tree = next(node for node in parse_text(source).children if str(node.children[0]) == chosen.name)
-    literals = [param.children[1] for param in tree.children[1:-1] if param is not None]
-    return [(name, default, (literal.meta.start_pos, literal.meta.end_pos))
-            for (name, default), literal in zip(chosen.params, literals)]
+    tree = next(node for node in parse_text(source).children
+                if isinstance(node, Tree) and str(node.children[0]) == chosen.name)  # (each is a schedule)
+    literals = [param.children[1] for param in tree.children[1:-1] if isinstance(param, Tree)]  # (or None)
+    found = []
+    for (name, default), literal in zip(chosen.params, literals):
+        assert isinstance(literal, Tree), "a parameter's default is the grammar's int_literal rule"
+        found.append((name, default, (literal.meta.start_pos, literal.meta.end_pos)))
+    return found
 
 
 def compile_text(text: str, filename: str = "<string>") -> tuple[CompiledSchedule, ...]:
@@ -101,7 +107,7 @@ def _read(path: str | Path) -> str:
         raise _not_utf8(str(path), data, error) from None
 
 
-def _not_utf8(file: str, data: bytes, error: UnicodeDecodeError):
+def _not_utf8(file: str, data: bytes, error: UnicodeDecodeError) -> PipeSyntaxError:
     """A PipeSyntaxError at the first byte that is not UTF-8."""
     prefix = data[:error.start].decode("utf-8", errors="replace")
     line = prefix.count("\n") + 1

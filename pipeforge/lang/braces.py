@@ -9,6 +9,7 @@ comes first (not that '}'), the block was left open there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -61,8 +62,8 @@ def likely_unclosed(text: str) -> Brace | None:
     """The last-opened brace whose block the indentation says was left open; None when none is clear."""
     lines = text.split("\n")
     starts = [0]
-    for line in lines[:-1]:
-        starts.append(starts[-1] + len(line) + 1)
+    for text_line in lines[:-1]:
+        starts.append(starts[-1] + len(text_line) + 1)
     line_of = _line_finder(starts)
     suspects = []
     for opener, closer in _matches(_braces(text)).items():
@@ -76,7 +77,8 @@ def likely_unclosed(text: str) -> Brace | None:
     return max(with_evidence or suspects, key=lambda b: (b.line, b.col), default=None)
 
 
-def _first_shallow_line(lines: list[str], line: int, closer: int | None, line_of) -> int | None:
+def _first_shallow_line(lines: list[str], line: int, closer: int | None,
+                        line_of: Callable[[int], int]) -> int | None:
     """The first line after ``line`` indented no deeper than it, unless it is the block's own '}' line.
 
     The block's '}' must sit at the opener's indentation: a '}' further left that
@@ -92,7 +94,7 @@ def _first_shallow_line(lines: list[str], line: int, closer: int | None, line_of
     return None
 
 
-def _line_finder(starts: list[int]):
+def _line_finder(starts: list[int]) -> Callable[[int], int]:
     from bisect import bisect_right
 
     return lambda offset: bisect_right(starts, offset) - 1

@@ -5,17 +5,21 @@ Each ``build_*`` takes a lark tree and returns a closure ``(Elaboration, env) ->
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
-from lark import Tree
+from lark import Token, Tree
 
 from pipeforge.errors import SemanticError, Source, Span
 from pipeforge.ir import CostModel, MemorySpec, Placement, StepOverhead, cost_fields, cost_problem
 from pipeforge.lang.context import MAX_COUNT, Elaboration
-from pipeforge.lang.exprs import compile_expr, require_int, require_number, span_of
+from pipeforge.lang.exprs import Env, Eval, compile_expr, require_int, require_number, span_of, subtree
 
-Exec = Callable[[Elaboration, dict], None]
-PlacementBuilder = Callable[[Elaboration, dict, int], Placement]
+Exec = Callable[[Elaboration, Env], None]
+PlacementBuilder = Callable[[Elaboration, Env, int], Placement]
+StageList = Callable[[Env], list[tuple[int, Span]]]  # a placement entry's stages, each with its place
+PlacementItem = Callable[[Elaboration, Env], Iterable[tuple[int, Span, list[tuple[int, Span]]]]]
+CostEntry = Callable[[Elaboration, Env, dict[str, float], list[tuple[int, str, float]], dict[int, float]], None]
+MemoryEntry = tuple[str, tuple[Eval, Span] | None, Eval, Span]  # key, its index [s] if given, value
 
 
 def positive_count(value: object, span: Span, what: str) -> int:
@@ -27,14 +31,14 @@ def positive_count(value: object, span: Span, what: str) -> int:
     return count
 
 
-def _build_count(what: str):
+def _build_count(what: str) -> Callable[[Tree[Token], Source], Exec]:
     """A builder for ``ranks N`` or ``microbatches N``: a positive count declared once."""
 
-    def build(tree: Tree, file: Source) -> Exec:
+    def build(tree: Tree[Token], file: Source) -> Exec:
         count = compile_expr(tree.children[0], file)
         span, count_span = span_of(tree, file), span_of(tree.children[0], file)
 
-        def declare(ctx: Elaboration, env: dict) -> None:
+        def declare(ctx: Elaboration, env: Env) -> None:
             ctx.declare(what, span)
             setattr(ctx, what, positive_count(count(env), count_span, what))
 
@@ -47,12 +51,12 @@ build_ranks = _build_count("ranks")
 build_microbatches = _build_count("microbatches")
 
 
-def build_stages(tree: Tree, file: Source) -> Exec:
+def build_stages(tree: Tree[Token], file: Source) -> Exec:
     count = compile_expr(tree.children[0], file)
-    placements = [_build_placement(child, file) for child in tree.children[1:]]
+    placements = [_build_placement(subtree(child), file) for child in tree.children[1:]]
     span, count_span = span_of(tree, file), span_of(tree.children[0], file)
 
-    def declare_stages(ctx: Elaboration, env: dict) -> None:
+    def declare_stages(ctx: Elaboration, env: Env) -> None:
         ctx.declare("stages", span)
         ctx.require_declared(("ranks",), span, "'stages'")
         ctx.stages = stages = positive_count(count(env), count_span, "stages")
@@ -66,7 +70,7 @@ def reverse_placement(stages: int, ranks: int) -> Placement:
     return Placement(tuple(ranks - 1 - s % ranks for s in range(stages)))
 
 
-def _build_placement(tree: Tree, file: Source) -> PlacementBuilder:
+def _build_placement(tree: Tree[Token], file: Source) -> PlacementBuilder:
     if tree.data == "place_loop":
         return lambda ctx, env, stages: Placement.loop(stages, ctx.rank_count)
     if tree.data == "place_v":
@@ -76,11 +80,11 @@ def _build_placement(tree: Tree, file: Source) -> PlacementBuilder:
     return _build_explicit_placement(tree, file)
 
 
-def _build_explicit_placement(tree: Tree, file: Source) -> PlacementBuilder:
-    items = [_build_placement_item(item, file) for item in tree.children if item is not None]
+def _build_explicit_placement(tree: Tree[Token], file: Source) -> PlacementBuilder:
+    items = [_build_placement_item(subtree(item), file) for item in tree.children if item is not None]
     span = span_of(tree, file)
 
-    def explicit(ctx: Elaboration, env: dict, stages: int) -> Placement:
+    def explicit(ctx: Elaboration, env: Env, stages: int) -> Placement:
         mapping: list[int | None] = [None] * stages
         for item in items:
             for rank, rank_span, owned in item(ctx, env):
@@ -95,18 +99,18 @@ def _build_explicit_placement(tree: Tree, file: Source) -> PlacementBuilder:
     return explicit
 
 
-def _build_placement_item(tree: Tree, file: Source):
+def _build_placement_item(tree: Tree[Token], file: Source) -> PlacementItem:
     """``rank: [stages]`` or ``for NAME in A .. B: [stages]``: a function yielding (rank, span, stages)."""
     if tree.data == "place_entry":
         rank_of, rank_span = compile_expr(tree.children[0], file), span_of(tree.children[0], file)
-        stages_of = _build_stage_list(tree.children[1], file)
+        stages_of = _build_stage_list(subtree(tree.children[1]), file)
         return lambda ctx, env: [(require_int(rank_of(env), rank_span, "a rank"), rank_span, stages_of(env))]
     name = str(tree.children[0])
     start, stop = (compile_expr(t, file) for t in tree.children[1:3])
     spans = [span_of(t, file) for t in tree.children[:3]]
-    stages_of = _build_stage_list(tree.children[3], file)
+    stages_of = _build_stage_list(subtree(tree.children[3]), file)
 
-    def each_rank(ctx: Elaboration, env: dict):
+    def each_rank(ctx: Elaboration, env: Env) -> Iterator[tuple[int, Span, list[tuple[int, Span]]]]:
         first = require_int(start(env), spans[1], "the start of a range")
         last = require_int(stop(env), spans[2], "the end of a range")
         ctx.spend(max(0, min(last - first, MAX_COUNT + 1)), spans[0])
@@ -116,7 +120,7 @@ def _build_placement_item(tree: Tree, file: Source):
     return each_rank
 
 
-def _build_stage_list(tree: Tree, file: Source):
+def _build_stage_list(tree: Tree[Token], file: Source) -> StageList:
     stages = [(compile_expr(s, file), span_of(s, file)) for s in tree.children if s is not None]
     return lambda env: [(require_int(stage_of(env), s_span, "a stage"), s_span) for stage_of, s_span in stages]
 
@@ -137,12 +141,12 @@ def _assign(mapping: list[int | None], stage: int, rank: int, span: Span) -> Non
     mapping[stage] = rank
 
 
-def build_require(tree: Tree, file: Source) -> Exec:
+def build_require(tree: Tree[Token], file: Source) -> Exec:
     condition = compile_expr(tree.children[0], file)
     message = str(tree.children[1])[1:-1] if tree.children[1] is not None else "requirement not met"
     span = span_of(tree, file)
 
-    def check_requirement(ctx: Elaboration, env: dict) -> None:
+    def check_requirement(ctx: Elaboration, env: Env) -> None:
         if condition(env):
             return
         values = f" ({ctx.parameter_text()})" if ctx.params else ""
@@ -154,11 +158,11 @@ def build_require(tree: Tree, file: Source) -> Exec:
 _COST_KEYS = cost_fields()  # F, I, W, B, comm
 
 
-def build_costs(tree: Tree, file: Source) -> Exec:
-    entries = [_build_cost_entry(entry, file) for entry in tree.children]
+def build_costs(tree: Tree[Token], file: Source) -> Exec:
+    entries = [_build_cost_entry(subtree(entry), file) for entry in tree.children]
     span = span_of(tree, file)
 
-    def declare_costs(ctx: Elaboration, env: dict) -> None:
+    def declare_costs(ctx: Elaboration, env: Env) -> None:
         ctx.declare("costs", span)
         fields: dict[str, float] = {}
         per_stage: list[tuple[int, str, float]] = []
@@ -176,9 +180,9 @@ def _dense(entries: dict[int, float], default: float) -> tuple[float, ...]:
     return tuple(entries.get(i, default) for i in range(max(entries) + 1)) if entries else ()
 
 
-def _build_cost_entry(tree: Tree, file: Source):
+def _build_cost_entry(tree: Tree[Token], file: Source) -> CostEntry:
     key_tree, index_tree, value_tree = tree.children
-    key = str(key_tree.children[0])
+    key = str(subtree(key_tree).children[0])
     key_span = span_of(key_tree, file)
     if key not in _COST_KEYS:
         raise SemanticError(f"unknown cost {key!r}: costs are {', '.join(_COST_KEYS)}", key_span)
@@ -186,7 +190,8 @@ def _build_cost_entry(tree: Tree, file: Source):
     value_span = span_of(value_tree, file)
     index = (compile_expr(index_tree, file), span_of(index_tree, file)) if index_tree is not None else None
 
-    def set_cost(ctx: Elaboration, env: dict, fields: dict, per_stage: list, links: dict) -> None:
+    def set_cost(ctx: Elaboration, env: Env, fields: dict[str, float], per_stage: list[tuple[int, str, float]],
+                 links: dict[int, float]) -> None:
         number = require_number(value(env), value_span, f"the cost {key}")
         if not number >= 0:
             raise SemanticError(f"the cost {key} must not be negative, got {number!r}", value_span)
@@ -219,25 +224,26 @@ _MEMORY_KEYS = ("limit", "weights", "unsharded", "checkpoint")
 _MEMORY_STAGE_KEYS = ("activation", "weight_grad", "checkpoint")
 
 
-def build_memory(tree: Tree, file: Source) -> Exec:
-    entries = [_memory_entry(entry, file) for entry in tree.children]
+def build_memory(tree: Tree[Token], file: Source) -> Exec:
+    entries = [_memory_entry(subtree(entry), file) for entry in tree.children]
     span = span_of(tree, file)
 
-    def declare_memory(ctx: Elaboration, env: dict) -> None:
+    def declare_memory(ctx: Elaboration, env: Env) -> None:
         ctx.declare("memory", span)
         fields: dict[str, float] = {}
         per_stage: dict[str, dict[int, float]] = {key: {} for key in _MEMORY_STAGE_KEYS}
-        for key, index, index_span, value, value_span in entries:
+        for key, index, value, value_span in entries:
             number = require_number(value(env), value_span, f"the memory {key}")
             if index is None:
                 fields[key] = number
                 continue
+            index_of, index_span = index
             if not 0.0 <= number < float("inf"):
                 raise SemanticError(f"{key}[s] is in units of M_B: finite and at least 0, got {number!r}",
                                     value_span)
             ctx.require_declared(("stages",), index_span, f"the memory {key}[s]")
-            per_stage[key][ctx.check_stage(require_int(index(env), index_span, "a stage"), index_span)] = number
-        _check_memory(fields, {key: value_span for key, _, _, _, value_span in entries})
+            per_stage[key][ctx.check_stage(require_int(index_of(env), index_span, "a stage"), index_span)] = number
+        _check_memory(fields, {key: value_span for key, _, _, value_span in entries})
         activation = _dense(per_stage["activation"], 1.0)
         weights = fields.get("weights", 0.5)
         weight_grad = tuple(per_stage["weight_grad"].get(s, weights * (activation[s] if s < len(activation) else 1.0))
@@ -248,7 +254,7 @@ def build_memory(tree: Tree, file: Source) -> Exec:
     return declare_memory
 
 
-def _memory_entry(entry: Tree, file: Source):
+def _memory_entry(entry: Tree[Token], file: Source) -> MemoryEntry:
     key_tree, index_tree, value_tree = entry.children
     key, key_span = str(key_tree), span_of(key_tree, file)
     if index_tree is None and key not in _MEMORY_KEYS:
@@ -257,9 +263,8 @@ def _memory_entry(entry: Tree, file: Source):
     if index_tree is not None and key not in _MEMORY_STAGE_KEYS:
         raise SemanticError(f"{key!r} has no per-stage form; per-stage memory is "
                             f"{', '.join(k + '[s]' for k in _MEMORY_STAGE_KEYS)}", key_span)
-    index = compile_expr(index_tree, file) if index_tree is not None else None
-    index_span = span_of(index_tree, file) if index_tree is not None else None
-    return key, index, index_span, compile_expr(value_tree, file), span_of(value_tree, file)
+    index = (compile_expr(index_tree, file), span_of(index_tree, file)) if index_tree is not None else None
+    return key, index, compile_expr(value_tree, file), span_of(value_tree, file)
 
 
 def _check_memory(fields: dict[str, float], spans: dict[str, Span]) -> None:

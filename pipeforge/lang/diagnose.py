@@ -9,6 +9,7 @@ own (a float parameter default, ``else if``, a loop without ``in``).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from functools import cache
 from typing import cast
 
@@ -19,6 +20,8 @@ from pipeforge.errors import PipeSyntaxError, Source, Span
 from pipeforge.ir import ActionKind
 from pipeforge.lang.braces import Brace, likely_unclosed
 from pipeforge.lang.lark_parser import parser
+
+Stack = list[Tree[Token] | Token]  # the LALR parser's value stack: what it has shifted and reduced so far
 
 _NAMED = {
     "INT": "an integer", "FLOAT": "a number", "NAME": "a name", "STRING": "a string",
@@ -112,7 +115,7 @@ def _token_span(token: Token, file: Source) -> Span:
     return file.span(line, col, line, end_col)
 
 
-def _stack(error: UnexpectedToken) -> list:
+def _stack(error: UnexpectedToken) -> Stack:
     parser = getattr(error, "interactive_parser", None)
     if parser is None:
         return []
@@ -127,7 +130,7 @@ def _symbol(item: object) -> str:
     return ""
 
 
-def _unclosed_brace(error: UnexpectedToken, stack: list, file: Source, text: str) -> PipeSyntaxError | None:
+def _unclosed_brace(error: UnexpectedToken, stack: Stack, file: Source, text: str) -> PipeSyntaxError | None:
     if "RBRACE" not in error.expected or error.token.type not in ("$END", "SCHEDULE"):
         return None
     at_end = error.token.type == "$END"
@@ -147,7 +150,7 @@ def _unclosed_brace(error: UnexpectedToken, stack: list, file: Source, text: str
                            notes=(f"the parser reached {where} with a block still open",))
 
 
-def _unclosed_paren(error: UnexpectedToken, stack: list, file: Source) -> PipeSyntaxError | None:
+def _unclosed_paren(error: UnexpectedToken, stack: Stack, file: Source) -> PipeSyntaxError | None:
     if "RPAR" not in error.expected or error.token.type not in ("RBRACE", "RSQB", "$END"):
         return None
     opened = _unclosed(stack, "LPAR", "RPAR")
@@ -157,7 +160,7 @@ def _unclosed_paren(error: UnexpectedToken, stack: list, file: Source) -> PipeSy
                            f"{file}:{opened.line}:{opened.column}", _token_span(error.token, file))
 
 
-def _unclosed(stack: list, opener: str, closer: str) -> Token | None:
+def _unclosed(stack: Stack, opener: str, closer: str) -> Token | None:
     """The innermost ``opener`` token of the stack that no ``closer`` after it matches."""
     depth = 0
     for item in reversed(stack):
@@ -166,19 +169,20 @@ def _unclosed(stack: list, opener: str, closer: str) -> Token | None:
             depth += 1
         elif symbol == opener:
             if depth == 0:
+                assert isinstance(item, Token), "a terminal's name is a token's type"
                 return item
             depth -= 1
     return None
 
 
-def _semicolon(error: UnexpectedToken, stack: list, file: Source) -> PipeSyntaxError | None:
+def _semicolon(error: UnexpectedToken, stack: Stack, file: Source) -> PipeSyntaxError | None:
     if error.token.type != "SEMICOLON":
         return None
     return PipeSyntaxError("unexpected ';': statements are separated by spaces or new lines; ';' only joins "
                            "the actions of an overlap token like (0F7;7B3)", _token_span(error.token, file))
 
 
-def _chain_keyword(error: UnexpectedToken, stack: list, file: Source) -> PipeSyntaxError | None:
+def _chain_keyword(error: UnexpectedToken, stack: Stack, file: Source) -> PipeSyntaxError | None:
     if error.token.type != "EQUAL" or not stack:
         return None
     last = stack[-1]
@@ -193,7 +197,7 @@ def _chain_keyword(error: UnexpectedToken, stack: list, file: Source) -> PipeSyn
 _OPENERS = {"RPAR": "LPAR", "RSQB": "LSQB", "RBRACE": "LBRACE"}
 
 
-def _stray_closer(error: UnexpectedToken, stack: list, file: Source) -> PipeSyntaxError | None:
+def _stray_closer(error: UnexpectedToken, stack: Stack, file: Source) -> PipeSyntaxError | None:
     opener = _OPENERS.get(error.token.type)
     if opener is None:
         return None
@@ -204,14 +208,14 @@ def _stray_closer(error: UnexpectedToken, stack: list, file: Source) -> PipeSynt
                            f"{_terminal_texts()[opener]} is open here", _token_span(error.token, file))
 
 
-def _double_equals_in_let(error: UnexpectedToken, stack: list, file: Source) -> PipeSyntaxError | None:
+def _double_equals_in_let(error: UnexpectedToken, stack: Stack, file: Source) -> PipeSyntaxError | None:
     symbols = [_symbol(item) for item in stack[-3:]]
     if error.token.type != "EQUAL" or symbols != ["LET", "NAME", "EQUAL"]:
         return None
     return PipeSyntaxError("'let' binds a name with a single '=': let NAME = EXPR", _token_span(error.token, file))
 
 
-def _assignment_in_condition(error: UnexpectedToken, stack: list, file: Source) -> PipeSyntaxError | None:
+def _assignment_in_condition(error: UnexpectedToken, stack: Stack, file: Source) -> PipeSyntaxError | None:
     if error.token.type != "EQUAL":
         return None
     in_condition = any(_symbol(item) in ("REQUIRE", "IF", "ELIF") for item in stack[-4:])
@@ -221,7 +225,7 @@ def _assignment_in_condition(error: UnexpectedToken, stack: list, file: Source) 
                            _token_span(error.token, file))
 
 
-def _missing_comma(error: UnexpectedToken, stack: list, file: Source) -> PipeSyntaxError | None:
+def _missing_comma(error: UnexpectedToken, stack: Stack, file: Source) -> PipeSyntaxError | None:
     if error.token.type not in _EXPRESSION_STARTS - {"MINUS"} or "COMMA" not in error.expected:
         return None
     opener = _innermost_open(stack)
@@ -232,7 +236,7 @@ def _missing_comma(error: UnexpectedToken, stack: list, file: Source) -> PipeSyn
                            _token_span(error.token, file))
 
 
-def _innermost_open(stack: list) -> str | None:
+def _innermost_open(stack: Stack) -> str | None:
     """What the innermost unclosed bracket of the stack opens: a call, a stage list, or parameters."""
     symbols = [_symbol(item) for item in stack]
     for index in range(len(symbols) - 1, -1, -1):
@@ -250,7 +254,7 @@ def _innermost_open(stack: list) -> str | None:
     return None
 
 
-def _range_syntax(error: UnexpectedToken, stack: list, file: Source) -> PipeSyntaxError | None:
+def _range_syntax(error: UnexpectedToken, stack: Stack, file: Source) -> PipeSyntaxError | None:
     if _term("..") not in error.expected:
         return None
     found = _describe(error.token)
@@ -258,7 +262,7 @@ def _range_syntax(error: UnexpectedToken, stack: list, file: Source) -> PipeSynt
                            _token_span(error.token, file))
 
 
-def _stages_placement(error: UnexpectedToken, stack: list, file: Source) -> PipeSyntaxError | None:
+def _stages_placement(error: UnexpectedToken, stack: Stack, file: Source) -> PipeSyntaxError | None:
     if "PLACEMENT" not in error.expected:
         return None
     return PipeSyntaxError(f"unexpected {_describe(error.token)}: 'stages N' needs a placement: "
@@ -266,7 +270,10 @@ def _stages_placement(error: UnexpectedToken, stack: list, file: Source) -> Pipe
                            _token_span(error.token, file))
 
 
-def _stack_rules():
+StackRule = Callable[[UnexpectedToken, Stack, Source], PipeSyntaxError | None]
+
+
+def _stack_rules() -> tuple[StackRule, ...]:
     """Diagnoses read from the parser's stack, tried in order before the generic message."""
     return (_unclosed_paren, _stray_closer, _semicolon, _chain_keyword, _double_equals_in_let,
             _assignment_in_condition, _missing_comma, _range_syntax, _stages_placement)

@@ -7,17 +7,16 @@ tree of closures rather than a lark tree.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from lark import Tree
+from lark import Token, Tree
 
 from pipeforge.errors import (Argument, ArgumentError, PipeforgeError, PipeSyntaxError, SemanticError, Source, Span,
                               UsageError, words)
 from pipeforge.ir import Schedule
 from pipeforge.lang.context import Elaboration
-from pipeforge.lang.exprs import span_of, token_of
-from pipeforge.lang.statements import compile_body
+from pipeforge.lang.exprs import span_of, subtree, token_of
+from pipeforge.lang.statements import Exec, compile_body
 
 
 @dataclass(frozen=True)
@@ -27,7 +26,7 @@ class CompiledSchedule:
     name: str
     params: tuple[tuple[str, int], ...]
     span: Span
-    body: Callable = field(repr=False, compare=False)
+    body: Exec = field(repr=False, compare=False)
     source: Source | None = field(default=None, repr=False, compare=False)
 
     def elaborate(self, defines: dict[str, int] | None = None) -> Schedule:
@@ -51,12 +50,12 @@ class CompiledSchedule:
         return tuple((name, defines.get(name, default)) for name, default in self.params)
 
 
-def compile_file(tree: Tree, file: Source) -> tuple[CompiledSchedule, ...]:
+def compile_file(tree: Tree[Token], file: Source) -> tuple[CompiledSchedule, ...]:
     """Every schedule of a parsed file, compiled; duplicate names refused."""
     compiled: list[CompiledSchedule] = []
     seen: dict[str, Span] = {}
     for node in tree.children:
-        schedule = compile_schedule(node, file)
+        schedule = compile_schedule(subtree(node), file)
         if schedule.name in seen:
             raise SemanticError(f"schedule {schedule.name!r} is defined twice in this file", schedule.span,
                                 notes=(f"first defined at {seen[schedule.name]}",))
@@ -65,19 +64,19 @@ def compile_file(tree: Tree, file: Source) -> tuple[CompiledSchedule, ...]:
     return tuple(compiled)
 
 
-def compile_schedule(tree: Tree, file: Source) -> CompiledSchedule:
+def compile_schedule(tree: Tree[Token], file: Source) -> CompiledSchedule:
     name_token, *param_trees, body_tree = tree.children
     params: list[tuple[str, int]] = []
-    for param in (p for p in param_trees if p is not None):
+    for param in (subtree(p) for p in param_trees if p is not None):
         name = str(param.children[0])
         if any(name == existing for existing, _ in params):
             raise SemanticError(f"parameter {name!r} is given twice", span_of(param, file))
-        params.append((name, _int_literal(param.children[1])))
+        params.append((name, _int_literal(subtree(param.children[1]))))
     return CompiledSchedule(str(name_token), tuple(params), span_of(name_token, file),
-                            compile_body(body_tree, file), file)
+                            compile_body(subtree(body_tree), file), file)
 
 
-def _int_literal(tree: Tree) -> int:
+def _int_literal(tree: Tree[Token]) -> int:
     value = int(token_of(tree))
     return -value if tree.data == "negative_int" else value
 

@@ -27,7 +27,7 @@ Env = dict[str, Value]
 Eval = Callable[[Env], Value]
 
 
-def span_of(node: Tree | Token, file: Source) -> Span:
+def span_of(node: Tree[Token] | Token, file: Source) -> Span:
     """The source span of a lark tree or token (end exclusive)."""
     if isinstance(node, Token):
         assert node.line is not None and node.column is not None, "lark's lexer gives every token its place"
@@ -38,7 +38,13 @@ def span_of(node: Tree | Token, file: Source) -> Span:
     return file.span(meta.line, meta.column, meta.end_line, meta.end_column)
 
 
-def token_of(tree: Tree) -> Token:
+def subtree(node: Tree[Token] | Token) -> Tree[Token]:
+    """A child that the grammar makes a rule (a statement, a block, a placement), checked to be a tree."""
+    assert isinstance(node, Tree), f"the grammar makes a rule, not the token {node!r}, here"
+    return node
+
+
+def token_of(tree: Tree[Token]) -> Token:
     """The one token of a rule that holds one (a literal, a name), as the grammar writes it."""
     token = tree.children[0]
     assert isinstance(token, Token), f"the grammar's {tree.data!r} holds a token"
@@ -73,7 +79,7 @@ def _constant(value: Value) -> Eval:
     return lambda env: value
 
 
-def _name(tree: Tree, file: Source) -> Eval:
+def _name(tree: Tree[Token], file: Source) -> Eval:
     token = tree.children[0]
     name = str(token)
     span = span_of(token, file)
@@ -142,18 +148,19 @@ _LEVELS = {"add": "sum", "sub": "sum", "mul": "product", "floordiv": "product", 
            "and_": "and", "or_": "or"}
 
 
-def _chain(tree: Tree, file: Source) -> Eval:
+def _chain(tree: Tree[Token], file: Source) -> Eval:
     """``a op1 b op2 c ...`` (a left-nested tree of one level) as one loop: no recursion for its length."""
-    level, links = _LEVELS[tree.data], []
-    node = tree
+    level, links = _LEVELS[tree.data], []  # the links, outermost first
+    node: Tree[Token] | Token = tree
     while isinstance(node, Tree) and _LEVELS.get(node.data) == level:
         links.append(node)
         node = node.children[0]
     first = compile_expr(node, file)
-    steps = [(_step(link, file), compile_expr(link.children[1], file), span_of(link, file))
-             for link in reversed(links)]
+    links.reverse()
+    rights = [compile_expr(link.children[1], file) for link in links]
     if level in ("and", "or"):
-        return _logical(first, [right for _, right, _ in steps], level == "and")
+        return _logical(first, rights, level == "and")
+    steps = [(_step(link, file), right, span_of(link, file)) for link, right in zip(links, rights)]
     if len(steps) <= _NESTED:  # the usual short chain: nested closures, one call a link
         for combine, right, span in steps:
             first = _link(first, combine, right, span)
@@ -175,12 +182,12 @@ def _link(left: Eval, combine: Combine, right: Eval, span: Span) -> Eval:
     return lambda env: combine(left(env), right(env), span)
 
 
-def _step(link: Tree, file: Source):
+def _step(link: Tree[Token], file: Source) -> Combine:
     data = link.data
     if data in ("floordiv", "mod"):
         return _divided(operator.floordiv if data == "floordiv" else operator.mod, "//" if data == "floordiv" else "%",
                         span_of(link.children[1], file))
-    return _OPERATIONS.get(data)  # None for and, or (_logical)
+    return _OPERATIONS[data]  # (and, or: _logical)
 
 
 _OPERATIONS = {name: _operation(op, "here") for name, op in (("add", operator.add), ("sub", operator.sub),
@@ -200,8 +207,8 @@ def _logical(first: Eval, rest: list[Eval], conjunction: bool) -> Eval:
     return apply
 
 
-def _compare(op: Callable[[Value, Value], bool]) -> Callable[[Tree, Source], Eval]:
-    def build(tree: Tree, file: Source) -> Eval:
+def _compare(op: Callable[[Value, Value], bool]) -> Callable[[Tree[Token], Source], Eval]:
+    def build(tree: Tree[Token], file: Source) -> Eval:
         left, right = (compile_expr(child, file) for child in tree.children)
         span = span_of(tree, file)
 
@@ -216,12 +223,12 @@ def _compare(op: Callable[[Value, Value], bool]) -> Callable[[Tree, Source], Eva
     return build
 
 
-def _not(tree: Tree, file: Source) -> Eval:
+def _not(tree: Tree[Token], file: Source) -> Eval:
     inner = compile_expr(tree.children[0], file)
     return lambda env: not inner(env)
 
 
-def _neg(tree: Tree, file: Source) -> Eval:
+def _neg(tree: Tree[Token], file: Source) -> Eval:
     inner = compile_expr(tree.children[0], file)
     span = span_of(tree, file)
 
@@ -234,8 +241,8 @@ def _neg(tree: Tree, file: Source) -> Eval:
     return negate
 
 
-def _extremum(pick: Callable[..., Value], name: str) -> Callable[[Tree, Source], Eval]:
-    def build(tree: Tree, file: Source) -> Eval:
+def _extremum(pick: Callable[..., Value], name: str) -> Callable[[Tree[Token], Source], Eval]:
+    def build(tree: Tree[Token], file: Source) -> Eval:
         parts = [compile_expr(child, file) for child in tree.children]
         span = span_of(tree, file)
 
@@ -250,15 +257,15 @@ def _extremum(pick: Callable[..., Value], name: str) -> Callable[[Tree, Source],
     return build
 
 
-def _int_literal(tree: Tree, file: Source) -> Eval:
+def _int_literal(tree: Tree[Token], file: Source) -> Eval:
     return _constant(bounded(int(token_of(tree)), span_of(tree, file)))
 
 
-def _float_literal(tree: Tree, file: Source) -> Eval:
+def _float_literal(tree: Tree[Token], file: Source) -> Eval:
     return _constant(bounded(float(token_of(tree)), span_of(tree, file)))
 
 
-_BUILDERS: dict[str, Callable[[Tree, Source], Eval]] = {
+_BUILDERS: dict[str, Callable[[Tree[Token], Source], Eval]] = {
     "int_": _int_literal,
     "float_": _float_literal,
     "name": _name,
@@ -282,6 +289,8 @@ _BUILDERS: dict[str, Callable[[Tree, Source], Eval]] = {
 }
 
 
-def compile_expr(tree: Tree, file: Source) -> Eval:
-    """A closure computing the expression ``tree`` in an environment."""
+def compile_expr(tree: Tree[Token] | Token, file: Source) -> Eval:
+    """A closure computing the expression ``tree`` in an environment (a child of a tree: the grammar
+    wraps every token of an expression in a rule, so it is a tree)."""
+    assert isinstance(tree, Tree), f"an expression is a tree, not the token {tree!r}"
     return _BUILDERS[tree.data](tree, file)

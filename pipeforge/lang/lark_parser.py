@@ -4,6 +4,7 @@ past ``MAX_TOKENS`` (memory grows with the tokens; ``parse.py`` words the error)
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from functools import cache
 
 from lark import Lark, Token
@@ -38,7 +39,7 @@ class _TokenBudget:
 
     always_accept = ()
 
-    def process(self, stream):
+    def process(self, stream: Iterable[Token]) -> Iterator[Token]:
         for count, token in enumerate(stream, start=1):
             if count > MAX_TOKENS:
                 raise TooManyTokens(token)

@@ -28,7 +28,7 @@ _CHAINS = {"add": "sum", "sub": "sum", "mul": "product", "floordiv": "product", 
            "and_": "and", "or_": "or"}
 
 
-def parse_text(source: Source) -> Tree:
+def parse_text(source: Source) -> Tree[Token]:
     """The syntax tree of ``source``; a PipeSyntaxError with a span when it is not in the language."""
     try:
         tree = parser().parse(source.text)
@@ -44,9 +44,9 @@ def parse_text(source: Source) -> Tree:
     return tree
 
 
-def check_bounds(tree: Tree, source: Source) -> None:
+def check_bounds(tree: Tree[Token], source: Source) -> None:
     """Refuse (PipeSyntaxError at its place) nesting deeper than MAX_DEPTH or a too long integer; iterative."""
-    stack: list[tuple[Tree, int]] = [(tree, 0)]
+    stack: list[tuple[Tree[Token], int]] = [(tree, 0)]
     steps = 0
     while stack:
         node, depth = stack.pop()
@@ -68,7 +68,7 @@ def check_bounds(tree: Tree, source: Source) -> None:
                                         "schedule may emit", _span(child, source))
 
 
-def _span(node: Tree | Token, source: Source) -> Span:
+def _span(node: Tree[Token] | Token, source: Source) -> Span:
     if isinstance(node, Token):
         return span_of(node, source)
     meta = node.meta

@@ -9,55 +9,55 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from lark import Tree
+from lark import Token, Tree
 
 from pipeforge.errors import SemanticError, Source, Span
 from pipeforge.ir import ActionKind, Step, make_action
 from pipeforge.lang.programs import IMPLICIT_KINDS
 from pipeforge.lang import declarations, tokens
 from pipeforge.lang.context import Elaboration
-from pipeforge.lang.exprs import compile_expr, require_int, span_of
+from pipeforge.lang.exprs import Env, compile_expr, require_int, span_of, subtree
 
-Exec = Callable[[Elaboration, dict], None]
+Exec = Callable[[Elaboration, Env], None]
 
 
-def compile_body(tree: Tree, file: Source) -> Exec:
+def compile_body(tree: Tree[Token], file: Source) -> Exec:
     """One closure running the statements of a ``{ ... }`` body in order."""
-    statements = tuple(compile_statement(child, file) for child in tree.children)
+    statements = tuple(compile_statement(subtree(child), file) for child in tree.children)
     if len(statements) == 1:
         return statements[0]
 
-    def run_body(ctx: Elaboration, env: dict) -> None:
+    def run_body(ctx: Elaboration, env: Env) -> None:
         for statement in statements:
             statement(ctx, env)
 
     return run_body
 
 
-def compile_statement(tree: Tree, file: Source) -> Exec:
+def compile_statement(tree: Tree[Token], file: Source) -> Exec:
     return _BUILDERS[tree.data](tree, file)
 
 
-def _let(tree: Tree, file: Source) -> Exec:
+def _let(tree: Tree[Token], file: Source) -> Exec:
     name = str(tree.children[0])
     value = compile_expr(tree.children[1], file)
 
-    def bind(ctx: Elaboration, env: dict) -> None:
+    def bind(ctx: Elaboration, env: Env) -> None:
         env[name] = value(env)
 
     return bind
 
 
-def _for(tree: Tree, file: Source) -> Exec:
+def _for(tree: Tree[Token], file: Source) -> Exec:
     name_token, start_tree, stop_tree, step_tree, body_tree = tree.children
     name = str(name_token)
     start, stop = compile_expr(start_tree, file), compile_expr(stop_tree, file)
     step = compile_expr(step_tree, file) if step_tree is not None else None
     spans = [span_of(t, file) for t in (start_tree, stop_tree, step_tree or tree)]
-    body = compile_body(body_tree, file)
+    body = compile_body(subtree(body_tree), file)
     span = span_of(tree, file)
 
-    def loop(ctx: Elaboration, env: dict) -> None:
+    def loop(ctx: Elaboration, env: Env) -> None:
         first = require_int(start(env), spans[0], "the start of a range")
         last = require_int(stop(env), spans[1], "the end of a range")
         stride = 1 if step is None else require_int(step(env), spans[2], "the step of a range")
@@ -80,14 +80,15 @@ def iteration_count(values: range) -> int:
         return 1 << 62
 
 
-def _if(tree: Tree, file: Source) -> Exec:
+def _if(tree: Tree[Token], file: Source) -> Exec:
     children = tree.children
-    branches = [(compile_expr(children[0], file), compile_body(children[1], file))]
+    branches = [(compile_expr(children[0], file), compile_body(subtree(children[1]), file))]
     for clause in children[2:-1]:
-        branches.append((compile_expr(clause.children[0], file), compile_body(clause.children[1], file)))
-    otherwise = compile_body(children[-1], file) if children[-1] is not None else None
+        parts = subtree(clause).children
+        branches.append((compile_expr(parts[0], file), compile_body(subtree(parts[1]), file)))
+    otherwise = compile_body(subtree(children[-1]), file) if children[-1] is not None else None
 
-    def choose(ctx: Elaboration, env: dict) -> None:
+    def choose(ctx: Elaboration, env: Env) -> None:
         for condition, body in branches:
             if condition(env):
                 body(ctx, dict(env))
@@ -98,8 +99,8 @@ def _if(tree: Tree, file: Source) -> Exec:
     return choose
 
 
-def _rank_block(tree: Tree, file: Source) -> Exec:
-    target, body_tree = tree.children
+def _rank_block(tree: Tree[Token], file: Source) -> Exec:
+    target, body_tree = (subtree(child) for child in tree.children)
     body = compile_body(body_tree, file)
     span = span_of(tree, file)
     header = file.span(span.line, span.col, target.meta.end_line, target.meta.end_column)
@@ -107,7 +108,7 @@ def _rank_block(tree: Tree, file: Source) -> Exec:
     rank_of = compile_expr(target, file)
     rank_span = span_of(target, file)
 
-    def run_rank(ctx: Elaboration, env: dict, rank: int) -> None:
+    def run_rank(ctx: Elaboration, env: Env, rank: int) -> None:
         ctx.open_rank(rank, header)
         scope = dict(env)
         if binder is not None:
@@ -115,7 +116,7 @@ def _rank_block(tree: Tree, file: Source) -> Exec:
         body(ctx, scope)
         ctx.close_rank()
 
-    def rank_block(ctx: Elaboration, env: dict) -> None:
+    def rank_block(ctx: Elaboration, env: Env) -> None:
         ctx.require_declared(("ranks", "stages", "microbatches"), header, "a rank block")
         if binder is not None and binder not in env:
             ctx.spend(ctx.rank_count, span)
@@ -127,12 +128,12 @@ def _rank_block(tree: Tree, file: Source) -> Exec:
     return rank_block
 
 
-def _chain_block(tree: Tree, file: Source) -> Exec:
+def _chain_block(tree: Tree[Token], file: Source) -> Exec:
     chain_of = compile_expr(tree.children[0], file)
     chain_span = span_of(tree.children[0], file)
-    body = compile_body(tree.children[1], file)
+    body = compile_body(subtree(tree.children[1]), file)
 
-    def on_chain(ctx: Elaboration, env: dict) -> None:
+    def on_chain(ctx: Elaboration, env: Env) -> None:
         ctx.require_declared(("stages",), chain_span, "a chain block")
         outer = ctx.chain
         ctx.chain = ctx.check_chain(require_int(chain_of(env), chain_span, "a chain"), chain_span)
@@ -142,11 +143,11 @@ def _chain_block(tree: Tree, file: Source) -> Exec:
     return on_chain
 
 
-def _idle(tree: Tree, file: Source) -> Exec:
+def _idle(tree: Tree[Token], file: Source) -> Exec:
     span = span_of(tree, file)
     step = Step((), False, span)
 
-    def emit_idle(ctx: Elaboration, env: dict) -> None:
+    def emit_idle(ctx: Elaboration, env: Env) -> None:
         if ctx.sink is None:
             raise ctx.outside_rank("an idle slot", span)
         ctx.sink.append(step)
@@ -154,15 +155,15 @@ def _idle(tree: Tree, file: Source) -> Exec:
     return emit_idle
 
 
-def _collect(kind: str, accepts: Callable[[Step], bool], shape: str) -> Callable[[Tree, Source], Exec]:
+def _collect(kind: str, accepts: Callable[[Step], bool], shape: str) -> Callable[[Tree[Token], Source], Exec]:
     """``overlap { ... }`` or ``group { ... }``: the body's steps fused into one step."""
 
-    def build(tree: Tree, file: Source) -> Exec:
-        body = compile_body(tree.children[0], file)
+    def build(tree: Tree[Token], file: Source) -> Exec:
+        body = compile_body(subtree(tree.children[0]), file)
         span = span_of(tree, file)
         header = file.span(span.line, span.col, span.line, span.col + len(kind))
 
-        def fuse(ctx: Elaboration, env: dict) -> None:
+        def fuse(ctx: Elaboration, env: Env) -> None:
             if ctx.sink is None:
                 raise ctx.outside_rank(f"{_article(kind)} {kind} block", header)
             outer, ctx.sink = ctx.sink, []
@@ -179,7 +180,8 @@ def _article(word: str) -> str:
     return "an" if word[0] in "aeiou" else "a"
 
 
-def _fused(kind: str, steps: list[Step], accepts, shape: str, header: Span, span: Span) -> Step:
+def _fused(kind: str, steps: list[Step], accepts: Callable[[Step], bool], shape: str, header: Span,
+           span: Span) -> Step:
     if not steps:
         raise SemanticError(f"this {kind} block holds no action", header)
     for step in steps:
@@ -190,9 +192,9 @@ def _fused(kind: str, steps: list[Step], accepts, shape: str, header: Span, span
     return Step(actions, kind == "overlap", span)
 
 
-def _action_call(tree: Tree, file: Source) -> Exec:
+def _action_call(tree: Tree[Token], file: Source) -> Exec:
     name_tree, chain_tree, *arg_trees = tree.children
-    kind = ActionKind(str(name_tree.children[0]))
+    kind = ActionKind(str(subtree(name_tree).children[0]))
     args = [arg for arg in arg_trees if arg is not None]
     span = span_of(tree, file)
     _check_arity(kind, len(args), span)
@@ -204,7 +206,7 @@ def _action_call(tree: Tree, file: Source) -> Exec:
     takes_microbatch = kind.has_microbatch
     is_compute = kind.is_compute
 
-    def emit_action(ctx: Elaboration, env: dict) -> None:
+    def emit_action(ctx: Elaboration, env: Env) -> None:
         program, sink = ctx.program, ctx.sink
         if program is None or sink is None:  # both None, or neither: outside a rank block
             raise ctx.outside_rank(f"{kind.value}(...)", span)
@@ -253,7 +255,7 @@ def _is_comm_step(step: Step) -> bool:
     return step.is_group
 
 
-_BUILDERS: dict[str, Callable[[Tree, Source], Exec]] = {
+_BUILDERS: dict[str, Callable[[Tree[Token], Source], Exec]] = {
     "ranks_decl": declarations.build_ranks,
     "stages_decl": declarations.build_stages,
     "microbatches_decl": declarations.build_microbatches,

@@ -18,9 +18,9 @@ from lark import Token, Tree
 from pipeforge.errors import PipeSyntaxError, Source, Span
 from pipeforge.ir import Action, Step, parse_action
 from pipeforge.lang.context import Elaboration
-from pipeforge.lang.exprs import span_of, token_of
+from pipeforge.lang.exprs import Env, span_of, token_of
 
-Exec = Callable[[Elaboration, dict], None]
+Exec = Callable[[Elaboration, Env], None]
 
 _STEP = re.compile(r"\([^)]*\)|\[[^\]]*\]|[^\s()\[\]]+")
 _ACTION = re.compile(r"[^\s;()\[\]]+")
@@ -102,14 +102,14 @@ def _located_action(locator: _Locator, start: int, text: str) -> tuple[Action, i
         raise PipeSyntaxError(str(error), locator.span(start, start + len(text))) from None
 
 
-def compile_run(tree: Tree, file: Source) -> Exec:
+def compile_run(tree: Tree[Token], file: Source) -> Exec:
     token = token_of(tree)
     locator = _Locator(token, file)
     steps = _run_steps(token, file)
     first_span = steps[0][0].span
     assert first_span is not None, "_run_steps gives each step its span"
 
-    def emit_run(ctx: Elaboration, env: dict) -> None:
+    def emit_run(ctx: Elaboration, env: Env) -> None:
         program, sink = ctx.program, ctx.sink
         if program is None or sink is None:  # both None, or neither: outside a rank block
             raise ctx.outside_rank(f"the step {steps[0][0]}", first_span)
@@ -130,7 +130,7 @@ def compile_run(tree: Tree, file: Source) -> Exec:
     return emit_run
 
 
-def compile_bracketed(tree: Tree, file: Source) -> Exec:
+def compile_bracketed(tree: Tree[Token], file: Source) -> Exec:
     """A single token, or an overlap or group that the run did not take (kept for its error messages)."""
     action_tokens = [token for token in tree.children if isinstance(token, Token)]  # each child, by the grammar
     actions = tuple(_single_action(token, file) for token in action_tokens)
@@ -141,7 +141,7 @@ def compile_bracketed(tree: Tree, file: Source) -> Exec:
     except ValueError as error:
         raise PipeSyntaxError(str(error), span) from None
 
-    def emit_tokens(ctx: Elaboration, env: dict) -> None:
+    def emit_tokens(ctx: Elaboration, env: Env) -> None:
         program, sink = ctx.program, ctx.sink
         if program is None or sink is None:  # both None, or neither: outside a rank block
             raise ctx.outside_rank(f"the step {step}", span)

@@ -184,7 +184,7 @@ class FuseSearch:
         starts = self.starts(seeds)
         if not starts:
             return None
-        ends = []
+        ends: list[Mix] = []
         for start in starts:
             if self.left() <= 0 or (ends and self.reached(ends[0].evaluation)):
                 break
@@ -198,7 +198,9 @@ class FuseSearch:
             if found.evaluation.key() < best.evaluation.key():
                 best = found
         graph, order = self.work.compiled(best.view, best.order)
-        return graph, order, evaluate(graph, order)
+        evaluation = evaluate(graph, order)
+        assert evaluation is not None, "the mix ran in its view: its actions in the same order run here too"
+        return graph, order, evaluation
 
     def descend(self, best: Mix) -> tuple[Mix, bool]:
         """Sweeps over every (stage, microbatch) of a stage in ``choice_stages``, keeping the first of its moves

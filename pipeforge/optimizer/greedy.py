@@ -252,9 +252,11 @@ class _RoundBuilder:
     def fill_chain_extra(self) -> list[int]:
         """The fill chain's F before the first I, less the one every rank has run, each rank capped at
         the rank above's (whose F its own wait for) and at m."""
+        forwards = self.forwards
+        assert forwards is not None, "a fill-chain setting is built only where the fill chain has forwards"
         extra = [0] * self.p
         for j in range(self.p):
-            extra[j] = max(0, min(self.forwards[j] - 1, self.m - self.done[F][j]))
+            extra[j] = max(0, min(forwards[j] - 1, self.m - self.done[F][j]))
             if j > 0:
                 extra[j] = min(extra[j], extra[j - 1])
         return extra

@@ -58,8 +58,8 @@ def list_schedule_orders(problem: Problem, deadline: float | None = None
     return found
 
 
-def _input_pattern(kind: ActionKind, stage: int, chain: int, stages: int, costs):
-    """What ``kind`` on ``stage`` needs (``semantics.needs``, the same for every microbatch): per input,
+def _input_pattern(kind: str, stage: int, chain: int, stages: int, costs):
+    """What ``kind`` (its text: F, I, W) on ``stage`` needs (``semantics.needs``, alike for each microbatch): per input,
     the (stage, kind) alternatives, the producer's lane (chain, stage) when the edge is between stages
     (so maybe between ranks), else None, and that edge's latency across ranks (``CostModel.latency``);
     looked up once. Only the kinds the scheduler runs (F, I, W: the work is split) are looked for."""
@@ -110,6 +110,7 @@ class _ListScheduler:
             start, rank, key = min(proposals)
             if start == NEVER:
                 raise NothingCanStart
+            assert key is not None, "a proposal that starts names its action (proposal)"
             self.commit(rank, key, start)
             proposals[rank] = self.proposal(rank)
             for r in self.waiting.get((key[1], key[0], key[3]), ()):

@@ -183,6 +183,7 @@ class _Searcher:
             if p != q and fits_memory(self.graph, seq, self.limit) and simulate_order(self.graph, candidate):
                 order, size = candidate, size - 1
         timing = simulate_order(self.graph, order)
+        assert timing is not None, "kicked from the best order by moves that each ran"
         self.accept(order, timing, metrics(self.graph, order, timing))
 
     def report(self, sweeps: int) -> None:

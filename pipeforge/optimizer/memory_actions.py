@@ -329,9 +329,11 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
         if same is not None:
             offer("selective", same[0])
     # (its first greedy orders take about as long as the per-microbatch ones, whatever its share of the time)
-    if "none" in plans and not promising and (placed is None or left() > 4 * greedy_seconds):
+    # an order that recomputes and offloads nothing rarely fits where the input does not: with offload, only
+    # where offload's orders fit nothing (below)
+    if "none" in plans and not promising and not offload and (placed is None or left() > 4 * greedy_seconds):
         attempt("none", memory, limit, None, 1.0 if len(plans) == 1 else 0.15)
-    elif "none" in plans and not promising:
+    elif "none" in plans and not promising and not offload:
         tried.append("none")
         errors.append("none: no time left")
     if "all" in plans:
@@ -364,6 +366,8 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
                                    bool(candidates))
         # the fallback: the order found with each F holding only its weight-gradient part, OFFLOAD after each
         # F and RELOAD before each backward (room for two activations: one back, one in flight)
+        if not placed_any and "none" in plans and not promising:
+            attempt("none", memory, limit, None, 0.3)
         if not placed_any:
             virtual = replace(memory, activation=tuple(max(memory.stage_weight_grad(s), 0.01) for s in stages),
                               weight_grad=tuple(max(memory.stage_weight_grad(s), 0.01) for s in stages))
@@ -413,36 +417,50 @@ def _offload_plan(plain: Schedule, costs: CostModel, real: MemorySpec, unlimited
                   options: dict, left, offer, errors: list[str], others: bool) -> bool:
     """Offload's orders (``offload_place``), best first while time is left: ZB-H2's and ZB-H1's order where
     the input has their shape, and the order ``optimize`` finds with no limit (every forward may be in
-    flight); each with its W brought forward where the weight-gradient parts, which no transfer moves,
-    leave less than two activations of room, then offloaded where the limit needs it. Whether one fits."""
-    bases: list[Schedule] = []
+    flight; searched only where there is no seed or time is left); each with its W brought forward where
+    the weight-gradient parts, which no transfer moves, leave less than two activations of room, then
+    offloaded where the limit needs it. Whether one fits."""
+    seeds: list[Schedule] = []
     for name in OFFLOAD_SEEDS:
         try:
             seed = load_library_schedule(name, {"P": plain.ranks, "M": plain.microbatches})
         except PipeforgeError:
             continue
         if seed.stages == plain.stages and seed.placements == plain.placements:
-            bases.append(replace(seed, name=plain.name, params=plain.params, costs=plain.costs))
-    if left() > 0 or not (others or bases):
-        try:
-            bases.insert(min(1, len(bases)), optimize(
-                replace(plain, memory=unlimited), costs=costs, memory_limit=float(plain.microbatches) * largest
-                * plain.stages, weights=real.weights, time_limit=max(left(0.3), 1e-3), **options).schedule)
-        except PipeforgeError as error:
-            errors.append(f"offload: {error}")
+            seeds.append(replace(seed, name=plain.name, params=plain.params, costs=plain.costs))
+    found: list[Schedule | None] = []
+
+    def unlimited_order() -> Schedule | None:
+        if not found:
+            found.append(None)
+            if seeds and left() <= 0 and others:
+                return None
+            try:
+                found[0] = optimize(replace(plain, memory=unlimited), costs=costs, memory_limit=float(
+                    plain.microbatches) * largest * plain.stages, weights=real.weights,
+                    time_limit=max(left(0.3), 1e-3), **options).schedule
+            except PipeforgeError as error:
+                errors.append(f"offload: {error}")
+        return found[0]
+
     limit = real.limit
     if limit is None:
-        for base in bases[:1]:
+        base = seeds[0] if seeds else unlimited_order()
+        if base is not None:
             offer("offload", base)
-        return bool(bases)
+        return base is not None
+    bases: list = [*seeds, unlimited_order]
     variants = [(base, 2 * largest, 2 * largest, 0.0) for base in bases]
     variants += [(base, 2 * largest, largest, slack) for base in bases for slack in (0.0, largest)]
     placed = False
     for base, reserve, backward_reserve, slack in variants:
         if placed and left() <= 0:
             break
-        order = weights_within(base, real, limit - reserve, limit - backward_reserve)
-        moved = placed_offloads(order, costs, real, slack)
+        order = base() if callable(base) else base
+        if order is None:
+            continue
+        moved = placed_offloads(weights_within(order, real, limit - reserve, limit - backward_reserve), costs,
+                                real, slack)
         if moved is not None:
             offer("offload", moved)
             placed = True

@@ -15,7 +15,7 @@ room. How: ``docs/optimize.md``.
 
 from __future__ import annotations
 
-from bisect import bisect_right, insort
+from bisect import bisect_left, bisect_right
 from dataclasses import replace
 
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step, replace_programs
@@ -46,31 +46,34 @@ class _Lane:
     """A rank's copy lane as planned: transfers by program position, each started when issued and the lane is free."""
 
     def __init__(self) -> None:
-        self.items: list[list] = []  # [position, issue, duration, start, end]
+        self.positions: list[float] = []
+        self.items: list[list[float]] = []  # [issue, duration, start, end], in the order of ``positions``
 
     def free_before(self, position: float) -> float:
         """When the lane is free of every transfer written before ``position``."""
-        at = bisect_right([item[0] for item in self.items], position)
-        return self.items[at - 1][4] if at else 0.0
+        at = bisect_right(self.positions, position)
+        return self.items[at - 1][3] if at else 0.0
 
     def add(self, position: float, issue: float, duration: float) -> None:
-        insort(self.items, [position, issue, duration, 0.0, 0.0])
-        at = next(i for i, item in enumerate(self.items) if item[0] == position)
-        free = self.items[at - 1][4] if at else 0.0
-        for item in self.items[at:]:
-            start = max(item[1], free)
-            if item is not self.items[at] and start == item[3]:
-                break  # unchanged from here on
-            item[3], item[4] = start, start + item[2]
-            free = item[4]
+        at = bisect_right(self.positions, position)
+        self.positions.insert(at, position)
+        self.items.insert(at, [issue, duration, 0.0, 0.0])
+        self._retime(at)
 
     def remove(self, position: float) -> None:
-        at = next(i for i, item in enumerate(self.items) if item[0] == position)
-        del self.items[at]
-        free = self.items[at - 1][4] if at else 0.0
-        for item in self.items[at:]:
-            item[3] = max(item[1], free)
-            item[4] = free = item[3] + item[2]
+        at = bisect_left(self.positions, position)
+        del self.positions[at], self.items[at]
+        self._retime(at)
+
+    def _retime(self, at: int) -> None:
+        free = self.items[at - 1][3] if at else 0.0
+        for index in range(at, len(self.items)):
+            item = self.items[index]
+            start = max(item[0], free)
+            if index > at and start == item[2]:
+                break  # unchanged from here on
+            item[2], item[3] = start, start + item[1]
+            free = item[3]
 
 
 def _rank_program(r: int, program, times, effect, costs: CostModel, limit: float, slack: float):

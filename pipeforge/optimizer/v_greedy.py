@@ -50,7 +50,7 @@ def zero_bubble_v_orders(problem: Problem, deadline: float | None = None
     past ``deadline`` (``time.monotonic()``) no further run is started once one order is found."""
     exact = replace(problem, costs=integer_units(problem.costs).costs)
     shape = _VShape(exact)
-    found = []
+    found: list[tuple[VKnobs, tuple[tuple[ActionKey, ...], ...]]] = []
     for knobs in V_KNOBS:
         approved: list[float] | None = None
         for _ in range(MAX_REPEATS):
@@ -197,6 +197,7 @@ class _VBuilder:
         for r in reversed(range(self.p)):
             if r < self.p - 1:
                 arrives = self.arrival(F, UP, r)
+                assert arrives is not None, "rank r + 1's first F of the chunk is put before rank r's"
                 ahead = shape.grow[F, DOWN, r] * (2 + 2 * r)  # room for 2 + 2r more chunk forwards
                 while (self.held[r] + ahead <= shape.limit
                        and self.clock[r] + shape.cost[F, DOWN, r] <= arrives

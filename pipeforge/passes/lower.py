@@ -71,25 +71,24 @@ class DependencyGraph:
     def of(schedule: Schedule) -> DependencyGraph:
         position = compute_positions(schedule)
         last = schedule.stages - 1
-        owners = [placement.stage_to_rank for placement in schedule.placements]
         waits: dict[Position, tuple[Position, ...]] = {}
         transfers: list[CarriedEdge] = []
         carried_once: set[ActionKey] = set()
         at = position.get
         edge = partial(tuple.__new__, CarriedEdge)
-        shapes: dict[tuple, CrossRankShape] = {}  # (stage, kind, chain) -> its cross-rank needs' shape
+        shapes: dict[tuple, CarriedShape] = {}  # (stage, kind, chain) -> its carried needs' shape
         for action, here in position.items():  # in program order: rank, then step
             stage, kind, mb, chain = action
             shape = shapes.get((stage, kind, chain))
             if shape is None:
-                shape = shapes[(stage, kind, chain)] = cross_rank(carried_shape(action, last), owners[chain], stage)
-            if not shape:
-                continue
+                shape = shapes[(stage, kind, chain)] = carried_shape(action, last)
             found: list[Position] = []
-            for producers, send_stage, send_kind, recv_stage, recv_kind in shape:
+            for producers, (send_stage, send_kind), (recv_stage, recv_kind) in shape:
                 for producer_stage, producer_kind in producers:
                     there = at((producer_stage, producer_kind, mb, chain))
-                    if there is None:
+                    # Only a cross-rank edge makes a rank wait: on one rank program order decides, and a
+                    # producer written after its consumer is an order error, not a deadlock.
+                    if there is None or there[0] == here[0]:
                         continue
                     found.append(there)
                     send = (send_stage, send_kind, mb, chain)
@@ -100,25 +99,6 @@ class DependencyGraph:
             if found:  # (the actions of an overlap step share its position)
                 waits[here] = (*waits[here], *found) if here in waits else tuple(found)
         return DependencyGraph(position, waits, tuple(transfers))
-
-
-# Per need whose producers are on another rank: those producers' (stage, kind), then the send's stage and
-# kind and the receive's stage and kind.
-CrossRankShape = tuple[tuple[tuple[tuple[int, ActionKind], ...], int, ActionKind, int, ActionKind], ...]
-
-
-def cross_rank(shape: CarriedShape, owners: tuple[int, ...], stage: int) -> CrossRankShape:
-    """The needs of ``shape`` whose producers are on another rank than ``stage``, flat: (producers, send
-    stage, send kind, receive stage, receive kind). Only a cross-rank edge makes a rank wait: on one rank
-    program order decides, and a producer written after its consumer is an order error, not a deadlock.
-    A compute action's position is on the rank owning its stage (``compute_positions``), so which needs
-    cross ranks is known per (stage, kind, chain), before any microbatch is looked up."""
-    found = []
-    for producers, send, recv in shape:
-        elsewhere = tuple(p for p in producers if 0 <= p[0] < len(owners) and owners[p[0]] != owners[stage])
-        if elsewhere:
-            found.append((elsewhere, send[0], send[1], recv[0], recv[1]))
-    return tuple(found)
 
 
 # The needs of a (stage, kind, chain) that a send/receive may carry: per need, its producers' (stage, kind)

@@ -14,6 +14,8 @@ it writes out what ``lower`` would insert.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from pipeforge.ir import Action, ActionKind, Schedule, Step, replace_programs
 from pipeforge.passes.lower import last_backwards
 
@@ -27,7 +29,8 @@ def reduce_grad(schedule: Schedule) -> Schedule:
     return replace_programs(schedule, programs)
 
 
-def reduced_program(rank: int, program: tuple[Step, ...], after: dict[tuple[int, int], list[int]]):
+def reduced_program(rank: int, program: tuple[Step, ...], after: dict[tuple[int, int], list[int]]
+                    ) -> Iterator[Step]:
     for index, step in enumerate(program):
         yield step
         for stage in after.get((rank, index), ()):

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 
 class StageParams:
@@ -148,7 +152,7 @@ class ShardedParams(StageParams):
             group.wait_for_unshard()
 
 
-def _distinct_states(modules: list[torch.nn.Module]) -> list:
+def _distinct_states(modules: list[FSDPModule]) -> list:
     """The FSDP states of ``modules`` (fully_shard's or replicate's), each once."""
     seen: dict[int, object] = {}
     for fsdp in modules:
@@ -157,9 +161,10 @@ def _distinct_states(modules: list[torch.nn.Module]) -> list:
     return list(seen.values())
 
 
-def _root_states(modules: list[torch.nn.Module]) -> list:
+def _root_states(modules: list[FSDPModule]) -> list:
     """The FSDP states of the outermost FSDP modules of a stage (each the root of its tree)."""
-    inner = {id(sub) for fsdp in modules for sub in fsdp.modules() if sub is not fsdp}
+    inner = {id(sub) for fsdp in modules if isinstance(fsdp, torch.nn.Module)  # (each is: fully_shard's)
+             for sub in fsdp.modules() if sub is not fsdp}
     return [fsdp._get_fsdp_state() for fsdp in modules if id(fsdp) not in inner]
 
 
@@ -207,7 +212,8 @@ class DataParallel:
         self.reduced.clear()
         for params in self.stages.values():
             params.begin(training)
-        self.upcasting = {stage for stage, params in self.stages.items() if params.sharded and params.upcast}
+        self.upcasting = {stage for stage, params in self.stages.items()
+                          if isinstance(params, ShardedParams) and params.upcast}  # (the one sharded kind)
 
     @property
     def hooks_compute(self) -> bool:
@@ -275,12 +281,13 @@ def data_parallel(rank: int, stage_modules: dict[int, torch.nn.Module], *, dp_gr
     return DataParallel(rank, stages)
 
 
-def fsdp_modules(module: torch.nn.Module) -> list[torch.nn.Module]:
+def fsdp_modules(module: torch.nn.Module) -> list[FSDPModule]:
     """The FSDP2 modules in ``module`` (none unless FSDP was imported: it costs seconds per process)."""
     fsdp = sys.modules.get("torch.distributed.fsdp")
     if fsdp is None:
         return []
-    return [m for m in module.modules() if isinstance(m, fsdp.FSDPModule)]
+    kind: type[FSDPModule] = fsdp.FSDPModule
+    return [m for m in module.modules() if isinstance(m, kind)]
 
 
 def is_sharded(module: torch.nn.Module) -> bool:

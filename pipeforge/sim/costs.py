@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import fields, replace
+from typing import Any, cast
 
 from pipeforge.errors import Argument, ArgumentError
 from pipeforge.ir import COMPUTE_KINDS, ActionKind, CostModel, MemorySpec, Schedule, cost_fields, cost_problem
@@ -31,7 +32,10 @@ def parse_cost_flag(text: str, base: CostModel | None = None) -> CostModel:
     for item in text.split(","):
         name, value = _parse_cost_item(item)
         changes[name] = value
-    return replace(model, **{k: v for k, v in changes.items() if k not in MEMORY_FIELDS})
+    durations = {k: v for k, v in changes.items() if k not in MEMORY_FIELDS}
+    # cast: each key is one of COST_FIELDS (_parse_cost_item), CostModel's number fields, which a float fits;
+    # the checker sees any str key, which could name per_stage, links or overhead
+    return replace(model, **cast("dict[str, Any]", durations))
 
 
 def weights_from_flag(text: str | None) -> float | None:
@@ -81,7 +85,7 @@ def duration_table(costs: CostModel, stages: int) -> dict[tuple[ActionKind, int]
     return {(kind, stage): costs.duration(kind, stage) for kind in COMPUTE_KINDS for stage in range(stages)}
 
 
-def costs_to_json(costs: CostModel) -> dict:
+def costs_to_json(costs: CostModel) -> dict[str, object]:
     out = {f.name: getattr(costs, f.name) for f in fields(costs) if f.name not in ("per_stage", "links", "overhead")}
     out["B"] = costs.B if costs.B is not None else costs.I + costs.W
     if costs.overhead.given:

@@ -306,7 +306,7 @@ def program_peak(program: tuple[Step, ...], memory: MemorySpec, effect=None) -> 
 
 def _events(graph: WorkGraph, rank: int, seq: tuple[int, ...], times: Times) -> list[Event]:
     """One event per step of the rank: its actions back to back."""
-    actions, duration, steps, joins = graph.actions, graph.duration, graph.step, graph.joins
+    actions, duration, steps, joins = graph.actions, graph.duration, _steps(graph), graph.joins
     start, end = times.start, times.end
     events: list[Event] = []
     if joins is None:
@@ -328,20 +328,27 @@ def _events(graph: WorkGraph, rank: int, seq: tuple[int, ...], times: Times) -> 
 
 def _event(graph: WorkGraph, rank: int, nodes: list[int], times: Times) -> Event:
     lane = "copy" if graph.copy is not None and all(graph.copy[a] for a in nodes) else "compute"
-    return Event(rank, graph.step[nodes[0]], tuple(graph.actions[a] for a in nodes), times.start[nodes[0]],
+    return Event(rank, _steps(graph)[nodes[0]], tuple(graph.actions[a] for a in nodes), times.start[nodes[0]],
                  times.end[nodes[-1]], tuple(graph.duration[a] for a in nodes), lane)
+
+
+def _steps(graph: WorkGraph) -> list[int]:
+    """Each node's step in its rank's program, which a graph of a schedule has (``compile_schedule``)."""
+    assert graph.step is not None, "a graph from compile_schedule numbers every node's step"
+    return graph.step
 
 
 def _stuck_error(schedule: Schedule, graph: WorkGraph, order: Order, times: Times) -> VerificationError:
     """Name every stuck rank: its step, the input it waits for, and where that input would be made."""
     stuck = [r for r, seq in enumerate(order) if times.done[r] < len(seq)]
+    steps = _steps(graph)
     lines, spans = [], []
     for rank in stuck:
         node = order[rank][times.done[rank]]
         step = _step_nodes(graph, order[rank], times.done[rank])
         waits = _waits_text(graph, blocking_input(graph, times, node), step)
-        lines.append(f"rank {rank} step {graph.step[node]} ({_step_text(graph, step)}) waits for {waits}")
-        spans.append((rank, schedule.programs[rank][graph.step[node]].span, _step_text(graph, step)))
+        lines.append(f"rank {rank} step {steps[node]} ({_step_text(graph, step)}) waits for {waits}")
+        spans.append((rank, schedule.programs[rank][steps[node]].span, _step_text(graph, step)))
     message = "the compute order cannot finish: " + "; ".join(lines)
     error = VerificationError(message, span=spans[0][1])
     error.notes = tuple(f"rank {rank} is stuck at {span} ({text})" for rank, span, text in spans[1:]
@@ -364,7 +371,7 @@ def _waits_text(graph: WorkGraph, producer: int, step: list[int]) -> str:
         return f"{' or '.join(str(as_action(a)) for a in alternatives)}, which no rank runs"
     if producer in step:
         return f"{graph.actions[producer]}, in the same step (actions of one step do not feed each other)"
-    return f"{graph.actions[producer]} (rank {graph.rank[producer]} step {graph.step[producer]}, not yet run)"
+    return f"{graph.actions[producer]} (rank {graph.rank[producer]} step {_steps(graph)[producer]}, not yet run)"
 
 
 def _step_text(graph: WorkGraph, nodes: list[int]) -> str:

@@ -26,7 +26,7 @@ class WorkGraph:
     def __init__(self, shape: Shape, actions: list[Action], costs: CostModel, memory: MemorySpec):
         self.shape, self.costs, self.memory, self.weights = shape, costs, memory, memory.weights
         self.actions = actions
-        self.index: dict[Action, int] = {}
+        self.index: dict[ActionKey, int] = {}  # Actions, looked up by plain tuples equal to them too
         for node, action in enumerate(actions):
             self.index.setdefault(action, node)
         placements = shape.placements
@@ -105,7 +105,7 @@ class Shape(NamedTuple):
         return Shape(schedule.ranks, schedule.stages, schedule.microbatches, schedule.placements)
 
 
-def _first_present(index: dict[Action, int], producers: tuple[ActionKey, ...]) -> int | None:
+def _first_present(index: dict[ActionKey, int], producers: tuple[ActionKey, ...]) -> int | None:
     for producer in producers:
         node = index.get(producer)
         if node is not None:
@@ -151,10 +151,10 @@ def compile_schedule(schedule: Schedule, costs: CostModel, memory: MemorySpec) -
 
 
 def _offload_waits(graph: WorkGraph, order: Order) -> list[tuple[Dependency, ...]]:
-    """A node that adds memory (F, R, RELOAD) waits for the end of the OFFLOAD ``semantics.offload_waits``
-    names for its step, if any: only where, counting each earlier offload's release from its transfer's
-    end, what it adds would pass the memory limit (none declared: it never waits; docs/semantics.md,
-    "Recompute and offload")."""
+    """A step that adds memory (F, R, RELOAD) waits, at its first node, for the end of the OFFLOAD
+    ``semantics.offload_waits`` names for it, if any: only where, counting each earlier offload's release
+    from its transfer's end, what it adds would pass the memory limit (none declared: it never waits;
+    docs/semantics.md, "Recompute and offload")."""
     waits = list(graph.waits)
     offload, added, released, actions = ActionKind.OFFLOAD, graph.added, graph.released, graph.actions
     steps = graph.step
@@ -171,12 +171,8 @@ def _offload_waits(graph: WorkGraph, order: Order) -> list[tuple[Dependency, ...
         summary = [(sum(added[n] for n in group), sum(released[n] for n in group),
                     any(actions[n].kind is offload for n in group)) for group in groups]
         for group, wait in zip(groups, offload_waits(summary, limit)):
-            if wait is None:
-                continue
-            last = groups[wait][0]
-            for node in group:
-                if added[node] > 0:
-                    waits[node] = waits[node] + ((last, 0.0),)
+            if wait is not None:  # the step's additions count from its start (an overlap step's first node)
+                waits[group[0]] = waits[group[0]] + ((groups[wait][0], 0.0),)
     return waits
 
 
@@ -273,6 +269,7 @@ def _time_with_copies(graph: WorkGraph, order: Order) -> Times:
     start, end = [0.0] * size, [-1.0] * size
     done, free, lane_free = [0] * len(order), [0.0] * len(order), [0.0] * len(order)
     waits, duration, copy = graph.waits, graph.duration, graph.copy
+    assert copy is not None, "time_order sends here only a graph with copy-lane nodes"
     waiting: dict[int, list[int]] = {}
     ready = list(range(len(order)))
     while ready:

@@ -59,6 +59,7 @@ class Stuck:
             found.extend(wait.links)
             if wait.posted:  # a group the component passes through: it is at its rank's head
                 continue
+            assert wait.target is not None, "a chain with a wait for nothing returned above"
             rank, target = wait.target
             found.append(("after", rank, self.position[rank], target))
             found.append(("duration", rank, self.position[rank]))
@@ -189,6 +190,7 @@ class Runner:
                 chain.append(wait)
             if wait.peer_finished:
                 return Stuck(tuple(self.position), tuple(chain), None)
+            assert wait.peer is not None, "a wait without a peer has peer_finished (unmatched_wait)"
             rank = wait.peer
         return Stuck(tuple(self.position), tuple(chain), seen[rank])
 
@@ -208,11 +210,12 @@ def components(pairing: Pairing) -> dict[SlotRef, list[SlotRef]]:
     for send, recv in pairing.matches:
         a, b = send.at, recv.at
         la, lb = members.get(a), members.get(b)
-        if la is None and lb is None:
-            members[a] = members[b] = [a] if a == b else [a, b]
-        elif la is None:
-            lb.append(a)
-            members[a] = lb
+        if la is None:
+            if lb is None:
+                members[a] = members[b] = [a] if a == b else [a, b]
+            else:
+                lb.append(a)
+                members[a] = lb
         elif lb is None:
             la.append(b)
             members[b] = la
@@ -265,7 +268,7 @@ class Rendezvous(Runner):
     def blocker(self, slot: Slot) -> list[Wait]:
         """The first op, breadth-first through the component, whose partner is not posted, and
         every group of the component on the way there (each is a hop of the wait chain)."""
-        todo = deque([(slot, ())])
+        todo: deque[tuple[Slot, tuple[Wait, ...]]] = deque([(slot, ())])
         visited = {key_of(slot)}
         while todo:
             here, path = todo.popleft()
@@ -291,7 +294,7 @@ class Buffered(Runner):
 
     def __init__(self, program: Program, pairing: Pairing):
         super().__init__(program, pairing)
-        self.posted_at = [[None] * len(row) for row in self.slots]
+        self.posted_at: list[list[int | None]] = [[None] * len(row) for row in self.slots]
         self.waiting: dict[SlotRef, list[int]] = defaultdict(list)
 
     def arrive(self, rank: int) -> None:

@@ -61,24 +61,22 @@ def pair_ops(program: Program) -> Pairing:
     ops: dict[tuple[int, int], list[Op]] = {}
     unmatched: list[Op] = []
     new_op = partial(tuple.__new__, Op)
-    peer_at = peer_ranks(program).get
+    peers = peer_ranks(program)
     for rank, row in enumerate(program.slots):
+        ends: dict[tuple[int, ActionKind, int], tuple[int | None, bool, list[Op]]] = {}  # per (stage, kind, chain)
         for slot in row:
             if not slot.group:
                 continue
             at = (rank, slot.number)
             mine = ops[at] = []
             for key in slot.acts:
-                stage, kind, _, chain = key
-                peer, is_send = peer_at((stage, kind, chain)), kind in SENDS
+                end = ends.get((key[0], key[1], key[3]))
+                if end is None:
+                    end = ends[(key[0], key[1], key[3])] = lane_end(peers, key, rank, lanes, unmatched)
+                peer, is_send, lane = end
                 op = new_op((slot, key, peer, is_send, at))
                 mine.append(op)
-                if peer is None:
-                    unmatched.append(op)
-                elif is_send:
-                    lanes[(rank, peer, True)].append(op)
-                else:
-                    lanes[(peer, rank, False)].append(op)
+                lane.append(op)
     matches: list[tuple[Op, Op]] = []
     for src, dst, is_send in sorted(lanes):
         if not is_send:
@@ -90,6 +88,19 @@ def pair_ops(program: Program) -> Pairing:
         longer = out if len(out) > len(into) else into
         unmatched.extend(longer[min(len(out), len(into)):])
     return Pairing(tuple(matches), tuple(unmatched), ops)
+
+
+def lane_end(peers: dict[tuple[int, ActionKind, int], int], key: ActionKey, rank: int,
+             lanes: dict[tuple[int, int, bool], list[Op]], unmatched: list[Op]) -> tuple[int | None, bool, list[Op]]:
+    """(peer rank, is a send, the list its ops join) of the communication actions of ``key``'s stage, kind
+    and chain on ``rank``: the lane of sends from this rank to the peer or of receives on it from the peer,
+    or the unmatched ops when no rank owns the peer stage. Asked once per (stage, kind, chain) of a rank:
+    neither depends on the microbatch."""
+    stage, kind, _, chain = key
+    peer, is_send = peers.get((stage, kind, chain)), kind in SENDS
+    if peer is None:
+        return None, is_send, unmatched
+    return peer, is_send, lanes[(rank, peer, True) if is_send else (peer, rank, False)]
 
 
 def peer_ranks(program: Program) -> dict[tuple[int, ActionKind, int], int]:

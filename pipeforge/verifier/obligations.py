@@ -41,8 +41,8 @@ def order_texts(program: Program) -> list[str]:
         declared.extend(f"(declare-const p{rank}_{k} Real)" for k in used)
         for consumer, producers in edges:
             for k in producers:  # program order between the two, as one summed constraint
-                first, then = min(k, consumer), max(k, consumer)
-                asserted.append(f"(>= (- p{rank}_{then} p{rank}_{first}) {then - first})")
+                earlier, then = min(k, consumer), max(k, consumer)
+                asserted.append(f"(>= (- p{rank}_{then} p{rank}_{earlier}) {then - earlier})")
             options = [f"(>= (- p{rank}_{consumer} p{rank}_{k}) 1)" for k in producers]
             asserted.append(options[0] if len(options) == 1 else f"(or {' '.join(options)})")
         texts.append("\n".join(declared + [f"(assert (and true {' '.join(asserted)}))"]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import marshal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -13,7 +14,9 @@ import pytest
 
 from pipeforge import bytecode, load
 from pipeforge.bytecode import CompileError, Compiling
+from pipeforge.errors import VerificationError
 from pipeforge.generator import codegen, rank_folder
+from pipeforge.ir import Placement, Schedule, programs_from_tokens
 
 
 def sources(count: int, lines: int) -> list[tuple[str, str]]:
@@ -107,3 +110,23 @@ def test_codegen_writes_the_bytecode_python_imports(tmp_path, parallel, monkeypa
                                                    dont_inherit=True)
         stat = source.stat()  # what the importer checks before it takes the cache (else it compiles again)
         assert data[4:16] == bytes(4) + int(stat.st_mtime).to_bytes(4, "little") + stat.st_size.to_bytes(4, "little")
+
+
+def test_a_schedule_that_does_not_verify_stops_the_workers_and_leaves_nothing(tmp_path, parallel, monkeypatch):
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))  # the workers' folder goes here
+    rows = [["0F0", "0B0"], ["1B0", "1F0"]]  # rank 1 runs B before F of microbatch 0: an order violation
+    schedule = Schedule("broken", 2, 2, 1, (Placement.loop(2, 2),), programs_from_tokens(rows))
+    started = []
+    start = Compiling.started
+
+    def noted(self):
+        started.append(start(self))
+        return started[-1]
+
+    monkeypatch.setattr(Compiling, "started", noted)
+    with pytest.raises(VerificationError):
+        codegen(schedule, tmp_path / "out", jobs=1)
+    assert len(started) == 1 and started[0][0].poll() is not None  # the worker was started, and is gone
+    assert list(temporary.iterdir()) == [] and not (tmp_path / "out").exists()

@@ -375,7 +375,7 @@ def test_recompute_and_offload_retargeted(schedule):
     agree_both(schedule)
 
 
-@settings(FAST, max_examples=150)
+@settings(FAST, max_examples=500)
 @given(memory_action_schedules(), st.sampled_from([0.0, 0.5]), st.sampled_from([0.0, 0.7, 1.5, 3.0]))
 def test_the_copy_lane_timing_is_the_oracles(schedule, comm, transfer):
     """simulate's timeline of a schedule that offloads starts every step when the oracle's reading of the

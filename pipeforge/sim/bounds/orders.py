@@ -173,7 +173,7 @@ def _rank_bounds(schedule: Schedule, graph: WorkGraph, est: list[float], down: l
         elif action.kind.is_backward:
             if est[a] < first_backward[r]:
                 first_backward[r] = est[a]
-            own_forward = index.get((action.stage, _F, action.microbatch, action.chain))  # type: ignore[call-overload]
+            own_forward = index.get((action.stage, _F, action.microbatch, action.chain))
             if own_forward is not None and rank[own_forward] == r:
                 loops[r] = min(loops[r], est[a] - est[own_forward])
     whole = _whole_ranks(schedule, graph)
