@@ -97,20 +97,26 @@ class StageRunner:
     outputs: dict[int, Any] = field(default_factory=dict)
     split: SplitBackward = field(default_factory=SplitBackward)  # what I keeps between microbatches
     rank: int | None = None  # named in errors
+    next_local: bool | None = None  # the next stage runs on this rank too (set by the rank context once)
+    previous_local: bool | None = None  # the previous stage runs on this rank too
 
     @property
     def name(self) -> str:
         return f"stage {self.stage}" + (f" (chain {self.chain})" if self.chain else "")
 
     def forward(self, mb: int, args: tuple[Any, ...], target: Any, training: bool,
-                kwargs: dict[str, Any] | None = None) -> Any:
+                kwargs: dict[str, Any] | None = None, wants_grad: tuple[bool, ...] | None = None) -> Any:
         """Run the module on one microbatch: ``args`` from the previous stage (or the batch), ``kwargs``
-        this stage's own inputs (the batch's keywords on stage 0, per-stage inputs on every stage)."""
+        this stage's own inputs (the batch's keywords on stage 0, per-stage inputs on every stage).
+        ``wants_grad``: which of a later stage's ``args`` want a gradient (``None``: every floating-point one)."""
         if torch.is_grad_enabled() != training:  # the pipeline runs its program in the right mode already
             with torch.set_grad_enabled(training):
-                return self.forward(mb, args, target, training, kwargs)
+                return self.forward(mb, args, target, training, kwargs, wants_grad)
         if not self.is_first:
-            args = tuple([_as_leaf(a, training) for a in args])
+            if wants_grad is None:
+                args = tuple([_as_leaf(a, training) for a in args])
+            else:
+                args = tuple([_as_leaf(a, training and wants) for a, wants in zip(args, wants_grad)])
         try:
             result = self.module(*args, **kwargs) if kwargs else self.module(*args)
             output, aux = unwrap_aux(result, self.name) if isinstance(result, WithAuxLoss) else (result, None)
