@@ -1,7 +1,7 @@
 """Bytecode of generated modules: compiled in worker processes while the caller goes on, and cached.
 
 ``Compiling(sources, jobs)`` compiles ``(filename, text)`` pairs, given at once or one by one as the
-caller makes them (``add(text)``; the name may come last, in ``codes(filenames)``), in ``jobs`` worker
+caller makes them (``add(text)``; the names may come later: ``name(filenames)``, or ``codes``), in ``jobs`` worker
 processes of this same interpreter (``python -I -S``; by default one per core this process may use but
 the caller's own) once the text passes ``PARALLEL_FROM``, and here. No share is fixed beforehand: each
 source is claimed once, atomically (a file created exclusively): the workers take them in order as they
