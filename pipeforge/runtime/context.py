@@ -150,7 +150,7 @@ class RankContext:
         self._outbox: dict[Action, tuple[torch.Tensor, ...]] = {}
         self._pending: dict[Action, tuple[Posted, tuple[torch.Tensor, ...]]] = {}
         self._sent: list[Posted] = []
-        self._early: set[Comm] = set()  # the receives posted ahead of the program (``post_early``)
+        self._early: frozenset[Comm] = frozenset()  # the receives posted ahead of the program (``post_early``)
         self._collecting: list[StageAction] | None = None  # the overlap step being collected for custom functions
         # no hook to run around a compute: actions go straight to their stage
         self._direct = not self.functions and not self.observers and not self.data_parallel.hooks_compute
@@ -283,20 +283,17 @@ class RankContext:
         them. Only on a transport whose every op progresses on its own (gloo's)."""
         if not self.transport.reconnectable:
             return
-        if not self.training:
-            receives = tuple(c for c in receives if c.kind in FORWARD_COMMS)
-        early = early_receives(receives, lambda comm: self.caches.peer(comm, self.info), self.caches.has_buffers)
-        if not early:
+        plan = self.caches.early_plan(receives, self.info, self.training)
+        if not plan:
             return
-        comms = tuple(map(Action._make, early))
+        comms = tuple(comm for comm, _ in plan)
         for observer in self.observers:
             observer.begin_post(comms)
-        for comm in comms:
-            tensors = self.caches.buffers(comm, self.transport.device)
-            peer = self.caches.peer(comm, self.info)
-            posted = self.transport.post([Transfer(False, t, peer) for t in tensors], GroupLabel((comm,)))
-            self._pending[comm] = (posted, tensors)
-        self._early = set(comms)
+        post, device, pending = self.transport.post, self.transport.device, self._pending
+        for comm, peer in plan:
+            tensors = self.caches.buffers(comm, device)
+            pending[comm] = (post([Transfer(False, t, peer) for t in tensors], GroupLabel((comm,))), tensors)
+        self._early = self.caches.early_set(self.training)
         for observer in self.observers:
             observer.end_post(comms)
 
@@ -660,6 +657,7 @@ class ShapeCache:
         # a received activation's tensors that want a gradient, where some do not (the rest: every float)
         self.wants_grad: dict[tuple, tuple[bool, ...]] = {}
         self._zeros: dict[TensorMeta, torch.Tensor] = {}  # the gradients of inputs that got none, sent as zeros
+        self._early: dict[bool, tuple] = {}  # per mode: (version, receives, plan, its set) (``early_plan``)
 
     def peer(self, comm: Comm, info: ScheduleInfo) -> int:
         peer = self._peers.get(comm)
@@ -669,6 +667,24 @@ class ShapeCache:
 
     def known(self, key: tuple) -> bool:
         return key in self._received
+
+    def early_plan(self, receives: tuple[Comm, ...], info: ScheduleInfo,
+                   training: bool) -> tuple[tuple[Comm, int], ...]:
+        """The receives ``semantics.early_receives`` lets go ahead of the program, with their peers: worked
+        out again only when a shape or a buffer was learned since (keys are only ever added)."""
+        version = (len(self._received), len(self._buffers))
+        cached = self._early.get(training)
+        if cached is not None and cached[0] == version and cached[1] is receives:
+            return cached[2]
+        wanted = receives if training else tuple(c for c in receives if c.kind in FORWARD_COMMS)
+        early = early_receives(wanted, lambda comm: self.peer(comm, info), self.has_buffers)
+        plan = tuple((Action._make(comm), self.peer(comm, info)) for comm in early)
+        self._early[training] = (version, receives, plan, frozenset(comm for comm, _ in plan))
+        return plan
+
+    def early_set(self, training: bool) -> frozenset:
+        """The receives of the last ``early_plan`` of this mode, as a set."""
+        return self._early[training][3]
 
     def has_buffers(self, comm: Comm) -> bool:
         """A buffer for ``comm``'s data is known (its shapes learned, or a gradient's buffer made on a step before)."""

@@ -123,6 +123,9 @@ class Posted:
     second concurrent wait on a receive would never return).
     """
 
+    __slots__ = ("_receives", "_sends", "_transfers", "_arrivals", "label", "_rank", "_timeout", "received", "done",
+                 "_lock")
+
     def __init__(self, works: list, transfers: list[Transfer], label: object, rank: int, timeout: timedelta | None,
                  arrivals: list[tuple[torch.Tensor, torch.Tensor]] = ()):
         if len(works) == 1 and len(transfers) == 1:  # one tensor (most of a schedule's messages, on gloo)

@@ -134,6 +134,9 @@ class StageRunner:
             aux = aux if _has_graph(aux) else None
             if self.is_last:
                 roots = (loss if aux is None else loss + aux,)
+            elif type(output) is torch.Tensor:  # one tensor (most stages): as the general rule below has it
+                roots = (output,) if output.requires_grad and output.is_floating_point() else ()
+                roots += (aux,) if aux is not None else ()
             else:
                 roots = tuple(t for t in as_tuple(output) if _is_float(t) and _has_graph(t))
                 roots += (aux,) if aux is not None else ()
@@ -159,7 +162,15 @@ class StageRunner:
         if self.is_last:
             state.root_grads = (None,)  # the scalar loss: gradient one
             return state
-        floats = [t for t in as_tuple(state.output) if _is_float(t)]
+        output = state.output
+        if type(output) is torch.Tensor and state.aux is None:  # one tensor: as the general rule below has it
+            if not (output.requires_grad and output.is_floating_point()):
+                state.root_grads = ()
+            else:
+                grad = grads[0] if grads else None
+                state.root_grads = (grad if grad is not None else torch.zeros_like(output),)
+            return state
+        floats = [t for t in as_tuple(output) if _is_float(t)]
         grads = tuple(grads or ())
         # an output no later stage used gets a zero gradient
         state.root_grads = tuple(

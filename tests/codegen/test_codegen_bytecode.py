@@ -39,9 +39,10 @@ def test_workers_give_the_code_compiled_here(parallel):
         assert marshal.loads(code).co_filename == filename
 
 
-@pytest.mark.parametrize("jobs", [1, 2])
-def test_sources_given_one_by_one_are_named_at_the_end(parallel, jobs):
+@pytest.mark.parametrize("jobs, named_early", [(1, False), (2, False), (1, True)])
+def test_sources_given_one_by_one_are_named_later(parallel, jobs, named_early):
     given = sources(6, 200)
+    names = [filename for filename, _ in given]
     with Compiling(jobs=jobs) as compiling:
         for _, text in given:
             compiling.add(text)
@@ -51,7 +52,12 @@ def test_sources_given_one_by_one_are_named_at_the_end(parallel, jobs):
         while not claimed.exists() and time.monotonic() < deadline:  # a worker has taken one at least
             time.sleep(0.01)
         assert claimed.exists()
-        codes = compiling.codes([filename for filename, _ in given])
+        if named_early:  # as codegen does: named once rendered, codes asked for after verifying
+            compiling.name(names)
+            time.sleep(0.2)
+            codes = compiling.codes()
+        else:
+            codes = compiling.codes(names)
     for (filename, text), code in zip(given, codes, strict=True):
         loaded = marshal.loads(code)
         assert loaded == compile(text, filename, "exec", dont_inherit=True)
