@@ -29,8 +29,9 @@ DTYPES = (
     torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
 )
 HEADER_LENGTH = 64
-MAX_TAG = 2**31 - 2  # gloo's tags are int32; the largest is kept for closing connections (close_pairs)
-CLOSING_TAG = 2**31 - 1
+MAX_TAG = 2**30 - 2  # a step's tags wrap here; gloo's tags are int32
+GREETING_TAGS = 2**30  # a step's greeting posts under this plus its tag: no data message ever meets a greeting
+CLOSING_TAG = 2**31 - 1  # kept for closing connections (close_pairs)
 
 
 class PipelineError(PipeforgeError, RuntimeError):
@@ -268,19 +269,20 @@ class Transport:
             return peer
         return dist.get_global_rank(self.group, peer)
 
-    def post(self, transfers: list[Transfer], label: object) -> Posted:
-        """Post the transfers together (peers are group ranks); ``label`` names them in errors."""
+    def post(self, transfers: list[Transfer], label: object, tag: int | None = None) -> Posted:
+        """Post the transfers together (peers are group ranks) under the step's tag (gloo; ``tag``: another);
+        ``label`` names them in errors."""
         wire, arrivals = self._stage(transfers) if self.staged else (transfers, ())
         try:
-            works = self._post_each(wire) if self._process_group is not None else self._post_batch(wire)
+            works = self._post_each(wire, tag) if self._process_group is not None else self._post_batch(wire)
         except Exception as error:  # noqa: BLE001
             raise PipelineError(f"rank {self.rank}: posting {label} failed: {backend_reason(error)}") from error
         posted = Posted(works, wire, label, self.rank, self.timeout, arrivals)
         self.posted.append(posted)
         return posted
 
-    def _post_each(self, wire: list[Transfer]) -> list:
-        group, tag = self._process_group, self.tag
+    def _post_each(self, wire: list[Transfer], tag: int | None = None) -> list:
+        group, tag = self._process_group, self.tag if tag is None else tag
         return [group.send([t.tensor], t.peer, tag) if t.send else group.recv([t.tensor], t.peer, tag) for t in wire]
 
     def _post_batch(self, wire: list[Transfer]) -> list:
@@ -298,6 +300,6 @@ class Transport:
                 arrivals.append((host, t.tensor))
         return wire, arrivals
 
-    def exchange(self, transfers: list[Transfer], label: str) -> None:
+    def exchange(self, transfers: list[Transfer], label: str, tag: int | None = None) -> None:
         """Post and wait at once (headers, gradient sums across chains)."""
-        self.post(transfers, label).wait()
+        self.post(transfers, label, tag).wait()

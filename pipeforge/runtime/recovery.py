@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from pipeforge.runtime.context import ScheduleInfo, ShapeCache
-from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, Transfer, Transport, backend_reason
+from pipeforge.runtime.p2p import GREETING_TAGS, PipelineError, PipelineUsageError, Transfer, Transport, backend_reason
 from pipeforge.runtime.stage import PeerStageError, StageError
 
 
@@ -99,8 +99,12 @@ class StepStart:
                 transport.reconnect(f"{transport.name}/step/{transport.tag}", self.info.ranks, _rendezvous(transport))
             self.failed_last = False
             caches = ShapeCache()
-            if broken:  # the words did not cross: again, in the fresh group (a refusal must reach the neighbours)
-                theirs, _ = self._greet(transport, refusal is not None)
+            if transport.reconnectable:  # every rank met here greets again: a neighbour's greeting may have broken
+                theirs, broken = self._greet(transport, refusal is not None)
+                if broken and refusal is None:
+                    raise PipelineError(f"rank {self.rank}: the greeting at the start of the step broke again in "
+                                        f"the fresh group (rank(s) {', '.join(map(str, self.peers))}"
+                                        f"{_within(transport)}); every rank meets in a fresh group at the next step")
         refused = [peer for peer, word in theirs.items() if word[1].item()]
         self.expect(transport)  # the step-end agreement's receives, in the group the step posts in
         if refusal is not None:
@@ -116,8 +120,8 @@ class StepStart:
         theirs = {peer: torch.zeros_like(mine) for peer in self.peers}
         transfers = [t for peer in self.peers
                      for t in (Transfer(True, mine, peer), Transfer(False, theirs[peer], peer))]
-        try:
-            transport.exchange(transfers, "the start of the step")
+        try:  # on a tag of its own: a greeting one rank sends where its neighbour greets no more meets no data
+            transport.exchange(transfers, "the start of the step", GREETING_TAGS + transport.tag)
         except PipelineError:
             if not transport.reconnectable:
                 raise
