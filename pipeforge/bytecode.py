@@ -1,7 +1,7 @@
 """Bytecode of generated modules: compiled in worker processes while the caller goes on, and cached.
 
 ``Compiling(sources, jobs)`` compiles ``(filename, text)`` pairs, given at once or one by one as the
-caller makes them (``add(text)``; the name may come last, in ``codes(filenames)``), in ``jobs`` worker
+caller makes them (``add(text)``; the names may come later: ``name(filenames)``, or ``codes``), in ``jobs`` worker
 processes of this same interpreter (``python -I -S``; by default one per core this process may use but
 the caller's own) once the text passes ``PARALLEL_FROM``, and here. No share is fixed beforehand: each
 source is claimed once, atomically (a file created exclusively): the workers take them in order as they
@@ -28,15 +28,17 @@ from typing import IO
 PARALLEL_FROM = 2_000_000  # characters of source below which one in-process compile is quicker than workers
 
 # A worker, in the folder argv[1]: on stdin a line per source, its index (its text marshal'd in
-# source_<index>), then "end" once its file names are in names (marshal'd); it compiles each source it
-# claims (claim_<index>, created exclusively), in order, under a name it gives the real one at the end,
-# then writes the magic number and per source its index, length and marshal'd code. It claims nothing
-# after a source that does not compile (the caller compiles that one again and reports it).
+# source_<index>), "names" once the file names are in names (marshal'd), and "end"; it compiles each
+# source it claims (claim_<index>, created exclusively), in order, under a name it replaces by the real one
+# once known, writing the magic number, then per source its index, length and marshal'd code. It claims
+# nothing after a source that does not compile (the caller compiles that one again and reports it).
 WORKER = r"""
 import marshal, os, sys
 from importlib.util import MAGIC_NUMBER
 from types import CodeType
 folder, optimize = sys.argv[1], int(sys.argv[2])
+out = sys.stdout.buffer
+out.write(MAGIC_NUMBER)
 def claimed(index):
     try:
         os.close(os.open(os.path.join(folder, f"claim_{index}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -46,29 +48,42 @@ def claimed(index):
 def named(code, filename):
     consts = tuple(named(c, filename) if isinstance(c, CodeType) else c for c in code.co_consts)
     return code.replace(co_filename=filename, co_consts=consts)
-codes, failed = {}, False
+def put(index, code):
+    data = marshal.dumps(named(code, names[index]))
+    out.write(index.to_bytes(8, "little") + len(data).to_bytes(8, "little"))
+    out.write(data)
+def named_all():
+    global names
+    with open(os.path.join(folder, "names"), "rb") as given:
+        names = marshal.load(given)
+    for index, code in codes.items():
+        put(index, code)
+    codes.clear()
+codes, names, failed = {}, None, False
 for line in sys.stdin.buffer:
     if line == b"end\n":
         break
+    if line == b"names\n":
+        named_all()
+        continue
     index = int(line)
     if failed or not claimed(index):
         continue
     with open(os.path.join(folder, f"source_{index}"), "rb") as given:
         text = marshal.load(given)
     try:
-        codes[index] = compile(text, "<pending>", "exec", dont_inherit=True, optimize=optimize)
+        code = compile(text, "<pending>", "exec", dont_inherit=True, optimize=optimize)
     except (SyntaxError, ValueError):
         failed = True
+        continue
+    if names is None:
+        codes[index] = code
+    else:
+        put(index, code)
 else:
     sys.exit(4)  # no "end": the caller has gone
-with open(os.path.join(folder, "names"), "rb") as given:
-    names = marshal.load(given)
-out = sys.stdout.buffer
-out.write(MAGIC_NUMBER)
-for index, code in codes.items():
-    data = marshal.dumps(named(code, names[index]))
-    out.write(index.to_bytes(8, "little") + len(data).to_bytes(8, "little"))
-    out.write(data)
+if names is None:
+    named_all()
 """
 
 
@@ -89,6 +104,7 @@ class Compiling:
         self.names: list[str | None] = []
         self.jobs = available_cores() - 1 if jobs is None else jobs
         self.size = 0
+        self.named = False  # the workers have the file names
         self.folder: str | None = None  # the workers' folder (sources, claims, names), once started
         self.workers: list[tuple[subprocess.Popen, IO[bytes]]] = []
         for filename, text in sources:
@@ -160,17 +176,29 @@ class Compiling:
             return False
         return True
 
-    def codes(self, filenames: list[str] | None = None) -> list[bytes]:
+    def name(self, filenames: Sequence[str | None]) -> None:
+        """The file names of every source given so far (the workers name their codes from now on, not
+        after the caller's work)."""
+        if len(filenames) != len(self.texts) or not all(isinstance(name, str) for name in filenames):
+            raise ValueError(f"{len(self.texts)} sources need as many file names, got {list(filenames)!r}")
+        self.names = list(filenames)
+        if self.workers and not self.named:
+            with open(os.path.join(str(self.folder), "names"), "wb") as written:
+                marshal.dump(self.names, written)
+            self.tell(b"names\n")
+        self.named = True
+
+    def codes(self, filenames: Sequence[str | None] | None = None) -> list[bytes]:
         """Each source's marshal'd code, in order: this process takes the sources no worker has claimed
         yet from the last down, then the workers' codes are read, and any source still without code
         (a worker that failed, a source that does not compile) is compiled here, in order."""
-        names = [name for name in (self.names if filenames is None else filenames) if isinstance(name, str)]
+        if filenames is not None or not self.named:
+            self.name(self.names if filenames is None else filenames)
+        names = [str(name) for name in self.names]
         if len(names) != len(self.texts):
             raise ValueError(f"{len(self.texts)} sources need as many file names, got {len(names)}")
         found: dict[int, bytes] = {}
         if self.workers:
-            with open(os.path.join(str(self.folder), "names"), "wb") as written:
-                marshal.dump(names, written)
             self.tell(b"end\n")
             for worker, _ in self.workers:
                 if worker.stdin is not None:

@@ -480,8 +480,9 @@ def codegen(schedule: Schedule, output: str | os.PathLike, *, locations: bool = 
         except CodegenError:
             _verified(schedule, lowered, semantics)  # an invalid schedule is reported as such first
             raise
+        compiling.name(_rank_paths(path.parent / files.rank_folder, files))  # (the folder's digest: known now)
         _verified(schedule, lowered, semantics)
-        codes = _rank_codes(compiling, _rank_paths(path.parent / files.rank_folder, files))
+        codes = _rank_codes(compiling)
     write_files(path, files, codes=codes, replaceable=None if force else lambda target: check_replaceable(target,
                                                                                                          schedule))
     return path
@@ -492,9 +493,9 @@ def _rank_paths(folder: Path, files: GeneratedFiles) -> list[str]:
     return [str((folder / f"rank_{rank}.py").resolve()) for rank in range(len(files.ranks))]
 
 
-def _rank_codes(compiling: Compiling, filenames: list[str] | None = None) -> list[bytes]:
+def _rank_codes(compiling: Compiling) -> list[bytes]:
     try:
-        return compiling.codes(filenames)
+        return compiling.codes()
     except CompileError as error:
         raise CodegenError(f"generated code for rank {error.index} does not compile: {error.message}") from None
 

@@ -30,7 +30,8 @@ def list_parts(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], list[tupl
 class LayerListStage(nn.Module):
     """Some modules, then layers ``bounds`` of the list, then some modules, applied in order; names kept."""
 
-    def __init__(self, before, layers, bounds: range, after):
+    def __init__(self, before: list[tuple[str, nn.Module]], layers: list[tuple[str, nn.Module]], bounds: range,
+                 after: list[tuple[str, nn.Module]]) -> None:
         super().__init__()
         self.order: list[str] = []
         for name, module in [*before, *(layers[i] for i in bounds), *after]:
@@ -50,7 +51,7 @@ class LayerListStage(nn.Module):
         holder[tail] = module
         self.order.append(name)
 
-    def forward(self, x):
+    def forward(self, x: object) -> object:  # (whatever the modules take and give)
         for name in self.order:
             x = self.get_submodule(name)(x)
         return x

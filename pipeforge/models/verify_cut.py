@@ -64,9 +64,9 @@ def warn_unchecked(model: nn.Module) -> None:
 
 
 def _own_output(model: nn.Module, example: torch.Tensor) -> torch.Tensor:
-    if hf.is_causal_lm(model):
-        return model(input_ids=example, use_cache=False).logits
-    return model(example)
+    output: torch.Tensor = (model(input_ids=example, use_cache=False).logits if hf.is_causal_lm(model)
+                            else model(example))
+    return output
 
 
 def _example(model: nn.Module) -> torch.Tensor | None:

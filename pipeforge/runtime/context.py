@@ -150,10 +150,15 @@ class RankContext:
         self._outbox: dict[Action, tuple[torch.Tensor, ...]] = {}
         self._pending: dict[Action, tuple[Posted, tuple[torch.Tensor, ...]]] = {}
         self._sent: list[Posted] = []
-        self._early: set[Comm] = set()  # the receives posted ahead of the program (``post_early``)
+        self._early: frozenset[Comm] = frozenset()  # the receives posted ahead of the program (``post_early``)
         self._collecting: list[StageAction] | None = None  # the overlap step being collected for custom functions
         # no hook to run around a compute: actions go straight to their stage
         self._direct = not self.functions and not self.observers and not self.data_parallel.hooks_compute
+        self._plain = False  # no RNG seeding, recompute, offload or byte count this step (``begin_program``)
+        for runner in runners.values():
+            if runner.next_local is None:  # the stages on either side, on this rank or not: a fact of placement
+                runner.next_local = not runner.is_last and self._local(runner.stage + 1, runner.chain)
+                runner.previous_local = not runner.is_first and self._local(runner.stage - 1, runner.chain)
 
     # -- the actions a generated rank function calls -------------------------------
 
@@ -211,6 +216,11 @@ class RankContext:
     def reduce_grad(self, stage: int, chain: int = 0) -> None:
         """The stage's gradients are complete on this rank (every replica of it here: REDUCE_GRAD
         names a stage, not a chain). They are summed across chains and scaled after the program."""
+        if self._direct:  # no custom function, observer or sharded stage
+            if self.training:  # what ``run_default`` does, without the ``StageAction`` only a custom function sees
+                self._reduce_grad(stage)
+                self.data_parallel.reduce(stage)
+            return
         self.issue(StageAction("REDUCE_GRAD", stage))
 
     def unshard(self, stage: int, chain: int = 0) -> None:
@@ -273,20 +283,17 @@ class RankContext:
         them. Only on a transport whose every op progresses on its own (gloo's)."""
         if not self.transport.reconnectable:
             return
-        if not self.training:
-            receives = tuple(c for c in receives if c.kind in FORWARD_COMMS)
-        early = early_receives(receives, lambda comm: self.caches.peer(comm, self.info), self.caches.has_buffers)
-        if not early:
+        plan = self.caches.early_plan(receives, self.info, self.training)
+        if not plan:
             return
-        comms = tuple(map(Action._make, early))
+        comms = tuple(comm for comm, _ in plan)
         for observer in self.observers:
             observer.begin_post(comms)
-        for comm in comms:
-            tensors = self.caches.buffers(comm, self.transport.device)
-            peer = self.caches.peer(comm, self.info)
-            posted = self.transport.post([Transfer(False, t, peer) for t in tensors], GroupLabel((comm,)))
-            self._pending[comm] = (posted, tensors)
-        self._early = set(comms)
+        post, device, pending = self.transport.post, self.transport.device, self._pending
+        for comm, peer in plan:
+            tensors = self.caches.buffers(comm, device)
+            pending[comm] = (post([Transfer(False, t, peer) for t in tensors], GroupLabel((comm,))), tensors)
+        self._early = self.caches.early_set(self.training)
         for observer in self.observers:
             observer.end_post(comms)
 
@@ -360,39 +367,63 @@ class RankContext:
             self.saved.lane.wait_offload(key)
 
     def _forward(self, stage: int, mb: int, chain: int) -> None:
-        if self._offload_waits:
-            self._wait_offload(stage, "F", mb, chain)
         runner = self.runners.get((stage, chain)) or self.runner(stage, chain)
-        args, kwargs = self._forward_input(stage, mb, chain)
-        own = self.stage_inputs.get(stage)
-        if own is not None:
-            kwargs = {**kwargs, **own[mb]}
-        target = self.targets[mb] if runner.is_last and self.targets else None
-        if self.rng is not None:
-            with self.rng.forward(stage, mb):  # a recompute's checkpoint keeps the state seeded here
-                output = self._run_forward(runner, mb, args, target, kwargs)
+        wants = None  # which inputs want a gradient (None: every floating-point one)
+        if stage == 0:
+            args, kwargs = self._batch_input(mb)
         else:
-            output = self._run_forward(runner, mb, args, target, kwargs)
-        if self.training:
-            self.activations.record(ActionKind.F, (stage, mb, chain) in self.saved.recomputed)
+            args, wants = self._input(stage, chain, mb)
+            kwargs = {}
+        if self.stage_inputs:
+            own = self.stage_inputs.get(stage)
+            if own is not None:
+                kwargs = {**kwargs, **own[mb]}
+        target = self.targets[mb] if runner.is_last and self.targets else None
+        if self._plain:  # the common case: straight to the stage
+            output = runner.forward(mb, args, target, self.training, kwargs, wants)
+            if self.training:
+                self.activations.record(ActionKind.F)
+        else:
+            if self.rng is not None:
+                with self.rng.forward(stage, mb):  # a recompute's checkpoint keeps the state seeded here
+                    output = self._run_forward(runner, mb, args, target, kwargs, wants)
+            else:
+                output = self._run_forward(runner, mb, args, target, kwargs, wants)
+            if self.training:
+                self.activations.record(ActionKind.F, (stage, mb, chain) in self.saved.recomputed)
         if runner.is_last:
             return
-        if self._local(stage + 1, chain):
+        if runner.next_local:
             self._handed[Action(stage + 1, RECV_F, mb, chain)] = as_tuple(output)
         else:
             self._outbox[Action(stage, SEND_F, mb, chain)] = _sendable(output, runner.name)
 
-    def _run_forward(self, runner: StageRunner, mb: int, args: tuple, target: Any, kwargs: dict) -> Any:
-        if self.saved.active:
+    def _run_forward(self, runner: StageRunner, mb: int, args: tuple, target: Any, kwargs: dict,
+                     wants: tuple[bool, ...] | None) -> Any:
+        if self.saved.active:  # recompute and offload keep the inputs as they come (every float input leafed)
             return self.saved.forward(runner, mb, args, target, self.training, kwargs)
-        return runner.forward(mb, args, target, self.training, kwargs)
+        return runner.forward(mb, args, target, self.training, kwargs, wants)
+
+    def _input(self, stage: int, chain: int, mb: int) -> tuple[tuple, tuple[bool, ...] | None]:
+        """A later stage's input and which of its tensors want a gradient: from the stage before on this rank,
+        those that carry one; from a peer, those its producer made with one (learned with the shapes)."""
+        key = Action(stage, RECV_F, mb, chain)
+        handed = self._handed.pop(key, None)
+        if handed is not None:
+            return handed, tuple([isinstance(t, torch.Tensor) and t.requires_grad for t in handed])
+        return self._take(RECV_F, stage, chain, mb), self.caches.wants_grad.get(key)
 
     def _backward(self, stage: int, mb: int, chain: int) -> None:
-        self.saved.wait((stage, mb, chain))
+        plain = self._plain
+        if not plain:
+            self.saved.wait((stage, mb, chain))
         runner = self.runners.get((stage, chain)) or self.runner(stage, chain)
-        self._hand_back(runner, runner.backward(mb, self._output_grads(runner, mb)), mb)
-        self.activations.backward()
-        if self.saved.tracked:
+        grads = None if runner.is_last else self._take(RECV_B, stage, chain, mb)
+        input_grads = runner.backward(mb, grads)
+        if not runner.is_first:
+            self._hand_back(runner, input_grads, mb)
+        self.activations.record(ActionKind.B)
+        if not plain and self.saved.tracked:
             self.saved.backward_done((stage, mb, chain))
 
     def _backward_input(self, stage: int, mb: int, chain: int) -> None:
@@ -432,8 +463,10 @@ class RankContext:
         replicas = [r for (s, _), r in self.runners.items() if s == stage]
         if not replicas:
             raise PipelineError(f"rank {self.rank} holds no replica of stage {stage}")
+        if not self.training or not any(r.states for r in replicas):
+            return
         pending = sorted(m for r in replicas for m in r.states)
-        if self.training and pending:
+        if pending:
             raise PipelineError(f"rank {self.rank}: REDUCE_GRAD of stage {stage} with backward still pending "
                                 f"for microbatches {pending}")
 
@@ -488,6 +521,7 @@ class RankContext:
 
     def begin_program(self) -> None:
         """The rank's program starts now (its end is ``finish``'s)."""
+        self._plain = self.rng is None and not self.saved.active
         for observer in self.observers:
             observer.begin_program()
 
@@ -517,12 +551,10 @@ class RankContext:
     def _local(self, stage: int, chain: int) -> bool:
         return self.info.rank_of(stage, chain) == self.rank
 
-    def _forward_input(self, stage: int, mb: int, chain: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        if stage == 0:
-            if not self.inputs:
-                raise PipelineError(f"rank {self.rank} holds stage 0 and needs the batch: pass inputs to step()")
-            return self.inputs[mb]
-        return self._take(RECV_F, stage, chain, mb), {}
+    def _batch_input(self, mb: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        if not self.inputs:
+            raise PipelineError(f"rank {self.rank} holds stage 0 and needs the batch: pass inputs to step()")
+        return self.inputs[mb]
 
     def _output_grads(self, runner: StageRunner, mb: int) -> tuple | None:
         if runner.is_last:
@@ -552,7 +584,7 @@ class RankContext:
     def _hand_back(self, runner: StageRunner, input_grads: tuple, mb: int) -> None:
         if runner.is_first:
             return
-        if self._local(runner.stage - 1, runner.chain):
+        if runner.previous_local:
             self._handed[Action(runner.stage - 1, RECV_B, mb, runner.chain)] = input_grads
         else:
             self._outbox[Action(runner.stage, SEND_B, mb, runner.chain)] = input_grads
@@ -568,7 +600,9 @@ class RankContext:
         if comm.kind == SEND_B:
             tensors = self.caches.gradients_to_send(comm, tensors, self.transport.device)
             return [Transfer(True, t, peer) for t in tensors]
-        header = self.caches.header_to_send(comm, tensors, self.rank, self.transport.device)
+        carried = tuple([t.requires_grad for t in tensors]) if self.training else None
+        tensors = tuple([t.detach().contiguous() for t in tensors])
+        header = self.caches.header_to_send(comm, tensors, self.rank, self.transport.device, carried)
         first = [Transfer(True, header, peer)] if header is not None else []
         return first + [Transfer(True, t, peer) for t in tensors]
 
@@ -620,6 +654,10 @@ class ShapeCache:
         self._received: dict[tuple, tuple[TensorMeta, ...]] = {}
         self._buffers: dict[tuple, tuple[torch.Tensor, ...]] = {}
         self._peers: dict[Comm, int] = {}
+        # a received activation's tensors that want a gradient, where some do not (the rest: every float)
+        self.wants_grad: dict[tuple, tuple[bool, ...]] = {}
+        self._zeros: dict[TensorMeta, torch.Tensor] = {}  # the gradients of inputs that got none, sent as zeros
+        self._early: dict[bool, tuple] = {}  # per mode: (version, receives, plan, its set) (``early_plan``)
 
     def peer(self, comm: Comm, info: ScheduleInfo) -> int:
         peer = self._peers.get(comm)
@@ -629,6 +667,24 @@ class ShapeCache:
 
     def known(self, key: tuple) -> bool:
         return key in self._received
+
+    def early_plan(self, receives: tuple[Comm, ...], info: ScheduleInfo,
+                   training: bool) -> tuple[tuple[Comm, int], ...]:
+        """The receives ``semantics.early_receives`` lets go ahead of the program, with their peers: worked
+        out again only when a shape or a buffer was learned since (keys are only ever added)."""
+        version = (len(self._received), len(self._buffers))
+        cached = self._early.get(training)
+        if cached is not None and cached[0] == version and cached[1] is receives:
+            return cached[2]
+        wanted = receives if training else tuple(c for c in receives if c.kind in FORWARD_COMMS)
+        early = early_receives(wanted, lambda comm: self.peer(comm, info), self.has_buffers)
+        plan = tuple((Action._make(comm), self.peer(comm, info)) for comm in early)
+        self._early[training] = (version, receives, plan, frozenset(comm for comm, _ in plan))
+        return plan
+
+    def early_set(self, training: bool) -> frozenset:
+        """The receives of the last ``early_plan`` of this mode, as a set."""
+        return self._early[training][3]
 
     def has_buffers(self, comm: Comm) -> bool:
         """A buffer for ``comm``'s data is known (its shapes learned, or a gradient's buffer made on a step before)."""
@@ -640,14 +696,18 @@ class ShapeCache:
 
     def learn(self, key: tuple, metas: tuple[TensorMeta, ...]) -> None:
         self._received[key] = metas
+        if not all(m.requires_grad for m in metas):
+            self.wants_grad[key] = tuple(m.requires_grad for m in metas)
 
     def header_to_send(self, key: tuple, tensors: tuple[torch.Tensor, ...], rank: int,
-                       device: torch.device) -> torch.Tensor | None:
+                       device: torch.device, carried: tuple[bool, ...] | None = None) -> torch.Tensor | None:
         """The shapes header of an activation sent for the first time (``None`` later, when the
-        activation is checked against the shapes sent then)."""
+        activation is checked against the shapes sent then). ``carried``: which tensors carry a gradient
+        (a training step's; ``None``, an eval's: announced as all wanting one, which is never wrong)."""
         announced = self._sent.get(key)
         if announced is None:
-            metas = self._sent[key] = tuple(TensorMeta.of(t) for t in tensors)
+            flags = carried if carried is not None else (True,) * len(tensors)
+            metas = self._sent[key] = tuple(TensorMeta.of(t, flag) for t, flag in zip(tensors, flags))
             return encode_header(metas, device)
         if len(announced) != len(tensors) or any(
                 t.shape != m.shape or t.dtype != m.dtype for t, m in zip(tensors, announced)):
@@ -657,6 +717,13 @@ class ShapeCache:
                 f"rank {rank}: the output of stage {stage} microbatch {mb} changed shape since the first step "
                 f"({_shapes(announced)} then {_shapes(metas)}); a pipeline keeps one shape per microbatch"
             )
+        if carried is not None and any(now and not m.requires_grad for now, m in zip(carried, announced)):
+            index = next(i for i, (now, m) in enumerate(zip(carried, announced)) if now and not m.requires_grad)
+            raise PipelineError(
+                f"rank {rank}: tensor {index} of the output of stage {key.stage} microbatch {key.microbatch} "
+                "carries a gradient now and did not at the first step, so the next stage would compute none for "
+                "it; a pipeline keeps which of an activation's tensors carry gradients as it keeps their shapes "
+                "(the next step learns both anew)")
         return None
 
     def buffers(self, key: tuple, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -680,17 +747,25 @@ class ShapeCache:
         if metas is None:
             raise PipelineError(f"stage {stage} sends a gradient for microbatch {mb} it never received")
         floats = [m for m in metas if m.dtype.is_floating_point]
-        return tuple(g.contiguous() if g is not None else torch.zeros(m.shape, dtype=m.dtype, device=device)
-                     for g, m in zip(grads, floats))
+        return tuple(g.contiguous() if g is not None else self._zeros_like(m, device) for g, m in zip(grads, floats))
+
+    def _zeros_like(self, meta: TensorMeta, device: torch.device) -> torch.Tensor:
+        """Zeros of ``meta``'s shape, made once (only ever sent: nothing writes them)."""
+        zeros = self._zeros.get(meta)
+        if zeros is None:
+            zeros = self._zeros[meta] = torch.zeros(meta.shape, dtype=meta.dtype, device=device)
+        return zeros
 
 
 def _sendable(output: Any, stage_name: str) -> tuple[torch.Tensor, ...]:
+    """The output's tensors, as the stage made them (detached when sent, which reads whether each carries
+    a gradient)."""
     tensors = as_tuple(output)
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         kinds = ", ".join(type(t).__name__ for t in tensors)
         raise PipelineError(f"{stage_name} returned ({kinds}); an activation sent to another rank must be "
                             "a tensor or a tuple of tensors")
-    return tuple(t.detach().contiguous() for t in tensors)
+    return tensors
 
 
 def _shapes(metas: tuple[TensorMeta, ...]) -> str:

@@ -10,13 +10,17 @@ summed gradient, bit for bit, FSDP shards shard by shard. How: ``docs/runtime-in
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from pipeforge.runtime.p2p import PipelineUsageError, TensorMeta, Transfer, Transport, decode_header, encode_header, \
     empty_header
+
+if TYPE_CHECKING:
+    from pipeforge.runtime.context import ScheduleInfo
 
 
 def distinct_parameters(modules: Iterable[torch.nn.Module]) -> list[torch.nn.Parameter]:
@@ -104,7 +108,7 @@ class TiedParameters:
     groups: tuple[tuple[TiedEntry, ...], ...] = ()
 
     @staticmethod
-    def parse(value, stages: int, rank: int) -> TiedParameters:
+    def parse(value: object, stages: int, rank: int) -> TiedParameters:
         """``tied_parameters`` as given to ``make_pipeline``, checked (errors name the group and entry)."""
         if value is None:
             return TiedParameters()
@@ -115,14 +119,14 @@ class TiedParameters:
         return TiedParameters(tuple(_parse_group(group, index, stages, rank) for index, group in enumerate(value)))
 
     @staticmethod
-    def holders(group: tuple[TiedEntry, ...], info) -> list[int]:
+    def holders(group: tuple[TiedEntry, ...], info: ScheduleInfo) -> list[int]:
         """Every rank holding a replica (in any chain) of a stage of ``group``."""
         stages = {stage for stage, _ in group}
         return [rank for rank in range(info.ranks) if any(s in stages for s, _ in info.held(rank))]
 
     @staticmethod
     def local(group: tuple[TiedEntry, ...], modules: Mapping[int, torch.nn.Module], rank: int,
-              only=lambda stage: True) -> list[torch.nn.Parameter]:
+              only: Callable[[int], bool] = lambda stage: True) -> list[torch.nn.Parameter]:
         """This rank's distinct parameters of ``group`` (one parameter held by two stages counts once)."""
         found: dict[int, torch.nn.Parameter] = {}
         for stage, name in group:
@@ -131,7 +135,7 @@ class TiedParameters:
                 found.setdefault(id(param), param)
         return list(found.values())
 
-    def check_equal(self, transport: Transport, modules: Mapping[int, torch.nn.Module], info) -> None:
+    def check_equal(self, transport: Transport, modules: Mapping[int, torch.nn.Module], info: ScheduleInfo) -> None:
         """Every copy of a tied parameter starts with the same value (on one rank and across ranks).
 
         A rank that finds a problem of its own (a name its stage lacks, copies that differ on it) still
@@ -159,7 +163,8 @@ class TiedParameters:
             if problem is not None:
                 raise problem
 
-    def sum_gradients(self, transport: Transport, modules: Mapping[int, torch.nn.Module], info) -> None:
+    def sum_gradients(self, transport: Transport, modules: Mapping[int, torch.nn.Module],
+                      info: ScheduleInfo) -> None:
         """Every copy of each tied parameter ends with the group's summed gradient (same bits on every rank).
 
         Each stage's gradient counts once: the rank running its chain-0 replica contributes it (after
@@ -213,7 +218,7 @@ def _sum(tensors: list[torch.Tensor]) -> torch.Tensor:
     return total
 
 
-def _parse_group(group, index: int, stages: int, rank: int) -> tuple[TiedEntry, ...]:
+def _parse_group(group: object, index: int, stages: int, rank: int) -> tuple[TiedEntry, ...]:
     where = f"rank {rank}: tied_parameters group {index}"
     if isinstance(group, (str, bytes)) or not isinstance(group, Iterable):
         raise PipelineUsageError(f"{where} must be a list of (stage, parameter name) pairs; got {group!r}")

@@ -47,22 +47,28 @@ class PipelineUsageError(PipelineError, ValueError):
 class TensorMeta:
     shape: tuple[int, ...]
     dtype: torch.dtype
+    requires_grad: bool = True  # an activation's: whether the receiving stage wants its gradient
 
     @staticmethod
-    def of(tensor: torch.Tensor) -> TensorMeta:
-        return TensorMeta(tuple(tensor.shape), tensor.dtype)
+    def of(tensor: torch.Tensor, requires_grad: bool = True) -> TensorMeta:
+        return TensorMeta(tuple(tensor.shape), tensor.dtype, requires_grad)
 
     def empty(self, device: torch.device) -> torch.Tensor:
         return torch.empty(self.shape, dtype=self.dtype, device=device)
 
 
+NO_GRAD = 1 << 16  # added to a tensor's dtype code in a header: the sender produced it without a gradient
+
+
 def encode_header(metas: Sequence[TensorMeta], device: torch.device) -> torch.Tensor:
-    """The shapes and dtypes of an activation as a fixed-length int64 tensor."""
+    """The shapes and dtypes of an activation (and which of its tensors need no gradient) as a fixed-length
+    int64 tensor."""
     words = [len(metas)]
     for meta in metas:
         if meta.dtype not in DTYPES:
             raise PipelineError(f"activations of dtype {meta.dtype} cannot be sent (supported: {DTYPES})")
-        words += [DTYPES.index(meta.dtype), len(meta.shape), *meta.shape]
+        code = DTYPES.index(meta.dtype) + (0 if meta.requires_grad else NO_GRAD)
+        words += [code, len(meta.shape), *meta.shape]
     if len(words) > HEADER_LENGTH:
         raise PipelineError(f"an activation of {len(metas)} tensors is too large to describe in {HEADER_LENGTH} words")
     words += [0] * (HEADER_LENGTH - len(words))
@@ -76,14 +82,15 @@ def decode_header(header: torch.Tensor) -> tuple[TensorMeta, ...]:
     if not 0 <= count < HEADER_LENGTH:
         raise PipelineError(f"a shapes header announces {count} tensors: not a header pipeforge wrote")
     for _ in range(count):
-        if position + 2 > len(words) or not 0 <= words[position] < len(DTYPES) or words[position + 1] < 0 \
-                or position + 2 + words[position + 1] > len(words):
+        code = words[position] % NO_GRAD if position < len(words) and words[position] >= 0 else -1
+        if position + 2 > len(words) or not 0 <= code < len(DTYPES) or words[position] >= 2 * NO_GRAD \
+                or words[position + 1] < 0 or position + 2 + words[position + 1] > len(words):
             raise PipelineError(f"a shapes header is malformed at word {position}: not a header pipeforge wrote")
-        dtype, ndim = DTYPES[words[position]], words[position + 1]
+        dtype, ndim = DTYPES[code], words[position + 1]
         shape = tuple(words[position + 2: position + 2 + ndim])
         if any(size < 0 for size in shape):
             raise PipelineError(f"a shapes header gives the negative shape {list(shape)}: not a header pipeforge wrote")
-        metas.append(TensorMeta(shape, dtype))
+        metas.append(TensorMeta(shape, dtype, words[position] < NO_GRAD))
         position += 2 + ndim
     return tuple(metas)
 
@@ -115,6 +122,9 @@ class Posted:
     function may wait on one batch (gloo consumes one completion per wait, so a
     second concurrent wait on a receive would never return).
     """
+
+    __slots__ = ("_receives", "_sends", "_transfers", "_arrivals", "label", "_rank", "_timeout", "received", "done",
+                 "_lock")
 
     def __init__(self, works: list, transfers: list[Transfer], label: object, rank: int, timeout: timedelta | None,
                  arrivals: list[tuple[torch.Tensor, torch.Tensor]] = ()):

@@ -321,13 +321,14 @@ class Pipeline:
             return []
         if not args and not kwargs:
             raise PipelineUsageError(f"rank {self.rank} holds stage 0: pass the batch to step()/eval()")
-        clash = sorted(set(kwargs) & set((stage0_inputs or [{}])[0]))
+        clash = sorted(set(kwargs) & set(stage0_inputs[0])) if kwargs and stage0_inputs else ()
         if clash:
             raise PipelineUsageError(f"{where}: keyword(s) {clash} given both as the batch and as per-stage inputs "
                                      "of stage 0")
         device = self.transport.device
         if not kwargs and all(type(a) is torch.Tensor for a in args):  # plain tensors: _metas's answer at once
-            args = tuple(a if a.device == device else a.to(device) for a in args)
+            if device.type != "cpu" or not all(a.is_cpu for a in args):
+                args = tuple(a if a.device == device else a.to(device) for a in args)
             shapes = tuple((a.shape, a.dtype) for a in args)
         else:
             args, kwargs = to_device(args, device), to_device(kwargs, device)
@@ -341,6 +342,8 @@ class Pipeline:
 
     def _stage_inputs(self, shared: Any, per_stage: Any) -> dict[int, list[dict]]:
         """For every stage this rank holds, its keyword inputs per microbatch (shared and its own)."""
+        if shared is None and per_stage is None:
+            return {}
         shared = _keywords(shared, f"rank {self.rank}: shared_kwargs")
         per_stage = self._per_stage(per_stage)
         inputs = {}
@@ -373,20 +376,28 @@ class Pipeline:
     # -- results ---------------------------------------------------------------------
 
     def _results(self, ctx: RankContext, losses: list | None, return_outputs: bool) -> Any:
-        last = [r for r in self.runners.values() if r.is_last]
+        last = self._last_runners
         if not last:
             return None
-        if losses is not None:
+        if len(last) == 1:  # one last stage on this rank (every schedule but a bidirectional one's)
+            found, outputs = last[0].losses, last[0].outputs
+        else:
             found = {mb: loss for r in last for mb, loss in r.losses.items()}
+            outputs = {mb: out for r in last for mb, out in r.outputs.items()}
+        if losses is not None:
             losses.clear()
             losses.extend(found.get(mb) for mb in range(self.info.microbatches))
-        outputs = {mb: out for r in last for mb, out in r.outputs.items()}
+        chunks = [outputs[mb] for mb in sorted(outputs)] if return_outputs else None
         for runner in last:
-            runner.outputs.clear()
-            runner.losses.clear()
+            runner.outputs = {}
+            runner.losses = {}
         if not return_outputs:
             return None
-        return merge_chunks([outputs[mb] for mb in sorted(outputs)])
+        return merge_chunks(chunks)
+
+    @cached_property
+    def _last_runners(self) -> list[StageRunner]:
+        return [r for r in self.runners.values() if r.is_last]
 
     # -- gradients -------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from typing import Any
 from pipeforge.runtime.p2p import PipelineError
 
 
-class RankModules(Mapping):
+class RankModules(Mapping[int, Callable[[Any], None]]):
     """rank -> the function ``rank_<rank>`` of ``<folder>/rank_<rank>.py`` beside ``main_file``, imported
     on first use and kept."""
 
@@ -56,4 +56,5 @@ class RankModules(Mapping):
         except BaseException:
             sys.modules.pop(name, None)
             raise
-        return getattr(module, f"rank_{rank}")
+        function: Callable[[Any], None] = getattr(module, f"rank_{rank}")  # (generated: rank_<r>(ctx))
+        return function

@@ -97,20 +97,26 @@ class StageRunner:
     outputs: dict[int, Any] = field(default_factory=dict)
     split: SplitBackward = field(default_factory=SplitBackward)  # what I keeps between microbatches
     rank: int | None = None  # named in errors
+    next_local: bool | None = None  # the next stage runs on this rank too (set by the rank context once)
+    previous_local: bool | None = None  # the previous stage runs on this rank too
 
     @property
     def name(self) -> str:
         return f"stage {self.stage}" + (f" (chain {self.chain})" if self.chain else "")
 
     def forward(self, mb: int, args: tuple[Any, ...], target: Any, training: bool,
-                kwargs: dict[str, Any] | None = None) -> Any:
+                kwargs: dict[str, Any] | None = None, wants_grad: tuple[bool, ...] | None = None) -> Any:
         """Run the module on one microbatch: ``args`` from the previous stage (or the batch), ``kwargs``
-        this stage's own inputs (the batch's keywords on stage 0, per-stage inputs on every stage)."""
+        this stage's own inputs (the batch's keywords on stage 0, per-stage inputs on every stage).
+        ``wants_grad``: which of a later stage's ``args`` want a gradient (``None``: every floating-point one)."""
         if torch.is_grad_enabled() != training:  # the pipeline runs its program in the right mode already
             with torch.set_grad_enabled(training):
-                return self.forward(mb, args, target, training, kwargs)
+                return self.forward(mb, args, target, training, kwargs, wants_grad)
         if not self.is_first:
-            args = tuple([_as_leaf(a, training) for a in args])
+            if wants_grad is None:
+                args = tuple([_as_leaf(a, training) for a in args])
+            else:
+                args = tuple([_as_leaf(a, training and wants) for a, wants in zip(args, wants_grad)])
         try:
             result = self.module(*args, **kwargs) if kwargs else self.module(*args)
             output, aux = unwrap_aux(result, self.name) if isinstance(result, WithAuxLoss) else (result, None)
@@ -128,6 +134,9 @@ class StageRunner:
             aux = aux if _has_graph(aux) else None
             if self.is_last:
                 roots = (loss if aux is None else loss + aux,)
+            elif type(output) is torch.Tensor:  # one tensor (most stages): as the general rule below has it
+                roots = (output,) if output.requires_grad and output.is_floating_point() else ()
+                roots += (aux,) if aux is not None else ()
             else:
                 roots = tuple(t for t in as_tuple(output) if _is_float(t) and _has_graph(t))
                 roots += (aux,) if aux is not None else ()
@@ -153,7 +162,15 @@ class StageRunner:
         if self.is_last:
             state.root_grads = (None,)  # the scalar loss: gradient one
             return state
-        floats = [t for t in as_tuple(state.output) if _is_float(t)]
+        output = state.output
+        if type(output) is torch.Tensor and state.aux is None:  # one tensor: as the general rule below has it
+            if not (output.requires_grad and output.is_floating_point()):
+                state.root_grads = ()
+            else:
+                grad = grads[0] if grads else None
+                state.root_grads = (grad if grad is not None else torch.zeros_like(output),)
+            return state
+        floats = [t for t in as_tuple(output) if _is_float(t)]
         grads = tuple(grads or ())
         # an output no later stage used gets a zero gradient
         state.root_grads = tuple(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pipeforge.errors import UsageError
 from pipeforge.files import JsonError, read_json
-from pipeforge.ir import ActionKind, CostModel, MemorySpec, StepOverhead, cost_problem
+from pipeforge.ir import ActionKind, CostModel, MemorySpec, Schedule, StepOverhead, cost_problem
 from pipeforge.semantics import DURATION_DEFAULTS, compute_kind_names
 
 _DURATIONS = compute_kind_names()  # one duration a compute kind (semantics)
@@ -102,7 +102,7 @@ def cost_file_from_json(data: object, name: str = "<costs>") -> StageCosts:
     costs = CostModel(**{kind: first[kind] + dispatch for kind in _REQUIRED}, comm=comm,
                       per_stage=per_stage, links=links, overhead=overhead)
     activation, weight_grad, unit = _memory(entries, name)
-    checkpoint = ()
+    checkpoint: tuple[float, ...] = ()
     if any("checkpoint" in e for e in entries):
         s = next((i for i, e in enumerate(entries) if "checkpoint" not in e or "activation" not in e), None)
         if s is not None:
@@ -112,6 +112,7 @@ def cost_file_from_json(data: object, name: str = "<costs>") -> StageCosts:
         if bad is not None:
             raise CostFileError(name, f"$.stages[{bad}].checkpoint", "is more than the stage's activation; it is "
                                 "what a recomputed forward keeps of it")
+        assert unit is not None, "every stage gives its activation (checked above): _memory found a unit"
         checkpoint = tuple(e["checkpoint"] / unit for e in entries)
     return StageCosts(costs, activation, weight_grad, units, unit, checkpoint)
 
@@ -160,7 +161,8 @@ def _chain_sum(values: object, stages: int, name: str) -> tuple[float, ...]:
     return tuple(_number(value, f"$.chain_sum[{i}]", name, positive=False) for i, value in enumerate(values))
 
 
-def _memory(entries: list[dict[str, float]], name: str):
+def _memory(entries: list[dict[str, float]], name: str
+            ) -> tuple[tuple[float, ...], tuple[float, ...], float | None]:
     given = [("activation" in e) for e in entries]
     if any(given) and not all(given):
         s = given.index(False)
@@ -184,7 +186,7 @@ def _memory(entries: list[dict[str, float]], name: str):
 
 def cost_file_json(stage_times: list[dict[str, float]], links: list[float], units: str = "ms",
                    step: float | None = None, chain_sum: list[float] | None = None,
-                   dispatch: float | None = None) -> dict:
+                   dispatch: float | None = None) -> dict[str, object]:
     """A cost file's JSON object from measured values (what ``pipeforge profile`` writes)."""
     data: dict[str, object] = {"units": units, "stages": stage_times, "links": links}
     if dispatch is not None:
@@ -196,7 +198,7 @@ def cost_file_json(stage_times: list[dict[str, float]], links: list[float], unit
     return data
 
 
-def with_cost_file(schedule, path: str | Path | None):
+def with_cost_file(schedule: Schedule, path: str | Path | None) -> Schedule:
     """``schedule`` with the cost file's durations, links and per-stage memory (itself when ``path`` is None)."""
     from dataclasses import replace
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import marshal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -13,7 +14,9 @@ import pytest
 
 from pipeforge import bytecode, load
 from pipeforge.bytecode import CompileError, Compiling
+from pipeforge.errors import VerificationError
 from pipeforge.generator import codegen, rank_folder
+from pipeforge.ir import Placement, Schedule, programs_from_tokens
 
 
 def sources(count: int, lines: int) -> list[tuple[str, str]]:
@@ -36,9 +39,10 @@ def test_workers_give_the_code_compiled_here(parallel):
         assert marshal.loads(code).co_filename == filename
 
 
-@pytest.mark.parametrize("jobs", [1, 2])
-def test_sources_given_one_by_one_are_named_at_the_end(parallel, jobs):
+@pytest.mark.parametrize("jobs, named_early", [(1, False), (2, False), (1, True)])
+def test_sources_given_one_by_one_are_named_later(parallel, jobs, named_early):
     given = sources(6, 200)
+    names = [filename for filename, _ in given]
     with Compiling(jobs=jobs) as compiling:
         for _, text in given:
             compiling.add(text)
@@ -48,7 +52,12 @@ def test_sources_given_one_by_one_are_named_at_the_end(parallel, jobs):
         while not claimed.exists() and time.monotonic() < deadline:  # a worker has taken one at least
             time.sleep(0.01)
         assert claimed.exists()
-        codes = compiling.codes([filename for filename, _ in given])
+        if named_early:  # as codegen does: named once rendered, codes asked for after verifying
+            compiling.name(names)
+            time.sleep(0.2)
+            codes = compiling.codes()
+        else:
+            codes = compiling.codes(names)
     for (filename, text), code in zip(given, codes, strict=True):
         loaded = marshal.loads(code)
         assert loaded == compile(text, filename, "exec", dont_inherit=True)
@@ -107,3 +116,23 @@ def test_codegen_writes_the_bytecode_python_imports(tmp_path, parallel, monkeypa
                                                    dont_inherit=True)
         stat = source.stat()  # what the importer checks before it takes the cache (else it compiles again)
         assert data[4:16] == bytes(4) + int(stat.st_mtime).to_bytes(4, "little") + stat.st_size.to_bytes(4, "little")
+
+
+def test_a_schedule_that_does_not_verify_stops_the_workers_and_leaves_nothing(tmp_path, parallel, monkeypatch):
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))  # the workers' folder goes here
+    rows = [["0F0", "0B0"], ["1B0", "1F0"]]  # rank 1 runs B before F of microbatch 0: an order violation
+    schedule = Schedule("broken", 2, 2, 1, (Placement.loop(2, 2),), programs_from_tokens(rows))
+    started = []
+    start = Compiling.started
+
+    def noted(self):
+        started.append(start(self))
+        return started[-1]
+
+    monkeypatch.setattr(Compiling, "started", noted)
+    with pytest.raises(VerificationError):
+        codegen(schedule, tmp_path / "out", jobs=1)
+    assert len(started) == 1 and started[0][0].poll() is not None  # the worker was started, and is gone
+    assert list(temporary.iterdir()) == [] and not (tmp_path / "out").exists()

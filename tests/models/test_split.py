@@ -105,7 +105,8 @@ class AddsPositions(families.LayerList):
     """A layer-list model whose forward does more than apply its children in order."""
 
     def forward(self, x):
-        h = self.embed(x) + 1.0
+        h = self.embed(x)
+        h = h + torch.arange(h.shape[-1], dtype=h.dtype)  # along the features: the blocks' LayerNorm keeps it
         for block in self.blocks:
             h = block(h)
         return self.head(h)

@@ -1,0 +1,116 @@
+"""A received tensor wants a gradient only where its producer made it with one (learned with its shapes).
+
+Stage 0 sends stage 1 its hidden state and a table made without a gradient (as
+rotary tables ride along); stage 1 gets the table as a tensor that needs no
+gradient (before: every float tensor received did) and training equals the
+unpipelined model in float64. When the table starts carrying a gradient (its
+scale made a parameter), the step says so instead of losing that gradient, and
+the next step learns it anew and trains it (gloo on 127.0.0.1, 2 ranks).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pipeforge
+from pipeforge.generator import codegen
+from pipeforge.tools.launch import spawn
+from tests.load import scaled
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
+
+WAIT = scaled(20.0)
+ROWS, WIDTH, MICROBATCHES = 8, 4, 4
+
+
+class Head(torch.nn.Module):
+    """A linear layer, sending on a table of its scale: a buffer (no gradient) or, once ``learn()``, a parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(WIDTH, WIDTH)
+        self.register_buffer("fixed", torch.tensor(0.5))
+        self.scale: torch.nn.Parameter | None = None
+
+    def learn(self) -> None:
+        self.scale = torch.nn.Parameter(self.fixed.clone())
+
+    def forward(self, x):
+        h = self.linear(x)
+        return h, torch.ones_like(h.detach()) * (self.fixed if self.scale is None else self.scale)
+
+
+class Tail(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(WIDTH, WIDTH)
+        self.seen: list[tuple[bool, bool]] = []  # (hidden, table) requires_grad per forward
+
+    def forward(self, h, table):
+        self.seen.append((h.requires_grad, table.requires_grad))
+        return torch.tanh(self.linear(h)) * table
+
+
+def loss_fn(output, target):
+    return torch.nn.functional.mse_loss(output, target)
+
+
+def reference(head: Head, tail: Tail, x, y) -> list[torch.Tensor]:
+    """The unpipelined gradients of one step: the microbatches' mean loss."""
+    for module in (head, tail):
+        module.zero_grad(set_to_none=True)
+    total = sum(loss_fn(tail(*head(xm)), ym) for xm, ym in zip(x.tensor_split(MICROBATCHES),
+                                                            y.tensor_split(MICROBATCHES)))
+    (total / MICROBATCHES).backward()
+    return [p.grad.clone() for m in (head, tail) for p in m.parameters()]
+
+
+def three_steps(rank: int, nproc: int, job: dict) -> dict:
+    import copy
+
+    from pipeforge.runtime import PipelineError
+    from pipeforge.tools.generated import load_module
+
+    torch.set_default_dtype(torch.float64)
+    torch.manual_seed(0)
+    head, tail = Head(), Tail()
+    mine = copy.deepcopy(head if rank == 0 else tail)
+    generated = load_module(job["path"])
+    pipe = generated.make_pipeline({rank: mine}, loss_fn=loss_fn, timeout=job["wait"])
+    x, y = torch.randn(ROWS, WIDTH), torch.randn(ROWS, WIDTH)
+    report: dict = {"errors": [], "diffs": []}
+    for index in range(3):
+        if index == 1:  # the table carries a gradient from now on, on both sides of the comparison
+            head.learn()
+            if rank == 0:
+                mine.learn()
+        mine.zero_grad(set_to_none=True)
+        try:
+            pipe.step(*((x,) if rank == 0 else ()), target=y if rank == 1 else None)
+            report["errors"].append("")
+        except PipelineError as error:
+            report["errors"].append(str(error))
+            continue
+        expected = reference(head, tail, x, y)
+        ours = [p.grad for p in mine.parameters()]
+        theirs = expected[:len(ours)] if rank == 0 else expected[-len(ours):]
+        report["diffs"].append(max((a - b).abs().max().item() for a, b in zip(ours, theirs)))
+    report["seen"] = mine.seen if rank == 1 else []
+    return report
+
+
+def test_a_table_sent_without_a_gradient_is_received_without_one(tmp_path):
+    path = str(codegen(pipeforge.load("1f1b", defines={"P": 2, "M": MICROBATCHES}), tmp_path / "gen.py"))
+    outcomes = spawn(three_steps, 2, {"path": path, "wait": WAIT}, timeout=WAIT, deadline=240)
+    assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
+    sender, receiver = (o.value for o in outcomes)
+    for report in (sender, receiver):
+        assert report["errors"][0] == report["errors"][2] == "", report["errors"]
+        assert report["errors"][1], report["errors"]  # the step where the table began to carry a gradient
+        assert max(report["diffs"]) <= 1e-12, report["diffs"]  # steps 1 and 3 equal the unpipelined model
+    assert "carries a gradient now and did not at the first step" in sender["errors"][1], sender["errors"]
+    # (the first forward is the first step's check, on zeros of the shapes)
+    first, third = receiver["seen"][1:1 + MICROBATCHES], receiver["seen"][-MICROBATCHES:]
+    assert first == [(True, False)] * MICROBATCHES, receiver["seen"]  # the table: no gradient wanted
+    assert third == [(True, True)] * MICROBATCHES, receiver["seen"]  # learned anew: its gradient trains the scale
