@@ -365,23 +365,18 @@ def _saved_fields(node: Node) -> tuple[str, ...]:
     return names
 
 
-def _dropped(_: torch.Tensor) -> None:
-    return None
-
-
-def _used_after_release(_: None) -> torch.Tensor:
+def _used_after_release(_: int) -> torch.Tensor:
     raise RuntimeError("pipeforge: a saved tensor that the split backward's I released was used again "
                        "(a node W was not expected to run)")
 
 
 def _free(saved) -> bool:
     """Free one saved tensor (a ``torch._C._autograd.SavedTensor``); False where it cannot be (other hooks)."""
-    if getattr(saved, "unpack_hook", None) is None:  # no hooks (or a torch that does not say)
-        try:  # torch then keeps the saved value only through these hooks, which keep nothing
-            saved.register_hooks(_dropped, _used_after_release)
-            return True
-        except RuntimeError:  # already freed, or hooks are set
-            pass
+    try:  # torch then keeps the saved value only through these hooks, which keep its id (a C call, no frame)
+        saved.register_hooks(id, _used_after_release)
+        return True
+    except RuntimeError:  # hooks are set already, or it was freed, or nothing was saved there
+        pass
     try:
         packed = getattr(saved, "data", None)  # under hooks: the packed value
     except RuntimeError:  # freed
@@ -398,8 +393,11 @@ def release_saved(nodes: list[Node]) -> str:
     """Free the saved tensors of ``nodes`` (the nodes W does not run, after I): "" where all went, else what
     was kept (a node holding another's saved tensors, a saved tensor under someone else's hooks)."""
     kept: dict[str, int] = {}
+    fields = _SAVED_FIELDS
     for node in nodes:
-        names = _saved_fields(node)
+        names = fields.get(type(node))
+        if names is None:
+            names = _saved_fields(node)
         if not names:
             if type(node).__name__ in OPAQUE_NODES:
                 kept[type(node).__name__] = kept.get(type(node).__name__, 0) + 1
