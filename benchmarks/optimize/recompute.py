@@ -9,8 +9,8 @@ is faster); the best schedule without recompute that fits (``--recompute none``)
 auto`` with the ratio to full recompute, how far it is ahead of the uniform policy and of no recompute
 (in %), what it chose and the seconds it took; the proven bound on any schedule of the work that may
 recompute (``memory_actions.recompute_bound``) as a ratio to full recompute; and with ``--offload``, the
-makespan with offload allowed over the one the row reaches with no memory limit (``off/free``; ``span``:
-the same for the worst span, which ``optimize`` minimizes), with ``offload_bound`` over the same (a lower
+makespan with offload allowed over the one the row reaches with no memory limit (``off/free``, what
+``optimize`` under a limit minimizes; ``span``: the same for the worst span), with ``offload_bound`` over the same (a lower
 bound on any schedule of the row's work that offloads: where it is above 1.05, the 5 % are out of reach,
 marked ``!``). Numbers measured on a shared machine are noise beyond the ratios of one run ("under load").
 
