@@ -25,10 +25,10 @@ work on the calling thread). Reported per module: the medians of B, I, W, the
 ratios (I + W) / B of both, and whether each split gave the fused backward's
 gradients (bit for bit: ``exact``; else the largest relative difference).
 
-A second table (bytes, which do not depend on the machine's load): on each stage of each model of
-the test zoo (3 stages, float64), what a forward leaves saved (``activation``, the runtime's
-accounting, ``runtime.saved.counted``) and what is still saved after I, until W (``weight_grad``),
-pipeforge's I against torch's ``stage_backward_input`` (on a first stage torch runs no I).
+A second table (bytes, which do not depend on the machine's load): on the middle and last stage of
+each model of the test zoo (3 stages, float64), what a forward leaves saved (``activation``, the
+runtime's accounting, ``runtime.saved.counted``) and what is still saved after I, until W
+(``weight_grad``), pipeforge's I against torch's ``stage_backward_input``.
 """
 
 from __future__ import annotations
@@ -160,25 +160,21 @@ def held_after_input(model: str, stage: int, split: str) -> tuple[int, int]:
 
     module = zoo.build(model, 3)[stage]
     params = [p for p in module.parameters() if p.requires_grad]
-    tokens, targets, every_stage = zoo.batch(model, 2, 0)
+    _, targets, every_stage = zoo.batch(model, 2, 0)
     x = torch.randn(2, zoo.SEQ, zoo.WIDTH, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    x = tokens if stage == 0 else x.requires_grad_()
-    inputs = [] if stage == 0 else [x]
+    x.requires_grad_()
     counter = SavedBytes()
     with counted(counter, {p.untyped_storage().data_ptr() for p in params}):
         out = module(x, **every_stage)
         out = zoo.loss_fn(out, targets) if stage == 2 else out
     activation, grad = counter.held, torch.ones_like(out)
     if split == "pipeforge":
-        _, plan = SplitBackward().backward_input((out,), (grad,), inputs, params)
+        _, plan = SplitBackward().backward_input((out,), (grad,), [x], params)
         weight_grad = counter.held
         accumulate_weight_gradients(plan)
         del plan
-    elif stage == 0:  # torch's runtime: no I, the whole backward at W
-        weight_grad = counter.held
-        torch.autograd.backward((out,), (grad,))
     else:
-        _, groups = stage_backward_input([out], [grad], inputs, iter(params))
+        _, groups = stage_backward_input([out], [grad], [x], iter(params))
         weight_grad = counter.held
         stage_backward_weight(iter(params), groups)
         del groups
@@ -194,7 +190,7 @@ def memory_table() -> None:
     print(f"{'model':14}{'stage':>6}{'activation':>12}{'pf weight_grad':>16}{'/ act':>7}{'torch weight_grad':>19}"
           f"{'/ act':>7}")
     for model in ZOO:
-        for stage in (0, 1, 2):
+        for stage in (1, 2):
             activation, ours = held_after_input(model, stage, "pipeforge")
             _, theirs = held_after_input(model, stage, "torch")
             print(f"{model:14}{stage:6d}{activation:12d}{ours:16d}{ours / activation:7.3f}{theirs:19d}"

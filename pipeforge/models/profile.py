@@ -9,7 +9,7 @@ the median F, I, W of every layer (ms), the bytes its forward leaves saved for
 backward as the runtime counts them (``activation``: ``runtime.saved.counted``, a
 parameter's storage excepted) and the bytes of its parameters (``parameters``). What
 stage 0 and the last stage take beyond the median layer is ``first`` and ``last``:
-the embedding's and the head's cost (stage 0's extra backward counted in its W).
+the embedding's and the head's cost (stage 0's whole backward runs in its W).
 ``load_layer_model(path)`` reads the model file of ``pipeforge profile --per-layer``.
 """
 
@@ -59,8 +59,8 @@ def layer_costs(model: torch.nn.Module, batch: torch.Tensor, *, attention_mask: 
 
 
 def _first_extra(stage0: dict[str, float], layer: dict[str, float]) -> dict[str, float]:
-    """What stage 0 takes beyond a layer: the extra backward (the embeddings' lookups, which its I runs down to
-    and its W computes) is the difference of the backward sums, counted in W."""
+    """What stage 0 takes beyond a layer. Its inputs need no gradient, so its I does nothing and its W
+    runs its whole backward, its layer's I included: the extra backward is the difference of the sums."""
     backward = stage0["I"] + stage0["W"] - layer["I"] - layer["W"]
     return {"F": max(stage0["F"] - layer["F"], 0.0), "I": 0.0, "W": max(backward, 0.0)}
 

@@ -1,11 +1,12 @@
 """optimize with recompute and offload: which (stage, microbatch) to recompute or offload under a memory limit.
 
 ``optimize_memory(schedule, recompute=none|auto|all, offload=False, ...)`` -> ``(OptimizeResult,
-MemoryChoice)``: the schedule of the same work with the least worst span among the plans the policy
-allows (``PLANS``: no recompute; every microbatch recomputed; R chosen per (stage, microbatch) and placed
-while scheduling, ``recompute_greedy``; every k-th microbatch per stage; every activation offloaded),
-verified within the real limit (``pipeforge.verify``), and what it chose. ``time_limit`` bounds the whole
-call. How each plan is built: ``docs/optimize.md`` (Recompute and offload).
+MemoryChoice)``: the schedule of the same work with the least makespan (then worst span, which each plan's
+search minimizes) among the plans the policy allows (``PLANS``: no recompute; every microbatch recomputed;
+R chosen per (stage, microbatch) and placed while scheduling, ``recompute_greedy``; every k-th microbatch
+per stage; every activation offloaded), verified within the real limit (``pipeforge.verify``), and what it
+chose. ``time_limit`` bounds the whole call. How each plan is built: ``docs/optimize.md`` (Recompute and
+offload).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pipeforge.optimizer.budget import finish_seconds
 from pipeforge.optimizer.evaluate import Evaluation, Graph, Order, Problem, evaluate, schedule_of
 from pipeforge.optimizer.exact import MAX_ORDER_PAIRS, Choices, ExactResult, TooLarge, order_pairs, solve_exact
 from pipeforge.optimizer.local import local_search
-from pipeforge.optimizer.offload_place import placed_offloads, weights_within
+from pipeforge.optimizer.offload_place import placed_offloads, weights_climbed, weights_filled, weights_within
 from pipeforge.optimizer.result import Metrics, OptimizeResult, metrics_of
 from pipeforge.optimizer.search import ASAP_ACTIONS, optimize
 from pipeforge.optimizer.units import integer_units
@@ -265,19 +266,21 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
         return max(0.0, deadline - time.monotonic()) * share
 
     def offer(name: str, final: Schedule, base: OptimizeResult | None = None, verified: bool = False,
-              timed: Evaluation | None = None) -> None:
-        """A candidate, with its figures (``timed``: the engine's, in integer units, instead of simulating)."""
+              timed: Evaluation | None = None) -> Metrics | None:
+        """A candidate, with its figures (``timed``: the engine's, in integer units, instead of simulating),
+        which it returns (None where it cannot run)."""
         final = replace(final, memory=real if limit is not None else unlimited)
         try:
             after = metrics_of(final, costs, final.memory) if timed is None else Metrics.of(timed).scaled(units.scale)
         except PipeforgeError as error:  # e.g. the input's own order with R added cannot run
             errors.append(f"{name}: {error}")
-            return
+            return None
         if base is None:
             base = candidates[0][0] if candidates else _plain_result(plain, costs, memory, after)
         else:
             after = replace(after, least_work_bubble_rate=base.after.least_work_bubble_rate)
         candidates.append((replace(base, schedule=final, after=after, memory_limit=limit), name, verified))
+        return after
 
     def attempt(name: str, virtual: MemorySpec, virtual_limit: float | None, transform, share: float) -> bool:
         if name not in tried:
@@ -392,7 +395,7 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
                       timed=evaluation)
     fitting = sorted(((r, n, v) for r, n, v in candidates
                       if limit is None or max(r.after.peak_memory) <= limit + 1e-9),
-                     key=lambda c: (c[0].after.max_span, c[0].after.makespan))
+                     key=lambda c: (c[0].after.makespan, c[0].after.max_span))
     for best, name, verified in fitting:  # the best that verifies (each should: the rules are semantics')
         if verified or verify(best.schedule, solve=False).valid:
             break
@@ -450,21 +453,32 @@ def _offload_plan(plain: Schedule, costs: CostModel, real: MemorySpec, unlimited
             offer("offload", base)
         return base is not None
     bases: list = [*seeds, unlimited_order]
-    variants = [(base, 2 * largest, 2 * largest, 0.0) for base in bases]
-    variants += [(base, 2 * largest, largest, slack) for base in bases for slack in (0.0, largest)]
-    placed = False
-    for base, reserve, backward_reserve, slack in variants:
-        if placed and left() <= 0:
+    # (a reserve, before a B or I, room for one activation on a rank that never has one away, a slack, and
+    # whether the tails' W are run earlier where they fit)
+    variants = [(base, 2 * largest, *rest)
+                for rest in ((2 * largest, largest, 0.0, True), (2 * largest, largest, 0.0, False),
+                             (2 * largest, None, 0.0, False), (largest, None, 0.0, False),
+                             (largest, None, largest, False)) for base in bases]
+    best: tuple[float, Schedule, float] | None = None  # makespan, the order before its offloads, slack
+    for base, reserve, backward_reserve, direct, slack, fill in variants:
+        if best is not None and left() <= 0:
             break
         order = base() if callable(base) else base
         if order is None:
             continue
-        moved = placed_offloads(weights_within(order, real, limit - reserve, limit - backward_reserve), costs,
-                                real, slack)
-        if moved is not None:
-            offer("offload", moved)
-            placed = True
-    return placed
+        order = weights_within(order, real, limit - reserve, limit - backward_reserve,
+                               None if direct is None else limit - direct)
+        if fill:
+            order = weights_filled(order, costs, real)
+        moved = placed_offloads(order, costs, real, slack)
+        after = None if moved is None else offer("offload", moved)
+        if after is not None and (best is None or after.makespan < best[0]):
+            best = (after.makespan, order, slack)
+    if best is not None and left() > 0:  # the rest of the time: the W of the ranks' tails moved one at a time
+        climbed = weights_climbed(replace(best[1], memory=real), costs, real, time.monotonic() + left(), best[2])
+        if climbed is not None and climbed[2] < best[0] - 1e-9:
+            offer("offload", climbed[1])
+    return best is not None
 
 
 __all__ = ["POLICIES", "MemoryChoice", "fits", "optimize_memory", "recompute_bound", "strip", "uniform"]

@@ -1,26 +1,28 @@
 """Offloads placed so that a compute order keeps a memory limit with its transfers hidden behind compute.
 
 ``placed_offloads(schedule, costs, memory, slack)`` -> the compute-only ``schedule`` (one action a step)
-with OFFLOAD and RELOAD steps inserted, or None where it cannot keep ``memory.limit``. Walking each rank's
-program against the order's own timing with no limit (``simulate``), a forward is offloaded, its OFFLOAD
-right after it, where what the rank holds in program order would pass ``limit - slack`` before its backward
-and its activations wait long enough to go out and come back; its RELOAD goes after the latest compute
-step from whose end (the rank's copy lane taken one transfer at a time, in program order) it is back by
-the backward's start. The copy lane rule (``semantics.offload_waits``) makes a later addition wait only
-where the limit needs it, so a ``slack`` of one activation leaves room for the transfer in flight. Nothing
-else moves; the caller simulates and verifies what it gets. ``weights_within(schedule, memory, budget)``
-first brings W forward where the weight-gradient parts, which no transfer moves, would leave too little
-room. How: ``docs/optimize.md``.
+with OFFLOAD and RELOAD steps inserted, or None where it cannot keep ``memory.limit``. Against the order's
+own timing with no limit, a forward is offloaded (its OFFLOAD right after it) where what the rank holds in
+program order would pass ``limit - slack`` before its backward and its activations wait long enough to go
+out and come back; its RELOAD goes after the latest compute step from whose end (the copy lane one transfer
+at a time, in program order) it is back by the backward's start. The copy lane rule
+(``semantics.offload_waits``) makes a later addition wait only where the limit needs it. Nothing else
+moves; the caller simulates and verifies. Before it, on the order: ``weights_within`` brings W forward
+where the weight-gradient parts, which no transfer moves, leave too little room; ``weights_filled`` runs
+the W of each rank's tail earlier where they fit in its waits. After it, ``weights_climbed`` swaps W of
+the tails while the placed makespan shrinks. How: ``docs/optimize.md``.
 """
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left, bisect_right
 from dataclasses import replace
 
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step, replace_programs
 from pipeforge.semantics import effects_of, held_after_additions
 from pipeforge.sim.simulate import simulate
+from pipeforge.sim.workgraph import compile_schedule, time_order
 
 F, B, I, OFFLOAD, RELOAD = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.OFFLOAD, ActionKind.RELOAD
 
@@ -121,15 +123,19 @@ def _rank_program(r: int, program, times, effect, costs: CostModel, limit: float
     return tuple(found)
 
 
-def weights_within(schedule: Schedule, memory: MemorySpec, budget: float, backward_budget: float | None = None
-                   ) -> Schedule:
+def weights_within(schedule: Schedule, memory: MemorySpec, budget: float, backward_budget: float | None = None,
+                   direct_budget: float | None = None) -> Schedule:
     """``schedule`` with each rank's W brought forward, oldest first, to just before an F, B or I where the
     weight-gradient parts its I's leave (I done, W not) pass ``budget`` (M_B): what offloading cannot move
     (an OFFLOAD comes before the I), so that an activation in flight or reloaded has room (before a B or
-    I: ``backward_budget``, default ``budget``). Nothing else moves."""
+    I: ``backward_budget``, default ``budget``). On a rank where each F's next F, B or I is its own
+    backward (the last stage of 1F1B's shape), no activation is ever in flight or reloaded beside the one
+    it computes: there ``direct_budget`` where given. Nothing else moves."""
     effect = effects_of(memory, (a for _, _, a in schedule.actions()))
     programs = []
     for program in schedule.programs:
+        room_f, room_b = (direct_budget, direct_budget) if direct_budget is not None and _direct(program) else (
+            budget, backward_budget)
         pending: dict[tuple, tuple[Step, float]] = {}  # (stage, microbatch, chain) -> its W step, its part
         waiting = {(a.stage, a.microbatch, a.chain): step for step in program if step.is_compute
                    for a in step.actions if a.kind is ActionKind.W and len(step.actions) == 1}
@@ -139,7 +145,7 @@ def weights_within(schedule: Schedule, memory: MemorySpec, budget: float, backwa
             a = step.actions[0] if len(step.actions) == 1 else None
             key = None if a is None else (a.stage, a.microbatch, a.chain)
             if a is not None and a.kind in (F, B, I):  # what adds memory, or (a reloaded I or B) may
-                room = budget if a.kind is F or backward_budget is None else backward_budget
+                room = room_f if a.kind is F or room_b is None else room_b
                 while held > room + 1e-9 and pending:
                     early, (w_step, part) = next(iter(pending.items()))
                     del pending[early]
@@ -160,6 +166,115 @@ def weights_within(schedule: Schedule, memory: MemorySpec, budget: float, backwa
     return replace_programs(schedule, tuple(programs))
 
 
+def weights_filled(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> Schedule:
+    """``schedule`` (compute only, one action a step) with the W after each rank's last F run earlier where
+    they fit: rank by rank, the last first (a rank's backwards wait for the rank after it), each W of that
+    tail, oldest first, moved to the wait before a backward where it ends by the time the backward's inputs
+    are there (timed with no limit, as ``placed_offloads`` times), never later than it was, nor before its
+    own backward. So the W a rank holds back shrink where its backwards come apart (what the makespan
+    ends with) and nothing waits longer for them; a W earlier only releases earlier."""
+    graph, order = compile_schedule(schedule, costs, replace(memory, limit=None))
+    ends = time_order(graph, order).end  # a rank's new tail timed as it is built, for the rank before it
+    programs = list(schedule.programs)
+    for r in reversed(range(len(programs))):
+        program = _filled(programs[r], order[r], graph, ends)
+        if program is not None:
+            programs[r] = program
+    return replace_programs(schedule, tuple(programs))
+
+
+def _filled(program, nodes, graph, ends: list[float]) -> tuple[Step, ...] | None:
+    """Rank's ``program`` with its tail re-sequenced as ``weights_filled`` says (``ends``, each node's end,
+    updated for it); None where it has no such tail."""
+    if len(nodes) != len(program) or any(not _single(step, (F, B, I, ActionKind.W)) for step in program):
+        return None
+    acts = [graph.actions[n] for n in nodes]
+    last = max((k for k, a in enumerate(acts) if a.kind is F), default=-1)
+    tail = range(last + 1, len(nodes))
+    backs = [k for k in tail if acts[k].kind is not ActionKind.W]
+    weights = [k for k in tail if acts[k].kind is ActionKind.W]
+    due = {k: sum(1 for b in backs if b < k) for k in weights}  # how many backwards it came after
+    done = {(a.stage, a.microbatch, a.chain) for a in acts[:last + 1] if a.kind in (B, I)}
+    free = ends[nodes[last]] if last >= 0 else 0.0
+    found, w = [], 0
+    for j, b in enumerate(backs):
+        ready = max([free] + [ends[d] + latency for d, latency in graph.waits[nodes[b]]])
+        while w < len(weights) and (acts[weights[w]].stage, acts[weights[w]].microbatch, acts[weights[w]].chain
+                                    ) in done and (due[weights[w]] <= j or
+                                                   free + graph.duration[nodes[weights[w]]] <= ready + 1e-9):
+            free += graph.duration[nodes[weights[w]]]
+            ends[nodes[weights[w]]] = free
+            found.append(weights[w])
+            w += 1
+        free = max(free, ready) + graph.duration[nodes[b]]
+        ends[nodes[b]] = free
+        found.append(b)
+        done.add((acts[b].stage, acts[b].microbatch, acts[b].chain))
+    found += weights[w:]
+    return tuple(program[:last + 1]) + tuple(program[k] for k in found)
+
+
+def weights_climbed(schedule: Schedule, costs: CostModel, memory: MemorySpec, deadline: float, slack: float = 1.0,
+                    window: int = 16) -> tuple[Schedule, Schedule, float] | None:
+    """Hill climbing on the compute-only ``schedule`` (one action a step) until no move helps or
+    ``time.monotonic()`` passes ``deadline``: a W among the last ``window`` steps of a rank (the last rank
+    first) swapped with the step before it (not its own I) or after it, kept where the makespan of its
+    ``placed_offloads`` (with ``slack``, timed under ``memory.limit``) shrinks. The order, its placed
+    schedule and that makespan; None where ``schedule`` itself cannot be placed."""
+    def placed(order: Schedule) -> tuple[Schedule, float] | None:
+        moved = placed_offloads(order, costs, memory, slack)
+        return None if moved is None else (moved, simulate(moved, costs, memory=memory).makespan)
+
+    first = placed(schedule)
+    if first is None:
+        return None
+    best, (moved, span) = schedule, first
+    better = True
+    while better and time.monotonic() < deadline:
+        better = False
+        for r in reversed(range(len(best.programs))):
+            for trial in _swaps(best, r, window):
+                if time.monotonic() >= deadline:
+                    return best, moved, span
+                found = placed(trial)
+                if found is not None and found[1] < span - 1e-9:
+                    best, (moved, span), better = trial, found, True
+                    break
+    return best, moved, span
+
+
+def _swaps(schedule: Schedule, r: int, window: int):
+    """``schedule`` with one W of rank r's last ``window`` steps swapped with a neighbour (module doc)."""
+    program = schedule.programs[r]
+    for k in range(len(program) - 1, max(0, len(program) - window) - 1, -1):
+        if not _single(program[k], (ActionKind.W,)):
+            continue
+        a = program[k].actions[0]
+        for j in (k - 1, k + 1):
+            if not 0 <= j < len(program) or not _single(program[j], (F, B, I, ActionKind.W)):
+                continue
+            b = program[j].actions[0]
+            if j < k and b.kind in (B, I) and (b.stage, b.microbatch, b.chain) == (a.stage, a.microbatch, a.chain):
+                continue
+            swapped = list(program)
+            swapped[k], swapped[j] = swapped[j], swapped[k]
+            yield replace_programs(schedule, tuple(tuple(swapped) if q == r else p
+                                                   for q, p in enumerate(schedule.programs)))
+
+
+def _single(step: Step, kinds) -> bool:
+    return len(step.actions) == 1 and step.actions[0].kind in kinds
+
+
+def _direct(program) -> bool:
+    """Whether each F of ``program`` (one action a step) is followed, among its F, B and I, by its own backward."""
+    kinds = [step.actions[0] for step in program if len(step.actions) == 1 and step.actions[0].kind in (F, B, I)]
+    return all(a.kind is not F or (k + 1 < len(kinds) and kinds[k + 1].kind is not F and
+                                   (kinds[k + 1].stage, kinds[k + 1].microbatch, kinds[k + 1].chain)
+                                   == (a.stage, a.microbatch, a.chain))
+               for k, a in enumerate(kinds))
+
+
 def _program_effects(program, effect) -> list[list[tuple[float, float]]]:
     return [[effect(a) for a in step.actions] if step.is_compute else [] for step in program]
 
@@ -174,4 +289,4 @@ def _reload_point(lane: _Lane, k: int, b: int, ends: list[float], deadline: floa
     return None
 
 
-__all__ = ["placed_offloads", "weights_within"]
+__all__ = ["placed_offloads", "weights_climbed", "weights_filled", "weights_within"]

@@ -44,6 +44,7 @@ class WeightPlan:
     from_outputs: list[torch.nn.Parameter]
     roots: tuple[torch.Tensor, ...]
     root_grads: tuple
+    whole: bool = False  # no input gradients wanted (a first stage): W is the stage's whole backward
     note: str = ""  # what the split did other than split (the step trace's label of the I)
     calls: tuple[tuple[int, ...], ...] | None = None  # the one-node groups of each engine call (Layout.calls)
 
@@ -95,6 +96,8 @@ class SplitBackward:
     def backward_input(self, roots: tuple[torch.Tensor, ...], root_grads: tuple, inputs: list[torch.Tensor],
                        params: list[torch.nn.Parameter]) -> tuple[tuple, WeightPlan]:
         """Gradients of ``inputs`` (weights untouched), and the plan W needs."""
+        if not inputs:  # nothing for I to do: every weight starts at the outputs, one reached by none gets None
+            return (), WeightPlan([], [p for p in params if p.requires_grad], roots, root_grads, whole=True)
         accumulators = self._accumulator_nodes(params)
         root_nodes = [n for n in map(grad_node, roots) if n is not None]
         graph = walk(root_nodes)
@@ -106,7 +109,7 @@ class SplitBackward:
         if stale:  # unreached, or a kept accumulator that is no longer the weight's: look it up again
             accumulators = self._refresh(params, accumulators, stale)
             weights = graph.positions(accumulators)
-        inputs_at = graph.positions([grad_node(t) for t in inputs])  # none (a first stage): see ``analyse``
+        inputs_at = graph.positions([grad_node(t) for t in inputs])
         layout = self.layout(graph, graph.positions(root_nodes), inputs_at, weights)
         plan = _plan(layout, graph, params, accumulators, roots, root_grads)
         found = _run_input_pass(plan, roots, root_grads, inputs)
@@ -196,11 +199,9 @@ def analyse(shape: tuple[tuple[int, ...], ...], roots: tuple[int, ...], inputs: 
     that W reaches from it alone; the frontier of a weight is every node on the
     path with a child off it that reaches the weight. A weight that an output
     off the path reaches starts at the outputs; one reached by no node is unused.
-    A stage whose inputs need no gradient (a first stage) takes the weights' own
-    ops for its inputs (``weight_ops``).
     """
     weight_at = {at: w for w, at in enumerate(weights) if at >= 0}
-    on_path = {at for at in inputs if at >= 0} if inputs else weight_ops(shape, roots, weights)
+    on_path = {at for at in inputs if at >= 0}
     below: dict[int, frozenset[int]] = {}
     frontiers: dict[int, list[int]] = {}
     for node in _children_first(shape, roots):
@@ -265,23 +266,6 @@ def _run_by_weight_pass(shape: tuple[tuple[int, ...], ...], roots: tuple[int, ..
             stack += [k for k in shape[node] if k not in seen and reach[k] & wanted]
         run |= seen
     return run
-
-
-def weight_ops(shape: tuple[tuple[int, ...], ...], roots: tuple[int, ...], weights: tuple[int, ...]) -> set[int]:
-    """The weights' own ops (a linear layer's product, the sum of two embeddings' lookups, a norm): the nodes
-    with more than one child of which one leads to a weight alone (a weight, or a chain of one-child nodes
-    ending at one). Where the inputs' path ends on a stage whose inputs need no gradient (a first stage): I
-    computes every gradient down to them, W the rest. Any choice would be exact (every path from the outputs
-    to a weight crosses the frontier the analysis finds); this one leaves W the weights' work."""
-    weight_at = {at for at in weights if at >= 0}
-    alone: dict[int, bool] = {}  # node -> leads to a weight alone
-    found = set()
-    for node in _children_first(shape, roots):
-        kids = shape[node]
-        alone[node] = node in weight_at or (len(kids) == 1 and alone[kids[0]])
-        if not alone[node] and any(alone[k] for k in kids):
-            found.add(node)
-    return found
 
 
 def _children_first(shape: tuple[tuple[int, ...], ...], roots: tuple[int, ...]) -> list[int]:
@@ -464,7 +448,11 @@ def backward_weight(plan: WeightPlan) -> list[tuple[torch.nn.Parameter, torch.Te
 
 
 def accumulate_weight_gradients(plan: WeightPlan) -> None:
-    """W into the weights' ``.grad`` (added to what is there)."""
+    """W into the weights' ``.grad`` (added to what is there). A first stage's W runs its whole backward
+    the way B does (``torch.autograd.backward``: one pass, each weight's gradient accumulated as it comes)."""
+    if plan.whole:
+        run_backward(plan.roots, plan.root_grads)
+        return
     for param, grad in backward_weight(plan):
         if grad is None:
             continue
