@@ -12,53 +12,26 @@ again, on a tag no data uses (gloo on 127.0.0.1, three ranks, short timeouts).
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 import pipeforge
 from pipeforge.generator import codegen
 from pipeforge.tools.launch import spawn
 from tests.load import scaled
+from tests.runtime.agreement_jobs import one_rank_skips_the_agreement
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 
 WAIT = scaled(1.5)  # every wait's bound in the pipeline (times the load)
 
 
-def late_after_an_unheard_step(rank: int, nproc: int, job: dict) -> list[str]:
-    """Three steps, no barrier between them. In step 1 the last rank leaves the step-end agreement out, so the
-    others end it failed (no word from it) and it does not; it then sleeps past its neighbour's greeting
-    timeout before step 2: the middle rank's greeting with the first rank completes, its wait for the last
-    times out. What each step raised ('' where it returned)."""
-    from pipeforge.runtime import PipelineError
-    from pipeforge.tools import demo_models as models
-    from pipeforge.tools.generated import load_module
-
-    generated = load_module(job["path"])
-    info = generated.SCHEDULE
-    full = models.build_stages("mlp", info.stages, seed=0)
-    pipe = generated.make_pipeline({s: full[s] for s in info.stages_of(rank)}, loss_fn=models.loss_fn,
-                                   timeout=job["wait"])
-    x, y = models.make_batch(info.stages, 8, seed=0)
-    late = nproc - 1
-    seen = []
-    for index in range(3):
-        pipe.end_agreement = not (index == 1 and rank == late)
-        if index == 2 and rank == late:
-            time.sleep(3 * job["wait"])  # past the middle rank's greeting timeout, after the agreement's
-        try:
-            pipe.step(*((x,) if pipe.holds_first else ()), target=y if pipe.holds_last else None)
-            seen.append("")
-        except PipelineError as error:
-            seen.append(str(error))
-    return seen
-
-
 def test_a_greeting_that_broke_on_one_side_is_greeted_again_on_both(tmp_path):
     path = str(codegen(pipeforge.load("1f1b", defines={"P": 3, "M": 3}), tmp_path / "gen.py"))
-    outcomes = spawn(late_after_an_unheard_step, 3, {"path": path, "wait": WAIT}, timeout=scaled(20.0),
-                     deadline=60)
+    # the last rank leaves step 1's agreement out, so the others end it failed and it does not; it then sleeps
+    # past its neighbour's greeting timeout before step 2: the middle rank's greeting with the first rank
+    # completes, its wait for the last times out
+    job = {"path": path, "wait": WAIT, "late": 2, "sleep": 3 * WAIT}
+    outcomes = spawn(one_rank_skips_the_agreement, 3, job, timeout=scaled(20.0), deadline=60)
     assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
     for outcome in outcomes:
         first, unheard, late = outcome.value

@@ -21,6 +21,7 @@ import pipeforge
 from pipeforge.generator import codegen
 from pipeforge.tools.launch import spawn
 from tests.load import scaled
+from tests.runtime.agreement_jobs import one_rank_skips_the_agreement
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -131,32 +132,6 @@ def test_the_step_end_agreement_leaves_no_keys_behind(tmp_path):
     assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
     early, late = outcomes[0].value
     assert late <= early, (early, late)  # no growth with the steps
-
-
-def one_rank_skips_the_agreement(rank: int, nproc: int, job: dict) -> list[str]:
-    """Three steps; in the second, rank ``job["late"]`` leaves the step-end agreement out (as a rank that died
-    or hung after its program would): what each step raised on this rank ('' where it returned). No barrier
-    between steps: the late rank's next greeting may time out just as its neighbour arrives
-    (``tests/runtime/test_runtime_greeting.py``)."""
-    from pipeforge.runtime import PipelineError
-    from pipeforge.tools import demo_models as models
-    from pipeforge.tools.generated import load_module
-
-    generated = load_module(job["path"])
-    info = generated.SCHEDULE
-    full = models.build_stages("mlp", info.stages, seed=0)
-    pipe = generated.make_pipeline({s: full[s] for s in info.stages_of(rank)}, loss_fn=models.loss_fn,
-                                   timeout=job["wait"])
-    x, y = models.make_batch(info.stages, 8, seed=0)
-    seen = []
-    for index in range(3):
-        pipe.end_agreement = not (index == 1 and rank == job["late"])
-        try:
-            pipe.step(*((x,) if pipe.holds_first else ()), target=y if pipe.holds_last else None)
-            seen.append("")
-        except PipelineError as error:
-            seen.append(str(error))
-    return seen
 
 
 @pytest.mark.parametrize("ranks,late", [(2, 1), (3, 0), (3, 2)])  # two ranks tell each other; three, through rank 0
