@@ -18,7 +18,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from enum import Enum
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from pipeforge.ir import COMM_KINDS, COMPUTE_KINDS, STAGE_ONLY_KINDS, Action, ActionKind, MemorySpec
 
@@ -334,8 +334,11 @@ def partner(action: ActionKey) -> ActionKey:
     return (s + PEER_OFFSET[kind], PARTNER[kind], m, c)
 
 
-def early_receives(receives: Iterable[ActionKey], peer_of: Callable[[ActionKey], int | None],
-                   ready: Callable[[ActionKey], bool]) -> list[ActionKey]:
+Receive = TypeVar("Receive", bound=ActionKey)  # early_receives returns the kind of key it is given
+
+
+def early_receives(receives: Iterable[Receive], peer_of: Callable[[Receive], int | None],
+                   ready: Callable[[Receive], bool]) -> list[Receive]:
     """The receives of one rank's program (``receives``, in the order the program posts them) that may be
     posted together at the start of the program, in that order (docs/semantics.md, "Receives posted early").
 

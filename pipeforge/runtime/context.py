@@ -118,6 +118,18 @@ class Observer:
     def end_finish(self) -> None: ...
 
 
+def _stage(action: StageAction) -> int:
+    """The stage of an action that names one (every kind but OVERLAP_F_B: ``StageAction``)."""
+    assert action.stage is not None, f"{action.kind} names a stage"
+    return action.stage
+
+
+def _microbatch(action: StageAction) -> int:
+    """The microbatch of a compute action (every compute names one)."""
+    assert action.microbatch is not None, f"{action.kind} names a microbatch"
+    return action.microbatch
+
+
 def _no_note(note: str) -> None:
     pass
 
@@ -317,18 +329,18 @@ class RankContext:
         """The runtime's own implementation of ``action``, its hooks included."""
         kind = action.kind
         if kind in OWN_COMPUTES:
-            self._compute(kind, action.stage, action.microbatch, action.chain)
+            self._compute(kind, _stage(action), _microbatch(action), action.chain)
         elif kind == "OVERLAP_F_B":
             with self.activations.overlap():  # one step for the activation count: additions, then releases
                 for half in action.sub_actions:
                     self.issue(half)
         elif kind == "UNSHARD":
-            self.data_parallel.unshard(action.stage)
+            self.data_parallel.unshard(_stage(action))
         elif kind == "RESHARD":
-            self.data_parallel.reshard(action.stage)
+            self.data_parallel.reshard(_stage(action))
         elif kind == "REDUCE_GRAD":
-            self._reduce_grad(action.stage)
-            self.data_parallel.reduce(action.stage)
+            self._reduce_grad(_stage(action))
+            self.data_parallel.reduce(_stage(action))
         else:
             raise PipelineError(f"rank {self.rank}: unknown action kind {kind!r}")
 
@@ -612,8 +624,9 @@ class RankContext:
             if not self.caches.known(comm):
                 self._receive_header(comm, label)
             return self.caches.buffers(comm, device)
-        runner = self.runner(comm.stage, comm.chain)
-        return self.caches.gradient_buffers(comm, runner.output_metas(comm.microbatch), device)
+        runner, mb = self.runner(comm.stage, comm.chain), comm.microbatch
+        assert mb is not None, "a communication names its microbatch"
+        return self.caches.gradient_buffers(comm, runner.output_metas(mb), device)
 
     def _receive_header(self, comm: Comm, label: GroupLabel) -> None:
         """First time only: wait for the shapes the peer sends ahead of the activation."""
@@ -699,7 +712,7 @@ class ShapeCache:
         if not all(m.requires_grad for m in metas):
             self.wants_grad[key] = tuple(m.requires_grad for m in metas)
 
-    def header_to_send(self, key: tuple, tensors: tuple[torch.Tensor, ...], rank: int,
+    def header_to_send(self, key: Comm, tensors: tuple[torch.Tensor, ...], rank: int,
                        device: torch.device, carried: tuple[bool, ...] | None = None) -> torch.Tensor | None:
         """The shapes header of an activation sent for the first time (``None`` later, when the
         activation is checked against the shapes sent then). ``carried``: which tensors carry a gradient
