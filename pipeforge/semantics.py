@@ -16,9 +16,9 @@ where each is used: ``docs/architecture.md``.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from enum import Enum
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from pipeforge.ir import COMM_KINDS, COMPUTE_KINDS, STAGE_ONLY_KINDS, Action, ActionKind, MemorySpec
 
@@ -334,8 +334,11 @@ def partner(action: ActionKey) -> ActionKey:
     return (s + PEER_OFFSET[kind], PARTNER[kind], m, c)
 
 
-def early_receives(receives: Iterable[ActionKey], peer_of: Callable[[ActionKey], int | None],
-                   ready: Callable[[ActionKey], bool]) -> list[ActionKey]:
+Receive = TypeVar("Receive", bound=ActionKey)  # early_receives returns the kind of key it is given
+
+
+def early_receives(receives: Iterable[Receive], peer_of: Callable[[Receive], int | None],
+                   ready: Callable[[Receive], bool]) -> list[Receive]:
     """The receives of one rank's program (``receives``, in the order the program posts them) that may be
     posted together at the start of the program, in that order (docs/semantics.md, "Receives posted early").
 
@@ -412,6 +415,14 @@ def offload_waits(steps: Iterable[tuple[float, float, bool]], limit: float | Non
             positions.append(index)
             totals.append(totals[-1] + released)
     return waits
+
+
+def waited_offload(kinds: Sequence[ActionKind]) -> int:
+    """The position, in an OFFLOAD step (its actions' kinds), of the action whose end a wait on that step
+    (``offload_waits``) waits for: its last OFFLOAD. The copy lane ends a rank's transfers in program order,
+    so all of the step's OFFLOADs have ended then; an overlap step may hold an OFFLOAD beside other actions,
+    whose releases a later step follows anyway (it is issued once the compute before it has ended)."""
+    return max(i for i, kind in enumerate(kinds) if kind is OFFLOAD)
 
 
 # --- gradients and completeness ------------------------------------------------------------

@@ -13,9 +13,12 @@ written module the README's way and takes rank ``--rank``'s program as
 ``make_pipeline`` does (``PROGRAMS[rank]``, which imports that rank's module
 only), and reports the seconds and the growth of its resident memory (the larger
 of the resident set's growth, ``/proc/self/statm``, and the peak's, ``ru_maxrss``)
-beyond the baseline: once with the bytecode codegen wrote, once without it (the
-rank compiles its own module, as where ``__pycache__`` cannot be written). The
-reference, in the same run: the same
+beyond the baseline: once with the bytecode codegen wrote; once without it, as
+where ``__pycache__`` was not copied or cannot be written ("no-pyc": a module past
+``runtime.rank_modules.COMPILE_APART_FROM`` compiles in a child process, whose own
+peak RSS is "child MB", measured on its own after the import); and once compiling
+in the rank itself ("in-rank": what the runtime falls back to where no child can
+start). The reference, in the same run: the same
 process loading the one module holding every rank's function (``generate()``'s
 text, what every rank loaded before the per-rank layout), at the sizes where
 ``--one-module`` asks for it (P=32 by default; the 64-rank one takes minutes).
@@ -51,7 +54,7 @@ CASES = (("1f1b", {"P": 32, "M": 256}), ("interleaved-1f1b", {"P": 64, "M": 1024
 CODEGEN_SECONDS, IMPORT_SECONDS, IMPORT_MB = 10.0, 0.3, 60.0
 
 IMPORT_PROBE = r"""
-import json, os, resource, sys, time
+import json, os, resource, subprocess, sys, time
 def rss():  # resident now (Linux), else the peak
     try:
         with open("/proc/self/statm") as statm:
@@ -61,14 +64,24 @@ def rss():  # resident now (Linux), else the peak
 def peak():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 import torch
-import pipeforge.runtime.pipeline, pipeforge.runtime.rank_modules  # what make_pipeline imports anyway
+import pipeforge.runtime.pipeline, pipeforge.runtime.rank_modules as rank_modules  # what make_pipeline imports
 from pipeforge.tools.generated import load_module
+if sys.argv[3] == "here":  # the rank compiles its module itself, as where no child process can
+    rank_modules.COMPILE_APART_FROM = float("inf")
 base_rss, base_peak = rss(), peak()
 started = time.perf_counter()
 module = load_module(sys.argv[1])
 program = module.PROGRAMS[int(sys.argv[2])]
 seconds = time.perf_counter() - started
-print(json.dumps({"seconds": seconds, "mb": max(rss() - base_rss, peak() - base_peak), "baseline_mb": base_rss}))
+found = {"seconds": seconds, "mb": max(rss() - base_rss, peak() - base_peak), "baseline_mb": base_rss}
+compiler = getattr(rank_modules, "COMPILER", None)
+if sys.argv[3] == "apart" and compiler is not None:  # the compiling child's own peak, on its own
+    source = program.__code__.co_filename
+    peak_kb = "[line for line in open('/proc/self/status') if line.startswith('VmHWM')][0].split()[1]"
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", f"{compiler}\nsys.stderr.write({peak_kb})", source,
+                           "0"], input=open(source, "rb").read(), capture_output=True, check=True)
+    found["child_mb"] = int(done.stderr) / 1024  # (VmHWM: ru_maxrss counts the image it was forked from)
+print(json.dumps(found))
 """
 
 
@@ -99,8 +112,10 @@ def run_codegen(name: str, defines: dict[str, int], out: Path, tree: Path = ROOT
     return {"wall": wall, "cpu": cpu, **json.loads(done.stdout)}
 
 
-def probe_import(module: Path, rank: int, tree: Path = ROOT) -> dict:
-    done = subprocess.run([sys.executable, "-c", IMPORT_PROBE, str(module), str(rank)], capture_output=True,
+def probe_import(module: Path, rank: int, tree: Path = ROOT, compiling: str = "apart") -> dict:
+    """Rank ``rank``'s import in a fresh process; ``compiling="here"``: a module it must compile, it
+    compiles itself (the runtime's fallback where no child process can start)."""
+    done = subprocess.run([sys.executable, "-c", IMPORT_PROBE, str(module), str(rank), compiling], capture_output=True,
                           text=True, env=environment(tree), cwd=tree, check=False)  # (cwd: python -c looks there first)
     if done.returncode != 0:
         raise SystemExit(f"importing rank {rank} of {module} failed: {done.stderr.strip()[-2000:]}")
@@ -117,26 +132,37 @@ def one_module(name: str, defines: dict[str, int], out: Path) -> Path:
     return path
 
 
+def without_bytecode(folder: Path) -> None:
+    """The rank modules as copied without ``__pycache__``: a rank must compile its module."""
+    for cached in folder.glob("__pycache__"):
+        shutil.rmtree(cached)
+
+
 def measure(name: str, defines: dict[str, int], rank: int, tree: Path, one_module_at: list[int]) -> dict:
     """Codegen, then the import of rank ``rank`` with the bytecode codegen wrote and without it."""
     with tempfile.TemporaryDirectory(prefix="pipeforge-codegen-scale-") as tmp:
         made = run_codegen(name, defines, Path(tmp) / "gen", tree)
         mine = probe_import(Path(made["module"]), rank, tree)
-        for cached in Path(made["rank_folder"]).glob("__pycache__"):  # a rank that compiles its module itself
-            shutil.rmtree(cached)
+        without_bytecode(Path(made["rank_folder"]))
         compiling = probe_import(Path(made["module"]), rank, tree)
+        without_bytecode(Path(made["rank_folder"]))  # (the import before wrote it again)
+        here = probe_import(Path(made["module"]), rank, tree, "here")
         theirs = probe_import(one_module(name, defines, Path(tmp)), rank, tree) \
             if defines["P"] in one_module_at else None
         files = len(list(Path(made["rank_folder"]).glob("rank_*.py")))
-    return {"made": made, "import": mine, "compiling": compiling, "one_module": theirs, "files": files}
+    return {"made": made, "import": mine, "compiling": compiling, "here": here, "one_module": theirs,
+            "files": files}
 
 
 def row(name: str, defines: dict[str, int], tree: str, found: dict) -> str:
     made, mine, compiling, theirs = found["made"], found["import"], found["compiling"], found["one_module"]
+    here = found["here"]
     reference = f"{theirs['seconds']:>12.2f} {theirs['mb']:>13.0f}" if theirs else f"{'-':>12} {'-':>13}"
+    child = f"{compiling['child_mb']:>8.1f}" if "child_mb" in compiling else f"{'-':>8}"
     return (f"{name:<18} {defines['P']:>3} {defines['M']:>5} {defines.get('V', ''):>2} {tree:>6} "
             f"{made['wall']:>9.2f} {made['cpu']:>6.2f} {found['files']:>10} {mine['seconds']:>8.3f} "
-            f"{mine['mb']:>9.1f} {compiling['seconds']:>13.3f} {compiling['mb']:>12.1f} {reference}")
+            f"{mine['mb']:>9.1f} {compiling['seconds']:>13.3f} {compiling['mb']:>9.1f} {child} "
+            f"{here['seconds']:>9.3f} {here['mb']:>10.1f} {reference}")
 
 
 def ratios(name: str, defines: dict[str, int], ours: list[dict], base: list[dict]) -> str:
@@ -150,7 +176,9 @@ def ratios(name: str, defines: dict[str, int], ours: list[dict], base: list[dict
 
     parts = [f"{what} {median(ours, *path) / median(base, *path):.2f}x" for what, path in
              (("codegen wall", ("made", "wall")), ("codegen cpu", ("made", "cpu")),
-              ("import s", ("import", "seconds")), ("import MB", ("import", "mb")))]
+              ("import s", ("import", "seconds")), ("import MB", ("import", "mb")),
+              ("no-pyc import s", ("compiling", "seconds")), ("no-pyc MB", ("compiling", "mb")),
+              ("in-rank compile MB", ("here", "mb")))]
     return f"  ratio this/base, {name} P={defines['P']} M={defines['M']} (medians): " + ", ".join(parts)
 
 
@@ -191,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"after: {load_average()}")
         return 0
     print(f"{'schedule':<18} {'P':>3} {'M':>5} {'V':>2} {'tree':>6} {'codegen s':>9} {'cpu s':>6} {'rank files':>10} "
-          f"{'import s':>8} {'import MB':>9} {'no-pyc import':>13} {'no-pyc MB':>12} {'one-module s':>12} "
+          f"{'import s':>8} {'import MB':>9} {'no-pyc import':>13} {'no-pyc MB':>9} {'child MB':>8} "
+          f"{'in-rank s':>9} {'in-rank MB':>10} {'one-module s':>12} "
           f"{'one-module MB':>13}")
     over = False
     trees = [("this", ROOT)] + ([("base", args.base.resolve())] if args.base else [])

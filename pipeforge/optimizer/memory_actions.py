@@ -83,7 +83,8 @@ def selective(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> Sched
     """The input's order with stage s recomputing every k_s-th microbatch, each k_s the largest (the least
     recompute) whose rank fits ``memory.limit``: found for every stage at once by halving each stage's range
     (what one rank holds depends only on its own stages' recompute). None when even k_s = 1 does not fit."""
-    stages, m = schedule.stages, schedule.microbatches
+    stages, m, limit = schedule.stages, schedule.microbatches, memory.limit
+    assert limit is not None, "selective is asked only under a memory limit"
     low, high = [1] * stages, [m + 1] * stages  # k in [low, high): low fits (or is 1), high does not
     owner = [schedule.rank_of(s) for s in range(stages)]
 
@@ -96,7 +97,7 @@ def selective(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> Sched
         peaks = simulate(build(ks), costs).peak_memory
         for s in range(stages):
             if high[s] - low[s] > 1:
-                if peaks[owner[s]] <= memory.limit + 1e-9:
+                if peaks[owner[s]] <= limit + 1e-9:
                     low[s] = ks[s]
                 else:
                     high[s] = ks[s]
@@ -111,7 +112,7 @@ def selective(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> Sched
         trial = build([m + 1 if s in spare else ks[s] for s in range(stages)])
         peaks = simulate(trial, costs).peak_memory
         for s in spare:  # what one rank holds depends only on its own stages' recompute
-            if peaks[owner[s]] <= memory.limit + 1e-9:
+            if peaks[owner[s]] <= limit + 1e-9:
                 ks[s] = m + 1
         found = build(ks)
     return found if fits(found) else None
@@ -269,9 +270,10 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
               timed: Evaluation | None = None) -> Metrics | None:
         """A candidate, with its figures (``timed``: the engine's, in integer units, instead of simulating),
         which it returns (None where it cannot run)."""
-        final = replace(final, memory=real if limit is not None else unlimited)
+        spec = real if limit is not None else unlimited
+        final = replace(final, memory=spec)
         try:
-            after = metrics_of(final, costs, final.memory) if timed is None else Metrics.of(timed).scaled(units.scale)
+            after = metrics_of(final, costs, spec) if timed is None else Metrics.of(timed).scaled(units.scale)
         except PipeforgeError as error:  # e.g. the input's own order with R added cannot run
             errors.append(f"{name}: {error}")
             return None
@@ -390,7 +392,7 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
         if searched is not None:
             proven = searched.lower_bound * units.scale
             evaluation = evaluate(searched.graph, searched.order) if searched.graph is not None else None
-            if evaluation is not None:
+            if evaluation is not None and searched.graph is not None:
                 offer("per-microbatch", replace(schedule_of(plain, searched.graph, searched.order), costs=costs),
                       timed=evaluation)
     fitting = sorted(((r, n, v) for r, n, v in candidates

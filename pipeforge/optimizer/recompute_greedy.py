@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from pipeforge.ir import ActionKind
 from pipeforge.optimizer.evaluate import TOLERANCE, Problem
@@ -24,6 +25,7 @@ from pipeforge.sim.bounds import trip_time
 F, I, W, R = (ActionKind.F.value, ActionKind.I.value, ActionKind.W.value,  # noqa: E741
               ActionKind.R.value)
 NEVER = float("inf")
+Key = TypeVar("Key", bound=ActionKey)  # an Action or a plain key: kept_where_room returns what it is given
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ def recompute_orders(problem: Problem, deadline: float | None = None
         yield setting, tuple(kept_where_room(exact, program) for program in keys)
 
 
-def kept_where_room(problem: Problem, program: tuple[ActionKey, ...]) -> tuple[ActionKey, ...]:
+def kept_where_room(problem: Problem, program: tuple[Key, ...]) -> tuple[Key, ...]:
     """``program`` (one rank's keys) without the R of each (stage, microbatch) whose activations fit from
     its F to its R all the same (earliest first): its F keeps them, no rebuild runs. With the order fixed,
     dropping an action never starts anything later (timing is monotone in the work), so it only gains."""

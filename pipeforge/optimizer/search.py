@@ -63,6 +63,12 @@ class _Outcome:
     fusing: str | None = None  # which fuse pass ran (result.FUSE_PASSES)
     split_bound: float | None = None  # explicit exact's bound on orders of the split work only
 
+    @property
+    def found(self) -> _Candidate:
+        """``best``, of an outcome that has one."""
+        assert self.best is not None, "asked of an outcome whose search found an order"
+        return self.best
+
 
 def split_actions(actions: list[Action]) -> list[Action]:
     """The same work with every B split into I and W (the Zero Bubble split, ``semantics.split``)."""
@@ -108,8 +114,9 @@ def _optimize(schedule: Schedule, costs: CostModel | None, memory_limit: float |
     for run in runs:
         run.deadline = deadline
     for run in sorted(runs, key=lambda run: run.bound):
-        leading = min((run for run in runs if run.best is not None), key=_Search.key, default=None)
-        run.start(strategy, None if leading is None else leading.best.evaluation.max_span)
+        leading = min((run.best for run in runs if run.best is not None), key=lambda c: c.evaluation.key(),
+                      default=None)
+        run.start(strategy, None if leading is None else leading.evaluation.max_span)
     leader = min(runs, key=lambda run: run.key())
     leader.improve(strategy)
     outcomes = [_Outcome(run.layout, run.split, run.best, run.bound, run.stopped, run.static, run.fusing,
@@ -152,7 +159,7 @@ KNOWN_KINDS = frozenset(kind for alternative in COMPLETE for kind in alternative
 
 def _require_complete(compute: Schedule) -> None:
     """Every (stage, microbatch, chain) once forward and once backward (B, or I and W), on its rank."""
-    seen: dict[tuple[int, int, int], list[ActionKind]] = {}
+    seen: dict[tuple[int, int | None, int], list[ActionKind]] = {}
     for rank, index, action in compute.actions():
         if action.kind not in KNOWN_KINDS:
             raise VerificationError(f"{action} (rank {rank}, step {index}): optimize does not yet reorder "
@@ -180,7 +187,8 @@ class _Search:
         self.layout, self.problem, self.split, self.progress = layout, problem, split, progress
         self.finish = finish  # seconds to verify and write this layout's result (budget.finish_seconds)
         self.deadline = float("inf")  # set by optimize once every layout's finish is known
-        self.source_of, self.source = source_of, None
+        self.source_of = source_of
+        self.source: _Candidate | None = None
         self.best: _Candidate | None = None
         self.static = work_bound(split, problem.memory_limit)
         self.bound = self.static.max_span
@@ -321,6 +329,7 @@ class _Search:
         except TooLarge:
             return 0.0
         evaluation = evaluate(self.split, found.order)
+        assert evaluation is not None, "z3's order has start times for every action: it runs to the end"
         self.offer(_Candidate(self.split, found.order, evaluation, "exact"))
         # proven optimal among orders of the split work: the result is optimal only where no B < I + W
         self.stopped = ("bound" if self.fusing is None else "finished") if found.optimal else "time"
@@ -340,19 +349,21 @@ def _input_candidate(problem: Problem, compute: Schedule) -> _Candidate | None:
 def _result(schedule: Schedule, compute: Schedule, before: Metrics, outcomes: list[_Outcome], given: Problem,
             strategy: str, started: float) -> OptimizeResult:
     """The best outcome as a result, still in integer units (``_in_units`` converts it)."""
-    limit = outcomes[0].split.problem.memory_limit / outcomes[0].layout.chunks
+    memory_limit = outcomes[0].split.problem.memory_limit
+    assert memory_limit is not None, "optimize sets the limit (the input's peak where none is given)"
+    limit = memory_limit / outcomes[0].layout.chunks
     within = max(before.peak_memory, default=0.0) <= limit + 1e-9
     found = [o for o in outcomes if o.best is not None]
-    chosen = min(found, key=lambda o: o.best.evaluation.key(), default=None)
+    chosen = min(found, key=lambda o: o.found.evaluation.key(), default=None)
     span_bound = min(o.span_bound for o in outcomes)
-    if chosen is None or not _beats_input(chosen.best, before, within):
+    if chosen is None or not _beats_input(chosen.found, before, within):
         if not within:
             raise VerificationError(f"no order of {schedule.name!r} within the memory limit {limit:g} was found "
                                     f"(the input holds {max(before.peak_memory):g})")
         result, after, found_by, layout, stopped = _with_weights(schedule, given), before, "input", Layout("keep"), \
             outcomes[0].stopped
     else:
-        best, layout, stopped = chosen.best, chosen.layout, chosen.stopped
+        best, layout, stopped = chosen.found, chosen.layout, chosen.stopped
         result = _schedule_of(schedule, compute, chosen, given.costs)
         _verify(result, chosen.split.problem.memory_limit, best)
         after, found_by = Metrics.of(best.evaluation), best.found_by
@@ -384,7 +395,7 @@ def _with_weights(schedule: Schedule, given: Problem) -> Schedule:
 
 def _schedule_of(schedule: Schedule, compute: Schedule, outcome: _Outcome, costs: CostModel) -> Schedule:
     """The chosen order as a schedule with the input's costs (divided into chunks where it was split)."""
-    best, layout = outcome.best, outcome.layout
+    best, layout = outcome.found, outcome.layout
     if layout.keeps:
         return replace(schedule_of(compute, best.graph, best.order, name=schedule.name), costs=costs)
     programs = tuple(tuple(Step((best.graph.actions[a],)) for a in seq) for seq in best.order)

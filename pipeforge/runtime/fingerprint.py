@@ -77,8 +77,8 @@ class Recorder:
         self.actions.extend(comms)
 
 
-def _action(kind: ActionKind, args: tuple, kwargs: dict) -> Action:
-    stage = args[0] if args else kwargs.get("stage")
+def _action(kind: ActionKind, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Action:
+    stage: Any = args[0] if args else kwargs.get("stage")  # as the program passed it (a Recorder checks nothing)
     if kind.has_microbatch:  # every kind but the stage-only ones (ir.STAGE_ONLY_KINDS)
         mb = args[1] if len(args) > 1 else kwargs.get("mb")
         chain = args[2] if len(args) > 2 else kwargs.get("chain", 0)

@@ -13,6 +13,7 @@ distinct parameter, for the optimizer. The whole contract: ``docs/runtime.md``.
 from __future__ import annotations
 
 import copy
+import sys
 import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -148,7 +149,7 @@ class Pipeline:
             if told is None:
                 raise
             for note in getattr(error, "__notes__", ()):
-                told.add_note(note)
+                _add_note(told, note)
             raise told from error
         if self.end_agreement:
             self._start.end(self.transport, failed=False)  # raises where another rank's step failed
@@ -248,10 +249,11 @@ class Pipeline:
         self.data_parallel.begin(training)
         for runner in self.runners.values():
             runner.reset()
-        if self.recorder is None:
+        recorder = self.recorder
+        if recorder is None:
             self._run_program(ctx, training)
         else:
-            self._recorded(ctx, training)
+            self._recorded(recorder, ctx, training)
         self.data_parallel.end()  # waits for every gradient reduction REDUCE_GRAD started
         self.activations = ctx.activations
         self.saved_peak = ctx.saved.counter.peak if ctx.saved.counter is not None else None
@@ -286,16 +288,15 @@ class Pipeline:
             self._program(ctx)
         ctx.finish()
 
-    def _recorded(self, ctx: RankContext, training: bool) -> None:
+    def _recorded(self, recorder: Recorder, ctx: RankContext, training: bool) -> None:
         """``_run_program`` leaving a record of this rank's place when it raises (``pipeforge.runtime.records``)."""
-        recorder = self.recorder
         recorder.begin_step()
         try:
             self._run_program(ctx, training)
         except BaseException as error:
             path = recorder.failed(error)
             where = f"rank {self.rank}'s record: {path}" if path else f"rank {self.rank}: no record could be written"
-            error.add_note(f"pipeforge: {where} (pipeforge diagnose {recorder.directory})")
+            _add_note(error, f"pipeforge: {where} (pipeforge diagnose {recorder.directory})")
             if isinstance(error, PipelineError) and error.args and isinstance(error.args[0], str):
                 error.args = (f"{error.args[0]} [{where}]", *error.args[1:])
             raise
@@ -392,7 +393,7 @@ class Pipeline:
         for runner in last:
             runner.outputs = {}
             runner.losses = {}
-        if not return_outputs:
+        if chunks is None:  # (not return_outputs)
             return None
         enabled = torch.is_grad_enabled()  # the outputs as the stages made them, merged without their graphs
         torch._C._set_grad_enabled(False)
@@ -513,6 +514,14 @@ def _add_back(earlier: list[tuple[torch.nn.Parameter, torch.Tensor]]) -> None:
     """The gradients ``Pipeline._set_aside_chain_grads`` set aside, added to this step's."""
     for param, grad in earlier:
         param.grad = grad if param.grad is None else grad + param.grad
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)``; on Python 3.10, which has no ``add_note``, the note kept where 3.11 keeps it."""
+    if sys.version_info >= (3, 11):
+        error.add_note(note)
+    else:
+        vars(error).setdefault("__notes__", []).append(note)
 
 
 def _keywords(value: Any, where: str) -> dict[str, Any]:

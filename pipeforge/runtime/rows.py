@@ -10,7 +10,7 @@ per-token target); anything else is a ``PipelineUsageError`` naming the rank and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -132,7 +132,7 @@ def _refused(start: Any, transport: Transport, peer: int, fallback: str) -> Pipe
 
 
 def named_tensors(args: tuple, kwargs: Mapping, target: Any, shared: Any, per_stage: Any,
-                  stages: list[int]) -> list[tuple[str, int, bool]]:
+                  stages: Sequence[int]) -> list[tuple[str, int, bool]]:
     """Every tensor of a call that is split into microbatches: (its name as errors give it, rows, of the
     batch); the batch's first. ``stages``: the stages this rank holds (the ``stage_kwargs`` it uses)."""
     named = [(w, r, True) for index, value in enumerate(args)

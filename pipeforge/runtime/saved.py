@@ -68,7 +68,9 @@ class SavedBytes:
         return key
 
     def drop(self, key: SavedKey | None) -> None:
-        count = self._refs.get(key, 0) if key is not None else 0
+        if key is None:
+            return
+        count = self._refs.get(key, 0)
         if count == 0:
             return
         if count == 1:
@@ -87,7 +89,7 @@ class _Saved(Releasable):
     __slots__ = ("__weakref__", "address", "away", "counter", "tensor")
 
     def __init__(self, tensor: torch.Tensor, counter: SavedBytes | None):
-        self.tensor = tensor
+        self.tensor: torch.Tensor | None = tensor  # None once an I frees it
         self.counter = counter
         self.address = counter.add(tensor) if counter is not None else None
         self.away = False
@@ -224,16 +226,16 @@ class SavedActivations:
     def _move(self, key: Key, holder: list[_Saved], where: torch.device, away: bool) -> None:
         """Every saved tensor of ``holder`` copied to ``where`` on the copy lane (``copy_lane.move``: one copy
         of each storage's bytes they reach); counted off the device when ``away``, on it again when back."""
-        holder = [saved for saved in holder if saved.tensor is not None]  # not freed by an I
-        moved, sources, copies = move(self.lane, [saved.tensor for saved in holder], where)
-        for saved, tensor in zip(holder, moved):
+        kept = [(saved, saved.tensor) for saved in holder if saved.tensor is not None]  # not freed by an I
+        moved, sources, copies = move(self.lane, [tensor for _, tensor in kept], where)
+        for (saved, _), tensor in zip(kept, moved):
             saved.tensor = tensor  # the source is dropped (a host copy, or back on the device)
         self.lane.finish(key, sources, copies, away)
-        for saved in holder:
+        for (saved, _), tensor in zip(kept, moved):
             if away:
                 saved.release()  # off the device: no longer counted
             elif self.counter is not None:
-                saved.address = self.counter.add(saved.tensor)
+                saved.address = self.counter.add(tensor)
             saved.away = away
 
     def wait(self, key: Key) -> None:
@@ -306,6 +308,7 @@ def _rng_state(device: torch.device | None) -> tuple[torch.Tensor, torch.Tensor 
 def _set_rng_state(state: tuple[torch.Tensor, torch.Tensor | None], device: torch.device | None) -> None:
     torch.set_rng_state(state[0])
     if state[1] is not None:
+        assert device is not None, "a CUDA state is taken only for a CUDA device (_rng_state)"
         torch.cuda.set_rng_state(state[1], device)
 
 

@@ -13,7 +13,9 @@ beside torch's: ``benchmarks/runtime/split_backward.py``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch.autograd.graph import GradientEdge, Node
@@ -25,7 +27,9 @@ def grad_node(tensor: torch.Tensor) -> Node | None:
         return tensor.grad_fn
     if tensor.requires_grad:
         with torch.enable_grad():
-            return tensor.view_as(tensor).grad_fn.next_functions[0][0]
+            view = tensor.view_as(tensor).grad_fn
+            assert view is not None, "a view of a tensor that requires a gradient has a node"
+            return view.next_functions[0][0]
     return None
 
 
@@ -65,10 +69,10 @@ class Graph:
     """One microbatch's autograd graph as the walk from its roots found it."""
 
     nodes: list[Node]
-    position: dict[Node, int]
+    position: dict[Node | None, int]  # (None, no node, is never in it)
     shape: tuple[tuple[int, ...], ...]  # the positions of each node's children
 
-    def positions(self, nodes: list[Node | None]) -> tuple[int, ...]:
+    def positions(self, nodes: Sequence[Node | None]) -> tuple[int, ...]:
         return tuple(self.position.get(n, -1) for n in nodes)
 
 
@@ -90,7 +94,7 @@ class SplitBackward:
     KEPT_LAYOUTS = 8
 
     def __init__(self) -> None:
-        self._accumulators: dict[int, tuple[torch.nn.Parameter, Node]] = {}
+        self._accumulators: dict[int, tuple[torch.nn.Parameter, Node | None]] = {}
         self._layouts: dict[tuple, Layout] = {}
         self.analysed = 0  # graphs analysed afresh (the others reused a kept layout)
 
@@ -130,7 +134,8 @@ class SplitBackward:
         return found
 
     def _accumulator_nodes(self, params: list[torch.nn.Parameter]) -> list[Node | None]:
-        kept, fresh = self._accumulators, {}
+        kept = self._accumulators
+        fresh: dict[int, tuple[torch.nn.Parameter, Node | None]] = {}
         for param in params:
             entry = kept.get(id(param))
             if entry is None or entry[0] is not param:
@@ -172,7 +177,7 @@ def backward_input(roots: tuple[torch.Tensor, ...], root_grads: tuple, inputs: l
 def walk(roots: list[Node]) -> Graph:
     """Every node reachable from the roots, breadth first (the roots first), with its children's positions."""
     nodes: list[Node] = []
-    position: dict[Node, int] = {}
+    position: dict[Node | None, int] = {}
     for root in roots:
         if root not in position:
             position[root] = len(nodes)
@@ -302,6 +307,7 @@ def _weights_below(node: int, kids: tuple[int, ...], below: dict[int, frozenset[
 def _add_frontier(node: int, kids: tuple[int, ...], on_path: set[int], below: dict[int, frozenset[int]],
                   weight_at: dict[int, int], frontiers: dict[int, list[int]]) -> None:
     for kid in kids:
+        reached: tuple[int, ...] | frozenset[int]
         if kid in on_path:
             reached = (weight_at[kid],) if kid in weight_at else ()  # a weight that is itself an input
         else:
@@ -403,9 +409,15 @@ def release_saved(nodes: list[Node]) -> str:
 
 def _plan(layout: Layout, graph: Graph, params, accumulators: list[Node | None], roots, root_grads) -> WeightPlan:
     groups = [WeightGroup([params[w] for w in weights], [graph.nodes[n] for n in nodes],
-                          tuple(GradientEdge(accumulators[w], 0) for w in weights))
+                          tuple(_accumulator_edge(accumulators[w]) for w in weights))
               for weights, nodes in layout.groups]
     return WeightPlan(groups, [params[w] for w in layout.from_outputs], roots, root_grads, calls=layout.calls)
+
+
+def _accumulator_edge(node: Node | None) -> GradientEdge:
+    """Where W reads a grouped weight's gradient (a weight in a group was reached: its accumulator is a node)."""
+    assert node is not None, "a grouped weight has an accumulator in the graph"
+    return GradientEdge(node, 0)
 
 
 def _run_input_pass(plan: WeightPlan, roots, root_grads, inputs: list[torch.Tensor]) -> tuple:
@@ -466,7 +478,10 @@ def accumulate_weight_gradients(plan: WeightPlan) -> None:
 def _group_gradients(groups: list[WeightGroup],
                      keep_graph: bool) -> list[tuple[torch.nn.Parameter, torch.Tensor | None]]:
     """The weights' gradients of ``groups`` in one engine call (several: groups with one frontier node each)."""
-    edges, grads, params, targets = [], [], [], []
+    edges: list[GradientEdge] = []
+    grads: list[torch.Tensor] = []
+    params: list[torch.nn.Parameter] = []
+    targets: list[GradientEdge] = []
     unreached: list[tuple[torch.nn.Parameter, torch.Tensor | None]] = []
     for group in groups:
         started = len(edges)
@@ -494,12 +509,14 @@ def _group_gradients(groups: list[WeightGroup],
     return list(zip(params, found)) + unreached
 
 
-_ENGINE = getattr(torch.autograd.graph, "_engine_run_backward", None)  # torch's own entry point to its engine
+# torch's own entry point to its engine
+_ENGINE: Callable[..., Any] | None = getattr(torch.autograd.graph, "_engine_run_backward", None)
 # the engine itself, which ``_ENGINE`` calls after registering logging hooks (with torch.autograd's debug
 # logging on) and lending the caller's context variables to the engine's device threads (CUDA's): a graph
 # rooted on the CPU, without that logging, calls it at once (``_accumulate``)
 _EXECUTION_ENGINE = getattr(getattr(torch.autograd, "variable", None), "Variable", None)
-_RUN_BACKWARD = getattr(getattr(_EXECUTION_ENGINE, "_execution_engine", None), "run_backward", None)
+_RUN_BACKWARD: Callable[..., Any] | None = getattr(getattr(_EXECUTION_ENGINE, "_execution_engine", None),
+                                                   "run_backward", None)
 _AUTOGRAD_LOG = logging.getLogger("torch.autograd.graph")
 
 
@@ -508,15 +525,17 @@ def _accumulate(roots: tuple[torch.Tensor, ...], grads: tuple[torch.Tensor, ...]
     on_cpu = roots[0].is_cpu if len(roots) == 1 else all([root.is_cpu for root in roots])
     if _RUN_BACKWARD is not None and on_cpu and not _AUTOGRAD_LOG.isEnabledFor(logging.DEBUG):
         _RUN_BACKWARD(roots, grads, False, False, (), True, True)
-    else:
+    elif _ENGINE is not None:
         _ENGINE(roots, grads, False, False, (), True, True)
+    else:
+        torch.autograd.backward(roots, grads)
 
 
 def run_backward(roots: tuple[torch.Tensor, ...], grads: tuple[torch.Tensor | None, ...]) -> None:
     """``torch.autograd.backward(roots, grads)``: every leaf's ``.grad`` accumulated, the graph freed
     (the engine called at once where ``engine_grads`` allows)."""
     given = engine_grads(roots, grads)
-    if given is None:
+    if given is None or _ENGINE is None:  # (engine_grads is None where _ENGINE is)
         torch.autograd.backward(roots, grads)
     else:
         _accumulate(roots, given)
@@ -558,7 +577,7 @@ def gradients(roots: tuple[torch.Tensor, ...], inputs: tuple, grads: tuple[torch
     """``torch.autograd.grad(roots, inputs, grads, retain_graph=keep_graph, allow_unused=True)``
     (the engine called at once where ``engine_grads`` allows)."""
     given = engine_grads(roots, grads)
-    if given is None:
+    if given is None or _ENGINE is None:  # (engine_grads is None where _ENGINE is)
         return torch.autograd.grad(roots, inputs, grads, retain_graph=keep_graph, allow_unused=True)
     return _ENGINE(roots, given, keep_graph, False, inputs, True, False)
 
