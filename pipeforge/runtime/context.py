@@ -501,7 +501,7 @@ class RankContext:
                 transfers += self._send_transfers(comm)
             else:
                 receives.append(comm)
-        if receives and not self.caches.knows_all(receives):
+        if receives and not self.caches.knows_all(receives, self.training):
             self._post_sends(transfers, label)
             for comm in receives:  # one by one: a peer's header and data come in this order
                 self._post_receives([comm], [], label)
@@ -621,7 +621,7 @@ class RankContext:
     def _receive_buffers(self, comm: Comm, label: GroupLabel) -> tuple[torch.Tensor, ...]:
         device = self.transport.device
         if comm.kind == RECV_F:
-            if not self.caches.known(comm):
+            if not self.caches.known(comm, self.training):
                 self._receive_header(comm, label)
             return self.caches.buffers(comm, device)
         runner, mb = self.runner(comm.stage, comm.chain), comm.microbatch
@@ -633,7 +633,7 @@ class RankContext:
         header = empty_header(self.transport.device)
         peer = self.caches.peer(comm, self.info)
         self.transport.post([Transfer(False, header, peer)], HeaderLabel(label)).wait()
-        self.caches.learn(comm, decode_header(header))
+        self.caches.learn(comm, decode_header(header), self.training)
 
 
 class GroupLabel:
@@ -671,6 +671,9 @@ class ShapeCache:
         self.wants_grad: dict[tuple, tuple[bool, ...]] = {}
         self._zeros: dict[TensorMeta, torch.Tensor] = {}  # the gradients of inputs that got none, sent as zeros
         self._early: dict[bool, tuple] = {}  # per mode: (version, receives, plan, its set) (``early_plan``)
+        # activations announced (sends) or learned (receives) by an eval only: no gradient flags yet, so the
+        # first training step announces them again, flags and all (``header_to_send``, ``known``)
+        self._untrained: set[tuple] = set()
 
     def peer(self, comm: Comm, info: ScheduleInfo) -> int:
         peer = self._peers.get(comm)
@@ -678,19 +681,22 @@ class ShapeCache:
             peer = self._peers[comm] = info.rank_of(peer_stage(comm), comm.chain)
         return peer
 
-    def known(self, key: tuple) -> bool:
-        return key in self._received
+    def known(self, key: tuple, training: bool = False) -> bool:
+        """The shapes of ``key`` are known (and, in a training step, which of its tensors carry a gradient)."""
+        return key in self._received and not (training and key in self._untrained)
 
     def early_plan(self, receives: tuple[Comm, ...], info: ScheduleInfo,
                    training: bool) -> tuple[tuple[Comm, int], ...]:
         """The receives ``semantics.early_receives`` lets go ahead of the program, with their peers: worked
         out again only when a shape or a buffer was learned since (keys are only ever added)."""
-        version = (len(self._received), len(self._buffers))
+        version = (len(self._received), len(self._buffers), len(self._untrained))
         cached = self._early.get(training)
         if cached is not None and cached[0] == version and cached[1] is receives:
             return cached[2]
         wanted = receives if training else tuple(c for c in receives if c.kind in FORWARD_COMMS)
-        early = early_receives(wanted, lambda comm: self.peer(comm, info), self.has_buffers)
+        ready = self.has_buffers if not training or not self._untrained else (
+            lambda comm: self.has_buffers(comm) and comm not in self._untrained)  # a header goes first
+        early = early_receives(wanted, lambda comm: self.peer(comm, info), ready)
         plan = tuple((Action._make(comm), self.peer(comm, info)) for comm in early)
         self._early[training] = (version, receives, plan, frozenset(comm for comm, _ in plan))
         return plan
@@ -703,14 +709,20 @@ class ShapeCache:
         """A buffer for ``comm``'s data is known (its shapes learned, or a gradient's buffer made on a step before)."""
         return comm in self._buffers or comm in self._received
 
-    def knows_all(self, receives: list[Comm]) -> bool:
+    def knows_all(self, receives: list[Comm], training: bool = False) -> bool:
         """Every receive's shapes are known (gradients' always are: they are the outputs' shapes)."""
-        return all(c in self._received for c in receives if c.kind == RECV_F)
+        return all(self.known(c, training) for c in receives if c.kind == RECV_F)
 
-    def learn(self, key: tuple, metas: tuple[TensorMeta, ...]) -> None:
+    def learn(self, key: tuple, metas: tuple[TensorMeta, ...], training: bool = True) -> None:
+        """The shapes a header announced (in a training step: with which tensors carry a gradient)."""
         self._received[key] = metas
+        self.wants_grad.pop(key, None)
         if not all(m.requires_grad for m in metas):
             self.wants_grad[key] = tuple(m.requires_grad for m in metas)
+        if training:
+            self._untrained.discard(key)
+        else:
+            self._untrained.add(key)
 
     def header_to_send(self, key: Comm, tensors: tuple[torch.Tensor, ...], rank: int,
                        device: torch.device, carried: tuple[bool, ...] | None = None) -> torch.Tensor | None:
@@ -719,9 +731,7 @@ class ShapeCache:
         (a training step's; ``None``, an eval's: announced as all wanting one, which is never wrong)."""
         announced = self._sent.get(key)
         if announced is None:
-            flags = carried if carried is not None else (True,) * len(tensors)
-            metas = self._sent[key] = tuple(TensorMeta.of(t, flag) for t, flag in zip(tensors, flags))
-            return encode_header(metas, device)
+            return self._announce(key, tensors, carried, device)
         if len(announced) != len(tensors) or any(
                 t.shape != m.shape or t.dtype != m.dtype for t, m in zip(tensors, announced)):
             stage, mb = key.stage, key.microbatch
@@ -737,7 +747,19 @@ class ShapeCache:
                 "carries a gradient now and did not at the first step, so the next stage would compute none for "
                 "it; a pipeline keeps which of an activation's tensors carry gradients as it keeps their shapes "
                 "(the next step learns both anew)")
+        if carried is not None and key in self._untrained:  # an eval's shapes: now their gradient flags too
+            return self._announce(key, tensors, carried, device)
         return None
+
+    def _announce(self, key: Comm, tensors: tuple[torch.Tensor, ...], carried: tuple[bool, ...] | None,
+                  device: torch.device) -> torch.Tensor:
+        flags = carried if carried is not None else (True,) * len(tensors)
+        metas = self._sent[key] = tuple(TensorMeta.of(t, flag) for t, flag in zip(tensors, flags))
+        if carried is None:
+            self._untrained.add(key)
+        else:
+            self._untrained.discard(key)
+        return encode_header(metas, device)
 
     def buffers(self, key: tuple, device: torch.device) -> tuple[torch.Tensor, ...]:
         cached = self._buffers.get(key)
