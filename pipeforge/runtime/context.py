@@ -47,6 +47,7 @@ Comm = Action  # what send_f/recv_f/send_b/recv_b return and post takes: the com
 # the runtime's own compute of each kind, below the hooks: ``_<method>`` for the method generated code calls
 # (``semantics.RUNTIME_METHODS``), which goes through the hooks
 OWN_COMPUTES = {kind: "_" + RUNTIME_METHODS[ActionKind(kind)] for kind in COMPUTE_KINDS}
+_F, _B = ActionKind.F, ActionKind.B  # (a module constant: an Enum member read per action costs a lookup)
 
 
 @dataclass(frozen=True)
@@ -382,7 +383,10 @@ class RankContext:
         runner = self.runners.get((stage, chain)) or self.runner(stage, chain)
         wants = None  # which inputs want a gradient (None: every floating-point one)
         if stage == 0:
-            args, kwargs = self._batch_input(mb)
+            inputs = self.inputs
+            if not inputs:
+                raise PipelineError(f"rank {self.rank} holds stage 0 and needs the batch: pass inputs to step()")
+            args, kwargs = inputs[mb]
         else:
             args, wants = self._input(stage, chain, mb)
             kwargs = {}
@@ -390,11 +394,12 @@ class RankContext:
             own = self.stage_inputs.get(stage)
             if own is not None:
                 kwargs = {**kwargs, **own[mb]}
-        target = self.targets[mb] if runner.is_last and self.targets else None
+        is_last = runner.is_last
+        target = self.targets[mb] if is_last and self.targets else None
         if self._plain:  # the common case: straight to the stage
             output = runner.forward(mb, args, target, self.training, kwargs, wants)
             if self.training:
-                self.activations.record(ActionKind.F)
+                self.activations.record(_F)
         else:
             if self.rng is not None:
                 with self.rng.forward(stage, mb):  # a recompute's checkpoint keeps the state seeded here
@@ -402,8 +407,8 @@ class RankContext:
             else:
                 output = self._run_forward(runner, mb, args, target, kwargs, wants)
             if self.training:
-                self.activations.record(ActionKind.F, (stage, mb, chain) in self.saved.recomputed)
-        if runner.is_last:
+                self.activations.record(_F, (stage, mb, chain) in self.saved.recomputed)
+        if is_last:
             return
         if runner.next_local:
             self._handed[Action(stage + 1, RECV_F, mb, chain)] = as_tuple(output)
@@ -430,11 +435,10 @@ class RankContext:
         if not plain:
             self.saved.wait((stage, mb, chain))
         runner = self.runners.get((stage, chain)) or self.runner(stage, chain)
-        grads = None if runner.is_last else self._take(RECV_B, stage, chain, mb)
-        input_grads = runner.backward(mb, grads)
+        input_grads = runner.backward(mb, None if runner.is_last else self._take(RECV_B, stage, chain, mb))
         if not runner.is_first:
             self._hand_back(runner, input_grads, mb)
-        self.activations.record(ActionKind.B)
+        self.activations.record(_B)
         if not plain and self.saved.tracked:
             self.saved.backward_done((stage, mb, chain))
 
@@ -562,11 +566,6 @@ class RankContext:
 
     def _local(self, stage: int, chain: int) -> bool:
         return self.info.rank_of(stage, chain) == self.rank
-
-    def _batch_input(self, mb: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        if not self.inputs:
-            raise PipelineError(f"rank {self.rank} holds stage 0 and needs the batch: pass inputs to step()")
-        return self.inputs[mb]
 
     def _output_grads(self, runner: StageRunner, mb: int) -> tuple | None:
         if runner.is_last:
