@@ -18,7 +18,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
@@ -110,6 +110,19 @@ class Transfer(NamedTuple):
     peer: int
 
 
+class PeerGroup(Protocol):
+    """What posting transfers one by one needs of a group: a ``ProcessGroup``, or a gloo group of its own."""
+
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> Any: ...
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> Any: ...
+
+
+def _gloo_group(store: dist.Store, rank: int, size: int, timeout: timedelta) -> PeerGroup:
+    """A gloo group of its own on ``store`` (torch's stubs give its ``Backend`` no send or recv; it has both)."""
+    return dist.ProcessGroupGloo(store, rank, size, timeout)  # type: ignore[return-value]
+
+
 class Posted:
     """The works of one posted batch.
 
@@ -127,9 +140,12 @@ class Posted:
 
     __slots__ = ("_receives", "_sends", "_transfers", "_arrivals", "label", "_rank", "_timeout", "received", "done",
                  "_lock")
+    _receives: Sequence[Any]  # works
+    _sends: Sequence[Any]
+    _arrivals: Sequence[tuple[torch.Tensor, torch.Tensor]]
 
     def __init__(self, works: list, transfers: list[Transfer], label: object, rank: int, timeout: timedelta | None,
-                 arrivals: list[tuple[torch.Tensor, torch.Tensor]] = ()):
+                 arrivals: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()):
         if len(works) == 1 and len(transfers) == 1:  # one tensor (most of a schedule's messages, on gloo)
             self._receives, self._sends = ([], works) if transfers[0].send else (works, [])
         elif len(works) == len(transfers):  # one work per transfer (gloo): receives can be waited alone
@@ -174,7 +190,7 @@ class Posted:
                 self.done = True
                 self._sends, self._transfers = [], []
 
-    def _wait(self, works: list) -> None:
+    def _wait(self, works: Sequence[Any]) -> None:
         try:
             for work in works:
                 if self._timeout is None:
@@ -216,7 +232,7 @@ class Transport:
         gloo = dist.get_backend(group) == "gloo"
         self.staged = device.type != "cpu" and gloo
         # gloo does not coalesce: batch_isend_irecv there is one send/recv per op; call them directly
-        self._process_group = (group if group is not None else dist.group.WORLD) if gloo else None
+        self._process_group: PeerGroup | None = (group if group is not None else dist.group.WORLD) if gloo else None
         # gloo, once connected (``reconnect``): messages to a lower rank go on a group of their own, so that no
         # pair's lock is held by a send while the peer's messages for the other direction arrive on it (gloo's
         # event loop spins on a pair whose lock another thread holds: docs/runtime-internals.md)
@@ -226,7 +242,8 @@ class Transport:
         self.posted: list[Posted] = []  # this step's batches
         self.abandoned: list[Posted] = []  # what failed steps left in flight, kept alive
         self.abandoned_groups: list = []  # the groups they were posted on
-        self.agreement_group = None  # gloo: the step-end agreement's own group, made with each fresh group
+        # gloo: the step-end agreement's own group, made with each fresh group
+        self.agreement_group: PeerGroup | None = None
 
     def begin_step(self) -> None:
         """A new step: its own tag (1, 2, ... on every rank alike, as every rank counts its calls)."""
@@ -249,10 +266,10 @@ class Transport:
         pipeline's own groups so: a failure never touches the caller's groups."""
         default = dist.distributed_c10d._get_default_store()
         try:
-            fresh = dist.ProcessGroupGloo(dist.PrefixStore(name, default), self.rank, size, timeout)
-            downward = dist.ProcessGroupGloo(dist.PrefixStore(f"{name}/down", default), self.rank, size, timeout)
+            fresh = _gloo_group(dist.PrefixStore(name, default), self.rank, size, timeout)
+            downward = _gloo_group(dist.PrefixStore(f"{name}/down", default), self.rank, size, timeout)
             # the step-end agreement's: a failed step closes the pipeline group's connections, never these
-            agreement = dist.ProcessGroupGloo(dist.PrefixStore(f"{name}/end", default), self.rank, size, timeout)
+            agreement = _gloo_group(dist.PrefixStore(f"{name}/end", default), self.rank, size, timeout)
         except Exception as error:  # noqa: BLE001
             raise PipelineError(f"rank {self.rank}: connecting the pipeline's ranks {why} failed (waited "
                                 f"{timeout.total_seconds():g} s for every rank): {backend_reason(error)}") from error
@@ -266,8 +283,9 @@ class Transport:
         group = self._process_group
         if group is None or group is dist.group.WORLD:
             return  # never the caller's group
+        downward = self._downward  # (set with the group: never None beside one)
         for peer in peers:
-            for each in (group, self._downward) if self._downward is not group else (group,):
+            for each in (group, downward) if downward is not group and downward is not None else (group,):
                 try:
                     each.recv([torch.zeros(1)], peer, CLOSING_TAG).wait(timedelta(milliseconds=1))
                 except Exception:  # noqa: BLE001, S110 (the timeout is the point: it closes the connection)
@@ -297,6 +315,7 @@ class Transport:
 
     def _post_each(self, wire: list[Transfer], tag: int | None = None) -> list:
         upward, downward, rank = self._process_group, self._downward, self.rank
+        assert upward is not None and downward is not None, "posted one by one only on gloo, where both are set"
         tag = self.tag if tag is None else tag
         return [(upward if rank < t.peer else downward).send([t.tensor], t.peer, tag) if t.send
                 else (upward if t.peer < rank else downward).recv([t.tensor], t.peer, tag) for t in wire]
