@@ -139,7 +139,9 @@ class StageRunner:
             return output
         if aux is not None and not aux.requires_grad:
             aux = None
+        roots: tuple[torch.Tensor, ...]
         if is_last:
+            assert loss is not None, "a last stage trains with a loss (Pipeline refuses training without loss_fn)"
             roots = (loss if aux is None else loss + aux,)
         elif type(output) is torch.Tensor:  # one tensor (most stages): as the general rule below has it
             roots = (output,) if output.requires_grad and output.is_floating_point() else ()
