@@ -214,6 +214,7 @@ class StepStart:
         if self._expected is not None or not self.agreeing or not _agrees(self.info, transport):
             return
         group, tag = transport.agreement_group, transport.tag
+        assert group is not None, "_agrees: there is an agreement group"
         sources = self.others if self.rank == ROOT or self.info.ranks <= ALL_TO_ALL else [ROOT]
         words = {peer: torch.zeros(1, dtype=torch.int64) for peer in sources}
         self._expected = {peer: (group.recv([word], peer, tag), word) for peer, word in words.items()}
@@ -265,20 +266,21 @@ class StepStart:
         """This rank's word out, and (unless it failed) the sum in: failures, plus ``UNHEARD`` for each rank
         not heard from in time. Up to ``ALL_TO_ALL`` ranks every rank tells every other (one message on the
         critical path); beyond, every rank tells rank 0, which answers every rank (two)."""
-        group, tag = transport.agreement_group, transport.tag
+        group, tag, expected = transport.agreement_group, transport.tag, self._expected
+        assert group is not None and expected is not None, "end: _agrees, and the receives are posted (expect)"
         word = _WORDS[failed]
         if self.rank != ROOT and self.info.ranks > ALL_TO_ALL:
             self._sends.append(group.send([word], ROOT, tag))
             if failed:
                 return 0
-            work, answer = self._expected[ROOT]
+            work, answer = expected[ROOT]
             self._wait(transport, work, ROOT)
             return int(answer.item())
         if self.info.ranks <= ALL_TO_ALL:
             self._send(group, word, self.others, tag)
         total = int(failed)
         if not failed:
-            total += self._sum_words(transport)
+            total += self._sum_words(transport, expected)
         if self.info.ranks > ALL_TO_ALL:  # rank 0 answers: at once where its own step failed
             self._send(group, torch.tensor([total]), self.others, tag)
         return 0 if failed else total
@@ -290,9 +292,9 @@ class StepStart:
             except Exception:  # noqa: BLE001, S110 (a connection a timeout closed: that peer learns by its own wait)
                 pass
 
-    def _sum_words(self, transport: Transport) -> int:
+    def _sum_words(self, transport: Transport, expected: dict) -> int:
         total = 0
-        for peer, (work, word) in self._expected.items():
+        for peer, (work, word) in expected.items():
             try:
                 self._wait(transport, work, peer)
                 total += int(word.item())
@@ -328,7 +330,7 @@ def _wait_limit(transport: Transport) -> timedelta:
     """A step-end wait's bound: the pipeline's ``timeout``, else the default store's (what a wait on it had)."""
     if transport.timeout is not None:
         return transport.timeout
-    return dist.distributed_c10d._get_default_store().timeout
+    return dist.distributed_c10d._get_default_store().timeout  # type: ignore[attr-defined]  # (a Store has it; its stub not)
 
 
 def _within(transport: Transport) -> str:
