@@ -38,7 +38,8 @@ from pipeforge.files import locked_output, module_head, parse_module_head
 from pipeforge.ir import COMM_KINDS, Action, ActionKind, Schedule, Step
 from pipeforge.passes.lower import Lowered, lower_with_origins
 from pipeforge.resources import templates_dir
-from pipeforge.semantics import RUNTIME_METHODS, Semantics, effects_of, offload_waits, offloaded, recomputed
+from pipeforge.semantics import (RUNTIME_METHODS, Semantics, effects_of, offload_waits, offloaded, recomputed,
+                                 waited_offload)
 from pipeforge.verifier import verify
 
 TEMPLATE = "pipeline.py.j2"  # the module a user loads
@@ -350,7 +351,8 @@ def _offload_waits(schedule: Schedule, actions: list) -> tuple:
         for step, wait in zip(steps, offload_waits(summary, memory.limit)):
             if wait is None:
                 continue
-            gone = next(e[0] for e in steps[wait] if e[0].kind is ActionKind.OFFLOAD)
+            waited = steps[wait]
+            gone = waited[waited_offload([e[0].kind for e in waited])][0]
             found += [((_int(a.stage), str(a.kind.value), _int(a.microbatch), _int(a.chain)),
                        _ints((gone.stage, gone.microbatch, gone.chain))) for a, added, _ in step if added > 0]
     return tuple(found)

@@ -16,7 +16,7 @@ where each is used: ``docs/architecture.md``.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from enum import Enum
 from typing import NamedTuple, TypeVar
 
@@ -415,6 +415,14 @@ def offload_waits(steps: Iterable[tuple[float, float, bool]], limit: float | Non
             positions.append(index)
             totals.append(totals[-1] + released)
     return waits
+
+
+def waited_offload(kinds: Sequence[ActionKind]) -> int:
+    """The position, in an OFFLOAD step (its actions' kinds), of the action whose end a wait on that step
+    (``offload_waits``) waits for: its last OFFLOAD. The copy lane ends a rank's transfers in program order,
+    so all of the step's OFFLOADs have ended then; an overlap step may hold an OFFLOAD beside other actions,
+    whose releases a later step follows anyway (it is issued once the compute before it has ended)."""
+    return max(i for i, kind in enumerate(kinds) if kind is OFFLOAD)
 
 
 # --- gradients and completeness ------------------------------------------------------------

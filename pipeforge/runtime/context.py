@@ -47,6 +47,7 @@ Comm = Action  # what send_f/recv_f/send_b/recv_b return and post takes: the com
 # the runtime's own compute of each kind, below the hooks: ``_<method>`` for the method generated code calls
 # (``semantics.RUNTIME_METHODS``), which goes through the hooks
 OWN_COMPUTES = {kind: "_" + RUNTIME_METHODS[ActionKind(kind)] for kind in COMPUTE_KINDS}
+_F, _B = ActionKind.F, ActionKind.B  # (a module constant: an Enum member read per action costs a lookup)
 
 
 @dataclass(frozen=True)
@@ -298,15 +299,16 @@ class RankContext:
         plan = self.caches.early_plan(receives, self.info, self.training)
         if not plan:
             return
-        comms = tuple(comm for comm, _ in plan)
-        for observer in self.observers:
+        observers = self.observers
+        comms = tuple(comm for comm, _, _ in plan) if observers else ()
+        for observer in observers:
             observer.begin_post(comms)
-        post, device, pending = self.transport.post, self.transport.device, self._pending
-        for comm, peer in plan:
-            tensors = self.caches.buffers(comm, device)
-            pending[comm] = (post([Transfer(False, t, peer) for t in tensors], GroupLabel((comm,))), tensors)
+        post, buffers, device, pending = self.transport.post, self.caches.buffers, self.transport.device, self._pending
+        for comm, peer, label in plan:
+            tensors = buffers(comm, device)
+            pending[comm] = (post([Transfer(False, t, peer) for t in tensors], label), tensors)
         self._early = self.caches.early_set(self.training)
-        for observer in self.observers:
+        for observer in observers:
             observer.end_post(comms)
 
     # -- dispatch through the hooks ----------------------------------------------------
@@ -382,7 +384,10 @@ class RankContext:
         runner = self.runners.get((stage, chain)) or self.runner(stage, chain)
         wants = None  # which inputs want a gradient (None: every floating-point one)
         if stage == 0:
-            args, kwargs = self._batch_input(mb)
+            inputs = self.inputs
+            if not inputs:
+                raise PipelineError(f"rank {self.rank} holds stage 0 and needs the batch: pass inputs to step()")
+            args, kwargs = inputs[mb]
         else:
             args, wants = self._input(stage, chain, mb)
             kwargs = {}
@@ -390,11 +395,12 @@ class RankContext:
             own = self.stage_inputs.get(stage)
             if own is not None:
                 kwargs = {**kwargs, **own[mb]}
-        target = self.targets[mb] if runner.is_last and self.targets else None
+        is_last = runner.is_last
+        target = self.targets[mb] if is_last and self.targets else None
         if self._plain:  # the common case: straight to the stage
             output = runner.forward(mb, args, target, self.training, kwargs, wants)
             if self.training:
-                self.activations.record(ActionKind.F)
+                self.activations.record(_F)
         else:
             if self.rng is not None:
                 with self.rng.forward(stage, mb):  # a recompute's checkpoint keeps the state seeded here
@@ -402,8 +408,8 @@ class RankContext:
             else:
                 output = self._run_forward(runner, mb, args, target, kwargs, wants)
             if self.training:
-                self.activations.record(ActionKind.F, (stage, mb, chain) in self.saved.recomputed)
-        if runner.is_last:
+                self.activations.record(_F, (stage, mb, chain) in self.saved.recomputed)
+        if is_last:
             return
         if runner.next_local:
             self._handed[Action(stage + 1, RECV_F, mb, chain)] = as_tuple(output)
@@ -423,18 +429,17 @@ class RankContext:
         handed = self._handed.pop(key, None)
         if handed is not None:
             return handed, tuple([isinstance(t, torch.Tensor) and t.requires_grad for t in handed])
-        return self._take(RECV_F, stage, chain, mb), self.caches.wants_grad.get(key)
+        return self._received(key), self.caches.wants_grad.get(key)
 
     def _backward(self, stage: int, mb: int, chain: int) -> None:
         plain = self._plain
         if not plain:
             self.saved.wait((stage, mb, chain))
         runner = self.runners.get((stage, chain)) or self.runner(stage, chain)
-        grads = None if runner.is_last else self._take(RECV_B, stage, chain, mb)
-        input_grads = runner.backward(mb, grads)
+        input_grads = runner.backward(mb, None if runner.is_last else self._take(RECV_B, stage, chain, mb))
         if not runner.is_first:
             self._hand_back(runner, input_grads, mb)
-        self.activations.record(ActionKind.B)
+        self.activations.record(_B)
         if not plain and self.saved.tracked:
             self.saved.backward_done((stage, mb, chain))
 
@@ -485,23 +490,23 @@ class RankContext:
     # -- communication -----------------------------------------------------------------
 
     def _post(self, comms: tuple[Comm, ...]) -> None:
-        if not self.training:
-            comms = tuple(c for c in comms if c.kind in FORWARD_COMMS)
-            if not comms:
-                return
-        if self._early:
-            comms = tuple(c for c in comms if c not in self._early)  # posted already, ahead of the program
+        if self._early or not self.training:  # eval keeps the forward's; the early receives are posted already
+            early, training = self._early, self.training
+            comms = tuple([c for c in comms if c not in early and (training or c[1] in FORWARD_COMMS)])
             if not comms:
                 return
         label = GroupLabel(comms)
         transfers: list[Transfer] = []
         receives = []
         for comm in comms:
-            if comm.kind in SENDS:
+            if comm[1] in SENDS:
                 transfers += self._send_transfers(comm)
             else:
                 receives.append(comm)
-        if receives and not self.caches.knows_all(receives):
+        if not receives:
+            self._sent.append(self.transport.post(transfers, label))
+            return
+        if not self.caches.knows_all(receives, self.training):
             self._post_sends(transfers, label)
             for comm in receives:  # one by one: a peer's header and data come in this order
                 self._post_receives([comm], [], label)
@@ -545,6 +550,9 @@ class RankContext:
             posted.wait()
         for observer in self.observers:
             observer.end_finish()
+        if not self._pending and not self._outbox and not (
+                self.training and any(r.states for r in self.runners.values())):
+            return
         leftovers = [f"{a.kind} {a.stage}:{a.microbatch}" for a in (*self._pending, *self._outbox)]
         if self.training:
             leftovers += [f"{r.name} microbatch {m}" for r in self.runners.values() for m in r.states]
@@ -563,11 +571,6 @@ class RankContext:
     def _local(self, stage: int, chain: int) -> bool:
         return self.info.rank_of(stage, chain) == self.rank
 
-    def _batch_input(self, mb: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        if not self.inputs:
-            raise PipelineError(f"rank {self.rank} holds stage 0 and needs the batch: pass inputs to step()")
-        return self.inputs[mb]
-
     def _output_grads(self, runner: StageRunner, mb: int) -> tuple | None:
         if runner.is_last:
             return None
@@ -578,14 +581,21 @@ class RankContext:
         handed = self._handed.pop(key, None)
         if handed is not None:
             return handed
-        if key not in self._pending:
-            what = "input" if kind == RECV_F else "output gradient"
-            raise PipelineError(f"rank {self.rank}: the {what} of stage {stage} microbatch {mb} was never received "
-                                f"(no {stage}{kind}{mb} posted before it is used)")
-        posted, tensors = self._pending.pop(key)
+        return self._received(key)
+
+    def _received(self, key: Action) -> tuple:
+        """The tensors of the posted receive ``key``, once they have landed."""
+        entry = self._pending.pop(key, None)
+        if entry is None:
+            what = "input" if key.kind == RECV_F else "output gradient"
+            raise PipelineError(f"rank {self.rank}: the {what} of stage {key.stage} microbatch {key.microbatch} was "
+                                f"never received (no {key} posted before it is used)")
+        posted, tensors = entry
         if not self.observers:
             posted.wait_received()  # not the group's sends: they are waited in finish()
             return tensors
+        stage, kind, mb, chain = key
+        assert mb is not None  # a receive names its microbatch
         for observer in self.observers:
             observer.begin_wait(kind, stage, mb, chain)
         posted.wait_received()
@@ -604,24 +614,25 @@ class RankContext:
     def _send_transfers(self, comm: Comm) -> list[Transfer]:
         """What a send moves: the tensors ``forward``/``backward`` left in the outbox (an activation's
         shapes first, the first time it crosses)."""
-        peer = self.caches.peer(comm, self.info)
+        caches = self.caches
+        peer = caches.peer(comm, self.info)
         tensors = self._outbox.pop(comm, None)
         if tensors is None:
-            what = "forward" if comm.kind == SEND_F else "backward"
+            what = "forward" if comm[1] is SEND_F else "backward"
             raise PipelineError(f"rank {self.rank}: {comm} before the {what} that produces it")
-        if comm.kind == SEND_B:
-            tensors = self.caches.gradients_to_send(comm, tensors, self.transport.device)
-            return [Transfer(True, t, peer) for t in tensors]
+        if comm[1] is SEND_B:
+            return [Transfer(True, t, peer) for t in caches.gradients_to_send(comm, tensors, self.transport.device)]
         carried = tuple([t.requires_grad for t in tensors]) if self.training else None
         tensors = tuple([t.detach().contiguous() for t in tensors])
-        header = self.caches.header_to_send(comm, tensors, self.rank, self.transport.device, carried)
-        first = [Transfer(True, header, peer)] if header is not None else []
-        return first + [Transfer(True, t, peer) for t in tensors]
+        header = caches.header_to_send(comm, tensors, self.rank, self.transport.device, carried)
+        if header is None:  # every step after the first
+            return [Transfer(True, t, peer) for t in tensors]
+        return [Transfer(True, header, peer)] + [Transfer(True, t, peer) for t in tensors]
 
     def _receive_buffers(self, comm: Comm, label: GroupLabel) -> tuple[torch.Tensor, ...]:
         device = self.transport.device
         if comm.kind == RECV_F:
-            if not self.caches.known(comm):
+            if not self.caches.known(comm, self.training):
                 self._receive_header(comm, label)
             return self.caches.buffers(comm, device)
         runner, mb = self.runner(comm.stage, comm.chain), comm.microbatch
@@ -633,7 +644,7 @@ class RankContext:
         header = empty_header(self.transport.device)
         peer = self.caches.peer(comm, self.info)
         self.transport.post([Transfer(False, header, peer)], HeaderLabel(label)).wait()
-        self.caches.learn(comm, decode_header(header))
+        self.caches.learn(comm, decode_header(header), self.training)
 
 
 class GroupLabel:
@@ -671,6 +682,9 @@ class ShapeCache:
         self.wants_grad: dict[tuple, tuple[bool, ...]] = {}
         self._zeros: dict[TensorMeta, torch.Tensor] = {}  # the gradients of inputs that got none, sent as zeros
         self._early: dict[bool, tuple] = {}  # per mode: (version, receives, plan, its set) (``early_plan``)
+        # activations announced (sends) or learned (receives) by an eval only: no gradient flags yet, so the
+        # first training step announces them again, flags and all (``header_to_send``, ``known``)
+        self._untrained: set[tuple] = set()
 
     def peer(self, comm: Comm, info: ScheduleInfo) -> int:
         peer = self._peers.get(comm)
@@ -678,21 +692,25 @@ class ShapeCache:
             peer = self._peers[comm] = info.rank_of(peer_stage(comm), comm.chain)
         return peer
 
-    def known(self, key: tuple) -> bool:
-        return key in self._received
+    def known(self, key: tuple, training: bool = False) -> bool:
+        """The shapes of ``key`` are known (and, in a training step, which of its tensors carry a gradient)."""
+        return key in self._received and not (training and key in self._untrained)
 
     def early_plan(self, receives: tuple[Comm, ...], info: ScheduleInfo,
-                   training: bool) -> tuple[tuple[Comm, int], ...]:
-        """The receives ``semantics.early_receives`` lets go ahead of the program, with their peers: worked
-        out again only when a shape or a buffer was learned since (keys are only ever added)."""
-        version = (len(self._received), len(self._buffers))
+                   training: bool) -> tuple[tuple[Comm, int, GroupLabel], ...]:
+        """The receives ``semantics.early_receives`` lets go ahead of the program, with their peers and the
+        labels that name them in errors: worked out again only when a shape or a buffer was learned since (keys
+        are only ever added)."""
+        version = (len(self._received), len(self._buffers), len(self._untrained))
         cached = self._early.get(training)
         if cached is not None and cached[0] == version and cached[1] is receives:
             return cached[2]
         wanted = receives if training else tuple(c for c in receives if c.kind in FORWARD_COMMS)
-        early = early_receives(wanted, lambda comm: self.peer(comm, info), self.has_buffers)
-        plan = tuple((Action._make(comm), self.peer(comm, info)) for comm in early)
-        self._early[training] = (version, receives, plan, frozenset(comm for comm, _ in plan))
+        ready = self.has_buffers if not training or not self._untrained else (
+            lambda comm: self.has_buffers(comm) and comm not in self._untrained)  # a header goes first
+        early = early_receives(wanted, lambda comm: self.peer(comm, info), ready)
+        plan = tuple((comm, self.peer(comm, info), GroupLabel((comm,))) for comm in map(Action._make, early))
+        self._early[training] = (version, receives, plan, frozenset(comm for comm, _, _ in plan))
         return plan
 
     def early_set(self, training: bool) -> frozenset:
@@ -703,14 +721,20 @@ class ShapeCache:
         """A buffer for ``comm``'s data is known (its shapes learned, or a gradient's buffer made on a step before)."""
         return comm in self._buffers or comm in self._received
 
-    def knows_all(self, receives: list[Comm]) -> bool:
+    def knows_all(self, receives: list[Comm], training: bool = False) -> bool:
         """Every receive's shapes are known (gradients' always are: they are the outputs' shapes)."""
-        return all(c in self._received for c in receives if c.kind == RECV_F)
+        return all(self.known(c, training) for c in receives if c.kind == RECV_F)
 
-    def learn(self, key: tuple, metas: tuple[TensorMeta, ...]) -> None:
+    def learn(self, key: tuple, metas: tuple[TensorMeta, ...], training: bool = True) -> None:
+        """The shapes a header announced (in a training step: with which tensors carry a gradient)."""
         self._received[key] = metas
+        self.wants_grad.pop(key, None)
         if not all(m.requires_grad for m in metas):
             self.wants_grad[key] = tuple(m.requires_grad for m in metas)
+        if training:
+            self._untrained.discard(key)
+        else:
+            self._untrained.add(key)
 
     def header_to_send(self, key: Comm, tensors: tuple[torch.Tensor, ...], rank: int,
                        device: torch.device, carried: tuple[bool, ...] | None = None) -> torch.Tensor | None:
@@ -718,10 +742,13 @@ class ShapeCache:
         activation is checked against the shapes sent then). ``carried``: which tensors carry a gradient
         (a training step's; ``None``, an eval's: announced as all wanting one, which is never wrong)."""
         announced = self._sent.get(key)
+        if announced is not None and len(announced) == 1 == len(tensors):  # one tensor, every later step
+            tensor, meta = tensors[0], announced[0]
+            if tensor.shape == meta.shape and tensor.dtype == meta.dtype and (carried is None or (
+                    (meta.requires_grad or not carried[0]) and key not in self._untrained)):
+                return None
         if announced is None:
-            flags = carried if carried is not None else (True,) * len(tensors)
-            metas = self._sent[key] = tuple(TensorMeta.of(t, flag) for t, flag in zip(tensors, flags))
-            return encode_header(metas, device)
+            return self._announce(key, tensors, carried, device)
         if len(announced) != len(tensors) or any(
                 t.shape != m.shape or t.dtype != m.dtype for t, m in zip(tensors, announced)):
             stage, mb = key.stage, key.microbatch
@@ -737,7 +764,19 @@ class ShapeCache:
                 "carries a gradient now and did not at the first step, so the next stage would compute none for "
                 "it; a pipeline keeps which of an activation's tensors carry gradients as it keeps their shapes "
                 "(the next step learns both anew)")
+        if carried is not None and key in self._untrained:  # an eval's shapes: now their gradient flags too
+            return self._announce(key, tensors, carried, device)
         return None
+
+    def _announce(self, key: Comm, tensors: tuple[torch.Tensor, ...], carried: tuple[bool, ...] | None,
+                  device: torch.device) -> torch.Tensor:
+        flags = carried if carried is not None else (True,) * len(tensors)
+        metas = self._sent[key] = tuple(TensorMeta.of(t, flag) for t, flag in zip(tensors, flags))
+        if carried is None:
+            self._untrained.add(key)
+        else:
+            self._untrained.discard(key)
+        return encode_header(metas, device)
 
     def buffers(self, key: tuple, device: torch.device) -> tuple[torch.Tensor, ...]:
         cached = self._buffers.get(key)
@@ -756,11 +795,13 @@ class ShapeCache:
         """The input gradients of the floating-point inputs, one per such input in order (``grads``
         holds one for each; zeros where an input got none)."""
         stage, _, mb, chain = key
-        metas = self._received.get(Action(stage, RECV_F, mb, chain))
+        metas = self._received.get((stage, RECV_F, mb, chain))  # a plain tuple hashes as the Action
         if metas is None:
             raise PipelineError(f"stage {stage} sends a gradient for microbatch {mb} it never received")
+        if len(grads) == 1 and len(metas) == 1 and grads[0] is not None and metas[0].dtype.is_floating_point:
+            return (grads[0].contiguous(),)  # one input, a float one
         floats = [m for m in metas if m.dtype.is_floating_point]
-        return tuple(g.contiguous() if g is not None else self._zeros_like(m, device) for g, m in zip(grads, floats))
+        return tuple([g.contiguous() if g is not None else self._zeros_like(m, device) for g, m in zip(grads, floats)])
 
     def _zeros_like(self, meta: TensorMeta, device: torch.device) -> torch.Tensor:
         """Zeros of ``meta``'s shape, made once (only ever sent: nothing writes them)."""

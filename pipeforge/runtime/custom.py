@@ -105,7 +105,7 @@ class ActionContext:
     @property
     def losses(self) -> dict[int, torch.Tensor]:
         """The losses computed so far on this rank, by microbatch."""
-        return {mb: loss for runner in self._ctx.runners.values() for mb, loss in runner.losses.items()}
+        return {mb: loss for runner in self._ctx.runners.values() for mb, loss in runner.detached_losses().items()}
 
     def runner(self, stage: int, chain: int = 0) -> StageRunner:
         return self._ctx.runner(stage, chain)

@@ -27,7 +27,8 @@ from pipeforge.runtime.p2p import PipelineUsageError
 def split_inputs(args: Sequence[Any], kwargs: Mapping[str, Any], chunks: int,
                  where: str = "step()") -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     """``(args, kwargs)`` as ``chunks`` microbatches, each an ``(args, kwargs)`` pair."""
-    columns = [split_value(value, chunks, f"{where} argument {index}") for index, value in enumerate(args)]
+    columns = [_split_tensor(value, chunks, where, index) if type(value) is torch.Tensor
+               else split_value(value, chunks, f"{where} argument {index}") for index, value in enumerate(args)]
     named = {name: split_value(value, chunks, f"{where} keyword {name!r}") for name, value in kwargs.items()}
     rows = list(zip(*columns)) if columns else [()] * chunks  # microbatch m's positional arguments
     if not named:
@@ -54,7 +55,12 @@ def split_value(value: Any, chunks: int, where: str = "the value") -> list[Any]:
     return [value] * chunks
 
 
-def _split_tensor(value: torch.Tensor, chunks: int, where: str) -> list[torch.Tensor]:
+def _split_tensor(value: torch.Tensor, chunks: int, where: str, argument: int | None = None) -> list[torch.Tensor]:
+    """``value``'s microbatches (``argument``: the index of the positional argument ``where`` names)."""
+    if value.dim() > 0 and value.size(0) >= chunks:
+        return list(torch.tensor_split(value, chunks, dim=0))
+    if argument is not None:
+        where = f"{where} argument {argument}"
     if value.dim() == 0:
         raise PipelineUsageError(f"{where}: a 0-dimensional tensor cannot be split into {chunks} microbatches on "
                                  "dim 0; give it a batch dimension, or pass a Python number to give it to every "
@@ -132,7 +138,7 @@ def as_tuple(value: Any) -> tuple[Any, ...]:
 def to_device(value: Any, device: torch.device) -> Any:
     """``value`` with every tensor in it (in mappings, named tuples, tuples and lists) moved to ``device``."""
     if isinstance(value, torch.Tensor):
-        return value.to(device)
+        return value if value.device == device else value.to(device)
     if isinstance(value, Mapping):
         return {key: to_device(item, device) for key, item in value.items()}
     if isinstance(value, tuple) and hasattr(value, "_fields"):

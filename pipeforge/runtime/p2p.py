@@ -2,7 +2,8 @@
 
 ``Transport.post(transfers, label)`` -> ``Posted``: one communication group of the schedule posted
 together (one ``batch_isend_irecv`` on NCCL, the group's own ``send``/``recv`` per tensor on gloo); its
-receives are waited where their data is used, its sends at the end of the step. Waits carry a timeout,
+receives are waited where their data is used, its sends at the end of the step (on gloo, messages to a
+higher rank and to a lower one each on a group of their own: ``group_of``). Waits carry a timeout,
 and every failure (a dead peer, a timeout, a tensor of another shape) is a ``PipelineError`` naming the
 rank, the schedule's communication and the peers. ``encode_header``/``decode_header``: the small header
 that carries an activation's shapes the first time. On gloo ``begin_step``, ``abandon`` and
@@ -17,7 +18,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
@@ -109,6 +110,19 @@ class Transfer(NamedTuple):
     peer: int
 
 
+class PeerGroup(Protocol):
+    """What posting transfers one by one needs of a group: a ``ProcessGroup``, or a gloo group of its own."""
+
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> Any: ...
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> Any: ...
+
+
+def _gloo_group(store: dist.Store, rank: int, size: int, timeout: timedelta) -> PeerGroup:
+    """A gloo group of its own on ``store`` (torch's stubs give its ``Backend`` no send or recv; it has both)."""
+    return dist.ProcessGroupGloo(store, rank, size, timeout)  # type: ignore[return-value]
+
+
 class Posted:
     """The works of one posted batch.
 
@@ -126,9 +140,12 @@ class Posted:
 
     __slots__ = ("_receives", "_sends", "_transfers", "_arrivals", "label", "_rank", "_timeout", "received", "done",
                  "_lock")
+    _receives: Sequence[Any]  # works
+    _sends: Sequence[Any]
+    _arrivals: Sequence[tuple[torch.Tensor, torch.Tensor]]
 
     def __init__(self, works: list, transfers: list[Transfer], label: object, rank: int, timeout: timedelta | None,
-                 arrivals: list[tuple[torch.Tensor, torch.Tensor]] = ()):
+                 arrivals: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()):
         if len(works) == 1 and len(transfers) == 1:  # one tensor (most of a schedule's messages, on gloo)
             self._receives, self._sends = ([], works) if transfers[0].send else (works, [])
         elif len(works) == len(transfers):  # one work per transfer (gloo): receives can be waited alone
@@ -141,7 +158,7 @@ class Posted:
         self.label = label  # anything whose str() names the communication: built only for an error
         self._rank = rank
         self._timeout = timeout
-        self.received = False
+        self.received = not self._receives and not arrivals  # a batch of sends only has nothing to land
         self.done = False
         self._lock = threading.Lock()
 
@@ -173,7 +190,7 @@ class Posted:
                 self.done = True
                 self._sends, self._transfers = [], []
 
-    def _wait(self, works: list) -> None:
+    def _wait(self, works: Sequence[Any]) -> None:
         try:
             for work in works:
                 if self._timeout is None:
@@ -215,13 +232,18 @@ class Transport:
         gloo = dist.get_backend(group) == "gloo"
         self.staged = device.type != "cpu" and gloo
         # gloo does not coalesce: batch_isend_irecv there is one send/recv per op; call them directly
-        self._process_group = (group if group is not None else dist.group.WORLD) if gloo else None
+        self._process_group: PeerGroup | None = (group if group is not None else dist.group.WORLD) if gloo else None
+        # gloo, once connected (``reconnect``): messages to a lower rank go on a group of their own, so that no
+        # pair's lock is held by a send while the peer's messages for the other direction arrive on it (gloo's
+        # event loop spins on a pair whose lock another thread holds: docs/runtime-internals.md)
+        self._downward = self._process_group
         self.tag = 0  # make_pipeline's exchanges; every step posts under its own (begin_step)
         self.name = ""  # the pipeline's, for the groups it meets in (``recovery.connect``)
         self.posted: list[Posted] = []  # this step's batches
         self.abandoned: list[Posted] = []  # what failed steps left in flight, kept alive
         self.abandoned_groups: list = []  # the groups they were posted on
-        self.agreement_group = None  # gloo: the step-end agreement's own group, made with each fresh group
+        # gloo: the step-end agreement's own group, made with each fresh group
+        self.agreement_group: PeerGroup | None = None
 
     def begin_step(self) -> None:
         """A new step: its own tag (1, 2, ... on every rank alike, as every rank counts its calls)."""
@@ -238,19 +260,22 @@ class Transport:
         return self._process_group is not None
 
     def reconnect(self, name: str, size: int, timeout: timedelta, why: str = "after a failed step") -> None:
-        """Post from now on through a fresh gloo group of the ``size`` ranks, met on the default store
-        under ``name`` (every rank passes the same name); the old one stays alive for what is in flight.
-        make_pipeline connects the pipeline's own group so: a failure never touches the caller's groups."""
+        """Post from now on through fresh gloo groups of the ``size`` ranks, met on the default store
+        under ``name`` (every rank passes the same name): one for the messages to a higher rank, one for
+        those to a lower rank; the old ones stay alive for what is in flight. make_pipeline connects the
+        pipeline's own groups so: a failure never touches the caller's groups."""
         default = dist.distributed_c10d._get_default_store()
         try:
-            fresh = dist.ProcessGroupGloo(dist.PrefixStore(name, default), self.rank, size, timeout)
+            fresh = _gloo_group(dist.PrefixStore(name, default), self.rank, size, timeout)
+            downward = _gloo_group(dist.PrefixStore(f"{name}/down", default), self.rank, size, timeout)
             # the step-end agreement's: a failed step closes the pipeline group's connections, never these
-            agreement = dist.ProcessGroupGloo(dist.PrefixStore(f"{name}/end", default), self.rank, size, timeout)
+            agreement = _gloo_group(dist.PrefixStore(f"{name}/end", default), self.rank, size, timeout)
         except Exception as error:  # noqa: BLE001
             raise PipelineError(f"rank {self.rank}: connecting the pipeline's ranks {why} failed (waited "
                                 f"{timeout.total_seconds():g} s for every rank): {backend_reason(error)}") from error
-        self.abandoned_groups += [g for g in (self._process_group, self.agreement_group) if g is not None]
-        self._process_group, self.agreement_group = fresh, agreement
+        self.abandoned_groups += [g for g in dict.fromkeys((self._process_group, self._downward, self.agreement_group))
+                                  if g is not None]
+        self._process_group, self._downward, self.agreement_group = fresh, downward, agreement
 
     def close_pairs(self, peers: list[int]) -> None:
         """Close this rank's connections to ``peers`` in the pipeline's group (gloo closes a connection whose
@@ -258,11 +283,18 @@ class Transport:
         group = self._process_group
         if group is None or group is dist.group.WORLD:
             return  # never the caller's group
+        downward = self._downward  # (set with the group: never None beside one)
         for peer in peers:
-            try:
-                group.recv([torch.zeros(1)], peer, CLOSING_TAG).wait(timedelta(milliseconds=1))
-            except Exception:  # noqa: BLE001, S110 (the timeout is the point: it closes the connection)
-                pass
+            for each in (group, downward) if downward is not group and downward is not None else (group,):
+                try:
+                    each.recv([torch.zeros(1)], peer, CLOSING_TAG).wait(timedelta(milliseconds=1))
+                except Exception:  # noqa: BLE001, S110 (the timeout is the point: it closes the connection)
+                    pass
+
+    def group_of(self, sender: int, receiver: int):
+        """The gloo group a message from group rank ``sender`` to ``receiver`` travels on (``None`` off gloo):
+        once connected, messages to a higher rank and messages to a lower rank each have their own."""
+        return self._process_group if sender < receiver else self._downward
 
     def global_rank(self, peer: int) -> int:
         if self.group is None:
@@ -282,8 +314,11 @@ class Transport:
         return posted
 
     def _post_each(self, wire: list[Transfer], tag: int | None = None) -> list:
-        group, tag = self._process_group, self.tag if tag is None else tag
-        return [group.send([t.tensor], t.peer, tag) if t.send else group.recv([t.tensor], t.peer, tag) for t in wire]
+        upward, downward, rank = self._process_group, self._downward, self.rank
+        assert upward is not None and downward is not None, "posted one by one only on gloo, where both are set"
+        tag = self.tag if tag is None else tag
+        return [(upward if rank < t.peer else downward).send([t.tensor], t.peer, tag) if t.send
+                else (upward if t.peer < rank else downward).recv([t.tensor], t.peer, tag) for t in wire]
 
     def _post_batch(self, wire: list[Transfer]) -> list:
         ops = [dist.P2POp(dist.isend if t.send else dist.irecv, t.tensor, self.global_rank(t.peer), self.group)

@@ -387,14 +387,20 @@ class Pipeline:
             outputs = {mb: out for r in last for mb, out in r.outputs.items()}
         if losses is not None:
             losses.clear()
-            losses.extend(found.get(mb) for mb in range(self.info.microbatches))
+            losses.extend(loss.detach() if loss is not None else None
+                          for loss in (found.get(mb) for mb in range(self.info.microbatches)))
         chunks = [outputs[mb] for mb in sorted(outputs)] if return_outputs else None
         for runner in last:
             runner.outputs = {}
             runner.losses = {}
         if chunks is None:  # (not return_outputs)
             return None
-        return merge_chunks(chunks)
+        enabled = torch.is_grad_enabled()  # the outputs as the stages made them, merged without their graphs
+        torch._C._set_grad_enabled(False)
+        try:
+            return merge_chunks(chunks)
+        finally:
+            torch._C._set_grad_enabled(enabled)
 
     @cached_property
     def _last_runners(self) -> list[StageRunner]:
@@ -423,9 +429,14 @@ class Pipeline:
         the same elementwise division without DTensor's dispatch (several times the cost of the division)."""
         grads = [param.grad if type(param.grad) is torch.Tensor else local(param.grad)
                  for param in self.parameters() if param.grad is not None]
-        if grads:
-            with torch.no_grad():
-                torch._foreach_div_(grads, float(divisor))  # one call, each gradient divided as div_ would
+        if not grads:
+            return
+        enabled = torch.is_grad_enabled()  # no_grad's own switch, without its context manager's calls
+        torch._C._set_grad_enabled(False)
+        try:
+            torch._foreach_div_(grads, float(divisor))  # one call, each gradient divided as div_ would
+        finally:
+            torch._C._set_grad_enabled(enabled)
 
     def _sync_replicas(self) -> None:
         """Same-rank chain-1 replicas start every step with the chain-0 module's parameters."""

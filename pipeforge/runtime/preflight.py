@@ -87,7 +87,8 @@ def _run_stages(pipeline, prepared: dict, training: bool) -> None:
             result = _run_stage(pipeline, prepared, stage, outputs.get(stage - 1), reported, training)
             if isinstance(result, tuple):
                 outputs[stage] = result
-                result = [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else None for t in result]
+                result = [(tuple(t.shape), t.dtype, t.requires_grad) if isinstance(t, torch.Tensor) else None
+                          for t in result]
         box = [result]
         device = pipeline.transport.device if pipeline.transport.device.type == "cuda" else None
         dist.broadcast_object_list(box, src=pipeline.transport.global_rank(owner), group=pipeline.transport.group,
@@ -103,14 +104,15 @@ def _run_stage(pipeline, prepared: dict, stage: int, local: tuple | None, report
     if stage == 0:
         args, kwargs = prepared["batch"][0]
     else:
+        # as the step makes them: wanting a gradient where the stage before made it with one (the shapes header's)
         args = local if local is not None else tuple(_stand_in(meta, pipeline.transport.device) for meta in reported)
-        args = tuple(a.detach().requires_grad_(a.is_floating_point()) if isinstance(a, torch.Tensor) else a
-                     for a in args)
+        args = tuple(a.detach().requires_grad_(training and a.requires_grad and a.is_floating_point())
+                     if isinstance(a, torch.Tensor) else a for a in args)
         kwargs = {}
     own = prepared["inputs"].get(stage)
     kwargs = {**kwargs, **(own[0] if own else {})}
     try:
-        with torch.enable_grad():
+        with torch.set_grad_enabled(training):  # an eval's forward runs without gradients
             output, _ = unwrap_aux(runner.module(*args, **kwargs), f"stage {stage}")
     except Exception as error:  # noqa: BLE001 - any failure of the user's module is reported, named
         return f"its module raised {type(error).__name__}: {error} (called with {_describe_call(args, kwargs)})"
@@ -173,8 +175,8 @@ def _reentrant(tensors) -> bool:
 def _stand_in(meta, device: torch.device):
     if meta is None:
         return None
-    shape, dtype = meta
-    return torch.zeros(shape, dtype=dtype, device=device)
+    shape, dtype, requires_grad = meta
+    return torch.zeros(shape, dtype=dtype, device=device).requires_grad_(requires_grad)
 
 
 def _describe(value: Any) -> str:

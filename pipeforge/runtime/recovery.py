@@ -24,7 +24,15 @@ import torch
 import torch.distributed as dist
 
 from pipeforge.runtime.context import ScheduleInfo, ShapeCache
-from pipeforge.runtime.p2p import GREETING_TAGS, PipelineError, PipelineUsageError, Transfer, Transport, backend_reason
+from pipeforge.runtime.p2p import (
+    GREETING_TAGS,
+    MAX_TAG,
+    PipelineError,
+    PipelineUsageError,
+    Transfer,
+    Transport,
+    backend_reason,
+)
 from pipeforge.runtime.stage import PeerStageError, StageError
 
 
@@ -76,12 +84,17 @@ class StepStart:
         self._expected: dict | None = None  # this call's step-end receives, by peer (``expect``)
         self._sends: list = []  # the last agreement's sends (``end``)
         self.abandoned: list = []  # what failed calls' agreements left in flight, kept alive
+        self.meetings = 0  # the fresh groups this rank has met the others in since make_pipeline (``_meet``)
+        self.behind = False  # this call met ranks already at a later call: it fails, without closing or telling
+        self.fresh = False  # the last call met the others in a fresh group, behind them: this one starts there
 
     def begin(self, transport: Transport, caches: ShapeCache, refusal: BaseException | None = None) -> ShapeCache:
         """The greeting, a fresh group if a rank failed; the shape cache the step uses. ``refusal``: why this
         rank refuses the step (its arguments): its record goes on the store first, then it is raised, and its
         neighbours raise a ``PeerRefusedError`` with its message (``docs/runtime-internals.md``)."""
-        self.begun, self.told = True, False
+        self.begun, self.told, self.behind = True, False, False
+        if self.fresh:  # met the others in a fresh group at the last call's start: this call greets there
+            self.fresh, caches = False, ShapeCache()
         if self._expected is not None:  # a call that ended without its agreement (turned off meanwhile)
             self.abandoned += [work for work, _ in self._expected.values()]
             self._expected = None
@@ -95,8 +108,13 @@ class StepStart:
         theirs, broken = self._greet(transport, refusal is not None)
         if self.failed_last or broken or any(word[0].item() for word in theirs.values()):
             if transport.reconnectable:
+                if broken and not self.failed_last and self.agreeing:  # a neighbour whose greeting completed
+                    self.end(transport, failed=True)  # steps on: it learns at its step's end, or when a wait breaks
                 transport.close_pairs(self.peers)  # a neighbour still waiting on the old group learns now
-                transport.reconnect(f"{transport.name}/step/{transport.tag}", self.info.ranks, _rendezvous(transport))
+                ahead = self._meet(transport)
+                if ahead:  # they failed this call already and start the next one in the fresh group
+                    self.behind, self.fresh, self.failed_last = True, True, False
+                    raise refusal if refusal is not None else self._behind_error(transport, ahead, broken)
             self.failed_last = False
             caches = ShapeCache()
             if transport.reconnectable:  # every rank met here greets again: a neighbour's greeting may have broken
@@ -112,6 +130,30 @@ class StepStart:
         if refused:
             raise self.refused_by(transport, refused[0])
         return caches
+
+    def _meet(self, transport: Transport) -> list[int]:
+        """Join every rank in a fresh group for the pipeline (``Transport.reconnect``), named by how many this
+        rank has met in (every rank meets in every one, so the names agree whichever call each rank is in);
+        the ranks already at a later call than this one (their step tags, left on the store before joining)."""
+        self.meetings += 1
+        name = f"{transport.name}/fresh/{self.meetings}"
+        store = dist.PrefixStore(f"{name}/at", dist.distributed_c10d._get_default_store())
+        store.set(str(self.rank), str(transport.tag))
+        transport.reconnect(name, self.info.ranks, _rendezvous(transport))
+        tags = {rank: int(store.get(str(rank))) for rank in self.others}  # each set before its rank joined
+        return [rank for rank, tag in tags.items() if 0 < (tag - transport.tag) % MAX_TAG < MAX_TAG // 2]
+
+    def _behind_error(self, transport: Transport, ahead: list[int], broken: bool) -> PipelineError:
+        """What a rank raises that met the others in a fresh group at the start of a call they had already ended
+        failed: the failure a rank left a record of, else what this rank saw."""
+        listed = ", ".join(map(str, ahead))
+        here = PipelineError(
+            f"rank {self.rank}: " + (f"its greeting with rank(s) {', '.join(map(str, self.peers))} at the start "
+                                     "of the step broke, and " if broken else "") +
+            f"rank(s) {listed} had ended this step failed already; every rank met in a fresh group, where the "
+            "next step runs")
+        told = told_of(transport, self.info.ranks, here)
+        return told if told is not None else here
 
     def _greet(self, transport: Transport, refuses: bool) -> tuple[dict[int, torch.Tensor], bool]:
         """Two words to and from each neighbour: whether this rank's last step failed, whether it refuses this
@@ -153,6 +195,8 @@ class StepStart:
         whose wait failed reads the records of the step and returns the ``PeerStageError`` to raise instead."""
         transport.abandon()
         told = None
+        if self.behind:  # the others are in the fresh group already, at the next call: nothing to close or tell
+            return None
         if error is not None and transport.reconnectable and transport.name:
             if isinstance(error, PeerStageError):
                 pass
@@ -170,6 +214,7 @@ class StepStart:
         if self._expected is not None or not self.agreeing or not _agrees(self.info, transport):
             return
         group, tag = transport.agreement_group, transport.tag
+        assert group is not None, "_agrees: there is an agreement group"
         sources = self.others if self.rank == ROOT or self.info.ranks <= ALL_TO_ALL else [ROOT]
         words = {peer: torch.zeros(1, dtype=torch.int64) for peer in sources}
         self._expected = {peer: (group.recv([word], peer, tag), word) for peer, word in words.items()}
@@ -183,7 +228,7 @@ class StepStart:
         no word in time, so no rank returns normally from a step that failed elsewhere. Its receives were
         posted at ``begin`` (``expect``), so a word lands as it is sent: two messages on the critical path
         (one on two ranks), no store round trip."""
-        if not _agrees(self.info, transport):
+        if not _agrees(self.info, transport) or self.behind:  # behind: every other rank ended this call already
             return
         value = 0
         try:
@@ -221,20 +266,21 @@ class StepStart:
         """This rank's word out, and (unless it failed) the sum in: failures, plus ``UNHEARD`` for each rank
         not heard from in time. Up to ``ALL_TO_ALL`` ranks every rank tells every other (one message on the
         critical path); beyond, every rank tells rank 0, which answers every rank (two)."""
-        group, tag = transport.agreement_group, transport.tag
+        group, tag, expected = transport.agreement_group, transport.tag, self._expected
+        assert group is not None and expected is not None, "end: _agrees, and the receives are posted (expect)"
         word = _WORDS[failed]
         if self.rank != ROOT and self.info.ranks > ALL_TO_ALL:
             self._sends.append(group.send([word], ROOT, tag))
             if failed:
                 return 0
-            work, answer = self._expected[ROOT]
+            work, answer = expected[ROOT]
             self._wait(transport, work, ROOT)
             return int(answer.item())
         if self.info.ranks <= ALL_TO_ALL:
             self._send(group, word, self.others, tag)
         total = int(failed)
         if not failed:
-            total += self._sum_words(transport)
+            total += self._sum_words(transport, expected)
         if self.info.ranks > ALL_TO_ALL:  # rank 0 answers: at once where its own step failed
             self._send(group, torch.tensor([total]), self.others, tag)
         return 0 if failed else total
@@ -246,9 +292,9 @@ class StepStart:
             except Exception:  # noqa: BLE001, S110 (a connection a timeout closed: that peer learns by its own wait)
                 pass
 
-    def _sum_words(self, transport: Transport) -> int:
+    def _sum_words(self, transport: Transport, expected: dict) -> int:
         total = 0
-        for peer, (work, word) in self._expected.items():
+        for peer, (work, word) in expected.items():
             try:
                 self._wait(transport, work, peer)
                 total += int(word.item())
@@ -284,7 +330,7 @@ def _wait_limit(transport: Transport) -> timedelta:
     """A step-end wait's bound: the pipeline's ``timeout``, else the default store's (what a wait on it had)."""
     if transport.timeout is not None:
         return transport.timeout
-    return dist.distributed_c10d._get_default_store().timeout
+    return dist.distributed_c10d._get_default_store().timeout  # type: ignore[attr-defined]  # (a Store has it; its stub not)
 
 
 def _within(transport: Transport) -> str:

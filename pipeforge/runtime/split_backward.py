@@ -12,6 +12,7 @@ beside torch's: ``benchmarks/runtime/split_backward.py``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -510,6 +511,24 @@ def _group_gradients(groups: list[WeightGroup],
 
 # torch's own entry point to its engine
 _ENGINE: Callable[..., Any] | None = getattr(torch.autograd.graph, "_engine_run_backward", None)
+# the engine itself, which ``_ENGINE`` calls after registering logging hooks (with torch.autograd's debug
+# logging on) and lending the caller's context variables to the engine's device threads (CUDA's): a graph
+# rooted on the CPU, without that logging, calls it at once (``_accumulate``)
+_EXECUTION_ENGINE = getattr(getattr(torch.autograd, "variable", None), "Variable", None)
+_RUN_BACKWARD: Callable[..., Any] | None = getattr(getattr(_EXECUTION_ENGINE, "_execution_engine", None),
+                                                   "run_backward", None)
+_AUTOGRAD_LOG = logging.getLogger("torch.autograd.graph")
+
+
+def _accumulate(roots: tuple[torch.Tensor, ...], grads: tuple[torch.Tensor, ...]) -> None:
+    """The engine's backward from ``roots`` with ``grads`` (their shapes), accumulating into ``.grad``."""
+    on_cpu = roots[0].is_cpu if len(roots) == 1 else all([root.is_cpu for root in roots])
+    if _RUN_BACKWARD is not None and on_cpu and not _AUTOGRAD_LOG.isEnabledFor(logging.DEBUG):
+        _RUN_BACKWARD(roots, grads, False, False, (), True, True)
+    elif _ENGINE is not None:
+        _ENGINE(roots, grads, False, False, (), True, True)
+    else:
+        torch.autograd.backward(roots, grads)
 
 
 def run_backward(roots: tuple[torch.Tensor, ...], grads: tuple[torch.Tensor | None, ...]) -> None:
@@ -519,7 +538,38 @@ def run_backward(roots: tuple[torch.Tensor, ...], grads: tuple[torch.Tensor | No
     if given is None or _ENGINE is None:  # (engine_grads is None where _ENGINE is)
         torch.autograd.backward(roots, grads)
     else:
-        _ENGINE(roots, given, False, False, (), True, True)
+        _accumulate(roots, given)
+
+
+class ScalarSeed:
+    """The gradient one of a scalar root (a stage's loss), made once and given to the engine again while
+    nothing wrote into it and the root keeps its shape, dtype and device (a plain tensor's)."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self) -> None:
+        self.tensor: torch.Tensor | None = None
+
+    def of(self, root: torch.Tensor) -> torch.Tensor | None:
+        """The seed for ``root`` (``None``: not a floating-point scalar, left to torch's checks)."""
+        seed = self.tensor
+        if (seed is not None and seed._version == 0 and seed.shape == root.shape and seed.dtype == root.dtype
+                and seed.device == root.device):
+            return seed
+        if root.numel() != 1 or not root.is_floating_point():
+            return None
+        seed = torch.ones_like(root, memory_format=torch.preserve_format)
+        self.tensor = seed if type(root) is torch.Tensor else None  # a subclass's (a DTensor's) made each time
+        return seed
+
+
+def backward_from_loss(root: torch.Tensor, seeds: ScalarSeed) -> None:
+    """``run_backward((root,), (None,))`` with the gradient one from ``seeds``."""
+    seed = seeds.of(root) if _ENGINE is not None else None
+    if seed is None:
+        run_backward((root,), (None,))
+    else:
+        _accumulate((root,), (seed,))
 
 
 def gradients(roots: tuple[torch.Tensor, ...], inputs: tuple, grads: tuple[torch.Tensor | None, ...],

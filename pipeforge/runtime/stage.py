@@ -22,12 +22,14 @@ import torch
 
 from pipeforge.runtime.aux import WithAuxLoss
 from pipeforge.runtime.aux import unwrap as unwrap_aux
-from pipeforge.runtime.microbatch import as_tuple, detached
+from pipeforge.runtime.microbatch import as_tuple
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError
 from pipeforge.runtime.split_backward import (
+    ScalarSeed,
     SplitBackward,
     WeightPlan,
     accumulate_weight_gradients,
+    backward_from_loss,
     run_backward,
 )
 
@@ -93,9 +95,12 @@ class StageRunner:
     is_last: bool
     loss_fn: Callable | None = None
     states: dict[int, MicrobatchState] = field(default_factory=dict)
+    # the last stage's losses and outputs by microbatch, as the module and loss_fn made them (graphs included:
+    # a detach costs as much per microbatch as the rest of the bookkeeping); whoever hands them out detaches
     losses: dict[int, torch.Tensor] = field(default_factory=dict)
     outputs: dict[int, Any] = field(default_factory=dict)
     split: SplitBackward = field(default_factory=SplitBackward)  # what I keeps between microbatches
+    seed: ScalarSeed = field(default_factory=ScalarSeed)  # the loss's gradient one, made once
     rank: int | None = None  # named in errors
     next_local: bool | None = None  # the next stage runs on this rank too (set by the rank context once)
     previous_local: bool | None = None  # the previous stage runs on this rank too
@@ -117,30 +122,34 @@ class StageRunner:
                 args = tuple([_as_leaf(a, training) for a in args])
             else:
                 args = tuple([_as_leaf(a, training and wants) for a, wants in zip(args, wants_grad)])
+        is_last = self.is_last
         try:
             result = self.module(*args, **kwargs) if kwargs else self.module(*args)
             output, aux = unwrap_aux(result, self.name) if isinstance(result, WithAuxLoss) else (result, None)
-            wants_loss = self.is_last and (training or target is not None)
-            loss = self._loss(output, target) if wants_loss else None
+            loss = self._loss(output, target) if is_last and (training or target is not None) else None
         except PipelineError:
             raise
         except Exception as error:
             raise StageError(self, "F", mb, error) from error
-        if self.is_last:
-            self.outputs[mb] = detached(output)
+        if is_last:  # kept as they are: detached when the step hands them out
+            self.outputs[mb] = output
             if loss is not None:
-                self.losses[mb] = loss.detach()
-        if training:
-            aux = aux if _has_graph(aux) else None
-            if self.is_last:
-                roots = (loss if aux is None else loss + aux,)
-            elif type(output) is torch.Tensor:  # one tensor (most stages): as the general rule below has it
-                roots = (output,) if output.requires_grad and output.is_floating_point() else ()
-                roots += (aux,) if aux is not None else ()
-            else:
-                roots = tuple(t for t in as_tuple(output) if _is_float(t) and _has_graph(t))
-                roots += (aux,) if aux is not None else ()
-            self.states[mb] = MicrobatchState(args, output, roots, aux=aux)
+                self.losses[mb] = loss
+        if not training:
+            return output
+        if aux is not None and not aux.requires_grad:
+            aux = None
+        roots: tuple[torch.Tensor, ...]
+        if is_last:
+            assert loss is not None, "a last stage trains with a loss (Pipeline refuses training without loss_fn)"
+            roots = (loss if aux is None else loss + aux,)
+        elif type(output) is torch.Tensor:  # one tensor (most stages): as the general rule below has it
+            roots = (output,) if output.requires_grad and output.is_floating_point() else ()
+            roots += (aux,) if aux is not None else ()
+        else:
+            roots = tuple(t for t in as_tuple(output) if _is_float(t) and _has_graph(t))
+            roots += (aux,) if aux is not None else ()
+        self.states[mb] = MicrobatchState(args, output, roots, (), None, aux)
         return output
 
     def _loss(self, output: Any, target: Any) -> torch.Tensor | None:
@@ -150,6 +159,10 @@ class StageRunner:
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise PipelineError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}")
         return loss
+
+    def detached_losses(self) -> dict[int, torch.Tensor]:
+        """The losses computed so far, by microbatch, without their graphs."""
+        return {mb: loss.detach() for mb, loss in self.losses.items()}
 
     def output_metas(self, mb: int) -> tuple[torch.Tensor, ...]:
         """The output tensors of microbatch ``mb`` whose gradients a later stage sends back."""
@@ -181,16 +194,27 @@ class StageRunner:
 
     def backward(self, mb: int, grads: tuple | None) -> tuple[torch.Tensor | None, ...]:
         """Full backward (B): parameters' grads accumulated, the floating-point inputs' grads returned."""
-        state = self._set_output_grads(mb, grads)
-        del self.states[mb]
-        if state.roots:
+        if self.is_last:  # the loss (with the stage's auxiliary loss): gradient one, the seed made once
+            state = self.states.pop(mb, None)
+            if state is None:
+                raise self._missing(mb)
             try:
-                run_backward(state.roots, state.root_grads)
+                backward_from_loss(state.roots[0], self.seed)
             except PipelineError:
                 raise
             except Exception as error:
                 raise StageError(self, "B", mb, error) from error
-        return () if self.is_first else tuple(a.grad for a in state.inputs if _is_float(a))
+        else:
+            state = self._set_output_grads(mb, grads)
+            del self.states[mb]
+            if state.roots:
+                try:
+                    run_backward(state.roots, state.root_grads)
+                except PipelineError:
+                    raise
+                except Exception as error:
+                    raise StageError(self, "B", mb, error) from error
+        return () if self.is_first else tuple([a.grad for a in state.inputs if _is_float(a)])
 
     def backward_input(self, mb: int, grads: tuple | None) -> tuple[torch.Tensor | None, ...]:
         """Backward for inputs (I): parameters untouched; what W needs is kept; the floating-point inputs'
@@ -231,8 +255,11 @@ class StageRunner:
     def _state(self, mb: int) -> MicrobatchState:
         state = self.states.get(mb)
         if state is None:
-            raise PipelineError(f"{self.name}: backward of microbatch {mb} without its forward")
+            raise self._missing(mb)
         return state
+
+    def _missing(self, mb: int) -> PipelineError:
+        return PipelineError(f"{self.name}: backward of microbatch {mb} without its forward")
 
     def reset(self) -> None:
         self.states.clear()

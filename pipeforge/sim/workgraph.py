@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from pipeforge.ir import COMPUTE_KINDS, Action, ActionKind, CostModel, MemorySpec, Placement, Schedule
-from pipeforge.semantics import ActionKey, effects_of, lane, needs, needs_if_present, offload_waits
+from pipeforge.semantics import ActionKey, effects_of, lane, needs, needs_if_present, offload_waits, waited_offload
 from pipeforge.sim.costs import duration_table
 
 Order = tuple[tuple[int, ...], ...]
@@ -152,9 +152,9 @@ def compile_schedule(schedule: Schedule, costs: CostModel, memory: MemorySpec) -
 
 def _offload_waits(graph: WorkGraph, order: Order) -> list[tuple[Dependency, ...]]:
     """A step that adds memory (F, R, RELOAD) waits, at its first node, for the end of the OFFLOAD
-    ``semantics.offload_waits`` names for it, if any: only where, counting each earlier offload's release
-    from its transfer's end, what it adds would pass the memory limit (none declared: it never waits;
-    docs/semantics.md, "Recompute and offload")."""
+    ``semantics.offload_waits`` names for it, if any (of an overlap step, ``semantics.waited_offload``):
+    only where, counting each earlier offload's release from its transfer's end, what it adds would pass
+    the memory limit (none declared: it never waits; docs/semantics.md, "Recompute and offload")."""
     waits = list(graph.waits)
     offload, added, released, actions = ActionKind.OFFLOAD, graph.added, graph.released, graph.actions
     steps = graph.step
@@ -172,7 +172,9 @@ def _offload_waits(graph: WorkGraph, order: Order) -> list[tuple[Dependency, ...
                     any(actions[n].kind is offload for n in group)) for group in groups]
         for group, wait in zip(groups, offload_waits(summary, limit)):
             if wait is not None:  # the step's additions count from its start (an overlap step's first node)
-                waits[group[0]] = waits[group[0]] + ((groups[wait][0], 0.0),)
+                waited = groups[wait]
+                offload_node = waited[waited_offload([actions[n].kind for n in waited])]
+                waits[group[0]] = waits[group[0]] + ((offload_node, 0.0),)
     return waits
 
 

@@ -218,3 +218,23 @@ def test_a_schedule_whose_additions_wait_for_offloads_trains_as_the_unpipelined_
     """)
     assert main(["run", str(path), "--nproc", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["match"] is True
+
+
+def test_codegen_waits_for_the_last_offload_of_an_overlap_step(tmp_path):
+    """At limit 3, F3 holds 4 with (OFFLOAD0;OFFLOAD1) in flight: the rank waits for OFFLOAD1's copy, the
+    step's last (``semantics.waited_offload``), as simulate times it."""
+    import pipeforge
+    from pipeforge.generator import codegen
+    from pipeforge.tools.generated import load_module
+
+    text = """schedule two(P = 2, M = 4) {
+        ranks P
+        stages P placement loop
+        microbatches M
+        memory { limit = 3 }
+        rank 0 { 0F0 0F1 0F2 (0OFFLOAD0;0OFFLOAD1) 0F3 0RELOAD0 0B0 0RELOAD1 0B1 0B2 0B3 }
+        rank 1 { 1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3 }
+    }
+    """
+    module = load_module(str(codegen(pipeforge.loads(text), tmp_path / "two")))
+    assert ((0, "F", 3, 0), (0, 1, 0)) in module.SCHEDULE.offload_waits

@@ -1,4 +1,5 @@
-"""The shape header that travels ahead of the first activation: encode/decode round trip and limits."""
+"""The shape header that travels ahead of the first activation (encode/decode round trip and limits), and the
+gloo groups each direction of messages travels on."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeforge.runtime.p2p import DTYPES, HEADER_LENGTH, PipelineError, TensorMeta, decode_header, encode_header
+from pipeforge.tools.launch import spawn
 
 CPU = torch.device("cpu")
 
@@ -46,3 +48,12 @@ def test_meta_of_a_tensor_allocates_the_same():
     meta = TensorMeta.of(t)
     assert meta == TensorMeta((2, 3), torch.float16)
     assert meta.empty(CPU).shape == t.shape
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_each_direction_travels_on_its_own_gloo_group():
+    outcomes = spawn("tests.runtime.p2p_jobs:directions", 2, "pipeforge/test/p2p/directions", timeout=30, deadline=90)
+    assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
+    for rank, outcome in enumerate(outcomes):
+        assert outcome.value == {"received": [float(2 - rank)] * 3, "apart": True}

@@ -391,3 +391,33 @@ def test_the_copy_lane_timing_is_the_oracles(schedule, comm, transfer):
     spec = schedule.memory
     timeline = simulate(replace(schedule, costs=costs), costs)
     assert copy_lane_timing(schedule, timeline.events, comm, spec.weights, spec.checkpoint, spec.limit) == []
+
+
+@pytest.mark.parametrize("rank0, f3_start", [
+    ("0F0 0F1 (0F2;0OFFLOAD0) 0F3 0OFFLOAD1 0RELOAD0 0B0 0RELOAD1 0B1 0B2 0B3", 3.5),  # an OFFLOAD after an F
+    ("0F0 0F1 0F2 (0OFFLOAD0;0OFFLOAD1) 0F3 0RELOAD0 0B0 0RELOAD1 0B1 0B2 0B3", 4.0),  # two in one step
+])
+def test_an_addition_waits_for_the_end_of_an_overlap_steps_offload(rank0, f3_start):
+    """At limit 3, F3 holds 3 in program order and 4 with the overlap step's OFFLOAD in flight: it waits
+    for the end of that OFFLOAD (the step's last), not for the step's first action (F2 or OFFLOAD0), and
+    the rank never holds more than the limit in time."""
+    from pipeforge import loads
+    from pipeforge.sim import simulate
+    from tests.verify.oracle import copy_lane_timing
+
+    schedule = loads(f"""schedule mixed(P = 2, M = 4) {{
+        ranks P
+        stages P placement loop
+        microbatches M
+        costs {{ F = 1  I = 1  W = 1  OFFLOAD = 0.5  RELOAD = 0.5 }}
+        memory {{ limit = 3 }}
+        rank 0 {{ {rank0} }}
+        rank 1 {{ 1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3 }}
+    }}
+    """)
+    assert verify_module.verify(schedule).valid
+    timeline = simulate(schedule)
+    spec = schedule.memory
+    assert copy_lane_timing(schedule, timeline.events, 0.0, spec.weights, spec.checkpoint, spec.limit) == []
+    f3 = next(e for e in timeline.events if str(e.actions[0]) == "0F3")
+    assert f3.start == f3_start and timeline.timed_peak_memory[0] == 3.0
