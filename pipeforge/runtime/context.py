@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -65,6 +66,11 @@ class ScheduleInfo:
     # ((stage, kind, microbatch, chain) of a step that adds memory, (stage, microbatch, chain) of the OFFLOAD
     # whose copy it waits for): the copy lane rule (semantics.offload_waits), only where the limit needs it
     offload_waits: tuple[tuple[tuple[int, str, int, int], tuple[int, int, int]], ...] = ()
+
+    @cached_property
+    def offload_wait_keys(self) -> dict[tuple[int, str, int, int], tuple[int, int, int]]:
+        """``offload_waits`` as a map from the step that waits to the OFFLOAD it waits for."""
+        return {(stage, kind, mb, chain): key for (stage, kind, mb, chain), key in self.offload_waits}
 
     def recompute_source(self, stage: int) -> str | None:
         """Where the schedule's first R of ``stage`` was written (None: not known)."""
@@ -141,7 +147,8 @@ class RankContext:
     def __init__(self, info: ScheduleInfo, rank: int, runners: dict[tuple[int, int], StageRunner],
                  transport: Transport, caches: ShapeCache, *, training: bool = True,
                  functions: dict[str, CustomFunction] | None = None, data_parallel: DataParallel | None = None,
-                 observers: tuple[Observer, ...] = (), rng: StepRng | None = None):
+                 observers: tuple[Observer, ...] = (), rng: StepRng | None = None,
+                 saved: SavedActivations | None = None):
         self.info = info
         self.rank = rank
         self.runners = runners
@@ -156,9 +163,10 @@ class RankContext:
         self.stage_inputs: dict[int, list[dict[str, Any]]] = {}  # a stage's keyword inputs per microbatch
         self.targets: list[Any] = []
         self.activations = ActivationCount()  # what simulate's memory model counts (O(1) per action)
-        self.saved = SavedActivations(frozenset(info.recomputed), frozenset(info.offloaded),
-                                      transport.device)  # R, OFFLOAD, RELOAD: runtime/saved.py
-        self._offload_waits = {tuple(step): key for step, key in info.offload_waits}
+        # R, OFFLOAD, RELOAD (runtime/saved.py): the pipeline's own, begun for this step, or one of its own
+        self.saved = saved if saved is not None else SavedActivations(
+            frozenset(info.recomputed), frozenset(info.offloaded), transport.device)
+        self._offload_waits = info.offload_wait_keys
         self._handed: dict[Action, Any] = {}
         self._outbox: dict[Action, tuple[torch.Tensor, ...]] = {}
         self._pending: dict[Action, tuple[Posted, tuple[torch.Tensor, ...]]] = {}
