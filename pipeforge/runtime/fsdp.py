@@ -226,7 +226,7 @@ class DataParallel:
     @property
     def hooks_compute(self) -> bool:
         """Whether a compute action needs ``before_compute``/``after_weight_gradients`` (an FSDP stage)."""
-        return any(params.sharded for params in self.stages.values())
+        return not self.idle and any(params.sharded for params in self.stages.values())
 
     def unshard(self, stage: int) -> None:
         self._of(stage, "UNSHARD").unshard()

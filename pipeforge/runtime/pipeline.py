@@ -198,7 +198,7 @@ class Pipeline:
                 return (f"rank {self.rank} runs stages {self.stages}, not the last stage {last}: target= goes to "
                         "the rank holding the last stage")
             return None
-        if training and any(r.loss_fn is None for r in self.runners.values() if r.is_last):
+        if training and any([r.loss_fn is None for r in self._last_runners]):
             return (f"rank {self.rank} holds the last stage {last}: step() trains and needs "
                     "make_pipeline(loss_fn=...); use eval() for a forward pass only")
         if training and target is None:
@@ -435,8 +435,11 @@ class Pipeline:
     def _scale(self, divisor: int) -> None:
         """Divide every gradient by ``divisor``; an FSDP gradient (a DTensor) in its local shard, which is
         the same elementwise division without DTensor's dispatch (several times the cost of the division)."""
-        grads = [param.grad if type(param.grad) is torch.Tensor else local(param.grad)
-                 for param in self.parameters() if param.grad is not None]
+        grads = []
+        for param in self.parameters():
+            grad = param.grad
+            if grad is not None:
+                grads.append(grad if type(grad) is torch.Tensor else local(grad))
         if not grads:
             return
         enabled = torch.is_grad_enabled()  # no_grad's own switch, without its context manager's calls
