@@ -21,7 +21,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from operator import attrgetter, itemgetter
@@ -131,12 +131,12 @@ def file_text(path: str) -> str:
     return name if SAFE_FILE.fullmatch(name) else repr(name)
 
 
-def action_texts() -> Callable[[Action], tuple[str, str]]:
-    """``texts(action)``: the action's call, ``ctx.forward(5, 3, chain=1)``, and its torch token,
-    ``5F3@1``, put together from parts made once per (kind, stage, chain): the method's ``Ident`` and the
-    integers' ``repr()``. A kind without a runtime method, or anything but an int where the schedule has
-    integers, is refused (``CodegenError``)."""
-    made: dict[tuple, tuple[str, str, str, str]] = {}
+def action_texts(made: dict[tuple, tuple[str, str, str, str]]) -> Callable[[Action], tuple[str, str]]:
+    """``texts(action)``: the action's call, ``forward(5, 3, chain=1)`` (the rank context's method, bound
+    to a local name at the function's start: ``method_names``), and its torch token, ``5F3@1``, put
+    together from parts made once per (kind, stage, chain) and kept in ``made``: the method's ``Ident`` and
+    the integers' ``repr()``. A kind without a runtime method, or anything but an int where the schedule
+    has integers, is refused (``CodegenError``)."""
 
     def texts(action: Action) -> tuple[str, str]:
         stage, kind, mb, chain = action
@@ -153,13 +153,40 @@ def action_texts() -> Callable[[Action], tuple[str, str]]:
 
 
 def action_parts(action: Action) -> tuple[str, str, str, str]:
-    """An action's call and token around its microbatch: ``ctx.forward(5``, ``, chain=1)``, ``5F``, ``@1``."""
+    """An action's call and token around its microbatch: ``forward(5``, ``, chain=1)``, ``5F``, ``@1``."""
     method = _METHOD_IDENTS.get(action.kind)
     if method is None:
         raise CodegenError(f"codegen does not support {action.kind.value} actions ({action})")
     stage, chain = repr(action.stage), action.chain
-    return (f"ctx.{method}({stage}", f", chain={chain!r})" if chain else ")",
+    return (f"{method}({stage}", f", chain={chain!r})" if chain else ")",
             f"{stage}{_KIND_NAMES[action.kind]}", f"@{chain!r}" if chain else "")
+
+
+POST = Ident("post")  # the rank context's method that posts a communication group
+BOUND_LINE = 110  # characters of a line binding the context's methods, at most (but one name a line at least)
+
+
+def bound_methods(kinds: Iterable[ActionKind]) -> list[str]:
+    """The lines that start a rank function calling the actions of ``kinds``: each context method it
+    calls bound once to its own name (``forward, backward = ctx.forward, ctx.backward``), in ``METHODS``'
+    order, the compute methods first, then ``post`` and the communication methods. A call per action then
+    parses as a name and its integers: CPython's parser keeps every token and memo entry of a module until
+    its tree is built, and ``ctx.`` before every call was a fifth of a large rank's (docs/runtime.md)."""
+    used = set(kinds)
+    computes = [_METHOD_IDENTS[kind] for kind in METHODS if kind in used and kind not in COMM_KINDS]
+    comms = [_METHOD_IDENTS[kind] for kind in METHODS if kind in used and kind in COMM_KINDS]
+    lines: list[list[str]] = []
+    for group in (computes, [POST, *comms] if comms else []):
+        for position, name in enumerate(group):
+            if position and len(_bound(lines[-1] + [name])) <= BOUND_LINE:
+                lines[-1].append(name)
+            else:
+                lines.append([name])
+    return [_bound(line) for line in lines]
+
+
+def _bound(names: list[str]) -> str:
+    return f"    {', '.join(names)} = {', '.join(f'ctx.{name}' for name in names)}"
 
 
 def location_text(span) -> str:
@@ -169,13 +196,13 @@ def location_text(span) -> str:
 
 
 def body_text(program: tuple[Step, ...], origins: Sequence[int], locations: bool) -> Body:
-    """A rank function's body: its steps in order, one call per action, 4 spaces in, lines without the
-    last newline. A step is
+    """A rank function's body: the context methods it calls bound to their names (``bound_methods``),
+    then its steps in order, one call per action, 4 spaces in, lines without the last newline. A step is
 
-        ctx.forward(0, 1)  # 0F1 x.pipe:8:9 step 2                  (a compute step)
-        ctx.post(ctx.send_f(0, 1))  # 0SEND_F1 x.pipe:8:9 step 2      (a group of one)
-        ctx.post(  # [0SEND_F1 0RECV_B0] x.pipe:8:9 step 2            (a group: each op a line,
-            ctx.send_f(0, 1),                                           then the closing parenthesis)
+        forward(0, 1)  # 0F1 x.pipe:8:9 step 2                      (a compute step)
+        post(send_f(0, 1))  # 0SEND_F1 x.pipe:8:9 step 2              (a group of one)
+        post(  # [0SEND_F1 0RECV_B0] x.pipe:8:9 step 2                (a group: each op a line,
+            send_f(0, 1),                                               then the closing parenthesis)
         )
         with ctx.overlap():  # (0F7;0B3) x.pipe:8:9 step 2           (an overlap: each action a line)
 
@@ -183,7 +210,8 @@ def body_text(program: tuple[Step, ...], origins: Sequence[int], locations: bool
     ``locations`` is false or the step has no span; idle steps are left out, and a rank with nothing to do
     gets ``pass``. A comment is made of tokens (integers and kind names), a location checked as a
     ``Comment`` once per span, and an int."""
-    texts = action_texts()
+    made: dict[tuple, tuple[str, str, str, str]] = {}
+    texts = action_texts(made)
     places: dict[int, str] = {}  # id(span) -> its location text (the spans live as long as the program)
     lines: list[str] = []
     add = lines.append
@@ -206,7 +234,7 @@ def body_text(program: tuple[Step, ...], origins: Sequence[int], locations: bool
             if step.overlap:
                 add(f"    with ctx.overlap():{comment}\n        {call}")
             elif actions[0][1] in COMM_KINDS:
-                add(f"    ctx.post({call}){comment}")
+                add(f"    post({call}){comment}")
             else:
                 add(f"    {call}{comment}")
             continue
@@ -217,10 +245,12 @@ def body_text(program: tuple[Step, ...], origins: Sequence[int], locations: bool
             add(f"    with ctx.overlap():{comment}\n        " + "\n        ".join([call for call, _ in pairs]))
         elif actions[0][1] in COMM_KINDS:
             comment = "" if span is None else f"  # [{' '.join(tokens)}]{place}{index}"
-            add(f"    ctx.post({comment}\n        " + ",\n        ".join([call for call, _ in pairs]) + ",\n    )")
+            add(f"    post({comment}\n        " + ",\n        ".join([call for call, _ in pairs]) + ",\n    )")
         else:  # (a Step refuses several actions that neither overlap nor communicate)
             raise CodegenError(f"step {step} holds several actions but is neither an overlap nor a group")
-    return Body("\n".join(lines) if lines else "    pass")
+    if not lines:
+        return Body("    pass")
+    return Body("\n".join(bound_methods(kind for kind, _, _ in made) + lines))
 
 
 def _int(value: object) -> int:

@@ -14,8 +14,8 @@ written module the README's way and takes rank ``--rank``'s program as
 only), and reports the seconds and the growth of its resident memory (the larger
 of the resident set's growth, ``/proc/self/statm``, and the peak's, ``ru_maxrss``)
 beyond the baseline: once with the bytecode codegen wrote; once without it, as
-where ``__pycache__`` was not copied or cannot be written ("no-pyc": a module past
-``runtime.rank_modules.COMPILE_APART_FROM`` compiles in a child process, whose own
+where ``__pycache__`` was not copied or cannot be written ("no-pyc": a module of
+``runtime.rank_modules.COMPILE_APART_FROM`` lines or more compiles in a child process, whose own
 peak RSS is "child MB", measured on its own after the import); and once compiling
 in the rank itself ("in-rank": what the runtime falls back to where no child can
 start). The reference, in the same run: the same
@@ -29,8 +29,8 @@ this tree to it: the two share the machine's load. ``--scaling`` times codegen o
 at P=64, V=2 and M = 256, 512, 1024 (CPU microseconds per action: flat when it scales linearly).
 
 Targets (issue 23): codegen at most 10 s, a rank's import at most 0.3 s and
-60 MB. The script exits 1 when a rank's import grows the resident memory by
-more than 60 MB (memory does not depend on the machine's load; times do, so
+60 MB. The script exits 1 when a rank's import (any of the three) grows the resident
+memory by more than 60 MB (memory does not depend on the machine's load; times do, so
 they are reported beside the load average, not enforced).
 """
 
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(row(name, defines, label, found[label][-1]), flush=True)
         if args.base:
             print(ratios(name, defines, found["this"], found["base"]), flush=True)
-        over |= max(max(f["import"]["mb"], f["compiling"]["mb"]) for f in found["this"]) > IMPORT_MB
+        over |= max(max(f["import"]["mb"], f["compiling"]["mb"], f["here"]["mb"]) for f in found["this"]) > IMPORT_MB
     print(f"targets: codegen <= {CODEGEN_SECONDS:g} s, a rank's import <= {IMPORT_SECONDS:g} s and <= {IMPORT_MB:g} MB "
           "(import: seconds and peak-RSS growth of loading the module and rank --rank's program, beyond torch and "
           "pipeforge.runtime); times are wall seconds on this machine under its load; cpu s counts codegen's "

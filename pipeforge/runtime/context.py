@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -65,6 +66,11 @@ class ScheduleInfo:
     # ((stage, kind, microbatch, chain) of a step that adds memory, (stage, microbatch, chain) of the OFFLOAD
     # whose copy it waits for): the copy lane rule (semantics.offload_waits), only where the limit needs it
     offload_waits: tuple[tuple[tuple[int, str, int, int], tuple[int, int, int]], ...] = ()
+
+    @cached_property
+    def offload_wait_keys(self) -> dict[tuple[int, str, int, int], tuple[int, int, int]]:
+        """``offload_waits`` as a map from the step that waits to the OFFLOAD it waits for."""
+        return {(stage, kind, mb, chain): key for (stage, kind, mb, chain), key in self.offload_waits}
 
     def recompute_source(self, stage: int) -> str | None:
         """Where the schedule's first R of ``stage`` was written (None: not known)."""
@@ -141,7 +147,8 @@ class RankContext:
     def __init__(self, info: ScheduleInfo, rank: int, runners: dict[tuple[int, int], StageRunner],
                  transport: Transport, caches: ShapeCache, *, training: bool = True,
                  functions: dict[str, CustomFunction] | None = None, data_parallel: DataParallel | None = None,
-                 observers: tuple[Observer, ...] = (), rng: StepRng | None = None):
+                 observers: tuple[Observer, ...] = (), rng: StepRng | None = None,
+                 saved: SavedActivations | None = None):
         self.info = info
         self.rank = rank
         self.runners = runners
@@ -156,9 +163,10 @@ class RankContext:
         self.stage_inputs: dict[int, list[dict[str, Any]]] = {}  # a stage's keyword inputs per microbatch
         self.targets: list[Any] = []
         self.activations = ActivationCount()  # what simulate's memory model counts (O(1) per action)
-        self.saved = SavedActivations(frozenset(info.recomputed), frozenset(info.offloaded),
-                                      transport.device)  # R, OFFLOAD, RELOAD: runtime/saved.py
-        self._offload_waits = {tuple(step): key for step, key in info.offload_waits}
+        # R, OFFLOAD, RELOAD (runtime/saved.py): the pipeline's own, begun for this step, or one of its own
+        self.saved = saved if saved is not None else SavedActivations(
+            frozenset(info.recomputed), frozenset(info.offloaded), transport.device)
+        self._offload_waits = info.offload_wait_keys
         self._handed: dict[Action, Any] = {}
         self._outbox: dict[Action, tuple[torch.Tensor, ...]] = {}
         self._pending: dict[Action, tuple[Posted, tuple[torch.Tensor, ...]]] = {}
@@ -299,15 +307,16 @@ class RankContext:
         plan = self.caches.early_plan(receives, self.info, self.training)
         if not plan:
             return
-        comms = tuple(comm for comm, _ in plan)
-        for observer in self.observers:
+        observers = self.observers
+        comms = tuple(comm for comm, _, _ in plan) if observers else ()
+        for observer in observers:
             observer.begin_post(comms)
-        post, device, pending = self.transport.post, self.transport.device, self._pending
-        for comm, peer in plan:
-            tensors = self.caches.buffers(comm, device)
-            pending[comm] = (post([Transfer(False, t, peer) for t in tensors], GroupLabel((comm,))), tensors)
+        post, buffers, device, pending = self.transport.post, self.caches.buffers, self.transport.device, self._pending
+        for comm, peer, label in plan:
+            tensors = buffers(comm, device)
+            pending[comm] = (post([Transfer(False, t, peer) for t in tensors], label), tensors)
         self._early = self.caches.early_set(self.training)
-        for observer in self.observers:
+        for observer in observers:
             observer.end_post(comms)
 
     # -- dispatch through the hooks ----------------------------------------------------
@@ -428,7 +437,7 @@ class RankContext:
         handed = self._handed.pop(key, None)
         if handed is not None:
             return handed, tuple([isinstance(t, torch.Tensor) and t.requires_grad for t in handed])
-        return self._take(RECV_F, stage, chain, mb), self.caches.wants_grad.get(key)
+        return self._received(key), self.caches.wants_grad.get(key)
 
     def _backward(self, stage: int, mb: int, chain: int) -> None:
         plain = self._plain
@@ -489,23 +498,23 @@ class RankContext:
     # -- communication -----------------------------------------------------------------
 
     def _post(self, comms: tuple[Comm, ...]) -> None:
-        if not self.training:
-            comms = tuple(c for c in comms if c.kind in FORWARD_COMMS)
-            if not comms:
-                return
-        if self._early:
-            comms = tuple(c for c in comms if c not in self._early)  # posted already, ahead of the program
+        if self._early or not self.training:  # eval keeps the forward's; the early receives are posted already
+            early, training = self._early, self.training
+            comms = tuple([c for c in comms if c not in early and (training or c[1] in FORWARD_COMMS)])
             if not comms:
                 return
         label = GroupLabel(comms)
         transfers: list[Transfer] = []
         receives = []
         for comm in comms:
-            if comm.kind in SENDS:
+            if comm[1] in SENDS:
                 transfers += self._send_transfers(comm)
             else:
                 receives.append(comm)
-        if receives and not self.caches.knows_all(receives, self.training):
+        if not receives:
+            self._sent.append(self.transport.post(transfers, label))
+            return
+        if not self.caches.knows_all(receives, self.training):
             self._post_sends(transfers, label)
             for comm in receives:  # one by one: a peer's header and data come in this order
                 self._post_receives([comm], [], label)
@@ -549,6 +558,9 @@ class RankContext:
             posted.wait()
         for observer in self.observers:
             observer.end_finish()
+        if not self._pending and not self._outbox and not (
+                self.training and any(r.states for r in self.runners.values())):
+            return
         leftovers = [f"{a.kind} {a.stage}:{a.microbatch}" for a in (*self._pending, *self._outbox)]
         if self.training:
             leftovers += [f"{r.name} microbatch {m}" for r in self.runners.values() for m in r.states]
@@ -577,14 +589,21 @@ class RankContext:
         handed = self._handed.pop(key, None)
         if handed is not None:
             return handed
-        if key not in self._pending:
-            what = "input" if kind == RECV_F else "output gradient"
-            raise PipelineError(f"rank {self.rank}: the {what} of stage {stage} microbatch {mb} was never received "
-                                f"(no {stage}{kind}{mb} posted before it is used)")
-        posted, tensors = self._pending.pop(key)
+        return self._received(key)
+
+    def _received(self, key: Action) -> tuple:
+        """The tensors of the posted receive ``key``, once they have landed."""
+        entry = self._pending.pop(key, None)
+        if entry is None:
+            what = "input" if key.kind == RECV_F else "output gradient"
+            raise PipelineError(f"rank {self.rank}: the {what} of stage {key.stage} microbatch {key.microbatch} was "
+                                f"never received (no {key} posted before it is used)")
+        posted, tensors = entry
         if not self.observers:
             posted.wait_received()  # not the group's sends: they are waited in finish()
             return tensors
+        stage, kind, mb, chain = key
+        assert mb is not None  # a receive names its microbatch
         for observer in self.observers:
             observer.begin_wait(kind, stage, mb, chain)
         posted.wait_received()
@@ -603,19 +622,20 @@ class RankContext:
     def _send_transfers(self, comm: Comm) -> list[Transfer]:
         """What a send moves: the tensors ``forward``/``backward`` left in the outbox (an activation's
         shapes first, the first time it crosses)."""
-        peer = self.caches.peer(comm, self.info)
+        caches = self.caches
+        peer = caches.peer(comm, self.info)
         tensors = self._outbox.pop(comm, None)
         if tensors is None:
-            what = "forward" if comm.kind == SEND_F else "backward"
+            what = "forward" if comm[1] is SEND_F else "backward"
             raise PipelineError(f"rank {self.rank}: {comm} before the {what} that produces it")
-        if comm.kind == SEND_B:
-            tensors = self.caches.gradients_to_send(comm, tensors, self.transport.device)
-            return [Transfer(True, t, peer) for t in tensors]
+        if comm[1] is SEND_B:
+            return [Transfer(True, t, peer) for t in caches.gradients_to_send(comm, tensors, self.transport.device)]
         carried = tuple([t.requires_grad for t in tensors]) if self.training else None
         tensors = tuple([t.detach().contiguous() for t in tensors])
-        header = self.caches.header_to_send(comm, tensors, self.rank, self.transport.device, carried)
-        first = [Transfer(True, header, peer)] if header is not None else []
-        return first + [Transfer(True, t, peer) for t in tensors]
+        header = caches.header_to_send(comm, tensors, self.rank, self.transport.device, carried)
+        if header is None:  # every step after the first
+            return [Transfer(True, t, peer) for t in tensors]
+        return [Transfer(True, header, peer)] + [Transfer(True, t, peer) for t in tensors]
 
     def _receive_buffers(self, comm: Comm, label: GroupLabel) -> tuple[torch.Tensor, ...]:
         device = self.transport.device
@@ -685,9 +705,10 @@ class ShapeCache:
         return key in self._received and not (training and key in self._untrained)
 
     def early_plan(self, receives: tuple[Comm, ...], info: ScheduleInfo,
-                   training: bool) -> tuple[tuple[Comm, int], ...]:
-        """The receives ``semantics.early_receives`` lets go ahead of the program, with their peers: worked
-        out again only when a shape or a buffer was learned since (keys are only ever added)."""
+                   training: bool) -> tuple[tuple[Comm, int, GroupLabel], ...]:
+        """The receives ``semantics.early_receives`` lets go ahead of the program, with their peers and the
+        labels that name them in errors: worked out again only when a shape or a buffer was learned since (keys
+        are only ever added)."""
         version = (len(self._received), len(self._buffers), len(self._untrained))
         cached = self._early.get(training)
         if cached is not None and cached[0] == version and cached[1] is receives:
@@ -696,8 +717,8 @@ class ShapeCache:
         ready = self.has_buffers if not training or not self._untrained else (
             lambda comm: self.has_buffers(comm) and comm not in self._untrained)  # a header goes first
         early = early_receives(wanted, lambda comm: self.peer(comm, info), ready)
-        plan = tuple((Action._make(comm), self.peer(comm, info)) for comm in early)
-        self._early[training] = (version, receives, plan, frozenset(comm for comm, _ in plan))
+        plan = tuple((comm, self.peer(comm, info), GroupLabel((comm,))) for comm in map(Action._make, early))
+        self._early[training] = (version, receives, plan, frozenset(comm for comm, _, _ in plan))
         return plan
 
     def early_set(self, training: bool) -> frozenset:
@@ -729,6 +750,11 @@ class ShapeCache:
         activation is checked against the shapes sent then). ``carried``: which tensors carry a gradient
         (a training step's; ``None``, an eval's: announced as all wanting one, which is never wrong)."""
         announced = self._sent.get(key)
+        if announced is not None and len(announced) == 1 == len(tensors):  # one tensor, every later step
+            tensor, meta = tensors[0], announced[0]
+            if tensor.shape == meta.shape and tensor.dtype == meta.dtype and (carried is None or (
+                    (meta.requires_grad or not carried[0]) and key not in self._untrained)):
+                return None
         if announced is None:
             return self._announce(key, tensors, carried, device)
         if len(announced) != len(tensors) or any(
@@ -777,11 +803,13 @@ class ShapeCache:
         """The input gradients of the floating-point inputs, one per such input in order (``grads``
         holds one for each; zeros where an input got none)."""
         stage, _, mb, chain = key
-        metas = self._received.get(Action(stage, RECV_F, mb, chain))
+        metas = self._received.get((stage, RECV_F, mb, chain))  # a plain tuple hashes as the Action
         if metas is None:
             raise PipelineError(f"stage {stage} sends a gradient for microbatch {mb} it never received")
+        if len(grads) == 1 and len(metas) == 1 and grads[0] is not None and metas[0].dtype.is_floating_point:
+            return (grads[0].contiguous(),)  # one input, a float one
         floats = [m for m in metas if m.dtype.is_floating_point]
-        return tuple(g.contiguous() if g is not None else self._zeros_like(m, device) for g, m in zip(grads, floats))
+        return tuple([g.contiguous() if g is not None else self._zeros_like(m, device) for g, m in zip(grads, floats)])
 
     def _zeros_like(self, meta: TensorMeta, device: torch.device) -> torch.Tensor:
         """Zeros of ``meta``'s shape, made once (only ever sent: nothing writes them)."""

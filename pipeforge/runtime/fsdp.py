@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import torch
@@ -207,9 +208,16 @@ class DataParallel:
     training: bool = True
     upcasting: set[int] = field(default_factory=set)  # stages whose B and W move gradients to reduce_dtype
 
+    @cached_property
+    def idle(self) -> bool:
+        """No stage of this rank has anything to do at a step's begin and end (none replicated or sharded)."""
+        return all(type(params) is StageParams for params in self.stages.values())
+
     def begin(self, training: bool) -> None:
         self.training = training
         self.reduced.clear()
+        if self.idle:
+            return
         for params in self.stages.values():
             params.begin(training)
         self.upcasting = {stage for stage, params in self.stages.items()
@@ -218,7 +226,7 @@ class DataParallel:
     @property
     def hooks_compute(self) -> bool:
         """Whether a compute action needs ``before_compute``/``after_weight_gradients`` (an FSDP stage)."""
-        return any(params.sharded for params in self.stages.values())
+        return not self.idle and any(params.sharded for params in self.stages.values())
 
     def unshard(self, stage: int) -> None:
         self._of(stage, "UNSHARD").unshard()
@@ -243,6 +251,8 @@ class DataParallel:
 
     def end(self) -> None:
         """After the program: reduce the stages the schedule did not, wait for every reduction, reshard."""
+        if self.idle:
+            return
         if self.training:
             for stage in sorted(set(self.stages) - self.reduced):
                 self.stages[stage].start_reduce()

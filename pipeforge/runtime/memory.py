@@ -31,7 +31,8 @@ def _effect(kind: ActionKind, recomputed: bool) -> tuple[float, float, float]:
     return added, released, per_weight
 
 
-_EFFECTS: dict[tuple[ActionKind, bool], tuple[float, float, float]] = {}
+_EFFECTS: dict[ActionKind, tuple[float, float, float]] = {}  # per kind, of a microbatch not recomputed
+_RECOMPUTED_EFFECTS: dict[ActionKind, tuple[float, float, float]] = {}  # per kind, of one R rebuilds
 
 
 class ActivationCount:
@@ -64,9 +65,10 @@ class ActivationCount:
         (``recomputed``: an F whose microbatch R rebuilds, counted as ``semantics.memory_effect`` counts it
         with a checkpoint of 0: the runtime counts microbatches, not bytes; ``Pipeline.saved_peak`` has
         the bytes)."""
-        effect = _EFFECTS.get((kind, recomputed))
+        effects = _RECOMPUTED_EFFECTS if recomputed else _EFFECTS
+        effect = effects.get(kind)
         if effect is None:
-            effect = _EFFECTS[(kind, recomputed)] = _effect(kind, recomputed)
+            effect = effects[kind] = _effect(kind, recomputed)
         added, released, per_weight = effect
         if added:
             units = self.units = self.units + added
@@ -78,7 +80,11 @@ class ActivationCount:
             if units + grads > peaks[2]:
                 peaks[2] = units + grads
         if released or per_weight:
-            self._release(released, per_weight)
+            if self._held_back is None:
+                self.units -= released
+                self.grads -= per_weight
+            else:
+                self._release(released, per_weight)
 
     def forward(self) -> None:
         self.record(_F)

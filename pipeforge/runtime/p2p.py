@@ -158,7 +158,7 @@ class Posted:
         self.label = label  # anything whose str() names the communication: built only for an error
         self._rank = rank
         self._timeout = timeout
-        self.received = False
+        self.received = not self._receives and not arrivals  # a batch of sends only has nothing to land
         self.done = False
         self._lock = threading.Lock()
 

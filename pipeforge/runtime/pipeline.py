@@ -48,7 +48,7 @@ from pipeforge.runtime.records import Recorder, resolve_directory
 from pipeforge.runtime.recovery import StepStart, connect
 from pipeforge.runtime.rng import StepRng
 from pipeforge.runtime.rows import BatchRows, named_tensors
-from pipeforge.runtime.saved import unkept_inputs
+from pipeforge.runtime.saved import SavedActivations, unkept_inputs
 from pipeforge.runtime.stage import StageRunner
 from pipeforge.runtime.step_trace import Trace, TraceEvent, Tracer
 
@@ -70,6 +70,8 @@ class Pipeline:
         self.scale_grads = scale_grads
         self.tied = tied
         self._caches = ShapeCache()
+        # every step's recompute and offload state (``RankContext.saved``), begun afresh by each
+        self._saved = SavedActivations(frozenset(info.recomputed), frozenset(info.offloaded), transport.device)
         self._start = StepStart(info, self.rank)  # what a step begins with, and a failed step leaves
         self._rows = BatchRows(info, self.rank)  # the batch's rows, that targets and inputs must split like
         self._input_shapes: tuple | None = None
@@ -196,7 +198,7 @@ class Pipeline:
                 return (f"rank {self.rank} runs stages {self.stages}, not the last stage {last}: target= goes to "
                         "the rank holding the last stage")
             return None
-        if training and any(r.loss_fn is None for r in self.runners.values() if r.is_last):
+        if training and any([r.loss_fn is None for r in self._last_runners]):
             return (f"rank {self.rank} holds the last stage {last}: step() trains and needs "
                     "make_pipeline(loss_fn=...); use eval() for a forward pass only")
         if training and target is None:
@@ -233,9 +235,11 @@ class Pipeline:
     def _run(self, args: tuple, kwargs: dict, target: Any, shared: Any, per_stage: Any, training: bool,
              rng_step: int) -> RankContext:
         rng = StepRng(self.rng_seed, rng_step, self.transport.device) if self.rng_seed is not None else None
+        saved = self._saved
+        saved.begin()
         ctx = RankContext(self.info, self.rank, self.runners, self.transport, self._caches, training=training,
                           functions=self.functions, data_parallel=self.data_parallel, observers=self._observers(),
-                          rng=rng)
+                          rng=rng, saved=saved)
         if self.count_saved:
             ctx.saved.start_counting()
         refusal = None
@@ -284,8 +288,12 @@ class Pipeline:
         ctx.begin_program()
         if self.post_early and self._receives:
             ctx.post_early(self._receives)
-        with torch.set_grad_enabled(training):
+        enabled = torch.is_grad_enabled()  # the step's mode (set_grad_enabled's own switch, without its calls)
+        torch._C._set_grad_enabled(training)
+        try:
             self._program(ctx)
+        finally:
+            torch._C._set_grad_enabled(enabled)
         ctx.finish()
 
     def _recorded(self, recorder: Recorder, ctx: RankContext, training: bool) -> None:
@@ -327,10 +335,10 @@ class Pipeline:
             raise PipelineUsageError(f"{where}: keyword(s) {clash} given both as the batch and as per-stage inputs "
                                      "of stage 0")
         device = self.transport.device
-        if not kwargs and all(type(a) is torch.Tensor for a in args):  # plain tensors: _metas's answer at once
-            if device.type != "cpu" or not all(a.is_cpu for a in args):
-                args = tuple(a if a.device == device else a.to(device) for a in args)
-            shapes = tuple((a.shape, a.dtype) for a in args)
+        if not kwargs and all([type(a) is torch.Tensor for a in args]):  # plain tensors: _metas's answer at once
+            if device.type != "cpu" or not all([a.is_cpu for a in args]):
+                args = tuple([a if a.device == device else a.to(device) for a in args])
+            shapes = tuple([(a.shape, a.dtype) for a in args])
         else:
             args, kwargs = to_device(args, device), to_device(kwargs, device)
             shapes = _metas((args, kwargs))  # the whole batch's: one shape gives one shape per microbatch
@@ -427,8 +435,11 @@ class Pipeline:
     def _scale(self, divisor: int) -> None:
         """Divide every gradient by ``divisor``; an FSDP gradient (a DTensor) in its local shard, which is
         the same elementwise division without DTensor's dispatch (several times the cost of the division)."""
-        grads = [param.grad if type(param.grad) is torch.Tensor else local(param.grad)
-                 for param in self.parameters() if param.grad is not None]
+        grads = []
+        for param in self.parameters():
+            grad = param.grad
+            if grad is not None:
+                grads.append(grad if type(grad) is torch.Tensor else local(grad))
         if not grads:
             return
         enabled = torch.is_grad_enabled()  # no_grad's own switch, without its context manager's calls

@@ -5,7 +5,7 @@ folder ``NAME_ranks_<digest>`` with ``rank_<r>.py`` for every rank. ``NAME.py``'
 ``PROGRAMS`` is a ``RankModules``: ``make_pipeline`` asks it for the rank it
 runs, and only that file is read, compiled (or taken from ``__pycache__``) and
 executed, so a rank's import costs what its own steps cost. A rank module that must be
-compiled (no usable ``__pycache__``) and passes ``COMPILE_APART_FROM`` bytes is compiled
+compiled (no usable ``__pycache__``) and has ``COMPILE_APART_FROM`` lines or more is compiled
 in a child process of this interpreter (``RankLoader``): the parser's peak stays out of the rank.
 """
 
@@ -23,11 +23,11 @@ from typing import Any
 
 from pipeforge.runtime.p2p import PipelineError
 
-# Bytes of a rank module's source from which it compiles in a child process. CPython's parser holds every
-# token of a module and its memo entries until the tree is built: about 5 KB a line of a rank function
-# (3.11; 61 MB for a ZBV rank at 64 ranks and 1,024 microbatches), and the allocator keeps most of it
-# after the compile. Below this (about 16 MB of peak) compiling here is quicker than starting a child.
-COMPILE_APART_FROM = 256 * 1024
+# Lines of a rank module's source from which it compiles in a child process. CPython's parser holds every
+# token of a module and its memo entries until the tree is built: about 3 KB a line of a rank function
+# (3.11; 50 MB traced, 54 MB resident, for a ZBV rank at 64 ranks and 1,024 microbatches, 18,584 lines),
+# and the allocator keeps most of it after the compile. Below this (about 12 MB) compiling here is quicker.
+COMPILE_APART_FROM = 4096
 COMPILE_APART_SECONDS = 120.0  # a child still compiling then is given up on: the module compiles here
 
 # The child: the source on stdin, its file name and the optimization level in argv; on stdout the magic
@@ -84,11 +84,11 @@ class RankModules(Mapping[int, Callable[[Any], None]]):
 
 class RankLoader(importlib.machinery.SourceFileLoader):
     """Python's loader of a source file (``__pycache__`` read, and written where Python writes it), but a
-    source it must compile that passes ``COMPILE_APART_FROM`` bytes is compiled by ``compile_apart``."""
+    source it must compile of ``COMPILE_APART_FROM`` lines or more is compiled by ``compile_apart``."""
 
     def source_to_code(self, data: Any, path: Any, *, _optimize: int = -1) -> CodeType:  # type: ignore[override]
-        if len(data) >= COMPILE_APART_FROM and _optimize == -1:
-            code = compile_apart(bytes(data), str(path))
+        if _optimize == -1 and isinstance(data, bytes) and data.count(b"\n") >= COMPILE_APART_FROM:
+            code = compile_apart(data, str(path))
             if code is not None:
                 return code
         return super().source_to_code(data, path, _optimize=_optimize)

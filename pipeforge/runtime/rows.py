@@ -140,10 +140,10 @@ def named_tensors(args: tuple, kwargs: Mapping, target: Any, shared: Any, per_st
     named += [(w, r, True) for key, value in (kwargs or {}).items()
               for w, r in tensors_with_rows(value, f"step()/eval() keyword {key!r}")]
     named += [(w, r, False) for w, r in tensors_with_rows(target, "target")]
-    if isinstance(shared, Mapping):
+    if shared is not None and isinstance(shared, Mapping):
         named += [(w, r, False) for key, value in shared.items()
                   for w, r in tensors_with_rows(value, f"shared_kwargs[{key!r}]")]
-    if isinstance(per_stage, Mapping):
+    if per_stage is not None and isinstance(per_stage, Mapping):
         for stage in stages:
             inputs = per_stage.get(stage)
             if isinstance(inputs, Mapping):

@@ -147,6 +147,11 @@ class SavedActivations:
         self.kept: dict[Key, list[SavedKey | None]] = {}  # the counted tensors of each checkpoint, until the backward
         self.lane = copy_lane(device)  # OFFLOAD and RELOAD's copies (``copy_lane.py``: CPU and CUDA alike)
 
+    def begin(self) -> None:
+        """A new step (the pipeline keeps one of these): nothing held, nothing counted."""
+        self.finish()
+        self.counter = None
+
     def start_counting(self) -> None:
         """Count the saved tensors' bytes of this step (``SavedBytes``)."""
         self.counter = SavedBytes()

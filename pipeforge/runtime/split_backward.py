@@ -556,20 +556,21 @@ class ScalarSeed:
         if (seed is not None and seed._version == 0 and seed.shape == root.shape and seed.dtype == root.dtype
                 and seed.device == root.device):
             return seed
-        if root.numel() != 1 or not root.is_floating_point():
+        if _ENGINE is None or root.numel() != 1 or not root.is_floating_point():
             return None
         seed = torch.ones_like(root, memory_format=torch.preserve_format)
         self.tensor = seed if type(root) is torch.Tensor else None  # a subclass's (a DTensor's) made each time
         return seed
 
-
-def backward_from_loss(root: torch.Tensor, seeds: ScalarSeed) -> None:
-    """``run_backward((root,), (None,))`` with the gradient one from ``seeds``."""
-    seed = seeds.of(root) if _ENGINE is not None else None
-    if seed is None:
-        run_backward((root,), (None,))
-    else:
-        _accumulate((root,), (seed,))
+    def backward(self, root: torch.Tensor) -> None:
+        """``run_backward((root,), (None,))`` with this seed: ``root``'s graph run, ``.grad`` accumulated."""
+        seed = self.of(root)
+        if seed is None:
+            run_backward((root,), (None,))
+        elif _RUN_BACKWARD is not None and root.is_cpu and not _AUTOGRAD_LOG.isEnabledFor(logging.DEBUG):
+            _RUN_BACKWARD((root,), (seed,), False, False, (), True, True)  # ``_accumulate``'s, one call less
+        else:
+            _accumulate((root,), (seed,))
 
 
 def gradients(roots: tuple[torch.Tensor, ...], inputs: tuple, grads: tuple[torch.Tensor | None, ...],

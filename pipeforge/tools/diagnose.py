@@ -221,16 +221,21 @@ def node_actions(node: ast.stmt) -> tuple[Action, ...]:
     if not isinstance(node, ast.Expr) or not isinstance(node.value, ast.Call):
         return ()
     call = node.value
-    method = call.func.attr if isinstance(call.func, ast.Attribute) else None
-    if method == "post":
+    if method_of(call) == "post":
         return tuple(action for arg in call.args if isinstance(arg, ast.Call) for action in call_actions(arg))
     return call_actions(call)
 
 
+def method_of(call: ast.Call) -> str | None:
+    """The rank context's method a generated call makes: ``forward(0, 1)`` (bound to its name at the
+    function's start) or ``ctx.forward(0, 1)`` (modules generated before)."""
+    if isinstance(call.func, ast.Name):
+        return call.func.id
+    return call.func.attr if isinstance(call.func, ast.Attribute) else None
+
+
 def call_actions(call: ast.Call) -> tuple[Action, ...]:
-    if not isinstance(call.func, ast.Attribute):
-        return ()
-    kind = KIND_OF_METHOD.get(call.func.attr)
+    kind = KIND_OF_METHOD.get(method_of(call) or "")
     if kind is None:
         return ()
     values = [arg.value for arg in call.args if isinstance(arg, ast.Constant) and isinstance(arg.value, int)]

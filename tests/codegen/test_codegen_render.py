@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import itertools
 import os
 import re
 import shutil
@@ -105,14 +106,14 @@ def test_module_structure_and_imports():
     text = render_module(lowered())
     assert defined_names(text) == EXPECTED_NAMES
     assert top_level_imports(text) == {"torch", "pipeforge:runtime"}
-    assert "ctx.post(ctx.send_f(0, 0))  # 0SEND_F0 tiny.pipe:11:5 step 1\n" in text
-    assert "    ctx.backward(1, 1)  # 1B1 tiny.pipe:16:5 step 6\n" in text
+    assert "    post(send_f(0, 0))  # 0SEND_F0 tiny.pipe:11:5 step 1\n" in text
+    assert "    backward(1, 1)  # 1B1 tiny.pipe:16:5 step 6\n" in text
 
 
 def test_locations_can_be_left_out():
     text = render_module(lowered(), locations=False)
     assert "tiny.pipe" not in text
-    assert "    ctx.forward(0, 0)\n" in text
+    assert "    forward(0, 0)\n" in text
 
 
 def test_same_input_gives_identical_text():
@@ -123,8 +124,8 @@ def test_overlap_and_chain_render_as_calls():
     rows = [["(0F1;0B0)"], ["1F0@1", "1REDUCE_GRAD"]]
     schedule = Schedule("o", 2, 2, 2, (Placement.loop(2, 2), Placement((1, 0))), programs_from_tokens(rows))
     text = render_module(schedule, locations=False)
-    assert "    with ctx.overlap():\n        ctx.forward(0, 1)\n        ctx.backward(0, 0)\n" in text
-    assert "    ctx.forward(1, 0, chain=1)\n    ctx.reduce_grad(1)\n" in text
+    assert "    with ctx.overlap():\n        forward(0, 1)\n        backward(0, 0)\n" in text
+    assert "    forward(1, 0, chain=1)\n    reduce_grad(1)\n" in text
 
 
 def test_an_empty_program_gets_pass():
@@ -137,8 +138,8 @@ def test_unshard_and_reshard_become_runtime_calls():
     program = (parse_step("0UNSHARD"),) + lowered().programs[0] + (parse_step("0RESHARD"),)
     text = render_module(replace(lowered(), programs=(program, lowered().programs[1])), locations=False)
     body = text.split("def rank_0", 1)[1].split("def rank_1", 1)[0]
-    assert body.index("ctx.unshard(0)") < body.index("ctx.forward(0, 0)")
-    assert body.rstrip().endswith("ctx.reshard(0)")
+    assert body.index("    unshard(0)") < body.index("    forward(0, 0)")
+    assert body.rstrip().endswith("    reshard(0)")
 
 
 def test_every_action_kind_has_a_runtime_call():
@@ -278,7 +279,14 @@ def test_every_step_of_the_lowered_schedule_appears_in_order():
     tree = ast.parse(text)
     for rank, program in enumerate(schedule.programs):
         function = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == f"rank_{rank}")
-        assert len(function.body) == sum(1 for step in program if not step.is_idle)
+        bound = list(itertools.takewhile(lambda n: isinstance(n, ast.Assign), function.body))
+        assert len(function.body) - len(bound) == sum(1 for step in program if not step.is_idle)
+        names = [ast.unparse(target) for statement in bound for target in statement.targets[0].elts]
+        assert [ast.unparse(value) for statement in bound for value in statement.value.elts] == \
+            [f"ctx.{name}" for name in names]  # each method it calls bound once, and only those
+        called = {node.func.id for node in ast.walk(function) if isinstance(node, ast.Call)
+                  and isinstance(node.func, ast.Name)}
+        assert sorted(names) == sorted(called)
 
 
 
@@ -334,8 +342,8 @@ def test_an_overlap_comment_is_the_overlap_token():
     programs = tuple(tuple(replace(s, span=Span("o.pipe", 3, 7)) for s in p) for p in programs_from_tokens(rows))
     schedule = Schedule("o", 2, 2, 2, (Placement.loop(2, 2), Placement((1, 0))), programs)
     text = render_module(schedule)
-    assert "    with ctx.overlap():  # (0F1;0B0) o.pipe:3:7 step 0\n        ctx.forward(0, 1)\n" in text
-    assert "    ctx.forward(1, 0, chain=1)  # 1F0@1 o.pipe:3:7 step 0\n" in text
+    assert "    with ctx.overlap():  # (0F1;0B0) o.pipe:3:7 step 0\n        forward(0, 1)\n" in text
+    assert "    forward(1, 0, chain=1)  # 1F0@1 o.pipe:3:7 step 0\n" in text
 
 
 # -- naming the module and never overwriting another schedule's ------------------------------

@@ -86,8 +86,8 @@ def refusals(tmp_path_factory):
 def swap_rank_1_backwards(text: str) -> str:
     """Rank 1 sends microbatch 1's gradient before microbatch 0's: another order, each message well formed."""
     head, _, rank_1 = text.partition("def rank_1(")
-    rank_1 = rank_1.replace("ctx.send_b(1, 0)", "ctx.send_b(1, @)").replace("ctx.send_b(1, 1)", "ctx.send_b(1, 0)")
-    rank_1 = rank_1.replace("ctx.send_b(1, @)", "ctx.send_b(1, 1)")
+    rank_1 = rank_1.replace("send_b(1, 0)", "send_b(1, @)").replace("send_b(1, 1)", "send_b(1, 0)")
+    rank_1 = rank_1.replace("send_b(1, @)", "send_b(1, 1)")
     return head + "def rank_1(" + rank_1
 
 
@@ -95,7 +95,7 @@ def cut_last_backward(text: str) -> str:
     head, _, rank_1 = text.partition("def rank_1(")
     body, _, tail = rank_1.partition("\n\n\n")
     lines = body.splitlines()
-    index = max(i for i, line in enumerate(lines) if "ctx.backward(" in line)
+    index = max(i for i, line in enumerate(lines) if line.strip().startswith("backward("))
     return head + "def rank_1(" + "\n".join(lines[:index] + lines[index + 1:]) + "\n\n\n" + tail
 
 

@@ -74,7 +74,7 @@ def test_without_an_interpreter_to_start_the_module_compiles_here(tmp_path, monk
 def test_a_rank_module_that_does_not_compile_raises_python_s_error_naming_its_line(tmp_path, monkeypatch, children):
     path, folder = generated(tmp_path, monkeypatch)
     source = folder / "rank_1.py"
-    source.write_text(source.read_text() + "    ctx.forward(1,\n")
+    source.write_text(source.read_text() + "    forward(1,\n")
     with pytest.raises(SyntaxError) as raised:
         RankModules(str(path), folder.name, 2)[1]
     assert len(children) == 1 and raised.value.filename == str(source) and "never closed" in str(raised.value)
