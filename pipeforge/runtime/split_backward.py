@@ -361,7 +361,7 @@ def _used_after_release(_: int) -> torch.Tensor:
                        "(a node W was not expected to run)")
 
 
-def _free(saved) -> bool:
+def free_saved(saved) -> bool:
     """Free one saved tensor (a ``torch._C._autograd.SavedTensor``); False where it cannot be (other hooks)."""
     try:  # torch then keeps the saved value only through these hooks, which keep its id (a C call, no frame)
         saved.register_hooks(id, _used_after_release)
@@ -399,7 +399,7 @@ def release_saved(nodes: list[Node]) -> str:
             except RuntimeError:  # freed
                 continue
             for saved in value if isinstance(value, (tuple, list)) else (value,):
-                if saved is not None and not _free(saved):
+                if saved is not None and not free_saved(saved):
                     kept[type(node).__name__] = kept.get(type(node).__name__, 0) + 1
     if not kept:
         return ""
