@@ -1,7 +1,8 @@
-"""Compiled stages against eager ones: the step time, and how much of the backward W gets.
+"""Compiled stages against eager ones: the step time, how much of the backward W gets, the bytes held to W.
 
     python -m benchmarks.runtime.compiled                                  # GPT-2, zb-h1 and zbv, 2 ranks
     python -m benchmarks.runtime.compiled --family llama --schedules 1f1b,zbv --rounds 10 --width 64
+    python -m benchmarks.runtime.compiled --family llama --held-only --backend aot_eager
 
 On every rank the stages of a small Hugging Face model (``--family gpt2`` or ``llama``, width
 ``--width``, ``--layers`` layers, sequences of ``--seq`` tokens, ``--rows`` rows a microbatch,
@@ -15,17 +16,26 @@ median step time of the slowest rank (wall), its ratio to eager (the median of t
 ratios), the share of the backward time that W took on the stages after the first (step trace; B where it has
 no split), and the first step's largest relative gradient difference from eager.
 On the shared 2-core machine these are numbers measured under load: compare ratios, not times.
+
+A second table (bytes, which do not depend on the load; one process): the middle and the last stage
+of the model cut in 3, one microbatch, eager and ``split`` each run I then W as the runtime does
+(``SplitBackward``): what the forward saves, and what is alive from I to W (``held_from_i_to_w``:
+saved tensors I did not free, the regions' kept values, the gradients I recorded for W, each tensor
+once, parameters excepted), split against eager. ``--backend`` compiles both compiled sides.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import tempfile
+import weakref
 
 import pipeforge
 from pipeforge.generator import codegen
+from pipeforge.runtime.split_backward import Releasable
 from pipeforge.tools.launch import spawn
 
 SIDES = ("eager", "fused", "split")
@@ -58,6 +68,97 @@ def compiled_side(stages: dict, backend) -> dict:
     return stages
 
 
+class _Held(Releasable):
+    """A saved tensor as ``held_from_i_to_w``'s hooks keep it: I frees it (``split_backward.free_saved``)."""
+
+    __slots__ = ("__weakref__", "tensor")
+
+    def __init__(self, tensor) -> None:
+        self.tensor = tensor
+
+    def free(self) -> None:
+        self.tensor = None
+
+
+def held_from_i_to_w(stage, x, kwargs: dict, loss=None) -> tuple[int, int]:
+    """(forward, held): the bytes one microbatch's forward of ``stage`` saves, and the bytes alive from its I
+    to its W (``SplitBackward``): saved tensors I did not free, the kept values of ``split_backend`` regions,
+    the gradients I recorded for W; each tensor once (``saved_key``), parameters excepted. ``loss(out)``
+    gives a last stage's root. W then runs, and nothing saved may outlive it."""
+    import torch
+
+    from pipeforge.runtime.saved import saved_key
+    from pipeforge.runtime.split_backward import REGION_NODE, SplitBackward, accumulate_weight_gradients, walk
+
+    params = [p for p in stage.parameters() if p.requires_grad]
+    storages = {p.untyped_storage().data_ptr() for p in params}
+    alive: weakref.WeakSet[_Held] = weakref.WeakSet()
+
+    def pack(tensor):
+        if tensor.untyped_storage().data_ptr() in storages:
+            return tensor
+        held = _Held(tensor.detach())
+        alive.add(held)
+        return held
+
+    def unpack(packed):
+        if isinstance(packed, _Held):
+            if packed.tensor is None:
+                raise RuntimeError("held_from_i_to_w: a saved tensor that I freed was used again")
+            return packed.tensor
+        return packed
+
+    def counted(tensors) -> int:
+        return sum(key[1] for key in {saved_key(t) for t in tensors} - {None})
+
+    x = x.detach().requires_grad_()
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        root = stage(x, **kwargs)
+        root = root if loss is None else loss(root)
+    forward = counted(h.tensor for h in alive)
+    _, plan = SplitBackward().backward_input((root,), (torch.ones_like(root),), [x], params)
+    kept = [t for node in walk([root.grad_fn]).nodes if type(node).__name__ == REGION_NODE
+            for t in node.kept or ()]
+    recorded = [g for group in plan.groups for grads in group.grads.values() for g in grads if g is not None]
+    held = counted([*(h.tensor for h in alive if h.tensor is not None), *kept, *recorded])
+    accumulate_weight_gradients(plan)
+    del root, plan, kept, recorded
+    gc.collect()
+    left = counted(h.tensor for h in alive if h.tensor is not None)
+    if left:
+        raise RuntimeError(f"held_from_i_to_w: {left} bytes still saved after W")
+    return forward, held
+
+
+def held_table(job: dict, backend: str) -> list[tuple[int, int, int, int, int]]:
+    """(stage, eager forward, eager held, split forward, split held) of the middle and the last stage."""
+    import torch
+
+    from pipeforge.models.compiled import split_backend
+
+    torch._dynamo.config.cache_size_limit = 64
+    cut = pipeforge.split(build(job), 3, seed=0)
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, job["vocab"], (job["rows"], job["seq"] + 1), generator=generator)
+    inputs, target = [tokens[:, :-1]], tokens[:, 1:]
+    with torch.no_grad():
+        for before in (0, 1):
+            inputs.append(cut.modules[before](inputs[-1]))
+
+    def loss(out):
+        return torch.nn.functional.cross_entropy(out.flatten(0, 1), target.flatten())
+
+    rows = []
+    for stage in (1, 2):
+        eager = cut.modules[stage]
+        found: list[int] = []
+        for side in (eager, compiled_side({stage: eager}, split_backend(backend))[stage]):
+            held_from_i_to_w(side, inputs[stage], {}, loss if stage == 2 else None)  # compiles
+            found += held_from_i_to_w(side, inputs[stage], {}, loss if stage == 2 else None)
+        rows.append((stage, found[0], found[1], found[2], found[3]))
+    return rows
+
+
 def worker(rank: int, nproc: int, job: dict) -> dict:
     import time
 
@@ -73,8 +174,8 @@ def worker(rank: int, nproc: int, job: dict) -> dict:
     module = load_module(job["path"])
     info, mine = module.SCHEDULE, module.stages_of_rank(rank)
     cut = pipeforge.split(build(job), info, owned=mine, seed=0)
-    sides = {"eager": cut.modules, "fused": compiled_side(cut.modules, "inductor"),
-             "split": compiled_side(cut.modules, split_backend("inductor"))}
+    sides = {"eager": cut.modules, "fused": compiled_side(cut.modules, job["backend"]),
+             "split": compiled_side(cut.modules, split_backend(job["backend"]))}
     generator = torch.Generator().manual_seed(1)
     rows = job["rows"] * info.microbatches
     tokens = torch.randint(0, job["vocab"], (rows, job["seq"] + 1), generator=generator)
@@ -128,15 +229,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seq", type=int, default=32)
     parser.add_argument("--rows", type=int, default=2)
+    parser.add_argument("--backend", default="inductor", help="what compiles the fused and split sides")
+    parser.add_argument("--held-only", action="store_true", help="only the bytes held from I to W")
     args = parser.parse_args(argv)
     print(f"{args.family} width {args.width}, {args.layers} layers, {args.seq} tokens x {args.rows} rows a "
-          f"microbatch, M={args.microbatches}, 2 ranks, {args.rounds} rounds (float32, inductor)")
+          f"microbatch, M={args.microbatches}, 2 ranks, {args.rounds} rounds (float32, {args.backend})")
+    shape = {"family": args.family, "width": args.width, "layers": args.layers, "seq": args.seq,
+             "rows": args.rows, "vocab": 128}
+    if not args.held_only and steps(args, shape) != 0:
+        return 1
+    print(f"\nbytes held from I to W of one microbatch (of what its forward saved), the model cut in 3, "
+          f"split: {args.backend}")
+    print(f"{'stage':<8}{'eager fwd':>11}{'eager held':>12}{'/ fwd':>7}{'split fwd':>11}{'split held':>12}"
+          f"{'/ fwd':>7}{'split/eager':>13}")
+    for stage, eager_fwd, eager_held, split_fwd, split_held in held_table(shape, args.backend):
+        print(f"{stage:<8}{eager_fwd:>11}{eager_held:>12}{eager_held / eager_fwd:>7.3f}{split_fwd:>11}"
+              f"{split_held:>12}{split_held / split_fwd:>7.3f}{split_held / eager_held:>13.3f}")
+    return 0
+
+
+def steps(args, shape: dict) -> int:
+    """The step-time table (two gloo processes a schedule); 1 where a rank failed."""
     print(f"{'schedule':<16}{'side':<8}{'step ms':>10}{'vs eager':>10}{'W share':>10}{'grad diff':>12}")
     with tempfile.TemporaryDirectory() as out:
         for name in args.schedules.split(","):
             path = str(codegen(pipeforge.load(name, defines={"P": 2, "M": args.microbatches}), f"{out}/{name}"))
-            job = {"path": path, "family": args.family, "width": args.width, "layers": args.layers,
-                   "seq": args.seq, "rows": args.rows, "rounds": args.rounds, "vocab": 128}
+            job = {**shape, "path": path, "rounds": args.rounds, "backend": args.backend}
             outcomes = spawn(worker, 2, job, timeout=1800, deadline=3600)
             failed = [o.error for o in outcomes if not o.ok]
             if failed:

@@ -5,9 +5,10 @@
 Each region dynamo captures is traced with its backward, and the backward is cut in two
 graphs, input gradients and weight gradients (the region's ``nn.Parameter`` inputs), each
 compiled by ``backend``. The region is one autograd node (``SplitRegionBackward``) that runs
-only the graphs its caller needs: I gets the input gradients and keeps what the weight graph
-needs; W runs the weight graph; a full backward runs both. Gradients are the region's own
-(bit for bit the eager ones with ``aot_eager``). How: ``docs/runtime-internals.md``.
+only the graphs its caller needs: I gets the input gradients, keeps what the weight graph reads
+and frees the other saved values; W runs the weight graph and frees the rest; a full backward
+runs both (freeing is then the engine's). A backward needing what I or W freed raises. Gradients
+are the region's own (bit for bit the eager ones with ``aot_eager``). How: ``docs/runtime-internals.md``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.autograd.function import once_differentiable
 from torch.fx.experimental.proxy_tensor import make_fx
+
+from pipeforge.runtime.split_backward import free_saved
 
 
 
@@ -55,7 +58,8 @@ class CapturedRegion:
                 self._plain = self.inner(self.gm, list(args))
             return self._plain(*args)
         if self._graphs is None:
-            self._graphs = trace_region(self.gm, args, self.weights, self.inner) or self.inner(self.gm, list(args))
+            with _unhooked():  # the caller's saved-tensor hooks (the runtime's counting, offload) see real tensors
+                self._graphs = trace_region(self.gm, args, self.weights, self.inner) or self.inner(self.gm, list(args))
         if not isinstance(self._graphs, RegionGraphs):  # compiled plainly: one fused node
             return self._graphs(*args)
         return self._graphs.structure(SplitRegion.apply(self._graphs, *args))
@@ -66,11 +70,14 @@ class RegionGraphs:
     """The compiled forward, input-gradient and weight-gradient graphs of a region, and how they connect."""
 
     forward: Callable  # args -> outputs + saved
-    input_grads: Callable  # saved + tangents -> grads of the inputs + kept (what the weight graph needs)
-    weight_grads: Callable  # saved + tangents + kept -> grads of the weights
+    input_grads: Callable  # saved it reads + tangents -> grads of the inputs + kept (what the weight graph needs)
+    weight_grads: Callable  # saved it reads + tangents + kept -> grads of the weights
     outputs: int
     differentiable: tuple[int, ...]  # output positions that get a tangent
     saved_args: tuple[int, ...]  # the args the backward graphs read, saved as they are
+    input_reads: tuple[int, ...]  # the saved values (positions: saved args, then the forward's) each graph reads
+    weight_reads: tuple[int, ...]
+    input_only: tuple[int, ...]  # those the weight graph does not read: I frees them
     inputs_at: tuple[int, ...]  # the args whose gradients the input graph gives (in its order)
     weights_at: tuple[int, ...]
     tangent_metas: tuple[tuple[torch.Size, torch.dtype, torch.device], ...]  # a missing gradient's zeros
@@ -82,7 +89,7 @@ class SplitRegion(torch.autograd.Function):
     def forward(ctx, graphs: RegionGraphs, *args: torch.Tensor):
         found = graphs.forward(*args)
         outputs, saved = found[:graphs.outputs], found[graphs.outputs:]
-        ctx.graphs, ctx.kept, ctx.count = graphs, None, len(args)
+        ctx.graphs, ctx.kept, ctx.count, ctx.freed = graphs, None, len(args), frozenset()
         ctx.save_for_backward(*(args[i] for i in graphs.saved_args), *saved)
         ctx.mark_non_differentiable(*(o for i, o in enumerate(outputs) if i not in graphs.differentiable))
         return tuple(outputs)
@@ -92,20 +99,54 @@ class SplitRegion(torch.autograd.Function):
     def backward(ctx, *grads: torch.Tensor | None):
         graphs: RegionGraphs = ctx.graphs
         nodes = [node for node, _ in ctx.next_functions]
-        saved = ctx.saved_tensors
         tangents = [_tangent(grads[i], meta) for i, meta in zip(graphs.differentiable, graphs.tangent_metas)]
         result: list[torch.Tensor | None] = [None] * (1 + ctx.count)
         # a gradient returned for an input this call does not want is dropped by the engine
-        if ctx.kept is None or any(_will_run(nodes[i]) for i in graphs.inputs_at):
-            found = graphs.input_grads(*saved, *tangents)
+        inputs = ctx.kept is None or any(_will_run(nodes[i]) for i in graphs.inputs_at)
+        weights = any(_will_run(nodes[i]) for i in graphs.weights_at)
+        if inputs:
+            found = graphs.input_grads(*_saved(ctx, graphs.input_reads, "input"), *tangents)
             for i, grad in zip(graphs.inputs_at, found):
                 result[1 + i] = grad
             ctx.kept = found[len(graphs.inputs_at):]
-        if any(_will_run(nodes[i]) for i in graphs.weights_at):
-            for i, grad in zip(graphs.weights_at, graphs.weight_grads(*saved, *tangents, *ctx.kept)):
+        if weights:
+            found = graphs.weight_grads(*_saved(ctx, graphs.weight_reads, "weight"), *tangents, *ctx.kept)
+            for i, grad in zip(graphs.weights_at, found):
                 result[1 + i] = grad
             ctx.kept = None
+        if inputs and not weights and graphs.weights_at:  # I: what W does not read goes
+            _release(ctx, graphs.input_only)
+        elif weights and not inputs:  # W, after its I: both graphs have run, the rest goes
+            _release(ctx, graphs.weight_reads)
         return tuple(result)
+
+
+def _saved(ctx, reads: tuple[int, ...], graph: str) -> list[torch.Tensor]:
+    """The saved values a graph reads, unpacked one by one (the others may be freed already)."""
+    if ctx.freed.intersection(reads):
+        raise RuntimeError(
+            f"pipeforge: a region compiled with split_backend ran its {graph}-gradient graph again after its "
+            f"backward freed the saved values that graph reads (the input-gradient pass frees what the "
+            f"weight-gradient graph does not read, the weight-gradient pass the rest): a region's backward "
+            f"runs once per forward, whole or as I then W; compile with a plain backend to backward through "
+            f"it again")
+    raw = ctx._raw_saved_tensors
+    return [raw[k].unpack() for k in reads]
+
+
+def _release(ctx, positions: tuple[int, ...]) -> None:
+    """Free the saved values at ``positions`` (those under hooks that cannot free them stay, still correct)."""
+    raw = ctx._raw_saved_tensors
+    ctx.freed = ctx.freed | {k for k in positions if k not in ctx.freed and free_saved(raw[k])}
+
+
+def _unhooked():
+    """Saved-tensor hooks that keep each tensor as it is, over the caller's: tracing saves fake tensors."""
+    return torch.autograd.graph.saved_tensors_hooks(_same, _same)
+
+
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
 
 
 def _will_run(node) -> bool:
@@ -160,7 +201,8 @@ def trace_region(gm: fx.GraphModule, args: Sequence[torch.Tensor], weights: tupl
     structure = (lambda out: out) if isinstance(probe, tuple) else (
         (lambda out: list(out)) if isinstance(probe, list) else (lambda out: out[0]))
     return RegionGraphs(forward, input_grads, weight_grads, outputs=len(flat), differentiable=differentiable,
-                        saved_args=cut.saved_args,
+                        saved_args=cut.saved_args, input_reads=cut.input_reads, weight_reads=cut.weight_reads,
+                        input_only=tuple(k for k in cut.input_reads if k not in cut.weight_reads),
                         inputs_at=inputs_at, weights_at=weights_at, tangent_metas=metas, structure=structure)
 
 
@@ -173,6 +215,8 @@ def _example(node: fx.Node) -> torch.Tensor:
 class Cut:
     graphs: tuple[fx.GraphModule, fx.GraphModule, fx.GraphModule]  # forward, input gradients, weight gradients
     saved_args: tuple[int, ...]
+    input_reads: tuple[int, ...]  # the saved values each backward graph reads (positions among them)
+    weight_reads: tuple[int, ...]
     input_positions: tuple[int, ...]  # among the gradients the joint graph returns
     weight_positions: tuple[int, ...]
 
@@ -195,7 +239,10 @@ def cut_joint(joint: fx.GraphModule, args: int, outputs: int, is_weight: list[bo
     later = inputs | weights
     saved = [n for n in nodes if n.op == "placeholder" and n in primals and _read_by(n, later, grads)]
     saved += [n for n in nodes if n in forward and _read_by(n, later, grads)]
-    kept = [n for n in nodes if n in inputs and _read_by(n, weights, [grads[k] for k in weight_positions])]
+    input_grads, weight_grads = [grads[k] for k in input_positions], [grads[k] for k in weight_positions]
+    kept = [n for n in nodes if n in inputs and _read_by(n, weights, weight_grads)]
+    input_reads = tuple(k for k, n in enumerate(saved) if _read_by(n, inputs, input_grads))
+    weight_reads = tuple(k for k, n in enumerate(saved) if _read_by(n, weights, weight_grads))
 
     def build(ins: list[fx.Node], body: set[fx.Node], outs: list[fx.Node]) -> fx.GraphModule:
         graph, env = fx.Graph(), {}
@@ -210,9 +257,9 @@ def cut_joint(joint: fx.GraphModule, args: int, outputs: int, is_weight: list[bo
 
     saved_args = tuple(primals.index(n) for n in saved if n in primals)
     graphs = (build(primals, forward, [*forward_out, *(n for n in saved if n not in primals)]),
-              build([*saved, *tangents], inputs, [*(grads[k] for k in input_positions), *kept]),
-              build([*saved, *tangents, *kept], weights, [grads[k] for k in weight_positions]))
-    return Cut(graphs, saved_args, input_positions, weight_positions)
+              build([*(saved[k] for k in input_reads), *tangents], inputs, [*input_grads, *kept]),
+              build([*(saved[k] for k in weight_reads), *tangents, *kept], weights, weight_grads))
+    return Cut(graphs, saved_args, input_reads, weight_reads, input_positions, weight_positions)
 
 
 def _needed(roots: list[Any], done: set[fx.Node]) -> set[fx.Node]:

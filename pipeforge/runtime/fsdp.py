@@ -223,10 +223,10 @@ class DataParallel:
         self.upcasting = {stage for stage, params in self.stages.items()
                           if isinstance(params, ShardedParams) and params.upcast}  # (the one sharded kind)
 
-    @property
+    @cached_property
     def hooks_compute(self) -> bool:
         """Whether a compute action needs ``before_compute``/``after_weight_gradients`` (an FSDP stage)."""
-        return any(params.sharded for params in self.stages.values())
+        return not self.idle and any(params.sharded for params in self.stages.values())
 
     def unshard(self, stage: int) -> None:
         self._of(stage, "UNSHARD").unshard()

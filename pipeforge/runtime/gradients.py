@@ -26,12 +26,24 @@ if TYPE_CHECKING:
 def distinct_parameters(modules: Iterable[torch.nn.Module]) -> list[torch.nn.Parameter]:
     """Every parameter of ``modules`` once, in order of first appearance."""
     seen: dict[int, torch.nn.Parameter] = {}
+    visited: set[int] = set()
     for module in modules:  # module.parameters()'s order, without the names it builds for every one
-        for sub in module.modules():
-            for param in sub._parameters.values():
-                if param is not None:
-                    seen.setdefault(id(param), param)
+        _collect(module, visited, seen)
     return list(seen.values())
+
+
+def _collect(module: torch.nn.Module, visited: set[int], seen: dict[int, torch.nn.Parameter]) -> None:
+    """The parameters of ``module`` and its submodules into ``seen``, in ``module.modules()``'s order (depth
+    first, each module once), without the names ``named_modules`` builds for every submodule."""
+    if id(module) in visited:
+        return
+    visited.add(id(module))
+    for param in module._parameters.values():
+        if param is not None:
+            seen.setdefault(id(param), param)
+    for child in module._modules.values():
+        if child is not None:
+            _collect(child, visited, seen)
 
 
 def trained(module: torch.nn.Module) -> list[torch.nn.Parameter]:

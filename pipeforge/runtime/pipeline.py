@@ -168,14 +168,18 @@ class Pipeline:
         self._checked.update((training, False) if ran else (training,))
 
     def _step(self, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs) -> Any:
-        self._sync_replicas()
-        earlier = self._set_aside_chain_grads()
-        try:
+        if len(self.info.placements) < 2:  # one chain: no replica to sync, no gradients to set aside or sum
             ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=True,
                             rng_step=self.rng_step - 1)
-            self._reduce_chains()
-        finally:
-            _add_back(earlier)
+        else:
+            self._sync_replicas()
+            earlier = self._set_aside_chain_grads()
+            try:
+                ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=True,
+                                rng_step=self.rng_step - 1)
+                self._reduce_chains()
+            finally:
+                _add_back(earlier)
         if self.tied.groups:
             self.tied.sum_gradients(self.transport, self.stage_modules(), self.info)
         if self.scale_grads:
@@ -198,7 +202,7 @@ class Pipeline:
                 return (f"rank {self.rank} runs stages {self.stages}, not the last stage {last}: target= goes to "
                         "the rank holding the last stage")
             return None
-        if training and any(r.loss_fn is None for r in self.runners.values() if r.is_last):
+        if training and any([r.loss_fn is None for r in self._last_runners]):
             return (f"rank {self.rank} holds the last stage {last}: step() trains and needs "
                     "make_pipeline(loss_fn=...); use eval() for a forward pass only")
         if training and target is None:
@@ -238,7 +242,8 @@ class Pipeline:
         saved = self._saved
         saved.begin()
         ctx = RankContext(self.info, self.rank, self.runners, self.transport, self._caches, training=training,
-                          functions=self.functions, data_parallel=self.data_parallel, observers=self._observers(),
+                          functions=self.functions, data_parallel=self.data_parallel,
+                          observers=self._observers() if self._tracer or self.recorder or self.observers else (),
                           rng=rng, saved=saved)
         if self.count_saved:
             ctx.saved.start_counting()
@@ -271,15 +276,18 @@ class Pipeline:
         problem = self.refusal(target, training)
         if problem:
             raise PipelineUsageError(problem)
-        ctx.stage_inputs = self._stage_inputs(shared, per_stage)
+        if shared is not None or per_stage is not None:
+            ctx.stage_inputs = self._stage_inputs(shared, per_stage)
         ctx.inputs = self._batch(args, kwargs, ctx.stage_inputs.get(0))
         if self.holds_last and target is not None:
             device = self.transport.device
-            ctx.targets = split_value(to_device(target, device), self.info.microbatches, f"rank {self.rank}: target")
+            if type(target) is not torch.Tensor or target.device != device:
+                target = to_device(target, device)
+            ctx.targets = split_value(target, self.info.microbatches, f"rank {self.rank}: target")
         named = named_tensors(args, kwargs, target, shared, per_stage, self._stages)
         problem = self._rows.problem_known(named)
-        if not problem and training:  # a recomputed stage 0 needs a tensor input to keep (runtime/saved.py)
-            problem = unkept_inputs(self.info, self.rank, ctx.inputs, ctx.stage_inputs.get(0))
+        if not problem and training and self.info.recomputed:  # a recomputed stage 0 needs a tensor input to keep
+            problem = unkept_inputs(self.info, self.rank, ctx.inputs, ctx.stage_inputs.get(0))  # (runtime/saved.py)
         if problem:
             raise PipelineUsageError(problem)
         return named
@@ -435,8 +443,11 @@ class Pipeline:
     def _scale(self, divisor: int) -> None:
         """Divide every gradient by ``divisor``; an FSDP gradient (a DTensor) in its local shard, which is
         the same elementwise division without DTensor's dispatch (several times the cost of the division)."""
-        grads = [param.grad if type(param.grad) is torch.Tensor else local(param.grad)
-                 for param in self.parameters() if param.grad is not None]
+        grads = []
+        for param in self.parameters():
+            grad = param.grad
+            if grad is not None:
+                grads.append(grad if type(grad) is torch.Tensor else local(grad))
         if not grads:
             return
         enabled = torch.is_grad_enabled()  # no_grad's own switch, without its context manager's calls

@@ -29,7 +29,6 @@ from pipeforge.runtime.split_backward import (
     SplitBackward,
     WeightPlan,
     accumulate_weight_gradients,
-    backward_from_loss,
     run_backward,
 )
 
@@ -126,7 +125,11 @@ class StageRunner:
         try:
             result = self.module(*args, **kwargs) if kwargs else self.module(*args)
             output, aux = unwrap_aux(result, self.name) if isinstance(result, WithAuxLoss) else (result, None)
-            loss = self._loss(output, target) if is_last and (training or target is not None) else None
+            loss = None
+            if is_last and (training or target is not None) and self.loss_fn is not None:
+                loss = self.loss_fn(output, target)
+                if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                    raise PipelineError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}")
         except PipelineError:
             raise
         except Exception as error:
@@ -151,14 +154,6 @@ class StageRunner:
             roots += (aux,) if aux is not None else ()
         self.states[mb] = MicrobatchState(args, output, roots, (), None, aux)
         return output
-
-    def _loss(self, output: Any, target: Any) -> torch.Tensor | None:
-        if self.loss_fn is None:
-            return None
-        loss = self.loss_fn(output, target)
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            raise PipelineError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}")
-        return loss
 
     def detached_losses(self) -> dict[int, torch.Tensor]:
         """The losses computed so far, by microbatch, without their graphs."""
@@ -199,7 +194,7 @@ class StageRunner:
             if state is None:
                 raise self._missing(mb)
             try:
-                backward_from_loss(state.roots[0], self.seed)
+                self.seed.backward(state.roots[0])
             except PipelineError:
                 raise
             except Exception as error:

@@ -7,7 +7,10 @@ whole backward and W nothing, and the step trace's I event says so. Compiled wit
 ``split_backend`` (GPT-2 and Llama stage sets, every decoder layer a region), I runs the
 regions' input-gradient graphs and W their weight-gradient graphs, and the trace says that.
 Gradients equal the eager stages' bit for bit with ``aot_eager`` in float64, and within rounding
-with inductor in float32.
+with inductor in float32. From a microbatch's I to its W a split region holds only what its weight
+graph reads: a GPT-2 and a Llama stage hold no more bytes than the same stage eager under the split
+(``benchmarks/runtime/compiled.py``'s ``held_from_i_to_w``), and a backward that needs what I or W
+freed fails, naming the region's compile backend, where it would otherwise run on freed values.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import tempfile
 
 import pytest
+import torch
 
 import pipeforge
 from pipeforge.generator import codegen
@@ -22,6 +26,7 @@ from pipeforge.runtime.split_backward import FUSED_NOTE
 from pipeforge.tools.launch import spawn
 
 SCHEDULES = ("1f1b", "zb-h1", "interleaved-zb", "zbv", "dualpipev")
+HELD = {"gpt2": 0.85, "llama": 1.0}  # the most a split stage holds from I to W, of the eager split's bytes
 MICROBATCHES = 4
 
 
@@ -144,3 +149,75 @@ def test_compiled_gpt_and_llama_stage_sets_split_around_their_regions(family, ba
     for name in SCHEDULES:
         notes = sorted({note for outcome in outcomes for note in outcome.value[f"{name} I notes"]})
         assert notes == ([] if name == "1f1b" else [SPLIT_NOTE]), (name, notes)
+
+
+@pytest.mark.parametrize("family", sorted(HELD))
+def test_a_compiled_stage_holds_from_i_to_w_no_more_than_the_eager_split(family):
+    """The middle stage of the model cut in 3, float64, every decoder layer compiled with aot_eager: the bytes
+    alive from I to W (saved, kept, recorded for W) against the eager stage's, the gradients bit for bit; the
+    compiling call runs under the measure's saved-tensor hooks (the runtime's counting and offload use them)."""
+    import copy
+
+    from benchmarks.runtime.compiled import held_from_i_to_w
+    from pipeforge.models.compiled import split_backend
+    from tests.models import families
+
+    torch._dynamo.config.cache_size_limit = 64
+    cut = pipeforge.split(families.build(family), 3, seed=0)
+    tokens, mask, _ = families.batch(family, 2, seed=1)
+    with torch.no_grad():
+        x = cut.modules[0](tokens, attention_mask=mask)
+    eager = cut.modules[1]
+    compiled = copy.deepcopy(eager)
+    for key, layer in compiled.layers.items():
+        compiled.layers[key] = torch.compile(layer, backend=split_backend("aot_eager"), dynamic=False)
+    found = {}
+    for name, stage in (("eager", eager), ("compiled", compiled)):
+        held_from_i_to_w(stage, x, {"attention_mask": mask})  # compiles
+        found[name] = held_from_i_to_w(stage, x, {"attention_mask": mask})
+    (forward, eager_held), (compiled_forward, compiled_held) = found["eager"], found["compiled"]
+    assert compiled_forward == forward  # aot_eager saves what eager saves
+    assert compiled_held <= HELD[family] * eager_held, (compiled_held, eager_held, forward)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(eager.parameters(), compiled.parameters()))
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm, self.up, self.down = torch.nn.LayerNorm(4), torch.nn.Linear(4, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return x + self.down(torch.tanh(self.up(self.norm(x))))
+
+
+@pytest.mark.parametrize("again", ["input", "weight", "whole"])
+def test_a_backward_through_what_a_split_region_freed_fails_clearly(again):
+    """I (the input gradients alone) frees what W does not read, W the rest: a backward after them that needs
+    either fails naming split_backend, and I then W gave the eager gradients; a whole backward frees nothing
+    (the engine does unless the graph is kept), so one kept graph backs twice, as eager does."""
+    import copy
+
+    from pipeforge.models.compiled import split_backend
+
+    torch.manual_seed(0)
+    eager = Block().double()
+    mine = torch.compile(copy.deepcopy(eager), backend=split_backend("aot_eager"), dynamic=False)
+    x, grad = torch.randn(8, 4, dtype=torch.float64, requires_grad=True), torch.randn(8, 4, dtype=torch.float64)
+    leaf = x.detach().requires_grad_()
+    want = torch.autograd.grad(eager(leaf), (leaf, *eager.parameters()), grad)
+    out = mine(x)
+    (dx,) = torch.autograd.grad(out, x, grad, retain_graph=True)  # I
+    assert torch.equal(dx, want[0])
+    if again == "input":  # I again: what the input graph alone read is gone
+        with pytest.raises(RuntimeError, match="split_backend ran its input-gradient graph again"):
+            torch.autograd.grad(out, x, grad, retain_graph=True)
+        return
+    weights = torch.autograd.grad(out, tuple(mine.parameters()), grad, retain_graph=True)  # W
+    assert all(torch.equal(a, b) for a, b in zip(weights, want[1:]))
+    wanted = (x,) if again == "whole" else tuple(mine.parameters())
+    with pytest.raises(RuntimeError, match="split_backend ran its input-gradient graph again"):
+        torch.autograd.grad(out, wanted, grad, retain_graph=True)
+    twice = mine(x)
+    for _ in range(2):
+        twice.backward(grad, retain_graph=True)
+    assert torch.equal(x.grad, 2 * want[0])

@@ -6,6 +6,13 @@ gradient (before: every float tensor received did) and training equals the
 unpipelined model in float64. When the table starts carrying a gradient (its
 scale made a parameter), the step says so instead of losing that gradient, and
 the next step learns it anew and trains it (gloo on 127.0.0.1, 2 ranks).
+
+A recomputed stage's forward runs without autograd, so what it sends (or hands
+to the next stage on its rank) carries no gradient until its R; the stages of a
+schedule that recomputes make every float input want a gradient, so a stage
+after a recomputed one that is not recomputed itself still sends it its input
+gradients (``pipeforge run`` on a 1F1B where stage 0 alone recomputes: reading
+the flags there gives stage 0 no gradient).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import pytest
 import torch
 
 import pipeforge
+from pipeforge.cli import main
 from pipeforge.generator import codegen
 from pipeforge.tools.launch import spawn
 from tests.load import scaled
@@ -114,3 +122,29 @@ def test_a_table_sent_without_a_gradient_is_received_without_one(tmp_path):
     first, third = receiver["seen"][1:1 + MICROBATCHES], receiver["seen"][-MICROBATCHES:]
     assert first == [(True, False)] * MICROBATCHES, receiver["seen"]  # the table: no gradient wanted
     assert third == [(True, True)] * MICROBATCHES, receiver["seen"]  # learned anew: its gradient trains the scale
+
+
+RECOMPUTE_FIRST = """
+schedule recompute_first(P = 2, M = 4) {
+    ranks P
+    stages P placement loop
+    microbatches M
+    rank r {
+        let warmup = min(M, P - 1 - r)
+        for m in 0 .. warmup { F(r, m) }
+        if r == 0 {
+            for i in 0 .. M - warmup { F(r, warmup + i)  R(r, i)  B(r, i) }
+            for i in M - warmup .. M { R(r, i)  B(r, i) }
+        } else {
+            for i in 0 .. M - warmup { F(r, warmup + i)  B(r, i) }
+            for i in M - warmup .. M { B(r, i) }
+        }
+    }
+}
+"""
+
+
+def test_a_stage_after_a_recomputed_one_sends_it_its_input_gradients(tmp_path, capsys):
+    path = tmp_path / "recompute_first.pipe"
+    path.write_text(RECOMPUTE_FIRST)
+    assert main(["run", str(path), "--nproc", "2", "--json", "--timeout", str(int(WAIT))]) == 0, capsys.readouterr()

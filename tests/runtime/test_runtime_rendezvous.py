@@ -1,4 +1,4 @@
-"""A rank late to a step's greeting, where no rank knew of a failure: no rank waits out the rendezvous.
+"""A late rank, or a failure one rank alone knows of: no rank waits out the rendezvous, the next step trains.
 
 Four ranks in a chain, the last one late (past its neighbour's greeting timeout)
 before the second step. Its neighbour's greeting times out and it joins a fresh
@@ -8,7 +8,16 @@ under the names of two different steps, and every rank waited out the 60 s
 rendezvous twice. Now a fresh group is named by how many each rank met in, and a
 rank that meets ranks already at a later step fails its own step (naming them)
 and steps on with them. On two ranks the late rank's greeting breaks too, both
-meet at once and the step trains (gloo on 127.0.0.1, short timeouts).
+meet at once and the step trains.
+
+A failure one rank alone knows of: stage 0's last backward raises, which no
+rank waits for. With the step-end agreement every rank raises it; without
+(``end_agreement = False``), only rank 0 knows, and at the next step only its
+neighbour hears it in the greeting: the ranks beyond step on in the old group.
+Before, with four ranks, the two pairs met under different steps' names and
+waited out the rendezvous (60 s, later 300 s) at every step after. Now the next
+step fails at once on every rank and the one after trains (gloo on 127.0.0.1,
+short timeouts).
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ import pipeforge
 from pipeforge.generator import codegen
 from pipeforge.tools.launch import spawn
 from tests.load import scaled
-from tests.runtime.rendezvous_jobs import late_steps
+from tests.runtime.rendezvous_jobs import last_backward_fails, late_steps
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 
@@ -45,3 +54,26 @@ def test_a_late_rank_costs_no_rank_the_rendezvous_timeout(tmp_path, ranks):
             assert "rank(s) 0, 1 had ended this step failed already" in late, outcome.value
         else:  # their neighbour's connections closed in the old group
             assert late.startswith(f"rank {outcome.rank}: "), outcome.value
+
+
+@pytest.mark.parametrize("ranks,agree", [(2, False), (4, False), (4, True)])
+def test_a_failure_one_rank_knows_of_costs_no_rank_the_rendezvous_timeout(tmp_path, ranks, agree):
+    path = str(codegen(pipeforge.load("1f1b", defines={"P": ranks, "M": 4}), tmp_path / "gen.py"))
+    job = {"path": path, "wait": WAIT, "agree": agree, "steps": 4}
+    outcomes = spawn(last_backward_fails, ranks, job, timeout=scaled(20.0), deadline=60)
+    assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
+    for outcome in outcomes:
+        (first, _), (failed, _), (after, seconds), (last, _) = outcome.value
+        assert first == last == "", outcome.value  # the pipeline trains on
+        assert seconds < FAST, outcome.value  # nobody waited out a timeout
+        if outcome.rank == 0:
+            assert failed == "rank 0: stage 0, microbatch 3, action 0B3: ValueError: a bad gradient", outcome.value
+        elif agree:
+            assert failed.startswith(f"rank {outcome.rank}: the step stopped because rank 0 failed at stage 0, "
+                                     "microbatch 3, action 0B3"), outcome.value
+        else:
+            assert failed == "", outcome.value  # this rank's step ran, and without the agreement it was not told
+        if agree or ranks == 2:
+            assert after == "", outcome.value  # every rank knew: all met at the step's start
+        else:  # the ranks beyond rank 0's neighbour learned at this step, which fails at once on every rank
+            assert after.startswith(f"rank {outcome.rank}: "), outcome.value
