@@ -223,7 +223,7 @@ class DataParallel:
         self.upcasting = {stage for stage, params in self.stages.items()
                           if isinstance(params, ShardedParams) and params.upcast}  # (the one sharded kind)
 
-    @property
+    @cached_property
     def hooks_compute(self) -> bool:
         """Whether a compute action needs ``before_compute``/``after_weight_gradients`` (an FSDP stage)."""
         return not self.idle and any(params.sharded for params in self.stages.values())

@@ -29,10 +29,10 @@ def split_inputs(args: Sequence[Any], kwargs: Mapping[str, Any], chunks: int,
     """``(args, kwargs)`` as ``chunks`` microbatches, each an ``(args, kwargs)`` pair."""
     columns = [_split_tensor(value, chunks, where, index) if type(value) is torch.Tensor
                else split_value(value, chunks, f"{where} argument {index}") for index, value in enumerate(args)]
+    if not kwargs:
+        return [(row, {}) for row in zip(*columns)] if columns else [((), {}) for _ in range(chunks)]
     named = {name: split_value(value, chunks, f"{where} keyword {name!r}") for name, value in kwargs.items()}
     rows = list(zip(*columns)) if columns else [()] * chunks  # microbatch m's positional arguments
-    if not named:
-        return [(row, {}) for row in rows]
     return [(row, {name: parts[m] for name, parts in named.items()}) for m, row in enumerate(rows)]
 
 

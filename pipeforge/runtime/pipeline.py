@@ -168,14 +168,18 @@ class Pipeline:
         self._checked.update((training, False) if ran else (training,))
 
     def _step(self, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs) -> Any:
-        self._sync_replicas()
-        earlier = self._set_aside_chain_grads()
-        try:
+        if len(self.info.placements) < 2:  # one chain: no replica to sync, no gradients to set aside or sum
             ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=True,
                             rng_step=self.rng_step - 1)
-            self._reduce_chains()
-        finally:
-            _add_back(earlier)
+        else:
+            self._sync_replicas()
+            earlier = self._set_aside_chain_grads()
+            try:
+                ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=True,
+                                rng_step=self.rng_step - 1)
+                self._reduce_chains()
+            finally:
+                _add_back(earlier)
         if self.tied.groups:
             self.tied.sum_gradients(self.transport, self.stage_modules(), self.info)
         if self.scale_grads:
@@ -238,7 +242,8 @@ class Pipeline:
         saved = self._saved
         saved.begin()
         ctx = RankContext(self.info, self.rank, self.runners, self.transport, self._caches, training=training,
-                          functions=self.functions, data_parallel=self.data_parallel, observers=self._observers(),
+                          functions=self.functions, data_parallel=self.data_parallel,
+                          observers=self._observers() if self._tracer or self.recorder or self.observers else (),
                           rng=rng, saved=saved)
         if self.count_saved:
             ctx.saved.start_counting()
@@ -271,15 +276,18 @@ class Pipeline:
         problem = self.refusal(target, training)
         if problem:
             raise PipelineUsageError(problem)
-        ctx.stage_inputs = self._stage_inputs(shared, per_stage)
+        if shared is not None or per_stage is not None:
+            ctx.stage_inputs = self._stage_inputs(shared, per_stage)
         ctx.inputs = self._batch(args, kwargs, ctx.stage_inputs.get(0))
         if self.holds_last and target is not None:
             device = self.transport.device
-            ctx.targets = split_value(to_device(target, device), self.info.microbatches, f"rank {self.rank}: target")
+            if type(target) is not torch.Tensor or target.device != device:
+                target = to_device(target, device)
+            ctx.targets = split_value(target, self.info.microbatches, f"rank {self.rank}: target")
         named = named_tensors(args, kwargs, target, shared, per_stage, self._stages)
         problem = self._rows.problem_known(named)
-        if not problem and training:  # a recomputed stage 0 needs a tensor input to keep (runtime/saved.py)
-            problem = unkept_inputs(self.info, self.rank, ctx.inputs, ctx.stage_inputs.get(0))
+        if not problem and training and self.info.recomputed:  # a recomputed stage 0 needs a tensor input to keep
+            problem = unkept_inputs(self.info, self.rank, ctx.inputs, ctx.stage_inputs.get(0))  # (runtime/saved.py)
         if problem:
             raise PipelineUsageError(problem)
         return named

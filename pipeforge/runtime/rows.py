@@ -137,9 +137,11 @@ def named_tensors(args: tuple, kwargs: Mapping, target: Any, shared: Any, per_st
     batch); the batch's first. ``stages``: the stages this rank holds (the ``stage_kwargs`` it uses)."""
     named = [(w, r, True) for index, value in enumerate(args)
              for w, r in tensors_with_rows(value, f"step()/eval() argument {index}")]
-    named += [(w, r, True) for key, value in (kwargs or {}).items()
-              for w, r in tensors_with_rows(value, f"step()/eval() keyword {key!r}")]
-    named += [(w, r, False) for w, r in tensors_with_rows(target, "target")]
+    if kwargs:
+        named += [(w, r, True) for key, value in kwargs.items()
+                  for w, r in tensors_with_rows(value, f"step()/eval() keyword {key!r}")]
+    if target is not None:
+        named += [(w, r, False) for w, r in tensors_with_rows(target, "target")]
     if shared is not None and isinstance(shared, Mapping):
         named += [(w, r, False) for key, value in shared.items()
                   for w, r in tensors_with_rows(value, f"shared_kwargs[{key!r}]")]

@@ -146,10 +146,13 @@ class SavedActivations:
         self.holders: dict[Key, list[_Saved]] = {}
         self.kept: dict[Key, list[SavedKey | None]] = {}  # the counted tensors of each checkpoint, until the backward
         self.lane = copy_lane(device)  # OFFLOAD and RELOAD's copies (``copy_lane.py``: CPU and CUDA alike)
+        self.finished = True  # nothing held since the last ``finish`` (``begin`` need not clear)
 
     def begin(self) -> None:
         """A new step (the pipeline keeps one of these): nothing held, nothing counted."""
-        self.finish()
+        if not self.finished:  # the last step stopped before its end
+            self.finish()
+        self.finished = False
         self.counter = None
 
     def start_counting(self) -> None:
@@ -266,6 +269,7 @@ class SavedActivations:
         self.checkpoints.clear()
         self.kept.clear()
         self.lane.clear()
+        self.finished = True
 
 
 def unkept_inputs(info, rank: int, inputs: list, own: list[dict] | None) -> str | None:

@@ -550,27 +550,29 @@ class ScalarSeed:
     def __init__(self) -> None:
         self.tensor: torch.Tensor | None = None
 
-    def of(self, root: torch.Tensor) -> torch.Tensor | None:
-        """The seed for ``root`` (``None``: not a floating-point scalar, left to torch's checks)."""
-        seed = self.tensor
-        if (seed is not None and seed._version == 0 and seed.shape == root.shape and seed.dtype == root.dtype
-                and seed.device == root.device):
-            return seed
+    def backward(self, root: torch.Tensor) -> None:
+        """``run_backward((root,), (None,))`` with this seed: ``root``'s graph run, ``.grad`` accumulated."""
+        seed, on_cpu = self.tensor, root.is_cpu
+        # a loss has one element (StageRunner.forward checks): one of the same number of dimensions has its shape
+        if (seed is None or seed._version != 0 or seed.dtype is not root.dtype or seed.dim() != root.dim()
+                or seed.is_cpu is not on_cpu or (not on_cpu and seed.device != root.device)
+                or root.numel() != 1):
+            seed = self._make(root)
+            if seed is None:
+                run_backward((root,), (None,))
+                return
+        if _RUN_BACKWARD is not None and on_cpu and not _AUTOGRAD_LOG.isEnabledFor(logging.DEBUG):
+            _RUN_BACKWARD((root,), (seed,), False, False, (), True, True)  # ``_accumulate``'s, one call less
+        else:
+            _accumulate((root,), (seed,))
+
+    def _make(self, root: torch.Tensor) -> torch.Tensor | None:
+        """A seed for ``root``, kept for the next (``None``: not a floating-point scalar, left to torch's checks)."""
         if _ENGINE is None or root.numel() != 1 or not root.is_floating_point():
             return None
         seed = torch.ones_like(root, memory_format=torch.preserve_format)
         self.tensor = seed if type(root) is torch.Tensor else None  # a subclass's (a DTensor's) made each time
         return seed
-
-    def backward(self, root: torch.Tensor) -> None:
-        """``run_backward((root,), (None,))`` with this seed: ``root``'s graph run, ``.grad`` accumulated."""
-        seed = self.of(root)
-        if seed is None:
-            run_backward((root,), (None,))
-        elif _RUN_BACKWARD is not None and root.is_cpu and not _AUTOGRAD_LOG.isEnabledFor(logging.DEBUG):
-            _RUN_BACKWARD((root,), (seed,), False, False, (), True, True)  # ``_accumulate``'s, one call less
-        else:
-            _accumulate((root,), (seed,))
 
 
 def gradients(roots: tuple[torch.Tensor, ...], inputs: tuple, grads: tuple[torch.Tensor | None, ...],

@@ -67,37 +67,40 @@ def run_all(modules, x):
 def validate_then_train(rank: int, nproc: int, job: dict) -> dict:
     """One eval() (the validation loss), then ``STEPS`` SGD steps; the same on the unpipelined model. What each
     call raised ('' where it returned), the worst difference of the losses and of the parameters after each
-    step, and whether each stage's table input wanted a gradient in the steps' forwards."""
+    step, and whether the table input of this rank's stages wanted a gradient in the steps' forwards."""
     from pipeforge.runtime import PipelineError
     from pipeforge.tools.generated import load_module
 
     torch.set_default_dtype(torch.float64)
-    full = build(nproc)
+    generated = load_module(job["path"])
+    full = build(generated.SCHEDULE.stages)
     reference = copy.deepcopy(full)
-    mine = full[rank]
-    pipe = load_module(job["path"]).make_pipeline({rank: mine}, loss_fn=loss_fn, timeout=job["wait"])
+    mine = {stage: full[stage] for stage in generated.SCHEDULE.stages_of(rank)}
+    pipe = generated.make_pipeline(mine, loss_fn=loss_fn, timeout=job["wait"])
     pipe.preflight = job.get("preflight", True)
     generator = torch.Generator().manual_seed(1)
     x, y = torch.randn(ROWS, WIDTH, generator=generator), torch.randn(ROWS, WIDTH, generator=generator)
+    batch, target = ((x,) if pipe.holds_first else ()), (y if pipe.holds_last else None)
     report: dict = {"errors": [], "diffs": [], "eval_diff": None}
     chunks = list(zip(x.tensor_split(MICROBATCHES), y.tensor_split(MICROBATCHES)))
     losses: list = []
     try:
-        pipe.eval(*((x,) if rank == 0 else ()), target=y if rank == nproc - 1 else None, losses=losses)
+        pipe.eval(*batch, target=target, losses=losses)
         report["errors"].append("")
     except PipelineError as error:
         report["errors"].append(str(error))
-    if rank == nproc - 1 and losses:
+    if pipe.holds_last and losses:
         with torch.no_grad():
             expected = [loss_fn(run_all(reference, xm), ym) for xm, ym in chunks]
         report["eval_diff"] = max(abs(a.item() - b.item()) for a, b in zip(losses, expected))
-    for module in mine.modules():
+    for module in mine.values():
         if hasattr(module, "seen"):
             module.seen.clear()
     for _ in range(STEPS):
-        mine.zero_grad(set_to_none=True)
+        for module in mine.values():
+            module.zero_grad(set_to_none=True)
         try:
-            pipe.step(*((x,) if rank == 0 else ()), target=y if rank == nproc - 1 else None)
+            pipe.step(*batch, target=target)
             report["errors"].append("")
         except PipelineError as error:
             report["errors"].append(str(error))
@@ -106,10 +109,10 @@ def validate_then_train(rank: int, nproc: int, job: dict) -> dict:
             module.zero_grad(set_to_none=True)
         (sum(loss_fn(run_all(reference, xm), ym) for xm, ym in chunks) / MICROBATCHES).backward()
         with torch.no_grad():
-            for module in (mine, *reference):
+            for module in (*mine.values(), *reference):
                 for param in module.parameters():
                     param -= LR * param.grad
-        report["diffs"].append(max((a - b).abs().max().item()
-                                   for a, b in zip(mine.parameters(), reference[rank].parameters())))
-    report["seen"] = getattr(mine, "seen", [])
+        report["diffs"].append(max((a - b).abs().max().item() for stage, module in mine.items()
+                                   for a, b in zip(module.parameters(), reference[stage].parameters())))
+    report["seen"] = [seen for module in mine.values() for seen in getattr(module, "seen", [])]
     return report

@@ -1,4 +1,4 @@
-"""The jobs of the rendezvous tests: steps where one rank comes late (run in spawned gloo processes)."""
+"""The jobs of the rendezvous tests: a rank late to a step, a failure one rank alone knows of (spawned gloo processes)."""
 
 from __future__ import annotations
 
@@ -23,46 +23,6 @@ def late_steps(rank: int, nproc: int, job: dict) -> list[tuple[str, float]]:
     for sleep in job["sleeps"]:
         if rank == job["late"]:
             time.sleep(sleep)
-        started = time.monotonic()
-        try:
-            pipe.step(*((x,) if pipe.holds_first else ()), target=y if pipe.holds_last else None)
-            seen.append(("", time.monotonic() - started))
-        except PipelineError as error:
-            seen.append((str(error), time.monotonic() - started))
-    return seen
-
-
-def hung_stage_steps(rank: int, nproc: int, job: dict) -> list[tuple[str, float]]:
-    """Three steps of the demo MLP; in the second, the stage of rank ``job["hung"]`` sleeps ``job["sleep"]``
-    seconds in its first forward (a stage that hangs a while, then goes on). What each step raised on this
-    rank ('' where it returned) and the seconds it took."""
-    import torch
-
-    from pipeforge.runtime import PipelineError
-    from pipeforge.tools import demo_models as models
-    from pipeforge.tools.generated import load_module
-
-    class SlowOnce(torch.nn.Module):
-        def __init__(self, inner: torch.nn.Module):
-            super().__init__()
-            self.inner, self.slow = inner, False
-
-        def forward(self, *args):
-            if self.slow:
-                self.slow = False
-                time.sleep(job["sleep"])
-            return self.inner(*args)
-
-    generated = load_module(job["path"])
-    info = generated.SCHEDULE
-    full = models.build_stages("mlp", info.stages, seed=0)
-    mine = {s: SlowOnce(full[s]) for s in info.stages_of(rank)}
-    pipe = generated.make_pipeline(mine, loss_fn=models.loss_fn, timeout=job["wait"])
-    x, y = models.make_batch(info.stages, 8, seed=0)
-    seen = []
-    for index in range(3):
-        if index == 1 and rank == job["hung"]:
-            next(iter(mine.values())).slow = True
         started = time.monotonic()
         try:
             pipe.step(*((x,) if pipe.holds_first else ()), target=y if pipe.holds_last else None)
