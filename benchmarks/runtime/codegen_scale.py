@@ -11,17 +11,18 @@ and CPU seconds, the children's ``getrusage``); then a fresh process imports
 torch and ``pipeforge.runtime`` (the baseline every rank pays anyway), loads the
 written module the README's way and takes rank ``--rank``'s program as
 ``make_pipeline`` does (``PROGRAMS[rank]``, which imports that rank's module
-only), and reports the seconds and the growth of its resident memory (the larger
-of the resident set's growth, ``/proc/self/statm``, and the peak's, ``ru_maxrss``)
-beyond the baseline: once with the bytecode codegen wrote; once without it, as
-where ``__pycache__`` was not copied or cannot be written ("no-pyc": a module of
-``runtime.rank_modules.COMPILE_APART_FROM`` lines or more compiles in a child process, whose own
-peak RSS is "child MB", measured on its own after the import); and once compiling
-in the rank itself ("in-rank": what the runtime falls back to where no child can
-start). The reference, in the same run: the same
-process loading the one module holding every rank's function (``generate()``'s
-text, what every rank loaded before the per-rank layout), at the sizes where
-``--one-module`` asks for it (P=32 by default; the 64-rank one takes minutes).
+only), and reports the seconds and the growth of its resident memory beyond the
+baseline (the larger of the resident set's growth, ``/proc/self/statm``, and the
+peak's, ``VmHWM`` reset just before the import, else ``ru_maxrss``): once with the
+bytecode codegen wrote; once without it, as where ``__pycache__`` was not copied
+or cannot be written ("no-pyc": a module of ``rank_modules.COMPILE_APART_FROM``
+lines or more compiles in a child process, whose own peak RSS is "child MB",
+measured on its own after the import); and once compiling in the rank itself
+("in-rank": what the runtime falls back to where no child can start). The
+reference, in the same run: the same process loading the one module holding
+every rank's function (``generate()``'s text, what every rank loaded before the
+per-rank layout), at the sizes where ``--one-module`` asks for it (P=32 by
+default; the 64-rank one takes minutes).
 
 ``--base DIR`` runs every codegen and import with DIR's pipeforge too (another checkout, on
 ``PYTHONPATH``), each pair one after the other (which first alternating), and prints the ratios of
@@ -61,13 +62,24 @@ def rss():  # resident now (Linux), else the peak
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     except OSError:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-def peak():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def peak():  # the resident set's peak since reset_peak() (Linux), else since the process began
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def reset_peak():  # (Linux >= 4.0: torch's import-time peak must not hide the import's)
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+    except OSError:
+        pass
 import torch
 import pipeforge.runtime.pipeline, pipeforge.runtime.rank_modules as rank_modules  # what make_pipeline imports
 from pipeforge.tools.generated import load_module
 if sys.argv[3] == "here":  # the rank compiles its module itself, as where no child process can
     rank_modules.COMPILE_APART_FROM = float("inf")
+reset_peak()
 base_rss, base_peak = rss(), peak()
 started = time.perf_counter()
 module = load_module(sys.argv[1])

@@ -58,7 +58,7 @@ class CapturedRegion:
                 self._plain = self.inner(self.gm, list(args))
             return self._plain(*args)
         if self._graphs is None:
-            with _unhooked():  # the caller's saved-tensor hooks (the runtime's counting, offload) see real tensors
+            with _unhooked():  # the caller's saved-tensor hooks see no fake tensor (the runtime's counting reads data)
                 self._graphs = trace_region(self.gm, args, self.weights, self.inner) or self.inner(self.gm, list(args))
         if not isinstance(self._graphs, RegionGraphs):  # compiled plainly: one fused node
             return self._graphs(*args)
@@ -90,7 +90,9 @@ class SplitRegion(torch.autograd.Function):
         found = graphs.forward(*args)
         outputs, saved = found[:graphs.outputs], found[graphs.outputs:]
         ctx.graphs, ctx.kept, ctx.count, ctx.freed = graphs, None, len(args), frozenset()
-        ctx.save_for_backward(*(args[i] for i in graphs.saved_args), *saved)
+        # saved detached (the same memory and version counter): a saved output would need its node to unpack,
+        # which unpacking one saved value at a time cannot give under saved-tensor hooks
+        ctx.save_for_backward(*(args[i].detach() for i in graphs.saved_args), *(t.detach() for t in saved))
         ctx.mark_non_differentiable(*(o for i, o in enumerate(outputs) if i not in graphs.differentiable))
         return tuple(outputs)
 

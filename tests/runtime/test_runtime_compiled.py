@@ -221,3 +221,31 @@ def test_a_backward_through_what_a_split_region_freed_fails_clearly(again):
     for _ in range(2):
         twice.backward(grad, retain_graph=True)
     assert torch.equal(x.grad, 2 * want[0])
+
+
+@pytest.mark.parametrize("hooks", ["save_on_cpu", "counted"])
+def test_a_region_whose_output_is_saved_splits_under_saved_tensor_hooks(hooks):
+    """The region's first call (its trace) and its I and W under torch's save_on_cpu and the runtime's counting
+    hooks (which read a tensor's data: a fake tensor has none), its output saved (tanh's backward reads it)."""
+    import copy
+
+    from pipeforge.models.compiled import split_backend
+    from pipeforge.runtime.saved import SavedBytes, counted
+    from pipeforge.runtime.split_backward import SplitBackward, accumulate_weight_gradients
+
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()).double()
+    mine = torch.compile(copy.deepcopy(eager), backend=split_backend("aot_eager"), dynamic=False)
+    x, grad = torch.randn(8, 4, dtype=torch.float64, requires_grad=True), torch.randn(8, 4, dtype=torch.float64)
+    leaf = x.detach().requires_grad_()
+    want = torch.autograd.grad(eager(leaf), (leaf, *eager.parameters()), grad)
+    counter = SavedBytes()
+    params = list(mine.parameters())
+    with (torch.autograd.graph.save_on_cpu() if hooks == "save_on_cpu" else
+          counted(counter, {p.untyped_storage().data_ptr() for p in params})):
+        out = mine(x)
+    (dx,), plan = SplitBackward().backward_input((out,), (grad,), [x], params)
+    accumulate_weight_gradients(plan)
+    assert torch.equal(dx, want[0]) and all(torch.equal(p.grad, w) for p, w in zip(params, want[1:]))
+    del out, plan
+    assert counter.held == 0
