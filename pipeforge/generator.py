@@ -133,7 +133,7 @@ def file_text(path: str) -> str:
 
 def action_texts(made: dict[tuple, tuple[str, str, str, str]]) -> Callable[[Action], tuple[str, str]]:
     """``texts(action)``: the action's call, ``forward(5, 3, chain=1)`` (the rank context's method, bound
-    to a local name at the function's start: ``method_names``), and its torch token, ``5F3@1``, put
+    to a local name at the function's start: ``bound_methods``), and its torch token, ``5F3@1``, put
     together from parts made once per (kind, stage, chain) and kept in ``made``: the method's ``Ident`` and
     the integers' ``repr()``. A kind without a runtime method, or anything but an int where the schedule
     has integers, is refused (``CodegenError``)."""
@@ -171,7 +171,8 @@ def bound_methods(kinds: Iterable[ActionKind]) -> list[str]:
     calls bound once to its own name (``forward, backward = ctx.forward, ctx.backward``), in ``METHODS``'
     order, the compute methods first, then ``post`` and the communication methods. A call per action then
     parses as a name and its integers: CPython's parser keeps every token and memo entry of a module until
-    its tree is built, and ``ctx.`` before every call was a fifth of a large rank's (docs/runtime.md)."""
+    its tree is built, and ``ctx.`` before every call made a fifth of what it held for a large rank
+    (docs/runtime.md)."""
     used = set(kinds)
     computes = [_METHOD_IDENTS[kind] for kind in METHODS if kind in used and kind not in COMM_KINDS]
     comms = [_METHOD_IDENTS[kind] for kind in METHODS if kind in used and kind in COMM_KINDS]

@@ -163,6 +163,7 @@ class RankContext:
         self.stage_inputs: dict[int, list[dict[str, Any]]] = {}  # a stage's keyword inputs per microbatch
         self.targets: list[Any] = []
         self.activations = ActivationCount()  # what simulate's memory model counts (O(1) per action)
+        self._log = self.activations.log.append  # the direct path's record: one C call an action
         # R, OFFLOAD, RELOAD (runtime/saved.py): the pipeline's own, begun for this step, or one of its own
         self.saved = saved if saved is not None else SavedActivations(
             frozenset(info.recomputed), frozenset(info.offloaded), transport.device)
@@ -408,7 +409,7 @@ class RankContext:
         if self._plain:  # the common case: straight to the stage
             output = runner.forward(mb, args, target, self.training, kwargs, wants)
             if self.training:
-                self.activations.record(_F)
+                self._log(_F)  # ActivationCount.record(F)
         else:
             if self.rng is not None:
                 with self.rng.forward(stage, mb):  # a recompute's checkpoint keeps the state seeded here
@@ -447,7 +448,7 @@ class RankContext:
         input_grads = runner.backward(mb, None if runner.is_last else self._take(RECV_B, stage, chain, mb))
         if not runner.is_first:
             self._hand_back(runner, input_grads, mb)
-        self.activations.record(_B)
+        self._log(_B)  # ActivationCount.record(B)
         if not plain and self.saved.tracked:
             self.saved.backward_done((stage, mb, chain))
 

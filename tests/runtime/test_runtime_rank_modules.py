@@ -78,3 +78,14 @@ def test_a_rank_module_that_does_not_compile_raises_python_s_error_naming_its_li
     with pytest.raises(SyntaxError) as raised:
         RankModules(str(path), folder.name, 2)[1]
     assert len(children) == 1 and raised.value.filename == str(source) and "never closed" in str(raised.value)
+
+
+def test_another_program_or_a_child_past_its_time_leaves_the_compile_here(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "executable", "/bin/echo")  # answers, but not with this interpreter's bytecode
+    assert compile_apart(b"x = 1\n", "x.py") is None
+    slow = tmp_path / "slow-python"
+    slow.write_text("#!/bin/sh\nexec sleep 30\n")
+    slow.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(slow))
+    monkeypatch.setattr(rank_modules, "COMPILE_APART_SECONDS", 0.5)
+    assert compile_apart(b"x = 1\n", "x.py") is None
