@@ -457,6 +457,8 @@ class RankContext:
         runner = self.runners.get((stage, chain)) or self.runner(stage, chain)
         self._hand_back(runner, runner.backward_input(mb, self._output_grads(runner, mb)), mb)
         self.activations.backward_input()
+        if self.saved.counter is not None:  # what its plan holds until the W, counted with the saved tensors
+            self.saved.input_done((stage, mb, chain), runner.weight_plan(mb))
         if self.observers:
             note = runner.note(mb)
             if note:  # the split did something else than split (a compiled region): the trace says what

@@ -20,7 +20,7 @@ import torch
 
 from pipeforge.runtime.copy_lane import copy_lane, move
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError
-from pipeforge.runtime.split_backward import Releasable
+from pipeforge.runtime.split_backward import Releasable, WeightPlan, held_gradients
 from pipeforge.runtime.stage import MicrobatchState
 
 Key = tuple[int, int, int]  # (stage, microbatch, chain)
@@ -78,6 +78,12 @@ class SavedBytes:
             self.held -= key[1]
         else:
             self._refs[key] = count - 1
+
+
+def hold_gradients(counter: SavedBytes, plan: WeightPlan | None) -> list[SavedKey | None]:
+    """Count, after a microbatch's I, the gradients its plan holds until its W (``held_gradients``); the
+    keys to drop at the W. One count for ``Pipeline.saved_peak`` and ``pipeforge profile``'s ``weight_grad``."""
+    return [counter.add(t) for t in held_gradients(plan)]
 
 
 class _Saved(Releasable):
@@ -252,6 +258,11 @@ class SavedActivations:
             raise PipelineError(f"stage {key[0]}: backward of microbatch {key[1]} before its R")
         self.lane.wait(key)
 
+    def input_done(self, key: Key, plan: WeightPlan | None) -> None:
+        """After the I of ``key``: the gradients its plan holds until its W are counted (``hold_gradients``)."""
+        if self.counter is not None and plan is not None:
+            self.kept.setdefault(key, []).extend(hold_gradients(self.counter, plan))
+
     def backward_done(self, key: Key) -> None:
         """After the B or W of ``key``: its holder and its checkpoint go (autograd has freed what it saved)."""
         holder = self.holders.pop(key, None)
@@ -321,4 +332,4 @@ def _set_rng_state(state: tuple[torch.Tensor, torch.Tensor | None], device: torc
         torch.cuda.set_rng_state(state[1], device)
 
 
-__all__ = ["Checkpoint", "SavedActivations", "SavedBytes", "counted", "saved_key", "unkept_inputs"]
+__all__ = ["Checkpoint", "SavedActivations", "SavedBytes", "counted", "hold_gradients", "saved_key", "unkept_inputs"]

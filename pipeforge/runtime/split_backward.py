@@ -435,6 +435,22 @@ def _run_input_pass(plan: WeightPlan, roots, root_grads, inputs: list[torch.Tens
     return found[:len(inputs)]
 
 
+def held_gradients(plan: WeightPlan | None) -> list[torch.Tensor]:
+    """The gradients a plan holds from its I to its W beside the saved tensors W reads: the roots' gradients
+    (W starts at the outputs with them), those I recorded at the frontier nodes, and what a compiled
+    region's I kept for its weight graph (``SplitRegion``'s ``kept``). Counted with the saved tensors by
+    ``runtime/saved.py``'s ``hold_gradients`` (``Pipeline.saved_peak``, ``pipeforge profile``'s ``weight_grad``)."""
+    if plan is None:
+        return []
+    held = [g for g in plan.root_grads if isinstance(g, torch.Tensor)]
+    for group in plan.groups:
+        for node in group.nodes:
+            held += [g for g in group.grads.get(node, ()) if isinstance(g, torch.Tensor)]
+            if type(node).__name__ == REGION_NODE:
+                held += [t for t in getattr(node, "kept", None) or () if isinstance(t, torch.Tensor)]
+    return held
+
+
 def backward_weight(plan: WeightPlan) -> list[tuple[torch.nn.Parameter, torch.Tensor | None]]:
     """Every weight's gradient for this microbatch, computed from what I recorded.
 

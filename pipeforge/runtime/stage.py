@@ -225,6 +225,11 @@ class StageRunner:
         by_id = {id(a): g for a, g in zip(wanted, found)}
         return tuple(by_id.get(id(a)) for a in state.inputs if _is_float(a))
 
+    def weight_plan(self, mb: int) -> WeightPlan | None:
+        """What microbatch ``mb``'s I left for its W (None before its I, or after its W)."""
+        state = self.states.get(mb)
+        return state.weight_plan if state is not None else None
+
     def note(self, mb: int) -> str:
         """What microbatch ``mb``'s I did other than split its backward (``WeightPlan.note``), or ``""``."""
         state = self.states.get(mb)

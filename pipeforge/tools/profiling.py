@@ -137,6 +137,8 @@ class _Meter:
                 setattr(runner, name, self._timed(kind, runner, method, memory))
 
     def _timed(self, kind: str, runner, method, memory: bool):
+        from pipeforge.runtime.saved import hold_gradients
+
         def timed(mb, *args, **kwargs):
             self.phase = (kind, mb)
             started = self.clock()
@@ -154,7 +156,8 @@ class _Meter:
                                                                                     kwargs.get("kwargs")))
                     if mb in self.counters:
                         self.after_forward[mb] = self.counters[mb].held
-            if kind == "I" and self.counting and mb in self.counters:
+            if kind == "I" and self.counting and mb in self.counters:  # with what its plan holds until W
+                hold_gradients(self.counters[mb], runner.weight_plan(mb))
                 self.after_input[mb] = self.counters[mb].held
             if self.recording:
                 self.times[kind].append(elapsed * 1000.0)
