@@ -118,9 +118,16 @@ class PeerGroup(Protocol):
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> Any: ...
 
 
-def _gloo_group(store: dist.Store, rank: int, size: int, timeout: timedelta) -> PeerGroup:
-    """A gloo group of its own on ``store`` (torch's stubs give its ``Backend`` no send or recv; it has both)."""
-    return dist.ProcessGroupGloo(store, rank, size, timeout)  # type: ignore[return-value]
+def _gloo_group(store: dist.Store, rank: int, size: int, timeout: timedelta, beside: PeerGroup | None = None
+                ) -> PeerGroup:
+    """A gloo group of its own on ``store`` (torch's stubs give its ``Backend`` no send or recv; it has both);
+    ``beside``: on that group's gloo devices, so one event-loop thread serves both."""
+    if beside is None:
+        return dist.ProcessGroupGloo(store, rank, size, timeout)  # type: ignore[return-value]
+    options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # (torch's stubs lack it; it is there)
+    options._devices = beside.options._devices  # type: ignore[attr-defined]
+    options._timeout = timeout
+    return dist.ProcessGroupGloo(store, rank, size, options)  # type: ignore[return-value]
 
 
 class Posted:
@@ -267,9 +274,9 @@ class Transport:
         default = dist.distributed_c10d._get_default_store()
         try:
             fresh = _gloo_group(dist.PrefixStore(name, default), self.rank, size, timeout)
-            downward = _gloo_group(dist.PrefixStore(f"{name}/down", default), self.rank, size, timeout)
+            downward = _gloo_group(dist.PrefixStore(f"{name}/down", default), self.rank, size, timeout, fresh)
             # the step-end agreement's: a failed step closes the pipeline group's connections, never these
-            agreement = _gloo_group(dist.PrefixStore(f"{name}/end", default), self.rank, size, timeout)
+            agreement = _gloo_group(dist.PrefixStore(f"{name}/end", default), self.rank, size, timeout, fresh)
         except Exception as error:  # noqa: BLE001
             raise PipelineError(f"rank {self.rank}: connecting the pipeline's ranks {why} failed (waited "
                                 f"{timeout.total_seconds():g} s for every rank): {backend_reason(error)}") from error
