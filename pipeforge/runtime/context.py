@@ -11,10 +11,11 @@ backward actions and communication are skipped. How data moves: ``docs/runtime-i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
+from types import MethodType
 from typing import Any
 
 import torch
@@ -141,6 +142,42 @@ def _no_note(note: str) -> None:
     pass
 
 
+def _skipped(stage: int, mb: int, chain: int = 0) -> None:
+    """A backward kind's action in an eval on the direct path: skipped."""
+
+
+class _ComputeMethod:
+    """``RankContext.forward`` and the method of every other compute kind (``semantics.RUNTIME_METHODS``).
+
+    Read from a context with no hook to run around a compute (``RankContext._direct``), it is the
+    runtime's own compute of the kind, bound to it (``_forward``), so an action is one call (generated
+    code binds each method once per step); in an eval, a kind that eval skips reads as a no-op there. Read
+    from any other context, it is the call through the hooks (``_issue_compute``); read from the class,
+    that call as a plain function."""
+
+    def __init__(self, kind: str, doc: str | None = None):
+        self.kind = kind
+        self.own = OWN_COMPUTES[kind]
+
+        def through_hooks(ctx: RankContext, stage: int, mb: int, chain: int = 0) -> None:
+            ctx._issue_compute(kind, stage, mb, chain)
+
+        through_hooks.__doc__ = self.__doc__ = doc
+        self.through_hooks = through_hooks
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.through_hooks.__name__ = self.through_hooks.__qualname__ = name
+
+    def __get__(self, ctx: RankContext | None, owner: type | None = None) -> Callable[..., None]:
+        if ctx is None:
+            return self.through_hooks
+        if not ctx._direct:
+            return MethodType(self.through_hooks, ctx)
+        if ctx.training or self.kind == "F":
+            return getattr(ctx, self.own)
+        return _skipped
+
+
 class RankContext:
     """The state of one rank during one ``step`` or ``eval``, with its hook points (module docstring)."""
 
@@ -184,56 +221,15 @@ class RankContext:
 
     # -- the actions a generated rank function calls -------------------------------
 
-    def forward(self, stage: int, mb: int, chain: int = 0) -> None:
-        if self._direct:
-            self._forward(stage, mb, chain)
-        else:
-            self._issue_compute("F", stage, mb, chain)
-
-    def backward(self, stage: int, mb: int, chain: int = 0) -> None:
-        if self._direct:
-            if self.training:
-                self._backward(stage, mb, chain)
-        else:
-            self._issue_compute("B", stage, mb, chain)
-
-    def backward_input(self, stage: int, mb: int, chain: int = 0) -> None:
-        if self._direct:
-            if self.training:
-                self._backward_input(stage, mb, chain)
-        else:
-            self._issue_compute("I", stage, mb, chain)
-
-    def backward_weight(self, stage: int, mb: int, chain: int = 0) -> None:
-        if self._direct:
-            if self.training:
-                self._backward_weight(stage, mb, chain)
-        else:
-            self._issue_compute("W", stage, mb, chain)
-
-    def recompute(self, stage: int, mb: int, chain: int = 0) -> None:
-        """R: the forward of a recomputed microbatch again, under autograd, from its checkpoint."""
-        if self._direct:
-            if self.training:
-                self._recompute(stage, mb, chain)
-        else:
-            self._issue_compute("R", stage, mb, chain)
-
-    def offload(self, stage: int, mb: int, chain: int = 0) -> None:
-        """OFFLOAD: the microbatch's saved tensors to host memory."""
-        if self._direct:
-            if self.training:
-                self._offload(stage, mb, chain)
-        else:
-            self._issue_compute("OFFLOAD", stage, mb, chain)
-
-    def reload(self, stage: int, mb: int, chain: int = 0) -> None:
-        """RELOAD: the microbatch's saved tensors back to the device (waited before its backward)."""
-        if self._direct:
-            if self.training:
-                self._reload(stage, mb, chain)
-        else:
-            self._issue_compute("RELOAD", stage, mb, chain)
+    forward = _ComputeMethod("F")
+    backward = _ComputeMethod("B")
+    backward_input = _ComputeMethod("I")
+    backward_weight = _ComputeMethod("W")
+    recompute = _ComputeMethod("R", "R: the forward of a recomputed microbatch again, under autograd, from its "
+                                    "checkpoint.")
+    offload = _ComputeMethod("OFFLOAD", "OFFLOAD: the microbatch's saved tensors to host memory.")
+    reload = _ComputeMethod("RELOAD", "RELOAD: the microbatch's saved tensors back to the device (waited before "
+                                      "its backward).")
 
     def reduce_grad(self, stage: int, chain: int = 0) -> None:
         """The stage's gradients are complete on this rank (every replica of it here: REDUCE_GRAD
@@ -389,7 +385,7 @@ class RankContext:
         if key is not None:
             self.saved.lane.wait_offload(key)
 
-    def _forward(self, stage: int, mb: int, chain: int) -> None:
+    def _forward(self, stage: int, mb: int, chain: int = 0) -> None:
         runner = self.runners.get((stage, chain)) or self.runner(stage, chain)
         wants = None  # which inputs want a gradient (None: every floating-point one)
         if stage == 0:
@@ -440,7 +436,7 @@ class RankContext:
             return handed, tuple([isinstance(t, torch.Tensor) and t.requires_grad for t in handed])
         return self._received(key), self.caches.wants_grad.get(key)
 
-    def _backward(self, stage: int, mb: int, chain: int) -> None:
+    def _backward(self, stage: int, mb: int, chain: int = 0) -> None:
         plain = self._plain
         if not plain:
             self.saved.wait((stage, mb, chain))
@@ -452,7 +448,7 @@ class RankContext:
         if not plain and self.saved.tracked:
             self.saved.backward_done((stage, mb, chain))
 
-    def _backward_input(self, stage: int, mb: int, chain: int) -> None:
+    def _backward_input(self, stage: int, mb: int, chain: int = 0) -> None:
         self.saved.wait((stage, mb, chain))
         runner = self.runners.get((stage, chain)) or self.runner(stage, chain)
         self._hand_back(runner, runner.backward_input(mb, self._output_grads(runner, mb)), mb)
@@ -465,23 +461,23 @@ class RankContext:
                 for observer in self.observers:
                     getattr(observer, "annotate", _no_note)(note)
 
-    def _backward_weight(self, stage: int, mb: int, chain: int) -> None:
+    def _backward_weight(self, stage: int, mb: int, chain: int = 0) -> None:
         self.runner(stage, chain).backward_weight(mb)
         self.activations.backward_weight()
         if self.saved.tracked:
             self.saved.backward_done((stage, mb, chain))
 
-    def _recompute(self, stage: int, mb: int, chain: int) -> None:
+    def _recompute(self, stage: int, mb: int, chain: int = 0) -> None:
         if self._offload_waits:
             self._wait_offload(stage, "R", mb, chain)
         self.saved.recompute(self.runner(stage, chain), mb)
         self.activations.record(ActionKind.R)
 
-    def _offload(self, stage: int, mb: int, chain: int) -> None:
+    def _offload(self, stage: int, mb: int, chain: int = 0) -> None:
         self.saved.offload(self.runner(stage, chain), mb)
         self.activations.record(ActionKind.OFFLOAD)
 
-    def _reload(self, stage: int, mb: int, chain: int) -> None:
+    def _reload(self, stage: int, mb: int, chain: int = 0) -> None:
         if self._offload_waits:
             self._wait_offload(stage, "RELOAD", mb, chain)
         self.saved.reload(self.runner(stage, chain), mb)
