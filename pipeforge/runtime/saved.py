@@ -6,9 +6,10 @@ fork of the RNG (dropout draws the same masks) and runs the forward again under 
 forward saves through ``saved_tensors_hooks`` into a holder; OFFLOAD copies each saved non-parameter tensor
 to host memory, RELOAD back, one code path on the rank's copy lane (``copy_lane.py``: CUDA, non-blocking
 on a side stream, waited before the backward; CPU, a host copy at once). ``SavedBytes`` counts the bytes
-of saved tensors alive on the device (each tensor once, ``saved_key``) and of recomputed forwards'
-checkpoints: ``Pipeline.saved_peak`` after a step with ``count_saved`` (``pipeforge profile`` measures a
-stage's bytes with it). Rules: ``docs/semantics.md``.
+of saved tensors alive on the device (each tensor once, ``saved_key``), of recomputed forwards'
+checkpoints and of the gradients an I leaves for its W (``hold_gradients``): ``Pipeline.saved_peak``
+after a step with ``count_saved`` (``pipeforge profile`` measures a stage's bytes with it). Rules:
+``docs/semantics.md``.
 """
 
 from __future__ import annotations

@@ -439,8 +439,9 @@ def held_gradients(plan: WeightPlan | None) -> list[torch.Tensor]:
     """The gradients a plan holds from its I to its W beside the saved tensors W reads: the roots' gradients
     (W starts at the outputs with them), those I recorded at the frontier nodes, and what a compiled
     region's I kept for its weight graph (``SplitRegion``'s ``kept``). Counted with the saved tensors by
-    ``runtime/saved.py``'s ``hold_gradients`` (``Pipeline.saved_peak``, ``pipeforge profile``'s ``weight_grad``)."""
-    if plan is None:
+    ``runtime/saved.py``'s ``hold_gradients`` (``Pipeline.saved_peak``, ``pipeforge profile``'s ``weight_grad``).
+    None for a whole plan: its I did nothing, and its W holds what a B would (received gradients uncounted)."""
+    if plan is None or plan.whole:
         return []
     held = [g for g in plan.root_grads if isinstance(g, torch.Tensor)]
     for group in plan.groups:

@@ -28,10 +28,11 @@ def test_profile_writes_a_cost_file_that_simulate_reads(tmp_path, capsys, clock,
     assert all(stage[k] > 0 for stage in data["stages"] for k in ("F", "I", "W", "B"))
     # stage 0, one microbatch of 16 rows: Linear saves its 16x256 input, Tanh its 16x64 output (float32)
     assert data["stages"][0]["activation"] == 16 * 256 * 4 + 16 * 64 * 4
-    # what stays saved after I until W: on stage 0 all of it (its I does nothing); on stage 1 the Linear's
-    # 16x64 input, which its W reads, of that, Tanh's output and the loss's square's input, which I frees
+    # what is held after I until W: on stage 0 all of it (its I does nothing); on stage 1 the Linear's
+    # 16x64 input, which its W reads (Tanh's output and the loss's square's input I frees), and the 16x64
+    # gradient I recorded at the Linear's output, where W starts
     assert data["stages"][0]["weight_grad"] == data["stages"][0]["activation"]
-    assert data["stages"][1]["activation"] == 3 * 16 * 64 * 4 and data["stages"][1]["weight_grad"] == 16 * 64 * 4
+    assert data["stages"][1]["activation"] == 3 * 16 * 64 * 4 and data["stages"][1]["weight_grad"] == 2 * 16 * 64 * 4
     # a recompute: the forward again under autograd (R = F), keeping the stage's input: 16x256 float32 on stage 0
     assert all(stage["R"] == stage["F"] for stage in data["stages"])
     assert data["stages"][0]["checkpoint"] == 16 * 256 * 4
