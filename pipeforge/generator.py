@@ -456,18 +456,14 @@ def _lowering(schedule: Schedule, semantics: Semantics | str) -> Lowered:
 
 
 def _verified(schedule: Schedule, lowered: Lowered, semantics: Semantics | str) -> None:
-    """Raise ``VerificationError`` unless the lowered program verifies (as written: what verify checks a
-    compute-only schedule as); when it does not, the schedule as given is verified for the report, so its
-    step indices are the ones ``pipeforge verify`` reports. Only the verdict is needed first, so z3's
-    checks of the plain passes' verdict (``certify``: the event pass's timing checked, or on a small
-    schedule decided again; a fifth of verifying ZBV at P=64, M=1024) wait for an invalid schedule,
-    whose report is then ``pipeforge verify``'s."""
-    report = verify(lowered.schedule, semantics=semantics, certify=False)
+    """Raise ``VerificationError`` unless the schedule verifies: ``pipeforge verify``'s verdict and report
+    (a compute-only schedule checked as lowered, its step indices the written ones), on ``lowered`` (not
+    lowered again). Only the verdict is needed first, so z3's checks of the plain passes' verdict
+    (``certify``: the event pass's timing checked, or on a small schedule decided again; a fifth of
+    verifying ZBV at P=64, M=1024) wait for an invalid schedule, for its report."""
+    report = verify(schedule, semantics=semantics, certify=False, lowered=lowered)
     if not report.valid:
-        report = verify(lowered.schedule, semantics=semantics)
-    if not report.valid and lowered.schedule is not schedule:
-        written = verify(schedule, semantics=semantics)
-        report = written if not written.valid else report
+        report = verify(schedule, semantics=semantics, lowered=lowered)
     if not report.valid:
         raise VerificationError(f"schedule {schedule.name!r} does not verify; no code generated:\n"
                                 f"{_report_text(report)}", report=report)

@@ -17,7 +17,7 @@ from time import perf_counter
 
 from pipeforge.errors import UsageError
 from pipeforge.ir import MemorySpec, Schedule
-from pipeforge.passes.lower import lower_with_origins
+from pipeforge.passes.lower import Lowered, lower_with_origins
 from pipeforge.semantics import Semantics
 from pipeforge.verifier.deadlock import deadlock_violation
 from pipeforge.verifier.events import Stuck, group_slots, model_constraints, run
@@ -40,17 +40,19 @@ class VerifierDisagreement(RuntimeError):
 
 
 def verify(schedule: Schedule, *, semantics: Semantics | str = Semantics.RENDEZVOUS, memory_limit: float | None = None,
-           certify: bool = True, solve: bool | None = None) -> Report:
+           certify: bool = True, solve: bool | None = None, lowered: Lowered | None = None) -> Report:
     """Check ``schedule``; a compute-only one is checked as ``lower`` makes it.
 
     ``solve``: z3 decides the timing model with free start times (``True``), or
     only checks the event pass's proposal (``False``); ``None`` solves when the
     model has at most ``SOLVE_BY_DEFAULT_UP_TO`` group steps (where the decision
     stays within the speed target; see benchmarks/verify/against_torch.py).
+    ``lowered``: ``passes.lower.lower_with_origins(schedule)`` where the caller has it (codegen), so it is
+    not lowered again.
     """
     if semantics not in SEMANTICS:
         raise UsageError(f"semantics {semantics!r}: expected one of {', '.join(SEMANTICS)}")
-    return verify_schedule(schedule, Semantics(semantics), memory_limit, certify, solve)
+    return verify_schedule(schedule, Semantics(semantics), memory_limit, certify, solve, lowered)
 
 
 SOLVE_BY_DEFAULT_UP_TO = 6000  # group steps (16 ranks x 64 microbatches x 2 stages has about 4,200)
@@ -61,9 +63,10 @@ STRUCTURE_BY_Z3_UP_TO = 1200
 
 
 def verify_schedule(schedule: Schedule, semantics: Semantics, memory_limit: float | None, certify: bool,
-                    solve: bool | None) -> Report:
+                    solve: bool | None, lowered: Lowered | None = None) -> Report:
     started = perf_counter()
-    lowered = lower_with_origins(schedule)
+    if lowered is None:
+        lowered = lower_with_origins(schedule)
     program = Program.of(lowered.schedule, lowered.origins, schedule)
     pairing = pair_ops(program)
     violations = static_violations(program, pairing, schedule, memory_limit)
