@@ -276,6 +276,12 @@ class Pipeline:
         problem = self.refusal(target, training)
         if problem:
             raise PipelineUsageError(problem)
+        if (not kwargs and shared is None and per_stage is None and self._rows.rows is not None
+                and not self.info.recomputed):
+            split = self._split_as_before(args, target)
+            if split is not None:  # the first call's shapes, checked then: no names, no rows to check again
+                ctx.inputs, ctx.targets = split
+                return []
         if shared is not None or per_stage is not None:
             ctx.stage_inputs = self._stage_inputs(shared, per_stage)
         ctx.inputs = self._batch(args, kwargs, ctx.stage_inputs.get(0))
@@ -291,6 +297,34 @@ class Pipeline:
         if problem:
             raise PipelineUsageError(problem)
         return named
+
+    def _split_as_before(self, args: tuple, target: Any) -> tuple[list, list] | None:
+        """Plain tensors on the device, the batch of the shapes a call passed with (its rows agreed), the target
+        of the batch's rows: their microbatches at once, as ``_prepare``'s checks would pass them (``None``:
+        the call goes through every check, and a bad one gets their error)."""
+        chunks = self.info.microbatches
+        device = self.transport.device
+        on_cpu = device.type == "cpu"
+        inputs: list = []
+        if args:
+            shapes = self._input_shapes
+            if shapes is None or len(args) != len(shapes) or not self.holds_first:
+                return None
+            for a, (shape, dtype) in zip(args, shapes):
+                if (type(a) is not torch.Tensor or a.shape != shape or a.dtype is not dtype
+                        or not (a.is_cpu if on_cpu else a.device == device)):
+                    return None
+            inputs = [(row, {}) for row in zip(*[torch.tensor_split(a, chunks) for a in args])]
+        elif self.holds_first:
+            return None
+        targets: list = []
+        if target is not None:
+            if (type(target) is not torch.Tensor or not self.holds_last or target.dim() == 0
+                    or target.size(0) != self._rows.rows or target.size(0) < chunks
+                    or not (target.is_cpu if on_cpu else target.device == device)):
+                return None
+            targets = list(torch.tensor_split(target, chunks))
+        return inputs, targets
 
     def _run_program(self, ctx: RankContext, training: bool) -> None:
         ctx.begin_program()
