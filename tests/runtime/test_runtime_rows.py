@@ -5,7 +5,8 @@ microbatch's output (exit 0, a wrong loss). Now the first step learns the
 batch's rows from stage 0's rank, and every later step's greeting carries a
 refusal to the neighbours, so both ranks refuse together, the other rank with
 the refusing rank's message; the steps between train like the unpipelined
-model (gloo, 2 ranks, float64).
+model (gloo, 2 ranks, float64). On one process, the calls after the first
+that split at once meet the same checks as the first.
 """
 
 from __future__ import annotations
@@ -109,3 +110,49 @@ def test_rows_that_do_not_split_like_the_batch_are_refused_on_every_rank(tmp_pat
 ])
 def test_what_splits_like_the_batch(rows, batch, chunks, fits):
     assert splits_like(rows, batch, chunks) is fits
+
+
+def one_process_calls(rank: int, nproc: int, path: str) -> list[str]:
+    """After a first step, calls the checks refuse between calls split at once (``Pipeline._split_as_before``)."""
+    from pipeforge.runtime import PipelineUsageError
+    from pipeforge.tools import demo_models as models
+    from pipeforge.tools.generated import load_module
+
+    generated = load_module(path)
+    full = models.build_stages("mlp", 1, seed=0)
+    mine = copy.deepcopy(full[0])
+    pipe = generated.make_pipeline({0: mine}, loss_fn=models.loss_fn, timeout=WAIT)
+    x, y = models.make_batch(1, 8, seed=0)
+    plan = [(x, y), (x, y[:4]), (x.float(), y), (x[:6], y[:6]), (x, (y,)), (x, y)]
+    results = []
+    for batch, target in plan:
+        try:
+            pipe.step(batch, target=target)
+        except PipelineUsageError as error:
+            results.append(f"refused: {error}")
+            continue
+        except Exception as error:  # noqa: BLE001 (the loss's own error on a target it cannot take)
+            results.append(f"failed: {type(error).__name__}")
+            continue
+        for xm, ym in zip(torch.tensor_split(x, 4), torch.tensor_split(y, 4)):
+            models.loss_fn(models.run_stages(full, xm), ym).backward()
+        worst = max((got.grad - want.grad / 4).abs().max().item() for got, want in zip(mine.parameters(),
+                                                                                         full[0].parameters()))
+        results.append(f"trained: {worst:.1e}")
+        for module in (mine, full[0]):
+            module.zero_grad(set_to_none=True)
+    return results
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_later_calls_on_one_process_are_checked_as_the_first(tmp_path):
+    path = str(codegen(pipeforge.load("1f1b", defines={"P": 1, "M": 4}), tmp_path / "one.py"))
+    outcomes = spawn(one_process_calls, 1, path, timeout=WAIT, deadline=100)
+    assert outcomes[0].ok, outcomes[0].error
+    results = outcomes[0].value
+    assert results[0] == results[-1] == "trained: 0.0e+00", results
+    assert results[1].startswith("refused: rank 0: target has 4 rows and the batch 8"), results[1]
+    assert results[2] == results[3] == ("refused: rank 0: the batch changed shape since the first step; build a "
+                                        "new pipeline for another batch shape"), results
+    assert results[4] == "failed: StageError", results[4]  # a tuple target goes through every check to loss_fn
