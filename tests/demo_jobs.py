@@ -4,13 +4,14 @@
 over the demo MLP's stages (float64, seed 0), ``job["wait"]`` its timeout; ``step_batch``
 steps (or evaluates) it on a batch and target, each rank passing what it holds;
 ``timed_step`` tells what a step raised ('' where it returned) and the seconds it took;
-``RaisesInBackward`` is the identity whose backward raises, for a failure inside ``step()``.
+``RaisesInBackward`` is the identity whose backward raises, for a failure inside ``step()``;
+``gradient_difference`` compares this rank's gradients with the unpipelined model's.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -58,3 +59,14 @@ class RaisesInBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         raise ValueError("a bad gradient")
+
+
+def gradient_difference(mine: Mapping[int, torch.nn.Module], reference: Sequence[torch.nn.Module], x: torch.Tensor,
+                        y: torch.Tensor, microbatches: int) -> float:
+    """Trains the unpipelined model ``reference`` (every stage) on ``x`` and ``y`` in ``microbatches``
+    microbatches; the largest difference of a gradient of ``mine`` (this rank's stages, after a step of
+    the pipeline, which divides by ``microbatches``) from the reference's divided by ``microbatches``."""
+    for xm, ym in zip(torch.tensor_split(x, microbatches), torch.tensor_split(y, microbatches)):
+        models.loss_fn(models.run_stages(reference, xm), ym).backward()
+    return max((got.grad - want.grad / microbatches).abs().max().item()
+               for stage, module in mine.items() for got, want in zip(module.parameters(), reference[stage].parameters()))

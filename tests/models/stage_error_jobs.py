@@ -17,7 +17,7 @@ import torch
 
 from pipeforge.runtime import PipelineError
 from pipeforge.tools import demo_models as models
-from tests.demo_jobs import RaisesInBackward, demo_pipeline, step_batch
+from tests.demo_jobs import RaisesInBackward, demo_pipeline, gradient_difference, step_batch
 
 STEPS = 2
 
@@ -75,11 +75,7 @@ def fail_then_step(rank: int, nproc: int, job: dict) -> dict:
     for step in range(STEPS):
         x, y = models.make_batch(info.stages, 2 * info.microbatches, seed=step)
         step_batch(pipe, x, y)
-        for xm, ym in zip(torch.tensor_split(x, info.microbatches), torch.tensor_split(y, info.microbatches)):
-            models.loss_fn(models.run_stages(reference, xm), ym).backward()
-        for stage, module in mine.items():
-            for got, want in zip(module.parameters(), reference[stage].parameters()):
-                worst = max(worst, (got.grad - want.grad / info.microbatches).abs().max().item())
+        worst = max(worst, gradient_difference(mine, reference, x, y, info.microbatches))
         with torch.no_grad():
             for module in (*mine.values(), *reference):
                 scale = 1.0 if module in mine.values() else 1.0 / info.microbatches
