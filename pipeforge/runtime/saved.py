@@ -6,10 +6,10 @@ fork of the RNG (dropout draws the same masks) and runs the forward again under 
 forward saves through ``saved_tensors_hooks`` into a holder; OFFLOAD copies each saved non-parameter tensor
 to host memory, RELOAD back, one code path on the rank's copy lane (``copy_lane.py``: CUDA, non-blocking
 on a side stream, waited before the backward; CPU, a host copy at once). ``SavedBytes`` counts the bytes
-of saved tensors alive on the device (each tensor once, ``saved_key``), of recomputed forwards'
-checkpoints and of the gradients an I leaves for its W (``hold_gradients``): ``Pipeline.saved_peak``
-after a step with ``count_saved`` (``pipeforge profile`` measures a stage's bytes with it). Rules:
-``docs/semantics.md``.
+saved tensors keep alive on the device (each storage once, a given input its own bytes: ``saved_key``), of
+recomputed forwards' checkpoints and of the gradients an I leaves for its W (``hold_gradients``):
+``Pipeline.saved_peak`` after a step with ``count_saved`` (``pipeforge profile`` measures a stage's bytes
+with it). Rules: ``docs/semantics.md``.
 """
 
 from __future__ import annotations
@@ -36,28 +36,52 @@ class Checkpoint(NamedTuple):
     rng: tuple[torch.Tensor, torch.Tensor | None]
 
 
-SavedKey = tuple[int, int]  # (data pointer, bytes) of a saved tensor
+SavedKey = tuple[int, int]  # (address, bytes) of what saved tensors keep alive: a storage, or a given input's own bytes
 
 
-def saved_key(tensor: torch.Tensor) -> SavedKey | None:
-    """What the accounting counts once: a tensor's first element's address and its own bytes (a view and
-    its transpose are one; a slice is its own bytes, not its storage's); None for an empty tensor."""
-    address = tensor.data_ptr()
-    if address == 0:
+def saved_key(tensor: torch.Tensor, given: dict[SavedKey, list[SavedKey]] | None = None) -> SavedKey | None:
+    """What a saved tensor keeps alive, counted once however many saved tensors reach it: its whole storage (a
+    view keeps all of it alive: the q, k, v chunks of one projection are one storage, and one chunk saved alone
+    keeps the three); in the storage of an input the forward was given (``given``, by storage: a microbatch's
+    rows of the caller's batch, which the caller holds anyway), that input's own bytes; None for no storage."""
+    storage = tensor.untyped_storage()
+    base = storage.data_ptr()
+    if base == 0:
         return None
-    return address, tensor.numel() * tensor.element_size()
+    whole = (base, storage.nbytes())
+    if given:
+        regions = given.get(whole)
+        if regions is not None:
+            address = tensor.data_ptr()
+            for start, size in regions:
+                if start <= address < start + size:
+                    return start, size
+    return whole
 
 
 class SavedBytes:
-    """The bytes of saved tensors alive on this rank's device (each ``saved_key`` once) and their peak."""
+    """The bytes that saved tensors keep alive on this rank's device (each ``saved_key`` once) and their peak."""
 
     def __init__(self) -> None:
         self.held = 0
         self.peak = 0
         self._refs: dict[SavedKey, int] = {}  # key -> references
+        self._given: dict[SavedKey, list[SavedKey]] = {}  # a storage -> the given inputs in it (``give``)
+
+    def give(self, value: Any) -> None:
+        """The inputs of a forward (its arguments, keywords, target; through tuples, lists and dicts): a saved
+        tensor in one's storage counts that input's own bytes, not the whole storage (``saved_key``)."""
+        for tensor in _tensors(value):
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() == 0:
+                continue
+            region = (tensor.data_ptr(), tensor.numel() * tensor.element_size())
+            regions = self._given.setdefault((storage.data_ptr(), storage.nbytes()), [])
+            if region not in regions:
+                regions.append(region)
 
     def add(self, tensor: torch.Tensor) -> SavedKey | None:
-        key = saved_key(tensor)
+        key = saved_key(tensor, self._given)
         if key is None:
             return None
         count = self._refs.get(key, 0)
@@ -114,10 +138,14 @@ class _Saved(Releasable):
         self.release()
 
 
-def counted(counter: SavedBytes | None, parameters: set[int], holder: list[_Saved] | None = None):
+def counted(counter: SavedBytes | None, parameters: set[int], holder: list[_Saved] | None = None,
+            inputs: Any = ()):
     """``saved_tensors_hooks`` that count every saved tensor in ``counter`` while autograd holds it (and list
     it in ``holder``, for OFFLOAD), a tensor in the storage of a parameter (``parameters``: storage
-    addresses) excepted: what ``Pipeline.saved_peak`` and ``pipeforge profile``'s activation bytes count."""
+    addresses) excepted: what ``Pipeline.saved_peak`` and ``pipeforge profile``'s activation bytes count.
+    ``inputs``: what the forward is given (``SavedBytes.give``: counted by their own bytes)."""
+    if counter is not None and inputs:
+        counter.give(inputs)
 
     def pack(tensor: torch.Tensor) -> Any:
         if tensor.untyped_storage().data_ptr() in parameters:
@@ -184,12 +212,12 @@ class SavedActivations:
         if not training or (key not in self.offloaded and self.counter is None):
             return runner.forward(mb, args, target, training, kwargs)
         holder = self.holders.setdefault(key, []) if key in self.offloaded else None
-        with self._hooks(runner, holder):
+        with self._hooks(runner, holder, (args, kwargs, target)):
             return runner.forward(mb, args, target, training, kwargs)
 
-    def _hooks(self, runner, holder: list[_Saved] | None):
+    def _hooks(self, runner, holder: list[_Saved] | None, inputs: Any = ()):
         parameters = {p.untyped_storage().data_ptr() for p in runner.module.parameters()}
-        return counted(self.counter, parameters, holder)
+        return counted(self.counter, parameters, holder, inputs)
 
     def _checkpointed(self, runner, key: Key, args: tuple, target: Any, kwargs: dict) -> Any:
         """The forward of a recomputed microbatch: no autograd, its inputs and RNG state kept."""
@@ -200,6 +228,7 @@ class SavedActivations:
         output = runner.forward(key[1], kept, target, False, kwargs)  # loss and outputs kept as in training
         self.checkpoints[key] = Checkpoint(kept, kwargs, target, rng)
         if self.counter is not None:  # the checkpoint is held until the backward, as simulate counts it
+            self.counter.give((kept, kwargs, target))
             self.kept[key] = [self.counter.add(t) for t in _tensors((kept, kwargs))]
         # a state without a graph: the output's shapes for the gradient's receive, and "backward pending"
         runner.states[key[1]] = MicrobatchState(kept, output, ())
@@ -217,7 +246,8 @@ class SavedActivations:
         devices = [self.device] if self.device is not None and self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices, enabled=True):
             _set_rng_state(checkpoint.rng, self.device)
-            with torch.enable_grad(), (self._hooks(runner, None) if self.counter is not None else nullcontext()):
+            hooks = self._hooks(runner, None) if self.counter is not None else nullcontext()  # inputs: at F
+            with torch.enable_grad(), hooks:
                 runner.forward(mb, checkpoint.args, checkpoint.target, True, checkpoint.kwargs)
         runner.losses.update(losses)  # the first forward's loss and outputs stand (the same numbers)
         runner.outputs.update(outputs)
