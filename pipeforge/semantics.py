@@ -31,7 +31,8 @@ ActionKey = tuple  # an Action, or a plain tuple (stage, kind, microbatch, chain
 
 __all__ = [
     "COMPUTE_KINDS", "COMM_KINDS", "STAGE_ONLY_KINDS", "ROLES", "NEEDS", "OUTPUTS", "MEMORY", "PARAMETER_MEMORY",
-    "PEER_OFFSET", "PARTNER", "SENDS", "Semantics", "GRADIENT_KINDS", "NEEDLESS_KINDS", "SPLIT", "EXCLUDES",
+    "PEER_OFFSET", "PARTNER", "SENDS", "RECEIVES", "Semantics", "GRADIENT_KINDS", "NEEDLESS_KINDS", "SPLIT",
+    "SAVING", "EXCLUDES",
     "COMPLETE", "REQUIRES", "DURATION_DEFAULTS", "RUNTIME_METHODS", "Need", "Output",
     "role", "needs", "output", "memory_effect", "stage_effect", "memory_delta", "bubble_rate", "compute_kind_names",
     "LOCAL_KINDS", "recomputed", "offloaded", "effects_of", "needs_if_present", "NEEDS_IF_PRESENT",
@@ -323,6 +324,7 @@ class Semantics(str, Enum):
 PEER_OFFSET: dict[ActionKind, int] = {SEND_F: 1, RECV_B: 1, RECV_F: -1, SEND_B: -1}
 PARTNER: dict[ActionKind, ActionKind] = {SEND_F: RECV_F, RECV_F: SEND_F, SEND_B: RECV_B, RECV_B: SEND_B}
 SENDS = frozenset({SEND_F, SEND_B})
+RECEIVES = frozenset({RECV_F, RECV_B})
 
 
 def peer_stage(action: ActionKey) -> int:
@@ -434,6 +436,7 @@ def waited_offload(kinds: Sequence[ActionKind]) -> int:
 
 GRADIENT_KINDS = frozenset({B, W})  # a stage's weight gradient is complete after its last B or W on a rank
 SPLIT: dict[ActionKind, tuple[ActionKind, ...]] = {B: (I, W)}  # B is I then W (the Zero Bubble split)
+SAVING = frozenset({R, OFFLOAD, RELOAD})  # the kinds that save a (stage, microbatch)'s memory: recompute, offload
 EXCLUDES: dict[ActionKind, frozenset[ActionKind]] = {
     B: frozenset({I, W}), I: frozenset({B}), W: frozenset({B}),
     R: frozenset({OFFLOAD, RELOAD}), OFFLOAD: frozenset({R}), RELOAD: frozenset({R}),  # one way to save memory

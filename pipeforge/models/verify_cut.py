@@ -52,7 +52,9 @@ def verify_cut(model: nn.Module, every: dict[int, nn.Module]) -> None:
 
 
 # Hugging Face model types whose cut equals the model bit for bit (tests/models, and by hand: qwen3, gemma, phi3, olmo2)
-TESTED = frozenset({"llama", "gpt2", "qwen2", "mistral", "mixtral", "qwen2_moe", "qwen3", "gemma", "phi3", "olmo2"})
+TESTED = frozenset({"llama", "gpt2", "qwen2", "mistral", "mixtral", "qwen2_moe", "qwen3", "gemma", "phi3", "olmo2",
+                    "gemma2", "gemma3_text", "phi", "gpt_neox", "falcon", "qwen3_moe", "cohere", "stablelm",
+                    "starcoder2", "gptj", "bloom", "granite"})
 
 
 def warn_unchecked(model: nn.Module) -> None:

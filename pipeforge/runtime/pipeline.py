@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipeforge.ir import Action, ActionKind
+from pipeforge.ir import Action
 from pipeforge.runtime import preflight
 from pipeforge.runtime.context import Observer, RankContext, ScheduleInfo, ShapeCache
 from pipeforge.runtime.custom import CustomFunction, kind_name
@@ -51,9 +51,9 @@ from pipeforge.runtime.rows import BatchRows, named_tensors
 from pipeforge.runtime.saved import SavedActivations, unkept_inputs
 from pipeforge.runtime.stage import StageRunner
 from pipeforge.runtime.step_trace import Trace, TraceEvent, Tracer
+from pipeforge.semantics import RECEIVES
 
 RankProgram = Callable[[RankContext], None]
-RECEIVES = frozenset({ActionKind.RECV_F, ActionKind.RECV_B})
 
 
 class Pipeline:

@@ -36,6 +36,16 @@ class TakesInputs(torch.nn.Module):
         return self.inner(x)
 
 
+def trained(mine: dict[int, torch.nn.Module], reference: list[torch.nn.Module], x: torch.Tensor,
+            y: torch.Tensor) -> str:
+    """After a step of 4 microbatches: "trained: " and the largest difference of this rank's gradients from
+    the unpipelined model's on the same batch; every gradient of both cleared after."""
+    worst = gradient_difference(mine, reference, x, y, 4)
+    for module in (*mine.values(), *reference):
+        module.zero_grad(set_to_none=True)
+    return f"trained: {worst:.1e}"
+
+
 def steps_with_bad_rows(rank: int, nproc: int, path: str) -> list[str]:
     from pipeforge.runtime import PipelineUsageError
     from pipeforge.tools import demo_models as models
@@ -60,9 +70,7 @@ def steps_with_bad_rows(rank: int, nproc: int, path: str) -> list[str]:
         except PipelineUsageError as error:
             results.append(f"refused: {error}")
             continue
-        results.append(f"trained: {gradient_difference(mine, reference, x, y, 4):.1e}")
-        for module in (*mine.values(), *reference):
-            module.zero_grad(set_to_none=True)
+        results.append(trained(mine, reference, x, y))
     # a fresh pipeline whose first batch holds a keyword of 6 rows beside x's 8
     fresh = generated.make_pipeline({s: TakesInputs(m) for s, m in mine.items()}, loss_fn=models.loss_fn,
                                     timeout=WAIT)
@@ -131,9 +139,7 @@ def one_process_calls(rank: int, nproc: int, path: str) -> list[str]:
         except Exception as error:  # noqa: BLE001 (the loss's own error on a target it cannot take)
             results.append(f"failed: {type(error).__name__}")
             continue
-        results.append(f"trained: {gradient_difference({0: mine}, full, x, y, 4):.1e}")
-        for module in (mine, full[0]):
-            module.zero_grad(set_to_none=True)
+        results.append(trained({0: mine}, full, x, y))
     return results
 
 
