@@ -8,6 +8,9 @@ reconnecting for a failure it knew of, sent its first activation's shapes header
 there, which met the 16-byte greeting and gloo aborted the process ("Received
 data size doesn't match expected size"). Now every rank that reconnects greets
 again, on a tag no data uses (gloo on 127.0.0.1, three ranks, short timeouts).
+Since a step after an agreed one starts without a greeting, here only the
+late rank greets (it left the last agreement out): the others, knowing the
+failure, close their connections and go to the meeting, where it joins them.
 """
 
 from __future__ import annotations
