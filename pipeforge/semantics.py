@@ -217,7 +217,8 @@ def memory_effect(kind: ActionKind, weights: float, activation: float = 1.0,
                   weight_grad: float | None = None, unsharded: float = 0.0,
                   checkpoint: float | None = None) -> tuple[float, float]:
     """``(added, released)`` memory of one ``kind`` action, in M_B, on a stage whose F holds
-    ``activation`` (default 1) of which W releases ``weight_grad`` (default ``weights * activation``)
+    ``activation`` (default 1) and holds ``weight_grad`` from its I to its W (default ``weights * activation``;
+    more than ``activation`` where the gradients I leaves for W outweigh what it frees: that I adds the rest)
     and whose gathered parameters take ``unsharded``; ``checkpoint``: the (stage, microbatch) is
     recomputed and its F keeps that much (None: it is not; R is always of a recomputed one).
     ``stage_effect`` asks here with a stage's sizes."""
@@ -227,14 +228,18 @@ def memory_effect(kind: ActionKind, weights: float, activation: float = 1.0,
         added = rebuilt[0] + rebuilt[1] * (checkpoint / activation if activation else 0.0)
     grad = weights * activation if weight_grad is None else weight_grad
     gathered, freed = PARAMETER_MEMORY.get(kind, (0.0, 0.0))
-    return added * activation + gathered * unsharded, released * activation + per_weight * grad + freed * unsharded
+    adds = added * activation + gathered * unsharded
+    releases = released * activation + per_weight * grad + freed * unsharded
+    if releases < 0:  # an I that holds more until its W than its F left (the gradients it leaves W): it adds the rest
+        return adds - releases, 0.0
+    return adds, releases
 
 
 def stage_effect(memory: MemorySpec, kind: ActionKind, stage: int, recomputed: bool = False) -> tuple[float, float]:
     """``(added, released)`` of one ``kind`` action on ``stage`` under ``memory``: F adds the stage's
     activation (its checkpoint when its (stage, microbatch) is ``recomputed``), R the rest, B releases it,
-    I all but its weight_grad, W that; OFFLOAD releases it, RELOAD adds it; UNSHARD adds ``unsharded``,
-    RESHARD releases it (M_B)."""
+    I all but its weight_grad (adds the excess of a larger one), W that; OFFLOAD releases it, RELOAD adds
+    it; UNSHARD adds ``unsharded``, RESHARD releases it (M_B)."""
     return memory_effect(kind, memory.weights, memory.stage_activation(stage), memory.stage_weight_grad(stage),
                          memory.unsharded, memory.stage_checkpoint(stage) if recomputed else None)
 

@@ -51,6 +51,7 @@ class Parts:
     embed_norm: nn.Module | None = None  # a norm of the embeddings before the layers (BLOOM's)
     alibi: Callable[..., torch.Tensor] | None = None  # the family's build_alibi_tensor, where its layers take one
     arguments: tuple[frozenset[str], bool] = (frozenset(), True)  # what the layers take; whether any keyword
+    prelude: tuple[str, ...] = ("position", "dropout", "embed_norm")  # stage 0's pieces in the forward's order
 
 
 def parts_of(model: PreTrainedModel) -> Parts:
@@ -76,7 +77,8 @@ def parts_of(model: PreTrainedModel) -> Parts:
                          "not a causal LM")
     names = {"embed": f"{prefix}.{_name_in(base, embed)}", "head": _name_in(model, head)}
     found: dict[str, nn.Module | None] = {"position": None, "dropout": None, "rotary": None, "embed_norm": None}
-    for name, child in children.items():
+    for name in order:
+        child = children[name]
         if child is embed or name in (layers_name, norm_name):
             continue
         kind = _kind(child, name in before)
@@ -92,7 +94,8 @@ def parts_of(model: PreTrainedModel) -> Parts:
     return Parts(config, embed, found["position"], found["dropout"], found["rotary"], layers,
                  children.get(norm_name), head, names, _router(model), _balancing(model),
                  embed_norm=found["embed_norm"], alibi=_alibi(model, layers),
-                 arguments=_layer_arguments(model, layers[0]) if len(layers) else (frozenset(), True))
+                 arguments=_layer_arguments(model, layers[0]) if len(layers) else (frozenset(), True),
+                 prelude=tuple(kind for kind in names if kind in ("position", "dropout", "embed_norm")))
 
 
 def _refuse_other_than_decoders(model: nn.Module) -> None:
@@ -105,6 +108,9 @@ def _refuse_other_than_decoders(model: nn.Module) -> None:
     if callable(can_generate) and not can_generate():
         raise UsageError(f"{type(model).__name__} is not a causal LM (it cannot generate: an encoder or a task "
                          "head): pipeforge.split cuts decoder-only causal LMs")
+    if getattr(config, "use_bidirectional_attention", False):
+        raise UsageError(f"{type(model).__name__} attends both ways (config.use_bidirectional_attention): "
+                         "pipeforge.split makes causal masks")
     if getattr(config, "is_decoder", True) is False and getattr(config, "model_type", None) in _ENCODERS:
         raise UsageError(f"{type(model).__name__} is configured as an encoder (config.is_decoder=False): its "
                          "attention is bidirectional, and pipeforge.split cuts decoder-only causal LMs")
@@ -216,6 +222,7 @@ class CausalLMStage(nn.Module):
             mask_function(kind)  # refused now, not at the first step
         self._alibi = parts.alibi
         self._arguments = parts.arguments
+        self._order = parts.prelude
         self._rotary_by_type = self.rotary is not None and "layer_type" in inspect.signature(
             self.rotary.forward).parameters
         # a family without load_balancing_loss_func (DeepSeek-V3's loss-free balancing) adds no loss of its own
@@ -227,12 +234,7 @@ class CausalLMStage(nn.Module):
         hidden = embedded(self.config, self.embed(x)) if self.embed is not None else x
         if position_ids is None:
             position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-        if self.position is not None:
-            hidden = hidden + self.position(position_ids).to(hidden.device)
-        if self.dropout is not None:
-            hidden = self.dropout(hidden)
-        if self.embed_norm is not None:
-            hidden = self.embed_norm(hidden)
+        hidden = self._prelude(hidden, position_ids)
         if attention_mask is not None and attention_mask.ndim < 4:
             attention_mask = attention_mask.view(hidden.shape[0], -1)
         masks = {kind: mask_function(kind)(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask,
@@ -261,6 +263,15 @@ class CausalLMStage(nn.Module):
         from pipeforge.runtime.aux import WithAuxLoss
 
         return WithAuxLoss(hidden, self.balancing_loss(self._logits, attention_mask))
+
+    def _prelude(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """Stage 0's position embedding (added), embedding dropout and embedding norm, in the forward's order."""
+        for kind in self._order:
+            piece = getattr(self, kind)
+            if piece is None:
+                continue
+            hidden = hidden + piece(position_ids).to(hidden.device) if kind == "position" else piece(hidden)
+        return hidden
 
     def _rotary(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> dict | None:
         """Each attention type's (cos, sin): one table, or one per type where the rotary takes ``layer_type``."""

@@ -626,11 +626,12 @@ def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_m
         # (a batch_isend_irecv that only some ranks enter first is undefined behaviour in NCCL)
         dist.all_reduce(torch.zeros(1, device=device), group=group)
     transport = Transport(group, rank, wait, device)
-    connect(transport, info, group)  # its own gloo group: what a failed step does never reaches the caller's
+    alive = connect(transport, info, group)  # its own gloo group: a failed step never reaches the caller's
     agree(info, programs, rank, transport)  # every rank runs one schedule's unedited module, or all refuse
     pipeline = Pipeline(info, programs[rank], runners, transport, scale_grads=scale_grads, tied=tied,
                         data_parallel=replicas, functions=functions)
     pipeline.rng_seed = rng_seed
+    pipeline._start.alive = alive  # a rank at a meeting after a failure learns at once that one is gone
     watch_optimizers(pipeline)  # a parameter an optimizer lists twice is warned about at its first step
     directory = resolve_directory(records)
     if directory is not None:

@@ -169,7 +169,7 @@ class _Meter:
     def stage_entry(self) -> dict[str, float]:
         activation = statistics.median(self.after_forward.values()) if self.after_forward else 0
         grads = [self.after_input[mb] for mb in self.after_forward if mb in self.after_input]
-        weight_grad = min(statistics.median(grads), activation) if grads else 0
+        weight_grad = statistics.median(grads) if grads else 0  # may be above activation: its I adds the rest
         entry = {kind: statistics.median(self.times[kind]) for kind in compute_kind_names() if self.times[kind]}
         if "F" in entry:
             entry["R"] = entry["F"]  # R runs the forward again under autograd: the F measured here

@@ -126,7 +126,20 @@ def scaled_llama():
     return ScaledLogits(families.config("llama", layers=2)).double()
 
 
-@pytest.mark.parametrize("build", [scaled_llama, lambda: AddsPositions().double()], ids=["hf-subclass", "layer-list"])
+def llama_without_padding():
+    """A Llama whose forward drops the attention mask: only a padded row tells it from the cut."""
+    import transformers as tf
+
+    class IgnoresPadding(tf.LlamaForCausalLM):
+        def forward(self, input_ids=None, attention_mask=None, **kwargs):
+            return super().forward(input_ids=input_ids, **kwargs)
+
+    torch.manual_seed(0)
+    return IgnoresPadding(families.config("llama", layers=2)).double()
+
+
+@pytest.mark.parametrize("build", [scaled_llama, llama_without_padding, lambda: AddsPositions().double()],
+                         ids=["hf-subclass", "hf-padding", "layer-list"])
 def test_a_model_whose_forward_does_more_than_the_cut_knows_is_refused(build):
     model = build()
     with pytest.raises(UsageError, match="do not compute what its forward computes"):
@@ -171,6 +184,8 @@ def refused(name):
         return tf.MptForCausalLM(tf.MptConfig(vocab_size=40, d_model=16, n_layers=2, n_heads=4))
     if name == "opt":
         return tf.OPTForCausalLM(tf.OPTConfig(**small, ffn_dim=32, word_embed_proj_dim=16))
+    if name == "gemma3-bidirectional":
+        return tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**small, head_dim=4, use_bidirectional_attention=True))
     if name == "bert-masked-lm":
         return tf.BertForMaskedLM(tf.BertConfig(**small))
     if name == "bert-encoder-lm":
@@ -185,6 +200,7 @@ def refused(name):
     ("falcon-alibi", "FalconForCausalLM: its forward folds ALiBi into the attention mask"),
     ("mpt", r"MptForCausalLM: its layers' MptBlock.forward needs \['position_bias'\]"),
     ("opt", r"OPTForCausalLM: cannot tell its layer list: its base model 'model' holds 0 .*decoder \(OPTDecoder\)"),
+    ("gemma3-bidirectional", r"Gemma3ForCausalLM attends both ways \(config.use_bidirectional_attention\)"),
     ("bert-masked-lm", "BertForMaskedLM is not a causal LM .*cuts decoder-only causal LMs"),
     ("bert-encoder-lm", r"BertLMHeadModel is configured as an encoder \(config.is_decoder=False\)"),
     ("bert-decoder-lm", r"BertLMHeadModel: cannot tell its layer list: .*encoder \(BertEncoder\)"),

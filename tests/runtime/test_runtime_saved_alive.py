@@ -6,7 +6,9 @@ them) are what the saved tensors keep. A view keeps its whole storage alive: one
 ``nn.TransformerEncoderLayer``'s packed q, k, v projection saved alone (its math attention, under dropout)
 keeps all three, and a tensor saved beside a slice of itself is one storage. Counting each tensor's own
 bytes read 0.90-0.91 of the truth on the encoder layer and the Llama, and above it where slices overlap;
-the count by storage (``saved_key``) is the truth to the byte.
+the count by storage (``saved_key``) is the truth to the byte. A recomputed forward, run under autograd
+saving nothing, keeps only its output alive; a recomputed stage that changes an input in place only at a
+later forward is refused by name.
 """
 
 from __future__ import annotations
@@ -79,3 +81,64 @@ def test_a_tensor_saved_beside_a_slice_of_itself_is_one_storage():
     module = _Overlapping().double()
     held, measured = _saved_and_alive(module, (torch.randn(4, 6, dtype=torch.float64),), {})
     assert held == measured == 4 * 6 * 8 * 2  # the linear's input and exp's output, the slice within it
+
+
+def test_a_recomputed_forward_keeps_nothing_alive_but_its_output_and_tells_which_carry_a_gradient():
+    """A recomputed F runs under autograd saving nothing: what stays alive is its output (and its inputs),
+    and each output tensor says whether R's will carry a gradient (the table below: no)."""
+    from pipeforge.runtime.saved import SavedActivations
+    from pipeforge.runtime.stage import StageRunner
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.1, batch_first=True).double()
+
+        def forward(self, x):
+            return self.layer(x), torch.ones_like(x) * 0.5
+
+    torch.manual_seed(0)
+    module = Block()
+    runner = StageRunner(module, 1, 0, False, False)
+    saved = SavedActivations(frozenset({(1, 0, 0)}), frozenset(), None)
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    tracker = Storages()
+    with tracker:
+        x = torch.randn(3, 5, 16, dtype=torch.float64)
+    with tracker:
+        hidden, table = saved.forward(runner, 0, (x,), None, True, {}, (True,))
+    assert hidden.requires_grad and hidden.grad_fn is None and not table.requires_grad
+    outputs = {t.untyped_storage().data_ptr() for t in (hidden, table)}
+    assert tracker.alive(params | outputs | {x.untyped_storage().data_ptr()}) == 0
+    saved.recompute(runner, 0)  # R: the graph, saved tensors and all
+    assert runner.states[0].roots and runner.states[0].roots[0].requires_grad
+
+
+def test_a_recomputed_stage_changing_an_input_in_place_later_only_is_refused_by_name():
+    from pipeforge.runtime.p2p import PipelineError
+    from pipeforge.runtime.saved import SavedActivations
+    from pipeforge.runtime.stage import StageRunner
+
+    class Sometimes(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4).double()
+
+        def forward(self, h, table):
+            if table.sum() < 0:
+                table.add_(1.0)
+            return self.linear(h) * table
+
+    runner = StageRunner(Sometimes(), 1, 0, False, False, rank=1)
+    saved = SavedActivations(frozenset({(1, 0, 0), (1, 1, 0), (1, 2, 0)}), frozenset(), None)
+    h = torch.randn(2, 4, dtype=torch.float64)
+    table = torch.ones(2, 4, dtype=torch.float64)
+    saved.forward(runner, 0, (h, -table), None, True, {}, (True, False))  # changes it: copied from now on
+    assert saved.changed[(1, 0)] == {1}
+    assert torch.equal(saved.checkpoints[(1, 0, 0)].args[1], -table)  # R starts from what F started from
+    other = StageRunner(Sometimes(), 2, 0, False, False, rank=1)
+    saved.recomputed = frozenset({(2, 0, 0), (2, 1, 0)})
+    saved.forward(other, 0, (h, table), None, True, {}, (True, False))  # unchanged at the first
+    with pytest.raises(PipelineError, match=r"rank 1: stage 2 is recomputed and its forward of microbatch 1 "
+                                            r"changed argument 1 in place, which its first recomputed forward did not"):
+        saved.forward(other, 1, (h, -table), None, True, {}, (True, False))
