@@ -426,8 +426,9 @@ def render_files(schedule: Schedule, module: str, *, locations: bool = True,
     return GeneratedFiles(main, folder, tuple(ranks))
 
 
-# as given; a line of Python per action, one module per rank: ZBV at P=64, M=1024 (393,216) takes about
-# 23 s of CPU here and 0.8 GB at its peak (benchmarks/runtime/codegen_scale.py); interleaved 1F1B there 262,144
+# as given; a line of Python per action, one module per rank. Chosen to admit issue 23's sizes: ZBV at P=64,
+# M=1024 (393,216) takes 20-23 s of CPU with its compile worker and 0.73 GB at its peak, measured 2026-12-01
+# (benchmarks/runtime/codegen_scale.py --schedule zbv); interleaved 1F1B there 262,144
 MAX_ACTIONS = 400_000
 
 

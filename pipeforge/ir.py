@@ -391,10 +391,11 @@ class MemorySpec:
         return limit / least if least > 0 else float("inf")
 
     def least_weights(self, stages: int) -> float:
-        """The smallest ``weight_grad / activation`` of any stage (``weights`` when the stages are alike)."""
+        """The smallest ``weight_grad / activation`` of any stage (``weights`` when the stages are alike), at
+        most 1: the bounds that read it take an I as releasing, and less held than is true stays a bound."""
         ratios = [self.stage_weight_grad(s) / self.stage_activation(s) for s in range(stages)
                   if self.stage_activation(s) > 0]
-        return min(ratios, default=self.weights) if not self.uniform else self.weights
+        return min(min(ratios, default=self.weights), 1.0) if not self.uniform else self.weights
 
     @property
     def uniform(self) -> bool:

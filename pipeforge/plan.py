@@ -103,7 +103,7 @@ def stage_costs(costs: LayerCosts, layers: tuple[int, ...]) -> dict:
         if any("activation" in p for p in costs.layers):
             entry["activation"] = max(sum(p.get("activation", 0.0) for p in parts), 1e-9)
             if any("weight_grad" in p for p in costs.layers):
-                entry["weight_grad"] = min(sum(p.get("weight_grad", 0.0) for p in parts), entry["activation"])
+                entry["weight_grad"] = sum(p.get("weight_grad", 0.0) for p in parts)
         stages.append(entry)
         start += count
     return {"units": costs.units or "ms", "stages": stages, "links": [costs.links] * (len(layers) - 1),

@@ -31,7 +31,8 @@ ActionKey = tuple  # an Action, or a plain tuple (stage, kind, microbatch, chain
 
 __all__ = [
     "COMPUTE_KINDS", "COMM_KINDS", "STAGE_ONLY_KINDS", "ROLES", "NEEDS", "OUTPUTS", "MEMORY", "PARAMETER_MEMORY",
-    "PEER_OFFSET", "PARTNER", "SENDS", "Semantics", "GRADIENT_KINDS", "NEEDLESS_KINDS", "SPLIT", "EXCLUDES",
+    "PEER_OFFSET", "PARTNER", "SENDS", "RECEIVES", "Semantics", "GRADIENT_KINDS", "NEEDLESS_KINDS", "SPLIT",
+    "SAVING", "EXCLUDES",
     "COMPLETE", "REQUIRES", "DURATION_DEFAULTS", "RUNTIME_METHODS", "Need", "Output",
     "role", "needs", "output", "memory_effect", "stage_effect", "memory_delta", "bubble_rate", "compute_kind_names",
     "LOCAL_KINDS", "recomputed", "offloaded", "effects_of", "needs_if_present", "NEEDS_IF_PRESENT",
@@ -216,7 +217,8 @@ def memory_effect(kind: ActionKind, weights: float, activation: float = 1.0,
                   weight_grad: float | None = None, unsharded: float = 0.0,
                   checkpoint: float | None = None) -> tuple[float, float]:
     """``(added, released)`` memory of one ``kind`` action, in M_B, on a stage whose F holds
-    ``activation`` (default 1) of which W releases ``weight_grad`` (default ``weights * activation``)
+    ``activation`` (default 1) and holds ``weight_grad`` from its I to its W (default ``weights * activation``;
+    more than ``activation`` where the gradients I leaves for W outweigh what it frees: that I adds the rest)
     and whose gathered parameters take ``unsharded``; ``checkpoint``: the (stage, microbatch) is
     recomputed and its F keeps that much (None: it is not; R is always of a recomputed one).
     ``stage_effect`` asks here with a stage's sizes."""
@@ -226,14 +228,18 @@ def memory_effect(kind: ActionKind, weights: float, activation: float = 1.0,
         added = rebuilt[0] + rebuilt[1] * (checkpoint / activation if activation else 0.0)
     grad = weights * activation if weight_grad is None else weight_grad
     gathered, freed = PARAMETER_MEMORY.get(kind, (0.0, 0.0))
-    return added * activation + gathered * unsharded, released * activation + per_weight * grad + freed * unsharded
+    adds = added * activation + gathered * unsharded
+    releases = released * activation + per_weight * grad + freed * unsharded
+    if releases < 0:  # an I that holds more until its W than its F left (the gradients it leaves W): it adds the rest
+        return adds - releases, 0.0
+    return adds, releases
 
 
 def stage_effect(memory: MemorySpec, kind: ActionKind, stage: int, recomputed: bool = False) -> tuple[float, float]:
     """``(added, released)`` of one ``kind`` action on ``stage`` under ``memory``: F adds the stage's
     activation (its checkpoint when its (stage, microbatch) is ``recomputed``), R the rest, B releases it,
-    I all but its weight_grad, W that; OFFLOAD releases it, RELOAD adds it; UNSHARD adds ``unsharded``,
-    RESHARD releases it (M_B)."""
+    I all but its weight_grad (adds the excess of a larger one), W that; OFFLOAD releases it, RELOAD adds
+    it; UNSHARD adds ``unsharded``, RESHARD releases it (M_B)."""
     return memory_effect(kind, memory.weights, memory.stage_activation(stage), memory.stage_weight_grad(stage),
                          memory.unsharded, memory.stage_checkpoint(stage) if recomputed else None)
 
@@ -318,6 +324,7 @@ class Semantics(str, Enum):
 PEER_OFFSET: dict[ActionKind, int] = {SEND_F: 1, RECV_B: 1, RECV_F: -1, SEND_B: -1}
 PARTNER: dict[ActionKind, ActionKind] = {SEND_F: RECV_F, RECV_F: SEND_F, SEND_B: RECV_B, RECV_B: SEND_B}
 SENDS = frozenset({SEND_F, SEND_B})
+RECEIVES = frozenset({RECV_F, RECV_B})
 
 
 def peer_stage(action: ActionKey) -> int:
@@ -429,6 +436,7 @@ def waited_offload(kinds: Sequence[ActionKind]) -> int:
 
 GRADIENT_KINDS = frozenset({B, W})  # a stage's weight gradient is complete after its last B or W on a rank
 SPLIT: dict[ActionKind, tuple[ActionKind, ...]] = {B: (I, W)}  # B is I then W (the Zero Bubble split)
+SAVING = frozenset({R, OFFLOAD, RELOAD})  # the kinds that save a (stage, microbatch)'s memory: recompute, offload
 EXCLUDES: dict[ActionKind, frozenset[ActionKind]] = {
     B: frozenset({I, W}), I: frozenset({B}), W: frozenset({B}),
     R: frozenset({OFFLOAD, RELOAD}), OFFLOAD: frozenset({R}), RELOAD: frozenset({R}),  # one way to save memory

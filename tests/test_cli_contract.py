@@ -15,21 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeforge import cli
+from pipeforge import cli, library
 from pipeforge.commands.exits import Exit
 
-GOOD_PIPE = """schedule one_f_one_b(P = 2, M = 2) {
-    ranks P
-    stages P placement loop
-    microbatches M
-    rank r {
-        let warmup = min(M, P - 1 - r)
-        for m in 0 .. warmup { F(r, m) }
-        for i in 0 .. M - warmup { F(r, warmup + i)  B(r, i) }
-        for i in M - warmup .. M { B(r, i) }
-    }
-}
-"""
+GOOD_PIPE = library.source_with_defaults("1f1b", {"P": 2, "M": 2})  # `ranks P` on line 3
 INCONSISTENT_PIPE = """schedule bad(P = 2, M = 2) {
     ranks P
     stages P placement loop
@@ -79,8 +68,8 @@ CASES = [
     (["verify", "good.pipe", "-D", "P=abc"], 2, None, "integer"),
     (["verify", "good.pipe", "-D", "P=1e3"], 2, None, "integer"),
     (["verify", "good.pipe", "-D", "P=\u0663"], 2, None, "integer"),
-    (["verify", "good.pipe", "-D", "P=-1"], 2, None, "good.pipe:2:"),
-    (["verify", "good.pipe", "-D", "P=0"], 2, None, "good.pipe:2:"),
+    (["verify", "good.pipe", "-D", "P=-1"], 2, None, "good.pipe:3:"),
+    (["verify", "good.pipe", "-D", "P=0"], 2, None, "good.pipe:3:"),
     (["verify", "good.pipe", "-D", "P=1000000000"], 2, None, "at most"),
     (["verify", "good.pipe", "-D", "Q=3"], 2, None, "'Q'"),
     (["verify", "good.pipe", "--schedule", "nope"], 2, None, "nope"),

@@ -84,6 +84,16 @@ def test_split_and_completeness_agree():
         assert all(kind in semantics.EXCLUDES[other] for other in excluded)
 
 
+def test_sends_and_receives_split_the_communication_kinds():
+    assert semantics.SENDS | semantics.RECEIVES == COMM_KINDS and not semantics.SENDS & semantics.RECEIVES
+    assert {semantics.PARTNER[kind] for kind in semantics.SENDS} == semantics.RECEIVES
+
+
+def test_the_memory_saving_kinds_are_local_and_each_excludes_the_other_way():
+    assert semantics.SAVING <= semantics.LOCAL_KINDS
+    assert all(semantics.EXCLUDES[kind] and semantics.EXCLUDES[kind] <= semantics.SAVING for kind in semantics.SAVING)
+
+
 # --- every subsystem knows every kind ------------------------------------------------------
 
 

@@ -15,13 +15,12 @@ from dataclasses import dataclass, replace
 
 from pipeforge.ir import Action, ActionKind, Schedule, Step, replace_programs
 from pipeforge.passes.torch_lowering import TORCH_KINDS, TorchLowering, torch_lowering
-from pipeforge.semantics import Semantics, peer_stage
+from pipeforge.semantics import RECEIVES, Semantics, peer_stage
 from pipeforge.verifier import verify
 from pipeforge.verifier.report import KINDS, Report, Violation
 from pipeforge.interop.torchtitan import Launcher, placement_violations
 
 TARGETS = ("torch", "torchtitan")
-RECEIVES = (ActionKind.RECV_F, ActionKind.RECV_B)
 CONSUMERS = {ActionKind.RECV_F: (ActionKind.F,), ActionKind.RECV_B: (ActionKind.B, ActionKind.I)}
 
 

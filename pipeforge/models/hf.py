@@ -1,15 +1,18 @@
-"""Hugging Face causal LMs cut into stage modules, driven by the model's own metadata.
+"""Hugging Face causal LMs cut into stage modules, driven by the model's own metadata and structure.
 
 ``parts_of(model)`` -> ``Parts`` (embedding, layers, norm, head and the pieces the base model's
-``forward`` computes once) from ``base_model_prefix``, ``config.base_model_pp_plan`` and the input and
-output embeddings; anything else in the base model refuses the cut, naming it. ``CausalLMStage``: one
-stage, ``forward(x, attention_mask=None, position_ids=None)``, recomputing positions, the rotary and
-each layer's mask by its global index, the cache off; it returns hidden states (logits on the last
-stage), and an MoE stage its load-balancing loss through ``runtime.WithAuxLoss``. ``docs/models.md``.
+``forward`` computes once) from ``base_model_prefix``, ``config.base_model_pp_plan`` (its order is the
+forward's), the input and output embeddings and the layers' signatures; anything else refuses the cut,
+naming it. ``CausalLMStage``: one stage, ``forward(x, attention_mask=None, position_ids=None)``,
+recomputing positions, the rotary (per attention type where it takes one), ALiBi and each layer's mask
+by its global index, the cache off, the config's embedding and logit scales; it returns hidden states
+(logits on the last stage), and an MoE stage its load-balancing loss through ``runtime.WithAuxLoss``.
+``docs/models.md``.
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,10 +48,15 @@ class Parts:
     names: dict[str, str]  # part ("embed", "layers.3", "head") -> its name in the model
     router: tuple[type, int] | None  # the module class whose output holds router logits, and the index
     balancing: Callable[..., torch.Tensor] | None  # the family's load_balancing_loss_func (None: it has none)
+    embed_norm: nn.Module | None = None  # a norm of the embeddings before the layers (BLOOM's)
+    alibi: Callable[..., torch.Tensor] | None = None  # the family's build_alibi_tensor, where its layers take one
+    arguments: tuple[frozenset[str], bool] = (frozenset(), True)  # what the layers take; whether any keyword
+    prelude: tuple[str, ...] = ("position", "dropout", "embed_norm")  # stage 0's pieces in the forward's order
 
 
 def parts_of(model: PreTrainedModel) -> Parts:
     """The model's parts (errors name what the cut does not know)."""
+    _refuse_other_than_decoders(model)
     prefix = model.base_model_prefix
     base = getattr(model, prefix, None)
     if base is None:
@@ -56,29 +64,25 @@ def parts_of(model: PreTrainedModel) -> Parts:
     config = model.config
     plan = getattr(config, "base_model_pp_plan", None) or {}
     embed = model.get_input_embeddings()
-    layers_name = next((name for name in plan if isinstance(getattr(base, name, None), nn.ModuleList)), None)
-    if layers_name is None:
-        lists = [name for name, child in base.named_children() if isinstance(child, nn.ModuleList)]
-        if len(lists) != 1:
-            raise UsageError(f"{type(model).__name__}: cannot tell its layer list (module lists {lists}); "
-                             "give the model as an nn.Sequential or a module with one list of layers")
-        layers_name = lists[0]
     children = dict(base.named_children())
-    order = list(children)
-    after = order[order.index(layers_name) + 1:]
-    norm_name = "norm" if "norm" in plan and "norm" in children else next(
+    layers_name = _layer_list(model, prefix, plan, children)
+    order = [name for name in plan if name in children] + [name for name in children if name not in plan]
+    before = order[: order.index(layers_name)]  # the forward's order where the plan gives it
+    after = [name for name in order if name not in before and name != layers_name]
+    norm_name = next((name for name in plan if name in after), None) or next(
         (name for name in after if "norm" in type(children[name]).__name__.lower()), None)
     head = model.get_output_embeddings()
     if head is None:
         raise UsageError(f"{type(model).__name__} has no output embeddings (get_output_embeddings() is None): "
                          "not a causal LM")
     names = {"embed": f"{prefix}.{_name_in(base, embed)}", "head": _name_in(model, head)}
-    found = {"position": None, "dropout": None, "rotary": None}
-    for name, child in children.items():
+    found: dict[str, nn.Module | None] = {"position": None, "dropout": None, "rotary": None, "embed_norm": None}
+    for name in order:
+        child = children[name]
         if child is embed or name in (layers_name, norm_name):
             continue
-        kind = _kind(child, name, order.index(name) < order.index(layers_name))
-        if kind is None:
+        kind = _kind(child, name in before)
+        if kind is None or found[kind] is not None:
             raise UsageError(f"{type(model).__name__}: its base model holds {name!r} ({type(child).__name__}), "
                              "which pipeforge.split does not know how to place in a stage")
         found[kind] = child
@@ -88,21 +92,82 @@ def parts_of(model: PreTrainedModel) -> Parts:
     if norm_name:
         names["norm"] = f"{prefix}.{norm_name}"
     return Parts(config, embed, found["position"], found["dropout"], found["rotary"], layers,
-                 children.get(norm_name), head, names, _router(model), _balancing(model))
+                 children.get(norm_name), head, names, _router(model), _balancing(model),
+                 embed_norm=found["embed_norm"], alibi=_alibi(model, layers),
+                 arguments=_layer_arguments(model, layers[0]) if len(layers) else (frozenset(), True),
+                 prelude=tuple(kind for kind in names if kind in ("position", "dropout", "embed_norm")))
+
+
+def _refuse_other_than_decoders(model: nn.Module) -> None:
+    """An encoder (BERT's masked LM) or an encoder-decoder (T5) is not a decoder-only causal LM."""
+    config = model.config
+    if getattr(config, "is_encoder_decoder", False):
+        raise UsageError(f"{type(model).__name__} is an encoder-decoder model (config.is_encoder_decoder): "
+                         "pipeforge.split cuts decoder-only causal LMs")
+    can_generate = getattr(model, "can_generate", None)
+    if callable(can_generate) and not can_generate():
+        raise UsageError(f"{type(model).__name__} is not a causal LM (it cannot generate: an encoder or a task "
+                         "head): pipeforge.split cuts decoder-only causal LMs")
+    if getattr(config, "use_bidirectional_attention", False):
+        raise UsageError(f"{type(model).__name__} attends both ways (config.use_bidirectional_attention): "
+                         "pipeforge.split makes causal masks")
+    if getattr(config, "is_decoder", True) is False and getattr(config, "model_type", None) in _ENCODERS:
+        raise UsageError(f"{type(model).__name__} is configured as an encoder (config.is_decoder=False): its "
+                         "attention is bidirectional, and pipeforge.split cuts decoder-only causal LMs")
+
+
+# model types whose causal-LM head runs on a bidirectional encoder unless config.is_decoder says otherwise
+_ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra", "ernie", "bert-generation",
+                       "roberta-prelayernorm", "xmod", "data2vec-text", "rembert", "megatron-bert", "big_bird"})
+
+
+def _layer_list(model: nn.Module, prefix: str, plan, children: dict[str, nn.Module]) -> str:
+    name = next((name for name in plan if isinstance(children.get(name), nn.ModuleList)), None)
+    if name is not None:
+        return name
+    lists = [name for name, child in children.items() if isinstance(child, nn.ModuleList)]
+    if len(lists) == 1:
+        return lists[0]
+    held = ", ".join(f"{name} ({type(child).__name__})" for name, child in children.items())
+    raise UsageError(f"{type(model).__name__}: cannot tell its layer list: its base model {prefix!r} holds "
+                     f"{len(lists)} nn.ModuleList children ({held}), where pipeforge.split needs exactly one "
+                     "(or one named by config.base_model_pp_plan); give the model as an nn.Sequential or a "
+                     "module with one list of layers")
 
 
 def _name_in(root: nn.Module, module: nn.Module) -> str:
     return next(name for name, child in root.named_modules() if child is module)
 
 
-def _kind(child: nn.Module, name: str, before_layers: bool) -> str | None:
+def _kind(child: nn.Module, before_layers: bool) -> str | None:
     if "Rotary" in type(child).__name__:
         return "rotary"
-    if before_layers and isinstance(child, nn.Embedding):
+    if not before_layers:
+        return None
+    if isinstance(child, nn.Embedding):
         return "position"
-    if before_layers and isinstance(child, nn.Dropout):
+    if isinstance(child, nn.Dropout):
         return "dropout"
+    if "norm" in type(child).__name__.lower():
+        return "embed_norm"
     return None
+
+
+def _alibi(model: nn.Module, layers: Sequence[nn.Module]):
+    """The family's ``build_alibi_tensor`` where its layers take ``alibi`` (None: they do not, or are given
+    None); a model whose forward folds ALiBi into the mask (Falcon's ``config.alibi``) is refused."""
+    if not layers or "alibi" not in inspect.signature(layers[0].forward).parameters:
+        return None
+    if getattr(model.config, "alibi", None) is False:
+        return None  # Falcon with rotary: its layers take alibi=None
+    if getattr(model.config, "alibi", None) is True:
+        raise UsageError(f"{type(model).__name__}: its forward folds ALiBi into the attention mask "
+                         "(config.alibi=True), which pipeforge.split does not compute")
+    build = getattr(sys.modules.get(type(model).__module__), "build_alibi_tensor", None)
+    if not callable(build):
+        raise UsageError(f"{type(model).__name__}: its layers take ALiBi biases ('alibi') and its module has no "
+                         "build_alibi_tensor for pipeforge.split to make them with")
+    return build
 
 
 def _router(model: nn.Module) -> tuple[type, int] | None:
@@ -147,6 +212,7 @@ class CausalLMStage(nn.Module):
         self.embed = parts.embed if first else None
         self.position = parts.position if first else None
         self.dropout = parts.dropout if first else None
+        self.embed_norm = parts.embed_norm if first else None
         self.rotary = parts.rotary
         self.layers = nn.ModuleDict({str(i): parts.layers[i] for i in range(first_layer, last_layer)})
         self.norm = parts.norm if last else None
@@ -154,44 +220,82 @@ class CausalLMStage(nn.Module):
         self.kinds = [attention_type(parts.config, i) for i in range(first_layer, last_layer)]
         for kind in set(self.kinds):
             mask_function(kind)  # refused now, not at the first step
+        self._alibi = parts.alibi
+        self._arguments = parts.arguments
+        self._order = parts.prelude
+        self._rotary_by_type = self.rotary is not None and "layer_type" in inspect.signature(
+            self.rotary.forward).parameters
         # a family without load_balancing_loss_func (DeepSeek-V3's loss-free balancing) adds no loss of its own
         self._router = parts.router if aux_loss and parts.balancing is not None else None
         self._balancing = parts.balancing
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None):
-        hidden = self.embed(x) if self.embed is not None else x
+        hidden = embedded(self.config, self.embed(x)) if self.embed is not None else x
         if position_ids is None:
             position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-        if self.position is not None:
-            hidden = hidden + self.position(position_ids).to(hidden.device)
-        if self.dropout is not None:
-            hidden = self.dropout(hidden)
+        hidden = self._prelude(hidden, position_ids)
         if attention_mask is not None and attention_mask.ndim < 4:
             attention_mask = attention_mask.view(hidden.shape[0], -1)
         masks = {kind: mask_function(kind)(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask,
                                            past_key_values=None, position_ids=position_ids)
                  for kind in dict.fromkeys(self.kinds)}
-        extra = {}
-        if self.rotary is not None:
-            extra["position_embeddings"] = self.rotary(hidden, position_ids=position_ids)
+        extra = self._shared_arguments(hidden, attention_mask, position_ids)
+        rotary = self._rotary(hidden, position_ids)
         handles = self._record_router_logits()
         try:
             for kind, layer in zip(self.kinds, self.layers.values()):
-                hidden = layer(hidden, attention_mask=masks[kind], position_ids=position_ids,
-                               past_key_values=None, use_cache=False, **extra)
+                arguments = {"attention_mask": masks[kind], "position_ids": position_ids, "past_key_values": None,
+                             "use_cache": False, **extra}
+                if rotary is not None:
+                    arguments["position_embeddings"] = rotary[kind]
+                output = layer(hidden, **self._accepted(arguments))
+                hidden = output[0] if isinstance(output, tuple) else output  # older families return (hidden, ...)
         finally:
             for handle in handles:
                 handle.remove()
         if self.norm is not None:
             hidden = self.norm(hidden)
         if self.head is not None:
-            hidden = self.head(hidden)
+            hidden = final_logits(self.config, self.head(hidden))
         if self._router is None or not self.training:
             return hidden
         from pipeforge.runtime.aux import WithAuxLoss
 
         return WithAuxLoss(hidden, self.balancing_loss(self._logits, attention_mask))
+
+    def _prelude(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """Stage 0's position embedding (added), embedding dropout and embedding norm, in the forward's order."""
+        for kind in self._order:
+            piece = getattr(self, kind)
+            if piece is None:
+                continue
+            hidden = hidden + piece(position_ids).to(hidden.device) if kind == "position" else piece(hidden)
+        return hidden
+
+    def _rotary(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> dict | None:
+        """Each attention type's (cos, sin): one table, or one per type where the rotary takes ``layer_type``."""
+        if self.rotary is None:
+            return None
+        if self._rotary_by_type:
+            return {kind: self.rotary(hidden, position_ids, kind) for kind in dict.fromkeys(self.kinds)}
+        table = self.rotary(hidden, position_ids=position_ids)
+        return {kind: table for kind in self.kinds}
+
+    def _shared_arguments(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
+                          position_ids: torch.Tensor) -> dict:
+        if "alibi" not in self._arguments[0]:
+            return {}
+        if self._alibi is None:
+            return {"alibi": None}
+        mask = attention_mask if attention_mask is not None and attention_mask.ndim == 2 else torch.ones(
+            hidden.shape[:2], dtype=torch.long, device=hidden.device)
+        return {"alibi": self._alibi(mask, self.config.num_attention_heads, dtype=hidden.dtype)}
+
+    def _accepted(self, arguments: dict) -> dict:
+        if self._arguments[1]:
+            return arguments
+        return {name: value for name, value in arguments.items() if name in self._arguments[0]}
 
     def _record_router_logits(self) -> list:
         self._logits: list[torch.Tensor] = []
@@ -213,3 +317,41 @@ class CausalLMStage(nn.Module):
         total = sum(balancing((layer,), experts, config.num_experts_per_tok, attention_mask)
                     for layer in logits)
         return config.router_aux_loss_coef * total
+
+
+# what a stage gives each layer: the mask, positions, rotary, ALiBi, and the cache off
+GIVEN = frozenset({"attention_mask", "position_ids", "position_embeddings", "alibi", "past_key_values", "use_cache"})
+
+
+def _layer_arguments(model: nn.Module, layer: nn.Module) -> tuple[frozenset[str], bool]:
+    """The names a layer's ``forward`` takes and whether it takes any keyword; one that needs an argument the
+    stage does not make (MPT's ``position_bias``) is refused, naming it."""
+    parameters = list(inspect.signature(layer.forward).parameters.values())[1:]  # after the hidden states
+    needed = [p.name for p in parameters if p.default is inspect.Parameter.empty
+              and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in GIVEN]
+    if needed:
+        raise UsageError(f"{type(model).__name__}: its layers' {type(layer).__name__}.forward needs {needed}, which "
+                         "the model's forward computes and pipeforge.split does not know how to make")
+    return frozenset(p.name for p in parameters), any(p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def embedded(config, hidden: torch.Tensor) -> torch.Tensor:
+    """The embeddings as the base model's ``forward`` scales them (Granite's ``config.embedding_multiplier``)."""
+    multiplier = getattr(config, "embedding_multiplier", None)
+    return hidden * multiplier if multiplier is not None else hidden
+
+
+def final_logits(config, logits: torch.Tensor) -> torch.Tensor:
+    """The head's output as the causal LM's ``forward`` turns it into logits, by the config's switches:
+    Granite's ``logits_scaling`` (divides), Cohere's ``logit_scale`` (multiplies), Gemma 2 and 3's
+    ``final_logit_softcapping`` (``tanh(logits / cap) * cap``)."""
+    scaling = getattr(config, "logits_scaling", None)
+    if scaling is not None:
+        logits = logits / scaling
+    scale = getattr(config, "logit_scale", None)
+    if scale is not None:
+        logits = logits * scale
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap
+    return logits

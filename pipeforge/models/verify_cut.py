@@ -1,7 +1,8 @@
 """The cut checked against the model: its stages chained on a tiny input give the model's own output.
 
 ``verify_cut(model, every)`` runs, when the whole model has values, a batch of
-one short sequence through ``model`` and through every stage in order (eval
+short sequences (a Hugging Face model's second row padded, its attention mask
+given to every stage) through ``model`` and through every stage in order (eval
 mode, no gradients, the random state and every module's mode restored) and
 raises a ``UsageError`` when the two differ in a single bit: a model whose
 ``forward`` computes something the cut does not (Granite's embedding and logit
@@ -35,10 +36,11 @@ def verify_cut(model: nn.Module, every: dict[int, nn.Module]) -> None:
             model.eval()
             for stage in every.values():
                 stage.eval()
-            want = _own_output(model, example)
+            mask = _padding_mask(example) if hf.is_causal_lm(model) else None
+            want = _own_output(model, example, mask)
             got = example
             for index in sorted(every):
-                got = every[index](got)
+                got = every[index](got) if mask is None else every[index](got, attention_mask=mask)
     finally:
         for module, training in modes:
             module.training = training
@@ -52,7 +54,9 @@ def verify_cut(model: nn.Module, every: dict[int, nn.Module]) -> None:
 
 
 # Hugging Face model types whose cut equals the model bit for bit (tests/models, and by hand: qwen3, gemma, phi3, olmo2)
-TESTED = frozenset({"llama", "gpt2", "qwen2", "mistral", "mixtral", "qwen2_moe", "qwen3", "gemma", "phi3", "olmo2"})
+TESTED = frozenset({"llama", "gpt2", "qwen2", "mistral", "mixtral", "qwen2_moe", "qwen3", "gemma", "phi3", "olmo2",
+                    "gemma2", "gemma3_text", "phi", "gpt_neox", "falcon", "qwen3_moe", "cohere", "stablelm",
+                    "starcoder2", "gptj", "bloom", "granite"})
 
 
 def warn_unchecked(model: nn.Module) -> None:
@@ -63,10 +67,17 @@ def warn_unchecked(model: nn.Module) -> None:
                       "the whole model once where it fits (owned=None checks it) before training", stacklevel=3)
 
 
-def _own_output(model: nn.Module, example: torch.Tensor) -> torch.Tensor:
-    output: torch.Tensor = (model(input_ids=example, use_cache=False).logits if hf.is_causal_lm(model)
-                            else model(example))
+def _own_output(model: nn.Module, example: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    output: torch.Tensor = (model(input_ids=example, attention_mask=mask, use_cache=False).logits
+                            if hf.is_causal_lm(model) else model(example))
     return output
+
+
+def _padding_mask(example: torch.Tensor) -> torch.Tensor:
+    """Every token but the last of the second row (right padding: each row still sees a token)."""
+    mask = torch.ones_like(example)
+    mask[1:, -1] = 0
+    return mask
 
 
 def _example(model: nn.Module) -> torch.Tensor | None:
@@ -77,7 +88,7 @@ def _example(model: nn.Module) -> torch.Tensor | None:
     generator = torch.Generator().manual_seed(0)
     if hf.is_causal_lm(model):
         vocab = getattr(model.config, "vocab_size", 2) or 2
-        return torch.randint(0, min(vocab, 16), (1, 4), generator=generator).to(device)
+        return torch.randint(0, min(vocab, 16), (2, 4), generator=generator).to(device)
     first = next((m for m in model.modules() if not list(m.children())), None)
     if isinstance(first, nn.Embedding):
         return torch.randint(0, min(first.num_embeddings, 16), (1, 4), generator=generator).to(device)

@@ -28,7 +28,7 @@ from pipeforge.optimizer.search import ASAP_ACTIONS, optimize
 from pipeforge.optimizer.units import integer_units
 from pipeforge.passes.recompute import offload as offload_pass
 from pipeforge.passes.recompute import recompute as recompute_pass
-from pipeforge.semantics import split, stage_effect
+from pipeforge.semantics import SAVING, split, stage_effect
 from pipeforge.sim.bounds import bubble_of_span, recompute_span
 from pipeforge.sim.simulate import simulate
 from pipeforge.sim.workgraph import Shape, WorkGraph, compile_actions
@@ -37,7 +37,6 @@ from pipeforge.verifier import verify
 POLICIES = ("none", "auto", "all")
 PLANS = ("none", "all", "per-microbatch", "exact", "selective", "offload")  # what auto tries, in the order reported
 EXACT_ACTIONS = 64  # auto's exact search (R chosen too) up to this many actions beside the R (P = 4, M = 5)
-SAVING = frozenset({ActionKind.R, ActionKind.OFFLOAD, ActionKind.RELOAD})
 
 
 @dataclass(frozen=True)

@@ -126,8 +126,8 @@ class _Scheduler:
         self.full = [stage_effect(memory, ActionKind.F, s)[0] for s in stages]
         self.kept = [stage_effect(memory, ActionKind.F, s, recomputed=True)[0] for s in stages]
         self.rebuild = [stage_effect(memory, ActionKind.R, s, recomputed=True)[0] for s in stages]
-        self.after_i = [-(stage_effect(memory, ActionKind.I, s)[1]) for s in stages]
-        self.after_w = [-(stage_effect(memory, ActionKind.W, s)[1]) for s in stages]
+        self.after_i = [_net(stage_effect(memory, ActionKind.I, s)) for s in stages]  # adds where weight_grad > F's
+        self.after_w = [_net(stage_effect(memory, ActionKind.W, s)) for s in stages]
         ranks = problem.ranks
         if setting.by_trip:
             work = [self.cost[(F, s)] + self.cost[(I, s)] + self.cost[(W, s)] for s in stages]
@@ -189,7 +189,7 @@ class _Scheduler:
             if n_i in self.recomputed[s] and n_i not in self.rebuilt[s]:
                 if gradient is not None and held + self.rebuild[s] <= limit + TOLERANCE:
                     found.append((max(free, gradient), 0, (s, R, n_i, 0)))
-            elif gradient is not None:
+            elif gradient is not None and held + max(self.after_i[s], 0.0) <= limit + TOLERANCE:  # an I may add
                 found.append((max(free, gradient), 0, (s, I, n_i, 0)))
         if n_f < m and n_f - n_i < self.cap[s]:
             ready = 0.0 if s == 0 else self.end.get((s - 1, F, n_f))
@@ -250,3 +250,8 @@ class _Scheduler:
             self.held[r] += self.after_w[s]
             self.next[W][s] = mb + 1
         program.append((s, ActionKind(kind), mb, 0))
+
+
+def _net(effect: tuple[float, float]) -> float:
+    """What an action's ``(added, released)`` changes a rank's held memory by."""
+    return effect[0] - effect[1]

@@ -10,12 +10,9 @@ a receive nothing consumes stays at the end of its rank. How, and where torch di
 
 from __future__ import annotations
 
-from pipeforge.ir import Action, ActionKind, Schedule, Step, as_action, replace_programs
+from pipeforge.ir import Action, Schedule, Step, as_action, replace_programs
 from pipeforge.passes.lower import lower
-from pipeforge.semantics import needs, peer_stage
-
-RECV_F, RECV_B = ActionKind.RECV_F, ActionKind.RECV_B
-RECEIVES = frozenset({RECV_F, RECV_B})
+from pipeforge.semantics import RECEIVES, needs, peer_stage
 
 
 def defer_recv(schedule: Schedule) -> Schedule:

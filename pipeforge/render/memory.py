@@ -9,8 +9,7 @@ ranks, the memory limit dashed where one is declared, the rank's peak written be
 
 from __future__ import annotations
 
-from pipeforge.render.grid import nice_step, ticks
-from pipeforge.render.svg import FONT, Layout, escape, fitted_width
+from pipeforge.render.svg import FONT, Layout, escape, fitted_width, time_axis
 from pipeforge.sim.simulate import Timeline
 
 PANEL = 54.0  # pixels of one rank's panel
@@ -37,7 +36,7 @@ def render_memory_svg(timeline: Timeline, *, width: float | None = None) -> str:
     ]
     for rank, curve in enumerate(curves):
         parts += _panel(rank, curve, timeline.timed_peak_memory[rank], limit, top_value, layout)
-    parts += _axis(layout, axis)
+    parts += time_axis(layout, axis, marks=False)
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
@@ -70,17 +69,4 @@ def _panel(rank: int, curve: tuple[tuple[float, float], ...], peak: float, limit
         parts.append(f'<line class="limit" x1="{layout.left:.1f}" y1="{y(limit):.1f}" '
                      f'x2="{layout.x(layout.makespan):.1f}" y2="{y(limit):.1f}" stroke="#555555" '
                      f'stroke-dasharray="4 3" stroke-width="1"><title>limit {limit:g} M_B</title></line>')
-    return parts
-
-
-def _axis(layout: Layout, base: float) -> list[str]:
-    parts = [f'<line class="axis" x1="{layout.left:.1f}" y1="{base:.1f}" x2="{layout.x(layout.makespan):.1f}" '
-             f'y2="{base:.1f}" stroke="#555555" stroke-width="1"/>']
-    step = nice_step(layout.makespan, ticks=max(2, int(layout.plot_width // 70)))
-    for tick in ticks(layout.makespan, step):
-        x = layout.x(tick)
-        parts.append(f'<text class="tick" x="{x:.1f}" y="{base + 14:.1f}" text-anchor="middle" '
-                     f'fill="#444444">{tick:g}</text>')
-    parts.append(f'<text class="axis-label" x="{layout.x(layout.makespan):.1f}" y="{base + 30:.1f}" '
-                 f'text-anchor="end" fill="#444444">time (cost units)</text>')
     return parts

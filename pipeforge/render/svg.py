@@ -92,7 +92,7 @@ def render_svg(timeline: Timeline, title: str | None = None, *, width: float | N
         _legend(timeline, layout, shades),
         *_rows(timeline, layout),
         *_actions(timeline, layout, shades),
-        _axis(timeline, layout),
+        *time_axis(layout, layout.bottom(timeline.ranks) + 6),
         "</svg>",
     ]
     return "\n".join(part for part in parts if part) + "\n"
@@ -219,17 +219,20 @@ def _overlap_outline(event, layout: Layout) -> str:
             f'fill="none" stroke="#333333" stroke-width="1.2" stroke-dasharray="3 2" pointer-events="none"/>')
 
 
-def _axis(timeline: Timeline, layout: Layout) -> str:
-    base = layout.bottom(timeline.ranks) + 6
+def time_axis(layout: Layout, base: float, *, marks: bool = True) -> list[str]:
+    """The time axis along y = ``base``: its line, the value of every tick (under a 4-unit mark where
+    ``marks``, the values 2 lower then) and "time (cost units)" at its end (the Gantt's and the memory chart's)."""
+    below = 2 if marks else 0
     parts = [f'<line class="axis" x1="{layout.left:.1f}" y1="{base:.1f}" x2="{layout.x(layout.makespan):.1f}" '
              f'y2="{base:.1f}" stroke="#555555" stroke-width="1"/>']
     step = nice_step(layout.makespan, ticks=max(2, int(layout.plot_width // 70)))
     for tick in ticks(layout.makespan, step):
         x = layout.x(tick)
-        parts.append(f'<line class="tick" x1="{x:.1f}" y1="{base:.1f}" x2="{x:.1f}" y2="{base + 4:.1f}" '
-                     f'stroke="#555555" stroke-width="1"/>')
-        parts.append(f'<text class="tick" x="{x:.1f}" y="{base + 16:.1f}" text-anchor="middle" '
+        if marks:
+            parts.append(f'<line class="tick" x1="{x:.1f}" y1="{base:.1f}" x2="{x:.1f}" y2="{base + 4:.1f}" '
+                         f'stroke="#555555" stroke-width="1"/>')
+        parts.append(f'<text class="tick" x="{x:.1f}" y="{base + (14 + below):.1f}" text-anchor="middle" '
                      f'fill="#444444">{tick:g}</text>')
-    parts.append(f'<text class="axis-label" x="{layout.x(layout.makespan):.1f}" y="{base + 32:.1f}" '
+    parts.append(f'<text class="axis-label" x="{layout.x(layout.makespan):.1f}" y="{base + (30 + below):.1f}" '
                  f'text-anchor="end" fill="#444444">time (cost units)</text>')
-    return "\n".join(parts)
+    return parts

@@ -423,8 +423,8 @@ class RankContext:
 
     def _run_forward(self, runner: StageRunner, mb: int, args: tuple, target: Any, kwargs: dict,
                      wants: tuple[bool, ...] | None) -> Any:
-        if self.saved.active:  # recompute and offload keep the inputs as they come (every float input leafed)
-            return self.saved.forward(runner, mb, args, target, self.training, kwargs)
+        if self.saved.active:  # recompute, offload, counting: the inputs want a gradient as the header says
+            return self.saved.forward(runner, mb, args, target, self.training, kwargs, wants)
         return runner.forward(mb, args, target, self.training, kwargs, wants)
 
     def _input(self, stage: int, chain: int, mb: int) -> tuple[tuple, tuple[bool, ...] | None]:

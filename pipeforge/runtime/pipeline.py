@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipeforge.ir import Action, ActionKind
+from pipeforge.ir import Action
 from pipeforge.runtime import preflight
 from pipeforge.runtime.context import Observer, RankContext, ScheduleInfo, ShapeCache
 from pipeforge.runtime.custom import CustomFunction, kind_name
@@ -52,9 +52,9 @@ from pipeforge.runtime.rows import BatchRows, named_tensors
 from pipeforge.runtime.saved import SavedActivations, unkept_inputs
 from pipeforge.runtime.stage import StageRunner
 from pipeforge.runtime.step_trace import Trace, TraceEvent, Tracer
+from pipeforge.semantics import RECEIVES
 
 RankProgram = Callable[[RankContext], None]
-RECEIVES = frozenset({ActionKind.RECV_F, ActionKind.RECV_B})
 
 
 class Pipeline:
@@ -622,11 +622,12 @@ def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_m
         # (a batch_isend_irecv that only some ranks enter first is undefined behaviour in NCCL)
         dist.all_reduce(torch.zeros(1, device=device), group=group)
     transport = Transport(group, rank, wait, device)
-    connect(transport, info, group)  # its own gloo group: what a failed step does never reaches the caller's
+    alive = connect(transport, info, group)  # its own gloo group: a failed step never reaches the caller's
     agree(info, programs, rank, transport)  # every rank runs one schedule's unedited module, or all refuse
     pipeline = Pipeline(info, programs[rank], runners, transport, scale_grads=scale_grads, tied=tied,
                         data_parallel=replicas, functions=functions)
     pipeline.rng_seed = rng_seed
+    pipeline._start.alive = alive  # a rank at a meeting after a failure learns at once that one is gone
     watch_optimizers(pipeline)  # a parameter an optimizer lists twice is warned about at its first step
     directory = resolve_directory(records)
     if directory is not None:

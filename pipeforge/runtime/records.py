@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from pipeforge.ir import Action, ActionKind
+from pipeforge.semantics import RECEIVES
 
 FORMAT = "pipeforge-record/1"
-RECEIVES = (ActionKind.RECV_F, ActionKind.RECV_B)
 ENVIRONMENT = "PIPEFORGE_RECORDS"
 
 

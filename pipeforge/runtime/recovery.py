@@ -1,23 +1,24 @@
 """A failed step leaves every rank able to step again, and every rank learns that it failed.
 
 ``connect`` at ``make_pipeline`` gives the pipeline its own gloo group (a failure never touches the
-caller's). ``StepStart(info, rank)``: ``begin(transport, caches, refusal)`` starts every step with two words
-to and from each neighbour (``neighbours``): whether this rank's last step failed, whether it refuses this
-one (``refusal``, anything wrong with its call's arguments: its record goes on the store first, and the
-neighbours raise a ``PeerRefusedError`` quoting it). Where a step failed, the ranks meet in a fresh gloo
-group and forget the activation shapes they learned. ``failed`` abandons what is in flight and closes this
-rank's connections, so a rank waiting for it fails at once; a rank whose own code failed leaves a record
-first (``tell``), one whose wait failed raises what the record says (``told_of``). ``end`` is the step-end
-agreement (one word per rank through rank 0, on a group of its own): a rank whose step ran to its end
-raises the failure of any other. Every rank calls
-``step``/``eval`` the same number of times (each call is a tag). NCCL matches by order: a failed step
-leaves its group unusable. When, and why it is enough: ``docs/runtime-internals.md`` (Transport and recovery).
+caller's). ``StepStart(info, rank)``: ``begin(transport, caches, refusal)`` starts a step with two words to
+and from each neighbour (``neighbours``: whether this rank's last step failed, whether it refuses this one),
+unless the last call's agreement heard every rank's step run; a refusal's record goes on the store first,
+and the others raise a ``PeerRefusedError`` quoting it. Where a step failed, the ranks meet in a fresh gloo
+group (a rank that is gone named at once) and forget their activation shapes. ``failed`` abandons what
+is in flight and closes this rank's connections, so a rank waiting for it fails at once; a rank whose own
+code failed leaves a record first (``tell``), one whose wait failed raises what the record says
+(``told_of``). ``end`` is the step-end agreement (one word per rank through rank 0, on a group of its
+own): a rank whose step ran to its end raises the failure of any other. Every rank calls ``step``/``eval``
+the same number of times (each call is a tag). NCCL matches by order: a failed step leaves it unusable.
+When, and why it is enough: ``docs/runtime-internals.md`` (Transport and recovery).
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+import time
 from datetime import timedelta
 
 import torch
@@ -28,21 +29,25 @@ from pipeforge.runtime.p2p import (
     GREETING_TAGS,
     MAX_TAG,
     PipelineError,
+    PeerGroup,
     PipelineUsageError,
     Transfer,
     Transport,
+    _gloo_group,
     backend_reason,
 )
 from pipeforge.runtime.stage import PeerStageError, StageError
 
 
-def connect(transport: Transport, info: ScheduleInfo, group=None) -> None:
+def connect(transport: Transport, info: ScheduleInfo, group=None) -> PeerGroup | None:
     """The pipeline's own gloo group (``Transport.reconnect``), so a step that fails, its timeouts and the
     connections it closes never touch the caller's groups. Its name, and that of the groups it later
     reconnects in, is its members' global ranks and a random number rank 0 sends the others (on the
-    caller's group: the first exchange of ``make_pipeline``)."""
+    caller's group: the first exchange of ``make_pipeline``). Returns the pipeline's liveness group
+    (``StepStart.alive``): nothing is sent or waited on it, so only a process that is gone closes its
+    connections."""
     if not transport.reconnectable:
-        return
+        return None
     members = dist.get_process_group_ranks(group) if group is not None else range(dist.get_world_size())
     word = torch.tensor([secrets.randbits(62) if transport.rank == 0 else 0], dtype=torch.int64)
     if transport.rank == 0:
@@ -51,6 +56,14 @@ def connect(transport: Transport, info: ScheduleInfo, group=None) -> None:
         transport.exchange([Transfer(False, word, 0)], "the pipeline's name")
     transport.name = f"pipeforge/pipeline/{'-'.join(map(str, members))}/{word.item():x}"
     transport.reconnect(f"{transport.name}/built", info.ranks, _rendezvous(transport), "at make_pipeline")
+    if info.ranks < 2:
+        return None
+    store = dist.PrefixStore(f"{transport.name}/alive", dist.distributed_c10d._get_default_store())
+    try:
+        return _gloo_group(store, transport.rank, info.ranks, _rendezvous(transport), transport.agreement_group)
+    except Exception as error:  # noqa: BLE001
+        raise PipelineError(f"rank {transport.rank}: connecting the pipeline's ranks at make_pipeline failed: "
+                            f"{backend_reason(error)}") from error
 
 
 def neighbours(info: ScheduleInfo, rank: int) -> list[int]:
@@ -87,12 +100,16 @@ class StepStart:
         self.meetings = 0  # the fresh groups this rank has met the others in since make_pipeline (``_meet``)
         self.behind = False  # this call met ranks already at a later call: it fails, without closing or telling
         self.fresh = False  # the last call met the others in a fresh group, behind them: this one starts there
+        self.agreed = False  # the last call's agreement heard every rank's step run: this call greets no one
+        self.alive: PeerGroup | None = None  # the pipeline's liveness group (``connect``; ``_gone``)
+        self._probes: list = []  # the receives ``_gone`` posted on it, kept alive (never waited)
 
     def begin(self, transport: Transport, caches: ShapeCache, refusal: BaseException | None = None) -> ShapeCache:
         """The greeting, a fresh group if a rank failed; the shape cache the step uses. ``refusal``: why this
         rank refuses the step (its arguments): its record goes on the store first, then it is raised, and its
         neighbours raise a ``PeerRefusedError`` with its message (``docs/runtime-internals.md``)."""
         self.begun, self.told, self.behind = True, False, False
+        agreed, self.agreed = self.agreed, False
         if self.fresh:  # met the others in a fresh group at the last call's start: this call greets there
             self.fresh, caches = False, ShapeCache()
         if self._expected is not None:  # a call that ended without its agreement (turned off meanwhile)
@@ -105,12 +122,20 @@ class StepStart:
             if refusal is not None:
                 raise refusal
             return caches
-        theirs, broken = self._greet(transport, refusal is not None)
+        if agreed and _agrees(self.info, transport):  # every rank heard every step run: a greeting tells nothing
+            self.expect(transport)
+            if refusal is not None:  # its record is on the store: failed() closes its connections, so a peer
+                raise refusal  # waiting for it raises its refusal now, and one that ran learns at its step's end
+            return caches
+        # a failure known here, with the agreement on: every rank knows it, or (a word this rank missed) steps on
+        # without a greeting and learns from this call's word and the closed connections; so no greeting first
+        known = self.failed_last and self.agreeing and transport.reconnectable and _agrees(self.info, transport)
+        theirs, broken = ({}, False) if known else self._greet(transport, refusal is not None)
         if self.failed_last or broken or any(word[0].item() for word in theirs.values()):
             if transport.reconnectable:
-                if broken and not self.failed_last and self.agreeing:  # a neighbour whose greeting completed
-                    self.end(transport, failed=True)  # steps on: it learns at its step's end, or when a wait breaks
-                transport.close_pairs(self.peers)  # a neighbour still waiting on the old group learns now
+                if self.agreeing and (known or broken and not self.failed_last):  # a rank stepping on in the old
+                    self.end(transport, failed=True)  # group learns at its step's end, or when a wait breaks
+                transport.close_pairs(self.others if known else self.peers)  # one still waiting there learns now
                 ahead = self._meet(transport)
                 if ahead:  # they failed this call already and start the next one in the fresh group
                     self.behind, self.fresh, self.failed_last = True, True, False
@@ -139,9 +164,44 @@ class StepStart:
         name = f"{transport.name}/fresh/{self.meetings}"
         store = dist.PrefixStore(f"{name}/at", dist.distributed_c10d._get_default_store())
         store.set(str(self.rank), str(transport.tag))
+        self._await(store, _rendezvous(transport))
         transport.reconnect(name, self.info.ranks, _rendezvous(transport))
         tags = {rank: int(store.get(str(rank))) for rank in self.others}  # each set before its rank joined
         return [rank for rank, tag in tags.items() if 0 < (tag - transport.tag) % MAX_TAG < MAX_TAG // 2]
+
+    def _await(self, store: dist.Store, limit: timedelta) -> None:
+        """Until every other rank has come to the meeting (its tag on ``store``); a rank still missing whose
+        process is gone (``_gone``) fails the meeting at once, named, instead of at ``limit``."""
+        deadline = time.monotonic() + limit.total_seconds()
+        missing = list(self.others)
+        while True:
+            missing = [rank for rank in missing if not store.check([str(rank)])]
+            if not missing:
+                return
+            gone = self._gone(missing)
+            if gone:
+                raise PipelineError(f"rank {self.rank}: rank(s) {', '.join(map(str, gone))} are gone (their "
+                                    "connections closed: the process died) while the pipeline's ranks met after a "
+                                    "failed step; the pipeline cannot step without them")
+            if time.monotonic() > deadline:
+                raise PipelineError(f"rank {self.rank}: connecting the pipeline's ranks after a failed step failed "
+                                    f"(waited {limit.total_seconds():g} s for every rank): rank(s) "
+                                    f"{', '.join(map(str, missing))} never came")
+            time.sleep(POLL_SECONDS)
+
+    def _gone(self, ranks: list[int]) -> list[int]:
+        """The ranks among ``ranks`` whose process is gone: a receive posted on the liveness group (where
+        nothing is sent or waited, so only a closed connection ends one) is refused at once by a closed
+        connection, and left pending (kept alive) on a live one."""
+        if self.alive is None:
+            return []
+        gone = []
+        for rank in ranks:
+            try:
+                self._probes.append(self.alive.recv([torch.zeros(1)], rank, 0))
+            except Exception:  # noqa: BLE001 (gloo: "Connection closed by peer", "Read error")
+                gone.append(rank)
+        return gone
 
     def _behind_error(self, transport: Transport, ahead: list[int], broken: bool) -> PipelineError:
         """What a rank raises that met the others in a fresh group at the start of a call they had already ended
@@ -249,8 +309,13 @@ class StepStart:
                 self.failed_last = True  # every rank meets in a fresh group at the next step's start
                 self.abandoned += [work for work, _ in (self._expected or {}).values()] + self._sends
                 self._sends = []
+            if not failed and value >= UNHEARD:  # a rank that heard every word steps on without a greeting:
+                transport.close_pairs(self.others)  # its first wait on this rank breaks, not at its timeout
             self._expected = None
-        if failed or value == 0:
+        if failed:
+            return
+        if value == 0:
+            self.agreed = True  # the next call starts without a greeting (``begin``)
             return
         if value >= UNHEARD:
             raise PipelineError(f"rank {self.rank}: at the end of the step, {value // UNHEARD} rank(s) sent no word"
@@ -318,6 +383,7 @@ class StepStart:
 
 ALL_TO_ALL = 2  # up to so many ranks every rank sends every other its step-end word; beyond, through rank 0
 ROOT = 0  # the rank that sums the step-end words and answers every rank
+POLL_SECONDS = 0.05  # how often a rank at a meeting looks for the ranks still missing, and whether they are gone
 UNHEARD = 1 << 32  # what rank 0 adds to the step-end sum for each rank it did not hear from in time
 _WORDS = {False: torch.tensor([0]), True: torch.tensor([1])}  # a rank's step-end word (only ever sent)
 

@@ -1,20 +1,22 @@
 """What R, OFFLOAD and RELOAD run: recomputation and offloading of one microbatch's saved activations.
 
 Codegen writes which (stage, microbatch, chain) a schedule recomputes and offloads into ``ScheduleInfo``.
-A recomputed forward runs without autograd and keeps its inputs and RNG state; R restores that state in a
-fork of the RNG (dropout draws the same masks) and runs the forward again under autograd. An offloaded
+A recomputed forward runs under autograd saving nothing (its outputs carry a gradient where R's will) and
+keeps its inputs (a copy of those it changes in place) and RNG state; R restores that state in a fork of
+the RNG (dropout draws the same masks) and runs the forward again under autograd. An offloaded
 forward saves through ``saved_tensors_hooks`` into a holder; OFFLOAD copies each saved non-parameter tensor
 to host memory, RELOAD back, one code path on the rank's copy lane (``copy_lane.py``: CUDA, non-blocking
 on a side stream, waited before the backward; CPU, a host copy at once). ``SavedBytes`` counts the bytes
-of saved tensors alive on the device (each tensor once, ``saved_key``), of recomputed forwards'
-checkpoints and of the gradients an I leaves for its W (``hold_gradients``): ``Pipeline.saved_peak``
-after a step with ``count_saved`` (``pipeforge profile`` measures a stage's bytes with it). Rules:
-``docs/semantics.md``.
+saved tensors keep alive on the device (each storage once, a given input its own bytes: ``saved_key``), of
+recomputed forwards' checkpoints and of the gradients an I leaves for its W (``hold_gradients``):
+``Pipeline.saved_peak`` after a step with ``count_saved`` (``pipeforge profile`` measures a stage's bytes
+with it). Rules: ``docs/semantics.md``.
 """
 
 from __future__ import annotations
 
 from contextlib import nullcontext
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -28,36 +30,62 @@ Key = tuple[int, int, int]  # (stage, microbatch, chain)
 
 
 class Checkpoint(NamedTuple):
-    """What a recomputed forward keeps: its inputs and the RNG state it started from."""
+    """What a recomputed forward keeps: its inputs (as they were before it: a copy of those it changes in
+    place), which of them want a gradient, and the RNG state it started from."""
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     target: Any
     rng: tuple[torch.Tensor, torch.Tensor | None]
+    wants: tuple[bool, ...] | None = None  # ``StageRunner.forward``'s ``wants_grad``
 
 
-SavedKey = tuple[int, int]  # (data pointer, bytes) of a saved tensor
+SavedKey = tuple[int, int]  # (address, bytes) of what saved tensors keep alive: a storage, or a given input's own bytes
 
 
-def saved_key(tensor: torch.Tensor) -> SavedKey | None:
-    """What the accounting counts once: a tensor's first element's address and its own bytes (a view and
-    its transpose are one; a slice is its own bytes, not its storage's); None for an empty tensor."""
-    address = tensor.data_ptr()
-    if address == 0:
+def saved_key(tensor: torch.Tensor, given: dict[SavedKey, list[SavedKey]] | None = None) -> SavedKey | None:
+    """What a saved tensor keeps alive, counted once however many saved tensors reach it: its whole storage (a
+    view keeps all of it alive: the q, k, v chunks of one projection are one storage, and one chunk saved alone
+    keeps the three); in the storage of an input the forward was given (``given``, by storage: a microbatch's
+    rows of the caller's batch, which the caller holds anyway), that input's own bytes; None for no storage."""
+    storage = tensor.untyped_storage()
+    base = storage.data_ptr()
+    if base == 0:
         return None
-    return address, tensor.numel() * tensor.element_size()
+    whole = (base, storage.nbytes())
+    if given:
+        regions = given.get(whole)
+        if regions is not None:
+            address = tensor.data_ptr()
+            for start, size in regions:
+                if start <= address < start + size:
+                    return start, size
+    return whole
 
 
 class SavedBytes:
-    """The bytes of saved tensors alive on this rank's device (each ``saved_key`` once) and their peak."""
+    """The bytes that saved tensors keep alive on this rank's device (each ``saved_key`` once) and their peak."""
 
     def __init__(self) -> None:
         self.held = 0
         self.peak = 0
         self._refs: dict[SavedKey, int] = {}  # key -> references
+        self._given: dict[SavedKey, list[SavedKey]] = {}  # a storage -> the given inputs in it (``give``)
+
+    def give(self, value: Any) -> None:
+        """The inputs of a forward (its arguments, keywords, target; through tuples, lists and dicts): a saved
+        tensor in one's storage counts that input's own bytes, not the whole storage (``saved_key``)."""
+        for tensor in _tensors(value):
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() == 0:
+                continue
+            region = (tensor.data_ptr(), tensor.numel() * tensor.element_size())
+            regions = self._given.setdefault((storage.data_ptr(), storage.nbytes()), [])
+            if region not in regions:
+                regions.append(region)
 
     def add(self, tensor: torch.Tensor) -> SavedKey | None:
-        key = saved_key(tensor)
+        key = saved_key(tensor, self._given)
         if key is None:
             return None
         count = self._refs.get(key, 0)
@@ -114,10 +142,14 @@ class _Saved(Releasable):
         self.release()
 
 
-def counted(counter: SavedBytes | None, parameters: set[int], holder: list[_Saved] | None = None):
+def counted(counter: SavedBytes | None, parameters: set[int], holder: list[_Saved] | None = None,
+            inputs: Any = ()):
     """``saved_tensors_hooks`` that count every saved tensor in ``counter`` while autograd holds it (and list
     it in ``holder``, for OFFLOAD), a tensor in the storage of a parameter (``parameters``: storage
-    addresses) excepted: what ``Pipeline.saved_peak`` and ``pipeforge profile``'s activation bytes count."""
+    addresses) excepted: what ``Pipeline.saved_peak`` and ``pipeforge profile``'s activation bytes count.
+    ``inputs``: what the forward is given (``SavedBytes.give``: counted by their own bytes)."""
+    if counter is not None and inputs:
+        counter.give(inputs)
 
     def pack(tensor: torch.Tensor) -> Any:
         if tensor.untyped_storage().data_ptr() in parameters:
@@ -152,6 +184,9 @@ class SavedActivations:
         self.checkpoints: dict[Key, Checkpoint] = {}
         self.holders: dict[Key, list[_Saved]] = {}
         self.kept: dict[Key, list[SavedKey | None]] = {}  # the counted tensors of each checkpoint, until the backward
+        # (stage, chain) -> the inputs its recomputed forward changes in place (an argument's index, a keyword's
+        # name), learned at its first; kept across steps as the pipeline keeps its shapes
+        self.changed: dict[tuple[int, int], frozenset[int | str]] = {}
         self.lane = copy_lane(device)  # OFFLOAD and RELOAD's copies (``copy_lane.py``: CPU and CUDA alike)
         self.finished = True  # nothing held since the last ``finish`` (``begin`` need not clear)
 
@@ -177,32 +212,56 @@ class SavedActivations:
 
     # -- the forward --------------------------------------------------------------------
 
-    def forward(self, runner, mb: int, args: tuple, target: Any, training: bool, kwargs: dict) -> Any:
+    def forward(self, runner, mb: int, args: tuple, target: Any, training: bool, kwargs: dict,
+                wants: tuple[bool, ...] | None = None) -> Any:
         key = (runner.stage, mb, runner.chain)
         if training and key in self.recomputed:
-            return self._checkpointed(runner, key, args, target, kwargs)
+            return self._checkpointed(runner, key, args, target, kwargs, wants)
         if not training or (key not in self.offloaded and self.counter is None):
-            return runner.forward(mb, args, target, training, kwargs)
+            return runner.forward(mb, args, target, training, kwargs, wants)
         holder = self.holders.setdefault(key, []) if key in self.offloaded else None
-        with self._hooks(runner, holder):
-            return runner.forward(mb, args, target, training, kwargs)
+        with self._hooks(runner, holder, (args, kwargs, target)):
+            return runner.forward(mb, args, target, training, kwargs, wants)
 
-    def _hooks(self, runner, holder: list[_Saved] | None):
+    def _hooks(self, runner, holder: list[_Saved] | None, inputs: Any = ()):
         parameters = {p.untyped_storage().data_ptr() for p in runner.module.parameters()}
-        return counted(self.counter, parameters, holder)
+        return counted(self.counter, parameters, holder, inputs)
 
-    def _checkpointed(self, runner, key: Key, args: tuple, target: Any, kwargs: dict) -> Any:
-        """The forward of a recomputed microbatch: no autograd, its inputs and RNG state kept."""
+    def _checkpointed(self, runner, key: Key, args: tuple, target: Any, kwargs: dict,
+                      wants: tuple[bool, ...] | None) -> Any:
+        """The forward of a recomputed microbatch: its inputs and RNG state kept, its activations not. It runs
+        under autograd with saved-tensor hooks that keep nothing (no more memory than without autograd), so
+        its outputs carry a gradient exactly where R's will: the shapes header and a hand-over on this rank
+        tell the next stage which of its inputs want one (a tensor sent without one stays without, and the
+        next stage may change it in place). Inputs the forward changes in place are kept as they were before
+        it (``_changed``: learned at the first such forward of the stage), so R starts from what F did."""
         if next(_tensors((args, kwargs)), None) is None:
             raise PipelineUsageError(_unkept(runner.rank, runner.stage, key[1], None, args, kwargs))
         rng = _rng_state(self.device)
         kept = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
-        output = runner.forward(key[1], kept, target, False, kwargs)  # loss and outputs kept as in training
-        self.checkpoints[key] = Checkpoint(kept, kwargs, target, rng)
+        where = (runner.stage, runner.chain)
+        changed = self.changed.get(where)
+        copies = _copies(kept, kwargs, changed)  # before the forward: what it may change in place
+        versions = _versions(kept, kwargs)
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_unsaved, _never_unpacked):
+            output = runner.forward(key[1], kept, target, True, kwargs, wants)
+        now = {k for k, v in _versions(kept, kwargs).items() if versions[k] != v}
+        if changed is None:
+            changed = self.changed[where] = frozenset(now)
+        elif not now <= changed:
+            raise PipelineError(_changed_later(runner, key[1], sorted(now - changed, key=str)))
+        kept_args, kept_kwargs = _restored(kept, kwargs, copies, changed)
+        output = _without_graph(output)
+        if runner.is_last:  # loss and outputs kept as in training, without the graph that saved nothing
+            runner.outputs[key[1]] = output
+            if key[1] in runner.losses:
+                runner.losses[key[1]] = runner.losses[key[1]].detach()
+        self.checkpoints[key] = Checkpoint(kept_args, kept_kwargs, target, rng, wants)
         if self.counter is not None:  # the checkpoint is held until the backward, as simulate counts it
-            self.kept[key] = [self.counter.add(t) for t in _tensors((kept, kwargs))]
+            self.counter.give((kept_args, kept_kwargs, target))
+            self.kept[key] = [self.counter.add(t) for t in _tensors((kept_args, kept_kwargs))]
         # a state without a graph: the output's shapes for the gradient's receive, and "backward pending"
-        runner.states[key[1]] = MicrobatchState(kept, output, ())
+        runner.states[key[1]] = MicrobatchState(kept_args, output, ())
         return output
 
     # -- R ------------------------------------------------------------------------------
@@ -217,8 +276,9 @@ class SavedActivations:
         devices = [self.device] if self.device is not None and self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices, enabled=True):
             _set_rng_state(checkpoint.rng, self.device)
-            with torch.enable_grad(), (self._hooks(runner, None) if self.counter is not None else nullcontext()):
-                runner.forward(mb, checkpoint.args, checkpoint.target, True, checkpoint.kwargs)
+            hooks = self._hooks(runner, None) if self.counter is not None else nullcontext()  # inputs: at F
+            with torch.enable_grad(), hooks:
+                runner.forward(mb, checkpoint.args, checkpoint.target, True, checkpoint.kwargs, checkpoint.wants)
         runner.losses.update(losses)  # the first forward's loss and outputs stand (the same numbers)
         runner.outputs.update(outputs)
 
@@ -319,6 +379,62 @@ def _tensors(value: Any):
     elif isinstance(value, dict):
         for item in value.values():
             yield from _tensors(item)
+
+
+def _changed_later(runner, mb: int, places: list) -> str:
+    where = f"rank {runner.rank}: " if runner.rank is not None else ""
+    named = ", ".join(f"argument {p}" if isinstance(p, int) else f"keyword {p!r}" for p in places)
+    return (f"{where}{runner.name} is recomputed and its forward of microbatch {mb} changed {named} in place, "
+            f"which its first recomputed forward did not: its R would start from the changed values. A recomputed "
+            f"stage may change an input in place only if it does so at every forward")
+
+
+def _unsaved(tensor: torch.Tensor) -> None:
+    """A recomputed forward's saved-tensor hook: nothing is kept (R runs the forward again to save them)."""
+    return None
+
+
+def _never_unpacked(packed: None) -> torch.Tensor:
+    raise PipelineError("a recomputed forward's graph was used for a backward (its R rebuilds the graph)")
+
+
+def _inputs(args: tuple, kwargs: dict) -> Iterator[tuple[int | str, torch.Tensor]]:
+    """A forward's tensor inputs by position (an argument's index, a keyword's name)."""
+    for index, value in enumerate(args):
+        if isinstance(value, torch.Tensor):
+            yield index, value
+    for name, value in kwargs.items():
+        if isinstance(value, torch.Tensor):
+            yield name, value
+
+
+def _versions(args: tuple, kwargs: dict) -> dict[int | str, int]:
+    return {place: tensor._version for place, tensor in _inputs(args, kwargs)}
+
+
+def _copies(args: tuple, kwargs: dict, changed: frozenset[int | str] | None) -> dict[int | str, torch.Tensor]:
+    """Copies of the inputs a forward changes in place (``changed``; None, not known yet: of every input)."""
+    return {place: tensor.detach().clone() for place, tensor in _inputs(args, kwargs)
+            if changed is None or place in changed}
+
+
+def _restored(args: tuple, kwargs: dict, copies: dict[int | str, torch.Tensor],
+              changed: frozenset[int | str]) -> tuple[tuple, dict]:
+    """The inputs as they were before the forward: each one it changed in place replaced by its copy."""
+    if not changed:
+        return args, kwargs
+    return (tuple(copies[i] if i in changed else a for i, a in enumerate(args)),
+            {k: copies[k] if k in changed else v for k, v in kwargs.items()})
+
+
+def _without_graph(output: Any) -> Any:
+    """A recomputed forward's output without its graph, each tensor still saying whether it carries a
+    gradient (what its R's output will): the next stage's inputs want one exactly there."""
+    if isinstance(output, torch.Tensor):
+        return output.detach().requires_grad_(output.requires_grad)
+    if type(output) is tuple:
+        return tuple([_without_graph(t) if isinstance(t, torch.Tensor) else t for t in output])
+    return output
 
 
 def _rng_state(device: torch.device | None) -> tuple[torch.Tensor, torch.Tensor | None]:

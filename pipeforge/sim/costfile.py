@@ -129,10 +129,7 @@ def _stage(entry: object, where: str, name: str) -> dict[str, float]:
             raise CostFileError(name, where, f"missing {key!r}")
     out = {key: _number(value, f"{where}.{key}", name, positive=key in _DURATIONS, duration=key in _DURATIONS)
            for key, value in entry.items()}
-    if "weight_grad" in out and "activation" in out and out["weight_grad"] > out["activation"]:
-        raise CostFileError(name, f"{where}.weight_grad", "is more than the stage's activation; "
-                            "it is the part of the activation that only W releases")
-    return out
+    return out  # a weight_grad above the activation: its I adds the rest (``semantics.memory_effect``)
 
 
 def _number(value: object, where: str, name: str, *, positive: bool, duration: bool = True) -> float:

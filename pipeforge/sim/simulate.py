@@ -16,13 +16,12 @@ from typing import NamedTuple
 
 from pipeforge.errors import VerificationError
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step, as_action
-from pipeforge.semantics import PARAMETER_MEMORY, bubble_rate, effects_of, held_after_additions, split
+from pipeforge.semantics import PARAMETER_MEMORY, SAVING, bubble_rate, effects_of, held_after_additions, split
 from pipeforge.sim.bounds import bubble_of_span, compute_bounds, with_forced_recompute, work_bound
 from pipeforge.sim.costs import costs_to_json, resolve_costs
 from pipeforge.sim.workgraph import (Order, Shape, Times, WorkGraph, blocking_input, compile_actions, compile_schedule,
                                     peak_memory, time_order)
 
-SAVING = frozenset({ActionKind.R, ActionKind.OFFLOAD, ActionKind.RELOAD})  # the memory-saving kinds (semantics.md)
 
 
 class Event(NamedTuple):

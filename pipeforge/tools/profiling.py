@@ -120,12 +120,13 @@ class _Meter:
         self.recording = False  # keep the times of this step
         self.counting = False  # count the bytes of this step (its times are not kept: the hooks cost time)
 
-    def hooks(self, mb: int):
-        """Count what microbatch ``mb``'s F saves as the runtime counts it (``Pipeline.saved_peak``)."""
+    def hooks(self, mb: int, inputs):
+        """Count what microbatch ``mb``'s F saves as the runtime counts it (``Pipeline.saved_peak``), given
+        ``inputs`` (its arguments, target and keywords)."""
         from pipeforge.runtime.saved import SavedBytes, counted
 
         counter = self.counters[mb] = SavedBytes()
-        return counted(counter, self.params)
+        return counted(counter, self.params, None, inputs)
 
     def wrap(self, runner, memory: bool = True) -> None:
         """Time the stage's own compute (not the waits for its inputs) by wrapping the runner's methods;
@@ -143,7 +144,7 @@ class _Meter:
             self.phase = (kind, mb)
             started = self.clock()
             if kind == "F" and memory and self.counting:
-                with self.hooks(mb):
+                with self.hooks(mb, (args, kwargs)):
                     result = method(mb, *args, **kwargs)
             else:
                 result = method(mb, *args, **kwargs)
@@ -168,7 +169,7 @@ class _Meter:
     def stage_entry(self) -> dict[str, float]:
         activation = statistics.median(self.after_forward.values()) if self.after_forward else 0
         grads = [self.after_input[mb] for mb in self.after_forward if mb in self.after_input]
-        weight_grad = min(statistics.median(grads), activation) if grads else 0
+        weight_grad = statistics.median(grads) if grads else 0  # may be above activation: its I adds the rest
         entry = {kind: statistics.median(self.times[kind]) for kind in compute_kind_names() if self.times[kind]}
         if "F" in entry:
             entry["R"] = entry["F"]  # R runs the forward again under autograd: the F measured here

@@ -16,7 +16,23 @@ VOCAB, SEQ, WIDTH, LAYERS = 40, 6, 16, 4
 HF = ("llama", "llama-tied", "gpt2", "qwen2", "mistral", "mixtral", "qwen2-moe")
 PLAIN = ("sequential", "layer-list")
 FAMILIES = HF + PLAIN
-MOE = ("mixtral", "qwen2-moe")
+# more Hugging Face families, each with what sets it apart; the pipeline tests give them a few schedules each
+WORLD = ("gemma2",      # final and attention logit soft-capping, alternating sliding window, tied, scaled embeddings
+         "gemma3",      # a rotary table per attention type (local and global bases), q/k norms, soft-capping
+         "phi3",        # fused qkv and gate-up projections, a sliding window
+         "phi",         # embedding dropout, partial rotary, a parallel block, a final LayerNorm with its own name
+         "olmo2",       # norms after attention and MLP, q/k norms
+         "gpt-neox",    # parallel residual, partial rotary, embedding dropout
+         "falcon",      # the new decoder architecture: grouped kv, two parallel LayerNorms, layers that take alibi=None
+         "qwen3",       # q/k norms, tied embeddings
+         "qwen3-moe",   # experts and the balancing loss
+         "cohere",      # logit scale, parallel attention and MLP, a LayerNorm without bias
+         "stablelm",    # partial rotary, q/k LayerNorms per head
+         "starcoder2",  # a sliding window, biased projections, LayerNorms
+         "gptj",        # rotary inside attention from position ids, layers that return tuples
+         "bloom",       # ALiBi, a LayerNorm of the embeddings
+         "granite")     # embedding, residual, attention and logit multipliers
+MOE = ("mixtral", "qwen2-moe", "qwen3-moe")
 
 
 def config(name: str, layers: int = LAYERS):
@@ -42,6 +58,52 @@ def config(name: str, layers: int = LAYERS):
         return tf.Qwen2MoeConfig(**common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=WIDTH,
                                  shared_expert_intermediate_size=WIDTH, router_aux_loss_coef=0.1,
                                  tie_word_embeddings=False)
+    return _world(tf, name, layers, common)
+
+
+def _world(tf, name: str, layers: int, common: dict):
+    no_dropout = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
+    if name == "gemma2":
+        return tf.Gemma2Config(**common, head_dim=4, sliding_window=3, final_logit_softcapping=5.0,
+                               attn_logit_softcapping=4.0, query_pre_attn_scalar=4)
+    if name == "gemma3":
+        return tf.Gemma3TextConfig(**common, head_dim=4, sliding_window=3, final_logit_softcapping=5.0,
+                                   query_pre_attn_scalar=4, sliding_window_pattern=2)
+    if name == "phi3":
+        return tf.Phi3Config(**common, sliding_window=3, pad_token_id=0)
+    if name == "phi":
+        return tf.PhiConfig(**common, partial_rotary_factor=0.5)
+    if name == "olmo2":
+        return tf.Olmo2Config(**common, pad_token_id=0)
+    if name == "gpt-neox":
+        return tf.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=WIDTH, num_hidden_layers=layers, num_attention_heads=4,
+                                intermediate_size=2 * WIDTH, max_position_embeddings=4 * SEQ, rotary_pct=0.5,
+                                use_parallel_residual=True, attn_implementation="eager", **no_dropout)
+    if name == "falcon":
+        return tf.FalconConfig(vocab_size=VOCAB, hidden_size=WIDTH, num_hidden_layers=layers, num_attention_heads=4,
+                               num_kv_heads=2, new_decoder_architecture=True, attn_implementation="eager",
+                               **no_dropout)
+    if name == "qwen3":
+        return tf.Qwen3Config(**common, head_dim=4, tie_word_embeddings=True)
+    if name == "qwen3-moe":
+        return tf.Qwen3MoeConfig(**common, head_dim=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=WIDTH,
+                                 router_aux_loss_coef=0.1)
+    if name == "cohere":
+        return tf.CohereConfig(**common, logit_scale=0.5)
+    if name == "stablelm":
+        return tf.StableLmConfig(**common, partial_rotary_factor=0.25, qk_layernorm=True)
+    if name == "starcoder2":
+        return tf.Starcoder2Config(**common, sliding_window=3, residual_dropout=0.0, embedding_dropout=0.0)
+    if name == "gptj":
+        return tf.GPTJConfig(vocab_size=VOCAB, n_embd=WIDTH, n_layer=layers, n_head=4, rotary_dim=2, n_positions=4 * SEQ,
+                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager",
+                             bos_token_id=0, eos_token_id=0)
+    if name == "bloom":
+        return tf.BloomConfig(vocab_size=VOCAB, hidden_size=WIDTH, n_layer=layers, n_head=4, attn_implementation="eager",
+                              **no_dropout)
+    if name == "granite":
+        return tf.GraniteConfig(**common, embedding_multiplier=2.0, logits_scaling=3.0, residual_multiplier=0.5,
+                                attention_multiplier=0.3)
     raise KeyError(name)
 
 
@@ -82,7 +144,7 @@ def build(name: str, seed: int = 0, meta: bool = False, layers: int = LAYERS) ->
 
 
 def takes_mask(name: str) -> bool:
-    return name in HF
+    return name in HF or name in WORLD
 
 
 def batch(name: str, rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

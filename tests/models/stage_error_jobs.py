@@ -11,28 +11,15 @@ on the same batches (one SGD step after each).
 
 from __future__ import annotations
 
-import copy
 import time
 
 import torch
 
 from pipeforge.runtime import PipelineError
 from pipeforge.tools import demo_models as models
-from pipeforge.tools.generated import load_module
+from tests.demo_jobs import RaisesInBackward, demo_pipeline, gradient_difference, step_batch
 
 STEPS = 2
-
-
-class Fails(torch.autograd.Function):
-    """Identity whose backward raises."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise ValueError("a bad gradient")
 
 
 class FailsOnce(torch.nn.Module):
@@ -52,7 +39,7 @@ class FailsOnce(torch.nn.Module):
         out = self.inner(x)
         if hit:  # the backward of this microbatch raises
             self.raised_at = time.time()  # overwritten below when the backward runs
-            out = Fails.apply(out)
+            out = RaisesInBackward.apply(out)
             out.register_hook(self._stamp)
         return out
 
@@ -62,22 +49,17 @@ class FailsOnce(torch.nn.Module):
 
 
 def fail_then_step(rank: int, nproc: int, job: dict) -> dict:
-    generated = load_module(job["path"])
-    info = generated.SCHEDULE
-    full = models.build_stages("mlp", info.stages, seed=0)
-    reference = [copy.deepcopy(m) for m in full]
-    mine = {s: copy.deepcopy(full[s]) for s in info.stages_of(rank)}
     victim = rank == job["victim"]
     failing = job.get("stage", job["victim"])
-    wrapped = {s: FailsOnce(m, job["kind"], job["mb"]) if victim and s == failing else m for s, m in mine.items()}
-    pipe = generated.make_pipeline(wrapped, loss_fn=models.loss_fn, timeout=job["wait"])
+    pipe = demo_pipeline(job, rank, lambda s, m: FailsOnce(m, job["kind"], job["mb"]) if victim and s == failing else m)
     pipe.preflight = False  # the failure is inside step(): no check's forward before it (it counts forwards)
+    info, mine = pipe.info, pipe.stage_modules()
+    reference = models.build_stages("mlp", info.stages, seed=0)  # the demo pipeline's stages, unpipelined
     report: dict = {"rank": rank}
     x, y = models.make_batch(info.stages, 2 * info.microbatches, seed=100)
     started = time.monotonic()
-    call = pipe.eval if job.get("eval") else pipe.step
     try:
-        call(*((x,) if pipe.holds_first else ()), target=y if pipe.holds_last else None)
+        step_batch(pipe, x, y, training=not job.get("eval"))
         report["error"] = None
     except PipelineError as error:
         report.update(caught_at=time.time(), seconds=time.monotonic() - started, type=type(error).__name__,
@@ -85,19 +67,15 @@ def fail_then_step(rank: int, nproc: int, job: dict) -> dict:
                       fields={name: getattr(error, name, None)
                               for name in ("failed_rank", "stage", "microbatch", "action")})
     if victim:
-        report["raised_at"] = wrapped[failing].raised_at
-        wrapped[failing].armed = False
+        report["raised_at"] = mine[failing].raised_at
+        mine[failing].armed = False
     for module in mine.values():
         module.zero_grad(set_to_none=True)
     worst = 0.0
     for step in range(STEPS):
         x, y = models.make_batch(info.stages, 2 * info.microbatches, seed=step)
-        pipe.step(*((x,) if pipe.holds_first else ()), target=y if pipe.holds_last else None)
-        for xm, ym in zip(torch.tensor_split(x, info.microbatches), torch.tensor_split(y, info.microbatches)):
-            models.loss_fn(models.run_stages(reference, xm), ym).backward()
-        for stage, module in mine.items():
-            for got, want in zip(module.parameters(), reference[stage].parameters()):
-                worst = max(worst, (got.grad - want.grad / info.microbatches).abs().max().item())
+        step_batch(pipe, x, y)
+        worst = max(worst, gradient_difference(mine, reference, x, y, info.microbatches))
         with torch.no_grad():
             for module in (*mine.values(), *reference):
                 scale = 1.0 if module in mine.values() else 1.0 / info.microbatches

@@ -13,7 +13,7 @@ def values(module):
     return {name: t for name, t in [*module.named_parameters(), *module.named_buffers()]}
 
 
-@pytest.mark.parametrize("name", families.FAMILIES)
+@pytest.mark.parametrize("name", families.FAMILIES + families.WORLD)
 def test_owned_stages_get_the_values_of_the_whole_model(name):
     stages = 3
     whole = pipeforge.split(families.build(name, meta=True), stages, seed=7)

@@ -26,7 +26,7 @@ def own_output(model, name, tokens, mask):
     return model(tokens)
 
 
-@pytest.mark.parametrize("name", families.FAMILIES)
+@pytest.mark.parametrize("name", families.FAMILIES + families.WORLD)
 @pytest.mark.parametrize("stages", [1, 2, 3, 4])
 def test_chained_stages_equal_the_model_bit_for_bit(name, stages):
     model = families.build(name)
@@ -112,16 +112,34 @@ class AddsPositions(families.LayerList):
         return self.head(h)
 
 
-def granite():
+def scaled_llama():
+    """A Llama whose forward doubles its logits, with no config switch that says so."""
     import transformers as tf
 
-    config = tf.GraniteConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
-                              num_key_value_heads=2, intermediate_size=32, embedding_multiplier=2.0,
-                              logits_scaling=3.0, attn_implementation="eager")
-    return tf.AutoModelForCausalLM.from_config(config).double()
+    class ScaledLogits(tf.LlamaForCausalLM):
+        def forward(self, *args, **kwargs):
+            output = super().forward(*args, **kwargs)
+            output.logits = 2 * output.logits
+            return output
+
+    torch.manual_seed(0)
+    return ScaledLogits(families.config("llama", layers=2)).double()
 
 
-@pytest.mark.parametrize("build", [granite, lambda: AddsPositions().double()], ids=["granite", "layer-list"])
+def llama_without_padding():
+    """A Llama whose forward drops the attention mask: only a padded row tells it from the cut."""
+    import transformers as tf
+
+    class IgnoresPadding(tf.LlamaForCausalLM):
+        def forward(self, input_ids=None, attention_mask=None, **kwargs):
+            return super().forward(input_ids=input_ids, **kwargs)
+
+    torch.manual_seed(0)
+    return IgnoresPadding(families.config("llama", layers=2)).double()
+
+
+@pytest.mark.parametrize("build", [scaled_llama, llama_without_padding, lambda: AddsPositions().double()],
+                         ids=["hf-subclass", "hf-padding", "layer-list"])
 def test_a_model_whose_forward_does_more_than_the_cut_knows_is_refused(build):
     model = build()
     with pytest.raises(UsageError, match="do not compute what its forward computes"):
@@ -133,11 +151,11 @@ def test_a_model_whose_forward_does_more_than_the_cut_knows_is_refused(build):
 def test_an_untested_family_on_the_meta_device_is_warned_about():
     import transformers as tf
 
-    config = tf.GraniteConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
-                              num_key_value_heads=2, intermediate_size=32)
+    config = tf.HeliumConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, intermediate_size=32, head_dim=4)
     with torch.device("meta"):
         model = tf.AutoModelForCausalLM.from_config(config)
-    with pytest.warns(UserWarning, match="GraniteForCausalLM .* is on the meta device"):
+    with pytest.warns(UserWarning, match="HeliumForCausalLM .* is on the meta device"):
         pipeforge.split(model, 2, owned=[1])
 
 
@@ -153,3 +171,41 @@ def test_given_the_schedule_split_unties_only_where_two_chains_run(name, shared)
     assert sorted(cut.modules) == [0, last]
     assert (cut.modules[0].embed.weight is cut.modules[last].head.weight) is shared
     assert cut.tied_parameters == [[(0, "embed.weight"), (last, "head.weight")]]
+
+
+def refused(name):
+    import transformers as tf
+
+    small = {"vocab_size": 40, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "intermediate_size": 32, "attn_implementation": "eager"}
+    if name == "falcon-alibi":
+        return tf.FalconForCausalLM(tf.FalconConfig(**small, alibi=True))
+    if name == "mpt":
+        return tf.MptForCausalLM(tf.MptConfig(vocab_size=40, d_model=16, n_layers=2, n_heads=4))
+    if name == "opt":
+        return tf.OPTForCausalLM(tf.OPTConfig(**small, ffn_dim=32, word_embed_proj_dim=16))
+    if name == "gemma3-bidirectional":
+        return tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**small, head_dim=4, use_bidirectional_attention=True))
+    if name == "bert-masked-lm":
+        return tf.BertForMaskedLM(tf.BertConfig(**small))
+    if name == "bert-encoder-lm":
+        return tf.BertLMHeadModel(tf.BertConfig(**small, is_decoder=False))
+    if name == "bert-decoder-lm":
+        return tf.BertLMHeadModel(tf.BertConfig(**small, is_decoder=True))
+    return tf.T5ForConditionalGeneration(tf.T5Config(vocab_size=40, d_model=16, d_ff=32, num_layers=2, num_heads=4,
+                                                     d_kv=4))
+
+
+@pytest.mark.parametrize("name, message", [
+    ("falcon-alibi", "FalconForCausalLM: its forward folds ALiBi into the attention mask"),
+    ("mpt", r"MptForCausalLM: its layers' MptBlock.forward needs \['position_bias'\]"),
+    ("opt", r"OPTForCausalLM: cannot tell its layer list: its base model 'model' holds 0 .*decoder \(OPTDecoder\)"),
+    ("gemma3-bidirectional", r"Gemma3ForCausalLM attends both ways \(config.use_bidirectional_attention\)"),
+    ("bert-masked-lm", "BertForMaskedLM is not a causal LM .*cuts decoder-only causal LMs"),
+    ("bert-encoder-lm", r"BertLMHeadModel is configured as an encoder \(config.is_decoder=False\)"),
+    ("bert-decoder-lm", r"BertLMHeadModel: cannot tell its layer list: .*encoder \(BertEncoder\)"),
+    ("t5", r"T5ForConditionalGeneration is an encoder-decoder model"),
+])
+def test_a_family_the_cut_does_not_know_is_refused_naming_the_place(name, message):
+    with pytest.raises(UsageError, match=message):
+        pipeforge.split(refused(name), 2)

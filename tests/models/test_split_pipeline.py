@@ -4,7 +4,11 @@ One spawned group per process count runs every case in a row (``pipeline_jobs``)
 on 2 ranks every library schedule with the tied Llama, GPT-2 and both MoE models
 (the balancing loss through the auxiliary channel), and 1F1B and ZBV with every
 family; on 4 ranks a loop, an interleaved, a V and both bidirectional
-schedules with a tied, a sliding-window, an MoE and a layer-list model. Every
+schedules with a tied, a sliding-window, an MoE and a layer-list model; on 2
+ranks each further family (``families.WORLD``: Gemma 2 and 3, Phi, OLMo 2,
+GPT-NeoX, Falcon, Qwen3, Cohere, StableLM, Starcoder2, GPT-J, BLOOM, Granite)
+with one of 1F1B, interleaved 1F1B, ZBV, DualPipeV and 1F1B with recompute,
+in turn (the slow tier: each with all five). Every
 model is built on the meta device and each rank materializes only its stages;
 batches are padded, the loss is the batch's token mean (``TokenMeanLoss``).
 Losses, every gradient after each step and every parameter after two SGD steps
@@ -29,6 +33,7 @@ ROUNDING = 1e-12
 EVERY_SCHEDULE = ("llama-tied", "gpt2", "mixtral", "qwen2-moe")
 FOUR_RANKS = {"schedules": ("1f1b", "interleaved-1f1b", "zbv", "chimera", "dualpipev"),
               "families": ("llama-tied", "qwen2", "mixtral", "layer-list")}
+WORLD_SCHEDULES = ("1f1b", "interleaved-1f1b", "zbv", "dualpipev", "1f1b-recompute")
 
 
 def load(name: str, ranks: int):
@@ -40,9 +45,12 @@ def load(name: str, ranks: int):
     raise AssertionError(f"{name} accepts neither M={ranks} nor M={2 * ranks}")
 
 
-def cases(ranks: int, out_dir, full: bool = False) -> list[Case]:
-    """The representative set (``full``: every library schedule with every family)."""
-    found = []
+def cases(ranks: int, out_dir, full: bool | str = False) -> list[Case]:
+    """The representative set (``full``: every library schedule with every family; ``"world"``: every further
+    family with every schedule of ``WORLD_SCHEDULES``)."""
+    if full == "world":
+        return world_cases(ranks, out_dir, WORLD_SCHEDULES)
+    found = [] if ranks != 2 or full else world_cases(ranks, out_dir)
     schedules = names() if ranks == 2 or full else FOUR_RANKS["schedules"]
     for name in schedules:
         path = str(codegen(load(name, ranks), out_dir / name))
@@ -56,7 +64,17 @@ def cases(ranks: int, out_dir, full: bool = False) -> list[Case]:
     return found
 
 
-_RESULTS: dict[tuple[int, bool], dict[str, list[dict]]] = {}
+def world_cases(ranks: int, out_dir, every: tuple[str, ...] | None = None) -> list[Case]:
+    """Each further family with ``every`` schedule, or with one of ``WORLD_SCHEDULES`` in turn."""
+    paths = {name: str(codegen(load(name, ranks), out_dir / f"world-{name}")) for name in WORLD_SCHEDULES}
+    found = []
+    for i, family in enumerate(families.WORLD):
+        for name in every or (WORLD_SCHEDULES[i % len(WORLD_SCHEDULES)],):
+            found.append(Case(f"{name} {family}", family, paths[name]))
+    return found
+
+
+_RESULTS: dict[tuple[int, bool | str], dict[str, list[dict]]] = {}
 
 
 @pytest.fixture
@@ -65,7 +83,7 @@ def results(request, tmp_path_factory):
     if (ranks, full) not in _RESULTS:
         chosen = cases(ranks, tmp_path_factory.mktemp(f"split{ranks}"), full)
         outcomes = spawn("tests.models.pipeline_jobs:run_cases", ranks, chosen, timeout=90,
-                         deadline=2300 if full else 1100)
+                         deadline=2300 if full else 1300)
         assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
         _RESULTS[ranks, full] = {case.label: [o.value[i] for o in outcomes] for i, case in enumerate(chosen)}
     return _RESULTS[ranks, full]
@@ -80,6 +98,12 @@ def test_split_models_train_as_the_unpipelined_model(results):
 @pytest.mark.timeout(2400)
 @pytest.mark.parametrize("results", [(2, True), (4, True)], indirect=True, ids=["2-ranks", "4-ranks"])
 def test_every_family_on_every_library_schedule(results):
+    assert_equal_to_unpipelined(results)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("results", [(2, "world")], indirect=True, ids=["2-ranks"])
+def test_every_further_family_on_loop_v_and_recompute_schedules(results):
     assert_equal_to_unpipelined(results)
 
 

@@ -11,6 +11,7 @@ import torch
 import pipeforge
 from pipeforge.generator import codegen
 from pipeforge.tools.launch import spawn
+from tests.demo_jobs import demo_pipeline, step_batch
 from tests.load import scaled
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
@@ -38,21 +39,15 @@ class Sabotaged(torch.nn.Module):
 
 def sabotaged_run(rank: int, nproc: int, payload: tuple) -> float:
     from pipeforge.tools import demo_models as models
-    from pipeforge.tools.generated import load_module
 
     path, victim, how, when, wait = payload
-    generated = load_module(path)
-    info = generated.SCHEDULE
-    full = models.build_stages("mlp", info.stages, seed=0)
-    stages = {s: full[s] for s in sorted({s for s, _ in info.held(rank)})}
-    if rank == victim:
-        stages = {s: Sabotaged(m, how, when) for s, m in stages.items()}
-    pipe = generated.make_pipeline(stages, loss_fn=models.loss_fn, timeout=wait)
+    pipe = demo_pipeline({"path": path, "wait": wait}, rank,
+                         lambda stage, module: Sabotaged(module, how, when) if rank == victim else module)
     pipe.preflight = False  # the fault is inside step(): no check's forward before it (it counts forwards)
     started = time.monotonic()
     for step in range(3):
-        x, y = models.make_batch(info.stages, 2 * info.microbatches, seed=step)
-        pipe.step(*((x,) if pipe.holds_first else ()), target=y if pipe.holds_last else None)
+        x, y = models.make_batch(pipe.info.stages, 2 * pipe.info.microbatches, seed=step)
+        step_batch(pipe, x, y)
     return time.monotonic() - started
 
 

@@ -22,7 +22,7 @@ from pipeforge.runtime.stage import StageRunner
 from tests.zoo import models as zoo
 
 
-class _Storages(TorchDispatchMode):
+class Storages(TorchDispatchMode):
     """The storage of every tensor an operation makes, by weak reference."""
 
     def __init__(self) -> None:
@@ -47,7 +47,7 @@ def _held(module: torch.nn.Module, x: torch.Tensor, last: bool, target=None, kwa
     """(bytes alive from I to W, the saved tensors' count, the count with the held gradients)."""
     runner = StageRunner(module, 1, 0, False, last, zoo.loss_fn if last else None)
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    counter, tracker = SavedBytes(), _Storages()
+    counter, tracker = SavedBytes(), Storages()
     with tracker:  # copies made under the tracker: what only the graph keeps of them is seen
         x = x.clone()
         kwargs = {k: v.clone() for k, v in (kwargs or {}).items()}

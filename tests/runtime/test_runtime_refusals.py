@@ -20,6 +20,7 @@ import pytest
 import pipeforge
 from pipeforge.generator import codegen
 from pipeforge.tools.launch import spawn
+from tests.demo_jobs import demo_pipeline, step_batch
 from tests.load import scaled
 from tests.runtime.agreement_jobs import one_rank_skips_the_agreement
 
@@ -43,13 +44,9 @@ def refused_steps(rank: int, nproc: int, job: dict) -> list[dict]:
     from pipeforge.runtime import PipelineUsageError
     from pipeforge.runtime.stage import PeerRefusedError
     from pipeforge.tools import demo_models as models
-    from pipeforge.tools.generated import load_module
 
-    generated = load_module(job["path"])
-    info = generated.SCHEDULE
-    full = models.build_stages("mlp", info.stages, seed=0)
-    pipe = generated.make_pipeline({s: full[s] for s in info.stages_of(rank)}, loss_fn=models.loss_fn, timeout=WAIT)
-    x, y = models.make_batch(info.stages, 8, seed=0)
+    pipe = demo_pipeline({**job, "wait": WAIT}, rank)
+    x, y = models.make_batch(pipe.info.stages, 8, seed=0)
 
     def step(case: str | None) -> None:
         victim = case is not None and rank == CASES[case][0] % nproc
@@ -109,17 +106,13 @@ def keys_after_steps(rank: int, nproc: int, path: str) -> list[int]:
     import torch.distributed as dist
 
     from pipeforge.tools import demo_models as models
-    from pipeforge.tools.generated import load_module
 
-    generated = load_module(path)
-    info = generated.SCHEDULE
-    full = models.build_stages("mlp", info.stages, seed=0)
-    pipe = generated.make_pipeline({s: full[s] for s in info.stages_of(rank)}, loss_fn=models.loss_fn, timeout=WAIT)
-    x, y = models.make_batch(info.stages, 8, seed=0)
+    pipe = demo_pipeline({"path": path, "wait": WAIT}, rank)
+    x, y = models.make_batch(pipe.info.stages, 8, seed=0)
     counts = []
     for steps in (3, 10):
         for _ in range(steps):
-            pipe.step(*((x,) if pipe.holds_first else ()), target=y if pipe.holds_last else None)
+            step_batch(pipe, x, y)
         dist.barrier()
         counts.append(dist.distributed_c10d._get_default_store().num_keys())
         dist.barrier()

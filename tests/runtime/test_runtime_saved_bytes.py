@@ -1,5 +1,5 @@
-"""The saved-tensor accounting (``runtime/saved.py``): what it counts once, that an I frees what its W
-does not need, and that a split backward leaves nothing saved behind under its hooks (a saved output held
+"""The saved-tensor accounting (``runtime/saved.py``): what it counts once (a storage; a given input its own
+bytes), that an I frees what its W does not need, and that a split backward leaves nothing saved behind under its hooks (a saved output held
 as itself made a cycle through autograd that outlived W: 7,872 of a GPT stage's 12,936 bytes a
 microbatch, every microbatch)."""
 
@@ -14,15 +14,22 @@ from pipeforge.runtime.stage import StageRunner
 from tests.zoo import models as zoo
 
 
-def test_a_tensor_counts_once_a_slice_its_own_bytes():
+def test_a_storage_counts_once_a_given_input_its_own_bytes():
     counter = SavedBytes()
     x = torch.zeros(4, 6, dtype=torch.float64)
-    keys = [counter.add(t) for t in (x, x.t(), x.view(-1), x[1:])]
-    assert counter.held == x.nbytes + x[1:].nbytes and counter.peak == counter.held
+    keys = [counter.add(t) for t in (x, x.t(), x.view(-1), x[1:], x[2:, 1])]
+    assert counter.held == x.nbytes and counter.peak == counter.held  # views keep the storage alive: once
     assert saved_key(torch.zeros(0)) is None
     for key in keys:
         counter.drop(key)
-    assert counter.held == 0 and counter.peak == x.nbytes + x[1:].nbytes
+    assert counter.held == 0 and counter.peak == x.nbytes
+    batch = torch.zeros(6, 5, dtype=torch.float64)
+    rows = batch.tensor_split(3)  # a microbatch's rows of the caller's batch: its own bytes, not the batch's
+    counter.give(rows[1])
+    keys = [counter.add(t) for t in (rows[1], rows[1][:, :2], rows[1].t())]
+    assert counter.held == rows[1].nbytes
+    counter.add(rows[2])  # not given: the storage it keeps alive
+    assert counter.held == rows[1].nbytes + batch.nbytes
 
 
 def test_forward_input_weight_leave_nothing_saved():

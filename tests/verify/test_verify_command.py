@@ -6,21 +6,10 @@ import json
 
 import pytest
 
+from pipeforge import library
 from pipeforge.cli import main
 
-ONE_F_ONE_B = """\
-schedule one_f_one_b(P = 4, M = 8) {
-    ranks P
-    stages P placement loop
-    microbatches M
-    rank r {
-        let warmup = min(M, P - 1 - r)
-        for m in 0 .. warmup { F(r, m) }
-        for i in 0 .. M - warmup { F(r, warmup + i)  B(r, i) }
-        for i in M - warmup .. M { B(r, i) }
-    }
-}
-"""
+ONE_F_ONE_B = library.source("1f1b")  # P = 4, M = 8
 
 CYCLE = """\
 schedule loop_cycle() {

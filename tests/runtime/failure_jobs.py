@@ -1,0 +1,64 @@
+"""The job of the per-step failure tests: one rank fails at one point of a step, or dies (spawned gloo processes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+
+
+class Faulty(torch.nn.Module):
+    """``inner``, raising ``ValueError("a bad batch")`` at its ``when``-th forward while ``armed``."""
+
+    def __init__(self, inner: torch.nn.Module, when: int):
+        super().__init__()
+        self.inner, self.when, self.armed, self.calls = inner, when, False, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.armed and self.calls == self.when:
+            raise ValueError("a bad batch")
+        return self.inner(x)
+
+
+def faulty_steps(rank: int, nproc: int, job: dict) -> list[tuple[str, float]]:
+    """Four steps of the demo MLP; at the second, rank ``job["victim"]`` fails as ``job["fault"]`` says:
+    ``first`` its stage raises at its first forward (before it sends anything), ``mid`` at its third, ``late``
+    it sleeps ``job["late"]`` seconds first, ``optimizer`` its optimizer raises after the step (the process
+    ends with the error), ``dead`` it sleeps ``job["late"]`` seconds and is killed (SIGKILL). What each step
+    raised on this rank ('' where it returned) and the seconds it took."""
+    from pipeforge.runtime import PipelineError
+    from pipeforge.tools import demo_models as models
+    from pipeforge.tools.generated import load_module
+
+    generated = load_module(job["path"])
+    info = generated.SCHEDULE
+    full = models.build_stages("mlp", info.stages, seed=0)
+    victim, fault = rank == job["victim"], job["fault"]
+    when = {"first": 1, "mid": 3}.get(fault, 0)
+    mine = {s: Faulty(full[s], when) if victim else full[s] for s in info.stages_of(rank)}
+    pipe = generated.make_pipeline(mine, loss_fn=models.loss_fn, timeout=job["wait"])
+    pipe.preflight = False  # the failure is inside step(): no check's forward before it (it counts forwards)
+    optimizer = torch.optim.SGD(pipe.parameters(), lr=0.0)
+    x, y = models.make_batch(info.stages, 8, seed=0)
+    seen = []
+    for index in range(4):
+        for module in mine.values():
+            module.armed, module.calls = victim and index == 1, 0
+        if victim and index == 1 and fault in ("late", "dead"):
+            time.sleep(job["late"])
+            if fault == "dead":
+                os.kill(os.getpid(), signal.SIGKILL)
+        started = time.monotonic()
+        try:
+            pipe.step(*((x,) if pipe.holds_first else ()), target=y if pipe.holds_last else None)
+            seen.append(("", time.monotonic() - started))
+        except PipelineError as error:
+            seen.append((str(error), time.monotonic() - started))
+        if victim and index == 1 and fault == "optimizer":
+            raise ValueError("the optimizer failed")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return seen

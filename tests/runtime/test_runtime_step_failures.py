@@ -1,0 +1,85 @@
+"""A rank failing at any point of a step: every rank raises promptly naming it, a later step trains.
+
+Four gloo ranks on 127.0.0.1, 1F1B, short timeouts. A step starts without a
+greeting where the last one's agreement heard every rank's step run, so the
+failure reaches the others through the closed connections, the records on the
+store and the step-end agreement alone: a stage that raises before it sends
+anything or mid-step, a rank late past its neighbour's timeout, each fails that
+step on every rank, well under the timeout, and the next step trains. A rank
+that dies (its optimizer's error ends its process after a step, or it is killed
+while its peers meet in a fresh group) is named by the survivors within
+seconds: before, a rank at the meeting waited out its 60 s (the rendezvous
+timed out); now the meeting looks for the missing ranks and whether their
+processes are gone (the pipeline's liveness group, where only a closed
+connection ends a receive).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import pipeforge
+from pipeforge.generator import codegen
+from pipeforge.tools.launch import spawn
+from tests.load import scaled
+from tests.runtime.failure_jobs import faulty_steps
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
+
+WAIT = scaled(1.5)  # every wait's bound in the pipeline (times the load)
+LATE = 2 * WAIT  # how late the late (and the dead) rank is to the second step
+FAST = scaled(5.0)  # what "at once" means here, under load; the meeting waits 60 s for a rank that never comes
+RANKS = 4
+
+
+@pytest.fixture(scope="module")
+def one_f_one_b(tmp_path_factory) -> str:
+    return str(codegen(pipeforge.load("1f1b", defines={"P": RANKS, "M": 4}), tmp_path_factory.mktemp("gen")))
+
+
+def run(path: str, fault: str, victim: int) -> list:
+    job = {"path": path, "fault": fault, "victim": victim, "wait": WAIT, "late": LATE}
+    return spawn(faulty_steps, RANKS, job, timeout=scaled(20.0), deadline=60)
+
+
+@pytest.mark.parametrize("fault,victim", [("first", 1), ("mid", 2), ("late", 3)])
+def test_a_failed_step_reaches_every_rank_at_once_and_the_next_trains(one_f_one_b, fault, victim):
+    outcomes = run(one_f_one_b, fault, victim)
+    assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
+    for outcome in outcomes:
+        (first, _), (failed, seconds), (after, _), (last, _) = outcome.value
+        assert first == after == last == "", outcome.value  # the steps after the failed one train
+        assert failed.startswith(f"rank {outcome.rank}: "), outcome.value  # no rank returned normally
+        assert seconds < (LATE if fault == "late" else 0) + FAST, outcome.value  # nobody waited out a timeout
+        if fault == "late":
+            continue
+        if outcome.rank == victim:
+            assert failed.startswith(f"rank {victim}: stage {victim}, microbatch "), outcome.value
+            assert "ValueError: a bad batch" in failed, outcome.value
+        else:  # the failing rank's error, named
+            assert failed.startswith(f"rank {outcome.rank}: the step stopped because rank {victim} failed at "
+                                     f"stage {victim}, microbatch "), outcome.value
+    if fault == "late":  # the late rank's neighbour, whose wait for it timed out, names it
+        failed = outcomes[victim - 1].value[1][0]
+        assert f"with rank(s) {victim} failed" in failed and "Timed out" in failed, failed
+
+
+@pytest.mark.parametrize("fault,victim", [("optimizer", 1), ("dead", 3)])
+def test_a_rank_that_dies_is_named_by_every_survivor_within_seconds(one_f_one_b, fault, victim):
+    outcomes = run(one_f_one_b, fault, victim)
+    assert not outcomes[victim].ok, outcomes[victim]
+    if fault == "optimizer":
+        assert "the optimizer failed" in outcomes[victim].error, outcomes[victim].error
+    for outcome in outcomes:
+        if outcome.rank == victim:
+            continue
+        assert outcome.ok, outcome.error
+        (first, _), (during, during_seconds), (after, after_seconds), (last, last_seconds) = outcome.value
+        assert first == "", outcome.value
+        if fault == "optimizer":  # its step ran: the survivors learn at the next one, which fails at once
+            assert during == "" and after.startswith(f"rank {outcome.rank}: "), outcome.value
+            assert after_seconds < FAST, outcome.value
+        else:  # the survivors meet at the step after the late one, where it dies
+            assert during.startswith(f"rank {outcome.rank}: ") and during_seconds < LATE + FAST, outcome.value
+            assert f"rank(s) {victim} are gone" in after and after_seconds < LATE + FAST, outcome.value
+        assert f"rank(s) {victim} are gone" in last and last_seconds < FAST, outcome.value  # not the 60 s meeting
