@@ -497,11 +497,18 @@ class RankContext:
     # -- communication -----------------------------------------------------------------
 
     def _post(self, comms: tuple[Comm, ...]) -> None:
+        if len(comms) == 1 and comms[0][1] in SENDS:  # a send alone (never early; eval keeps SEND_F's)
+            if self.training or comms[0][1] is SEND_F:
+                self._sent.append(self.transport.post(self._send_transfers(comms[0]), GroupLabel(comms)))
+            return
         if self._early or not self.training:  # eval keeps the forward's; the early receives are posted already
             early, training = self._early, self.training
             comms = tuple([c for c in comms if c not in early and (training or c[1] in FORWARD_COMMS)])
             if not comms:
                 return
+        if len(comms) == 1 and comms[0][1] in SENDS:  # what is left of a group whose receives went early
+            self._sent.append(self.transport.post(self._send_transfers(comms[0]), GroupLabel(comms)))
+            return
         label = GroupLabel(comms)
         transfers: list[Transfer] = []
         receives = []
@@ -629,6 +636,14 @@ class RankContext:
             raise PipelineError(f"rank {self.rank}: {comm} before the {what} that produces it")
         if comm[1] is SEND_B:
             return [Transfer(True, t, peer) for t in caches.gradients_to_send(comm, tensors, self.transport.device)]
+        if len(tensors) == 1:  # one tensor (most activations): as below, without the sequences
+            tensor = tensors[0]
+            sent = tensor.detach().contiguous()
+            header = caches.header_to_send(comm, (sent,), self.rank, self.transport.device,
+                                           (tensor.requires_grad,) if self.training else None)
+            if header is None:
+                return [Transfer(True, sent, peer)]
+            return [Transfer(True, header, peer), Transfer(True, sent, peer)]
         carried = tuple([t.requires_grad for t in tensors]) if self.training else None
         tensors = tuple([t.detach().contiguous() for t in tensors])
         header = caches.header_to_send(comm, tensors, self.rank, self.transport.device, carried)

@@ -190,7 +190,8 @@ class Posted:
         """Wait for the whole batch: its receives and its sends."""
         if self.done:
             return
-        self.wait_received()
+        if not self.received:
+            self.wait_received()
         with self._lock:
             if not self.done:
                 self._wait(self._sends)
@@ -312,20 +313,19 @@ class Transport:
         """Post the transfers together (peers are group ranks) under the step's tag (gloo; ``tag``: another);
         ``label`` names them in errors."""
         wire, arrivals = self._stage(transfers) if self.staged else (transfers, ())
+        upward, downward, rank = self._process_group, self._downward, self.rank
         try:
-            works = self._post_each(wire, tag) if self._process_group is not None else self._post_batch(wire)
+            if upward is None or downward is None:
+                works = self._post_batch(wire)
+            else:  # gloo: each transfer its own send or recv, on the group of its direction (``group_of``)
+                tag = self.tag if tag is None else tag
+                works = [(upward if rank < t.peer else downward).send([t.tensor], t.peer, tag) if t.send
+                         else (upward if t.peer < rank else downward).recv([t.tensor], t.peer, tag) for t in wire]
         except Exception as error:  # noqa: BLE001
             raise PipelineError(f"rank {self.rank}: posting {label} failed: {backend_reason(error)}") from error
         posted = Posted(works, wire, label, self.rank, self.timeout, arrivals)
         self.posted.append(posted)
         return posted
-
-    def _post_each(self, wire: list[Transfer], tag: int | None = None) -> list:
-        upward, downward, rank = self._process_group, self._downward, self.rank
-        assert upward is not None and downward is not None, "posted one by one only on gloo, where both are set"
-        tag = self.tag if tag is None else tag
-        return [(upward if rank < t.peer else downward).send([t.tensor], t.peer, tag) if t.send
-                else (upward if t.peer < rank else downward).recv([t.tensor], t.peer, tag) for t in wire]
 
     def _post_batch(self, wire: list[Transfer]) -> list:
         ops = [dist.P2POp(dist.isend if t.send else dist.irecv, t.tensor, self.global_rank(t.peer), self.group)
