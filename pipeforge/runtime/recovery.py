@@ -163,8 +163,17 @@ class StepStart:
         self.meetings += 1
         name = f"{transport.name}/fresh/{self.meetings}"
         store = dist.PrefixStore(f"{name}/at", dist.distributed_c10d._get_default_store())
-        store.set(str(self.rank), str(transport.tag))
-        self._await(store, _rendezvous(transport))
+        try:
+            store.set(str(self.rank), str(transport.tag))
+            self._await(store, _rendezvous(transport))
+        except PipelineError:
+            raise
+        except Exception as error:  # noqa: BLE001 (the store is gone: its host died, rank 0 where torchrun is not used)
+            gone = ", ".join(map(str, self._gone(self.others)))
+            raise PipelineError(f"rank {self.rank}: the store the pipeline's ranks meet on after a failed step is "
+                                f"gone ({backend_reason(error)})" + (f"; rank(s) {gone} are gone (their connections "
+                                                                     "closed: the process died)" if gone else "")
+                                ) from error
         transport.reconnect(name, self.info.ranks, _rendezvous(transport))
         tags = {rank: int(store.get(str(rank))) for rank in self.others}  # each set before its rank joined
         return [rank for rank, tag in tags.items() if 0 < (tag - transport.tag) % MAX_TAG < MAX_TAG // 2]

@@ -11,7 +11,8 @@ while its peers meet in a fresh group) is named by the survivors within
 seconds: before, a rank at the meeting waited out its 60 s (the rendezvous
 timed out); now the meeting looks for the missing ranks and whether their
 processes are gone (the pipeline's liveness group, where only a closed
-connection ends a receive).
+connection ends a receive), and where the dead rank hosted the store, the
+store's loss is a ``PipelineError`` naming it too.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def test_a_failed_step_reaches_every_rank_at_once_and_the_next_trains(one_f_one_
         assert f"with rank(s) {victim} failed" in failed and "Timed out" in failed, failed
 
 
-@pytest.mark.parametrize("fault,victim", [("optimizer", 1), ("dead", 3)])
+@pytest.mark.parametrize("fault,victim", [("optimizer", 1), ("dead", 3), ("dead", 0)])  # rank 0 hosts the store
 def test_a_rank_that_dies_is_named_by_every_survivor_within_seconds(one_f_one_b, fault, victim):
     outcomes = run(one_f_one_b, fault, victim)
     assert not outcomes[victim].ok, outcomes[victim]
