@@ -15,7 +15,8 @@ import pipeforge
 from pipeforge.generator import codegen
 from pipeforge.tools.launch import spawn
 from tests.load import scaled
-from tests.runtime.test_runtime_grad_edges import MICROBATCHES, RECOMPUTE_FIRST, three_steps
+from tests.runtime.table_jobs import MICROBATCHES
+from tests.runtime.test_runtime_grad_edges import RECOMPUTE_FIRST, three_steps
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
