@@ -201,11 +201,7 @@ class Compiling:
         if self.workers:
             self.tell(b"end\n")
             for worker, _ in self.workers:
-                if worker.stdin is not None:
-                    try:
-                        worker.stdin.close()
-                    except OSError:
-                        pass
+                _close_input(worker)
         for index in reversed(range(len(self.texts))):
             if self.workers and not self.claim(index):
                 break  # a worker has it, and every source before it
@@ -227,16 +223,21 @@ class Compiling:
             if worker.poll() is None:
                 worker.kill()
             worker.wait()
-            if worker.stdin is not None:
-                try:
-                    worker.stdin.close()
-                except OSError:
-                    pass
+            _close_input(worker)
             taken.close()
         self.workers = []
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
+
+
+def _close_input(worker: subprocess.Popen) -> None:
+    """Close a worker's stdin (its end of the sources), a worker gone already or not."""
+    if worker.stdin is not None:
+        try:
+            worker.stdin.close()
+        except OSError:
+            pass
 
 
 def read_codes(taken: IO[bytes]) -> dict[int, bytes]:

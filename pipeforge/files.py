@@ -361,7 +361,7 @@ def _stage(target: Path, payload: bytes, directory: Path, name: str) -> str:
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(payload)
-        os.chmod(temporary, 0o666 & ~_umask())
+        os.chmod(temporary, 0o666 & ~umask())
     except OSError as error:  # disk full, ...
         Path(temporary).unlink(missing_ok=True)
         raise UsageError(f"cannot write {name!r}: {error.strerror or error}") from None
@@ -417,7 +417,8 @@ def _folder_lock(directory: Path, name: str) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _umask() -> int:
+def umask() -> int:
+    """The process's file mode creation mask (read by setting it and setting it back)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask

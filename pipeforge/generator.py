@@ -34,7 +34,7 @@ import jinja2
 from pipeforge.errors import Argument, ArgumentError, CodegenError, UsageError, VerificationError, words
 from pipeforge.bytecode import CompileError, Compiling, write_cached
 from pipeforge.files import check_replaceable as check_output_replaceable
-from pipeforge.files import locked_output, module_head, parse_module_head
+from pipeforge.files import locked_output, module_head, parse_module_head, umask
 from pipeforge.ir import COMM_KINDS, Action, ActionKind, Schedule, Step
 from pipeforge.passes.lower import Lowered, lower_with_origins
 from pipeforge.resources import templates_dir
@@ -575,7 +575,7 @@ def _write_folder(folder: Path, files: GeneratedFiles, codes: list[bytes]) -> No
             source = staging / f"rank_{rank}.py"
             source.write_bytes(text.encode("utf-8"))
             write_cached(source, code)
-        os.chmod(staging, 0o777 & ~_umask())
+        os.chmod(staging, 0o777 & ~umask())
         os.rename(staging, folder)
     except OSError as error:
         shutil.rmtree(staging, ignore_errors=True)
@@ -596,12 +596,6 @@ def rank_folder(path: Path) -> Path | None:
             value = node.value.value if isinstance(node.value, ast.Constant) else None
             return path.parent / value if isinstance(value, str) else None
     return None
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def module_path(schedule: Schedule, output: str | os.PathLike, name: str | None = None) -> Path:

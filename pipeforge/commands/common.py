@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pipeforge.commands.exits import Exit
 from pipeforge.errors import UsageError
 
 
@@ -68,6 +69,15 @@ def write_source(path: str, text: str, force: bool) -> None:
     from pipeforge.lang import held_schedules
 
     write_output(path, text, force=force, held=held_schedules)
+
+
+def print_or_write_source(output: str | None, text: str, force: bool) -> int:
+    """``text`` to stdout where there is no ``output``, else written there (``write_source``): exit 0."""
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        write_source(output, text, force)
+    return Exit.OK
 
 
 OUTPUT_ATTRIBUTES = ("output", "out", "out_dir", "layer_map")  # -o / OUT of the commands that write a file

@@ -8,10 +8,9 @@ defines the same schedules, or with ``--force``). Exit 2 on bad input.
 from __future__ import annotations
 
 import argparse
-import sys
 
-from pipeforge.commands.common import add_force_argument, add_input_arguments, load_input, require_suffix, write_source
-from pipeforge.commands.exits import Exit
+from pipeforge.commands.common import (add_force_argument, add_input_arguments, load_input, print_or_write_source,
+                                       require_suffix)
 
 
 def register(subparsers) -> None:
@@ -28,10 +27,5 @@ def run(args: argparse.Namespace) -> int:
         require_suffix(args.output, ".pipe")
     from pipeforge.lang.printer import print_schedule  # lark only when used: 'pipeforge verify x.csv' starts faster
 
-    text = print_schedule(load_input(args))
-    if args.output is None:
-        sys.stdout.write(text)
-        return Exit.OK
-    write_source(args.output, text, args.force)
-    return Exit.OK
+    return print_or_write_source(args.output, print_schedule(load_input(args)), args.force)
 

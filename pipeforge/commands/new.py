@@ -10,10 +10,8 @@ same schedule names), otherwise only with ``--force``.
 from __future__ import annotations
 
 import argparse
-import sys
 
-from pipeforge.commands.common import add_force_argument, parse_defines, require_suffix, write_source
-from pipeforge.commands.exits import Exit
+from pipeforge.commands.common import add_force_argument, parse_defines, print_or_write_source, require_suffix
 
 
 def register(subparsers) -> None:
@@ -33,9 +31,5 @@ def run(args: argparse.Namespace) -> int:
 
     if args.output is not None:
         require_suffix(args.output, ".pipe")
-    text = library.source_with_defaults(args.name, parse_defines(args.defines))
-    if args.output is None:
-        sys.stdout.write(text)
-        return Exit.OK
-    write_source(args.output, text, args.force)
-    return Exit.OK
+    return print_or_write_source(args.output, library.source_with_defaults(args.name, parse_defines(args.defines)),
+                                 args.force)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pipeforge.ir import Action, ActionKind, Schedule, Step, replace_programs
-from pipeforge.passes.torch_lowering import TORCH_KINDS, TorchLowering, torch_lowering
+from pipeforge.passes.torch_lowering import TorchLowering, torch_lowering, unknown_kind
 from pipeforge.semantics import RECEIVES, Semantics, peer_stage
 from pipeforge.verifier import verify
 from pipeforge.verifier.report import KINDS, Report, Violation
@@ -104,14 +104,6 @@ def verify_as(schedule: Schedule, target: str = "torch", *, defer_pp_recv: bool 
         placement, found = placement_violations(schedule, launcher)
         report = with_violations(report, found)
     return TargetVerdict(target, report, compute, lowering, placement, defer_pp_recv)
-
-
-def unknown_kind(schedule: Schedule) -> str | None:
-    for rank, index, action in schedule.actions():
-        if action.kind not in TORCH_KINDS:
-            return (f"rank {rank} step {index}: {str(action)!r}: torch's runtime has no action {action.kind.value} "
-                    f"(_Action.from_str refuses it)")
-    return None
 
 
 def as_written(schedule: Schedule) -> Schedule:

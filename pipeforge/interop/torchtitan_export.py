@@ -33,6 +33,7 @@ from pipeforge.interop.torchtitan import torchtitan_available
 from pipeforge.files import write_outputs
 from pipeforge.interop.torch_csv import to_csv_text
 from pipeforge.interop.torch_target import verify_as
+from pipeforge.semantics import SPLIT
 
 TORCH_COMPUTE = frozenset({ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W})
 
@@ -119,7 +120,7 @@ def class_for(schedule: Schedule) -> str:
     ranks, stages = schedule.ranks, schedule.stages
     placement = schedule.placement
     per_rank, rest = divmod(stages, ranks)
-    split = any(a.kind in (ActionKind.I, ActionKind.W) for _, _, a in schedule.actions())
+    split = any(a.kind in SPLIT[ActionKind.B] for _, _, a in schedule.actions())
     overlap = any(step.overlap for _, _, step in schedule.steps())
     if not rest and placement == Placement.loop(stages, ranks):
         if per_rank == 1:

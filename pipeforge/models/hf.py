@@ -105,20 +105,17 @@ def _refuse_other_than_decoders(model: nn.Module) -> None:
         raise UsageError(f"{type(model).__name__} is an encoder-decoder model (config.is_encoder_decoder): "
                          "pipeforge.split cuts decoder-only causal LMs")
     can_generate = getattr(model, "can_generate", None)
-    if callable(can_generate) and not can_generate():
+    if callable(can_generate) and not can_generate() and not type(model).__name__.endswith("ForCausalLM"):
         raise UsageError(f"{type(model).__name__} is not a causal LM (it cannot generate: an encoder or a task "
                          "head): pipeforge.split cuts decoder-only causal LMs")
     if getattr(config, "use_bidirectional_attention", False):
         raise UsageError(f"{type(model).__name__} attends both ways (config.use_bidirectional_attention): "
                          "pipeforge.split makes causal masks")
-    if getattr(config, "is_decoder", True) is False and getattr(config, "model_type", None) in _ENCODERS:
-        raise UsageError(f"{type(model).__name__} is configured as an encoder (config.is_decoder=False): its "
-                         "attention is bidirectional, and pipeforge.split cuts decoder-only causal LMs")
-
-
-# model types whose causal-LM head runs on a bidirectional encoder unless config.is_decoder says otherwise
-_ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra", "ernie", "bert-generation",
-                       "roberta-prelayernorm", "xmod", "data2vec-text", "rembert", "megatron-bert", "big_bird"})
+    both_ways = next((name for name, module in model.named_modules() if getattr(module, "is_causal", None) is False),
+                     None)
+    if both_ways is not None:
+        raise UsageError(f"{type(model).__name__}: its attention {both_ways!r} is not causal (is_causal=False: an "
+                         "encoder, or cross-attention): pipeforge.split cuts decoder-only causal LMs")
 
 
 def _layer_list(model: nn.Module, prefix: str, plan, children: dict[str, nn.Module]) -> str:

@@ -54,9 +54,21 @@ def materialize(modules: Mapping[int, nn.Module], every: Mapping[int, nn.Module]
 
 
 def initialize(module: nn.Module, part: str, init: Callable[[nn.Module], None], seed: int) -> None:
+    """``init`` on every submodule, children first, under the part's seed and with the part's floating dtype
+    as torch's default (as the model was built: a table an initializer computes, GPT-J's sinusoids, then has
+    the precision the model's own construction gives it), both restored after."""
     torch.manual_seed(part_seed(seed, part))
-    for sub in _children_first(module):
-        init(sub)
+    dtype = next((t.dtype for t in [*module.parameters(), *module.buffers()] if t.dtype in _DEFAULTABLE), None)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype or before)
+    try:
+        for sub in _children_first(module):
+            init(sub)
+    finally:
+        torch.set_default_dtype(before)
+
+
+_DEFAULTABLE = (torch.float32, torch.float64)  # the dtypes torch.set_default_dtype takes here
 
 
 def _children_first(module: nn.Module) -> list[nn.Module]:

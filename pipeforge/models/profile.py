@@ -109,11 +109,11 @@ def _round(runners, batch, kwargs, times, saved) -> None:
 
     value = batch
     for runner in runners:
-        # the runtime's own accounting (each saved tensor's bytes once, a parameter's storage not at all)
+        # the runtime's own accounting (each storage saved tensors keep alive once, a parameter's not at all)
         counter = SavedBytes()
         parameters = {p.untyped_storage().data_ptr() for p in runner.module.parameters()}
         started = time.perf_counter()
-        with counted(counter, parameters):
+        with counted(counter, parameters, None, ((value,), kwargs)):  # the layer's inputs: their own bytes
             value = runner.forward(0, (value,), None, True, kwargs)
         times[runner.stage]["F"].append(time.perf_counter() - started)
         saved[runner.stage] = counter.held

@@ -5,9 +5,9 @@ short sequences (a Hugging Face model's second row padded, its attention mask
 given to every stage) through ``model`` and through every stage in order (eval
 mode, no gradients, the random state and every module's mode restored) and
 raises a ``UsageError`` when the two differ in a single bit: a model whose
-``forward`` computes something the cut does not (Granite's embedding and logit
-multipliers, Gemma 2's logit soft-capping, a layer-list model that adds
-positions in its ``forward``) is refused instead of training silently wrong.
+``forward`` computes something the cut does not (a subclass that rescales the
+logits or drops the mask, a layer-list model that adds positions in its
+``forward``) is refused instead of training silently wrong.
 Plain models are checked when their first module says what it takes
 (``nn.Embedding``: token ids; ``nn.Linear``: features); others are not. A
 model still on the meta device cannot be run: ``warn_unchecked`` warns when its
@@ -53,7 +53,7 @@ def verify_cut(model: nn.Module, every: dict[int, nn.Module]) -> None:
                          "pass verify=False to cut it anyway")
 
 
-# Hugging Face model types whose cut equals the model bit for bit (tests/models, and by hand: qwen3, gemma, phi3, olmo2)
+# Hugging Face model types whose cut equals the model bit for bit (tests/models: families.HF and WORLD; gemma by hand)
 TESTED = frozenset({"llama", "gpt2", "qwen2", "mistral", "mixtral", "qwen2_moe", "qwen3", "gemma", "phi3", "olmo2",
                     "gemma2", "gemma3_text", "phi", "gpt_neox", "falcon", "qwen3_moe", "cohere", "stablelm",
                     "starcoder2", "gptj", "bloom", "granite"})

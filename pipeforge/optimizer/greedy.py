@@ -152,6 +152,9 @@ class _RoundBuilder:
         self.p, self.m = problem.stages, problem.microbatches
         self.cost = {k: [problem.costs.duration(ActionKind(k), s) for s in range(self.p)] for k in (F, I, W)}
         self.grow = stage_growth(problem)  # per kind, per stage (M_B): semantics.MEMORY at the stage's sizes
+        # what an I adds where it holds more until its W than its F left (weight_grad > activation): an F
+        # leaves room for it, or the I after it could not run
+        self.i_excess = [max(grow, 0.0) for grow in self.grow[I]]
         limit = problem.memory_limit
         self.limit = (limit if limit is not None else float(self.m) + 1.0) + TOLERANCE
         self.done = {k: [0] * self.p for k in (F, I, W)}
@@ -234,7 +237,7 @@ class _RoundBuilder:
         back = self.needed(self.p - 1, F, 0) + self.cost[I][self.p - 1]
         for j in reversed(range(self.p - 1)):
             held, clock = self.held[j], self.clock[j]
-            while self.done[F][j] + extra[j] < self.m and held + self.grow[F][j] <= self.limit:
+            while self.done[F][j] + extra[j] < self.m and held + self.grow[F][j] + self.i_excess[j] <= self.limit:
                 if self.stop_warm_up(clock, back, j):
                     break
                 held, clock = held + self.grow[F][j], clock + self.cost[F][j]
@@ -315,7 +318,8 @@ class _RoundBuilder:
         self.put(j, I)
 
     def make_room(self, j: int, kind: Kind) -> None:
-        while self.held[j] + self.grow[kind][j] > self.limit:
+        room = self.grow[kind][j] + (self.i_excess[j] if kind == F else 0.0)
+        while self.held[j] + room > self.limit:
             if not self.pending_w(j):
                 raise DoesNotFit
             self.put(j, W)

@@ -58,14 +58,22 @@ TORCH_KINDS = frozenset({K.F, K.B, K.I, K.W, K.SEND_F, K.RECV_F, K.SEND_B, K.REC
                          K.RESHARD})  # torch's _ComputationType, less OVERLAP_F_B (an overlap step here)
 
 
-def not_compute_only(schedule: Schedule) -> str | None:
-    """``_prepare_schedule_with_comms``'s check (format compute_only): every cell F, B, I, W or an overlap
-    (torch's own GPipe dump ends its rows with REDUCE_GRAD, which it then refuses to load); and a kind
-    torch has no action for (pipeforge's R, OFFLOAD, RELOAD), which its CSV reader refuses."""
+def unknown_kind(schedule: Schedule) -> str | None:
+    """The first action of a kind torch has no action for (pipeforge's R, OFFLOAD, RELOAD), named."""
     for rank, index, action in schedule.actions():
         if action.kind not in TORCH_KINDS:
             return (f"rank {rank} step {index}: {str(action)!r}: torch's runtime has no action {action.kind.value} "
                     f"(_Action.from_str refuses it)")
+    return None
+
+
+def not_compute_only(schedule: Schedule) -> str | None:
+    """``_prepare_schedule_with_comms``'s check (format compute_only): every cell F, B, I, W or an overlap
+    (torch's own GPipe dump ends its rows with REDUCE_GRAD, which it then refuses to load); and a kind
+    torch has no action for (pipeforge's R, OFFLOAD, RELOAD), which its CSV reader refuses."""
+    refusal = unknown_kind(schedule)
+    if refusal is not None:
+        return refusal
     for rank, program in enumerate(schedule.programs):
         for position, step in enumerate(program):
             if step.actions and not step.is_compute:

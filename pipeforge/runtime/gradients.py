@@ -1,6 +1,7 @@
 """Gradients after a rank's program: replicas summed across chains, tied parameters summed across ranks.
 
-``distinct_parameters(modules)``: each parameter once, however many stage modules hold it. The pieces the
+``distinct_parameters(modules)``: each parameter once, however many stage modules hold it; ``divide``: the
+step's gradients divided by the microbatch count, as ``div_`` divides them. The pieces the
 pipeline sums replicas with (``add_local``: two replicas on one rank; ``exchange_with``, ``flat_grads``,
 ``add_flat``: across ranks) and checks that copies start equal (``check_same_start``).
 ``TiedParameters``: groups of ``(stage, parameter name)`` that are one parameter of the model
@@ -44,6 +45,32 @@ def _collect(module: torch.nn.Module, visited: set[int], seen: dict[int, torch.n
     for child in module._modules.values():
         if child is not None:
             _collect(child, visited, seen)
+
+
+FEW_GRADIENTS = 8  # CPU gradients divided a call each (more: one ``_foreach_div_``)
+_DIVISORS: dict[int, torch.Tensor] = {}  # ``divide``'s divisors as float64 0-dimensional CPU tensors
+
+
+def divide(grads: list[torch.Tensor], divisor: int) -> None:
+    """Every tensor of ``grads`` divided in place by ``divisor``, bit for bit as ``grad.div_(float(divisor))``
+    (autograd off: the caller's). A CPU tensor of one dimension or more is divided by ``divisor`` as a float64
+    0-dimensional tensor, which takes no part in the result's dtype and holds any divisor a Python float
+    does, so the quotient is the number's, without the number wrapped into a tensor at every call (a
+    0-dimensional gradient would be divided in float64 there: it, and any other, is divided by the number).
+    A few are divided a call each, more with one ``_foreach_div_``."""
+    on_cpu = [g for g in grads if g.is_cpu and g.dim()]
+    others = [g for g in grads if not (g.is_cpu and g.dim())] if len(on_cpu) < len(grads) else []
+    if on_cpu:
+        by = _DIVISORS.get(divisor)
+        if by is None or by._version:
+            by = _DIVISORS[divisor] = torch.tensor(float(divisor), dtype=torch.float64)
+        if len(on_cpu) <= FEW_GRADIENTS:
+            for grad in on_cpu:
+                grad.div_(by)
+        else:
+            torch._foreach_div_(on_cpu, by)
+    if others:  # one call, each divided as div_ would (one kernel for all on a GPU)
+        torch._foreach_div_(others, float(divisor))
 
 
 def trained(module: torch.nn.Module) -> list[torch.nn.Parameter]:

@@ -36,6 +36,7 @@ from pipeforge.runtime.gradients import (
     add_local,
     check_same_start,
     distinct_parameters,
+    divide,
     flat_grads,
     local,
     trained,
@@ -75,6 +76,7 @@ class Pipeline:
         self._start = StepStart(info, self.rank)  # what a step begins with, and a failed step leaves
         self._rows = BatchRows(info, self.rank)  # the batch's rows, that targets and inputs must split like
         self._input_shapes: tuple | None = None
+        self._passed: set[tuple] = set()  # the keys of calls every check of ``_prepare`` passed (``_call_key``)
         self.data_parallel = data_parallel or DataParallel(self.rank, {})
         self.functions = dict(functions or {})
         self.activations: ActivationCount | None = None  # the last step's count (``pipeforge.runtime.memory``)
@@ -143,6 +145,7 @@ class Pipeline:
             result = self._traced(call, *arguments) if self.trace else call(*arguments)
         except BaseException as error:
             self._input_shapes = shapes  # a batch refused or failed does not become the shape later ones keep
+            self._passed.clear()  # (what the checks passed for stood on the shapes kept)
             if not self._start.begun:  # refused by the check, on every rank together: nothing left behind
                 raise
             told = self._start.failed(self.transport, error)  # the peers learn of it (recovery.StepStart.failed)
@@ -272,16 +275,23 @@ class Pipeline:
     def _prepare(self, ctx: RankContext, args: tuple, kwargs: dict, target: Any, shared: Any, per_stage: Any,
                  training: bool) -> list[tuple[str, int, bool]]:
         """The call's arguments checked and split into ``ctx`` (a ``PipelineUsageError`` says what is wrong);
-        the tensors split into microbatches, with their rows (``rows.named_tensors``)."""
+        the tensors split into microbatches, with their rows (``rows.named_tensors``).
+
+        What the checks read of a call of plain tensors on the device (``_call_key``: the mode, each tensor's
+        shape and dtype, whether a target came) is all they read of it once the batch's shapes were set and
+        the rows agreed: a call whose key passed them then passes them again, so it is split at once, as
+        they split it; any other call goes through them (``_passed``, forgotten when a call fails)."""
+        key = None
+        if not kwargs and shared is None and per_stage is None:
+            key = _call_key(args, target, training, self.transport.device)
+        if key is not None and key in self._passed:
+            chunks = self.info.microbatches
+            ctx.inputs = split_inputs(args, {}, chunks) if args else []
+            ctx.targets = split_value(target, chunks) if target is not None else []
+            return []
         problem = self.refusal(target, training)
         if problem:
             raise PipelineUsageError(problem)
-        if (not kwargs and shared is None and per_stage is None and self._rows.rows is not None
-                and not self.info.recomputed):
-            split = self._split_as_before(args, target)
-            if split is not None:  # the first call's shapes, checked then: no names, no rows to check again
-                ctx.inputs, ctx.targets = split
-                return []
         if shared is not None or per_stage is not None:
             ctx.stage_inputs = self._stage_inputs(shared, per_stage)
         ctx.inputs = self._batch(args, kwargs, ctx.stage_inputs.get(0))
@@ -296,35 +306,9 @@ class Pipeline:
             problem = unkept_inputs(self.info, self.rank, ctx.inputs, ctx.stage_inputs.get(0))  # (runtime/saved.py)
         if problem:
             raise PipelineUsageError(problem)
+        if key is not None and self._rows.rows is not None:  # the rows were agreed: every check above ran
+            self._passed.add(key)
         return named
-
-    def _split_as_before(self, args: tuple, target: Any) -> tuple[list, list] | None:
-        """Plain tensors on the device, the batch of the shapes a call passed with (its rows agreed), the target
-        of the batch's rows: their microbatches at once, as ``_prepare``'s checks would pass them (``None``:
-        the call goes through every check, and a bad one gets their error)."""
-        chunks = self.info.microbatches
-        device = self.transport.device
-        on_cpu = device.type == "cpu"
-        inputs: list = []
-        if args:
-            shapes = self._input_shapes
-            if shapes is None or len(args) != len(shapes) or not self.holds_first:
-                return None
-            for a, (shape, dtype) in zip(args, shapes):
-                if (type(a) is not torch.Tensor or a.shape != shape or a.dtype is not dtype
-                        or not (a.is_cpu if on_cpu else a.device == device)):
-                    return None
-            inputs = [(row, {}) for row in zip(*[torch.tensor_split(a, chunks) for a in args])]
-        elif self.holds_first:
-            return None
-        targets: list = []
-        if target is not None:
-            if (type(target) is not torch.Tensor or not self.holds_last or target.dim() == 0
-                    or target.size(0) != self._rows.rows or target.size(0) < chunks
-                    or not (target.is_cpu if on_cpu else target.device == device)):
-                return None
-            targets = list(torch.tensor_split(target, chunks))
-        return inputs, targets
 
     def _run_program(self, ctx: RankContext, training: bool) -> None:
         ctx.begin_program()
@@ -475,8 +459,8 @@ class Pipeline:
         return distinct_parameters(self.modules())
 
     def _scale(self, divisor: int) -> None:
-        """Divide every gradient by ``divisor``; an FSDP gradient (a DTensor) in its local shard, which is
-        the same elementwise division without DTensor's dispatch (several times the cost of the division)."""
+        """Divide every gradient by ``divisor`` (``gradients.divide``); an FSDP gradient (a DTensor) in its local
+        shard, which is the same elementwise division without DTensor's dispatch (several times its cost)."""
         grads = []
         for param in self.parameters():
             grad = param.grad
@@ -487,7 +471,7 @@ class Pipeline:
         enabled = torch.is_grad_enabled()  # no_grad's own switch, without its context manager's calls
         torch._C._set_grad_enabled(False)
         try:
-            torch._foreach_div_(grads, float(divisor))  # one call, each gradient divided as div_ would
+            divide(grads, divisor)
         finally:
             torch._C._set_grad_enabled(enabled)
 
@@ -584,6 +568,18 @@ def _keywords(value: Any, where: str) -> dict[str, Any]:
         raise PipelineUsageError(f"{where} must be a dict of keyword inputs (name -> value); got "
                                  f"{type(value).__name__}")
     return dict(value)
+
+
+def _call_key(args: tuple, target: Any, training: bool, device: torch.device) -> tuple | None:
+    """What ``Pipeline._prepare``'s checks read of a call of plain tensors on ``device`` and nothing else, once
+    the batch's shapes are set and its rows agreed: the mode, each argument's and the target's shape and dtype,
+    whether a target came (``None``: another call, which they read whole)."""
+    on_cpu = device.type == "cpu"
+    for value in (*args, target) if target is not None else args:
+        if type(value) is not torch.Tensor or not (value.is_cpu if on_cpu else value.device == device):
+            return None
+    meta = tuple([(a.shape, a.dtype) for a in args])
+    return training, meta, None if target is None else (target.shape, target.dtype)
 
 
 def _metas(chunk: Any) -> tuple:

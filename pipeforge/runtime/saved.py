@@ -1,12 +1,13 @@
 """What R, OFFLOAD and RELOAD run: recomputation and offloading of one microbatch's saved activations.
 
 Codegen writes which (stage, microbatch, chain) a schedule recomputes and offloads into ``ScheduleInfo``.
-A recomputed forward runs under autograd saving nothing (its outputs carry a gradient where R's will) and
-keeps its inputs (a copy of those it changes in place) and RNG state; R restores that state in a fork of
-the RNG (dropout draws the same masks) and runs the forward again under autograd. An offloaded
-forward saves through ``saved_tensors_hooks`` into a holder; OFFLOAD copies each saved non-parameter tensor
-to host memory, RELOAD back, one code path on the rank's copy lane (``copy_lane.py``: CUDA, non-blocking
-on a side stream, waited before the backward; CPU, a host copy at once). ``SavedBytes`` counts the bytes
+A recomputed forward's outputs carry a gradient where R's will (learned by the stage's first of a step,
+run under autograd saving nothing); it keeps its inputs (a copy of those it changes in place) and RNG
+state; R restores that state in a fork of the RNG (dropout draws the same masks) and runs the forward
+again under autograd. An offloaded forward saves through ``saved_tensors_hooks`` into a holder; OFFLOAD
+copies each saved non-parameter tensor to host memory, RELOAD back, one code path on the rank's copy lane
+(``copy_lane.py``: CUDA, non-blocking on a side stream, waited before the backward; CPU, a host copy at
+once). ``SavedBytes`` counts the bytes
 saved tensors keep alive on the device (each storage once, a given input its own bytes: ``saved_key``), of
 recomputed forwards' checkpoints and of the gradients an I leaves for its W (``hold_gradients``):
 ``Pipeline.saved_peak`` after a step with ``count_saved`` (``pipeforge profile`` measures a stage's bytes
@@ -15,13 +16,14 @@ with it). Rules: ``docs/semantics.md``.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from collections.abc import Iterator
+from contextlib import nullcontext
 from typing import Any, NamedTuple
 
 import torch
 
 from pipeforge.runtime.copy_lane import copy_lane, move
+from pipeforge.runtime.microbatch import as_tuple
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError
 from pipeforge.runtime.split_backward import Releasable, WeightPlan, held_gradients
 from pipeforge.runtime.stage import MicrobatchState
@@ -187,6 +189,7 @@ class SavedActivations:
         # (stage, chain) -> the inputs its recomputed forward changes in place (an argument's index, a keyword's
         # name), learned at its first; kept across steps as the pipeline keeps its shapes
         self.changed: dict[tuple[int, int], frozenset[int | str]] = {}
+        self.carried: dict[tuple[int, int], tuple[bool, ...]] = {}  # (stage, chain) -> its outputs' flags, this step
         self.lane = copy_lane(device)  # OFFLOAD and RELOAD's copies (``copy_lane.py``: CPU and CUDA alike)
         self.finished = True  # nothing held since the last ``finish`` (``begin`` need not clear)
 
@@ -196,6 +199,7 @@ class SavedActivations:
             self.finish()
         self.finished = False
         self.counter = None
+        self.carried.clear()  # learned again each step (a parameter made trainable since: announced, or refused)
 
     def start_counting(self) -> None:
         """Count the saved tensors' bytes of this step (``SavedBytes``)."""
@@ -229,12 +233,14 @@ class SavedActivations:
 
     def _checkpointed(self, runner, key: Key, args: tuple, target: Any, kwargs: dict,
                       wants: tuple[bool, ...] | None) -> Any:
-        """The forward of a recomputed microbatch: its inputs and RNG state kept, its activations not. It runs
-        under autograd with saved-tensor hooks that keep nothing (no more memory than without autograd), so
-        its outputs carry a gradient exactly where R's will: the shapes header and a hand-over on this rank
-        tell the next stage which of its inputs want one (a tensor sent without one stays without, and the
-        next stage may change it in place). Inputs the forward changes in place are kept as they were before
-        it (``_changed``: learned at the first such forward of the stage), so R starts from what F did."""
+        """The forward of a recomputed microbatch: its inputs and RNG state kept, its activations not. Its
+        outputs carry a gradient exactly where R's will: the shapes header and a hand-over on this rank tell
+        the next stage which of its inputs want one (a tensor sent without one stays without, and the next
+        stage may change it in place). The stage's first in a step runs under autograd with saved-tensor hooks
+        that keep nothing (no more memory than without autograd) to learn which (``carried``); the others
+        run without autograd (the first takes 1.24 times their CPU, docs/runtime-internals.md) and say what
+        it learned. Inputs the forward changes in place are kept as they were before it (``changed``: learned
+        at the stage's first), so R starts from what F did."""
         if next(_tensors((args, kwargs)), None) is None:
             raise PipelineUsageError(_unkept(runner.rank, runner.stage, key[1], None, args, kwargs))
         rng = _rng_state(self.device)
@@ -243,19 +249,21 @@ class SavedActivations:
         changed = self.changed.get(where)
         copies = _copies(kept, kwargs, changed)  # before the forward: what it may change in place
         versions = _versions(kept, kwargs)
-        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_unsaved, _never_unpacked):
-            output = runner.forward(key[1], kept, target, True, kwargs, wants)
+        carried = self.carried.get(where)
+        if runner.is_last:  # it sends nothing: no gradient flags to learn
+            output = runner.forward(key[1], kept, target, False, kwargs, wants)
+        elif carried is None:
+            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_unsaved, _never_unpacked):
+                output = _without_graph(runner.forward(key[1], kept, target, True, kwargs, wants))
+            self.carried[where] = _carried(output)
+        else:
+            output = _flagged(runner.forward(key[1], kept, target, False, kwargs, wants), carried)
         now = {k for k, v in _versions(kept, kwargs).items() if versions[k] != v}
         if changed is None:
             changed = self.changed[where] = frozenset(now)
         elif not now <= changed:
             raise PipelineError(_changed_later(runner, key[1], sorted(now - changed, key=str)))
         kept_args, kept_kwargs = _restored(kept, kwargs, copies, changed)
-        output = _without_graph(output)
-        if runner.is_last:  # loss and outputs kept as in training, without the graph that saved nothing
-            runner.outputs[key[1]] = output
-            if key[1] in runner.losses:
-                runner.losses[key[1]] = runner.losses[key[1]].detach()
         self.checkpoints[key] = Checkpoint(kept_args, kept_kwargs, target, rng, wants)
         if self.counter is not None:  # the checkpoint is held until the backward, as simulate counts it
             self.counter.give((kept_args, kept_kwargs, target))
@@ -434,6 +442,21 @@ def _without_graph(output: Any) -> Any:
         return output.detach().requires_grad_(output.requires_grad)
     if type(output) is tuple:
         return tuple([_without_graph(t) if isinstance(t, torch.Tensor) else t for t in output])
+    return output
+
+
+def _carried(output: Any) -> tuple[bool, ...]:
+    """Which of an output's tensors carry a gradient (as the next stage is told)."""
+    return tuple([isinstance(t, torch.Tensor) and t.requires_grad for t in as_tuple(output)])
+
+
+def _flagged(output: Any, carried: tuple[bool, ...]) -> Any:
+    """A forward's output without autograd, each tensor a new leaf carrying a gradient as ``carried`` says."""
+    if isinstance(output, torch.Tensor):
+        return output.detach().requires_grad_(carried[0] and output.is_floating_point())
+    if type(output) is tuple and len(output) == len(carried):
+        return tuple([t.detach().requires_grad_(flag and t.is_floating_point()) if isinstance(t, torch.Tensor) else t
+                      for t, flag in zip(output, carried)])
     return output
 
 

@@ -106,18 +106,15 @@ def placement_problem(program: Program, slot: Slot, key: ActionKey, chains: dict
         return f"{text_of(key)}: microbatch {mb} is outside 0..{sched.microbatches - 1}"
     if kind_role == "stage":
         return stage_only_placement_problem(program, slot, key)
-    owner = program.owners[chain][stage]
-    if owner != slot.rank:
-        return f"{text_of(key)} is on rank {slot.rank}, but stage {stage} (chain {chain}) is placed on rank {owner}"
-    if chains and chains.get(mb, chain) != chain:
-        return f"{text_of(key)}: microbatch {mb} belongs to chain {chains[mb]} (its F on stage 0)"
-    if kind_role == "comm":
+    problem = compute_placement_problem(program, slot, key, chains)
+    if problem is None and kind_role == "comm":
         return comm_placement_problem(program, slot, key)
-    return None
+    return problem
 
 
 def compute_placement_problem(program: Program, slot: Slot, key: ActionKey, chains: dict[int, int]) -> str | None:
-    """The common case, kept short: an in-range compute action."""
+    """The common case, kept short: an in-range compute action (and what an in-range communication
+    action must meet before its peer's checks): on its stage's rank, of its microbatch's chain."""
     stage, _, mb, chain = key
     owner = program.owners[chain][stage]
     if owner != slot.rank:

@@ -87,3 +87,16 @@ def test_values_from_safetensors_shards_read_for_the_owned_stages(tmp_path):
     assert torch.equal(got, want)
     with pytest.raises(pipeforge.UsageError, match="names no .safetensors file"):
         pipeforge.split(families.build("llama", meta=True), 2, state_dict=tmp_path / "missing")
+
+
+@pytest.mark.parametrize("name", ["gptj", "gemma3"])
+def test_a_meta_model_given_the_state_dict_computes_what_the_model_computes(name):
+    """Buffers no state_dict holds (GPT-J's sinusoids, the rotary tables) are made in the model's own precision."""
+    model = families.build(name, seed=3)
+    loaded = pipeforge.split(families.build(name, meta=True), 2, state_dict=model.state_dict())
+    tokens, mask, _ = families.batch(name, 2, seed=0)
+    hidden = tokens
+    for stage in (0, 1):
+        hidden = loaded.modules[stage](hidden, attention_mask=mask)
+    assert torch.equal(hidden, model(input_ids=tokens, attention_mask=mask, use_cache=False).logits)
+    assert torch.get_default_dtype() == torch.float32  # as the caller had it

@@ -8,7 +8,8 @@ schedules with a tied, a sliding-window, an MoE and a layer-list model; on 2
 ranks each further family (``families.WORLD``: Gemma 2 and 3, Phi, OLMo 2,
 GPT-NeoX, Falcon, Qwen3, Cohere, StableLM, Starcoder2, GPT-J, BLOOM, Granite)
 with one of 1F1B, interleaved 1F1B, ZBV, DualPipeV and 1F1B with recompute,
-in turn (the slow tier: each with all five). Every
+in turn (the slow tier: each with all five), and on 4 ranks Falcon, Gemma 3
+and the tied BLOOM on interleaved 1F1B, DualPipeV and Chimera. Every
 model is built on the meta device and each rank materializes only its stages;
 batches are padded, the loss is the batch's token mean (``TokenMeanLoss``).
 Losses, every gradient after each step and every parameter after two SGD steps
@@ -32,7 +33,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(1200)]
 ROUNDING = 1e-12
 EVERY_SCHEDULE = ("llama-tied", "gpt2", "mixtral", "qwen2-moe")
 FOUR_RANKS = {"schedules": ("1f1b", "interleaved-1f1b", "zbv", "chimera", "dualpipev"),
-              "families": ("llama-tied", "qwen2", "mixtral", "layer-list")}
+              "families": ("llama-tied", "qwen2", "mixtral", "layer-list"),
+              "world": {"interleaved-1f1b": ("falcon",), "dualpipev": ("gemma3",), "chimera": ("bloom",)}}
 WORLD_SCHEDULES = ("1f1b", "interleaved-1f1b", "zbv", "dualpipev", "1f1b-recompute")
 
 
@@ -59,7 +61,7 @@ def cases(ranks: int, out_dir, full: bool | str = False) -> list[Case]:
         elif ranks == 2:
             chosen = families.FAMILIES if name in ("1f1b", "zbv") else EVERY_SCHEDULE
         else:
-            chosen = FOUR_RANKS["families"]
+            chosen = FOUR_RANKS["families"] + FOUR_RANKS["world"].get(name, ())
         found += [Case(f"{name} {family}", family, path) for family in chosen]
     return found
 

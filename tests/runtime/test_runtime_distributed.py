@@ -17,6 +17,7 @@ import pipeforge.tools.demo_models
 from pipeforge.generator import codegen
 from pipeforge.library import names
 from pipeforge.tools.launch import spawn, summarize
+from tests.demo_jobs import demo_pipeline
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
 
@@ -124,14 +125,9 @@ def test_a_pipeline_in_a_sub_group_composes_with_data_parallel(tmp_path):
 def step_and_eval_results(rank: int, nproc: int, path: str) -> dict:
     """What step() and eval() return on each rank, with and without outputs and losses."""
     from pipeforge.tools import demo_models as models
-    from pipeforge.tools.generated import load_module
 
-    generated = load_module(path)
-    info = generated.SCHEDULE
-    full = models.build_stages("mlp", info.stages, seed=0)
-    pipe = generated.make_pipeline({s: full[s] for s in sorted({s for s, _ in info.held(rank)})},
-                                   loss_fn=models.loss_fn, timeout=20)
-    x, y = models.make_batch(info.stages, 9, seed=0)  # 9 rows in 4 microbatches: sizes 3, 2, 2, 2
+    pipe = demo_pipeline({"path": path, "wait": 20}, rank)
+    x, y = models.make_batch(pipe.info.stages, 9, seed=0)  # 9 rows in 4 microbatches: sizes 3, 2, 2, 2
     args, target = ((x,) if pipe.holds_first else ()), (y if pipe.holds_last else None)
     losses: list = []
     quiet = pipe.step(*args, target=target, losses=losses, return_outputs=False)

@@ -25,11 +25,11 @@ from pipeforge.cli import main
 from pipeforge.generator import codegen
 from pipeforge.tools.launch import spawn
 from tests.load import scaled
+from tests.runtime.table_jobs import MICROBATCHES, WIDTH, compared_step, two_stage_pipeline
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
 WAIT = scaled(20.0)
-ROWS, WIDTH, MICROBATCHES = 8, 4, 4
 
 
 class Head(torch.nn.Module):
@@ -60,50 +60,18 @@ class Tail(torch.nn.Module):
         return torch.tanh(self.linear(h)) * table
 
 
-def loss_fn(output, target):
-    return torch.nn.functional.mse_loss(output, target)
-
-
-def reference(head: Head, tail: Tail, x, y) -> list[torch.Tensor]:
-    """The unpipelined gradients of one step: the microbatches' mean loss."""
-    for module in (head, tail):
-        module.zero_grad(set_to_none=True)
-    total = sum(loss_fn(tail(*head(xm)), ym) for xm, ym in zip(x.tensor_split(MICROBATCHES),
-                                                            y.tensor_split(MICROBATCHES)))
-    (total / MICROBATCHES).backward()
-    return [p.grad.clone() for m in (head, tail) for p in m.parameters()]
-
-
 def three_steps(rank: int, nproc: int, job: dict) -> dict:
-    import copy
-
-    from pipeforge.runtime import PipelineError
-    from pipeforge.tools.generated import load_module
-
     torch.set_default_dtype(torch.float64)
     torch.manual_seed(0)
     head, tail = Head(), Tail()
-    mine = copy.deepcopy(head if rank == 0 else tail)
-    generated = load_module(job["path"])
-    pipe = generated.make_pipeline({rank: mine}, loss_fn=loss_fn, timeout=job["wait"])
-    x, y = torch.randn(ROWS, WIDTH), torch.randn(ROWS, WIDTH)
+    mine, pipe, x, y = two_stage_pipeline(job, rank, head, tail)
     report: dict = {"errors": [], "diffs": []}
     for index in range(3):
         if index == 1:  # the table carries a gradient from now on, on both sides of the comparison
             head.learn()
             if rank == 0:
                 mine.learn()
-        mine.zero_grad(set_to_none=True)
-        try:
-            pipe.step(*((x,) if rank == 0 else ()), target=y if rank == 1 else None)
-            report["errors"].append("")
-        except PipelineError as error:
-            report["errors"].append(str(error))
-            continue
-        expected = reference(head, tail, x, y)
-        ours = [p.grad for p in mine.parameters()]
-        theirs = expected[:len(ours)] if rank == 0 else expected[-len(ours):]
-        report["diffs"].append(max((a - b).abs().max().item() for a, b in zip(ours, theirs)))
+        compared_step(pipe, mine, rank, head, tail, x, y, report)
     report["seen"] = mine.seen if rank == 1 else []
     return report
 

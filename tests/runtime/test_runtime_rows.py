@@ -118,7 +118,7 @@ def test_what_splits_like_the_batch(rows, batch, chunks, fits):
 
 
 def one_process_calls(rank: int, nproc: int, path: str) -> list[str]:
-    """After a first step, calls the checks refuse between calls split at once (``Pipeline._split_as_before``)."""
+    """After a first step, calls the checks refuse between calls split at once (``Pipeline._prepare``'s ``_passed``)."""
     from pipeforge.runtime import PipelineUsageError
     from pipeforge.tools import demo_models as models
     from pipeforge.tools.generated import load_module

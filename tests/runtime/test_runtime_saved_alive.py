@@ -100,7 +100,7 @@ def test_a_recomputed_forward_keeps_nothing_alive_but_its_output_and_tells_which
     torch.manual_seed(0)
     module = Block()
     runner = StageRunner(module, 1, 0, False, False)
-    saved = SavedActivations(frozenset({(1, 0, 0)}), frozenset(), None)
+    saved = SavedActivations(frozenset({(1, 0, 0), (1, 1, 0)}), frozenset(), None)
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     tracker = Storages()
     with tracker:
@@ -112,6 +112,9 @@ def test_a_recomputed_forward_keeps_nothing_alive_but_its_output_and_tells_which
     assert tracker.alive(params | outputs | {x.untyped_storage().data_ptr()}) == 0
     saved.recompute(runner, 0)  # R: the graph, saved tensors and all
     assert runner.states[0].roots and runner.states[0].roots[0].requires_grad
+    with tracker:  # the stage's next forward of the step runs without autograd and says what the first learned
+        hidden, table = saved.forward(runner, 1, (x.clone(),), None, True, {}, (True,))
+    assert hidden.requires_grad and hidden.grad_fn is None and not table.requires_grad
 
 
 def test_a_recomputed_stage_changing_an_input_in_place_later_only_is_refused_by_name():

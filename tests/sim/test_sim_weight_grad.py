@@ -45,9 +45,10 @@ def test_simulate_verify_and_optimize_count_the_excess(tmp_path):
     assert verify(_with_limit(schedule, top)).valid
     below = verify(_with_limit(schedule, top - 0.05))
     assert not below.valid and {v.kind for v in below.violations} == {"memory"}
-    result = optimize(_with_limit(schedule, 2.5), strategy="auto", time_limit=3)
-    assert max(simulate(result.schedule).peak_memory) <= 2.5 + 1e-9
-    assert verify(result.schedule).valid
+    for limit in (2.5, 2.0):  # at 2.0 the greedy's warm-up leaves room for the I after its forwards (it had not)
+        result = optimize(_with_limit(schedule, limit), strategy="auto", time_limit=3)
+        assert max(simulate(result.schedule).peak_memory) <= limit + 1e-9
+        assert verify(result.schedule).valid
 
 
 def _capped(tmp_path, path):
