@@ -7,7 +7,8 @@ graphs, input gradients and weight gradients (the region's ``nn.Parameter`` inpu
 compiled by ``backend``. The region is one autograd node (``SplitRegionBackward``) that runs
 only the graphs its caller needs: I gets the input gradients, keeps what the weight graph reads
 and frees the other saved values; W runs the weight graph and frees the rest; a full backward
-runs both (freeing is then the engine's). A backward needing what I or W freed raises. Gradients
+runs both (freeing is then the engine's). A backward needing what I or W freed raises. A region that
+writes into its inputs (batch norm's statistics) is compiled plainly, one fused node. Gradients
 are the region's own (bit for bit the eager ones with ``aot_eager``). How: ``docs/runtime-internals.md``.
 """
 
@@ -168,12 +169,18 @@ def _tangent(grad: torch.Tensor | None, meta: tuple[torch.Size, torch.dtype, tor
     return grad.contiguous()  # the graphs were compiled for contiguous gradients
 
 
+def _writes(traced: fx.GraphModule) -> bool:
+    """Whether the graph holds an operation that writes into a tensor (a mutable schema)."""
+    return any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in traced.graph.nodes)
+
+
 def trace_region(gm: fx.GraphModule, args: Sequence[torch.Tensor], weights: tuple[bool, ...],
                  inner: Callable) -> RegionGraphs | None:
     """Trace the region with its backward (``make_fx`` over ``autograd.grad``) and cut the joint graph in three:
     the forward (what the outputs need), the input gradients (what they need beyond the forward), and the
-    weight gradients (the rest); each compiled by ``inner`` for the shapes of ``args``. ``None`` for a region
-    that writes into a tensor, which the caller compiles plainly."""
+    weight gradients (the rest); each compiled by ``inner`` for the shapes of ``args``. Writes into the
+    region's own values are functionalized first; ``None`` for a region that writes into its inputs (a buffer),
+    which the caller compiles plainly."""
     with FakeTensorMode() as fake, torch.enable_grad():  # the outputs' kinds, without running the region
         probe = gm(*(fake.from_tensor(a) for a in args))
     flat = list(probe) if isinstance(probe, (tuple, list)) else [probe]
@@ -192,8 +199,11 @@ def trace_region(gm: fx.GraphModule, args: Sequence[torch.Tensor], weights: tupl
 
     tangents = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in metas]
     traced = make_fx(joint, tracing_mode="fake")(*args, *tangents)
-    if any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in traced.graph.nodes):
-        return None  # a region that writes into a tensor (batch norm's statistics): compiled plainly
+    if _writes(traced):  # writes into its own values (Falcon's add_, div_) become pure ops, traced again
+        traced = make_fx(torch.func.functionalize(traced, remove="mutations_and_views"),
+                         tracing_mode="fake")(*args, *tangents)
+    if _writes(traced):
+        return None  # a region that writes into its inputs (batch norm's statistics): compiled plainly
     cut = cut_joint(traced, len(args), len(flat), [weights[i] for i in wanting])
     inputs_at = tuple(wanting[k] for k in cut.input_positions)
     weights_at = tuple(wanting[k] for k in cut.weight_positions)

@@ -167,6 +167,36 @@ def test_a_region_that_writes_into_a_buffer_is_compiled_plainly(float64):
     assert torch.equal(mine._orig_mod[1].running_mean, eager[1].running_mean)  # updated once each
 
 
+class WritesInPlace(nn.Module):
+    """Writes into its own values (``div_``, ``add_`` on intermediates, as Falcon's attention does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        h.div_(2.0)
+        h = torch.tanh(h) * 3.0
+        h.add_(1.0)
+        return self.b(h)
+
+
+def test_a_region_that_writes_into_its_own_values_still_splits(float64):
+    torch.manual_seed(5)
+    eager, counted = WritesInPlace(), Counted()
+    mine = torch.compile(copy.deepcopy(eager), backend=split_backend(counted), dynamic=False)
+    x, grad = torch.randn(8, 4, requires_grad=True), torch.randn(8, 4)
+    out = mine(x)
+    params = list(mine.parameters())
+    (dx,), plan = SplitBackward().backward_input((out,), (grad,), [x], params)
+    assert plan.note == SPLIT_NOTE and all(p.grad is None for p in params)  # fused before: FUSED_NOTE
+    accumulate_weight_gradients(plan)
+    assert counted.take() == ["forward", "input", "weight"]
+    want_dx, want = eager_gradients(eager, x, grad)
+    assert torch.equal(dx, want_dx) and all(torch.equal(p.grad, w) for p, w in zip(params, want))
+
+
 def test_without_gradients_the_plain_compiled_graph_runs(float64):
     counted = Counted()
     mine = compiled_copy(Stage(blocks=1), counted)

@@ -181,6 +181,37 @@ def test_a_compiled_stage_holds_from_i_to_w_no_more_than_the_eager_split(family)
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(eager.parameters(), compiled.parameters()))
 
 
+def test_a_compiled_falcon_stage_splits_though_its_attention_writes_in_place():
+    """Falcon's attention divides and adds into its own values in place: its regions are functionalized and
+    split (they were compiled plainly, one fused node: the whole backward at I), gradients bit for bit."""
+    import copy
+
+    from pipeforge.models.compiled import split_backend
+    from pipeforge.runtime.split_backward import SPLIT_NOTE, SplitBackward, accumulate_weight_gradients
+    from tests.models import families
+
+    torch._dynamo.config.cache_size_limit = 64
+    cut = pipeforge.split(families.build("falcon"), 3, seed=0)
+    tokens, mask, _ = families.batch("falcon", 2, seed=1)
+    with torch.no_grad():
+        x = cut.modules[0](tokens, attention_mask=mask)
+    eager = cut.modules[1]
+    compiled = copy.deepcopy(eager)
+    for key, layer in compiled.layers.items():
+        compiled.layers[key] = torch.compile(layer, backend=split_backend("aot_eager"), dynamic=False)
+    found = {}
+    for name, stage in (("eager", eager), ("compiled", compiled)):
+        leaf = x.detach().requires_grad_()
+        out = stage(leaf, attention_mask=mask)
+        params = [p for p in stage.parameters() if p.requires_grad]
+        (dx,), plan = SplitBackward().backward_input((out,), (torch.ones_like(out),), [leaf], params)
+        accumulate_weight_gradients(plan)
+        found[name] = dx, [p.grad for p in params], plan.note
+    (want_dx, want, _), (dx, grads, note) = found["eager"], found["compiled"]
+    assert note == SPLIT_NOTE
+    assert torch.equal(dx, want_dx) and all(torch.equal(a, b) for a, b in zip(grads, want))
+
+
 class Block(torch.nn.Module):
     def __init__(self):
         super().__init__()
