@@ -151,14 +151,11 @@ def test_compiled_gpt_and_llama_stage_sets_split_around_their_regions(family, ba
         assert notes == ([] if name == "1f1b" else [SPLIT_NOTE]), (name, notes)
 
 
-@pytest.mark.parametrize("family", sorted(HELD))
-def test_a_compiled_stage_holds_from_i_to_w_no_more_than_the_eager_split(family):
-    """The middle stage of the model cut in 3, float64, every decoder layer compiled with aot_eager: the bytes
-    alive from I to W (saved, kept, recorded for W) against the eager stage's, the gradients bit for bit; the
-    compiling call runs under the measure's saved-tensor hooks (the runtime's counting and offload use them)."""
+def middle_stage(family: str) -> tuple:
+    """The middle stage of ``family`` cut in 3 (float64), its input and mask, and a copy of it with every decoder
+    layer compiled by ``split_backend("aot_eager")``."""
     import copy
 
-    from benchmarks.runtime.compiled import held_from_i_to_w
     from pipeforge.models.compiled import split_backend
     from tests.models import families
 
@@ -171,6 +168,17 @@ def test_a_compiled_stage_holds_from_i_to_w_no_more_than_the_eager_split(family)
     compiled = copy.deepcopy(eager)
     for key, layer in compiled.layers.items():
         compiled.layers[key] = torch.compile(layer, backend=split_backend("aot_eager"), dynamic=False)
+    return x, mask, eager, compiled
+
+
+@pytest.mark.parametrize("family", sorted(HELD))
+def test_a_compiled_stage_holds_from_i_to_w_no_more_than_the_eager_split(family):
+    """The middle stage of the model cut in 3, float64, every decoder layer compiled with aot_eager: the bytes
+    alive from I to W (saved, kept, recorded for W) against the eager stage's, the gradients bit for bit; the
+    compiling call runs under the measure's saved-tensor hooks (the runtime's counting and offload use them)."""
+    from benchmarks.runtime.compiled import held_from_i_to_w
+
+    x, mask, eager, compiled = middle_stage(family)
     found = {}
     for name, stage in (("eager", eager), ("compiled", compiled)):
         held_from_i_to_w(stage, x, {"attention_mask": mask})  # compiles
@@ -184,21 +192,9 @@ def test_a_compiled_stage_holds_from_i_to_w_no_more_than_the_eager_split(family)
 def test_a_compiled_falcon_stage_splits_though_its_attention_writes_in_place():
     """Falcon's attention divides and adds into its own values in place: its regions are functionalized and
     split (they were compiled plainly, one fused node: the whole backward at I), gradients bit for bit."""
-    import copy
-
-    from pipeforge.models.compiled import split_backend
     from pipeforge.runtime.split_backward import SPLIT_NOTE, SplitBackward, accumulate_weight_gradients
-    from tests.models import families
 
-    torch._dynamo.config.cache_size_limit = 64
-    cut = pipeforge.split(families.build("falcon"), 3, seed=0)
-    tokens, mask, _ = families.batch("falcon", 2, seed=1)
-    with torch.no_grad():
-        x = cut.modules[0](tokens, attention_mask=mask)
-    eager = cut.modules[1]
-    compiled = copy.deepcopy(eager)
-    for key, layer in compiled.layers.items():
-        compiled.layers[key] = torch.compile(layer, backend=split_backend("aot_eager"), dynamic=False)
+    x, mask, eager, compiled = middle_stage("falcon")
     found = {}
     for name, stage in (("eager", eager), ("compiled", compiled)):
         leaf = x.detach().requires_grad_()
