@@ -254,8 +254,9 @@ class SavedActivations:
             output = runner.forward(key[1], kept, target, False, kwargs, wants)
         elif carried is None:
             with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_unsaved, _never_unpacked):
-                output = _without_graph(runner.forward(key[1], kept, target, True, kwargs, wants))
-            self.carried[where] = _carried(output)
+                output = runner.forward(key[1], kept, target, True, kwargs, wants)
+            carried = self.carried[where] = _carried(output)
+            output = _flagged(output, carried)  # without its graph, flagged as it came
         else:
             output = _flagged(runner.forward(key[1], kept, target, False, kwargs, wants), carried)
         now = {k for k, v in _versions(kept, kwargs).items() if versions[k] != v}
@@ -435,29 +436,24 @@ def _restored(args: tuple, kwargs: dict, copies: dict[int | str, torch.Tensor],
             {k: copies[k] if k in changed else v for k, v in kwargs.items()})
 
 
-def _without_graph(output: Any) -> Any:
-    """A recomputed forward's output without its graph, each tensor still saying whether it carries a
-    gradient (what its R's output will): the next stage's inputs want one exactly there."""
-    if isinstance(output, torch.Tensor):
-        return output.detach().requires_grad_(output.requires_grad)
-    if type(output) is tuple:
-        return tuple([_without_graph(t) if isinstance(t, torch.Tensor) else t for t in output])
-    return output
-
-
 def _carried(output: Any) -> tuple[bool, ...]:
     """Which of an output's tensors carry a gradient (as the next stage is told)."""
     return tuple([isinstance(t, torch.Tensor) and t.requires_grad for t in as_tuple(output)])
 
 
 def _flagged(output: Any, carried: tuple[bool, ...]) -> Any:
-    """A forward's output without autograd, each tensor a new leaf carrying a gradient as ``carried`` says."""
+    """A forward's output without its graph, each tensor a new leaf carrying a gradient as ``carried`` says
+    (the next stage's inputs want one exactly there; a tensor of a dtype without gradients never does)."""
     if isinstance(output, torch.Tensor):
-        return output.detach().requires_grad_(carried[0] and output.is_floating_point())
+        return output.detach().requires_grad_(carried[0] and _differentiable(output))
     if type(output) is tuple and len(output) == len(carried):
-        return tuple([t.detach().requires_grad_(flag and t.is_floating_point()) if isinstance(t, torch.Tensor) else t
+        return tuple([t.detach().requires_grad_(flag and _differentiable(t)) if isinstance(t, torch.Tensor) else t
                       for t, flag in zip(output, carried)])
     return output
+
+
+def _differentiable(tensor: torch.Tensor) -> bool:
+    return tensor.is_floating_point() or tensor.is_complex()
 
 
 def _rng_state(device: torch.device | None) -> tuple[torch.Tensor, torch.Tensor | None]:

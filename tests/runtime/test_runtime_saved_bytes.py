@@ -67,3 +67,19 @@ def test_input_pass_frees_exactly_what_the_weight_pass_does_not_read():
     runner.backward_weight(0)
     gc.collect()
     assert counter.held == 0
+
+
+def test_a_recomputed_forwards_outputs_are_flagged_as_the_first_carried_them():
+    """``saved._flagged``: the outputs of a recomputed forward run without autograd become leaves that carry a
+    gradient where its stage's first forward's did (complex ones too), never an integer tensor."""
+    from pipeforge.runtime.saved import _carried, _flagged
+
+    with torch.enable_grad():
+        weight = torch.ones(3, dtype=torch.complex128, requires_grad=True)
+        first = (torch.ones(3, dtype=torch.float64, requires_grad=True) * 2, weight * 2, torch.arange(3))
+    carried = _carried(first)
+    assert carried == (True, True, False)
+    later = (torch.ones(3, dtype=torch.float64), torch.ones(3, dtype=torch.complex128), torch.arange(3))
+    flags = [t.requires_grad for t in _flagged(later, carried)]
+    assert flags == [True, True, False] and all(t.grad_fn is None for t in _flagged(first, carried))
+    assert not _flagged(torch.arange(3), (True,)).requires_grad
