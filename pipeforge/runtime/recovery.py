@@ -169,10 +169,9 @@ class StepStart:
         except PipelineError:
             raise
         except Exception as error:  # noqa: BLE001 (the store is gone: its host died, rank 0 where torchrun is not used)
-            gone = ", ".join(map(str, self._gone(self.others)))
+            gone = self._gone(self.others)
             raise PipelineError(f"rank {self.rank}: the store the pipeline's ranks meet on after a failed step is "
-                                f"gone ({backend_reason(error)})" + (f"; rank(s) {gone} are gone (their connections "
-                                                                     "closed: the process died)" if gone else "")
+                                f"gone ({backend_reason(error)})" + (f"; {_are_gone(gone)}" if gone else "")
                                 ) from error
         transport.reconnect(name, self.info.ranks, _rendezvous(transport))
         tags = {rank: int(store.get(str(rank))) for rank in self.others}  # each set before its rank joined
@@ -189,8 +188,7 @@ class StepStart:
                 return
             gone = self._gone(missing)
             if gone:
-                raise PipelineError(f"rank {self.rank}: rank(s) {', '.join(map(str, gone))} are gone (their "
-                                    "connections closed: the process died) while the pipeline's ranks met after a "
+                raise PipelineError(f"rank {self.rank}: {_are_gone(gone)} while the pipeline's ranks met after a "
                                     "failed step; the pipeline cannot step without them")
             if time.monotonic() > deadline:
                 raise PipelineError(f"rank {self.rank}: connecting the pipeline's ranks after a failed step failed "
@@ -388,6 +386,10 @@ class StepStart:
         sends, self._sends = self._sends, []
         for work in sends:
             work.wait(_wait_limit(transport))
+
+
+def _are_gone(ranks: list[int]) -> str:
+    return f"rank(s) {', '.join(map(str, ranks))} are gone (their connections closed: the process died)"
 
 
 ALL_TO_ALL = 2  # up to so many ranks every rank sends every other its step-end word; beyond, through rank 0
