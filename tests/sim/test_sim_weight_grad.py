@@ -139,3 +139,15 @@ def test_the_layer_file_of_plan_asks_the_same_rule():
 def test_the_bounds_read_uniform_and_per_stage_shares_above_one_alike():
     uniform, per_stage = MemorySpec(weights=1.4), MemorySpec(activation=(1.0, 1.0), weight_grad=(1.4, 1.4))
     assert uniform.least_weights(2) == per_stage.least_weights(2) == 1.0
+
+
+@pytest.mark.parametrize("strategy", ["auto", "greedy", "local", "exact"])
+def test_every_strategy_finds_an_order_within_a_limit_the_input_exceeds(tmp_path, strategy):
+    """The input (peak 2.8) is over 2.5: local search starts from the greedy orders then (it started from the
+    input, which no move that shortens the span brings under the limit, and found nothing)."""
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({"units": "ms", "stages": STAGES}), encoding="utf-8")
+    schedule = _with_limit(with_cost_file(library_schedule("zb-h1", {"P": 2, "M": 4}), path), 2.5)
+    result = optimize(schedule, strategy=strategy, time_limit=3)
+    assert result.improved and result.found_by != "input"
+    assert max(simulate(result.schedule).peak_memory) <= 2.5 + 1e-9 and verify(result.schedule).valid
