@@ -560,25 +560,29 @@ def run_backward(roots: tuple[torch.Tensor, ...], grads: tuple[torch.Tensor | No
 
 class ScalarSeed:
     """The gradient one of a scalar root (a stage's loss), made once and given to the engine again while
-    nothing wrote into it and the root keeps its shape, dtype and device (a plain tensor's)."""
+    nothing wrote into it and the root keeps its dtype, its number of dimensions and its device (a plain
+    tensor's)."""
 
-    __slots__ = ("tensor",)
+    __slots__ = ("tensor", "dtype", "dim", "on_cpu")
 
     def __init__(self) -> None:
         self.tensor: torch.Tensor | None = None
+        self.dtype: torch.dtype | None = None  # the seed's, read once when made (a getter a call less)
+        self.dim = -1
+        self.on_cpu = False
 
     def backward(self, root: torch.Tensor) -> None:
-        """``run_backward((root,), (None,))`` with this seed: ``root``'s graph run, ``.grad`` accumulated."""
-        seed, on_cpu = self.tensor, root.is_cpu
-        # a loss has one element (StageRunner.forward checks): one of the same number of dimensions has its shape
-        if (seed is None or seed._version != 0 or seed.dtype is not root.dtype or seed.dim() != root.dim()
-                or seed.is_cpu is not on_cpu or (not on_cpu and seed.device != root.device)
-                or root.numel() != 1):
+        """``run_backward((root,), (None,))`` with this seed: ``root``'s graph run, ``.grad`` accumulated.
+        ``root`` has one element (a loss: ``StageRunner.forward`` checks), so one of the seed's number of
+        dimensions has its shape."""
+        seed = self.tensor
+        if (seed is None or seed._version or root.dtype is not self.dtype or root.dim() != self.dim
+                or root.is_cpu is not self.on_cpu or (not self.on_cpu and seed.device != root.device)):
             seed = self._make(root)
             if seed is None:
                 run_backward((root,), (None,))
                 return
-        if _RUN_BACKWARD is not None and on_cpu and not _AUTOGRAD_LOG.isEnabledFor(logging.DEBUG):
+        if self.on_cpu and _RUN_BACKWARD is not None and not _AUTOGRAD_LOG.isEnabledFor(logging.DEBUG):
             _RUN_BACKWARD((root,), (seed,), False, False, (), True, True)  # ``_accumulate``'s, one call less
         else:
             _accumulate((root,), (seed,))
@@ -588,7 +592,9 @@ class ScalarSeed:
         if _ENGINE is None or root.numel() != 1 or not root.is_floating_point():
             return None
         seed = torch.ones_like(root, memory_format=torch.preserve_format)
-        self.tensor = seed if type(root) is torch.Tensor else None  # a subclass's (a DTensor's) made each time
+        # a subclass's (a DTensor's) made each time
+        self.tensor = seed if type(root) is torch.Tensor else None
+        self.dtype, self.dim, self.on_cpu = seed.dtype, seed.dim(), seed.is_cpu
         return seed
 
 
