@@ -54,10 +54,6 @@ class Problem:
     def duration(self, action: Action) -> float:
         return self.costs.duration(action.kind, action.stage)
 
-    def memory_delta(self, action: Action) -> float:
-        added, released = stage_effect(self.memory, action.kind, action.stage)
-        return added - released
-
     @property
     def memory(self) -> MemorySpec:
         """The memory rule as a spec (limit, weights, per-stage activation and weight-gradient sizes)."""
