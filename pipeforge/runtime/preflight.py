@@ -124,7 +124,7 @@ def _run_stage(pipeline, prepared: dict, stage: int, local: tuple | None, report
                     "output.last_hidden_state; of (h, None), return h)")
         found = as_tuple(output)
     else:
-        found = _loss_problem(runner, output, prepared["targets"])
+        found = _loss_problem(runner, output, prepared["targets"], training)
         if isinstance(found, str):
             return found
     if training and _splits_backward(pipeline) and _reentrant(found):
@@ -135,7 +135,7 @@ def _run_stage(pipeline, prepared: dict, stage: int, local: tuple | None, report
     return tuple(found)
 
 
-def _loss_problem(runner, output, targets) -> tuple | str:
+def _loss_problem(runner, output, targets, training: bool) -> tuple | str:
     if targets is None or runner.loss_fn is None:
         return tuple(t for t in as_tuple(output) if isinstance(t, torch.Tensor))
     try:
@@ -144,6 +144,9 @@ def _loss_problem(runner, output, targets) -> tuple | str:
         return f"loss_fn raised {type(error).__name__}: {error} (on the stage's output {_describe(output)})"
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         return f"loss_fn returned {_describe(loss)}; it must return a scalar tensor"
+    if training and not loss.requires_grad:
+        return (f"loss_fn returned {_describe(loss)} that does not require grad: step() has nothing to train "
+                "(no parameter of the stages up to here and no input needs a gradient, or loss_fn detached it)")
     return (loss,)
 
 
