@@ -29,7 +29,7 @@ from pipeforge.optimizer.placement import (PLACEMENTS, Layout, chunk_costs, comm
                                            scale_costs)
 from pipeforge.optimizer.result import STOP_REASONS, Metrics, OptimizeResult, metrics_of
 from pipeforge.optimizer.units import integer_units
-from pipeforge.semantics import COMPLETE, split
+from pipeforge.semantics import COMPLETE, PLAIN_KINDS, SPLIT_WORK, split
 from pipeforge.sim.bounds import WorkBound, bubble_of_span, work_bound
 from pipeforge.verifier import verify
 
@@ -135,7 +135,7 @@ def _layout_run(compute: Schedule, base: Problem, layout: Layout, strategy: str,
         source = (lambda: _input_candidate(problem, compute)) if strategy in ("auto", "local") else None
     else:
         work = [Action(s, kind, mb) for s in range(problem.stages) for mb in range(problem.microbatches)
-                for kind in (ActionKind.F, ActionKind.I, ActionKind.W)]
+                for kind in SPLIT_WORK]
         source = None
     split, seconds = timed(lambda: Graph(problem, work))
     if strategy == "exact" and layout.keeps:
@@ -154,14 +154,13 @@ def _require_exact_size(split: Graph) -> None:
             Argument("strategy", value="auto or local")), value="exact")
 
 
-KNOWN_KINDS = frozenset(kind for alternative in COMPLETE for kind in alternative)  # F, B, I, W
 
 
 def _require_complete(compute: Schedule) -> None:
     """Every (stage, microbatch, chain) once forward and once backward (B, or I and W), on its rank."""
     seen: dict[tuple[int, int | None, int], list[ActionKind]] = {}
     for rank, index, action in compute.actions():
-        if action.kind not in KNOWN_KINDS:
+        if action.kind not in PLAIN_KINDS:
             raise VerificationError(f"{action} (rank {rank}, step {index}): optimize does not yet reorder "
                                     f"{action.kind.value} actions (recompute and offload); optimize the schedule "
                                     f"without them, then add them (pipeforge.passes.recompute)")
@@ -207,8 +206,11 @@ class _Search:
         if self.progress is not None:
             self.progress(fraction, message)
 
+    def fits(self, candidate: _Candidate | None) -> bool:
+        return candidate is not None and candidate.evaluation.fits(self.problem.memory_limit)
+
     def offer(self, candidate: _Candidate | None) -> None:
-        if candidate is None or not candidate.evaluation.fits(self.problem.memory_limit):
+        if candidate is None or not self.fits(candidate):
             return
         if self.best is None or candidate.evaluation.key() < self.best.evaluation.key():
             self.best = candidate
@@ -222,7 +224,8 @@ class _Search:
             self.source = self.source_of()
         self.offer(self.source)
         hopeless = to_beat is not None and (to_beat <= self.bound + 1e-9 or self.left() <= 0)
-        if (strategy in ("auto", "greedy", "exact") or self.source is None) and not hopeless:
+        # local search starts from the input where it fits the limit, else from the greedy orders
+        if (strategy in ("auto", "greedy", "exact") or self.best is None) and not hopeless:
             self.greedy(required=strategy == "greedy", bound=self.bound)
         if self.reached(self.bound):
             self.stopped = "bound"
@@ -238,7 +241,7 @@ class _Search:
         if fusing:
             self.fusing = "search" if strategy in ("local", "auto") else strategy
         if strategy in ("local", "auto") and not self.reached(bound):
-            start = self.source if strategy == "local" and self.source is not None else self.best
+            start = self.source if strategy == "local" and self.fits(self.source) else self.best
             share = 0.3 if fusing else 0.25 if strategy == "auto" and small else 1.0  # the rest to fuse or exact
             self.local(start, self.left() * share, bound)
         # exact search orders the split work only: where fusing some B may win, its orders are not the space
