@@ -12,7 +12,10 @@ seconds: before, a rank at the meeting waited out its 60 s (the rendezvous
 timed out); now the meeting looks for the missing ranks and whether their
 processes are gone (the pipeline's liveness group, where only a closed
 connection ends a receive), and where the dead rank hosted the store, the
-store's loss is a ``PipelineError`` naming it too.
+store's loss is a ``PipelineError`` naming it too. A rank killed mid-step is named by every
+survivor at that step (before, those beyond its neighbour named the neighbour whose connection
+closed); one killed at the meeting after every rank came, before gloo's own rendezvous, is named
+within seconds (before, the survivors waited out that rendezvous, at least 60 s).
 """
 
 from __future__ import annotations
@@ -65,7 +68,8 @@ def test_a_failed_step_reaches_every_rank_at_once_and_the_next_trains(one_f_one_
         assert f"with rank(s) {victim} failed" in failed and "Timed out" in failed, failed
 
 
-@pytest.mark.parametrize("fault,victim", [("optimizer", 1), ("dead", 3), ("dead", 0)])  # rank 0 hosts the store
+@pytest.mark.parametrize("fault,victim", [("optimizer", 1), ("dead", 3), ("dead", 0), ("killed", 3),
+                                         ("reconnect", 3)])  # rank 0 hosts the store
 def test_a_rank_that_dies_is_named_by_every_survivor_within_seconds(one_f_one_b, fault, victim):
     outcomes = run(one_f_one_b, fault, victim)
     assert not outcomes[victim].ok, outcomes[victim]
@@ -80,6 +84,15 @@ def test_a_rank_that_dies_is_named_by_every_survivor_within_seconds(one_f_one_b,
         if fault == "optimizer":  # its step ran: the survivors learn at the next one, which fails at once
             assert during == "" and after.startswith(f"rank {outcome.rank}: "), outcome.value
             assert after_seconds < FAST, outcome.value
+        elif fault == "reconnect":  # it failed its step, and died at the next one's meeting, before gloo's rendezvous
+            assert during.startswith(f"rank {outcome.rank}: the step stopped because rank {victim} failed at stage "
+                                     f"{victim}"), outcome.value
+            assert f"rank(s) {victim} are gone" in after and after_seconds < FAST, outcome.value
+        elif fault == "killed":  # every survivor names the rank that died, not the neighbour that closed on it
+            assert during.startswith(f"rank {outcome.rank}: the step stopped because rank {victim} failed: its "
+                                     f"process is gone (it held stage(s) {victim}; rank "), outcome.value
+            assert during_seconds < FAST, outcome.value
+            assert f"rank(s) {victim} are gone" in after and after_seconds < FAST, outcome.value
         else:  # the survivors meet at the step after the late one, where it dies
             assert during.startswith(f"rank {outcome.rank}: ") and during_seconds < LATE + FAST, outcome.value
             assert f"rank(s) {victim} are gone" in after and after_seconds < LATE + FAST, outcome.value
