@@ -293,8 +293,10 @@ class Transport:
         self.tag = 0  # make_pipeline's exchanges; every step posts under its own (begin_step)
         self.name = ""  # the pipeline's, for the groups it meets in (``recovery.connect``)
         self.posted: list[Posted] = []  # this step's batches
-        self.abandoned: list[Posted] = []  # what failed steps left in flight, kept alive
-        self.abandoned_groups: list = []  # the groups they were posted on
+        self.abandoned: list[Posted] = []  # what failed steps left in flight on the current groups, kept alive
+        # the groups the last reconnection left and what was abandoned on them, kept alive while a rank may still
+        # be there (until every rank has met in the groups after them: the next reconnection drops them)
+        self.retired: tuple[list, list] = ([], [])
         # gloo: the step-end agreement's own group, made with each fresh group
         self.agreement_group: PeerGroup | None = None
 
@@ -335,8 +337,11 @@ class Transport:
                                     "step without them") from error
             raise PipelineError(f"rank {self.rank}: connecting the pipeline's ranks {why} failed (waited "
                                 f"{timeout.total_seconds():g} s for every rank): {backend_reason(error)}") from error
-        self.abandoned_groups += [g for g in dict.fromkeys((self._process_group, self._downward, self.agreement_group))
-                                  if g is not None]
+        # every rank met in the groups being left: those left before them are used by no rank, and go (their
+        # threads and connections with them), so a pipeline failing step after step holds two generations at most
+        left = (self._process_group, self._downward, self.agreement_group)
+        groups = [g for g in dict.fromkeys(left) if g is not None]
+        self.retired, self.abandoned = (groups, self.abandoned), []
         self._process_group, self._downward, self.agreement_group = fresh, downward, agreement
 
     def close_pairs(self, peers: list[int]) -> None:

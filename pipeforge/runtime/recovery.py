@@ -104,6 +104,9 @@ class StepStart:
         self.agreed = False  # the last call's agreement heard every rank's step run: this call greets no one
         self.alive: PeerGroup | None = None  # the pipeline's liveness group (``connect``; ``_gone``)
         self._probes: list = []  # the receives ``_gone`` posted on it, kept alive (never waited)
+        self.retired: tuple[list, list] = ([], [])  # the last meeting's abandoned and probes (``Transport.retired``)
+        self._recorded: list[int] = []  # the steps this rank left a record of since the last meeting (``tell``)
+        self._stale: list[int] = []  # those it left before the last meeting: forgotten at the next (``_meet``)
 
     def begin(self, transport: Transport, caches: ShapeCache, refusal: BaseException | None = None) -> ShapeCache:
         """The greeting, a fresh group if a rank failed; the shape cache the step uses. ``refusal``: why this
@@ -175,6 +178,13 @@ class StepStart:
                                 f"gone ({backend_reason(error)})" + (f"; {are_gone(gone)}" if gone else "")
                                 ) from error
         transport.reconnect(name, self.info.ranks, _rendezvous(transport), gone=self._gone)
+        # what the agreements and probes of the groups left posted is kept as long as those groups (``retired``)
+        self.retired, self.abandoned, self._probes = (self.abandoned, self._probes), [], []
+        if self.meetings > 1:  # every rank came here after reading the last meeting's keys: this rank's go
+            _forget(f"{transport.name}/fresh/{self.meetings - 1}", self.rank)
+        for tag in self._stale:  # its records of the steps before the last meeting, read by every rank since
+            _forget_record(transport, tag)
+        self._stale, self._recorded = self._recorded, []
         tags = {rank: int(store.get(str(rank))) for rank in self.others}  # each set before its rank joined
         return [rank for rank, tag in tags.items() if 0 < (tag - transport.tag) % MAX_TAG < MAX_TAG // 2]
 
@@ -261,6 +271,7 @@ class StepStart:
         """This rank's record of the step's failure on the store (once a call), before any peer can wake."""
         if not self.told and transport.reconnectable and transport.name:
             tell(transport, error, refused)
+            self._recorded.append(transport.tag)
         self.told = True
 
     def refused_by(self, transport: Transport, peer: int, where: str = "greeting") -> PipelineUsageError:
@@ -454,6 +465,26 @@ def tell(transport: Transport, error: BaseException, refused: bool = False) -> N
         store.set(str(transport.rank), json.dumps(record))
         store.check([str(transport.rank)])
     except Exception:  # noqa: BLE001, S110 (a store that is gone: the peers still fail, with their own error)
+        pass
+
+
+def _forget(name: str, rank: int) -> None:
+    """This rank's keys of the meeting ``name`` on the default store: its step tag and gloo's addresses of it
+    (``<group>/<device>/<rank>``, its one device a group), so a pipeline failing step after step keeps two
+    meetings' keys at most."""
+    store = dist.distributed_c10d._get_default_store()
+    for key in (f"{name}/at/{rank}", *(f"{name}{part}/0/{rank}" for part in ("", "/down", "/end"))):
+        try:
+            store.delete_key(key)
+        except Exception:  # noqa: BLE001, S110 (a store without deletes, or gone: the keys stay)
+            pass
+
+
+def _forget_record(transport: Transport, tag: int) -> None:
+    try:
+        dist.PrefixStore(f"{transport.name}/failed/{tag}", dist.distributed_c10d._get_default_store()).delete_key(
+            str(transport.rank))
+    except Exception:  # noqa: BLE001, S110 (a store without deletes, or gone: the record stays)
         pass
 
 

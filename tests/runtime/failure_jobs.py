@@ -69,3 +69,25 @@ def faulty_steps(rank: int, nproc: int, job: dict) -> list[tuple[str, float]]:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return seen
+
+
+def failing_often(rank: int, nproc: int, job: dict) -> list[tuple[bool, int, int]]:
+    """``job["steps"]`` steps of the demo MLP, every other one failing (stage 0 raises at its first forward):
+    after each, whether it failed, this process's threads and the keys on the default store."""
+    import torch.distributed as dist
+
+    from pipeforge.tools import demo_models as models
+    from tests.demo_jobs import demo_pipeline, timed_step
+
+    pipe = demo_pipeline(job, rank, lambda stage, module: Faulty(module, 1) if stage == 0 else module)
+    pipe.preflight = False  # the failure is inside step(): no check's forward before it (it counts forwards)
+    first = pipe.stage_modules().get(0)
+    x, y = models.make_batch(pipe.info.stages, 8, seed=0)
+    store = dist.distributed_c10d._get_default_store()
+    seen = []
+    for index in range(job["steps"]):
+        if first is not None:
+            first.armed, first.calls = index % 2 == 1, 0
+        error, _ = timed_step(pipe, x, y)
+        seen.append((bool(error), len(os.listdir("/proc/self/task")), store.num_keys()))
+    return seen
