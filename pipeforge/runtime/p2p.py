@@ -332,7 +332,10 @@ class Transport:
             agreement = _gloo_group(stores[2], self.rank, size, timeout, fresh)
         except Exception as error:  # noqa: BLE001
             found = next((store.failure for store in stores if isinstance(store, Watched) and store.failure), None)
-            if found is not None:
+            dead = gone([rank for rank in range(size) if rank != self.rank]) if gone is not None and not found else []
+            if dead:  # (a rank that saw one gone left the rendezvous: a connection to it was reset)
+                found = f"rank {self.rank}: {are_gone(dead)}"
+            if found:
                 raise PipelineError(f"{found} while the pipeline's ranks connected {why}; the pipeline cannot "
                                     "step without them") from error
             raise PipelineError(f"rank {self.rank}: connecting the pipeline's ranks {why} failed (waited "

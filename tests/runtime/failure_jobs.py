@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from datetime import timedelta
 
 import torch
 
@@ -44,7 +45,9 @@ def faulty_steps(rank: int, nproc: int, job: dict) -> list[tuple[str, float]]:
     victim, fault = rank == job["victim"], job["fault"]
     when = {"first": 1, "mid": 3, "killed": 2, "reconnect": 1}.get(fault, 0)
     mine = {s: Faulty(full[s], when, fault == "killed") if victim else full[s] for s in info.stages_of(rank)}
-    pipe = generated.make_pipeline(mine, loss_fn=models.loss_fn, timeout=job["wait"])
+    # the first step, which no fault touches, waits as long as a healthy step may under a load spike; the
+    # later ones within job["wait"], which the late rank outlasts
+    pipe = generated.make_pipeline(mine, loss_fn=models.loss_fn, timeout=job["warm"])
     pipe.preflight = False  # the failure is inside step(): no check's forward before it (it counts forwards)
     if victim and fault == "reconnect":  # the meeting's rendezvous ran, every rank came: dies before gloo's
         pipe.transport.reconnect = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)  # type: ignore
@@ -52,6 +55,8 @@ def faulty_steps(rank: int, nproc: int, job: dict) -> list[tuple[str, float]]:
     x, y = models.make_batch(info.stages, 8, seed=0)
     seen = []
     for index in range(4):
+        if index == 1:
+            pipe.transport.timeout = timedelta(seconds=job["wait"])
         for module in mine.values():
             module.armed, module.calls = victim and index == 1, 0
         if victim and index == 1 and fault in ("late", "dead"):

@@ -51,7 +51,7 @@ def _names_gone(error: str, victim: int) -> bool:
 
 
 def run(path: str, fault: str, victim: int) -> list:
-    job = {"path": path, "fault": fault, "victim": victim, "wait": WAIT, "late": LATE}
+    job = {"path": path, "fault": fault, "victim": victim, "wait": WAIT, "late": LATE, "warm": scaled(20.0)}
     return spawn(faulty_steps, RANKS, job, timeout=scaled(20.0), deadline=60)
 
 
