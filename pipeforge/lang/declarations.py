@@ -19,7 +19,9 @@ Exec = Callable[[Elaboration, Env], None]
 PlacementBuilder = Callable[[Elaboration, Env, int], Placement]
 StageList = Callable[[Env], list[tuple[int, Span]]]  # a placement entry's stages, each with its place
 PlacementItem = Callable[[Elaboration, Env], Iterable[tuple[int, Span, list[tuple[int, Span]]]]]
-CostEntry = Callable[[Elaboration, Env, dict[str, float], list[tuple[int, str, float]], dict[int, float], dict], None]
+Given = tuple[str | int, ...]  # a setting of a costs or memory block: (key,) or (key, stage or link)
+CostEntry = Callable[[Elaboration, Env, dict[str, float], list[tuple[int, str, float]], dict[int, float],
+                     dict[Given, Span]], None]
 MemoryEntry = tuple[str, tuple[Eval, Span] | None, Eval, Span]  # key, its index [s] if given, value
 
 
@@ -168,7 +170,7 @@ def build_costs(tree: Tree[Token], file: Source) -> Exec:
         fields: dict[str, float] = {}
         per_stage: list[tuple[int, str, float]] = []
         links: dict[int, float] = {}
-        given: dict[tuple, Span] = {}
+        given: dict[Given, Span] = {}
         for entry in entries:
             entry(ctx, env, fields, per_stage, links, given)
         ctx.costs = CostModel(**fields, per_stage=tuple(per_stage), links=_dense(links, fields.get("comm", 0.0)),
@@ -177,7 +179,7 @@ def build_costs(tree: Tree[Token], file: Source) -> Exec:
     return declare_costs
 
 
-def given_once(given: dict[tuple, Span], key: tuple, span: Span, what: str) -> None:
+def given_once(given: dict[Given, Span], key: Given, span: Span, what: str) -> None:
     """Refuse a setting given twice in one block, as a declaration declared twice is (both places named)."""
     first = given.setdefault(key, span)
     if first is not span:
@@ -200,7 +202,7 @@ def _build_cost_entry(tree: Tree[Token], file: Source) -> CostEntry:
     index = (compile_expr(index_tree, file), span_of(index_tree, file)) if index_tree is not None else None
 
     def set_cost(ctx: Elaboration, env: Env, fields: dict[str, float], per_stage: list[tuple[int, str, float]],
-                 links: dict[int, float], given: dict[tuple, Span]) -> None:
+                 links: dict[int, float], given: dict[Given, Span]) -> None:
         number = require_number(value(env), value_span, f"the cost {key}")
         if not number >= 0:
             raise SemanticError(f"the cost {key} must not be negative, got {number!r}", value_span)
@@ -244,7 +246,7 @@ def build_memory(tree: Tree[Token], file: Source) -> Exec:
         ctx.declare("memory", span)
         fields: dict[str, float] = {}
         per_stage: dict[str, dict[int, float]] = {key: {} for key in _MEMORY_STAGE_KEYS}
-        given: dict[tuple, Span] = {}
+        given: dict[Given, Span] = {}
         for key, index, value, value_span in entries:
             number = require_number(value(env), value_span, f"the memory {key}")
             if index is None:
