@@ -348,6 +348,8 @@ class MemorySpec:
     """Activation memory, in units of one microbatch's activations on one stage (M_B).
 
     F adds 1; I releases ``1 - weights``; W releases ``weights``; B releases 1.
+    ``weights`` and ``weight_grad`` are finite and >= 0, and may exceed the activation
+    (an I then adds the excess): ``semantics.weight_grad_problem``, which every entry asks.
     ``unsharded``: the size of one stage's gathered parameters, which UNSHARD adds
     and RESHARD releases (0: not counted). ``limit`` (None: unlimited) caps what a
     rank may hold at any time.
@@ -395,7 +397,7 @@ class MemorySpec:
         most 1: the bounds that read it take an I as releasing, and less held than is true stays a bound."""
         ratios = [self.stage_weight_grad(s) / self.stage_activation(s) for s in range(stages)
                   if self.stage_activation(s) > 0]
-        return min(min(ratios, default=self.weights), 1.0) if not self.uniform else self.weights
+        return min(min(ratios, default=self.weights), 1.0)  # uniform stages too: weights may exceed 1
 
     @property
     def uniform(self) -> bool:

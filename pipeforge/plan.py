@@ -22,6 +22,7 @@ from pipeforge.files import JsonError, read_json
 from pipeforge.ir import MemorySpec
 from pipeforge.library import load_library_schedule, names
 from pipeforge.partition import least_max_edges
+from pipeforge.semantics import weight_grad_problem
 from pipeforge.sim import simulate
 from pipeforge.sim.costfile import cost_file_from_json
 
@@ -84,6 +85,9 @@ def _entry(entry, where: str, name: str, positive: bool) -> dict[str, float]:
         if key not in (*_KINDS, "activation", "weight_grad", "parameters"):
             raise UsageError(f"{name}: {where}.{key}: unknown key; expected F, I, W, activation, weight_grad, "
                              "parameters")
+        problem = weight_grad_problem(value) if key == "weight_grad" else None
+        if problem is not None:  # above the activation allowed: its I adds the rest (``semantics.memory_effect``)
+            raise UsageError(f"{name}: {where}.{key}: {problem}")
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
             raise UsageError(f"{name}: {where}.{key}: expected a number >= 0")
         found[key] = float(value)

@@ -15,6 +15,7 @@ where each is used: ``docs/architecture.md``.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from enum import Enum
@@ -35,6 +36,7 @@ __all__ = [
     "SAVING", "EXCLUDES",
     "COMPLETE", "REQUIRES", "DURATION_DEFAULTS", "RUNTIME_METHODS", "Need", "Output",
     "role", "needs", "output", "memory_effect", "stage_effect", "memory_delta", "bubble_rate", "compute_kind_names",
+    "WEIGHT_GRAD_RULE", "weight_grad_problem",
     "LOCAL_KINDS", "recomputed", "offloaded", "effects_of", "needs_if_present", "NEEDS_IF_PRESENT",
     "RECOMPUTED_MEMORY", "LANES", "lane", "offload_waits",
     "held_after_additions", "peer_stage", "partner", "local_needs", "split", "early_receives",
@@ -233,6 +235,20 @@ def memory_effect(kind: ActionKind, weights: float, activation: float = 1.0,
     if releases < 0:  # an I that holds more until its W than its F left (the gradients it leaves W): it adds the rest
         return adds - releases, 0.0
     return adds, releases
+
+
+WEIGHT_GRAD_RULE = ("what a stage holds from its I until its W (weights: as a share of its activation); "
+                    "above the activation the I adds the excess")
+
+
+def weight_grad_problem(value: object) -> str | None:
+    """What is wrong with ``value`` as a weight gradient, or None: ``weights`` (M_W / M_B, ``--cost
+    weights=X``, ``memory { weights = X }``), ``weight_grad[s]`` (M_B) and a cost or layer file's
+    ``weight_grad`` (its memory unit) are each a finite number >= 0, with no upper bound (``memory_effect``
+    makes an I that holds more than its F left add the excess). Every entry asks here and names its place."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return f"expected a finite number >= 0, got {value!r}: {WEIGHT_GRAD_RULE}"
+    return None
 
 
 def stage_effect(memory: MemorySpec, kind: ActionKind, stage: int, recomputed: bool = False) -> tuple[float, float]:

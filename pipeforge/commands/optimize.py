@@ -14,7 +14,7 @@ from pipeforge.errors import PipeforgeError, UsageError, printable
 
 MIN_SEARCH_S = 1e-3  # what optimize gets when reading the input took the whole limit
 COST_HELP = ("override costs field by field: F=1,I=1,W=1,B=2,comm=0 (B defaults to I+W); "
-             "weights=X sets M_W/M_B, the part of a microbatch's activations only W releases")
+             "weights=X sets M_W/M_B, what an I holds until its W (>= 0; above 1 the I adds the excess)")
 
 
 def register(subparsers) -> None:

@@ -13,6 +13,7 @@ from pipeforge.errors import SemanticError, Source, Span
 from pipeforge.ir import CostModel, MemorySpec, Placement, StepOverhead, cost_fields, cost_problem
 from pipeforge.lang.context import MAX_COUNT, Elaboration
 from pipeforge.lang.exprs import Env, Eval, compile_expr, require_int, require_number, span_of, subtree
+from pipeforge.semantics import weight_grad_problem
 
 Exec = Callable[[Elaboration, Env], None]
 PlacementBuilder = Callable[[Elaboration, Env, int], Placement]
@@ -238,6 +239,9 @@ def build_memory(tree: Tree[Token], file: Source) -> Exec:
                 fields[key] = number
                 continue
             index_of, index_span = index
+            problem = weight_grad_problem(number) if key == "weight_grad" else None
+            if problem is not None:
+                raise SemanticError(f"the memory {key}[s]: {problem}", value_span)
             if not 0.0 <= number < float("inf"):
                 raise SemanticError(f"{key}[s] is in units of M_B: finite and at least 0, got {number!r}",
                                     value_span)
@@ -270,9 +274,9 @@ def _memory_entry(entry: Tree[Token], file: Source) -> MemoryEntry:
 def _check_memory(fields: dict[str, float], spans: dict[str, Span]) -> None:
     if "limit" in fields and not fields["limit"] > 0:
         raise SemanticError(f"the memory limit must be positive, got {fields['limit']!r}", spans["limit"])
-    if "weights" in fields and not 0.0 <= fields["weights"] <= 1.0:
-        raise SemanticError(f"weights is a fraction of one microbatch's activations: between 0 and 1, "
-                            f"got {fields['weights']!r}", spans["weights"])
+    problem = weight_grad_problem(fields["weights"]) if "weights" in fields else None
+    if problem is not None:
+        raise SemanticError(f"the memory weights: {problem}", spans["weights"])
     if "checkpoint" in fields and not 0.0 <= fields["checkpoint"] < float("inf"):
         raise SemanticError(f"checkpoint is what a recomputed forward keeps, in units of M_B: finite and at "
                             f"least 0, got {fields['checkpoint']!r}", spans["checkpoint"])

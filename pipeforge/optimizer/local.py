@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from pipeforge.ir import ActionKind
 from pipeforge.optimizer.evaluate import TOLERANCE, Evaluation, Graph, Order, metrics, simulate_order
-from pipeforge.sim.workgraph import Times
+from pipeforge.sim.workgraph import Times, peak_memory
 
 Progress = Callable[[float, str], None]
 F, W = ActionKind.F, ActionKind.W
@@ -48,14 +48,9 @@ def exchange(sequence: tuple[int, ...], p: int, q: int) -> tuple[int, ...]:
 
 
 def fits_memory(graph: Graph, sequence: tuple[int, ...], limit: float | None) -> bool:
-    if limit is None:
-        return True
-    held = 0.0
-    for a in sequence:
-        held += graph.delta[a]
-        if held > limit + TOLERANCE:
-            return False
-    return True
+    """A rank's ``sequence`` within ``limit``: its peak as simulate and ``Evaluation.fits`` count it
+    (``workgraph.peak_memory``, the walk of ``semantics.held_after_additions``)."""
+    return limit is None or peak_memory(graph, sequence) <= limit + TOLERANCE
 
 
 def same_rank_order_ok(graph: Graph, sequence: tuple[int, ...], lo: int, hi: int) -> bool:

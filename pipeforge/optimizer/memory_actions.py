@@ -172,7 +172,12 @@ def _with_recompute_bound(result: OptimizeResult, plain: Schedule, costs: CostMo
     bound = max(bound, proven)
     span = result.after.max_span
     gap = max(0.0, (span - bound) / span) if span > 0 else 0.0
-    return replace(result, span_bound=bound, bound=bubble_of_span(graph, bound), gap=gap, optimal=gap <= 1e-6)
+    least = lambda span: bubble_of_span(graph, span)  # noqa: E731
+    # a plan built beside optimize (per-microbatch) has no rates on the least work yet: the same graph's
+    before, after = (m if m.least_work_bubble_rate is not None else m.with_least_work(least)
+                     for m in (result.before, result.after))
+    return replace(result, before=before, after=after, span_bound=bound, bound=least(bound), gap=gap,
+                   optimal=gap <= 1e-6)
 
 
 def _dropped_where_room(graph: Graph, order: Order, evaluation: Evaluation) -> tuple[Graph, Order, Evaluation]:

@@ -207,8 +207,11 @@ class _Search:
         if self.progress is not None:
             self.progress(fraction, message)
 
+    def fits(self, candidate: _Candidate | None) -> bool:
+        return candidate is not None and candidate.evaluation.fits(self.problem.memory_limit)
+
     def offer(self, candidate: _Candidate | None) -> None:
-        if candidate is None or not candidate.evaluation.fits(self.problem.memory_limit):
+        if candidate is None or not self.fits(candidate):
             return
         if self.best is None or candidate.evaluation.key() < self.best.evaluation.key():
             self.best = candidate
@@ -222,7 +225,8 @@ class _Search:
             self.source = self.source_of()
         self.offer(self.source)
         hopeless = to_beat is not None and (to_beat <= self.bound + 1e-9 or self.left() <= 0)
-        if (strategy in ("auto", "greedy", "exact") or self.source is None) and not hopeless:
+        # local search starts from the input where it fits the limit, else from the greedy orders
+        if (strategy in ("auto", "greedy", "exact") or self.best is None) and not hopeless:
             self.greedy(required=strategy == "greedy", bound=self.bound)
         if self.reached(self.bound):
             self.stopped = "bound"
@@ -238,7 +242,7 @@ class _Search:
         if fusing:
             self.fusing = "search" if strategy in ("local", "auto") else strategy
         if strategy in ("local", "auto") and not self.reached(bound):
-            start = self.source if strategy == "local" and self.source is not None else self.best
+            start = self.source if strategy == "local" and self.fits(self.source) else self.best
             share = 0.3 if fusing else 0.25 if strategy == "auto" and small else 1.0  # the rest to fuse or exact
             self.local(start, self.left() * share, bound)
         # exact search orders the split work only: where fusing some B may win, its orders are not the space

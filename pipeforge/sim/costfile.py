@@ -17,7 +17,7 @@ from pathlib import Path
 from pipeforge.errors import UsageError
 from pipeforge.files import JsonError, read_json
 from pipeforge.ir import ActionKind, CostModel, MemorySpec, Schedule, StepOverhead, cost_problem
-from pipeforge.semantics import DURATION_DEFAULTS, compute_kind_names
+from pipeforge.semantics import DURATION_DEFAULTS, compute_kind_names, weight_grad_problem
 
 _DURATIONS = compute_kind_names()  # one duration a compute kind (semantics)
 _REQUIRED = tuple(kind for kind in _DURATIONS if ActionKind(kind) not in DURATION_DEFAULTS)  # F, I, W
@@ -127,9 +127,11 @@ def _stage(entry: object, where: str, name: str) -> dict[str, float]:
     for key in _REQUIRED:
         if key not in entry:
             raise CostFileError(name, where, f"missing {key!r}")
-    out = {key: _number(value, f"{where}.{key}", name, positive=key in _DURATIONS, duration=key in _DURATIONS)
-           for key, value in entry.items()}
-    return out  # a weight_grad above the activation: its I adds the rest (``semantics.memory_effect``)
+    problem = weight_grad_problem(entry["weight_grad"]) if "weight_grad" in entry else None
+    if problem is not None:  # above the activation allowed: its I adds the rest (``semantics.memory_effect``)
+        raise CostFileError(name, f"{where}.weight_grad", problem)
+    return {key: _number(value, f"{where}.{key}", name, positive=key in _DURATIONS, duration=key in _DURATIONS)
+            for key, value in entry.items()}
 
 
 def _number(value: object, where: str, name: str, *, positive: bool, duration: bool = True) -> float:

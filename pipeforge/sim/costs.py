@@ -7,6 +7,7 @@ from typing import Any, cast
 
 from pipeforge.errors import Argument, ArgumentError
 from pipeforge.ir import COMPUTE_KINDS, ActionKind, CostModel, MemorySpec, Schedule, cost_fields, cost_problem
+from pipeforge.semantics import weight_grad_problem
 
 COST_FIELDS = cost_fields()  # F, I, W, B, comm
 MEMORY_FIELDS = ("weights",)  # --cost weights=X sets M_W / M_B (MemorySpec.weights), not a duration
@@ -39,17 +40,15 @@ def parse_cost_flag(text: str, base: CostModel | None = None) -> CostModel:
 
 
 def weights_from_flag(text: str | None) -> float | None:
-    """``weights=X`` in a ``--cost`` flag (M_W / M_B, between 0 and 1), or None when absent."""
+    """``weights=X`` in a ``--cost`` flag (M_W / M_B, ``semantics.weight_grad_problem``'s rule), or None
+    when absent."""
     if text is None:
         return None
     found = None
     for item in text.split(","):
         name, value = _parse_cost_item(item)
-        if name != "weights":
-            continue
-        if value > 1:
-            raise _bad_cost_item(item, "weights is M_W / M_B, a number from 0 to 1")
-        found = value
+        if name == "weights":
+            found = value
     return found
 
 
@@ -66,12 +65,17 @@ def _parse_cost_item(item: str) -> tuple[str, float]:
         value = float(raw.strip())
     except ValueError:
         raise _bad_cost_item(item, f"{raw.strip()!r} is not a number") from None
+    if name in MEMORY_FIELDS:
+        problem = weight_grad_problem(value)
+        if problem is not None:
+            raise _bad_cost_item(item, problem)
+        return name, value
     if not value == value or value in (float("inf"), float("-inf")) or value < 0:
         raise _bad_cost_item(item, "a cost must be a finite number >= 0")
-    problem = cost_problem(value) if name not in MEMORY_FIELDS else None
+    problem = cost_problem(value)
     if problem is not None:
         raise _bad_cost_item(item, problem)
-    if name not in ("comm", "weights") and value == 0:
+    if name != "comm" and value == 0:
         raise _bad_cost_item(item, "a compute duration must be > 0")
     return name, value
 

@@ -171,3 +171,18 @@ def test_the_least_makespan_is_kept_not_the_least_worst_span():
                                      time_limit=2)
     assert choice.offload and result.after.makespan <= 1.005 * least
     assert verify(result.schedule).valid and max(result.after.peak_memory) <= 8.0 + 1e-9
+
+
+def test_a_per_microbatch_plan_reports_its_rates_on_the_least_work(tmp_path, capsys):
+    """A plan built beside optimize (per-microbatch, no search's result to take the least-work rates from)
+    gets them from the bound's graph: they were None, and the text report failed (exit 70) on them."""
+    from pipeforge.cli import main
+
+    schedule = pipeforge.library.load_library_schedule("gpipe", {"P": 2, "M": 4})
+    result, choice = optimize_memory(schedule, recompute="auto", memory_limit=1.5, strategy="local", time_limit=2)
+    assert choice.recompute == "per-microbatch"
+    assert None not in (result.before.least_work_bubble_rate, result.after.least_work_bubble_rate)
+    assert result.after.least_work_bubble_rate >= result.bound - 1e-9
+    code = main(["optimize", "gpipe", "-D", "P=2", "-D", "M=4", "--memory-limit", "1.5", "--strategy", "local",
+                 "--time-limit", "2", "-o", str(tmp_path / "o.pipe")])
+    assert code == 0 and "bubble rate" in capsys.readouterr().out
