@@ -151,6 +151,12 @@ def test_a_model_whose_forward_does_more_than_the_cut_knows_is_refused(build):
     assert model.training  # the check left the model's mode as it was
 
 
+def test_every_tested_family_is_known_as_tested_on_the_meta_device():
+    from pipeforge.models.verify_cut import TESTED
+
+    assert {families.config(name).model_type for name in families.HF + families.WORLD} <= TESTED
+
+
 def test_an_untested_family_on_the_meta_device_is_warned_about():
     import transformers as tf
 
