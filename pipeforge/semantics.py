@@ -33,8 +33,9 @@ ActionKey = tuple  # an Action, or a plain tuple (stage, kind, microbatch, chain
 __all__ = [
     "COMPUTE_KINDS", "COMM_KINDS", "STAGE_ONLY_KINDS", "ROLES", "NEEDS", "OUTPUTS", "MEMORY", "PARAMETER_MEMORY",
     "PEER_OFFSET", "PARTNER", "SENDS", "RECEIVES", "Semantics", "GRADIENT_KINDS", "NEEDLESS_KINDS", "SPLIT",
-    "SAVING", "EXCLUDES",
-    "COMPLETE", "REQUIRES", "DURATION_DEFAULTS", "RUNTIME_METHODS", "Need", "Output",
+    "SAVING", "EXCLUDES", "INPUT_GRADIENT_KINDS",
+    "COMPLETE", "SPLIT_WORK", "SPLIT_WORK_TEXTS", "PLAIN_KINDS", "REQUIRES", "DURATION_DEFAULTS",
+    "RUNTIME_METHODS", "Need", "Output",
     "role", "needs", "output", "memory_effect", "stage_effect", "memory_delta", "bubble_rate", "compute_kind_names",
     "WEIGHT_GRAD_RULE", "weight_grad_problem",
     "LOCAL_KINDS", "recomputed", "offloaded", "effects_of", "needs_if_present", "NEEDS_IF_PRESENT",
@@ -124,6 +125,10 @@ def needs_if_present(action: ActionKey) -> tuple[ActionKey, ...]:
     s, _, m, c = action
     return tuple((s, kind, m, c) for kind in kinds)
 
+
+# The kinds that make the gradient of their stage's input (B, I): each needs its F's activations (so after
+# its R or RELOAD where there is one) and releases them.
+INPUT_GRADIENT_KINDS = frozenset(kind for kind, rule in NEEDS.items() if rule is _backward_needs)
 
 # The kinds whose every need is of their own stage (so never carried across ranks): W, R, OFFLOAD, RELOAD.
 # ``lower`` skips them when it looks for cross-rank edges.
@@ -459,6 +464,12 @@ EXCLUDES: dict[ActionKind, frozenset[ActionKind]] = {
 }
 # What one (stage, microbatch) runs in a complete schedule: F and B, or F and B's parts (sorted by kind).
 COMPLETE: tuple[tuple[ActionKind, ...], ...] = (tuple(sorted((F, B))), tuple(sorted((F, *SPLIT[B]))))
+# The split work of one (stage, microbatch): F, then B's parts (I, W), what every order search orders;
+# ``SPLIT_WORK_TEXTS`` their texts (the keys of the Zero Bubble and list schedulers' tables).
+SPLIT_WORK: tuple[ActionKind, ...] = (F, *SPLIT[B])
+SPLIT_WORK_TEXTS: tuple[str, ...] = tuple(kind.value for kind in SPLIT_WORK)
+# The kinds of a schedule without recompute and offload (F, B, I, W): what optimize reorders.
+PLAIN_KINDS = frozenset(kind for alternative in COMPLETE for kind in alternative)
 
 
 # kind -> the kinds the same (stage, microbatch) must also hold when it holds this one (else ``missing``,

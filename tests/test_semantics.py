@@ -6,6 +6,11 @@ later): each test iterates every kind through one table or dispatch.
 
 from __future__ import annotations
 
+import io
+import re
+import tokenize
+from pathlib import Path
+
 import pytest
 
 from pipeforge import semantics
@@ -178,3 +183,46 @@ def test_an_addition_waits_for_an_offload_only_when_the_limit_needs_it(limit, wa
     steps = [(1.0, 0.0, False), (1.0, 0.0, False), (0.0, 1.0, True), (1.0, 0.0, False), (0.0, 1.0, True),
              (1.0, 0.0, False)]
     assert offload_waits(steps, limit) == waits
+
+
+def test_the_kind_sets_the_optimizer_reads():
+    assert semantics.SPLIT_WORK == (ActionKind.F, ActionKind.I, ActionKind.W)
+    assert semantics.SPLIT_WORK_TEXTS == ("F", "I", "W")
+    assert semantics.PLAIN_KINDS == {ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W}
+    assert semantics.INPUT_GRADIENT_KINDS == {ActionKind.B, ActionKind.I}
+
+
+# a tuple or set of two or more kinds spelled out: letters, their texts, or ActionKind members
+KIND_GROUP = re.compile(r"[({]\s*((ActionKind\.)?[FBIWR]|\"[FBIWR]\")(\s*,\s*((ActionKind\.)?[FBIWR]|\"[FBIWR]\"))+\s*[)}]")
+
+
+def _kind_groups(text: str) -> list[str]:
+    """The groups of kinds ``text`` spells out in code (comments and longer strings, docstrings among them,
+    left out)."""
+    found = [token.string for token in tokenize.generate_tokens(io.StringIO(text).readline)
+             if token.type != tokenize.COMMENT and not (token.type == tokenize.STRING and len(token.string) > 3)]
+    code = " ".join(found).replace("( ", "(").replace(" )", ")").replace("{ ", "{").replace(" }", "}")
+    return [m.group(0) for m in KIND_GROUP.finditer(code.replace(" ,", ",").replace(" . ", "."))]
+
+
+def test_the_optimizer_spells_no_group_of_kinds_of_its_own():
+    """Which kinds the split work holds, a plain schedule holds, make an input's gradient, ...: semantics says
+    (STYLE.md 13); the optimizer reads its sets. A group that is no such fact (a scheduler's own preference,
+    I before F) is the optimizer's; names of single kinds, ``F, I, W = ...``, are not bracketed groups."""
+    owned = [frozenset(kind.value for kind in group) for group in (
+        semantics.SPLIT_WORK, semantics.PLAIN_KINDS, semantics.INPUT_GRADIENT_KINDS, semantics.SPLIT[ActionKind.B],
+        semantics.GRADIENT_KINDS, semantics.SAVING)]
+    root = Path(__file__).resolve().parents[1] / "pipeforge" / "optimizer"
+    spelled = {path.name: groups for path in sorted(root.glob("*.py"))
+               if (groups := [g for g in _kind_groups(path.read_text(encoding="utf-8")) if _letters(g) in owned])}
+    assert spelled == {}
+
+
+def _letters(group: str) -> frozenset[str]:
+    return frozenset(re.findall(r"(?<![A-Za-z_])[FBIWR](?![A-Za-z_])", group.replace("ActionKind.", "")))
+
+
+def test_the_kind_scan_sees_a_spelled_group():
+    assert _kind_groups('for k in (F, I, W):\n    pass\nx = ("F", "I", "W")\ny = {ActionKind.B, ActionKind.I}\n') == [
+        "(F, I, W)", '("F", "I", "W")', "{ActionKind.B, ActionKind.I}"]
+    assert _kind_groups('"""(F, I, W)"""\n# (B, I)\nF, I = 1, 2\n') == []

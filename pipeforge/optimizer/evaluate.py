@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Placement, Schedule, Step, replace_programs
-from pipeforge.semantics import bubble_rate, stage_effect
+from pipeforge.semantics import SPLIT_WORK_TEXTS, bubble_rate, stage_effect
 from pipeforge.sim.workgraph import Order, Shape, Times, WorkGraph, canonical, peak_memory, time_order
 
 TOLERANCE = 1e-9
@@ -100,7 +100,7 @@ def stage_growth(problem: Problem) -> dict[str, list[float]]:
     memory = problem.memory
     return {kind: [added - released for added, released in (stage_effect(memory, ActionKind(kind), s)
                                                              for s in range(problem.stages))]
-            for kind in ("F", "I", "W")}
+            for kind in SPLIT_WORK_TEXTS}
 
 
 class Graph(WorkGraph):

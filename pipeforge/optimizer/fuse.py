@@ -21,9 +21,11 @@ from pipeforge.ir import ActionKind
 from pipeforge.optimizer.evaluate import TOLERANCE, Evaluation, Graph, Order, Problem, evaluate, metrics, simulate_order
 from pipeforge.optimizer.local import fits_memory, local_search
 from pipeforge.optimizer.mixed import MixedWork
+from pipeforge.semantics import SPLIT
 from pipeforge.sim.workgraph import Times
 
-B, I, W = ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
+B = ActionKind.B
+I, W = SPLIT[B]  # noqa: E741  (B's parts: the I node stands for the fused B, its W is left out)
 Progress = Callable[[float, str], None]
 Found = tuple[Graph, Order, Evaluation]
 
@@ -31,13 +33,18 @@ Found = tuple[Graph, Order, Evaluation]
 def fusable_stages(problem: Problem) -> frozenset[int]:
     """The stages whose fused B costs less than their I and W together."""
     cost = problem.costs.duration
-    return frozenset(s for s in range(problem.stages) if cost(B, s) < cost(I, s) + cost(W, s) - TOLERANCE)
+    return frozenset(s for s in range(problem.stages) if cost(B, s) < _parts(problem, s) - TOLERANCE)
 
 
 def choice_stages(problem: Problem) -> frozenset[int]:
     """The stages where keeping B whole or splitting it changes the work (B differs from I + W)."""
     cost = problem.costs.duration
-    return frozenset(s for s in range(problem.stages) if abs(cost(B, s) - cost(I, s) - cost(W, s)) > TOLERANCE)
+    return frozenset(s for s in range(problem.stages) if abs(cost(B, s) - _parts(problem, s)) > TOLERANCE)
+
+
+def _parts(problem: Problem, stage: int) -> float:
+    """What B's parts (``semantics.SPLIT``: I and W) cost together on ``stage``."""
+    return sum(problem.costs.duration(kind, stage) for kind in SPLIT[B])
 
 
 @dataclass(frozen=True)

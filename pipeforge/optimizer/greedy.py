@@ -16,7 +16,7 @@ from functools import cached_property
 from pipeforge.ir import Action, ActionKind, as_action
 from pipeforge.optimizer.evaluate import TOLERANCE, Problem, stage_growth
 from pipeforge.optimizer.units import integer_units
-from pipeforge.semantics import ActionKey, needs
+from pipeforge.semantics import SPLIT_WORK_TEXTS, ActionKey, needs
 from pipeforge.sim.bounds import fill_chain_forwards
 
 # Kinds as their letters: the builder keys its tables by kind in its hot loop, and an exact str hashes
@@ -136,7 +136,7 @@ def input_pattern(kind: Kind, stage: int, stages: int, costs) -> tuple[tuple[int
     for producers, send, _ in needs((stage, kind, 0, 0), stages):
         if send is not None:
             found.append(next((p[0], p[1]._value_, costs.latency(p[0], stage)) for p in producers
-                              if p[1] in (F, I, W)))
+                              if p[1] in SPLIT_WORK_TEXTS))
     return tuple(found)
 
 
@@ -150,22 +150,22 @@ class _RoundBuilder:
         self.knobs = knobs
         self.forwards = forwards  # per stage, F before the first I (the fill chain's; FILL_SETTINGS)
         self.p, self.m = problem.stages, problem.microbatches
-        self.cost = {k: [problem.costs.duration(ActionKind(k), s) for s in range(self.p)] for k in (F, I, W)}
+        self.cost = {k: [problem.costs.duration(ActionKind(k), s) for s in range(self.p)] for k in SPLIT_WORK_TEXTS}
         self.grow = stage_growth(problem)  # per kind, per stage (M_B): semantics.MEMORY at the stage's sizes
         # what an I adds where it holds more until its W than its F left (weight_grad > activation): an F
         # leaves room for it, or the I after it could not run
         self.i_excess = [max(grow, 0.0) for grow in self.grow[I]]
         limit = problem.memory_limit
         self.limit = (limit if limit is not None else float(self.m) + 1.0) + TOLERANCE
-        self.done = {k: [0] * self.p for k in (F, I, W)}
+        self.done = {k: [0] * self.p for k in SPLIT_WORK_TEXTS}
         self.held = [0.0] * self.p
         self.clock = [0.0] * self.p
         self.first_start = [0.0] * self.p
         self.bubble = [0.0] * self.p
         self.worst = 0.0  # max(self.bubble): bubbles only grow
-        self.inputs = {k: [input_pattern(k, j, self.p, problem.costs) for j in range(self.p)] for k in (F, I, W)}
+        self.inputs = {k: [input_pattern(k, j, self.p, problem.costs) for j in range(self.p)] for k in SPLIT_WORK_TEXTS}
         self.link = [problem.costs.latency(s, s + 1) for s in range(self.p - 1)]  # stage s <-> s + 1
-        self.ends: dict[Kind, list[list[float]]] = {k: [[] for _ in range(self.p)] for k in (F, I, W)}
+        self.ends: dict[Kind, list[list[float]]] = {k: [[] for _ in range(self.p)] for k in SPLIT_WORK_TEXTS}
         self.programs: list[list[Kind]] = [[] for _ in range(self.p)]
 
     def build(self) -> tuple[str, ...]:

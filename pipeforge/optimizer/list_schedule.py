@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pipeforge.ir import ActionKind
 from pipeforge.optimizer.evaluate import TOLERANCE, Problem, stage_growth
 from pipeforge.optimizer.units import integer_units
-from pipeforge.semantics import ActionKey, needs
+from pipeforge.semantics import SPLIT_WORK_TEXTS, ActionKey, needs
 
 # Kinds as their letters: dict keys in the hot loop, where an exact str hashes fastest. A key
 # (stage, "F", microbatch, chain) is equal to the Action it names (semantics.ActionKey).
@@ -63,7 +63,7 @@ def _input_pattern(kind: str, stage: int, chain: int, stages: int, costs):
     the (stage, kind) alternatives, the producer's lane (chain, stage) when the edge is between stages
     (so maybe between ranks), else None, and that edge's latency across ranks (``CostModel.latency``);
     looked up once. Only the kinds the scheduler runs (F, I, W: the work is split) are looked for."""
-    return tuple((tuple((p[0], p[1]._value_) for p in producers if p[1] in (F, I, W)),
+    return tuple((tuple((p[0], p[1]._value_) for p in producers if p[1] in SPLIT_WORK_TEXTS),
                   (chain, producers[0][0]) if send is not None else None, costs.latency(producers[0][0], stage))
                  for producers, send, _ in needs((stage, kind, 0, chain), stages))
 
@@ -76,11 +76,11 @@ class _ListScheduler:
         self.grow = stage_growth(problem)  # per kind, per stage (M_B): semantics.MEMORY at the stage's sizes
         self.lanes = [(c, s) for c, placement in enumerate(problem.placements) for s in range(problem.stages)]
         self.rank_of = {(c, s): problem.placements[c].stage_to_rank[s] for c, s in self.lanes}
-        self.cost = {(k, s): problem.costs.duration(ActionKind(k), s) for k in (F, I, W)
+        self.cost = {(k, s): problem.costs.duration(ActionKind(k), s) for k in SPLIT_WORK_TEXTS
                      for s in range(problem.stages)}
-        self.next = {(k, lane): 0 for k in (F, I, W) for lane in self.lanes}
+        self.next = {(k, lane): 0 for k in SPLIT_WORK_TEXTS for lane in self.lanes}
         self.inputs = {(k, s, c): _input_pattern(k, s, c, problem.stages, problem.costs)
-                       for k in (F, I, W) for c, s in self.lanes}
+                       for k in SPLIT_WORK_TEXTS for c, s in self.lanes}
         self.end: dict[ActionKey, float] = {}
         self.free = [0.0] * problem.ranks
         self.held = [0.0] * problem.ranks
@@ -129,7 +129,7 @@ class _ListScheduler:
     def candidates(self, r: int):
         """(key, ready time) of each stage's next F, I and W on rank r whose inputs are made."""
         for c, s in self.rank_lanes[r]:
-            for kind in (F, I, W):
+            for kind in SPLIT_WORK_TEXTS:
                 mb = self.next[(kind, (c, s))]
                 if mb >= self.m:
                     continue
@@ -168,7 +168,7 @@ class _ListScheduler:
 
     def choose(self, r: int, ready: list[ActionKey]) -> ActionKey:
         fits = self.held[r] + 1.0 <= self.limit + TOLERANCE
-        by_kind = {kind: [key for key in ready if key[1] == kind] for kind in (F, I, W)}
+        by_kind = {kind: [key for key in ready if key[1] == kind] for kind in SPLIT_WORK_TEXTS}
         if by_kind[F] and not fits:
             by_kind[F] = []
             if by_kind[W] and not by_kind[I]:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from pipeforge.ir import Action, ActionKind
 from pipeforge.optimizer.evaluate import Graph, Order
-from pipeforge.semantics import stage_effect
+from pipeforge.semantics import SPLIT, stage_effect
 
-B, I, W = ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
+B = ActionKind.B
+I, W = SPLIT[B]  # noqa: E741  (B's parts: the I node stands for the fused B, its W is left out)
 
 
 class MixedWork:

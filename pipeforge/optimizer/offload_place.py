@@ -20,11 +20,12 @@ from bisect import bisect_left, bisect_right
 from dataclasses import replace
 
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step, replace_programs
-from pipeforge.semantics import effects_of, held_after_additions
+from pipeforge.semantics import INPUT_GRADIENT_KINDS, PLAIN_KINDS, effects_of, held_after_additions
 from pipeforge.sim.simulate import simulate
 from pipeforge.sim.workgraph import compile_schedule, time_order
 
-F, B, I, OFFLOAD, RELOAD = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.OFFLOAD, ActionKind.RELOAD
+F, I, OFFLOAD, RELOAD = ActionKind.F, ActionKind.I, ActionKind.OFFLOAD, ActionKind.RELOAD
+HOLDING = frozenset({F}) | INPUT_GRADIENT_KINDS  # an F adds its activations, a B or I (maybe reloaded) uses them
 
 
 def placed_offloads(schedule: Schedule, costs: CostModel, memory: MemorySpec, slack: float = 1.0) -> Schedule | None:
@@ -84,7 +85,7 @@ def _rank_program(r: int, program, times, effect, costs: CostModel, limit: float
         return None  # overlap steps: not placed here
     effects = [effect(a) for _, a in steps]
     counts = list(held_after_additions([e] for e in effects))  # in program order, as the rank runs now
-    backward = {(a.stage, a.microbatch, a.chain): k for k, (_, a) in enumerate(steps) if a.kind in (B, I)}
+    backward = {(a.stage, a.microbatch, a.chain): k for k, (_, a) in enumerate(steps) if a.kind in INPUT_GRADIENT_KINDS}
     starts = [times[(r, i)][0] for i, _ in steps]
     ends = [times[(r, i)][1] for i, _ in steps]
     lane = _Lane()
@@ -144,7 +145,7 @@ def weights_within(schedule: Schedule, memory: MemorySpec, budget: float, backwa
         for step in program:
             a = step.actions[0] if len(step.actions) == 1 else None
             key = None if a is None else (a.stage, a.microbatch, a.chain)
-            if a is not None and a.kind in (F, B, I):  # what adds memory, or (a reloaded I or B) may
+            if a is not None and a.kind in HOLDING:  # what adds memory, or (a reloaded I or B) may
                 room = room_f if a.kind is F or room_b is None else room_b
                 while held > room + 1e-9 and pending:
                     early, (w_step, part) = next(iter(pending.items()))
@@ -186,7 +187,7 @@ def weights_filled(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> 
 def _filled(program, nodes, graph, ends: list[float]) -> tuple[Step, ...] | None:
     """Rank's ``program`` with its tail re-sequenced as ``weights_filled`` says (``ends``, each node's end,
     updated for it); None where it has no such tail."""
-    if len(nodes) != len(program) or any(not _single(step, (F, B, I, ActionKind.W)) for step in program):
+    if len(nodes) != len(program) or any(not _single(step, PLAIN_KINDS) for step in program):
         return None
     acts = [graph.actions[n] for n in nodes]
     last = max((k for k, a in enumerate(acts) if a.kind is F), default=-1)
@@ -194,7 +195,7 @@ def _filled(program, nodes, graph, ends: list[float]) -> tuple[Step, ...] | None
     backs = [k for k in tail if acts[k].kind is not ActionKind.W]
     weights = [k for k in tail if acts[k].kind is ActionKind.W]
     due = {k: sum(1 for b in backs if b < k) for k in weights}  # how many backwards it came after
-    done = {(a.stage, a.microbatch, a.chain) for a in acts[:last + 1] if a.kind in (B, I)}
+    done = {(a.stage, a.microbatch, a.chain) for a in acts[:last + 1] if a.kind in INPUT_GRADIENT_KINDS}
     free = ends[nodes[last]] if last >= 0 else 0.0
     found, w = [], 0
     for j, b in enumerate(backs):
@@ -251,10 +252,11 @@ def _swaps(schedule: Schedule, r: int, window: int):
             continue
         a = program[k].actions[0]
         for j in (k - 1, k + 1):
-            if not 0 <= j < len(program) or not _single(program[j], (F, B, I, ActionKind.W)):
+            if not 0 <= j < len(program) or not _single(program[j], PLAIN_KINDS):
                 continue
             b = program[j].actions[0]
-            if j < k and b.kind in (B, I) and (b.stage, b.microbatch, b.chain) == (a.stage, a.microbatch, a.chain):
+            own = (b.stage, b.microbatch, b.chain) == (a.stage, a.microbatch, a.chain)
+            if j < k and b.kind in INPUT_GRADIENT_KINDS and own:
                 continue
             swapped = list(program)
             swapped[k], swapped[j] = swapped[j], swapped[k]
@@ -268,7 +270,7 @@ def _single(step: Step, kinds) -> bool:
 
 def _direct(program) -> bool:
     """Whether each F of ``program`` (one action a step) is followed, among its F, B and I, by its own backward."""
-    kinds = [step.actions[0] for step in program if len(step.actions) == 1 and step.actions[0].kind in (F, B, I)]
+    kinds = [step.actions[0] for step in program if len(step.actions) == 1 and step.actions[0].kind in HOLDING]
     return all(a.kind is not F or (k + 1 < len(kinds) and kinds[k + 1].kind is not F and
                                    (kinds[k + 1].stage, kinds[k + 1].microbatch, kinds[k + 1].chain)
                                    == (a.stage, a.microbatch, a.chain))

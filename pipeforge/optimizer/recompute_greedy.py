@@ -19,7 +19,7 @@ from typing import TypeVar
 from pipeforge.ir import ActionKind
 from pipeforge.optimizer.evaluate import TOLERANCE, Problem
 from pipeforge.optimizer.units import integer_units
-from pipeforge.semantics import ActionKey, effects_of, stage_effect
+from pipeforge.semantics import SPLIT_WORK_TEXTS, ActionKey, effects_of, stage_effect
 from pipeforge.sim.bounds import trip_time
 
 F, I, W, R = (ActionKind.F.value, ActionKind.I.value, ActionKind.W.value,  # noqa: E741
@@ -121,7 +121,7 @@ class _Scheduler:
             self.stage_of[r] = s
         self.rank_of = list(problem.placements[0].stage_to_rank)
         stages = range(self.p)
-        self.cost = {(k, s): costs.duration(ActionKind(k), s) for k in (F, I, W, R) for s in stages}
+        self.cost = {(k, s): costs.duration(ActionKind(k), s) for k in (*SPLIT_WORK_TEXTS, R) for s in stages}
         self.latency = [costs.latency(s, s + 1) if s + 1 < self.p else 0.0 for s in stages]
         self.full = [stage_effect(memory, ActionKind.F, s)[0] for s in stages]
         self.kept = [stage_effect(memory, ActionKind.F, s, recomputed=True)[0] for s in stages]
@@ -145,7 +145,7 @@ class _Scheduler:
                       max(0, math.floor((self.limit - self.rebuild[s] - self.cap[s] * self.kept[s]) /
                                         (self.full[s] - self.kept[s]) + TOLERANCE)) if self.full[s] > self.kept[s]
                       else 0 for s in stages]
-        self.next = {kind: [0] * self.p for kind in (F, I, W)}
+        self.next = {kind: [0] * self.p for kind in SPLIT_WORK_TEXTS}
         self.recomputed: list[set[int]] = [set() for _ in stages]
         self.rebuilt: list[set[int]] = [set() for _ in stages]
         self.pending: list[list[int]] = [[] for _ in stages]  # recomputed, not yet rebuilt, in order

@@ -29,7 +29,7 @@ from pipeforge.optimizer.placement import (PLACEMENTS, Layout, chunk_costs, comm
                                            scale_costs)
 from pipeforge.optimizer.result import STOP_REASONS, Metrics, OptimizeResult, metrics_of
 from pipeforge.optimizer.units import integer_units
-from pipeforge.semantics import COMPLETE, split
+from pipeforge.semantics import COMPLETE, PLAIN_KINDS, SPLIT_WORK, split
 from pipeforge.sim.bounds import WorkBound, bubble_of_span, work_bound
 from pipeforge.verifier import verify
 
@@ -135,7 +135,7 @@ def _layout_run(compute: Schedule, base: Problem, layout: Layout, strategy: str,
         source = (lambda: _input_candidate(problem, compute)) if strategy in ("auto", "local") else None
     else:
         work = [Action(s, kind, mb) for s in range(problem.stages) for mb in range(problem.microbatches)
-                for kind in (ActionKind.F, ActionKind.I, ActionKind.W)]
+                for kind in SPLIT_WORK]
         source = None
     split, seconds = timed(lambda: Graph(problem, work))
     if strategy == "exact" and layout.keeps:
@@ -154,14 +154,13 @@ def _require_exact_size(split: Graph) -> None:
             Argument("strategy", value="auto or local")), value="exact")
 
 
-KNOWN_KINDS = frozenset(kind for alternative in COMPLETE for kind in alternative)  # F, B, I, W
 
 
 def _require_complete(compute: Schedule) -> None:
     """Every (stage, microbatch, chain) once forward and once backward (B, or I and W), on its rank."""
     seen: dict[tuple[int, int | None, int], list[ActionKind]] = {}
     for rank, index, action in compute.actions():
-        if action.kind not in KNOWN_KINDS:
+        if action.kind not in PLAIN_KINDS:
             raise VerificationError(f"{action} (rank {rank}, step {index}): optimize does not yet reorder "
                                     f"{action.kind.value} actions (recompute and offload); optimize the schedule "
                                     f"without them, then add them (pipeforge.passes.recompute)")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pipeforge.ir import ActionKind, Placement
 from pipeforge.optimizer.evaluate import Problem, stage_growth
 from pipeforge.optimizer.units import integer_units
-from pipeforge.semantics import ActionKey, needs
+from pipeforge.semantics import SPLIT_WORK_TEXTS, ActionKey, needs
 
 F, I, W = ActionKind.F.value, ActionKind.I.value, ActionKind.W.value  # noqa: E741
 DOWN, UP = 0, 1        # a rank's chunk on the way down (stage i) and back up (stage 2p-1-i)
@@ -79,7 +79,7 @@ class _VShape:
         growth = stage_growth(problem)  # per kind, per stage (M_B): semantics.MEMORY at the stage's sizes
         self.stage = [[r if chunk == DOWN else stages - 1 - r for r in range(self.p)] for chunk in (DOWN, UP)]
         self.cost, self.grow, self.source = {}, {}, {}
-        for kind in (F, I, W):
+        for kind in SPLIT_WORK_TEXTS:
             for chunk in (DOWN, UP):
                 for r in range(self.p):
                     stage = self.stage[chunk][r]
@@ -97,7 +97,7 @@ def _cross_rank_input(kind: str, stage: int, stages: int, owner: tuple[int, ...]
     the builder runs the I."""
     for producers, send, _ in needs((stage, kind, 0, 0), stages):
         if send is not None and owner[producers[0][0]] != owner[stage]:
-            made_by = next((s, k._value_) for s, k, _, _ in producers if k in (F, I, W))
+            made_by = next((s, k._value_) for s, k, _, _ in producers if k in SPLIT_WORK_TEXTS)
             return made_by, costs.latency(made_by[0], stage)
     return None
 
@@ -112,10 +112,11 @@ class _VBuilder:
         self.approved = approved or [-1.0] * self.p
         self.most_approved = max(self.approved)
         self.count = {(k, c, r): 0 for k in (F, I) for c in (DOWN, UP) for r in range(self.p)}
-        self.ends: dict[tuple[int, str], list[float]] = {(s, k): [] for s in range(2 * self.p) for k in (F, I, W)}
+        self.ends: dict[tuple[int, str], list[float]] = {(s, k): [] for s in range(2 * self.p)
+                                                         for k in SPLIT_WORK_TEXTS}
         # per kind, chunk and rank: (stage, duration, memory growth, its ends, its input's ends or None, latency)
         self.slot = {kind: [[self._slot(kind, chunk, r) for r in range(self.p)] for chunk in (DOWN, UP)]
-                     for kind in (F, I, W)}
+                     for kind in SPLIT_WORK_TEXTS}
         self.down_forwards = [self.ends[(r, F)] for r in range(self.p)]  # a rank's bubble counts after its first
         self.clock = [0.0] * self.p
         self.held = [0.0] * self.p

@@ -117,6 +117,14 @@ def hold_gradients(counter: SavedBytes, plan: WeightPlan | None) -> list[SavedKe
     return [counter.add(t) for t in held_gradients(plan)]
 
 
+def count_checkpoint(counter: SavedBytes, args: tuple, kwargs: dict | None, target: Any) -> list[SavedKey | None]:
+    """Count what a recomputed forward keeps until its backward: its inputs (``args``, ``kwargs``; each storage
+    once, a given input its own bytes: ``saved_key``; the ``target`` given, not counted); the keys to drop at
+    the backward. One count for ``Pipeline.saved_peak`` and ``pipeforge profile``'s ``checkpoint``."""
+    counter.give((args, kwargs, target))
+    return [counter.add(t) for t in _tensors((args, kwargs))]
+
+
 class _Saved(Releasable):
     """One saved tensor as autograd holds it (the packed value): counted while it lives on the device.
     It holds the tensor detached: an output saved with its own ``grad_fn`` would otherwise make a cycle
@@ -267,8 +275,7 @@ class SavedActivations:
         kept_args, kept_kwargs = _restored(kept, kwargs, copies, changed)
         self.checkpoints[key] = Checkpoint(kept_args, kept_kwargs, target, rng, wants)
         if self.counter is not None:  # the checkpoint is held until the backward, as simulate counts it
-            self.counter.give((kept_args, kept_kwargs, target))
-            self.kept[key] = [self.counter.add(t) for t in _tensors((kept_args, kept_kwargs))]
+            self.kept[key] = count_checkpoint(self.counter, kept_args, kept_kwargs, target)
         # a state without a graph: the output's shapes for the gradient's receive, and "backward pending"
         runner.states[key[1]] = MicrobatchState(kept_args, output, ())
         return output
@@ -468,4 +475,5 @@ def _set_rng_state(state: tuple[torch.Tensor, torch.Tensor | None], device: torc
         torch.cuda.set_rng_state(state[1], device)
 
 
-__all__ = ["Checkpoint", "SavedActivations", "SavedBytes", "counted", "hold_gradients", "saved_key", "unkept_inputs"]
+__all__ = ["Checkpoint", "SavedActivations", "SavedBytes", "count_checkpoint", "counted", "hold_gradients", "saved_key",
+           "unkept_inputs"]

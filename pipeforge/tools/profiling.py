@@ -152,9 +152,8 @@ class _Meter:
             self.phase = None
             if kind == "F":
                 self.output_bytes = _nbytes(result)
-                if self.counting:  # what a recomputed forward keeps: its inputs (the stage's args and kwargs)
-                    self.checkpoints.append(_nbytes(args[0] if args else ()) + _nbytes(args[3] if len(args) > 3 else
-                                                                                    kwargs.get("kwargs")))
+                if self.counting:  # what a recomputed forward keeps: its inputs, as the runtime counts them
+                    self.checkpoints.append(_checkpoint_bytes(args, kwargs))
                     if mb in self.counters:
                         self.after_forward[mb] = self.counters[mb].held
             if kind == "I" and self.counting and mb in self.counters:  # with what its plan holds until W
@@ -183,6 +182,19 @@ class _Meter:
 
     def dispatch_overhead(self) -> float:
         return statistics.median(self.dispatch) if self.dispatch else 0.0
+
+
+def _checkpoint_bytes(args: tuple, kwargs: dict) -> int:
+    """The bytes a recomputed forward would keep, given ``StageRunner.forward``'s arguments after the microbatch
+    (``args, target, training, kwargs, ...``): the runtime's count (``saved.count_checkpoint``: each storage
+    once), not a sum of its inputs' sizes."""
+    from pipeforge.runtime.saved import SavedBytes, count_checkpoint
+
+    counter = SavedBytes()
+    inputs = args[0] if args else kwargs.get("args", ())
+    target = args[1] if len(args) > 1 else kwargs.get("target")
+    count_checkpoint(counter, inputs, args[3] if len(args) > 3 else kwargs.get("kwargs"), target)
+    return counter.held
 
 
 def _nbytes(value) -> int:

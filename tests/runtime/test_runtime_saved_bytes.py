@@ -83,3 +83,34 @@ def test_a_recomputed_forwards_outputs_are_flagged_as_the_first_carried_them():
     flags = [t.requires_grad for t in _flagged(later, carried)]
     assert flags == [True, True, False] and all(t.grad_fn is None for t in _flagged(first, carried))
     assert not _flagged(torch.arange(3), (True,)).requires_grad
+
+
+def _checkpoint_held(model: str, stages: int, kwargs_of) -> tuple[int, int, int]:
+    """What a middle stage of zoo ``model``'s recomputed forward keeps, as the runtime counts it (the bytes
+    ``SavedActivations`` holds after the F) and as ``pipeforge profile`` measures it (its meter's
+    ``checkpoint``), and the sum of the inputs' own sizes."""
+    from pipeforge.runtime.saved import SavedActivations
+    from pipeforge.tools.profiling import _Meter, _nbytes
+
+    stage = zoo.build(model, stages)[1]
+    _, _, shared = zoo.batch(model, 2, 0)
+    args, kwargs = (torch.randn(2, zoo.SEQ, zoo.WIDTH, dtype=torch.float64),), kwargs_of(shared)
+    saved = SavedActivations(frozenset({(1, 0, 0)}), frozenset(), None, count=True)
+    saved.forward(StageRunner(stage, 1, 0, False, False), 0, args, None, True, kwargs)
+    runner = StageRunner(stage, 1, 0, False, False)
+    meter = _Meter(stage.parameters())
+    meter.wrap(runner)
+    meter.counting = True
+    runner.forward(0, args, None, True, kwargs)
+    return saved.counter.held, meter.checkpoints[-1], _nbytes((args, kwargs))
+
+
+def test_profile_measures_a_checkpoint_as_the_runtime_holds_it():
+    """``pipeforge profile``'s ``checkpoint`` is the runtime's count (``saved.count_checkpoint``, each storage
+    once): the llama stage's positions given under two names are kept once; it summed their sizes (one more
+    positions tensor), which simulate then predicted as held."""
+    runtime, profiled, summed = _checkpoint_held("llama", 3, lambda shared: {**shared, "again": shared["positions"]})
+    positions = zoo.batch("llama", 2, 0)[2]["positions"]
+    assert runtime == profiled == summed - positions.nbytes
+    runtime, profiled, summed = _checkpoint_held("gpt-dropout", 3, lambda shared: shared)  # the padding mask
+    assert runtime == profiled == summed
