@@ -5,6 +5,7 @@
     .venv/bin/python -m benchmarks.runtime.codegen_scale --base ../old-main --repeat 2   # side by side
     .venv/bin/python -m benchmarks.runtime.codegen_scale --schedule zbv --base ../old-main --repeat 3
     .venv/bin/python -m benchmarks.runtime.codegen_scale --scaling  # interleaved 1F1B at M = 256, 512, 1024
+    .venv/bin/python -m benchmarks.runtime.codegen_scale --phases --schedule zbv --base ../old-main   # where it goes
 
 For each schedule and size, ``pipeforge codegen`` runs as its own process (wall
 and CPU seconds, the children's ``getrusage``); then a fresh process imports
@@ -28,6 +29,11 @@ default; the 64-rank one takes minutes).
 ``PYTHONPATH``), each pair one after the other (which first alternating), and prints the ratios of
 this tree to it: the two share the machine's load. ``--scaling`` times codegen of interleaved 1F1B
 at P=64, V=2 and M = 256, 512, 1024 (CPU microseconds per action: flat when it scales linearly).
+``--phases`` times codegen's phases one by one in one process (CPU seconds: loading the schedule,
+lowering it, rendering the rank modules, verifying on that lowering as codegen does, and compiling the rank
+modules in a fresh process, as codegen's worker does), and the wall time they allow on this machine's
+cores: codegen's second core has nothing to compile until the schedule is loaded and lowered, so its wall
+is at least that prefix plus the rest shared by two cores (``prefix + (render + verify + compile) / 2``).
 
 Targets (issue 23): codegen at most 10 s, a rank's import at most 0.3 s and
 60 MB. The script exits 1 when a rank's import (any of the three) grows the resident
@@ -212,6 +218,67 @@ def scaling(repeat: int) -> None:
               f"{cpu / actions * 1e6:>13.1f}", flush=True)
 
 
+PHASE_PROBE = r"""
+import gc, json, subprocess, sys, time
+gc.disable()  # (as the command: pipeforge.cli pauses the collector)
+import pipeforge
+from pipeforge import generator
+from pipeforge.verifier import verify
+name, defines = sys.argv[1], json.loads(sys.argv[2])
+found = {}
+def timed(phase, work):
+    started = time.process_time()
+    value = work()
+    found[phase] = time.process_time() - started
+    return value
+schedule = timed("load", lambda: pipeforge.load(name, defines=defines))
+lowered = timed("lower", lambda: generator._lowering(schedule, "rendezvous"))
+files = timed("render", lambda: generator.render_files(lowered.schedule, "m", origins=lowered.origins))
+report = timed("verify", lambda: verify(schedule, semantics="rendezvous", certify=False, lowered=lowered))
+assert report.valid, report
+compiling = "import marshal, sys, time\ntexts = marshal.load(sys.stdin.buffer)\nstarted = time.process_time()\n" \
+    "codes = [compile(text, 'rank', 'exec', dont_inherit=True) for text in texts]\n" \
+    "print(time.process_time() - started)"
+import marshal
+done = subprocess.run([sys.executable, "-I", "-S", "-c", compiling], input=marshal.dumps(list(files.ranks)),
+                      capture_output=True, check=True)
+found["compile"] = float(done.stdout)
+print(json.dumps(found))
+"""
+PHASES = ("load", "lower", "render", "verify", "compile")
+
+
+def phases(name: str, defines: dict[str, int], tree: Path) -> dict[str, float]:
+    done = subprocess.run([sys.executable, "-c", PHASE_PROBE, name, json.dumps(defines)], capture_output=True,
+                          text=True, env=environment(tree), cwd=tree, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"timing the phases of {name} failed: {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def phase_row(name: str, label: str, found: dict[str, float]) -> str:
+    prefix = found["load"] + found["lower"]
+    bound = prefix + (found["render"] + found["verify"] + found["compile"]) / 2
+    return (f"{name:<18} {label:>6} " + " ".join(f"{found[phase]:>7.2f}" for phase in PHASES)
+            + f" {sum(found.values()):>7.2f} {bound:>10.2f}")
+
+
+def phase_table(cases, trees, repeat: int) -> None:
+    """Each phase's CPU seconds (medians of ``repeat``, the trees alternating)."""
+    print(f"{'schedule':<18} {'tree':>6} " + " ".join(f"{phase:>7}" for phase in PHASES)
+          + f" {'total':>7} {'wall >= s':>10}")
+    for name, defines in cases:
+        found: dict[str, list[dict[str, float]]] = {label: [] for label, _ in trees}
+        for attempt in range(repeat):
+            for label, tree in trees if attempt % 2 == 0 else trees[::-1]:
+                found[label].append(phases(name, defines, tree))
+        for label, _ in trees:
+            print(phase_row(name, label, {phase: statistics.median(f[phase] for f in found[label])
+                                          for phase in PHASES}), flush=True)
+    print("CPU seconds per phase in one process (compile: the rank modules in a fresh one, as codegen's worker); "
+          "wall >= load + lower + (render + verify + compile) / 2 on two cores")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1F1B at P=32, M=256 only")
@@ -222,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="another checkout of pipeforge measured side by side with this one")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each measurement (medians reported)")
     parser.add_argument("--scaling", action="store_true", help="interleaved 1F1B at M = 256, 512, 1024 only")
+    parser.add_argument("--phases", action="store_true", help="CPU seconds of each phase of codegen, and the wall "
+                                                               "they allow on two cores")
     parser.add_argument("--schedule", action="append", choices=[name for name, _ in CASES], metavar="NAME",
                         help="measure only this case (repeatable; default: all three)")
     args = parser.parse_args(argv)
@@ -230,13 +299,17 @@ def main(argv: list[str] | None = None) -> int:
         scaling(args.repeat)
         print(f"after: {load_average()}")
         return 0
+    trees = [("this", ROOT)] + ([("base", args.base.resolve())] if args.base else [])
+    cases = CASES[:1] if args.quick else [case for case in CASES if not args.schedule or case[0] in args.schedule]
+    if args.phases:
+        phase_table(cases, trees, args.repeat)
+        print(f"after: {load_average()}")
+        return 0
     print(f"{'schedule':<18} {'P':>3} {'M':>5} {'V':>2} {'tree':>6} {'codegen s':>9} {'cpu s':>6} {'rank files':>10} "
           f"{'import s':>8} {'import MB':>9} {'no-pyc import':>13} {'no-pyc MB':>9} {'child MB':>8} "
           f"{'in-rank s':>9} {'in-rank MB':>10} {'one-module s':>12} "
           f"{'one-module MB':>13}")
     over = False
-    trees = [("this", ROOT)] + ([("base", args.base.resolve())] if args.base else [])
-    cases = CASES[:1] if args.quick else [case for case in CASES if not args.schedule or case[0] in args.schedule]
     for name, defines in cases:
         rank = min(args.rank, defines["P"] - 1)
         found: dict[str, list[dict]] = {label: [] for label, _ in trees}

@@ -130,6 +130,17 @@ def detached(value: Any) -> Any:
     return value
 
 
+def copied(value: Any) -> Any:
+    """``value`` with every tensor in it cloned (tuples, lists and dicts walked): what a check may change."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, Mapping):
+        return _rebuild_mapping(value, {key: copied(item) for key, item in value.items()})
+    if isinstance(value, (tuple, list)):
+        return _rebuild_sequence(value, [copied(item) for item in value])
+    return value
+
+
 def as_tuple(value: Any) -> tuple[Any, ...]:
     """A stage's output as the argument tuple of the next stage."""
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)

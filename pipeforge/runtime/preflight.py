@@ -6,7 +6,8 @@ all-gather); then stage after stage the rank holding it runs microbatch 0 and br
 shapes or what went wrong (a non-tensor output, an exception in the module, a ``loss_fn`` that is not a
 scalar, reentrant checkpointing where backward is split). So every rank raises the same
 ``PipelineUsageError``, naming the rank, the stage and the inputs, and none waits for a peer. Buffers
-and the random state are restored; parameters and gradients are untouched. ``docs/runtime.md``
+and the random state are restored; parameters, gradients and the user's data are untouched (the stages
+run on copies). ``docs/runtime.md``
 (Errors).
 """
 
@@ -15,11 +16,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
 from pipeforge.ir import ActionKind
 from pipeforge.runtime.aux import unwrap as unwrap_aux
-from pipeforge.runtime.microbatch import as_tuple, split_value, to_device
+from pipeforge.runtime.microbatch import as_tuple, copied, split_value, to_device
+from pipeforge.runtime.objects import all_gather_objects, broadcast_object
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError
 from pipeforge.runtime.saved import unkept_inputs
 from pipeforge.semantics import RUNTIME_METHODS
@@ -71,9 +72,7 @@ def _prepare(pipeline, args, kwargs, target, shared, per_stage, training: bool) 
 
 
 def _gather(pipeline, problem: Any) -> list:
-    found: list = [None] * pipeline.info.ranks
-    dist.all_gather_object(found, problem, group=pipeline.transport.group)
-    return found
+    return all_gather_objects(problem, group=pipeline.transport.group, device=pipeline.transport.device)
 
 
 def _run_stages(pipeline, prepared: dict, training: bool) -> None:
@@ -89,28 +88,27 @@ def _run_stages(pipeline, prepared: dict, training: bool) -> None:
                 outputs[stage] = result
                 result = [(tuple(t.shape), t.dtype, t.requires_grad) if isinstance(t, torch.Tensor) else None
                           for t in result]
-        box = [result]
-        device = pipeline.transport.device if pipeline.transport.device.type == "cuda" else None
-        dist.broadcast_object_list(box, src=pipeline.transport.global_rank(owner), group=pipeline.transport.group,
-                                   device=device)
-        if isinstance(box[0], str):
-            raise PipelineUsageError(f"rank {rank}: pipeline check: stage {stage} on rank {owner}: {box[0]}")
-        reported = tuple(box[0] or ())
+        result = broadcast_object(result, src=pipeline.transport.global_rank(owner), group=pipeline.transport.group,
+                                  device=pipeline.transport.device)
+        if isinstance(result, str):
+            raise PipelineUsageError(f"rank {rank}: pipeline check: stage {stage} on rank {owner}: {result}")
+        reported = tuple(result or ())
 
 
 def _run_stage(pipeline, prepared: dict, stage: int, local: tuple | None, reported: tuple, training: bool):
     """The stage's output tensors, or what went wrong (a string)."""
     runner = pipeline.runners[(stage, 0)]
-    if stage == 0:
-        args, kwargs = prepared["batch"][0]
+    if stage == 0:  # a copy of the user's first microbatch: a module changing its input in place changes no data
+        args, kwargs = copied(prepared["batch"][0])
     else:
-        # as the step makes them: wanting a gradient where the stage before made it with one (the shapes header's)
+        # as the step makes them: wanting a gradient where the stage before made it with one (the shapes header's),
+        # given as copies, as the step gives them to a stage that changes them in place (``StageRunner._given``)
         args = local if local is not None else tuple(_stand_in(meta, pipeline.transport.device) for meta in reported)
-        args = tuple(a.detach().requires_grad_(training and a.requires_grad and a.is_floating_point())
+        args = tuple(a.detach().requires_grad_(training and a.requires_grad and a.is_floating_point()).clone()
                      if isinstance(a, torch.Tensor) else a for a in args)
         kwargs = {}
     own = prepared["inputs"].get(stage)
-    kwargs = {**kwargs, **(own[0] if own else {})}
+    kwargs = {**kwargs, **(copied(own[0]) if own else {})}
     try:
         with torch.set_grad_enabled(training):  # an eval's forward runs without gradients
             output, _ = unwrap_aux(runner.module(*args, **kwargs), f"stage {stage}")
@@ -124,7 +122,7 @@ def _run_stage(pipeline, prepared: dict, stage: int, local: tuple | None, report
                     "output.last_hidden_state; of (h, None), return h)")
         found = as_tuple(output)
     else:
-        found = _loss_problem(runner, output, prepared["targets"])
+        found = _loss_problem(runner, output, prepared["targets"], training)
         if isinstance(found, str):
             return found
     if training and _splits_backward(pipeline) and _reentrant(found):
@@ -135,15 +133,18 @@ def _run_stage(pipeline, prepared: dict, stage: int, local: tuple | None, report
     return tuple(found)
 
 
-def _loss_problem(runner, output, targets) -> tuple | str:
+def _loss_problem(runner, output, targets, training: bool) -> tuple | str:
     if targets is None or runner.loss_fn is None:
         return tuple(t for t in as_tuple(output) if isinstance(t, torch.Tensor))
     try:
-        loss = runner.loss_fn(output, targets[0])
+        loss = runner.loss_fn(output, copied(targets[0]))
     except Exception as error:  # noqa: BLE001
         return f"loss_fn raised {type(error).__name__}: {error} (on the stage's output {_describe(output)})"
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         return f"loss_fn returned {_describe(loss)}; it must return a scalar tensor"
+    if training and not loss.requires_grad:
+        return (f"loss_fn returned {_describe(loss)} that does not require grad: step() has nothing to train "
+                "(no parameter of the stages up to here and no input needs a gradient, or loss_fn detached it)")
     return (loss,)
 
 

@@ -103,6 +103,9 @@ class StageRunner:
     rank: int | None = None  # named in errors
     next_local: bool | None = None  # the next stage runs on this rank too (set by the rank context once)
     previous_local: bool | None = None  # the previous stage runs on this rank too
+    # the module changes in place an input that wants a gradient (a leaf, where torch refuses it): learned at the
+    # stage's first forward with such an input, given copies then (``_given``); from then on copies where True
+    changes_inputs: bool | None = None
 
     @property
     def name(self) -> str:
@@ -116,14 +119,16 @@ class StageRunner:
         if torch.is_grad_enabled() != training:  # the pipeline runs its program in the right mode already
             with torch.set_grad_enabled(training):
                 return self.forward(mb, args, target, training, kwargs, wants_grad)
+        given = args
         if not self.is_first:
             if wants_grad is None:
                 args = tuple([_as_leaf(a, training) for a in args])
             else:
                 args = tuple([_as_leaf(a, training and wants) for a, wants in zip(args, wants_grad)])
+            given = args if self.changes_inputs is False or not training else self._given(args)
         is_last = self.is_last
         try:
-            result = self.module(*args, **kwargs) if kwargs else self.module(*args)
+            result = self.module(*given, **kwargs) if kwargs else self.module(*given)
             output, aux = unwrap_aux(result, self.name) if isinstance(result, WithAuxLoss) else (result, None)
             loss = None
             if is_last and (training or target is not None) and self.loss_fn is not None:
@@ -133,7 +138,9 @@ class StageRunner:
         except PipelineError:
             raise
         except Exception as error:
-            raise StageError(self, "F", mb, error) from error
+            raise self._forward_error(mb, error) from error
+        if given is not args and self.changes_inputs is None:
+            self.changes_inputs = any([copy is not leaf and copy._version > 0 for copy, leaf in zip(given, args)])
         if is_last:  # kept as they are: detached when the step hands them out
             self.outputs[mb] = output
             if loss is not None:
@@ -154,6 +161,25 @@ class StageRunner:
             roots += (aux,) if aux is not None else ()
         self.states[mb] = MicrobatchState(args, output, roots, (), None, aux)
         return output
+
+    def _given(self, leaves: tuple[Any, ...]) -> tuple[Any, ...]:
+        """What the module is given for ``leaves`` (its inputs wanting a gradient are leaves, which torch lets no
+        operation change in place): a copy of each such input, where the stage changes one in place or is not known
+        not to (its first forward that has one), so it trains as it would unpipelined; the leaves themselves else."""
+        if not any([_has_graph(a) for a in leaves]):
+            return leaves
+        return tuple([a.clone() if _has_graph(a) else a for a in leaves])
+
+    def _forward_error(self, mb: int, error: Exception) -> StageError:
+        """A forward's failure; where the module changed in place an input it was given as a leaf (its first
+        forward changed none), the stage is given copies from its next forward on, and the error says so."""
+        failure = StageError(self, "F", mb, error)
+        if self.changes_inputs is False and _LEAF_CHANGED in str(error):
+            self.changes_inputs = True
+            failure.args = (f"{failure.args[0]} (stage {self.stage} changed in place an input that wants a "
+                            "gradient, which its first forward did not: from its next forward on it is given "
+                            "copies of such inputs)",)
+        return failure
 
     def detached_losses(self) -> dict[int, torch.Tensor]:
         """The losses computed so far, by microbatch, without their graphs."""
@@ -265,6 +291,9 @@ class StageRunner:
         self.states.clear()
         self.losses.clear()
         self.outputs.clear()
+
+
+_LEAF_CHANGED = "leaf Variable that requires grad is being used in an in-place operation"  # torch's (a leaf, a view)
 
 
 def _is_float(value: Any) -> bool:
