@@ -49,16 +49,19 @@ def load_generated(path: str):
 
 
 def generate_at_startup(schedule: str, ranks: int, microbatches: int):
-    """Rank 0 lowers, verifies and renders the module; every rank imports the same text."""
-    text = [None]
+    """Rank 0 lowers, verifies and renders the module; every rank imports the same text (sent by
+    ``pipeforge.runtime.objects``: torch's ``broadcast_object_list`` needs numpy, which torch does not install)."""
+    from pipeforge.runtime.objects import broadcast_object
+
+    text = None
     if dist.get_rank() == 0:
         import pipeforge
         from pipeforge.generator import generate
 
-        text[0] = generate(pipeforge.load(schedule, defines={"P": ranks, "M": microbatches}))
-    dist.broadcast_object_list(text, src=0)
+        text = generate(pipeforge.load(schedule, defines={"P": ranks, "M": microbatches}))
+    text = broadcast_object(text, src=0)
     module = types.ModuleType(f"pipeline_{schedule.replace('-', '_')}")
-    exec(compile(text[0], f"<pipeforge codegen {schedule}>", "exec"), module.__dict__)
+    exec(compile(text, f"<pipeforge codegen {schedule}>", "exec"), module.__dict__)
     return module
 
 

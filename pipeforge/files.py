@@ -226,16 +226,17 @@ def locked_output(path: str | os.PathLike, *, make_dirs: bool = False,
     writes ``path`` atomically, to call once the files it names are in place."""
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
-    _require_folder(directory, str(path), make_dirs)
-    with _folder_lock(directory, str(path)):
-        refuse_special(target, str(path))
-        if replaceable is not None:
-            replaceable(target)
+    with _made_folders() as made:
+        made.extend(_require_folder(directory, str(path), make_dirs))
+        with _folder_lock(directory, str(path)):
+            refuse_special(target, str(path))
+            if replaceable is not None:
+                replaceable(target)
 
-        def write(data: bytes | str) -> None:
-            _replace(target, data.encode("utf-8") if isinstance(data, str) else data, directory, str(path))
+            def write(data: bytes | str) -> None:
+                _replace(target, data.encode("utf-8") if isinstance(data, str) else data, directory, str(path))
 
-        yield write
+            yield write
 
 
 def write_output(path: str | os.PathLike, data: bytes | str, *, force: bool = False,
@@ -256,11 +257,17 @@ def write_outputs(outputs: list[tuple[str | os.PathLike, bytes | str]], *, force
         other = seen.setdefault(os.path.realpath(target), target)
         if other is not target:
             raise UsageError(f"{str(other)!r} and {str(target)!r} name one file: each output needs its own")
-    folders: dict[str, tuple[Path, str]] = {}
-    for target, _ in payloads:
-        folder = target.parent if str(target.parent) else Path(".")
-        _require_folder(folder, str(target), make_dirs)
-        folders.setdefault(os.path.realpath(folder), (folder, str(target)))
+    with _made_folders() as made:
+        folders: dict[str, tuple[Path, str]] = {}
+        for target, _ in payloads:
+            folder = target.parent if str(target.parent) else Path(".")
+            made.extend(_require_folder(folder, str(target), make_dirs))
+            folders.setdefault(os.path.realpath(folder), (folder, str(target)))
+        _write_locked(payloads, folders, force, held)
+
+
+def _write_locked(payloads: list[tuple[Path, bytes]], folders: dict[str, tuple[Path, str]], force: bool,
+                  held: Callable[[bytes], str | None] | None) -> None:
     with ExitStack() as locks:
         for key in sorted(folders):
             locks.enter_context(_folder_lock(*folders[key]))
@@ -319,15 +326,40 @@ def _holds(target: Path, payload: bytes) -> bool:
         return False
 
 
-def _require_folder(directory: Path, name: str, make: bool) -> None:
-    """``directory`` is a folder (made, with its parents, when ``make``); a UsageError saying why not."""
+@contextmanager
+def _made_folders() -> Iterator[list[Path]]:
+    """The folders an output made for itself (``_require_folder``'s list), removed again, innermost first,
+    when the output fails: a refused or failed write leaves no folder it made (one another process has
+    put something in meanwhile stays)."""
+    made: list[Path] = []
+    try:
+        yield made
+    except BaseException:
+        _remove_made(made)
+        raise
+
+
+def _remove_made(made: list[Path]) -> None:
+    for folder in reversed(made):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (or gone): it and its parents stay
+            return
+
+
+def _require_folder(directory: Path, name: str, make: bool) -> list[Path]:
+    """``directory`` is a folder (made, with its parents, when ``make``); a UsageError saying why not.
+    Returns the folders it made, outermost first."""
+    made = [folder for folder in (directory, *directory.parents) if not os.path.lexists(folder)][::-1] \
+        if make else []
     if make and not directory.exists():
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as error:  # a file where a parent folder should be, no permission, ...
+            _remove_made(made)  # the parents it made before the one it could not
             raise UsageError(f"cannot create folder {str(directory)!r}: {error.strerror or error}") from None
     if directory.is_dir():
-        return
+        return made
     if os.path.lexists(directory):
         raise UsageError(f"cannot write {name!r}: {str(directory)!r} is not a folder")
     raise UsageError(f"cannot write {name!r}: directory {str(directory)!r} does not exist")

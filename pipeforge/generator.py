@@ -20,6 +20,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -278,10 +279,18 @@ FILTERS = {"rank_function": rank_function}
 # -- rendering and writing ----------------------------------------------------------
 
 
+# Top-level modules a generated module's folder must not hold a file of: on sys.path (a script beside it,
+# ``python -m`` there) it would be imported in their place, by the module itself (torch, pipeforge) or by
+# what they import (numpy, the standard library).
+SHADOWED = frozenset(sys.stdlib_module_names) | {"torch", "pipeforge", "numpy"}
+
+
 def module_name(schedule: Schedule) -> Ident:
-    """The module's file stem: the schedule name with anything but [A-Za-z0-9_] turned to '_'."""
+    """The module's file stem: the schedule name with anything but [A-Za-z0-9_] turned to '_', prefixed
+    with ``schedule_`` where it would not be an importable name of its own (a digit first, a keyword, a
+    module it would shadow: a schedule named ``torch``)."""
     stem = re.sub(r"\W", "_", schedule.name, flags=re.ASCII).strip("_") or "schedule"
-    if stem[0].isdigit() or keyword.iskeyword(stem):
+    if stem[0].isdigit() or keyword.iskeyword(stem) or stem in SHADOWED:
         stem = f"schedule_{stem}"
     return Ident(stem)
 
@@ -616,6 +625,10 @@ def import_name(text: str, what: Argument) -> Ident:
     if not (text.isascii() and text.isidentifier()) or keyword.iskeyword(text):
         raise ArgumentError(what, f"module name {text!r} is not a Python identifier (ASCII letters, digits and '_', "
                                   f"not starting with a digit, not a keyword), so it could not be imported", value=text)
+    if text in SHADOWED:
+        raise ArgumentError(what, f"module name {text!r} is that of a module the generated code or Python imports; "
+                                  f"a file of that name would be imported in its place: name it otherwise",
+                            value=text)
     return Ident(text)
 
 

@@ -3,7 +3,11 @@
 # that sdist), the wheel installed into a fresh venv (no system site-packages, its
 # dependencies lark, z3-solver and jinja2 from PyPI, no torch: verify, simulate and
 # codegen do not need it), then `pipeforge verify`, `simulate` and `codegen` run
-# from a folder outside the repository, and their results checked.
+# from a folder outside the repository, and their results checked. Then torch alone is added
+# (pinned, the CPU wheel; no numpy, which torch's wheels do not require) and what a user runs with it
+# is run from there too: `pipeforge run` on 4 local processes, the line `--print-torchrun --nnodes 2`
+# prints as two torchrun agents on 127.0.0.1, and examples/train_gpt.py copied out of the repository
+# under torchrun with a module generated at startup.
 #
 #     bash scripts/check_package.sh          (PYTHON=python3.12 to pick the interpreter)
 set -euo pipefail
@@ -65,4 +69,35 @@ EOF
 [ "${status:-0}" -eq 2 ] || fail "an unknown -D exited ${status:-0}, not 2"
 grep -q "^error: -D Q: " "$WORK/usage.txt" || { cat "$WORK/usage.txt"; fail "an unknown -D is not worded as a flag"; }
 
-echo "check_package: ok ($(basename "$WHEEL"): verify, simulate and codegen from a fresh venv)"
+# -- with torch: what generated code and `pipeforge run` need -------------------------------------
+# torch first and pinned: an unpinned resolve would fetch a multi-GB CUDA build.
+"$VENV_PY" -m pip install --quiet "torch==2.13.0" || fail "pip install torch==2.13.0 failed"
+if "$VENV_PY" -c "import numpy" 2>/dev/null; then fail "numpy is installed in the fresh venv; the check needs it absent"; fi
+export PYTHONWARNINGS="ignore::UserWarning"  # torch's "Failed to initialize NumPy" on every import
+
+"$PIPEFORGE" run 1f1b --nproc 4 --json >"$WORK/run.json" 2>"$WORK/run.err" || { tail -20 "$WORK/run.err"; fail "pipeforge run 1f1b --nproc 4 did not match"; }
+"$VENV_PY" -c 'import json, sys; r = json.load(open(sys.argv[1])); assert r["match"] and r["nproc"] == 4, r' \
+    "$WORK/run.json" || fail "pipeforge run 1f1b --nproc 4 gave a wrong verdict"
+
+# two "machines": the printed torchrun line, twice, joined by c10d rendezvous on a free port of 127.0.0.1
+LINE="$("$PIPEFORGE" run zbv -D P=2 -D M=4 --print-torchrun --nnodes 2 | tail -1)"
+PORT="$("$VENV_PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+LINE="${LINE//\$RDZV_HOST:29500/127.0.0.1:$PORT}"
+LINE="${LINE//\$JOB_ID/check-package-$$}"
+read -r -a WORDS <<<"$LINE"
+[ "${WORDS[0]}" = torchrun ] || fail "--print-torchrun printed no torchrun line: $LINE"
+AGENT=("$WORK/venv/bin/torchrun" --local-addr=127.0.0.1 "${WORDS[@]:1}" --json)
+timeout 180 "${AGENT[@]}" >"$WORK/agent0.out" 2>"$WORK/agent0.err" & first=$!
+timeout 180 "${AGENT[@]}" >"$WORK/agent1.out" 2>"$WORK/agent1.err" || { tail -20 "$WORK/agent1.err"; fail "a torchrun agent failed"; }
+wait "$first" || { tail -20 "$WORK/agent0.err"; fail "a torchrun agent failed"; }
+cat "$WORK/agent0.out" "$WORK/agent1.out" >"$WORK/agents.json"
+"$VENV_PY" -c 'import json, sys; r = json.loads(open(sys.argv[1]).read()); assert r["match"] and r["nproc"] == 2, r' \
+    "$WORK/agents.json" || { cat "$WORK/agents.json"; fail "two torchrun agents did not match the unpipelined model"; }
+
+# the README's example, out of the repository: its own folder (train_gpt.py beside gpt.py) and the wheel
+cp -r "$ROOT/examples" "$WORK/examples"
+timeout 300 "$WORK/venv/bin/torchrun" --nproc-per-node 4 --local-addr=127.0.0.1 "$WORK/examples/train_gpt.py" \
+    --schedule zbv --steps 4 >"$WORK/train.out" 2>"$WORK/train.err" || { tail -20 "$WORK/train.err"; fail "examples/train_gpt.py --schedule zbv failed"; }
+grep -q "after 4 steps" "$WORK/train.out" || { tail -5 "$WORK/train.out"; fail "examples/train_gpt.py printed no result"; }
+
+echo "check_package: ok ($(basename "$WHEEL"): verify, simulate and codegen from a fresh venv; with torch alone, run on 4 processes, two torchrun agents and examples/train_gpt.py)"

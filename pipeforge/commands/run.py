@@ -52,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
 
     schedule = load_with_passes(args)
     nproc = args.nproc if args.nproc is not None else schedule.ranks
+    if nproc < 1:  # (the advice below, -D P=0, would be no better)
+        raise UsageError(f"--nproc {nproc}: expected at least 1 process (schedule {schedule.name!r} has "
+                         f"{schedule.ranks} ranks: --nproc {schedule.ranks})")
     if nproc != schedule.ranks:
         raise UsageError(f"schedule {schedule.name!r} has {schedule.ranks} ranks but --nproc is {nproc}; "
                          f"pass -D P={nproc} or --nproc {schedule.ranks}")

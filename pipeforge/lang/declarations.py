@@ -19,7 +19,9 @@ Exec = Callable[[Elaboration, Env], None]
 PlacementBuilder = Callable[[Elaboration, Env, int], Placement]
 StageList = Callable[[Env], list[tuple[int, Span]]]  # a placement entry's stages, each with its place
 PlacementItem = Callable[[Elaboration, Env], Iterable[tuple[int, Span, list[tuple[int, Span]]]]]
-CostEntry = Callable[[Elaboration, Env, dict[str, float], list[tuple[int, str, float]], dict[int, float]], None]
+Given = tuple[str | int, ...]  # a setting of a costs or memory block: (key,) or (key, stage or link)
+CostEntry = Callable[[Elaboration, Env, dict[str, float], list[tuple[int, str, float]], dict[int, float],
+                     dict[Given, Span]], None]
 MemoryEntry = tuple[str, tuple[Eval, Span] | None, Eval, Span]  # key, its index [s] if given, value
 
 
@@ -168,12 +170,20 @@ def build_costs(tree: Tree[Token], file: Source) -> Exec:
         fields: dict[str, float] = {}
         per_stage: list[tuple[int, str, float]] = []
         links: dict[int, float] = {}
+        given: dict[Given, Span] = {}
         for entry in entries:
-            entry(ctx, env, fields, per_stage, links)
+            entry(ctx, env, fields, per_stage, links, given)
         ctx.costs = CostModel(**fields, per_stage=tuple(per_stage), links=_dense(links, fields.get("comm", 0.0)),
                               overhead=StepOverhead())  # a costs block gives no step overhead
 
     return declare_costs
+
+
+def given_once(given: dict[Given, Span], key: Given, span: Span, what: str) -> None:
+    """Refuse a setting given twice in one block, as a declaration declared twice is (both places named)."""
+    first = given.setdefault(key, span)
+    if first is not span:
+        raise SemanticError(f"{what} is given twice", span, notes=(f"first given at {first}",))
 
 
 def _dense(entries: dict[int, float], default: float) -> tuple[float, ...]:
@@ -192,7 +202,7 @@ def _build_cost_entry(tree: Tree[Token], file: Source) -> CostEntry:
     index = (compile_expr(index_tree, file), span_of(index_tree, file)) if index_tree is not None else None
 
     def set_cost(ctx: Elaboration, env: Env, fields: dict[str, float], per_stage: list[tuple[int, str, float]],
-                 links: dict[int, float]) -> None:
+                 links: dict[int, float], given: dict[Given, Span]) -> None:
         number = require_number(value(env), value_span, f"the cost {key}")
         if not number >= 0:
             raise SemanticError(f"the cost {key} must not be negative, got {number!r}", value_span)
@@ -200,15 +210,18 @@ def _build_cost_entry(tree: Tree[Token], file: Source) -> CostEntry:
         if problem is not None:
             raise SemanticError(f"the cost {key}: {problem}", value_span)
         if index is None:
+            given_once(given, (key,), key_span, f"the cost {key}")
             fields[key] = number
             return
         index_of, index_span = index
         ctx.require_declared(("stages",), index_span, f"the cost {key}[s]")
         if key == "comm":
-            links[_check_link(ctx, require_int(index_of(env), index_span, "a link"), index_span)] = number
+            link = _check_link(ctx, require_int(index_of(env), index_span, "a link"), index_span)
+            given_once(given, (key, link), index_span, f"the cost comm[{link}]")
+            links[link] = number
             return
         stage = ctx.check_stage(require_int(index_of(env), index_span, "a stage"), index_span)
-        per_stage.append((stage, key, number))
+        per_stage.append((stage, key, number))  # (the IR's per_stage may repeat an entry: its first one counts)
 
     return set_cost
 
@@ -233,9 +246,11 @@ def build_memory(tree: Tree[Token], file: Source) -> Exec:
         ctx.declare("memory", span)
         fields: dict[str, float] = {}
         per_stage: dict[str, dict[int, float]] = {key: {} for key in _MEMORY_STAGE_KEYS}
+        given: dict[Given, Span] = {}
         for key, index, value, value_span in entries:
             number = require_number(value(env), value_span, f"the memory {key}")
             if index is None:
+                given_once(given, (key,), value_span, f"the memory {key}")
                 fields[key] = number
                 continue
             index_of, index_span = index
@@ -246,7 +261,9 @@ def build_memory(tree: Tree[Token], file: Source) -> Exec:
                 raise SemanticError(f"{key}[s] is in units of M_B: finite and at least 0, got {number!r}",
                                     value_span)
             ctx.require_declared(("stages",), index_span, f"the memory {key}[s]")
-            per_stage[key][ctx.check_stage(require_int(index_of(env), index_span, "a stage"), index_span)] = number
+            stage = ctx.check_stage(require_int(index_of(env), index_span, "a stage"), index_span)
+            given_once(given, (key, stage), index_span, f"the memory {key}[{stage}]")
+            per_stage[key][stage] = number
         _check_memory(fields, {key: value_span for key, _, _, value_span in entries})
         activation = _dense(per_stage["activation"], 1.0)
         weights = fields.get("weights", 0.5)

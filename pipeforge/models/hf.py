@@ -185,13 +185,16 @@ def attention_type(config, layer: int) -> str:
     return "sliding_attention" if getattr(config, "sliding_window", None) is not None else "full_attention"
 
 
-def mask_function(kind: str):
+def mask_function(kind: str, where: str = "a layer"):
+    """transformers' mask function for layers of attention type ``kind``; ``where`` names the layer in errors."""
     from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING
 
     function = LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING.get(kind)
-    if not callable(function):
-        raise UsageError(f"attention type {kind!r}: pipeforge.split knows no single mask function for it")
-    return function
+    if callable(function):
+        return function
+    several = f" (it maps to several: {', '.join(map(repr, function))})" if isinstance(function, dict) else ""
+    raise UsageError(f"{where}: attention type {kind!r} names no single mask function of transformers' "
+                     f"masking_utils{several}; pipeforge.split gives each layer one attention_mask and cannot cut it")
 
 
 class CausalLMStage(nn.Module):
@@ -215,8 +218,8 @@ class CausalLMStage(nn.Module):
         self.norm = parts.norm if last else None
         self.head = parts.head if last else None
         self.kinds = [attention_type(parts.config, i) for i in range(first_layer, last_layer)]
-        for kind in set(self.kinds):
-            mask_function(kind)  # refused now, not at the first step
+        for index, kind in enumerate(self.kinds, first_layer):  # refused now, not at the first step
+            mask_function(kind, f"{type(self.layers[str(index)]).__name__} {parts.names[f'layers.{index}']!r}")
         self._alibi = parts.alibi
         self._arguments = parts.arguments
         self._order = parts.prelude

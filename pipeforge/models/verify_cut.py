@@ -56,7 +56,8 @@ def verify_cut(model: nn.Module, every: dict[int, nn.Module]) -> None:
 # Hugging Face model types whose cut equals the model bit for bit (tests/models: families.HF and WORLD; gemma by hand)
 TESTED = frozenset({"llama", "gpt2", "qwen2", "mistral", "mixtral", "qwen2_moe", "qwen3", "gemma", "phi3", "olmo2",
                     "gemma2", "gemma3_text", "phi", "gpt_neox", "falcon", "qwen3_moe", "cohere", "stablelm",
-                    "starcoder2", "gptj", "bloom", "granite"})
+                    "starcoder2", "gptj", "bloom", "granite", "granitemoe", "olmoe", "gpt_oss", "deepseek_v3", "jamba",
+                    "lfm2"})
 
 
 def warn_unchecked(model: nn.Module) -> None:

@@ -11,13 +11,13 @@ contract: ``docs/runtime-fsdp.md`` (Custom functions).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pipeforge.runtime.p2p import PipelineError
+from pipeforge.runtime.p2p import PipelineUsageError
 from pipeforge.semantics import compute_kind_names
 
 if TYPE_CHECKING:
@@ -53,16 +53,19 @@ def kind_name(kind: Any) -> str:
     name = getattr(kind, "value", kind)
     name = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "I", "BACKWARD_WEIGHT": "W"}.get(name, name)
     if name not in KINDS:
-        raise PipelineError(f"no custom function for action kind {kind!r}; the kinds are {', '.join(KINDS)}")
+        raise PipelineUsageError(f"no custom function for action kind {kind!r}; the kinds are {', '.join(KINDS)}")
     return name
 
 
 def custom_functions(functions: dict | None) -> dict[str, CustomFunction]:
     """``make_pipeline``'s ``custom_functions`` checked: kinds by name, callables as values."""
+    if functions is not None and not isinstance(functions, Mapping):
+        raise PipelineUsageError(f"custom_functions must be a dict from action kind to function (or None), got "
+                                 f"{type(functions).__name__}")
     checked: dict[str, CustomFunction] = {}
     for kind, function in (functions or {}).items():
         if not callable(function):
-            raise PipelineError(f"custom function for {kind!r} is {type(function).__name__}, not callable")
+            raise PipelineUsageError(f"custom function for {kind!r} is {type(function).__name__}, not callable")
         checked[kind_name(kind)] = function
     return checked
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, NamedTuple, Protocol
@@ -130,6 +131,45 @@ def _gloo_group(store: dist.Store, rank: int, size: int, timeout: timedelta, bes
     return dist.ProcessGroupGloo(store, rank, size, options)  # type: ignore[return-value]
 
 
+class Watched(dist.Store):
+    """A store gloo's rendezvous waits on (for each rank's address) that looks, while it waits, whether the
+    ranks it waits for are gone (``gone``), and fails the wait at once where one is (``failure`` says which),
+    instead of at ``timeout``."""
+
+    def __init__(self, inner: dist.Store, timeout: timedelta, gone: Callable[[list[int]], list[int]], who: str):
+        super().__init__()
+        self.inner, self.limit, self.gone, self.who = inner, timeout, gone, who
+        self.failure = ""
+
+    def set(self, key: str, value) -> None:
+        self.inner.set(key, value)
+
+    def check(self, keys: list[str]) -> bool:
+        return self.inner.check(keys)
+
+    def add(self, key: str, amount: int) -> int:
+        return self.inner.add(key, amount)
+
+    def get(self, key: str) -> bytes:
+        self.wait([key])
+        return self.inner.get(key)
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        deadline = time.monotonic() + (timeout or self.limit).total_seconds()
+        while not self.inner.check(keys):
+            waited = [int(part) for key in keys if (part := key.rsplit("/", 1)[-1]).isdigit()]
+            gone = self.gone(waited)
+            if gone:
+                self.failure = f"{self.who}{are_gone(gone)}"
+                raise RuntimeError(self.failure)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"waited {(timeout or self.limit).total_seconds():g} s for {keys}")
+            time.sleep(WATCH_SECONDS)
+
+
+WATCH_SECONDS = 0.05  # how often a rendezvous on a ``Watched`` store looks for the addresses and the ranks gone
+
+
 class Posted:
     """The works of one posted batch.
 
@@ -217,6 +257,11 @@ class Posted:
         )
 
 
+def are_gone(ranks: list[int]) -> str:
+    """The words naming ranks whose process is gone (``recovery``'s meetings, a ``Watched`` rendezvous)."""
+    return f"rank(s) {', '.join(map(str, ranks))} are gone (their connections closed: the process died)"
+
+
 def backend_reason(error: Exception) -> str:
     """The first sentence of a backend's error, without its source location (``[.../pair.cc:553]``)."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -248,8 +293,10 @@ class Transport:
         self.tag = 0  # make_pipeline's exchanges; every step posts under its own (begin_step)
         self.name = ""  # the pipeline's, for the groups it meets in (``recovery.connect``)
         self.posted: list[Posted] = []  # this step's batches
-        self.abandoned: list[Posted] = []  # what failed steps left in flight, kept alive
-        self.abandoned_groups: list = []  # the groups they were posted on
+        self.abandoned: list[Posted] = []  # what failed steps left in flight on the current groups, kept alive
+        # the groups the last reconnection left and what was abandoned on them, kept alive while a rank may still
+        # be there (until every rank has met in the groups after them: the next reconnection drops them)
+        self.retired: tuple[list, list] = ([], [])
         # gloo: the step-end agreement's own group, made with each fresh group
         self.agreement_group: PeerGroup | None = None
 
@@ -267,22 +314,37 @@ class Transport:
     def reconnectable(self) -> bool:
         return self._process_group is not None
 
-    def reconnect(self, name: str, size: int, timeout: timedelta, why: str = "after a failed step") -> None:
+    def reconnect(self, name: str, size: int, timeout: timedelta, why: str = "after a failed step",
+                  gone: Callable[[list[int]], list[int]] | None = None) -> None:
         """Post from now on through fresh gloo groups of the ``size`` ranks, met on the default store
         under ``name`` (every rank passes the same name): one for the messages to a higher rank, one for
         those to a lower rank; the old ones stay alive for what is in flight. make_pipeline connects the
-        pipeline's own groups so: a failure never touches the caller's groups."""
+        pipeline's own groups so: a failure never touches the caller's groups. ``gone(ranks)``: those of
+        ``ranks`` whose process is gone; while gloo waits for a rank's address, one gone fails it at once."""
         default = dist.distributed_c10d._get_default_store()
+        stores: list[dist.Store] = [dist.PrefixStore(f"{name}{part}", default) for part in ("", "/down", "/end")]
+        if gone is not None:
+            stores = [Watched(store, timeout, gone, f"rank {self.rank}: ") for store in stores]
         try:
-            fresh = _gloo_group(dist.PrefixStore(name, default), self.rank, size, timeout)
-            downward = _gloo_group(dist.PrefixStore(f"{name}/down", default), self.rank, size, timeout, fresh)
+            fresh = _gloo_group(stores[0], self.rank, size, timeout)
+            downward = _gloo_group(stores[1], self.rank, size, timeout, fresh)
             # the step-end agreement's: a failed step closes the pipeline group's connections, never these
-            agreement = _gloo_group(dist.PrefixStore(f"{name}/end", default), self.rank, size, timeout, fresh)
+            agreement = _gloo_group(stores[2], self.rank, size, timeout, fresh)
         except Exception as error:  # noqa: BLE001
+            found = next((store.failure for store in stores if isinstance(store, Watched) and store.failure), None)
+            dead = gone([rank for rank in range(size) if rank != self.rank]) if gone is not None and not found else []
+            if dead:  # (a rank that saw one gone left the rendezvous: a connection to it was reset)
+                found = f"rank {self.rank}: {are_gone(dead)}"
+            if found:
+                raise PipelineError(f"{found} while the pipeline's ranks connected {why}; the pipeline cannot "
+                                    "step without them") from error
             raise PipelineError(f"rank {self.rank}: connecting the pipeline's ranks {why} failed (waited "
                                 f"{timeout.total_seconds():g} s for every rank): {backend_reason(error)}") from error
-        self.abandoned_groups += [g for g in dict.fromkeys((self._process_group, self._downward, self.agreement_group))
-                                  if g is not None]
+        # every rank met in the groups being left: those left before them are used by no rank, and go (their
+        # threads and connections with them), so a pipeline failing step after step holds two generations at most
+        left = (self._process_group, self._downward, self.agreement_group)
+        groups = [g for g in dict.fromkeys(left) if g is not None]
+        self.retired, self.abandoned = (groups, self.abandoned), []
         self._process_group, self._downward, self.agreement_group = fresh, downward, agreement
 
     def close_pairs(self, peers: list[int]) -> None:

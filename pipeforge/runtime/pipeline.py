@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableSequence
 from datetime import timedelta
 from functools import cached_property
 from typing import Any
@@ -25,6 +25,14 @@ import torch.distributed as dist
 
 from pipeforge.ir import Action
 from pipeforge.runtime import preflight
+from pipeforge.runtime.arguments import (
+    check_callable,
+    check_flag,
+    check_group,
+    checked_device,
+    checked_records,
+    checked_timeout,
+)
 from pipeforge.runtime.context import Observer, RankContext, ScheduleInfo, ShapeCache
 from pipeforge.runtime.custom import CustomFunction, kind_name
 from pipeforge.runtime.custom import custom_functions as checked_functions
@@ -45,7 +53,7 @@ from pipeforge.runtime.memory import ActivationCount
 from pipeforge.runtime.microbatch import merge_chunks, split_inputs, split_value, to_device
 from pipeforge.runtime.optimizer_watch import watch as watch_optimizers
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError, Transfer, Transport
-from pipeforge.runtime.records import Recorder, resolve_directory
+from pipeforge.runtime.records import Recorder
 from pipeforge.runtime.recovery import StepStart, connect
 from pipeforge.runtime.rng import StepRng
 from pipeforge.runtime.rows import BatchRows, named_tensors
@@ -172,13 +180,13 @@ class Pipeline:
 
     def _step(self, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs) -> Any:
         if len(self.info.placements) < 2:  # one chain: no replica to sync, no gradients to set aside or sum
-            ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=True,
+            ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, losses, training=True,
                             rng_step=self.rng_step - 1)
         else:
             self._sync_replicas()
             earlier = self._set_aside_chain_grads()
             try:
-                ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=True,
+                ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, losses, training=True,
                                 rng_step=self.rng_step - 1)
                 self._reduce_chains()
             finally:
@@ -221,7 +229,8 @@ class Pipeline:
 
     def _eval(self, args, kwargs, target, losses, return_outputs, shared_kwargs, stage_kwargs) -> Any:
         self._sync_replicas()
-        ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, training=False, rng_step=self.rng_step)
+        ctx = self._run(args, kwargs, target, shared_kwargs, stage_kwargs, losses, training=False,
+                        rng_step=self.rng_step)
         return self._results(ctx, losses, return_outputs)
 
     def _traced(self, call, *arguments) -> Any:
@@ -239,7 +248,7 @@ class Pipeline:
 
     # -- inputs ----------------------------------------------------------------------
 
-    def _run(self, args: tuple, kwargs: dict, target: Any, shared: Any, per_stage: Any, training: bool,
+    def _run(self, args: tuple, kwargs: dict, target: Any, shared: Any, per_stage: Any, losses: Any, training: bool,
              rng_step: int) -> RankContext:
         rng = StepRng(self.rng_seed, rng_step, self.transport.device) if self.rng_seed is not None else None
         saved = self._saved
@@ -252,6 +261,8 @@ class Pipeline:
             ctx.saved.start_counting()
         refusal = None
         try:
+            if losses is not None and not isinstance(losses, MutableSequence):
+                raise PipelineUsageError(_losses_refused(self.rank, losses))
             named = self._prepare(ctx, args, kwargs, target, shared, per_stage, training)
         except Exception as error:  # noqa: BLE001 (whatever refuses the arguments refuses the step on every rank)
             refusal, named = error, []
@@ -602,6 +613,7 @@ def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_m
     ``rng_seed``: seed each forward's RNG per (step, stage, microbatch) (``pipeforge.runtime.rng``)."""
     if not dist.is_initialized():
         raise PipelineError("torch.distributed is not initialized: call init_process_group first")
+    check_group(group, "group")
     size = dist.get_world_size(group)
     if size != info.ranks:
         raise PipelineUsageError(f"schedule {info.name!r} runs on {info.ranks} ranks, the process group has {size}")
@@ -609,8 +621,14 @@ def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_m
     if not isinstance(rank, int) or not 0 <= rank < info.ranks:
         raise PipelineUsageError(f"rank {rank!r} is out of range: schedule {info.name!r} runs on ranks "
                                  f"0..{info.ranks - 1}")
+    check_group(dp_group, "dp_group")
+    timeout = checked_timeout(timeout, rank)
+    check_callable(loss_fn, "loss_fn", rank)
+    check_flag(scale_grads, "scale_grads", rank)
+    check_flag(fsdp, "fsdp", rank)
+    directory = checked_records(records, rank)
     tied = TiedParameters.parse(tied_parameters, info.stages, rank)
-    device = torch.device(device) if device is not None else _default_device(group)
+    device = checked_device(device, rank) if device is not None else _default_device(group)
     functions = checked_functions(custom_functions)
     if rng_seed is not None and (not isinstance(rng_seed, int) or isinstance(rng_seed, bool)):
         raise PipelineUsageError(f"rank {rank}: rng_seed must be an integer (or None), got {rng_seed!r}")
@@ -629,7 +647,6 @@ def build_pipeline(info: ScheduleInfo, programs: dict[int, RankProgram], stage_m
     pipeline.rng_seed = rng_seed
     pipeline._start.alive = alive  # a rank at a meeting after a failure learns at once that one is gone
     watch_optimizers(pipeline)  # a parameter an optimizer lists twice is warned about at its first step
-    directory = resolve_directory(records)
     if directory is not None:
         pipeline.recorder = Recorder(directory, info, rank, programs[rank], timeout)
     pipeline.check_replicas_equal()
@@ -643,6 +660,11 @@ def _data_parallel(info: ScheduleInfo, rank: int, stage_modules: dict, dp_group,
         raise PipelineUsageError(f"rank {rank}: data-parallel or FSDP stages with the bidirectional schedule "
                                  f"{info.name!r} are not supported (its two replicas of a stage sum their gradients)")
     return data_parallel(rank, stage_modules, dp_group=dp_group, fsdp=fsdp, device=device)
+
+
+def _losses_refused(rank: int, losses: Any) -> str:
+    return (f"rank {rank}: step()/eval() losses= must be a list (cleared, then filled with each microbatch's "
+            f"loss), got {type(losses).__name__}")
 
 
 def _has_nccl(group) -> bool:

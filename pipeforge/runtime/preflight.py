@@ -16,11 +16,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
 from pipeforge.ir import ActionKind
 from pipeforge.runtime.aux import unwrap as unwrap_aux
 from pipeforge.runtime.microbatch import as_tuple, copied, split_value, to_device
+from pipeforge.runtime.objects import all_gather_objects, broadcast_object
 from pipeforge.runtime.p2p import PipelineError, PipelineUsageError
 from pipeforge.runtime.saved import unkept_inputs
 from pipeforge.semantics import RUNTIME_METHODS
@@ -72,9 +72,7 @@ def _prepare(pipeline, args, kwargs, target, shared, per_stage, training: bool) 
 
 
 def _gather(pipeline, problem: Any) -> list:
-    found: list = [None] * pipeline.info.ranks
-    dist.all_gather_object(found, problem, group=pipeline.transport.group)
-    return found
+    return all_gather_objects(problem, group=pipeline.transport.group, device=pipeline.transport.device)
 
 
 def _run_stages(pipeline, prepared: dict, training: bool) -> None:
@@ -90,13 +88,11 @@ def _run_stages(pipeline, prepared: dict, training: bool) -> None:
                 outputs[stage] = result
                 result = [(tuple(t.shape), t.dtype, t.requires_grad) if isinstance(t, torch.Tensor) else None
                           for t in result]
-        box = [result]
-        device = pipeline.transport.device if pipeline.transport.device.type == "cuda" else None
-        dist.broadcast_object_list(box, src=pipeline.transport.global_rank(owner), group=pipeline.transport.group,
-                                   device=device)
-        if isinstance(box[0], str):
-            raise PipelineUsageError(f"rank {rank}: pipeline check: stage {stage} on rank {owner}: {box[0]}")
-        reported = tuple(box[0] or ())
+        result = broadcast_object(result, src=pipeline.transport.global_rank(owner), group=pipeline.transport.group,
+                                  device=pipeline.transport.device)
+        if isinstance(result, str):
+            raise PipelineUsageError(f"rank {rank}: pipeline check: stage {stage} on rank {owner}: {result}")
+        reported = tuple(result or ())
 
 
 def _run_stage(pipeline, prepared: dict, stage: int, local: tuple | None, reported: tuple, training: bool):
@@ -126,7 +122,7 @@ def _run_stage(pipeline, prepared: dict, stage: int, local: tuple | None, report
                     "output.last_hidden_state; of (h, None), return h)")
         found = as_tuple(output)
     else:
-        found = _loss_problem(runner, output, prepared["targets"])
+        found = _loss_problem(runner, output, prepared["targets"], training)
         if isinstance(found, str):
             return found
     if training and _splits_backward(pipeline) and _reentrant(found):
@@ -137,7 +133,7 @@ def _run_stage(pipeline, prepared: dict, stage: int, local: tuple | None, report
     return tuple(found)
 
 
-def _loss_problem(runner, output, targets) -> tuple | str:
+def _loss_problem(runner, output, targets, training: bool) -> tuple | str:
     if targets is None or runner.loss_fn is None:
         return tuple(t for t in as_tuple(output) if isinstance(t, torch.Tensor))
     try:
@@ -146,6 +142,9 @@ def _loss_problem(runner, output, targets) -> tuple | str:
         return f"loss_fn raised {type(error).__name__}: {error} (on the stage's output {_describe(output)})"
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         return f"loss_fn returned {_describe(loss)}; it must return a scalar tensor"
+    if training and not loss.requires_grad:
+        return (f"loss_fn returned {_describe(loss)} that does not require grad: step() has nothing to train "
+                "(no parameter of the stages up to here and no input needs a gradient, or loss_fn detached it)")
     return (loss,)
 
 

@@ -34,6 +34,7 @@ from pipeforge.runtime.p2p import (
     Transfer,
     Transport,
     _gloo_group,
+    are_gone,
     backend_reason,
 )
 from pipeforge.runtime.stage import PeerStageError, StageError
@@ -103,6 +104,9 @@ class StepStart:
         self.agreed = False  # the last call's agreement heard every rank's step run: this call greets no one
         self.alive: PeerGroup | None = None  # the pipeline's liveness group (``connect``; ``_gone``)
         self._probes: list = []  # the receives ``_gone`` posted on it, kept alive (never waited)
+        self.retired: tuple[list, list] = ([], [])  # the last meeting's abandoned and probes (``Transport.retired``)
+        self._recorded: list[int] = []  # the steps this rank left a record of since the last meeting (``tell``)
+        self._stale: list[int] = []  # those it left before the last meeting: forgotten at the next (``_meet``)
 
     def begin(self, transport: Transport, caches: ShapeCache, refusal: BaseException | None = None) -> ShapeCache:
         """The greeting, a fresh group if a rank failed; the shape cache the step uses. ``refusal``: why this
@@ -171,9 +175,16 @@ class StepStart:
         except Exception as error:  # noqa: BLE001 (the store is gone: its host died, rank 0 where torchrun is not used)
             gone = self._gone(self.others)
             raise PipelineError(f"rank {self.rank}: the store the pipeline's ranks meet on after a failed step is "
-                                f"gone ({backend_reason(error)})" + (f"; {_are_gone(gone)}" if gone else "")
+                                f"gone ({backend_reason(error)})" + (f"; {are_gone(gone)}" if gone else "")
                                 ) from error
-        transport.reconnect(name, self.info.ranks, _rendezvous(transport))
+        transport.reconnect(name, self.info.ranks, _rendezvous(transport), gone=self._gone)
+        # what the agreements and probes of the groups left posted is kept as long as those groups (``retired``)
+        self.retired, self.abandoned, self._probes = (self.abandoned, self._probes), [], []
+        if self.meetings > 1:  # every rank came here after reading the last meeting's keys: this rank's go
+            _forget(f"{transport.name}/fresh/{self.meetings - 1}", self.rank)
+        for tag in self._stale:  # its records of the steps before the last meeting, read by every rank since
+            _forget_record(transport, tag)
+        self._stale, self._recorded = self._recorded, []
         tags = {rank: int(store.get(str(rank))) for rank in self.others}  # each set before its rank joined
         return [rank for rank, tag in tags.items() if 0 < (tag - transport.tag) % MAX_TAG < MAX_TAG // 2]
 
@@ -188,7 +199,7 @@ class StepStart:
                 return
             gone = self._gone(missing)
             if gone:
-                raise PipelineError(f"rank {self.rank}: {_are_gone(gone)} while the pipeline's ranks met after a "
+                raise PipelineError(f"rank {self.rank}: {are_gone(gone)} while the pipeline's ranks met after a "
                                     "failed step; the pipeline cannot step without them")
             if time.monotonic() > deadline:
                 raise PipelineError(f"rank {self.rank}: connecting the pipeline's ranks after a failed step failed "
@@ -209,6 +220,24 @@ class StepStart:
             except Exception:  # noqa: BLE001 (gloo: "Connection closed by peer", "Read error")
                 gone.append(rank)
         return gone
+
+    def name_gone(self, transport: Transport, error: PipelineError) -> PeerStageError | None:
+        """Where a wait of this rank failed and no rank left a record: the ranks whose process is gone (a closed
+        connection, this rank's own or the one a peer closed after its wait on them broke) each get a record
+        from this rank, before it closes its connections, so every rank woken by a closed connection names the
+        rank that died rather than the peer whose connection closed; the error for the lowest. Where its wait
+        broke on a closed connection and no rank looks gone yet, the liveness group is given up to
+        ``GONE_SECONDS`` to hear of it (its connections close with the same process)."""
+        gone = self._gone(self.others)
+        deadline = time.monotonic() + GONE_SECONDS
+        while not gone and "closed" in str(error).lower() and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+            gone = self._gone(self.others)
+        for rank in gone:
+            stages = ", ".join(map(str, self.info.stages_of(rank))) or "none"
+            tell_gone(transport, rank, f"rank {rank}: its process is gone (it held stage(s) {stages}; rank "
+                                       f"{self.rank} found its connections closed)")
+        return told_of(transport, self.info.ranks, error) if gone else None
 
     def _behind_error(self, transport: Transport, ahead: list[int], broken: bool) -> PipelineError:
         """What a rank raises that met the others in a fresh group at the start of a call they had already ended
@@ -242,6 +271,7 @@ class StepStart:
         """This rank's record of the step's failure on the store (once a call), before any peer can wake."""
         if not self.told and transport.reconnectable and transport.name:
             tell(transport, error, refused)
+            self._recorded.append(transport.tag)
         self.told = True
 
     def refused_by(self, transport: Transport, peer: int, where: str = "greeting") -> PipelineUsageError:
@@ -270,7 +300,7 @@ class StepStart:
             elif isinstance(error, (StageError, PipelineUsageError)) or not isinstance(error, PipelineError):
                 self.tell(transport, error, refused=isinstance(error, PipelineUsageError))
             else:
-                told = told_of(transport, self.info.ranks, error)
+                told = told_of(transport, self.info.ranks, error) or self.name_gone(transport, error)
         transport.close_pairs(self.others)  # after the record: a peer woken by it finds the record there
         self.failed_last = True
         return told
@@ -325,8 +355,10 @@ class StepStart:
             self.agreed = True  # the next call starts without a greeting (``begin``)
             return
         if value >= UNHEARD:
-            raise PipelineError(f"rank {self.rank}: at the end of the step, {value // UNHEARD} rank(s) sent no word"
+            unheard = PipelineError(f"rank {self.rank}: at the end of the step, {value // UNHEARD} rank(s) sent no word"
                                 f"{_within(transport)}; a rank may have died or hung")
+            gone = told_of(transport, self.info.ranks, unheard) or self.name_gone(transport, unheard)
+            raise gone if gone is not None else unheard
         here = PipelineError(f"rank {self.rank}: the end of its step, which ran to its end")
         told = told_of(transport, self.info.ranks, here)
         if told is not None:
@@ -388,12 +420,9 @@ class StepStart:
             work.wait(_wait_limit(transport))
 
 
-def _are_gone(ranks: list[int]) -> str:
-    return f"rank(s) {', '.join(map(str, ranks))} are gone (their connections closed: the process died)"
-
-
 ALL_TO_ALL = 2  # up to so many ranks every rank sends every other its step-end word; beyond, through rank 0
 ROOT = 0  # the rank that sums the step-end words and answers every rank
+GONE_SECONDS = 0.5  # how long a rank whose wait broke on a closed connection gives the liveness group to hear of it
 POLL_SECONDS = 0.05  # how often a rank at a meeting looks for the ranks still missing, and whether they are gone
 UNHEARD = 1 << 32  # what rank 0 adds to the step-end sum for each rank it did not hear from in time
 _WORDS = {False: torch.tensor([0]), True: torch.tensor([1])}  # a rank's step-end word (only ever sent)
@@ -435,6 +464,36 @@ def tell(transport: Transport, error: BaseException, refused: bool = False) -> N
         store = _records(transport)
         store.set(str(transport.rank), json.dumps(record))
         store.check([str(transport.rank)])
+    except Exception:  # noqa: BLE001, S110 (a store that is gone: the peers still fail, with their own error)
+        pass
+
+
+def _forget(name: str, rank: int) -> None:
+    """This rank's keys of the meeting ``name`` on the default store: its step tag and gloo's addresses of it
+    (``<group>/<device>/<rank>``, its one device a group), so a pipeline failing step after step keeps two
+    meetings' keys at most."""
+    store = dist.distributed_c10d._get_default_store()
+    for key in (f"{name}/at/{rank}", *(f"{name}{part}/0/{rank}" for part in ("", "/down", "/end"))):
+        try:
+            store.delete_key(key)
+        except Exception:  # noqa: BLE001, S110 (a store without deletes, or gone: the keys stay)
+            pass
+
+
+def _forget_record(transport: Transport, tag: int) -> None:
+    try:
+        dist.PrefixStore(f"{transport.name}/failed/{tag}", dist.distributed_c10d._get_default_store()).delete_key(
+            str(transport.rank))
+    except Exception:  # noqa: BLE001, S110 (a store without deletes, or gone: the record stays)
+        pass
+
+
+def tell_gone(transport: Transport, rank: int, message: str) -> None:
+    """This step's record for ``rank``, whose process is gone, left by a rank that found it so (as ``tell``)."""
+    try:
+        store = _records(transport)
+        store.set(str(rank), json.dumps({"rank": rank, "message": message, "gone": True}))
+        store.check([str(rank)])
     except Exception:  # noqa: BLE001, S110 (a store that is gone: the peers still fail, with their own error)
         pass
 

@@ -211,7 +211,7 @@ def _nbytes(value) -> int:
 
 def profile_rank(rank: int, nproc: int, job: ProfileJob) -> dict:
     """One rank's measurements: its stage's entry and the link to the next stage (ms)."""
-    import torch.distributed as dist
+    from pipeforge.runtime.objects import all_gather_objects
 
     pinned = claim_cores(rank, nproc, job.threads, job.pin)
     model = load_model(job.model_path, nproc)
@@ -221,11 +221,9 @@ def profile_rank(rank: int, nproc: int, job: ProfileJob) -> dict:
     if job.fused_module_path is not None:  # B: the same stage under 1F1B (its F timed too)
         pipes.append(_profiled_pipeline(job.fused_module_path, rank, module, model, meter, job, memory=False))
     _measure(pipes, model, module, meter, job)
-    sizes: list[int] = [0] * nproc  # each rank's, filled by all_gather_object
-    dist.all_gather_object(sizes, meter.output_bytes)
+    sizes = all_gather_objects(meter.output_bytes)  # each rank's
     links = [_link_time(rank, s, sizes[s], job.link_trials) for s in range(nproc - 1)]
-    shapes: list[list[tuple]] = [[] for _ in range(nproc)]  # each rank's, filled by all_gather_object
-    dist.all_gather_object(shapes, [(tuple(p.shape), str(p.dtype)) for p in module.parameters() if p.requires_grad])
+    shapes = all_gather_objects([(tuple(p.shape), str(p.dtype)) for p in module.parameters() if p.requires_grad])
     chain_sum = [_chain_sum_time(rank, s, nproc - 1 - s, shapes[s], job.chain_trials) for s in range(nproc)]
     return {"rank": rank, "pinned": pinned, "stage": meter.stage_entry(), "links": links,
             "step": meter.step_overhead(),

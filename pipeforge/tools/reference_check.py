@@ -198,14 +198,16 @@ def run_check_from_environment(module_path: str, *, steps: int = 2, model: str =
 
     import torch.distributed as dist
 
+    from pipeforge.runtime.objects import all_gather_objects
+
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
     try:
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         job = CheckJob(module_path, model=model, steps=steps, timeout=timeout, device=device)
         report = check_rank(dist.get_rank(), dist.get_world_size(), job)
-        reports: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(reports, report)
+        gathered_on = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        reports = all_gather_objects(report, device=gathered_on)
         return summarize(reports) if dist.get_rank() == 0 else None
     finally:
         dist.destroy_process_group()

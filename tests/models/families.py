@@ -31,8 +31,14 @@ WORLD = ("gemma2",      # final and attention logit soft-capping, alternating sl
          "starcoder2",  # a sliding window, biased projections, LayerNorms
          "gptj",        # rotary inside attention from position ids, layers that return tuples
          "bloom",       # ALiBi, a LayerNorm of the embeddings
-         "granite")     # embedding, residual, attention and logit multipliers
-MOE = ("mixtral", "qwen2-moe", "qwen3-moe")
+         "granite",     # embedding, residual, attention and logit multipliers
+         "granitemoe",  # Granite's multipliers around experts with the balancing loss
+         "olmoe",       # q/k norms over the whole projection, experts and the balancing loss
+         "gpt-oss",     # attention sinks, alternating sliding window, a biased router, clamped SwiGLU experts
+         "deepseek-v3",  # multi-head latent attention, a first dense layer, grouped routing with shared experts, no aux loss
+         "jamba",       # hybrid: Mamba mixers (the mask zeroing padded states) and attention, experts every other layer
+         "lfm2")        # hybrid: gated short convolutions and attention by config.layer_types
+MOE = ("mixtral", "qwen2-moe", "qwen3-moe", "granitemoe", "olmoe", "gpt-oss", "jamba")
 
 
 def config(name: str, layers: int = LAYERS):
@@ -104,6 +110,28 @@ def _world(tf, name: str, layers: int, common: dict):
     if name == "granite":
         return tf.GraniteConfig(**common, embedding_multiplier=2.0, logits_scaling=3.0, residual_multiplier=0.5,
                                 attention_multiplier=0.3)
+    return _moe_and_hybrid(tf, name, layers, common)
+
+
+def _moe_and_hybrid(tf, name: str, layers: int, common: dict):
+    experts = {"num_experts_per_tok": 2, "router_aux_loss_coef": 0.1}
+    if name == "granitemoe":
+        return tf.GraniteMoeConfig(**common, **experts, num_local_experts=4, embedding_multiplier=2.0,
+                                   logits_scaling=3.0, residual_multiplier=0.5, attention_multiplier=0.3)
+    if name == "olmoe":
+        return tf.OlmoeConfig(**common, **experts, num_experts=4, pad_token_id=0)
+    if name == "gpt-oss":
+        return tf.GptOssConfig(**common, **experts, num_local_experts=4, head_dim=4, sliding_window=3)
+    if name == "deepseek-v3":  # latent attention wants as many kv heads as heads
+        return tf.DeepseekV3Config(**{**common, "num_key_value_heads": 4}, n_routed_experts=4, num_experts_per_tok=2,
+                                   moe_intermediate_size=WIDTH, kv_lora_rank=8, q_lora_rank=8, qk_rope_head_dim=2,
+                                   qk_nope_head_dim=2, v_head_dim=4, first_k_dense_replace=1, n_group=2, topk_group=1,
+                                   n_shared_experts=1)
+    if name == "jamba":  # odd layers attend and route to experts, even ones are Mamba mixers with an MLP
+        return tf.JambaConfig(**common, **experts, num_experts=4, attn_layer_period=2, attn_layer_offset=1,
+                              expert_layer_period=2, expert_layer_offset=1, use_mamba_kernels=False, pad_token_id=0)
+    if name == "lfm2":
+        return tf.Lfm2Config(**common, full_attn_idxs=list(range(1, layers, 2)), pad_token_id=0)
     raise KeyError(name)
 
 

@@ -151,6 +151,12 @@ def test_a_model_whose_forward_does_more_than_the_cut_knows_is_refused(build):
     assert model.training  # the check left the model's mode as it was
 
 
+def test_every_tested_family_is_known_as_tested_on_the_meta_device():
+    from pipeforge.models.verify_cut import TESTED
+
+    assert {families.config(name).model_type for name in families.HF + families.WORLD} <= TESTED
+
+
 def test_an_untested_family_on_the_meta_device_is_warned_about():
     import transformers as tf
 
@@ -187,6 +193,8 @@ def refused(name):
         return tf.MptForCausalLM(tf.MptConfig(vocab_size=40, d_model=16, n_layers=2, n_heads=4))
     if name == "opt":
         return tf.OPTForCausalLM(tf.OPTConfig(**small, ffn_dim=32, word_embed_proj_dim=16))
+    if name == "falcon-h1":  # each layer takes an attention mask and a Mamba mask
+        return tf.FalconH1ForCausalLM(tf.FalconH1Config(**small, num_key_value_heads=2, head_dim=4))
     if name == "gemma3-bidirectional":
         return tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**small, head_dim=4, use_bidirectional_attention=True))
     if name == "gpt2-cross-attention":
@@ -205,6 +213,8 @@ def refused(name):
     ("falcon-alibi", "FalconForCausalLM: its forward folds ALiBi into the attention mask"),
     ("mpt", r"MptForCausalLM: its layers' MptBlock.forward needs \['position_bias'\]"),
     ("opt", r"OPTForCausalLM: cannot tell its layer list: its base model 'model' holds 0 .*decoder \(OPTDecoder\)"),
+    ("falcon-h1", r"FalconH1DecoderLayer 'model.layers.0': attention type 'hybrid' names no single mask function "
+                  r".*\(it maps to several: 'full_attention', 'linear_attention'\)"),
     ("gemma3-bidirectional", r"Gemma3ForCausalLM attends both ways \(config.use_bidirectional_attention\)"),
     ("bert-masked-lm", "BertForMaskedLM is not a causal LM .*cuts decoder-only causal LMs"),
     ("bert-encoder-lm", r"BertLMHeadModel: its attention 'bert.encoder.layer.0.attention.self' is not causal"),

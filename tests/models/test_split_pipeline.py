@@ -6,9 +6,10 @@ on 2 ranks every library schedule with the tied Llama, GPT-2 and both MoE models
 family; on 4 ranks a loop, an interleaved, a V and both bidirectional
 schedules with a tied, a sliding-window, an MoE and a layer-list model; on 2
 ranks each further family (``families.WORLD``: Gemma 2 and 3, Phi, OLMo 2,
-GPT-NeoX, Falcon, Qwen3, Cohere, StableLM, Starcoder2, GPT-J, BLOOM, Granite)
-with one of 1F1B, interleaved 1F1B, ZBV, DualPipeV and 1F1B with recompute,
-in turn (the slow tier: each with all five), and on 4 ranks Falcon, Gemma 3
+GPT-NeoX, Falcon, Qwen3, Cohere, StableLM, Starcoder2, GPT-J, BLOOM, Granite,
+GraniteMoE, OLMoE, gpt-oss, DeepSeek-V3, Jamba, LFM2) with one of 1F1B, ZB-H1,
+interleaved 1F1B, ZBV, DualPipeV and 1F1B with recompute, in turn (the slow
+tier: each with all six), and on 4 ranks Falcon, Gemma 3
 and the tied BLOOM on interleaved 1F1B, DualPipeV and Chimera. Every
 model is built on the meta device and each rank materializes only its stages;
 batches are padded, the loss is the batch's token mean (``TokenMeanLoss``).
@@ -35,7 +36,7 @@ EVERY_SCHEDULE = ("llama-tied", "gpt2", "mixtral", "qwen2-moe")
 FOUR_RANKS = {"schedules": ("1f1b", "interleaved-1f1b", "zbv", "chimera", "dualpipev"),
               "families": ("llama-tied", "qwen2", "mixtral", "layer-list"),
               "world": {"interleaved-1f1b": ("falcon",), "dualpipev": ("gemma3",), "chimera": ("bloom",)}}
-WORLD_SCHEDULES = ("1f1b", "interleaved-1f1b", "zbv", "dualpipev", "1f1b-recompute")
+WORLD_SCHEDULES = ("1f1b", "zb-h1", "interleaved-1f1b", "zbv", "dualpipev", "1f1b-recompute")
 
 
 def load(name: str, ranks: int):

@@ -98,3 +98,35 @@ def test_loss_must_be_a_scalar():
     stage = StageRunner(models.build_stages("mlp", 1)[0], 0, 0, True, True, loss_fn=lambda out, target: out)
     with pytest.raises(PipelineError, match="scalar"):
         stage.forward(0, (torch.randn(2, models.widths(1)[0], dtype=torch.float64),), None, training=True)
+
+
+class AddsFromSecondCall(torch.nn.Module):
+    """A linear layer whose input is increased by one in place from its second call on."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear, self.calls = torch.nn.Linear(3, 3, dtype=torch.float64), 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls > 1:
+            x.add_(1.0)
+        return self.linear(x)
+
+
+def test_a_stage_that_starts_changing_its_input_in_place_is_told_and_given_copies_after():
+    module = AddsFromSecondCall()
+    stage = runner(module)
+    x = torch.randn(2, 3, dtype=torch.float64)
+    before = x.clone()
+    stage.forward(0, (x,), None, True)
+    assert stage.changes_inputs is False  # its first forward changed nothing: it is given its leaves
+    with pytest.raises(PipelineError, match="changed in place an input that wants a gradient, which its first "
+                                            "forward did not: from its next forward on it is given copies"):
+        stage.forward(1, (x,), None, True)
+    output = stage.forward(2, (x,), None, True)
+    assert stage.changes_inputs is True
+    torch.testing.assert_close(output, module.linear(x + 1.0), rtol=0, atol=0)
+    assert torch.equal(x, before)  # what was received is untouched: the stage changed its copy
+    (gradient,) = stage.backward(2, (torch.ones(2, 3, dtype=torch.float64),))
+    torch.testing.assert_close(gradient, torch.ones(2, 3, dtype=torch.float64) @ module.linear.weight, rtol=0, atol=0)
