@@ -40,7 +40,8 @@ __all__ = [
     "WEIGHT_GRAD_RULE", "weight_grad_problem",
     "LOCAL_KINDS", "recomputed", "offloaded", "effects_of", "needs_if_present", "NEEDS_IF_PRESENT",
     "RECOMPUTED_MEMORY", "LANES", "lane", "offload_waits",
-    "held_after_additions", "peer_stage", "partner", "local_needs", "split", "early_receives",
+    "held_after_additions", "MEMORY_TOLERANCE", "within_limit",
+    "peer_stage", "partner", "local_needs", "split", "early_receives",
 ]
 
 
@@ -293,6 +294,15 @@ def effects_of(memory, actions: Iterable[ActionKey]) -> Callable[[ActionKey], tu
     return effect
 
 
+MEMORY_TOLERANCE = 1e-9  # how far past a limit what a rank holds may read and still be within it (float sums)
+
+
+def within_limit(held: float, limit: float | None) -> bool:
+    """``held`` (M_B) within ``limit`` (None: none), by ``MEMORY_TOLERANCE``: verify's memory check, simulate's
+    ``within_limit`` and every optimizer's feasibility test ask here."""
+    return limit is None or held <= limit + MEMORY_TOLERANCE
+
+
 def held_after_additions(steps: Iterable[Iterable[tuple[float, float]]]) -> Iterator[float]:
     """For each step of a rank's program (the ``(added, released)`` of its actions), what the rank
     holds after the step's additions and before its releases: verify compares it with the limit,
@@ -432,7 +442,7 @@ def offload_waits(steps: Iterable[tuple[float, float, bool]], limit: float | Non
         held += added
         wait = None
         if added > 0 and limit is not None and positions:
-            room = limit + 1e-9 - held  # how much of the releases may still be in flight
+            room = limit + MEMORY_TOLERANCE - held  # how much of the releases may still be in flight
             need = totals[-1] - room  # the releases that must have ended, at least
             if need > 0:
                 ended = max(1, bisect_left(totals, need))  # the fewest OFFLOADs ended, first ones first, that cover it

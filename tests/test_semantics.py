@@ -226,3 +226,19 @@ def test_the_kind_scan_sees_a_spelled_group():
     assert _kind_groups('for k in (F, I, W):\n    pass\nx = ("F", "I", "W")\ny = {ActionKind.B, ActionKind.I}\n') == [
         "(F, I, W)", '("F", "I", "W")', "{ActionKind.B, ActionKind.I}"]
     assert _kind_groups('"""(F, I, W)"""\n# (B, I)\nF, I = 1, 2\n') == []
+
+
+@pytest.mark.parametrize(("over", "within"), [(0.0, True), (0.5e-9, True), (2e-9, False)])
+def test_verify_and_simulate_read_a_limit_by_one_tolerance(over, within):
+    """``semantics.within_limit``: what a rank may hold past a limit and still be within it, one tolerance
+    for verify's ``memory`` check, simulate's ``within_memory_limit`` and the optimizers' tests."""
+    from dataclasses import replace
+
+    from pipeforge import simulate, verify
+    from pipeforge.library import load_library_schedule
+
+    schedule = load_library_schedule("zb-h1", {"P": 2, "M": 4})
+    peak = max(simulate(schedule).peak_memory)
+    limited = replace(schedule, memory=replace(schedule.memory or MemorySpec(), limit=peak - over))
+    assert semantics.within_limit(peak, peak - over) is within
+    assert simulate(limited).within_memory_limit is within and verify(limited).valid is within

@@ -11,6 +11,7 @@ from pipeforge.commands.common import write_source
 from pipeforge.commands.exits import Exit
 from pipeforge.commands.simulate import add_cost_file_argument
 from pipeforge.errors import PipeforgeError, UsageError, printable
+from pipeforge.semantics import within_limit
 
 MIN_SEARCH_S = 1e-3  # what optimize gets when reading the input took the whole limit
 COST_HELP = ("override costs field by field: F=1,I=1,W=1,B=2,comm=0 (B defaults to I+W); "
@@ -172,7 +173,7 @@ def report(result, output: str) -> str:
         f"stopped: {STOP_REASONS[result.stopped]}",
         f"wrote {printable(output)}" + ("" if result.improved else " (the input: nothing better found)"),
     ]
-    if limit is not None and max(before.peak_memory, default=0.0) > limit + 1e-9:
+    if not within_limit(max(before.peak_memory, default=0.0), limit):
         lines.insert(-1, f"note: the input holds {max(before.peak_memory):g} M_B, over the limit {limit:g}; "
                          "the result fits the limit, which can cost time")
     return "\n".join(lines)

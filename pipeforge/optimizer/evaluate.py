@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Placement, Schedule, Step, replace_programs
-from pipeforge.semantics import SPLIT_WORK_TEXTS, bubble_rate, stage_effect
+from pipeforge.semantics import SPLIT_WORK_TEXTS, bubble_rate, stage_effect, within_limit
 from pipeforge.sim.workgraph import Order, Shape, Times, WorkGraph, canonical, peak_memory, time_order
 
 TOLERANCE = 1e-9
@@ -54,10 +54,6 @@ class Problem:
     def duration(self, action: Action) -> float:
         return self.costs.duration(action.kind, action.stage)
 
-    def memory_delta(self, action: Action) -> float:
-        added, released = stage_effect(self.memory, action.kind, action.stage)
-        return added - released
-
     @property
     def memory(self) -> MemorySpec:
         """The memory rule as a spec (limit, weights, per-stage activation and weight-gradient sizes)."""
@@ -91,7 +87,7 @@ class Evaluation:
                 round(self.total_end, 9))
 
     def fits(self, limit: float | None) -> bool:
-        return limit is None or max(self.peak_memory, default=0.0) <= limit + TOLERANCE
+        return within_limit(max(self.peak_memory, default=0.0), limit)
 
 
 def stage_growth(problem: Problem) -> dict[str, list[float]]:

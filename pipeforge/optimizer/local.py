@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pipeforge.ir import ActionKind
 from pipeforge.optimizer.evaluate import TOLERANCE, Evaluation, Graph, Order, metrics, simulate_order
 from pipeforge.sim.workgraph import Times, peak_memory
+from pipeforge.semantics import within_limit
 
 Progress = Callable[[float, str], None]
 F, W = ActionKind.F, ActionKind.W
@@ -50,7 +51,7 @@ def exchange(sequence: tuple[int, ...], p: int, q: int) -> tuple[int, ...]:
 def fits_memory(graph: Graph, sequence: tuple[int, ...], limit: float | None) -> bool:
     """A rank's ``sequence`` within ``limit``: its peak as simulate and ``Evaluation.fits`` count it
     (``workgraph.peak_memory``, the walk of ``semantics.held_after_additions``)."""
-    return limit is None or peak_memory(graph, sequence) <= limit + TOLERANCE
+    return within_limit(peak_memory(graph, sequence), limit)
 
 
 def same_rank_order_ok(graph: Graph, sequence: tuple[int, ...], lo: int, hi: int) -> bool:

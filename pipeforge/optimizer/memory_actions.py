@@ -28,7 +28,7 @@ from pipeforge.optimizer.search import ASAP_ACTIONS, optimize
 from pipeforge.optimizer.units import integer_units
 from pipeforge.passes.recompute import offload as offload_pass
 from pipeforge.passes.recompute import recompute as recompute_pass
-from pipeforge.semantics import SAVING, split, stage_effect
+from pipeforge.semantics import SAVING, split, stage_effect, within_limit
 from pipeforge.sim.bounds import bubble_of_span, recompute_span
 from pipeforge.sim.simulate import simulate
 from pipeforge.sim.workgraph import Shape, WorkGraph, compile_actions
@@ -96,7 +96,7 @@ def selective(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> Sched
         peaks = simulate(build(ks), costs).peak_memory
         for s in range(stages):
             if high[s] - low[s] > 1:
-                if peaks[owner[s]] <= limit + 1e-9:
+                if within_limit(peaks[owner[s]], limit):
                     low[s] = ks[s]
                 else:
                     high[s] = ks[s]
@@ -111,7 +111,7 @@ def selective(schedule: Schedule, costs: CostModel, memory: MemorySpec) -> Sched
         trial = build([m + 1 if s in spare else ks[s] for s in range(stages)])
         peaks = simulate(trial, costs).peak_memory
         for s in spare:  # what one rank holds depends only on its own stages' recompute
-            if peaks[owner[s]] <= limit + 1e-9:
+            if within_limit(peaks[owner[s]], limit):
                 ks[s] = m + 1
         found = build(ks)
     return found if fits(found) else None
@@ -141,7 +141,7 @@ def uniform(plain: Schedule, costs: CostModel, memory: MemorySpec) -> tuple[Sche
 def fits(schedule: Schedule) -> bool:
     """Whether ``schedule`` runs within its memory limit (``simulate``'s peak, the rule verify checks)."""
     limit = schedule.memory.limit if schedule.memory is not None else None
-    return limit is None or max(simulate(schedule).peak_memory, default=0.0) <= limit + 1e-9
+    return within_limit(max(simulate(schedule).peak_memory, default=0.0), limit)
 
 
 def _plain_result(schedule: Schedule, costs: CostModel, memory: MemorySpec, after: Metrics) -> OptimizeResult:
@@ -400,7 +400,7 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
                 offer("per-microbatch", replace(schedule_of(plain, searched.graph, searched.order), costs=costs),
                       timed=evaluation)
     fitting = sorted(((r, n, v) for r, n, v in candidates
-                      if limit is None or max(r.after.peak_memory) <= limit + 1e-9),
+                      if within_limit(max(r.after.peak_memory), limit)),
                      key=lambda c: (c[0].after.makespan, c[0].after.max_span))
     for best, name, verified in fitting:  # the best that verifies (each should: the rules are semantics')
         if verified or verify(best.schedule, solve=False).valid:

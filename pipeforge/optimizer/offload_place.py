@@ -20,7 +20,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import replace
 
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step, replace_programs
-from pipeforge.semantics import INPUT_GRADIENT_KINDS, PLAIN_KINDS, effects_of, held_after_additions
+from pipeforge.semantics import INPUT_GRADIENT_KINDS, PLAIN_KINDS, effects_of, held_after_additions, within_limit
 from pipeforge.sim.simulate import simulate
 from pipeforge.sim.workgraph import compile_schedule, time_order
 
@@ -119,7 +119,7 @@ def _rank_program(r: int, program, times, effect, costs: CostModel, limit: float
             copies = sorted(after.get(at, ()), key=lambda c: c.kind is not OFFLOAD)  # its OFFLOAD, then RELOADs
             found.extend(Step((c,), span=step.span) for c in copies)
     every = _program_effects(found, effect)
-    if max(held_after_additions(every), default=0.0) > limit + 1e-9:
+    if not within_limit(max(held_after_additions(every), default=0.0), limit):
         return None
     return tuple(found)
 

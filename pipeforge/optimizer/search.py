@@ -29,7 +29,7 @@ from pipeforge.optimizer.placement import (PLACEMENTS, Layout, chunk_costs, comm
                                            scale_costs)
 from pipeforge.optimizer.result import STOP_REASONS, Metrics, OptimizeResult, metrics_of
 from pipeforge.optimizer.units import integer_units
-from pipeforge.semantics import COMPLETE, PLAIN_KINDS, SPLIT_WORK, split
+from pipeforge.semantics import COMPLETE, PLAIN_KINDS, SPLIT_WORK, split, within_limit
 from pipeforge.sim.bounds import WorkBound, bubble_of_span, work_bound
 from pipeforge.verifier import verify
 
@@ -355,7 +355,7 @@ def _result(schedule: Schedule, compute: Schedule, before: Metrics, outcomes: li
     memory_limit = outcomes[0].split.problem.memory_limit
     assert memory_limit is not None, "optimize sets the limit (the input's peak where none is given)"
     limit = memory_limit / outcomes[0].layout.chunks
-    within = max(before.peak_memory, default=0.0) <= limit + 1e-9
+    within = within_limit(max(before.peak_memory, default=0.0), limit)
     found = [o for o in outcomes if o.best is not None]
     chosen = min(found, key=lambda o: o.found.evaluation.key(), default=None)
     span_bound = min(o.span_bound for o in outcomes)

@@ -16,7 +16,8 @@ from typing import NamedTuple
 
 from pipeforge.errors import VerificationError
 from pipeforge.ir import Action, ActionKind, CostModel, MemorySpec, Schedule, Step, as_action
-from pipeforge.semantics import PARAMETER_MEMORY, SAVING, bubble_rate, effects_of, held_after_additions, split
+from pipeforge.semantics import (PARAMETER_MEMORY, SAVING, bubble_rate, effects_of, held_after_additions, split,
+                                 within_limit)
 from pipeforge.sim.bounds import bubble_of_span, compute_bounds, with_forced_recompute, work_bound
 from pipeforge.sim.costs import costs_to_json, resolve_costs
 from pipeforge.sim.workgraph import (Order, Shape, Times, WorkGraph, blocking_input, compile_actions, compile_schedule,
@@ -192,7 +193,7 @@ class Timeline:
     def within_memory_limit(self) -> bool | None:
         if self.memory.limit is None:
             return None
-        return all(peak <= self.memory.limit + 1e-9 for peak in self.peak_memory)
+        return all(within_limit(peak, self.memory.limit) for peak in self.peak_memory)
 
     @cached_property
     def events_by_rank(self) -> tuple[tuple[Event, ...], ...]:

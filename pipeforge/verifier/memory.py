@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipeforge.ir import MemorySpec
-from pipeforge.semantics import effects_of, held_after_additions
+from pipeforge.semantics import effects_of, held_after_additions, within_limit
 from pipeforge.verifier.program import Program, violation_at
 from pipeforge.verifier.report import Violation
 
@@ -30,7 +30,7 @@ def _first_over_limit(program: Program, limit: float, effect_of, what: str) -> l
         slots = [slot for slot in row if not slot.group]
         walk = held_after_additions([effect_of(key) for key in slot.acts] for slot in slots)
         for slot, held in zip(slots, walk):
-            if held > limit + 1e-9:
+            if not within_limit(held, limit):
                 found.append(violation_at("memory", f"rank {slot.rank} holds {held:g} {what} at {slot.text}, "
                                           f"over the limit {limit:g}", slot))
                 break
