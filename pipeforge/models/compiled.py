@@ -199,8 +199,9 @@ def trace_region(gm: fx.GraphModule, args: Sequence[torch.Tensor], weights: tupl
 
     tangents = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in metas]
     traced = make_fx(joint, tracing_mode="fake")(*args, *tangents)
-    if _writes(traced):  # writes into its own values (Falcon's add_, div_) become pure ops, traced again
-        traced = make_fx(torch.func.functionalize(traced, remove="mutations_and_views"),
+    if _writes(traced):  # writes into its own values (Falcon's add_, div_) become pure ops, traced again;
+        # views stay views: a view made a copy changes the strides a matmul reads, and with them its rounding
+        traced = make_fx(torch.func.functionalize(traced, remove="mutations"),
                          tracing_mode="fake")(*args, *tangents)
     if _writes(traced):
         return None  # a region that writes into its inputs (batch norm's statistics): compiled plainly
