@@ -119,17 +119,6 @@ def merge_chunks(chunks: Sequence[Any]) -> Any:
     return list(chunks)
 
 
-def detached(value: Any) -> Any:
-    """``value`` with every tensor in it detached from its graph (tuples, lists and dicts walked)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach()
-    if isinstance(value, Mapping):
-        return _rebuild_mapping(value, {key: detached(item) for key, item in value.items()})
-    if isinstance(value, (tuple, list)):
-        return _rebuild_sequence(value, [detached(item) for item in value])
-    return value
-
-
 def copied(value: Any) -> Any:
     """``value`` with every tensor in it cloned (tuples, lists and dicts walked): what a check may change."""
     if isinstance(value, torch.Tensor):
