@@ -226,7 +226,9 @@ class CausalLMStage(nn.Module):
         self._rotary_by_type = self.rotary is not None and "layer_type" in inspect.signature(
             self.rotary.forward).parameters
         # a family without load_balancing_loss_func (DeepSeek-V3's loss-free balancing) adds no loss of its own
-        self._router = parts.router if aux_loss and parts.balancing is not None else None
+        # and a stage none of whose layers routes (Jamba's stage of Mamba layers only) none either
+        routes = parts.router is not None and any(isinstance(m, parts.router[0]) for m in self.layers.modules())
+        self._router = parts.router if aux_loss and parts.balancing is not None and routes else None
         self._balancing = parts.balancing
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,

@@ -102,3 +102,17 @@ def test_a_moe_family_without_a_balancing_loss_trains_its_stages_without_one():
     out = stage(tokens)
     assert isinstance(out, torch.Tensor)
     torch.testing.assert_close(out, model.train()(input_ids=tokens, use_cache=False).logits)
+
+
+def test_a_moe_stage_none_of_whose_layers_routes_trains_without_a_loss():
+    """Jamba cut in 4: stage 0 holds one Mamba layer and no expert layer, so it records no router logits; it
+    returns its output alone (before: WithAuxLoss with the float 0.0, refused as no scalar tensor at the first
+    training step), and the stages that route still return their loss."""
+    cut = pipeforge.split(families.build("jamba"), 4, seed=0)
+    tokens, mask, _ = families.batch("jamba", 2, seed=1)
+    stages = [cut.modules[stage].train() for stage in range(4)]
+    first = stages[0](tokens, attention_mask=mask)
+    assert isinstance(first, torch.Tensor)
+    second = stages[1](first, attention_mask=mask)
+    assert isinstance(second, WithAuxLoss) and isinstance(second.aux_loss, torch.Tensor)
+    assert second.aux_loss.requires_grad
