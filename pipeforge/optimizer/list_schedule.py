@@ -167,12 +167,11 @@ class _ListScheduler:
         return any(self.next[(W, lane)] < self.next[(I, lane)] for lane in self.rank_lanes[r])
 
     def choose(self, r: int, ready: list[ActionKey]) -> ActionKey:
-        fits = self.held[r] + 1.0 <= self.limit + TOLERANCE
         by_kind = {kind: [key for key in ready if key[1] == kind] for kind in SPLIT_WORK_TEXTS}
-        if by_kind[F] and not fits:
-            by_kind[F] = []
-            if by_kind[W] and not by_kind[I]:
-                return by_kind[W][0]
+        fitting = [key for key in by_kind[F] if self.held[r] + self.grow[F][key[0]] <= self.limit + TOLERANCE]
+        if by_kind[F] and not fitting and by_kind[W] and not by_kind[I]:
+            return by_kind[W][0]
+        by_kind[F] = fitting  # an F's growth is its stage's (semantics.MEMORY): less under recompute or offload
         first, second = (I, F) if self.rules.backward_first else (F, I)
         for kind in (first, second, W):
             if by_kind[kind]:

@@ -52,3 +52,17 @@ def test_every_order_is_complete_runs_and_fits(ranks, laps, shape, m, limit, cos
     for order, evaluation in evaluations(graph):
         assert is_complete(graph, order)
         assert evaluation is not None and evaluation.fits(limit)
+
+
+@settings(max_examples=25, deadline=None)
+@given(ranks=st.integers(1, 4), laps=st.integers(1, 2), shape=st.sampled_from(["loop", "v"]),
+       m=st.integers(1, 6), limit=st.sampled_from([2.0, 3.0, 4.0, 8.0]), scale=st.sampled_from([0.25, 0.5, 3.0]))
+def test_orders_do_not_depend_on_the_unit_of_memory(ranks, laps, shape, m, limit, scale):
+    """Every activation and the limit times one factor: the same orders (an F's growth is its stage's,
+    not one M_B: a stage holding half of one M_B under a limit of one fits two forwards)."""
+    placement = getattr(Placement, shape)(ranks * laps, ranks)
+    stages = len(placement.stage_to_rank)
+    unit = Problem(ranks, stages, m, (placement,), CostModel(), limit, 0.5)
+    scaled = Problem(ranks, stages, m, (placement,), CostModel(), limit * scale, 0.5,
+                     activation=(scale,) * stages)
+    assert list_schedule_orders(scaled) == list_schedule_orders(unit)
