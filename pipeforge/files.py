@@ -77,6 +77,15 @@ def read_bounded(path: str | os.PathLike, kind: str, *, head: int | None = None)
     return data
 
 
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, which editors on Windows write at the start of a text file
+
+
+def without_bom(data: bytes) -> bytes:
+    """``data`` without a leading UTF-8 byte-order mark: a text file's first line and column count from the
+    character after it, as its editor shows it (the mark is invisible there)."""
+    return data[len(BOM):] if data.startswith(BOM) else data
+
+
 MAX_JSON_DIGITS = 40  # an integer in a JSON input (a count, a byte size) never needs more
 
 
@@ -99,7 +108,7 @@ def read_json(path: str | os.PathLike, kind: str) -> object:
     import json
 
     name = str(path)
-    data = read_bounded(path, kind)
+    data = without_bom(read_bounded(path, kind))
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:

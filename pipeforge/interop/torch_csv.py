@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from pipeforge.errors import (Argument, ArgumentError, PipeforgeError, PipeSyntaxError, SemanticError, Source, Span,
                               UsageError, words)
-from pipeforge.files import read_bounded, write_atomically
+from pipeforge.files import read_bounded, without_bom, write_atomically
 from pipeforge.ir import (COMM_KINDS, COMPUTE_KINDS, IDLE, KIND_OF_TEXT, Action, Placement, Schedule, Step, make_action,
                           parse_action)
 from pipeforge.passes.lower import lower
@@ -53,7 +53,7 @@ def read_csv(
     """Read a torch schedule CSV file into a Schedule (see ``read_csv_text``)."""
     file = str(path)
     try:
-        text = read_bounded(file, "schedule file").decode("utf-8")
+        text = without_bom(read_bounded(file, "schedule file")).decode("utf-8")
     except UnicodeDecodeError:
         raise PipeSyntaxError(f"{file!r} is not UTF-8 text; expected a torch schedule CSV") from None
     return read_csv_text(text, filename=file, stages=stages, microbatches=microbatches, placement=placement)

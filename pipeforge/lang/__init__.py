@@ -21,7 +21,7 @@ from pathlib import Path
 from lark import Tree
 
 from pipeforge.errors import PipeSyntaxError, Source
-from pipeforge.files import read_bounded
+from pipeforge.files import read_bounded, without_bom
 from pipeforge.ir import Schedule
 from pipeforge.lang.elaborate import CompiledSchedule, compile_file, elaborate, pick
 from pipeforge.lang.parse import parse_text
@@ -47,7 +47,8 @@ def schedule_names(text_or_path: str | Path) -> list[str]:
     return [s.name for s in compile_source(_source_of(text_or_path))]
 
 
-_HEADER = re.compile(rb"^[ \t]*schedule[ \t]+([A-Za-z_][A-Za-z0-9_]*)[ \t]*(?:\([^()]*\))?\s*\{", re.MULTILINE)
+_HEADER = re.compile(rb"^(?:\xef\xbb\xbf)?[ \t]*schedule[ \t]+([A-Za-z_][A-Za-z0-9_]*)[ \t]*(?:\([^()]*\))?\s*\{",
+                     re.MULTILINE)  # (a file may start with a byte-order mark, files.BOM)
 
 
 def held_schedules(head: bytes) -> str | None:
@@ -100,7 +101,7 @@ def compile_source(source: Source) -> tuple[CompiledSchedule, ...]:
 
 
 def _read(path: str | Path) -> str:
-    data = read_bounded(path, "schedule file")
+    data = without_bom(read_bounded(path, "schedule file"))
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -122,4 +123,4 @@ def _source_of(text_or_path: str | Path) -> Source:
         return Source(str(text_or_path), _read(text_or_path))
     if "\n" not in text_or_path and "{" not in text_or_path:
         return Source(text_or_path, _read(text_or_path))
-    return Source("<string>", text_or_path)
+    return Source("<string>", text_or_path.removeprefix("\ufeff"))  # a text read with its byte-order mark

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeforge.errors import Argument, Source, Span, UsageError, words
-from pipeforge.files import read_bounded
+from pipeforge.files import read_bounded, without_bom
 from pipeforge.ir import Action, parse_action
 from pipeforge.runtime.records import FORMAT
 from pipeforge.semantics import RUNTIME_METHODS, partner, peer_stage
@@ -275,7 +275,7 @@ def find_source(name: str, folder: Path) -> Source | None:
     near = [folder, *list(folder.parents)[:3]]  # a rank's file sits in a folder beside the main module
     for candidate in (Path(name), *(place / name for place in near), library_dir() / Path(name).name):
         try:
-            return Source(name, read_bounded(candidate, "schedule file").decode("utf-8"))
+            return Source(name, without_bom(read_bounded(candidate, "schedule file")).decode("utf-8"))
         except (UsageError, UnicodeDecodeError):  # missing, a FIFO or device, too large, not text
             continue
     return None

@@ -223,3 +223,38 @@ def test_padding_costs_little_time_and_memory(tmp_path, padding):
 def test_names_from_flags_are_ascii_identifiers(tmp_path, argv, message):
     assert_refused(pipeforge(argv, tmp_path), message)
     assert not list(tmp_path.iterdir())
+
+
+BOM = b"\xef\xbb\xbf"  # what editors on Windows write at the start of a UTF-8 file
+
+
+def test_a_byte_order_mark_is_skipped_and_columns_count_after_it(tmp_path):
+    check(tmp_path, BOM + program().encode(), "valid", code=0)
+    err = check(tmp_path, BOM + b"schedule s(P = 2) { ranks Q }\n", "undefined name 'Q'")
+    assert err.startswith("t.pipe:1:27:") and "\n                              ^\n" in err  # under the Q
+    err = check(tmp_path, BOM + b"schedule s\xff\n", "not UTF-8 text (byte 0xff)")
+    assert err.startswith("t.pipe:1:11:")
+
+
+def test_a_byte_order_mark_elsewhere_is_still_refused_at_its_place(tmp_path):
+    assert check(tmp_path, program().encode() + BOM, "'\\ufeff'").startswith("t.pipe:7:1:")
+
+
+def test_a_csv_and_a_cost_file_with_a_byte_order_mark_are_read(tmp_path):
+    (tmp_path / "t.csv").write_bytes(BOM + b"0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n")
+    done = pipeforge(["verify", "t.csv"], tmp_path)
+    assert done.returncode == 0 and b"valid" in done.stdout, done.stderr
+    (tmp_path / "t.csv").write_bytes(BOM + b"0F0,0X0\n")
+    assert_refused(pipeforge(["verify", "t.csv"], tmp_path), "t.csv:1:5: error: '0X0' is not an action")
+    (tmp_path / "c.json").write_bytes(BOM + b'{"stages": [{"F": 2, "I": 1, "W": 1}, {"F": 2, "I": 1, "W": 1}]}')
+    done = pipeforge(["simulate", "1f1b", "-D", "P=2", "-D", "M=2", "--costs", "c.json", "--json"], tmp_path)
+    assert done.returncode == 0 and b'"makespan": 12.0' in done.stdout, done.stderr  # F = 2: 9 with unit costs
+
+
+def test_a_pipe_file_with_a_byte_order_mark_is_the_same_output_when_it_defines_the_same_schedules(tmp_path):
+    (tmp_path / "t.pipe").write_bytes(BOM + program().encode())
+    done = pipeforge(["fmt", "t.pipe", "-o", "out.pipe"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    (tmp_path / "out.pipe").write_bytes(BOM + program().encode())  # the user's editor saved it again
+    done = pipeforge(["fmt", "t.pipe", "-o", "out.pipe"], tmp_path)
+    assert done.returncode == 0, done.stderr
