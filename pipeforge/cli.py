@@ -15,7 +15,7 @@ import importlib
 import sys
 
 from pipeforge.commands import wording
-from pipeforge.commands.common import refuse_output_over_input
+from pipeforge.commands.common import StoreOnce, refuse_output_over_input
 from pipeforge.commands.exits import Exit
 from pipeforge._gc import gc_paused
 from pipeforge.errors import PipeforgeError, VerificationError
@@ -24,6 +24,11 @@ COMMANDS = ("verify", "fmt", "convert", "lower", "library", "new", "simulate", "
             "profile", "diagnose", "plan", "export")
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", None, StoreOnce)  # a value option given twice is refused, not last-wins
+        self.register("action", "store", StoreOnce)
+
     def error(self, message: str):  # argparse's own usage errors exit 2 already; keep the text short
         self.print_usage(sys.stderr)
         self.exit(Exit.USAGE, f"{self.prog}: error: {message}\n")

@@ -95,6 +95,11 @@ CASES = [
     (["simulate", "good.pipe", "--width", "100000000"], 2, None, "--width"),
     (["show", "good.pipe", "--width", "100000000", "-o", "wide.png"], 2, "wide.png", "--width"),
     (["show", "good.pipe", "--width", "-3", "-o", "wide.svg"], 2, "wide.svg", "--width"),
+    (["simulate", "good.pipe", "--width", "-1"], 2, None, "--width -1"),  # was clamped silently; show refused it
+    # a value given twice: the last one silently won
+    (["optimize", "good.pipe", "--cost", "F=1", "--cost", "F=2", "-o", "dup.pipe"], 2, "dup.pipe", "F is given twice"),
+    (["show", "good.pipe", "-o", "a.svg", "-o", "b.svg"], 2, "b.svg", "-o/--output: given twice, first 'a.svg', then 'b.svg'"),
+    (["codegen", "good.pipe", "-D", "M=2", "-D", "M=4", "-o", "gen"], 2, "gen", "M is given twice"),
     (["show", "1f1b", "-D", "P=1200", "-D", "M=1", "-o", "tall.png"], 2, "tall.png", "too large for a PNG"),
     # outputs: wrong extension, missing folder, a folder, a file where a folder should be
     (["new", "1f1b", "-o", "new.csv"], 2, "new.csv", ".pipe"),

@@ -9,6 +9,27 @@ from pipeforge.commands.exits import Exit
 from pipeforge.errors import UsageError
 
 
+class StoreOnce(argparse.Action):
+    """argparse's ``store``, refusing an option given twice with both values (its last one silently won)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = vars(namespace).setdefault("_options_given", {})
+        if self.dest in given:
+            raise argparse.ArgumentError(self, f"given twice, first {given[self.dest]!r}, then {values!r}: "
+                                               "give it once")
+        given[self.dest] = values
+        setattr(namespace, self.dest, values)
+
+
+class JoinItems(argparse.Action):
+    """A comma-separated option (``--cost F=1,I=2``) given again adds its items: ``--cost F=1 --cost I=2``
+    is ``F=1,I=2``, and the reader of the items refuses a name given twice in either form."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = getattr(namespace, self.dest, None)  # the default is None
+        setattr(namespace, self.dest, values if before is None else f"{before},{values}")
+
+
 def add_input_arguments(parser: argparse.ArgumentParser, placement_flag: str = "--placement") -> None:
     """PATH, -D NAME=VALUE, --schedule NAME, and the CSV inference overrides (``placement_flag`` names the
     CSV input's placement flag: ``optimize`` keeps ``--placement`` for the placement it may choose)."""
@@ -23,11 +44,15 @@ def add_input_arguments(parser: argparse.ArgumentParser, placement_flag: str = "
 
 def parse_defines(items: list[str]) -> dict[str, int]:
     defines: dict[str, int] = {}
+    first: dict[str, str] = {}
     for item in items:
         name, eq, value = item.partition("=")
         name = name.strip()
         if not eq or not (name.isascii() and name.isidentifier()):  # as the language's names
             raise UsageError(f"-D {item!r}: expected NAME=VALUE, like -D P=8")
+        if name in first:  # the last one silently won
+            raise UsageError(f"-D {item!r}: {name} is given twice, first as -D {first[name]!r}")
+        first[name] = item
         try:
             if not value.strip().lstrip("+-").isascii():  # int() also takes other scripts' digits
                 raise ValueError(value)

@@ -6,16 +6,14 @@ import argparse
 import sys
 import time
 
-from pipeforge.commands.common import add_force_argument, add_input_arguments, load_input, print_json, require_suffix
-from pipeforge.commands.common import write_source
+from pipeforge.commands.common import JoinItems, add_force_argument, add_input_arguments, load_input, print_json
+from pipeforge.commands.common import require_suffix, write_source
 from pipeforge.commands.exits import Exit
-from pipeforge.commands.simulate import add_cost_file_argument
+from pipeforge.commands.simulate import COST_HELP, add_cost_file_argument
 from pipeforge.errors import PipeforgeError, UsageError, printable
 from pipeforge.semantics import within_limit
 
 MIN_SEARCH_S = 1e-3  # what optimize gets when reading the input took the whole limit
-COST_HELP = ("override costs field by field: F=1,I=1,W=1,B=2,comm=0 (B defaults to I+W); "
-             "weights=X sets M_W/M_B, what an I holds until its W (>= 0; above 1 the I adds the excess)")
 
 
 def register(subparsers) -> None:
@@ -24,7 +22,7 @@ def register(subparsers) -> None:
         description="Search for a compute order with a smaller bubble rate under a cost model and a "
                     "memory limit; verify it and write it as a plain .pipe file.")
     add_input_arguments(parser, placement_flag="--input-placement")
-    parser.add_argument("--cost", metavar="F=1,I=1,W=1,comm=0", help=COST_HELP)
+    parser.add_argument("--cost", action=JoinItems, metavar="F=1,I=1,W=1,comm=0", help=COST_HELP)
     add_cost_file_argument(parser)
     parser.add_argument("--memory-limit", type=float, metavar="X",
                         help="activation memory limit per rank, in M_B (one microbatch on one stage); "

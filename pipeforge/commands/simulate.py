@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from pipeforge.commands.common import add_input_arguments, check_width, load_input, print_json
+from pipeforge.commands.common import JoinItems, add_input_arguments, check_width, load_input, print_json
 from pipeforge.commands.exits import Exit
 
 COST_HELP = ("override costs field by field: F=1,I=1,W=1,B=2,comm=0 (B defaults to I+W); "
-             "weights=X sets M_W/M_B, what an I holds until its W (>= 0; above 1 the I adds the excess)")
+             "weights=X sets M_W/M_B, what an I holds until its W (>= 0; above 1 the I adds the excess); "
+             "repeatable, each item named once")
 
 
 def register(subparsers) -> None:
@@ -17,13 +18,14 @@ def register(subparsers) -> None:
                                                "makespan, bubble rate, lower bounds and peak memory.")
     add_input_arguments(parser)
     add_cost_arguments(parser)
-    parser.add_argument("--width", type=int, default=100, help="columns of the text grid (default 100)")
+    parser.add_argument("--width", type=int, default=100,
+                        help="columns of the text grid, 0 to 10000 (default 100, as 0)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run)
 
 
 def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cost", metavar="F=1,I=1,W=1,comm=0", help=COST_HELP)
+    parser.add_argument("--cost", action=JoinItems, metavar="F=1,I=1,W=1,comm=0", help=COST_HELP)
     add_cost_file_argument(parser)
     parser.add_argument("--memory-limit", type=float, metavar="X",
                         help="activation memory limit per rank, in M_B (one microbatch on one stage)")
@@ -51,14 +53,14 @@ def simulate_input(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from pipeforge.render.grid import render_text
 
-    check_width(max(args.width, 0))  # below 10 is widened to 10, as before
+    check_width(args.width)  # as show's: -1 refused (it was clamped silently), 0 the default
     timeline = simulate_input(args)
     if args.json:
         print_json(timeline.to_json())
         return Exit.OK
     print(summary(timeline))
     print()
-    print(render_text(timeline, width=max(args.width, 10)), end="")
+    print(render_text(timeline, width=args.width or 100), end="")
     return Exit.OK
 
 

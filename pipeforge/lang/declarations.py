@@ -221,7 +221,8 @@ def _build_cost_entry(tree: Tree[Token], file: Source) -> CostEntry:
             links[link] = number
             return
         stage = ctx.check_stage(require_int(index_of(env), index_span, "a stage"), index_span)
-        per_stage.append((stage, key, number))  # (the IR's per_stage may repeat an entry: its first one counts)
+        given_once(given, (key, stage), index_span, f"the cost {key}[{stage}]")  # F[1] and F[P - 1] alike
+        per_stage.append((stage, key, number))
 
     return set_cost
 

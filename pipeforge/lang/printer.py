@@ -77,7 +77,10 @@ def costs_text(costs: CostModel) -> str:
         entries.append(f"B = {number(costs.B)}")
     entries.append(f"comm = {number(costs.comm)}")
     entries.extend(f"{name} = {number(getattr(costs, name))}" for name in durations[3:])  # R, OFFLOAD, RELOAD when set
-    entries.extend(f"{kind}[{stage}] = {number(value)}" for stage, kind, value in costs.per_stage)
+    counted: dict[tuple[int, str], float] = {}
+    for stage, kind, value in costs.per_stage:
+        counted.setdefault((stage, kind), value)  # the IR's first entry of a stage and kind counts
+    entries.extend(f"{kind}[{stage}] = {number(value)}" for (stage, kind), value in counted.items())
     entries.extend(f"comm[{link}] = {number(value)}" for link, value in enumerate(costs.links))
     return "costs { " + "  ".join(entries) + " }"
 

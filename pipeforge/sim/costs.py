@@ -29,10 +29,7 @@ def parse_cost_flag(text: str, base: CostModel | None = None) -> CostModel:
     model = base if base is not None else CostModel()
     if not text.strip():
         raise ArgumentError(Argument("costs"), "expected NAME=VALUE items like F=1,I=1,W=1,comm=0", value=text)
-    changes: dict[str, float] = {}
-    for item in text.split(","):
-        name, value = _parse_cost_item(item)
-        changes[name] = value
+    changes = cost_items(text)
     durations = {k: v for k, v in changes.items() if k not in MEMORY_FIELDS}
     # cast: each key is one of COST_FIELDS (_parse_cost_item), CostModel's number fields, which a float fits;
     # the checker sees any str key, which could name per_stage, links or overhead
@@ -44,12 +41,21 @@ def weights_from_flag(text: str | None) -> float | None:
     when absent."""
     if text is None:
         return None
-    found = None
+    return cost_items(text).get("weights")
+
+
+def cost_items(text: str) -> dict[str, float]:
+    """``{name: value}`` of ``F=1,I=2``; a name given twice is refused with both items (the last one
+    silently won; two ``--cost`` flags reach here joined by a comma)."""
+    items: dict[str, float] = {}
+    first: dict[str, str] = {}
     for item in text.split(","):
         name, value = _parse_cost_item(item)
-        if name == "weights":
-            found = value
-    return found
+        if name in first:
+            raise _bad_cost_item(item, f"{name} is given twice, first as {first[name]!r}")
+        first[name] = item.strip()
+        items[name] = value
+    return items
 
 
 def _parse_cost_item(item: str) -> tuple[str, float]:

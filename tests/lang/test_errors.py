@@ -36,6 +36,7 @@ DEFINE_CASES = {
     "define_not_integer": ["-D", "P=four"],
     "define_breaks_require": ["-D", "M=2"],
     "define_zero_ranks": ["-D", "P=0"],
+    "define_given_twice": ["-D", "P=2", "-D", "P=4"],  # (was: the last one silently won)
 }
 
 

@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeforge.ir import (
-    COST_RANGE, IDLE, Action, ActionKind, CostModel, MemorySpec, Placement, Schedule, Step, programs_from_tokens,
+    COMPUTE_KINDS, COST_RANGE, IDLE, Action, ActionKind, CostModel, MemorySpec, Placement, Schedule, Step,
+    programs_from_tokens,
 )
 from pipeforge.lang import load_file, load_text
 from pipeforge.lang.declarations import reverse_placement
@@ -60,7 +61,8 @@ def placement(stages: int, ranks: int) -> st.SearchStrategy[Placement]:
 def cost_models(stages: int) -> st.SearchStrategy[CostModel]:
     per_stage = st.tuples(st.integers(0, stages - 1), st.sampled_from("FBIW"), costs_values)
     return st.builds(CostModel, F=costs_values, I=costs_values, W=costs_values, B=st.none() | costs_values,
-                     comm=costs_values, per_stage=st.lists(per_stage, max_size=3).map(tuple))
+                     comm=costs_values,
+                     per_stage=st.lists(per_stage, max_size=3, unique_by=lambda e: e[:2]).map(tuple))
 
 
 def memory_specs() -> st.SearchStrategy[MemorySpec]:
@@ -81,6 +83,19 @@ def test_print_then_parse_gives_an_equal_schedule(schedule):
 def test_every_shipped_program_round_trips(path):
     schedule = load_file(path)
     assert load_text(print_schedule(schedule)) == schedule
+
+
+def test_a_per_stage_cost_repeated_in_the_ir_prints_as_the_one_that_counts():
+    """The IR's first entry of a (stage, kind) counts; the text holds that one only, as the language refuses
+    a per-stage cost given twice (printing both made a file that round-tripped only while it kept the first)."""
+    costs = CostModel(per_stage=((1, "F", 2.0), (0, "I", 3.0), (1, "F", 5.0)))
+    schedule = Schedule("dup", 2, 2, 1, (Placement.loop(2, 2),), programs_from_tokens([["0F0", "0B0"], ["1F0", "1B0"]]),
+                        costs=costs)
+    text = print_schedule(schedule)
+    assert "F[1] = 2.0  I[0] = 3.0 }" in text and "5.0" not in text
+    loaded = load_text(text).costs
+    assert loaded.per_stage == ((1, "F", 2.0), (0, "I", 3.0))
+    assert all(loaded.duration(kind, s) == costs.duration(kind, s) for kind in COMPUTE_KINDS for s in (0, 1))
 
 
 def test_canonical_text_of_a_small_schedule():

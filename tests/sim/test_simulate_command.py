@@ -37,6 +37,39 @@ def test_human_report_has_figures_bounds_memory_and_grid(csv_1f1b, capsys):
         assert text in out
 
 
+def test_cost_flags_given_again_add_their_items(csv_1f1b, capsys):
+    assert main(["simulate", csv_1f1b, "--json", "--cost", "F=2", "--cost", "comm=0.5"]) == 0
+    twice = json.loads(capsys.readouterr().out)
+    assert main(["simulate", csv_1f1b, "--json", "--cost", "F=2,comm=0.5"]) == 0
+    assert twice == json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--cost", "F=1,F=2"], "--cost item 'F=2': F is given twice, first as 'F=1'"),
+    (["--cost", "F=1", "--cost", "I=3,F=2"], "--cost item 'F=2': F is given twice, first as 'F=1'"),
+    (["--cost", "weights=0.2,weights=0.3"], "--cost item 'weights=0.3': weights is given twice"),
+    (["-D", "P=2", "-D", "P=3"], "-D 'P=3': P is given twice, first as -D 'P=2'"),
+    (["--memory-limit", "4", "--memory-limit", "8"], "argument --memory-limit: given twice, first 4.0, then 8.0"),
+    (["--width", "-1"], "--width -1: expected 0 to 10000"),
+])
+def test_a_flag_given_twice_or_out_of_range_is_refused_not_last_wins(flags, message, capsys):
+    """Each of these took the last value silently (or clamped --width -1 where show refused it)."""
+    try:
+        code = main(["simulate", "1f1b", *flags])
+    except SystemExit as exit_:  # argparse's own refusal
+        code = exit_.code
+    captured = capsys.readouterr()
+    assert (code, captured.out) == (2, "")
+    assert message in captured.err and "Traceback" not in captured.err
+
+
+def test_width_zero_is_the_default_as_in_show(csv_1f1b, capsys):
+    assert main(["simulate", csv_1f1b, "--width", "0"]) == 0
+    zero = capsys.readouterr().out
+    assert main(["simulate", csv_1f1b]) == 0
+    assert zero == capsys.readouterr().out
+
+
 def test_library_schedule_with_defines(capsys):
     assert main(["simulate", "zb-h1", "-D", "P=4", "-D", "M=8", "--json", "--memory-limit", "4"]) == 0
     document = json.loads(capsys.readouterr().out)
