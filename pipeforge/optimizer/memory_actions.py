@@ -271,9 +271,11 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
         return max(0.0, deadline - time.monotonic()) * share
 
     def offer(name: str, final: Schedule, base: OptimizeResult | None = None, verified: bool = False,
-              timed: Evaluation | None = None) -> Metrics | None:
+              timed: Evaluation | None = None, found_by: str = "input") -> Metrics | None:
         """A candidate, with its figures (``timed``: the engine's, in integer units, instead of simulating),
-        which it returns (None where it cannot run)."""
+        which it returns (None where it cannot run). One built here (no ``base``: an optimize result of its
+        own) was ordered by ``found_by`` ("input": the input's order, memory actions added) and is not the
+        input, which recomputes and offloads nothing."""
         spec = real if limit is not None else unlimited
         final = replace(final, memory=spec)
         try:
@@ -283,6 +285,7 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
             return None
         if base is None:
             base = candidates[0][0] if candidates else _plain_result(plain, costs, memory, after)
+            base = replace(base, found_by=found_by, improved=True, strategy=options.get("strategy", "auto"))
         else:
             after = replace(after, least_work_bubble_rate=base.after.least_work_bubble_rate)
         candidates.append((replace(base, schedule=final, after=after, memory_limit=limit), name, verified))
@@ -330,7 +333,8 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
         placed = per_microbatch(plain, real, units.costs, began + left(0.25))
         greedy_seconds = time.monotonic() - began
         if placed is not None:
-            offer("per-microbatch", replace(schedule_of(plain, placed[0], placed[1]), costs=costs), timed=placed[2])
+            offer("per-microbatch", replace(schedule_of(plain, placed[0], placed[1]), costs=costs), timed=placed[2],
+                  found_by="greedy")
     if recompute == "auto" and limit is not None:
         # the knob Megatron offers, whatever the time: auto is never behind it
         tried.append("selective")
@@ -389,7 +393,8 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
         graph, order, _ = placed
         found = local_search(graph, order, time_limit=left(0.3 if exact else 0.8))  # (then building its schedule)
         placed = _dropped_where_room(graph, found.order, found.evaluation)
-        offer("per-microbatch", replace(schedule_of(plain, placed[0], placed[1]), costs=costs), timed=placed[2])
+        offer("per-microbatch", replace(schedule_of(plain, placed[0], placed[1]), costs=costs), timed=placed[2],
+              found_by="local")
     if exact and placed is not None and left() > 0:
         tried.append("exact")
         searched = exact_recompute(plain, real, units.costs, placed, left(0.8))
@@ -398,7 +403,7 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
             evaluation = evaluate(searched.graph, searched.order) if searched.graph is not None else None
             if evaluation is not None and searched.graph is not None:
                 offer("per-microbatch", replace(schedule_of(plain, searched.graph, searched.order), costs=costs),
-                      timed=evaluation)
+                      timed=evaluation, found_by="exact")
     fitting = sorted(((r, n, v) for r, n, v in candidates
                       if within_limit(max(r.after.peak_memory), limit)),
                      key=lambda c: (c[0].after.makespan, c[0].after.max_span))
@@ -456,7 +461,7 @@ def _offload_plan(plain: Schedule, costs: CostModel, real: MemorySpec, unlimited
     if limit is None:
         base = seeds[0] if seeds else unlimited_order()
         if base is not None:
-            offer("offload", base)
+            offer("offload", base, found_by="offload")
         return base is not None
     bases: list = [*seeds, unlimited_order]
     # (a reserve, before a B or I, room for one activation on a rank that never has one away, a slack, and
@@ -477,13 +482,13 @@ def _offload_plan(plain: Schedule, costs: CostModel, real: MemorySpec, unlimited
         if fill:
             order = weights_filled(order, costs, real)
         moved = placed_offloads(order, costs, real, slack)
-        after = None if moved is None else offer("offload", moved)
+        after = None if moved is None else offer("offload", moved, found_by="offload")
         if after is not None and (best is None or after.makespan < best[0]):
             best = (after.makespan, order, slack)
     if best is not None and left() > 0:  # the rest of the time: the W of the ranks' tails moved one at a time
         climbed = weights_climbed(replace(best[1], memory=real), costs, real, time.monotonic() + left(), best[2])
         if climbed is not None and climbed[2] < best[0] - 1e-9:
-            offer("offload", climbed[1])
+            offer("offload", climbed[1], found_by="offload")
     return best is not None
 
 

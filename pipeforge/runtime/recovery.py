@@ -191,16 +191,21 @@ class StepStart:
     def _await(self, store: dist.Store, limit: timedelta) -> None:
         """Until every other rank has come to the meeting (its tag on ``store``); a rank still missing whose
         process is gone (``_gone``) fails the meeting at once, named, instead of at ``limit``."""
-        deadline = time.monotonic() + limit.total_seconds()
+        now = time.monotonic()
+        deadline, probe_at, every = now + limit.total_seconds(), now, POLL_SECONDS
         missing = list(self.others)
         while True:
             missing = [rank for rank in missing if not store.check([str(rank)])]
             if not missing:
                 return
-            gone = self._gone(missing)
+            # each look for a gone rank leaves one receive posted per live rank until the next meeting:
+            # looked for at once, then ever less often (at most every PROBE_SECONDS), not at every poll
+            gone = self._gone(missing) if time.monotonic() >= probe_at else []
             if gone:
                 raise PipelineError(f"rank {self.rank}: {are_gone(gone)} while the pipeline's ranks met after a "
                                     "failed step; the pipeline cannot step without them")
+            if time.monotonic() >= probe_at:
+                probe_at, every = time.monotonic() + every, min(2 * every, PROBE_SECONDS)
             if time.monotonic() > deadline:
                 raise PipelineError(f"rank {self.rank}: connecting the pipeline's ranks after a failed step failed "
                                     f"(waited {limit.total_seconds():g} s for every rank): rank(s) "
@@ -423,7 +428,8 @@ class StepStart:
 ALL_TO_ALL = 2  # up to so many ranks every rank sends every other its step-end word; beyond, through rank 0
 ROOT = 0  # the rank that sums the step-end words and answers every rank
 GONE_SECONDS = 0.5  # how long a rank whose wait broke on a closed connection gives the liveness group to hear of it
-POLL_SECONDS = 0.05  # how often a rank at a meeting looks for the ranks still missing, and whether they are gone
+POLL_SECONDS = 0.05  # how often a rank at a meeting looks for the ranks still missing (and first whether they are gone)
+PROBE_SECONDS = 1.0  # the longest a rank at a meeting waits between looks for whether the ranks missing are gone
 UNHEARD = 1 << 32  # what rank 0 adds to the step-end sum for each rank it did not hear from in time
 _WORDS = {False: torch.tensor([0]), True: torch.tensor([1])}  # a rank's step-end word (only ever sent)
 

@@ -53,6 +53,8 @@ def test_the_output_always_verifies_and_never_exceeds_the_limit(schedule, policy
         assert result.span_bound <= result.after.max_span + 1e-6
     if policy == "none" and not offload:
         assert choice.recomputed == choice.offloaded == 0
+    if choice.recomputed or choice.offloaded:  # not the input, which has no memory actions
+        assert result.improved and result.strategy == "auto"
     if policy == "all" and not offload:
         assert choice.recomputed == schedule.stages * schedule.microbatches
 
@@ -78,6 +80,9 @@ def test_the_command_reports_the_counts_beside_after(tmp_path):
     written = pipeforge.load(str(tmp_path / "out.pipe"))
     assert verify(written).valid and written.memory.limit == 1.6
     assert sum(a.kind.value == "R" for _, _, a in written.actions()) == chose["recomputed"]
+    # the result recomputes, so it is not the input: it says what ordered it, never "the input"
+    assert report["improved"] is True and report["found_by"] != "input" or chose["recompute"] != "per-microbatch"
+    assert report["strategy"] == "auto"
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)
