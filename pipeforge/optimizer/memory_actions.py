@@ -247,6 +247,7 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
         raise ArgumentError(Argument("recompute", value=repr(recompute)), f"expected one of {', '.join(POLICIES)}")
     started = time.monotonic()
     time_limit = options.pop("time_limit", 10.0)
+    strategy = options.get("strategy", "auto")
     plain = strip(schedule)
     memory = schedule.memory or MemorySpec()
     limit = memory_limit if memory_limit is not None else memory.limit
@@ -285,7 +286,7 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
             return None
         if base is None:
             base = candidates[0][0] if candidates else _plain_result(plain, costs, memory, after)
-            base = replace(base, found_by=found_by, improved=True, strategy=options.get("strategy", "auto"))
+            base = replace(base, found_by=found_by, improved=True, strategy=strategy)
         else:
             after = replace(after, least_work_bubble_rate=base.after.least_work_bubble_rate)
         candidates.append((replace(base, schedule=final, after=after, memory_limit=limit), name, verified))
@@ -385,7 +386,6 @@ def optimize_memory(schedule: Schedule, *, recompute: str = "none", offload: boo
             virtual = replace(memory, activation=tuple(max(memory.stage_weight_grad(s), 0.01) for s in stages),
                               weight_grad=tuple(max(memory.stage_weight_grad(s), 0.01) for s in stages))
             attempt("offload", virtual, None if limit is None else limit - 2 * largest, offload_pass, 1.0)
-    strategy = options.get("strategy", "auto")
     small = placed is not None and len(placed[0].actions) <= EXACT_ACTIONS
     exact = placed is not None and (strategy == "exact" or (strategy == "auto" and small))
     proven = 0.0  # exact search's bound on schedules that may recompute (units of ``units``)

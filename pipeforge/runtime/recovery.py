@@ -200,11 +200,11 @@ class StepStart:
                 return
             # each look for a gone rank leaves one receive posted per live rank until the next meeting:
             # looked for at once, then ever less often (at most every PROBE_SECONDS), not at every poll
-            gone = self._gone(missing) if time.monotonic() >= probe_at else []
-            if gone:
-                raise PipelineError(f"rank {self.rank}: {are_gone(gone)} while the pipeline's ranks met after a "
-                                    "failed step; the pipeline cannot step without them")
             if time.monotonic() >= probe_at:
+                gone = self._gone(missing)
+                if gone:
+                    raise PipelineError(f"rank {self.rank}: {are_gone(gone)} while the pipeline's ranks met after "
+                                        "a failed step; the pipeline cannot step without them")
                 probe_at, every = time.monotonic() + every, min(2 * every, PROBE_SECONDS)
             if time.monotonic() > deadline:
                 raise PipelineError(f"rank {self.rank}: connecting the pipeline's ranks after a failed step failed "
