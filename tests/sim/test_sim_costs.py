@@ -19,7 +19,6 @@ from tests.sim.sim_orders import one_f_one_b
     ("F=1.5, I=2 ,W=0.5", CostModel(F=1.5, I=2, W=0.5)),
     ("B=3", CostModel(B=3)),
     ("comm=0.601", CostModel(comm=0.601)),
-    ("F=1,F=4", CostModel(F=4)),
 ])
 def test_good_cost_flags(text, expected):
     assert parse_cost_flag(text) == expected
@@ -36,6 +35,7 @@ def test_good_cost_flags(text, expected):
     ("comm=nan", "finite"),
     ("W=inf", "finite"),
     ("F=1,,I=2", "expected NAME=VALUE"),
+    ("F=1,F=4", "F is given twice, first as 'F=1'"),
 ])
 def test_bad_cost_flags(text, message):
     with pytest.raises(ArgumentError, match=message) as caught:
