@@ -4,6 +4,14 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${PIPEFORGE_VENV:-$ROOT/.venv}"
+PYTHON3="python3"  # the venv's where it exists
+[ -x "$VENV/bin/python" ] && PYTHON3="$VENV/bin/python"
+if ! "$PYTHON3" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    # the dev extra's transformers==5.23.0 and torchtitan 0.3.0 need 3.11; the package itself runs on 3.10
+    echo "scripts/setup.sh: the development set-up needs Python 3.11 or newer ($PYTHON3 is $("$PYTHON3" -V 2>&1));" \
+        "pip install . works on 3.10" >&2
+    exit 2
+fi
 if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV"
 fi
