@@ -37,7 +37,7 @@ from pipeforge.runtime.p2p import (
 )
 from pipeforge.runtime.rng import StepRng
 from pipeforge.runtime.saved import SavedActivations
-from pipeforge.runtime.stage import StageRunner
+from pipeforge.runtime.stage import CustomFunctionError, StageRunner
 from pipeforge.semantics import GRADIENT_KINDS, RUNTIME_METHODS, SENDS, early_receives, lane, peer_stage
 
 SEND_F, RECV_F, SEND_B, RECV_B = ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B
@@ -330,7 +330,12 @@ class RankContext:
         if function is None:
             self.run_default(action)
         else:
-            function(action, ActionContext(self, action))
+            try:
+                function(action, ActionContext(self, action))
+            except PipelineError:  # the runtime's own (a stage's failure in ctx.default(), a peer's): as it is
+                raise
+            except Exception as error:
+                raise CustomFunctionError(self.rank, action, function, error) from error
 
     def run_default(self, action: StageAction) -> None:
         """The runtime's own implementation of ``action``, its hooks included."""

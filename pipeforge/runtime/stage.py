@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,9 +32,15 @@ from pipeforge.runtime.split_backward import (
     run_backward,
 )
 
+if TYPE_CHECKING:
+    from pipeforge.runtime.custom import StageAction
+
 
 class StageError(PipelineError):
     """An exception inside a stage's module during ``step()``/``eval()``, with where it happened."""
+
+    stage: int | None  # (None: a custom function's action of no stage, an OVERLAP_F_B: ``CustomFunctionError``)
+    microbatch: int | None
 
     def __init__(self, runner: StageRunner, kind: str, mb: int, error: Exception):
         self.rank, self.stage, self.chain, self.microbatch = runner.rank, runner.stage, runner.chain, mb
@@ -43,6 +49,23 @@ class StageError(PipelineError):
         where = f"rank {runner.rank}: " if runner.rank is not None else ""
         super().__init__(f"{where}{runner.name}, microbatch {mb}, action {self.action}: "
                          f"{type(error).__name__}: {error}")
+
+
+class CustomFunctionError(StageError):
+    """An exception inside a custom function (``make_pipeline(custom_functions=...)``) during ``step()``/``eval()``:
+    the rank, the action's stage, chain, microbatch and name, and the function (``StageError``'s fields, so a peer
+    learns where it failed; ``stage`` and ``microbatch`` are None for an action without them)."""
+
+    def __init__(self, rank: int, action: StageAction, function: Callable, error: Exception):
+        self.rank, self.stage, self.chain, self.microbatch = rank, action.stage, action.chain, action.microbatch
+        self.original = error
+        self.action = str(action)
+        name = getattr(function, "__qualname__", None) or type(function).__name__
+        where = "" if action.stage is None else f" of stage {action.stage}" + (
+            f" (chain {action.chain})" if action.chain else "")
+        where += "" if action.microbatch is None else f", microbatch {action.microbatch}"
+        PipelineError.__init__(self, f"rank {rank}: custom function {name!r} for {action.kind}{where}, action "
+                                     f"{self.action}: {type(error).__name__}: {error}")
 
 
 class PeerStageError(PipelineError):

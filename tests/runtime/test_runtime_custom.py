@@ -4,7 +4,8 @@ One spawn of 2 gloo processes runs: DualPipeV with an OVERLAP_F_B function that
 runs the two halves of every overlap step on two threads at once, and
 schedules whose every action kind goes through a counting function that calls
 the default; both match the unpipelined model exactly, and the counts equal
-the schedule's actions of each kind on each rank.
+the schedule's actions of each kind on each rank. A custom function that raises
+names its rank, action and function there, and the peer learns it at once.
 """
 
 from __future__ import annotations
@@ -144,3 +145,62 @@ def test_custom_functions_are_checked():
         custom_functions({"SEND_F": print})
     with pytest.raises(PipelineError, match="not callable"):
         custom_functions({"F": 3})
+
+
+def failing_job(rank: int, nproc: int, module_path: str) -> dict:
+    """Stage 1's custom F raises at microbatch 2; then rank 0's custom REDUCE_GRAD raises (no microbatch)."""
+    import time
+
+    from pipeforge.runtime.stage import CustomFunctionError, PeerStageError
+    from pipeforge.tools import demo_models as models
+    from pipeforge.tools.generated import load_module
+
+    generated = load_module(module_path)
+    info = generated.SCHEDULE
+    stages = models.build_stages("mlp", info.stages, seed=2)
+    mine = {s: stages[s] for s in sorted({s for s, _ in info.held(rank)})}
+
+    def broken_forward(action, ctx):
+        if action.stage == 1 and action.microbatch == 2:
+            raise ValueError("the custom forward broke")
+        ctx.default()
+
+    def broken_reduce(action, ctx):
+        raise RuntimeError("the custom reduce broke")
+
+    found = {}
+    for name, functions in (("F", {"F": broken_forward}), ("REDUCE_GRAD", {"REDUCE_GRAD": broken_reduce})):
+        pipe = generated.make_pipeline(mine, loss_fn=models.loss_fn, timeout=60, custom_functions=functions)
+        x, y = models.make_batch(info.stages, 2 * info.microbatches, seed=0)
+        started = time.monotonic()
+        try:
+            pipe.step(*((x,) if pipe.holds_first else ()), target=y if pipe.holds_last else None)
+        except CustomFunctionError as error:
+            found[name] = {"own": True, "message": str(error), "stage": error.stage, "microbatch": error.microbatch,
+                           "original": type(error.original).__name__, "cause": error.__cause__ is error.original}
+        except PeerStageError as error:
+            found[name] = {"own": False, "message": str(error), "failed_rank": error.failed_rank,
+                           "action": error.action}
+        found[name]["seconds"] = time.monotonic() - started
+    return found
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(200)
+def test_a_custom_function_that_raises_names_its_rank_action_and_function(tmp_path):
+    path = str(codegen(pipeforge.load("1f1b", defines={"P": 2, "M": 4}), tmp_path / "failing"))
+    outcomes = spawn(failing_job, 2, path, timeout=60, deadline=180)
+    assert all(o.ok for o in outcomes), "\n".join(o.error for o in outcomes if not o.ok)
+    rank0, rank1 = (o.value for o in outcomes)
+    assert rank1["F"] == {**rank1["F"], "own": True, "stage": 1, "microbatch": 2, "original": "ValueError",
+                          "cause": True}
+    assert rank1["F"]["message"] == ("rank 1: custom function 'failing_job.<locals>.broken_forward' for F of "
+                                     "stage 1, microbatch 2, action 1F2: ValueError: the custom forward broke")
+    assert rank0["F"]["own"] is False and rank0["F"]["failed_rank"] == 1 and rank0["F"]["action"] == "1F2"
+    assert "custom function 'failing_job.<locals>.broken_forward' for F of stage 1" in rank0["F"]["message"]
+    assert rank0["REDUCE_GRAD"]["own"] and rank0["REDUCE_GRAD"]["microbatch"] is None
+    assert rank0["REDUCE_GRAD"]["message"].startswith(
+        "rank 0: custom function 'failing_job.<locals>.broken_reduce' for REDUCE_GRAD of stage 0, action "
+        "0REDUCE_GRAD: RuntimeError: the custom reduce broke")
+    assert rank1["REDUCE_GRAD"]["own"]  # rank 1's own REDUCE_GRAD raised too (every rank registered it)
+    assert all(r[name]["seconds"] < 30 for r in (rank0, rank1) for name in r), "a rank waited out a timeout"
