@@ -68,8 +68,12 @@ def require_suffix(output: str, suffix: str) -> None:
 
     found = Path(output).suffix
     if found != suffix:
-        raise UsageError(f"-o {output!r}: the output is {suffix} source and must end in {suffix}, "
-                         f"not {found or 'nothing'!r}")
+        raise UsageError(f"-o {output!r}: the output is {suffix} source and {suffix_problem(suffix, found)}")
+
+
+def suffix_problem(wanted: str, found: str) -> str:
+    """What is wrong with an output's suffix ``found`` (``""``: none) where ``wanted`` names the ones it may have."""
+    return f"must end in {wanted}, not {found!r}" if found else f"must end in {wanted} (it has no suffix)"
 
 
 MAX_WIDTH = 10_000

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeforge.commands.common import add_force_argument, add_input_arguments, load_input, write_source
+from pipeforge.commands.common import add_force_argument, add_input_arguments, load_input, suffix_problem, write_source
 from pipeforge.commands.exits import Exit
 from pipeforge.errors import UsageError
 from pipeforge.files import write_output
@@ -39,7 +39,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     suffix = Path(args.out).suffix
     if suffix not in SUFFIXES:
-        raise UsageError(f"{args.out!r}: the output must end in .csv, .pipe or .json, not {suffix or 'nothing'!r}")
+        raise UsageError(f"{args.out!r}: the output {suffix_problem('.csv, .pipe or .json', suffix)}")
     if args.format and suffix != ".csv":
         raise UsageError(f"--format applies to a .csv output, not {suffix!r}")
     schedule = load_input(args)

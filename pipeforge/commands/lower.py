@@ -15,7 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeforge.commands.common import add_force_argument, add_input_arguments, load_input, print_json, write_source
+from pipeforge.commands.common import (add_force_argument, add_input_arguments, load_input, print_json, suffix_problem,
+                                       write_source)
 from pipeforge.commands.exits import Exit
 from pipeforge.errors import UsageError, VerificationError
 from pipeforge.semantics import Semantics
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
 
     suffix = Path(args.output).suffix if args.output else ".pipe"
     if suffix not in SUFFIXES:
-        raise UsageError(f"-o {args.output!r}: the output must end in .pipe or .csv, not {suffix or 'nothing'!r}")
+        raise UsageError(f"-o {args.output!r}: the output {suffix_problem('.pipe or .csv', suffix)}")
     if args.json and not args.output:
         raise UsageError("--json needs -o OUT (without it the .pipe source is what stdout holds)")
     options = pass_options(args)

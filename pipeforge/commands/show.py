@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 
 from pipeforge.commands.simulate import add_cost_arguments, simulate_input
-from pipeforge.commands.common import add_force_argument, add_input_arguments, check_width
+from pipeforge.commands.common import add_force_argument, add_input_arguments, check_width, suffix_problem
 from pipeforge.commands.exits import Exit
 from pipeforge.errors import UsageError
 
@@ -37,8 +37,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     suffix = Path(args.output).suffix.lower()
     if suffix not in SUFFIXES:
-        raise UsageError(f"-o {args.output!r}: the output must end in {', '.join(SUFFIXES)}, "
-                         f"not {suffix or 'nothing'!r}")
+        raise UsageError(f"-o {args.output!r}: the output {suffix_problem(', '.join(SUFFIXES), suffix)}")
     check_width(args.width)
     timeline = simulate_input(args)
     write_picture(timeline, args.output, suffix, title=args.title, width=args.width, force=args.force)

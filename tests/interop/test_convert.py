@@ -54,6 +54,7 @@ def test_csv_to_chrome_trace(dualpipev, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["out.txt"], "the output must end in .csv, .pipe or .json, not '.txt'"),
+    (["out"], "the output must end in .csv, .pipe or .json (it has no suffix)"),
     (["out.pipe", "--format", "compute_only"], "--format applies to a .csv output, not '.pipe'"),
     (["out.csv", "--placement", "loop"], "'2F0' is on rank 1, but placement loop puts stage 2 on rank 0"),
     (["out.csv", "--stages", "2"], "'2F0' names stage 2, but --stages 2 allows 0..1"),

@@ -58,6 +58,9 @@ def test_lower_of_a_torch_csv_reads_and_writes_csv(tmp_path):
 @pytest.mark.parametrize("argv, says", [
     (["lower", "1f1b", "--unshard", "0"], "--unshard 0"),
     (["lower", "1f1b", "-o", "out.txt"], "must end in .pipe or .csv"),
+    (["lower", "1f1b", "-o", "out"], "-o 'out': the output must end in .pipe or .csv (it has no suffix)"),
+    (["show", "1f1b", "-o", "out"], "(it has no suffix)"),
+    (["new", "1f1b", "-o", "out"], "-o 'out': the output is .pipe source and must end in .pipe (it has no suffix)"),
     (["lower", "1f1b", "--json"], "--json needs -o"),
     (["lower", "chimera", "-o", "out.csv"], "no chains"),
     (["codegen", "1f1b", "--unshard", "-1", "-o", "gen"], "--unshard -1"),
