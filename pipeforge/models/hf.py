@@ -57,10 +57,7 @@ class Parts:
 def parts_of(model: PreTrainedModel) -> Parts:
     """The model's parts (errors name what the cut does not know)."""
     _refuse_other_than_decoders(model)
-    prefix = model.base_model_prefix
-    base = getattr(model, prefix, None)
-    if base is None:
-        raise UsageError(f"{type(model).__name__}: no base model at {prefix!r} (its base_model_prefix)")
+    prefix, base = _base_model(model)
     config = model.config
     plan = getattr(config, "base_model_pp_plan", None) or {}
     embed = model.get_input_embeddings()
@@ -92,10 +89,32 @@ def parts_of(model: PreTrainedModel) -> Parts:
     if norm_name:
         names["norm"] = f"{prefix}.{norm_name}"
     return Parts(config, embed, found["position"], found["dropout"], found["rotary"], layers,
-                 children.get(norm_name), head, names, _router(model), _balancing(model),
+                 children[norm_name] if norm_name else None, head, names, _router(model), _balancing(model),
                  embed_norm=found["embed_norm"], alibi=_alibi(model, layers),
                  arguments=_layer_arguments(model, layers[0]) if len(layers) else (frozenset(), True),
                  prelude=tuple(kind for kind in names if kind in ("position", "dropout", "embed_norm")))
+
+
+def _base_model(model: PreTrainedModel) -> tuple[str, nn.Module]:
+    """The name and module of the model's base: at its ``base_model_prefix``, else its one child that is a
+    pretrained model besides the head (Llama 4's text LM: prefix ``language_model``, its base at ``model``)."""
+    prefix = model.base_model_prefix
+    base = getattr(model, prefix, None)
+    if isinstance(base, nn.Module):
+        return prefix, base
+    head = model.get_output_embeddings()
+    found = [(name, child) for name, child in model.named_children()
+             if child is not head and _is_pretrained(child)]
+    if len(found) == 1:
+        return found[0]
+    held = ", ".join(repr(name) for name, _ in found) or "none"
+    raise UsageError(f"{type(model).__name__}: no base model at {prefix!r} (its base_model_prefix), and not one "
+                     f"pretrained model among its children to take for it ({held})")
+
+
+def _is_pretrained(module: nn.Module) -> bool:
+    """Whether ``module`` is a Hugging Face pretrained model (duck-typed: a config and a base_model_prefix)."""
+    return hasattr(module, "config") and hasattr(module, "base_model_prefix")
 
 
 def _refuse_other_than_decoders(model: nn.Module) -> None:

@@ -37,7 +37,8 @@ WORLD = ("gemma2",      # final and attention logit soft-capping, alternating sl
          "gpt-oss",     # attention sinks, alternating sliding window, a biased router, clamped SwiGLU experts
          "deepseek-v3",  # multi-head latent attention, a first dense layer, grouped routing with shared experts, no aux loss
          "jamba",       # hybrid: Mamba mixers (the mask zeroing padded states) and attention, experts every other layer
-         "lfm2")        # hybrid: gated short convolutions and attention by config.layer_types
+         "lfm2",        # hybrid: gated short convolutions and attention by config.layer_types
+         "llama4")      # its base model not at its base_model_prefix; experts every other layer, layers without rotary
 MOE = ("mixtral", "qwen2-moe", "qwen3-moe", "granitemoe", "olmoe", "gpt-oss", "jamba")
 
 
@@ -130,6 +131,10 @@ def _moe_and_hybrid(tf, name: str, layers: int, common: dict):
     if name == "jamba":  # odd layers attend and route to experts, even ones are Mamba mixers with an MLP
         return tf.JambaConfig(**common, **experts, num_experts=4, attn_layer_period=2, attn_layer_offset=1,
                               expert_layer_period=2, expert_layer_offset=1, use_mamba_kernels=False, pad_token_id=0)
+    if name == "llama4":  # layers 1 and 3 route to experts (with a shared one); layer 3 has no rotary, attends whole
+        return tf.Llama4TextConfig(**common, head_dim=4, intermediate_size_mlp=2 * WIDTH, num_local_experts=4,
+                                   num_experts_per_tok=1, interleave_moe_layer_step=2, no_rope_layer_interval=4,
+                                   attention_chunk_size=3, pad_token_id=0)
     if name == "lfm2":
         return tf.Lfm2Config(**common, full_attn_idxs=list(range(1, layers, 2)), pad_token_id=0)
     raise KeyError(name)

@@ -225,3 +225,22 @@ def refused(name):
 def test_a_family_the_cut_does_not_know_is_refused_naming_the_place(name, message):
     with pytest.raises(UsageError, match=message):
         pipeforge.split(refused(name), 2)
+
+
+def test_a_base_model_not_at_its_prefix_is_the_one_pretrained_child_or_refused():
+    """Llama 4's text LM names ``language_model`` as its base_model_prefix but holds its base at ``model``
+    (families.WORLD: the chain test cuts it); with two such children neither is guessed."""
+    import copy
+
+    llama4 = families.build("llama4")
+    assert llama4.base_model_prefix == "language_model" and not hasattr(llama4, "language_model")
+    tokens, mask, _ = families.batch("llama4", 2, seed=1)
+    cut = pipeforge.split(llama4, 2, seed=0)  # checked against the model's forward, bit for bit
+    assert cut.modules[0](tokens, attention_mask=mask) is not None
+    llama = families.build("llama")
+    llama.base_model_prefix = "nothing"
+    assert pipeforge.split(llama, 2, seed=0)  # its one pretrained child, "model"
+    llama.add_module("other", copy.deepcopy(llama.model))
+    with pytest.raises(UsageError, match=r"no base model at 'nothing' \(its base_model_prefix\), and not one "
+                                         r"pretrained model among its children to take for it \('model', 'other'\)"):
+        pipeforge.split(llama, 2, seed=0)
