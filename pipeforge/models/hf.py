@@ -13,6 +13,7 @@ by its global index, the cache off, the config's embedding and logit scales; it 
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ class Parts:
     alibi: Callable[..., torch.Tensor] | None = None  # the family's build_alibi_tensor, where its layers take one
     arguments: tuple[frozenset[str], bool] = (frozenset(), True)  # what the layers take; whether any keyword
     prelude: tuple[str, ...] = ("position", "dropout", "embed_norm")  # stage 0's pieces in the forward's order
+    float_logits: bool = False  # the forward makes the head's output float32 (Mamba's ``lm_head(...).float()``)
 
 
 def parts_of(model: PreTrainedModel) -> Parts:
@@ -92,7 +94,23 @@ def parts_of(model: PreTrainedModel) -> Parts:
                  children[norm_name] if norm_name else None, head, names, _router(model), _balancing(model),
                  embed_norm=found["embed_norm"], alibi=_alibi(model, layers),
                  arguments=_layer_arguments(model, layers[0]) if len(layers) else (frozenset(), True),
-                 prelude=tuple(kind for kind in names if kind in ("position", "dropout", "embed_norm")))
+                 prelude=tuple(kind for kind in names if kind in ("position", "dropout", "embed_norm")),
+                 float_logits=_casts_logits_to_float(model))
+
+
+_FLOAT_LOGITS = re.compile(r"=\s*self\.lm_head\(.*\)\.float\(\)\s*$", re.MULTILINE)
+
+
+def _casts_logits_to_float(model: nn.Module) -> bool:
+    """Whether the causal LM's ``forward`` makes float32 logits of its head's output (``logits =
+    self.lm_head(...).float()``: Mamba, Falcon-Mamba, Mamba-2, Nemotron-H, xLSTM), read from its source; the cut
+    does the same, or a float64 or bfloat16 model's logits would differ from the forward's (the loss computed in
+    the model's dtype instead of float32)."""
+    try:
+        source = inspect.getsource(type(model).forward)
+    except (OSError, TypeError):  # no source to read (a frozen install): the head's dtype, as most families
+        return False
+    return _FLOAT_LOGITS.search(source) is not None
 
 
 def _base_model(model: PreTrainedModel) -> tuple[str, nn.Module]:
@@ -242,6 +260,7 @@ class CausalLMStage(nn.Module):
         self._alibi = parts.alibi
         self._arguments = parts.arguments
         self._order = parts.prelude
+        self._float_logits = parts.float_logits
         self._rotary_by_type = self.rotary is not None and "layer_type" in inspect.signature(
             self.rotary.forward).parameters
         # a family without load_balancing_loss_func (DeepSeek-V3's loss-free balancing) adds no loss of its own
@@ -278,7 +297,8 @@ class CausalLMStage(nn.Module):
         if self.norm is not None:
             hidden = self.norm(hidden)
         if self.head is not None:
-            hidden = final_logits(self.config, self.head(hidden))
+            logits = self.head(hidden)
+            hidden = final_logits(self.config, logits.float() if self._float_logits else logits)
         if self._router is None or not self.training:
             return hidden
         from pipeforge.runtime.aux import WithAuxLoss

@@ -38,7 +38,10 @@ WORLD = ("gemma2",      # final and attention logit soft-capping, alternating sl
          "deepseek-v3",  # multi-head latent attention, a first dense layer, grouped routing with shared experts, no aux loss
          "jamba",       # hybrid: Mamba mixers (the mask zeroing padded states) and attention, experts every other layer
          "lfm2",        # hybrid: gated short convolutions and attention by config.layer_types
-         "llama4")      # its base model not at its base_model_prefix; experts every other layer, layers without rotary
+         "llama4",      # its base model not at its base_model_prefix; experts every other layer, layers without rotary
+         "mamba",       # state-space mixers only (the mask zeroing padded states), the forward's float32 logits
+         "falcon-mamba",  # Mamba with RMS norms of its B, C and time step
+         "mamba2")      # Mamba-2's multi-head state-space mixers, a gated RMS norm
 MOE = ("mixtral", "qwen2-moe", "qwen3-moe", "granitemoe", "olmoe", "gpt-oss", "jamba")
 
 
@@ -135,6 +138,12 @@ def _moe_and_hybrid(tf, name: str, layers: int, common: dict):
         return tf.Llama4TextConfig(**common, head_dim=4, intermediate_size_mlp=2 * WIDTH, num_local_experts=4,
                                    num_experts_per_tok=1, interleave_moe_layer_step=2, no_rope_layer_interval=4,
                                    attention_chunk_size=3, pad_token_id=0)
+    if name in ("mamba", "falcon-mamba", "mamba2"):  # no attention: the mixers' own sizes
+        mixer = {"vocab_size": VOCAB, "hidden_size": WIDTH, "num_hidden_layers": layers, "state_size": 4, "expand": 2,
+                 "conv_kernel": 3, "pad_token_id": 0}
+        if name == "mamba2":
+            return tf.Mamba2Config(**mixer, num_heads=4, head_dim=8, n_groups=1)
+        return (tf.MambaConfig if name == "mamba" else tf.FalconMambaConfig)(**mixer)
     if name == "lfm2":
         return tf.Lfm2Config(**common, full_attn_idxs=list(range(1, layers, 2)), pad_token_id=0)
     raise KeyError(name)

@@ -7,7 +7,7 @@ family; on 4 ranks a loop, an interleaved, a V and both bidirectional
 schedules with a tied, a sliding-window, an MoE and a layer-list model; on 2
 ranks each further family (``families.WORLD``: Gemma 2 and 3, Phi, OLMo 2,
 GPT-NeoX, Falcon, Qwen3, Cohere, StableLM, Starcoder2, GPT-J, BLOOM, Granite,
-GraniteMoE, OLMoE, gpt-oss, DeepSeek-V3, Jamba, LFM2, Llama 4) with one of 1F1B, ZB-H1,
+GraniteMoE, OLMoE, gpt-oss, DeepSeek-V3, Jamba, LFM2, Llama 4, Mamba, Falcon-Mamba, Mamba-2) with one of 1F1B, ZB-H1,
 interleaved 1F1B, ZBV, DualPipeV and 1F1B with recompute, in turn (the slow
 tier: each with all six), and on 4 ranks Falcon, Gemma 3
 and the tied BLOOM on interleaved 1F1B, DualPipeV and Chimera. Every
