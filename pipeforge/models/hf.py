@@ -28,10 +28,16 @@ if TYPE_CHECKING:
     from transformers import PreTrainedConfig, PreTrainedModel
 
 
+def _is_pretrained(module: nn.Module) -> bool:
+    """Whether ``module`` is a Hugging Face pretrained model, causal LM or base (duck-typed: a config and a
+    base_model_prefix)."""
+    return hasattr(module, "config") and hasattr(module, "base_model_prefix")
+
+
 def is_causal_lm(model: nn.Module) -> TypeGuard[PreTrainedModel]:
     """Whether ``model`` is a Hugging Face causal LM: duck-typed, by the members of a ``PreTrainedModel`` that
     ``parts_of`` reads (so the type checker takes it for one)."""
-    return hasattr(model, "config") and hasattr(model, "base_model_prefix") and hasattr(model, "get_output_embeddings")
+    return _is_pretrained(model) and hasattr(model, "get_output_embeddings")
 
 
 @dataclass
@@ -128,11 +134,6 @@ def _base_model(model: PreTrainedModel) -> tuple[str, nn.Module]:
     held = ", ".join(repr(name) for name, _ in found) or "none"
     raise UsageError(f"{type(model).__name__}: no base model at {prefix!r} (its base_model_prefix), and not one "
                      f"pretrained model among its children to take for it ({held})")
-
-
-def _is_pretrained(module: nn.Module) -> bool:
-    """Whether ``module`` is a Hugging Face pretrained model (duck-typed: a config and a base_model_prefix)."""
-    return hasattr(module, "config") and hasattr(module, "base_model_prefix")
 
 
 def _refuse_other_than_decoders(model: nn.Module) -> None:
