@@ -65,7 +65,7 @@ class Parts:
 def parts_of(model: PreTrainedModel) -> Parts:
     """The model's parts (errors name what the cut does not know)."""
     _refuse_other_than_decoders(model)
-    prefix, base = _base_model(model)
+    prefix, base = base_model(model)
     config = model.config
     plan = getattr(config, "base_model_pp_plan", None) or {}
     embed = model.get_input_embeddings()
@@ -119,7 +119,7 @@ def _casts_logits_to_float(model: nn.Module) -> bool:
     return _FLOAT_LOGITS.search(source) is not None
 
 
-def _base_model(model: PreTrainedModel) -> tuple[str, nn.Module]:
+def base_model(model: PreTrainedModel) -> tuple[str, nn.Module]:
     """The name and module of the model's base: at its ``base_model_prefix``, else its one child that is a
     pretrained model besides the head (Llama 4's text LM: prefix ``language_model``, its base at ``model``)."""
     prefix = model.base_model_prefix
@@ -223,16 +223,36 @@ def attention_type(config, layer: int) -> str:
     return "sliding_attention" if getattr(config, "sliding_window", None) is not None else "full_attention"
 
 
-def mask_function(kind: str, where: str = "a layer"):
-    """transformers' mask function for layers of attention type ``kind``; ``where`` names the layer in errors."""
+def mask_function(kind: str):
+    """transformers' mask function for the mask kind ``kind`` (``full_attention``, ``linear_attention``, ...)."""
+    from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING
+
+    return LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING[kind]
+
+
+def layer_masks(kind: str, layer: nn.Module, where: str = "a layer") -> dict[str, str]:
+    """Which mask kind each mask argument of a layer of type ``kind`` gets, as the model's ``forward`` gives them:
+    ``attention_mask`` the type's own; none for a type transformers maps to no mask (Nemotron-H's ``moe`` and
+    ``mlp`` blocks, given ``mapping.get(block_type)``); for a type mapped to an attention mask and
+    ``linear_attention`` (Falcon-H1's ``hybrid``), ``attention_mask`` the attention's and the layer's one other
+    ``..._attention_mask`` argument the recurrent one. Any other layer is refused, ``where`` naming it."""
     from transformers.masking_utils import LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING
 
     function = LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING.get(kind)
+    if function is None:
+        return {}
     if callable(function):
-        return function
-    several = f" (it maps to several: {', '.join(map(repr, function))})" if isinstance(function, dict) else ""
+        return {"attention_mask": kind}
+    assert isinstance(function, dict), f"transformers maps {kind!r} to a function or a dict of them"
+    names = [name for name in inspect.signature(layer.forward).parameters if name.endswith("attention_mask")]
+    others = [name for name in names if name != "attention_mask"]
+    attention = [k for k in function if k != "linear_attention"]
+    if "attention_mask" in names and len(others) == 1 and "linear_attention" in function and len(attention) == 1 \
+            and callable(LAYER_PATTERN_TO_MASK_FUNCTION_MAPPING.get(attention[0])):
+        return {"attention_mask": attention[0], others[0]: "linear_attention"}
     raise UsageError(f"{where}: attention type {kind!r} names no single mask function of transformers' "
-                     f"masking_utils{several}; pipeforge.split gives each layer one attention_mask and cannot cut it")
+                     f"masking_utils (it maps to several: {', '.join(map(repr, function))}) and its layer does not "
+                     "take one attention_mask and one other ..._attention_mask for them; pipeforge.split cannot cut it")
 
 
 class CausalLMStage(nn.Module):
@@ -256,8 +276,9 @@ class CausalLMStage(nn.Module):
         self.norm = parts.norm if last else None
         self.head = parts.head if last else None
         self.kinds = [attention_type(parts.config, i) for i in range(first_layer, last_layer)]
-        for index, kind in enumerate(self.kinds, first_layer):  # refused now, not at the first step
-            mask_function(kind, f"{type(self.layers[str(index)]).__name__} {parts.names[f'layers.{index}']!r}")
+        self.masks = [layer_masks(kind, self.layers[str(index)],  # refused now, not at the first step
+                                  f"{type(self.layers[str(index)]).__name__} {parts.names[f'layers.{index}']!r}")
+                      for index, kind in enumerate(self.kinds, first_layer)]
         self._alibi = parts.alibi
         self._arguments = parts.arguments
         self._order = parts.prelude
@@ -280,14 +301,14 @@ class CausalLMStage(nn.Module):
             attention_mask = attention_mask.view(hidden.shape[0], -1)
         masks = {kind: mask_function(kind)(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask,
                                            past_key_values=None, position_ids=position_ids)
-                 for kind in dict.fromkeys(self.kinds)}
+                 for kind in dict.fromkeys(k for given in self.masks for k in given.values())}
         extra = self._shared_arguments(hidden, attention_mask, position_ids)
         rotary = self._rotary(hidden, position_ids)
         handles = self._record_router_logits()
         try:
-            for kind, layer in zip(self.kinds, self.layers.values()):
-                arguments = {"attention_mask": masks[kind], "position_ids": position_ids, "past_key_values": None,
-                             "use_cache": False, **extra}
+            for kind, given, layer in zip(self.kinds, self.masks, self.layers.values()):
+                arguments = {"attention_mask": None, "position_ids": position_ids, "past_key_values": None,
+                             "use_cache": False, **extra, **{name: masks[k] for name, k in given.items()}}
                 if rotary is not None:
                     arguments["position_embeddings"] = rotary[kind]
                 output = layer(hidden, **self._accepted(arguments))

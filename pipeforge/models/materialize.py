@@ -37,7 +37,10 @@ def parts(stage: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def materialize(modules: Mapping[int, nn.Module], every: Mapping[int, nn.Module], names: Mapping[tuple[int, str], str],
                 groups: list[list[tuple[int, str]]], init: Callable[[nn.Module], None], *, seed: int,
-                state_dict: Mapping[str, torch.Tensor] | None, device) -> None:
+                state_dict: Mapping[str, torch.Tensor] | None, device,
+                whole: Callable[[], None] | None = None) -> None:
+    """``whole``: what the model's initializer does for the model as a whole, after its parts (Falcon-H1's base
+    model gives every layer's Mamba mixer its ``mup_vector``), under its own seed."""
     device = torch.device(device)
     _allocate(modules.values(), device)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
@@ -47,6 +50,9 @@ def materialize(modules: Mapping[int, nn.Module], every: Mapping[int, nn.Module]
                 if id(module) not in done:
                     done.add(id(module))
                     initialize(module, part, init, seed)
+        if whole is not None:
+            torch.manual_seed(part_seed(seed, "whole"))
+            whole()
         for group in groups:
             _tie_values(group, modules, every, init, seed, device)
     if state_dict is not None:

@@ -63,6 +63,7 @@ def split(model: nn.Module, stages: int, *, owned: Sequence[int] | None = None,
                              "state_dict do not apply to it")
         return _split_pipe(model, stages, owned, untie, device, verify)
     build: Callable[[int], nn.Module]
+    whole: Callable[[], None] | None
     if hf.is_causal_lm(model):
         model.config.use_cache = False
         parts = hf.parts_of(model)
@@ -71,11 +72,13 @@ def split(model: nn.Module, stages: int, *, owned: Sequence[int] | None = None,
         build = lambda s: hf.CausalLMStage(parts, bounds[s].start, bounds[s].stop, s == 0, s == stages - 1,
                                            aux_loss=aux_loss)
         init = _hf_init(model)
+        base = hf.base_model(model)[1]
+        whole = lambda: model._init_weights(base)  # what it does for the base as a whole (on its meta layers: nothing)
     else:
         pre, blocks, post = list_parts(model)
         bounds = _bounds(len(blocks), stages, layers, costs)
         build = lambda s: LayerListStage(pre if s == 0 else [], blocks, bounds[s], post if s == stages - 1 else [])
-        init = _reset_parameters
+        init, whole = _reset_parameters, None
     every: dict[int, nn.Module] = {s: build(s) for s in range(stages)}
     names = _model_names(model, every)
     groups = _tied_groups(model, every, names)
@@ -86,7 +89,7 @@ def split(model: nn.Module, stages: int, *, owned: Sequence[int] | None = None,
         from pipeforge.models.materialize import materialize
 
         materialize(modules, every, names, groups, init, seed=seed, state_dict=state_dict,
-                    device=device or "cpu")
+                    device=device or "cpu", whole=whole)
     if verify:
         from pipeforge.models.verify_cut import verify_cut, warn_unchecked
 

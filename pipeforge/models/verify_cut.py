@@ -57,7 +57,8 @@ def verify_cut(model: nn.Module, every: dict[int, nn.Module]) -> None:
 TESTED = frozenset({"llama", "gpt2", "qwen2", "mistral", "mixtral", "qwen2_moe", "qwen3", "gemma", "phi3", "olmo2",
                     "gemma2", "gemma3_text", "phi", "gpt_neox", "falcon", "qwen3_moe", "cohere", "stablelm",
                     "starcoder2", "gptj", "bloom", "granite", "granitemoe", "olmoe", "gpt_oss", "deepseek_v3", "jamba",
-                    "lfm2", "llama4_text", "mamba", "falcon_mamba", "mamba2"})
+                    "lfm2", "llama4_text", "mamba", "falcon_mamba", "mamba2", "falcon_h1",
+                    "nemotron_h"})
 
 
 def warn_unchecked(model: nn.Module) -> None:

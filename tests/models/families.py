@@ -41,7 +41,9 @@ WORLD = ("gemma2",      # final and attention logit soft-capping, alternating sl
          "llama4",      # its base model not at its base_model_prefix; experts every other layer, layers without rotary
          "mamba",       # state-space mixers only (the mask zeroing padded states), the forward's float32 logits
          "falcon-mamba",  # Mamba with RMS norms of its B, C and time step
-         "mamba2")      # Mamba-2's multi-head state-space mixers, a gated RMS norm
+         "mamba2",      # Mamba-2's multi-head state-space mixers, a gated RMS norm
+         "falcon-h1",   # hybrid: attention and Mamba in every layer, each with its own mask (attention type 'hybrid')
+         "nemotron-h")  # Mamba, attention, expert and MLP blocks, only the mixers given a mask
 MOE = ("mixtral", "qwen2-moe", "qwen3-moe", "granitemoe", "olmoe", "gpt-oss", "jamba")
 
 
@@ -144,6 +146,11 @@ def _moe_and_hybrid(tf, name: str, layers: int, common: dict):
         if name == "mamba2":
             return tf.Mamba2Config(**mixer, num_heads=4, head_dim=8, n_groups=1)
         return (tf.MambaConfig if name == "mamba" else tf.FalconMambaConfig)(**mixer)
+    if name == "falcon-h1":
+        return tf.FalconH1Config(**common, head_dim=4, pad_token_id=0)
+    if name == "nemotron-h":  # its blocks' kinds by default: a Mamba mixer, experts, attention, an MLP
+        return tf.NemotronHConfig(**common, head_dim=4, n_routed_experts=4, num_experts_per_tok=2,
+                                  moe_intermediate_size=WIDTH, moe_shared_expert_intermediate_size=WIDTH, pad_token_id=0)
     if name == "lfm2":
         return tf.Lfm2Config(**common, full_attn_idxs=list(range(1, layers, 2)), pad_token_id=0)
     raise KeyError(name)

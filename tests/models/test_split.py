@@ -48,7 +48,7 @@ def test_the_sliding_window_changes_the_output_so_the_chain_test_can_fail(name):
     tokens, mask, _ = families.batch(name, 3, seed=1)
     cut = pipeforge.split(model, 2)
     for module in cut.modules.values():
-        module.kinds = ["full_attention"] * len(module.kinds)
+        module.masks = [{"attention_mask": "full_attention"}] * len(module.masks)
     assert not torch.allclose(chained(cut, tokens, mask), own_output(model, name, tokens, mask))
 
 
@@ -193,8 +193,6 @@ def refused(name):
         return tf.MptForCausalLM(tf.MptConfig(vocab_size=40, d_model=16, n_layers=2, n_heads=4))
     if name == "opt":
         return tf.OPTForCausalLM(tf.OPTConfig(**small, ffn_dim=32, word_embed_proj_dim=16))
-    if name == "falcon-h1":  # each layer takes an attention mask and a Mamba mask
-        return tf.FalconH1ForCausalLM(tf.FalconH1Config(**small, num_key_value_heads=2, head_dim=4))
     if name == "gemma3-bidirectional":
         return tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**small, head_dim=4, use_bidirectional_attention=True))
     if name == "gpt2-cross-attention":
@@ -213,8 +211,6 @@ def refused(name):
     ("falcon-alibi", "FalconForCausalLM: its forward folds ALiBi into the attention mask"),
     ("mpt", r"MptForCausalLM: its layers' MptBlock.forward needs \['position_bias'\]"),
     ("opt", r"OPTForCausalLM: cannot tell its layer list: its base model 'model' holds 0 .*decoder \(OPTDecoder\)"),
-    ("falcon-h1", r"FalconH1DecoderLayer 'model.layers.0': attention type 'hybrid' names no single mask function "
-                  r".*\(it maps to several: 'full_attention', 'linear_attention'\)"),
     ("gemma3-bidirectional", r"Gemma3ForCausalLM attends both ways \(config.use_bidirectional_attention\)"),
     ("bert-masked-lm", "BertForMaskedLM is not a causal LM .*cuts decoder-only causal LMs"),
     ("bert-encoder-lm", r"BertLMHeadModel: its attention 'bert.encoder.layer.0.attention.self' is not causal"),
@@ -244,3 +240,26 @@ def test_a_base_model_not_at_its_prefix_is_the_one_pretrained_child_or_refused()
     with pytest.raises(UsageError, match=r"no base model at 'nothing' \(its base_model_prefix\), and not one "
                                          r"pretrained model among its children to take for it \('model', 'other'\)"):
         pipeforge.split(llama, 2, seed=0)
+
+
+def test_each_layer_gets_the_masks_its_type_names_by_its_own_arguments():
+    """Falcon-H1's 'hybrid' layers take the causal mask and the Mamba mask (families.WORLD cuts it); Nemotron-H's
+    expert and MLP blocks no mask; a layer of a type mapped to several masks that does not take them is refused."""
+    from pipeforge.models.hf import layer_masks
+
+    class OneMask(torch.nn.Module):
+        def forward(self, hidden, attention_mask=None):
+            return hidden
+
+    class TwoMasks(torch.nn.Module):
+        def forward(self, hidden, attention_mask=None, mamba_attention_mask=None):
+            return hidden
+
+    assert layer_masks("full_attention", OneMask()) == {"attention_mask": "full_attention"}
+    assert layer_masks("moe", OneMask()) == {} and layer_masks("mlp", OneMask()) == {}
+    assert layer_masks("hybrid", TwoMasks()) == {"attention_mask": "full_attention",
+                                                 "mamba_attention_mask": "linear_attention"}
+    with pytest.raises(UsageError, match=r"layer 'x': attention type 'hybrid' names no single mask function .*\(it "
+                                         r"maps to several: 'full_attention', 'linear_attention'\) and its layer does "
+                                         r"not take one attention_mask and one other ..._attention_mask"):
+        layer_masks("hybrid", OneMask(), "layer 'x'")
