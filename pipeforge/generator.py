@@ -77,8 +77,8 @@ class Ints(tuple):
 
 def finalize(value: object) -> str:
     """What ``{{ ... }}`` may print: identifiers, comments and a rank function's body (``body_text``: calls
-    of the rank context, made of identifiers, integers and comments) as they are, literals as ``repr()``,
-    and a row of integers."""
+    of the rank context, made of identifiers, integers, token literals and comments) as they are, literals
+    as ``repr()``, and a row of integers."""
     if isinstance(value, (Ident, Comment, Body)):
         return str(value)
     if value is None or isinstance(value, (bool, int, str)):
@@ -109,8 +109,8 @@ def environment() -> jinja2.Environment:
 
 
 class Body(str):
-    """A rank function's body, made by ``body_text`` alone from identifiers (``METHODS``), integers and
-    ``Comment``s: printed as it is."""
+    """A rank function's body, made by ``body_text`` alone from identifiers (``METHODS``), integers,
+    ``repr()`` of torch tokens (made of kind names and integers) and ``Comment``s: printed as it is."""
 
 
 class RankView(NamedTuple):
@@ -164,26 +164,27 @@ def action_parts(action: Action) -> tuple[str, str, str, str]:
 
 
 POST = Ident("post")  # the rank context's method that posts a communication group
+GROUP_LINE = 120  # characters of a post on one line, at most; a longer one has a token a line
 BOUND_LINE = 110  # characters of a line binding the context's methods, at most (but one name a line at least)
 
 
 def bound_methods(kinds: Iterable[ActionKind]) -> list[str]:
     """The lines that start a rank function calling the actions of ``kinds``: each context method it
     calls bound once to its own name (``forward, backward = ctx.forward, ctx.backward``), in ``METHODS``'
-    order, the compute methods first, then ``post`` and the communication methods. A call per action then
+    order, then ``post`` (a post names its actions by their tokens: ``body_text``). A call per action then
     parses as a name and its integers: CPython's parser keeps every token and memo entry of a module until
     its tree is built, and ``ctx.`` before every call made a fifth of what it held for a large rank
     (docs/runtime.md)."""
     used = set(kinds)
-    computes = [_METHOD_IDENTS[kind] for kind in METHODS if kind in used and kind not in COMM_KINDS]
-    comms = [_METHOD_IDENTS[kind] for kind in METHODS if kind in used and kind in COMM_KINDS]
+    names = [_METHOD_IDENTS[kind] for kind in METHODS if kind in used and kind not in COMM_KINDS]
+    if used & COMM_KINDS:
+        names.append(POST)
     lines: list[list[str]] = []
-    for group in (computes, [POST, *comms] if comms else []):
-        for position, name in enumerate(group):
-            if position and len(_bound(lines[-1] + [name])) <= BOUND_LINE:
-                lines[-1].append(name)
-            else:
-                lines.append([name])
+    for position, name in enumerate(names):
+        if position and len(_bound(lines[-1] + [name])) <= BOUND_LINE:
+            lines[-1].append(name)
+        else:
+            lines.append([name])
     return [_bound(line) for line in lines]
 
 
@@ -202,16 +203,19 @@ def body_text(program: tuple[Step, ...], origins: Sequence[int], locations: bool
     then its steps in order, one call per action, 4 spaces in, lines without the last newline. A step is
 
         forward(0, 1)  # 0F1 x.pipe:8:9 step 2                      (a compute step)
-        post(send_f(0, 1))  # 0SEND_F1 x.pipe:8:9 step 2              (a group of one)
-        post(  # [0SEND_F1 0RECV_B0] x.pipe:8:9 step 2                (a group: each op a line,
-            send_f(0, 1),                                               then the closing parenthesis)
+        post('0SEND_F1')  # 0SEND_F1 x.pipe:8:9 step 2                (a group of one)
+        post('0SEND_F1', '0RECV_B0')  # [0SEND_F1 0RECV_B0] x.pipe:8:9 step 2      (a group)
+        post(  # [0SEND_F1 0RECV_B0 ...] x.pipe:8:9 step 2           (a group past GROUP_LINE: a token
+            '0SEND_F1',                                                 a line, then the parenthesis)
         )
         with ctx.overlap():  # (0F7;0B3) x.pipe:8:9 step 2           (an overlap: each action a line)
 
     with the comment (torch token(s), ``.pipe`` location, verify's step index ``origins[i]``) unless
     ``locations`` is false or the step has no span; idle steps are left out, and a rank with nothing to do
-    gets ``pass``. A comment is made of tokens (integers and kind names), a location checked as a
-    ``Comment`` once per span, and an int."""
+    gets ``pass``. A post names its actions by their torch tokens as ``repr()`` literals (the runtime parses
+    each group once: ``runtime.context.posted``): a constant costs CPython's compiler and parser about half
+    of the call ``send_f(0, 1)`` it replaces. A comment is made of tokens (integers and kind names), a location
+    checked as a ``Comment`` once per span, and an int."""
     made: dict[tuple, tuple[str, str, str, str]] = {}
     texts = action_texts(made)
     places: dict[int, str] = {}  # id(span) -> its location text (the spans live as long as the program)
@@ -236,7 +240,7 @@ def body_text(program: tuple[Step, ...], origins: Sequence[int], locations: bool
             if step.overlap:
                 add(f"    with ctx.overlap():{comment}\n        {call}")
             elif actions[0][1] in COMM_KINDS:
-                add(f"    post({call}){comment}")
+                add(f"    post({token!r}){comment}")
             else:
                 add(f"    {call}{comment}")
             continue
@@ -247,7 +251,12 @@ def body_text(program: tuple[Step, ...], origins: Sequence[int], locations: bool
             add(f"    with ctx.overlap():{comment}\n        " + "\n        ".join([call for call, _ in pairs]))
         elif actions[0][1] in COMM_KINDS:
             comment = "" if span is None else f"  # [{' '.join(tokens)}]{place}{index}"
-            add(f"    post({comment}\n        " + ",\n        ".join([call for call, _ in pairs]) + ",\n    )")
+            literals = list(map(repr, tokens))
+            line = f"    post({', '.join(literals)}){comment}"
+            if len(line) <= GROUP_LINE:
+                add(line)
+            else:
+                add(f"    post({comment}\n        " + ",\n        ".join(literals) + ",\n    )")
         else:  # (a Step refuses several actions that neither overlap nor communicate)
             raise CodegenError(f"step {step} holds several actions but is neither an overlap nor a group")
     if not lines:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from pipeforge.ir import Action, ActionKind
+from pipeforge.ir import COMM_KINDS, Action, ActionKind, parse_action
 from pipeforge.runtime.custom import COMPUTE_KINDS, ActionContext, CustomFunction, StageAction
 from pipeforge.runtime.fsdp import DataParallel
 from pipeforge.runtime.memory import ActivationCount
@@ -277,22 +277,27 @@ class RankContext:
     def recv_b(self, stage: int, mb: int, chain: int = 0) -> Comm:
         return Action(stage, RECV_B, mb, chain)
 
-    def post(self, *comms: Comm) -> None:
+    def post(self, *comms: Comm | str) -> None:
         """Post one communication group: its sends, then its receives; receives are waited where used.
+        Generated code names each action by its torch token, ``post('1SEND_B0', '1RECV_F1')`` (``posted``);
+        modules generated before pass the actions ``send_f(1, 0)``... make.
 
         The first time an activation crosses to a peer its shapes go first: the sender posts a header
         just ahead of the data, and the receiver waits for the header before it posts the data's
         receive (the receive of a group waits for its matching send to be posted: the buffered
         semantics of ``docs/semantics.md``, which every rendezvous-valid schedule satisfies too).
         """
+        group = _GROUPS.get(comms)
+        if group is None:
+            group = posted(comms, self.rank)
         if not self.observers:
-            self._post(comms)
+            self._post(group)
             return
         for observer in self.observers:
-            observer.begin_post(comms)
-        self._post(comms)
+            observer.begin_post(group)
+        self._post(group)
         for observer in self.observers:
-            observer.end_post(comms)
+            observer.end_post(group)
 
     def post_early(self, receives: tuple[Comm, ...]) -> None:
         """Before the program: post the receives of ``receives`` (the program's, in posting order) that
@@ -672,6 +677,33 @@ class RankContext:
         peer = self.caches.peer(comm, self.info)
         self.transport.post([Transfer(False, header, peer)], HeaderLabel(label)).wait()
         self.caches.learn(comm, decode_header(header), self.training)
+
+
+_GROUPS: dict[tuple, tuple[Comm, ...]] = {}  # a post's tokens -> its actions, parsed once a process
+
+
+def posted(comms: tuple, rank: int) -> tuple[Comm, ...]:
+    """The communication actions a ``post(...)`` names: each its torch token (``'1SEND_B0'``: parsed once
+    a process and kept in ``_GROUPS``, so a post of a generated rank function costs one lookup), or each an
+    action (``send_f(1, 0)``, modules generated before). Anything else, or a token of no communication
+    action, is refused naming the rank."""
+    if not comms:
+        raise PipelineError(f"rank {rank}: post(): a post names at least one communication action")
+    if all(type(comm) is Action and comm[1] in COMM_KINDS for comm in comms):
+        return comms
+    if not all(type(comm) is str for comm in comms):
+        raise PipelineError(f"rank {rank}: post{comms!r}: a post names its communication actions all by their "
+                            f"torch tokens ('1SEND_B0') or all as send_f(...) and its kin make them")
+    try:
+        group = tuple(map(parse_action, comms))
+    except ValueError as error:
+        raise PipelineError(f"rank {rank}: post{comms!r}: {error}") from None
+    for comm, token in zip(group, comms):
+        if comm[1] not in COMM_KINDS:
+            raise PipelineError(f"rank {rank}: post{comms!r}: {token!r} is a {comm[1].value}, not a communication "
+                                f"action (SEND_F, RECV_F, SEND_B, RECV_B)")
+    _GROUPS[comms] = group
+    return group
 
 
 class GroupLabel:

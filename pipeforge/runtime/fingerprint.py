@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from pipeforge.ir import COMM_KINDS, Action, ActionKind
-from pipeforge.runtime.context import ScheduleInfo
+from pipeforge.runtime.context import ScheduleInfo, posted
 from pipeforge.runtime.p2p import PipelineUsageError, Transfer, Transport
 from pipeforge.semantics import RUNTIME_METHODS, SENDS, partner, peer_stage
 
@@ -49,7 +49,8 @@ class Recorder:
     ``actions``: the compute and stage actions, and the communication actions in the order they are
     posted; ``calls``: every call as text (what the digest is of), unknown methods included."""
 
-    def __init__(self) -> None:
+    def __init__(self, rank: int = 0) -> None:
+        self.rank = rank  # (what a refused post names)
         self.actions: list[Action] = []
         self.calls: list[str] = []
 
@@ -73,8 +74,9 @@ class Recorder:
         return None
 
     def _post(self, *comms: Any) -> None:
-        self.calls.append(f"post{tuple(map(tuple, comms))!r}")
-        self.actions.extend(comms)
+        group = posted(comms, self.rank)  # (the runtime's reading: tokens or actions, the same calls text)
+        self.calls.append(f"post{tuple(map(tuple, group))!r}")
+        self.actions.extend(group)
 
 
 def _action(kind: ActionKind, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Action:
@@ -87,9 +89,9 @@ def _action(kind: ActionKind, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     return Action(stage, kind, mb, chain)
 
 
-def record(program: Callable) -> Recorder:
-    """The calls ``program`` (a generated rank function) makes, in order."""
-    recorder = Recorder()
+def record(program: Callable, rank: int = 0) -> Recorder:
+    """The calls ``program`` (a generated rank function, rank ``rank``'s) makes, in order."""
+    recorder = Recorder(rank)
     program(recorder)
     return recorder
 
@@ -193,7 +195,7 @@ def fingerprint(info: ScheduleInfo, programs: Mapping[int, Callable], rank: int)
 
     program = programs[rank]
     try:
-        recorder = record(program)
+        recorder = record(program, rank)
         problem = check_program(info, rank, recorder.actions)
     except Exception as error:  # noqa: BLE001 (a module edited into something that does not even run)
         recorder, problem = Recorder(), f"the module's program for rank {rank} fails: {type(error).__name__}: {error}"

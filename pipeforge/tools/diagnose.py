@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pipeforge.errors import Argument, Source, Span, UsageError, words
 from pipeforge.files import read_bounded, without_bom
-from pipeforge.ir import Action, parse_action
+from pipeforge.ir import COMM_KINDS, Action, parse_action
 from pipeforge.runtime.records import FORMAT
 from pipeforge.semantics import RUNTIME_METHODS, partner, peer_stage
 from pipeforge.verifier.report import Hop, Violation, describe_cycle
@@ -222,8 +222,25 @@ def node_actions(node: ast.stmt) -> tuple[Action, ...]:
         return ()
     call = node.value
     if method_of(call) == "post":
-        return tuple(action for arg in call.args if isinstance(arg, ast.Call) for action in call_actions(arg))
+        return post_actions(call)
     return call_actions(call)
+
+
+def post_actions(call: ast.Call) -> tuple[Action, ...]:
+    """The actions a ``post(...)`` names: its token literals (``post('1SEND_B0')``) or, in modules generated
+    before, its calls (``post(send_f(1, 0))``); anything else names none."""
+    found: list[Action] = []
+    for arg in call.args:
+        if isinstance(arg, ast.Call):
+            found += call_actions(arg)
+        elif isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            try:
+                action = parse_action(arg.value)
+            except ValueError:
+                continue
+            if action.kind in COMM_KINDS:
+                found.append(action)
+    return tuple(found)
 
 
 def method_of(call: ast.Call) -> str | None:

@@ -55,8 +55,8 @@ def test_codegen_with_locations_names_the_pipe_lines(tmp_path):
     assert main(["codegen", str(source), "-o", str(tmp_path)]) == 0
     text = "".join(written(tmp_path / "lowered_1f1b.py")[1])
     assert "    forward(0, 0)  # 0F0 lowered_1f1b.pipe:8:9 step 0\n" in text
-    assert "    post(send_b(1, 2))  # 1SEND_B2 lowered_1f1b.pipe:19:9 step 9\n" in text
-    assert "    post(  # [0SEND_F1 0RECV_B0] lowered_1f1b.pipe:9:13 step 3\n" in text
+    assert "    post('1SEND_B2')  # 1SEND_B2 lowered_1f1b.pipe:19:9 step 9\n" in text
+    assert "    post('0SEND_F1', '0RECV_B0')  # [0SEND_F1 0RECV_B0] lowered_1f1b.pipe:9:13 step 3\n" in text
 
 
 def test_rewriting_a_module_leaves_one_complete_rank_folder(tmp_path):

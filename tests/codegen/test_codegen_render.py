@@ -19,7 +19,7 @@ import pipeforge
 from pipeforge.generator import Ident, codegen, finalize, generate, module_name, render_module
 from pipeforge.errors import CodegenError, Span, UsageError, VerificationError
 from pipeforge.files import write_atomically
-from pipeforge.ir import Placement, Schedule, parse_step, programs_from_tokens
+from pipeforge.ir import Placement, Schedule, parse_action, parse_step, programs_from_tokens
 
 # Lowered 1F1B on 2 ranks, 2 microbatches, communication written out.
 LOWERED_ROWS = [
@@ -106,7 +106,7 @@ def test_module_structure_and_imports():
     text = render_module(lowered())
     assert defined_names(text) == EXPECTED_NAMES
     assert top_level_imports(text) == {"torch", "pipeforge:runtime"}
-    assert "    post(send_f(0, 0))  # 0SEND_F0 tiny.pipe:11:5 step 1\n" in text
+    assert "    post('0SEND_F0')  # 0SEND_F0 tiny.pipe:11:5 step 1\n" in text
     assert "    backward(1, 1)  # 1B1 tiny.pipe:16:5 step 6\n" in text
 
 
@@ -281,12 +281,32 @@ def test_every_step_of_the_lowered_schedule_appears_in_order():
         function = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == f"rank_{rank}")
         bound = list(itertools.takewhile(lambda n: isinstance(n, ast.Assign), function.body))
         assert len(function.body) - len(bound) == sum(1 for step in program if not step.is_idle)
-        names = [ast.unparse(target) for statement in bound for target in statement.targets[0].elts]
-        assert [ast.unparse(value) for statement in bound for value in statement.value.elts] == \
+        names = [ast.unparse(target) for statement in bound for target in _items(statement.targets[0])]
+        assert [ast.unparse(value) for statement in bound for value in _items(statement.value)] == \
             [f"ctx.{name}" for name in names]  # each method it calls bound once, and only those
         called = {node.func.id for node in ast.walk(function) if isinstance(node, ast.Call)
                   and isinstance(node.func, ast.Name)}
         assert sorted(names) == sorted(called)
+        posts = [node for node in ast.walk(function) if isinstance(node, ast.Call) and ast.unparse(node.func) == "post"]
+        groups = [step.actions for step in program if step.actions and step.actions[0].kind.is_comm]
+        assert [tuple(parse_action(arg.value) for arg in node.args) for node in posts] == groups  # by token, in order
+
+
+def _items(node: ast.expr) -> list[ast.expr]:
+    """A binding's names or values: one name alone, or a tuple's."""
+    return list(node.elts) if isinstance(node, ast.Tuple) else [node]
+
+
+def test_a_post_past_a_line_names_a_token_a_line():
+    from pipeforge.generator import GROUP_LINE
+
+    tokens = ["1SEND_B0", "1RECV_F1", "1SEND_F0@1", "1RECV_B1@1"]
+    schedule = Schedule("g", 2, 2, 2, (Placement.loop(2, 2), Placement((1, 0))), programs_from_tokens([[], []]))
+    program = (parse_step(f"[{' '.join(tokens[:2])}]"), parse_step(f"[{' '.join(tokens * 4)}]"))
+    text = render_module(replace(schedule, programs=((), program)), locations=False)
+    assert "    post('1SEND_B0', '1RECV_F1')\n" in text
+    long = "    post(\n" + "".join(f"        {token!r},\n" for token in tokens * 4) + "    )\n"
+    assert long in text and len(f"    post({', '.join(map(repr, tokens * 4))})") > GROUP_LINE
 
 
 

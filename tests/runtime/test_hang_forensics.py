@@ -114,8 +114,8 @@ def check_errors_name_records(outcomes, records: Path, failing: set[int]) -> Non
 def case_two_rank_cycle(tmp: Path):
     """1F1B, 2 ranks: rank 0 sends microbatch 1 only after B0, rank 1 forwards it before B0."""
     module = codegen("1f1b", tmp / "gen", {"P": 2, "M": 2})
-    edit(module, 0, move="post(send_f(0, 1))", after="backward(0, 0)")
-    edit(module, 1, move="forward(1, 1)", after="post(recv_f(1, 1))")
+    edit(module, 0, move="post('0SEND_F1')", after="backward(0, 0)")
+    edit(module, 1, move="forward(1, 1)", after="post('1RECV_F1')")
     return module, 2, {}, {0, 1}
 
 
@@ -124,7 +124,7 @@ def case_three_rank_cycle(tmp: Path):
     source = tmp / "looped.pipe"
     source.write_text(THREE_RANKS_M1)
     module = codegen(str(source), tmp / "gen")
-    edit(module, 0, move="post(send_f(0, 0))", after="forward(3, 0)")
+    edit(module, 0, move="post('0SEND_F0')", after="forward(3, 0)")
     return module, 3, {}, {0, 1, 2}
 
 
@@ -143,22 +143,22 @@ def case_rank_fails(tmp: Path):
 def case_receive_deleted(tmp: Path):
     """1F1B, 2 ranks: rank 1's program lost the receive of microbatch 1's input."""
     module = codegen("1f1b", tmp / "gen", {"P": 2, "M": 2})
-    edit(module, 1, delete="post(recv_f(1, 1))")
+    edit(module, 1, delete="post('1RECV_F1')")
     return module, 2, {}, {0, 1}
 
 
 def case_send_deleted(tmp: Path):
     """1F1B, 3 ranks: rank 1's program lost the send of microbatch 2's gradient (and finishes its step)."""
     module = codegen("1f1b", tmp / "gen", {"P": 3, "M": 3})
-    edit(module, 1, delete="post(send_b(1, 2))")
+    edit(module, 1, delete="post('1SEND_B2')")
     return module, 3, {}, {0}
 
 
 def case_wait_before_send(tmp: Path):
     """1F1B, 3 ranks: rank 1 waits for microbatch 0's gradient before it sends microbatch 0's activation."""
     module = codegen("1f1b", tmp / "gen", {"P": 3, "M": 3})
-    edit(module, 1, move="post(recv_b(1, 0))", after="forward(1, 0)")
-    edit(module, 1, move="backward(1, 0)", after="post(recv_b(1, 0))")
+    edit(module, 1, move="post('1RECV_B0')", after="forward(1, 0)")
+    edit(module, 1, move="backward(1, 0)", after="post('1RECV_B0')")
     return module, 3, {}, {0, 1, 2}
 
 
@@ -285,20 +285,24 @@ def test_torch_flight_recorder_holds_no_gloo_entries(tmp_path):
         assert not dump.get("entries"), dump
 
 
-def test_a_rank_function_s_statements_are_read_in_either_call_form():
-    """Calls of the names the rank function binds (``forward(0, 1)``), and of ``ctx.`` (modules generated
-    before it bound them): the same statements."""
+def test_a_rank_function_s_statements_are_read_in_every_call_form():
+    """Posts naming their actions by token (``post('0SEND_F1')``, what codegen writes), and the forms of
+    modules generated before: calls of the names the rank function binds (``post(send_f(0, 1))``) and of
+    ``ctx.`` (before it bound them): the same statements."""
     import ast
 
     from pipeforge.ir import parse_action
     from pipeforge.tools.diagnose import statements
 
+    tokens = ("def rank_0(ctx):\n    forward, post = ctx.forward, ctx.post\n"
+              "    forward(0, 1)  # 0F1 x.pipe:3:4 step 2\n    post('0SEND_F1')  # 0SEND_F1 x.pipe:3:4 step 2\n"
+              "    post('0SEND_F2', '0SEND_F3')  # [0SEND_F2 0SEND_F3] x.pipe:3:4 step 3\n")
     bound = ("def rank_0(ctx):\n    forward, post, send_f = ctx.forward, ctx.post, ctx.send_f\n"
              "    forward(0, 1)  # 0F1 x.pipe:3:4 step 2\n    post(send_f(0, 1))  # 0SEND_F1 x.pipe:3:4 step 2\n"
              "    post(  # [0SEND_F2 0SEND_F3] x.pipe:3:4 step 3\n        send_f(0, 2),\n        send_f(0, 3),\n    )\n")
     before = bound.replace("    forward, post, send_f = ctx.forward, ctx.post, ctx.send_f\n", "") \
         .replace("forward(", "ctx.forward(").replace("post(", "ctx.post(").replace("send_f(", "ctx.send_f(")
-    for text in (bound, before):
+    for text in (tokens, bound, before):
         found = statements(ast.parse(text).body[0], text.splitlines(), Path("."))
         assert [(s.actions, s.token, s.step) for s in found] == [
             ((parse_action("0F1"),), "0F1", 2), ((parse_action("0SEND_F1"),), "0SEND_F1", 2),

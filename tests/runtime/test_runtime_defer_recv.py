@@ -45,8 +45,8 @@ def test_codegen_accepts_deferred_receives(tmp_path, capsys):
     assert main(["codegen", "1f1b", "-D", "P=2", "-D", "M=4", "--defer-recv", "-o", str(tmp_path)]) == 0
     text = generated_text(tmp_path / "one_f_one_b.py")
     # every receive is its own step, right before the forward that consumes it
-    assert "    post(recv_f(1, 2))  # 1RECV_F2" in text
-    assert text.index("    post(recv_f(1, 2))") < text.index("    forward(1, 2)")
+    assert "    post('1RECV_F2')  # 1RECV_F2" in text
+    assert text.index("    post('1RECV_F2')") < text.index("    forward(1, 2)")
 
 
 def run_jobs(rank: int, nproc: int, jobs: list[dict]) -> list[dict]:

@@ -86,8 +86,7 @@ def refusals(tmp_path_factory):
 def swap_rank_1_backwards(text: str) -> str:
     """Rank 1 sends microbatch 1's gradient before microbatch 0's: another order, each message well formed."""
     head, _, rank_1 = text.partition("def rank_1(")
-    rank_1 = rank_1.replace("send_b(1, 0)", "send_b(1, @)").replace("send_b(1, 1)", "send_b(1, 0)")
-    rank_1 = rank_1.replace("send_b(1, @)", "send_b(1, 1)")
+    rank_1 = rank_1.replace("'1SEND_B0'", "'@'").replace("'1SEND_B1'", "'1SEND_B0'").replace("'@'", "'1SEND_B1'")
     return head + "def rank_1(" + rank_1
 
 
@@ -134,6 +133,27 @@ def test_a_program_placing_a_stage_on_another_rank_is_named(tmp_path):
     actions = record(generated.PROGRAMS[1]).actions
     problem = check_program(generated.SCHEDULE, 0, actions)  # rank 1's steps read as rank 0's
     assert problem == "the module's program for rank 0 runs 1RECV_F0, which SCHEDULE places on rank 1"
+
+
+def test_a_post_names_its_actions_by_token_read_once_and_refuses_any_other():
+    from pipeforge.ir import parse_action
+    from pipeforge.runtime.context import _GROUPS, posted
+    from pipeforge.runtime.p2p import PipelineError
+
+    group = posted(("1SEND_B0", "1RECV_F1@1"), 3)
+    assert group == (parse_action("1SEND_B0"), parse_action("1RECV_F1@1"))
+    assert _GROUPS[("1SEND_B0", "1RECV_F1@1")] is group  # parsed once a process
+    assert posted(group, 3) is group  # the actions send_f(...) and its kin make: as they are
+    for comms, why in [(("1F0",), "'1F0' is a F, not a communication action"),
+                       (("1SEND_B",), "needs a microbatch index"), (("x",), "is not an action"),
+                       (("1SEND_B0", parse_action("1RECV_F1")), "all by their torch tokens"),
+                       ((1, 0), "all by their torch tokens"), ((), "at least one communication action")]:
+        with pytest.raises(PipelineError, match=re.escape(why)) as raised:
+            posted(comms, 3)
+        assert str(raised.value).startswith("rank 3: post"), raised.value
+    recorder = record(lambda ctx: ctx.post("0SEND_F1", "0RECV_B0"), 0)  # what the fingerprint reads: the same
+    assert recorder.actions == [parse_action("0SEND_F1"), parse_action("0RECV_B0")]
+    assert recorder.calls == [f"post{tuple(map(tuple, recorder.actions))!r}"]
 
 
 # -- random pairs of different generated modules -------------------------------------------------------
