@@ -13,6 +13,7 @@ printable one-line ``Comment`` and ``repr()`` of an int, finite float, str, bool
 from __future__ import annotations
 
 import ast
+import gc
 import hashlib
 import itertools
 import keyword
@@ -20,8 +21,10 @@ import math
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -33,7 +36,7 @@ from typing import NamedTuple
 import jinja2
 
 from pipeforge.errors import Argument, ArgumentError, CodegenError, UsageError, VerificationError, words
-from pipeforge.bytecode import CompileError, Compiling, write_cached
+from pipeforge.bytecode import CompileError, Compiling, available_cores, write_cached
 from pipeforge.files import check_replaceable as check_output_replaceable
 from pipeforge.files import locked_output, module_head, parse_module_head, umask
 from pipeforge.ir import COMM_KINDS, Action, ActionKind, Schedule, Step
@@ -488,6 +491,86 @@ def _verified(schedule: Schedule, lowered: Lowered, semantics: Semantics | str) 
                                 f"{_report_text(report)}", report=report)
 
 
+VERIFY_APART_FROM = 50_000  # lowered actions from which codegen verifies in a child beside its rendering
+
+
+class Verifying:
+    """``codegen``'s verdict, made beside its rendering: from ``VERIFY_APART_FROM`` lowered actions, on Linux,
+    in a process of one thread with a second core, a forked child verifies (``os.fork``: the lowered
+    schedule is shared, not sent) and says only whether the schedule is valid; ``verdict()`` waits for it
+    and, for any answer but "valid" (an invalid schedule, a child that failed or was killed), runs
+    ``_verified`` here, which makes the report or raises what the child met. Otherwise ``verdict()`` is
+    ``_verified`` itself. Leaving the ``with`` block ends a child still running."""
+
+    def __init__(self, schedule: Schedule, lowered: Lowered, semantics: Semantics | str, *, apart: bool = True):
+        self.schedule, self.lowered, self.semantics = schedule, lowered, semantics
+        self.child: int | None = None
+        self.answer: int | None = None  # the pipe the child answers on
+        if apart and _can_fork() and lowered.schedule.action_count() >= VERIFY_APART_FROM:
+            try:
+                self.child, self.answer = _verify_in_child(schedule, lowered, semantics)
+            except OSError:  # no process can start here: verified here, after the rendering
+                pass
+
+    def __enter__(self) -> Verifying:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._end(kill=True)
+
+    def verdict(self) -> None:
+        """Return once the schedule is known valid; raise ``VerificationError`` (with the report) if not."""
+        if self.answer is not None:
+            try:
+                answer = os.read(self.answer, 1)
+            finally:
+                self._end(kill=False)
+            if answer == b"1":
+                return
+        _verified(self.schedule, self.lowered, self.semantics)
+
+    def _end(self, kill: bool) -> None:
+        if self.answer is not None:
+            os.close(self.answer)
+            self.answer = None
+        if self.child is not None:
+            if kill:
+                try:
+                    os.kill(self.child, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            os.waitpid(self.child, 0)
+            self.child = None
+
+
+def _can_fork() -> bool:
+    """A fork that shares the lowered schedule is safe and helps: Linux, one thread (no lock another
+    thread holds), and a core for the child besides this process's."""
+    return sys.platform.startswith("linux") and threading.active_count() == 1 and available_cores() > 1
+
+
+def _verify_in_child(schedule: Schedule, lowered: Lowered, semantics: Semantics | str) -> tuple[int, int]:
+    """A forked child that writes b"1" (valid) or b"0" (invalid) on a pipe and exits; any error in it
+    ends it without an answer. Returns its pid and the pipe's reading end."""
+    readable, writable = os.pipe()
+    try:
+        child = os.fork()
+    except OSError:
+        os.close(readable)
+        os.close(writable)
+        raise
+    if child == 0:  # (the child: never returns; its collector off, so it touches no object it does not read)
+        try:
+            gc.disable()
+            os.close(readable)
+            report = verify(schedule, semantics=semantics, certify=False, lowered=lowered)
+            os.write(writable, b"1" if report.valid else b"0")
+        finally:
+            os._exit(0)
+    os.close(writable)
+    return child, readable
+
+
 def generate(schedule: Schedule, *, locations: bool = True, semantics: Semantics | str = Semantics.RENDEZVOUS) -> str:
     """Lower (when compute-only), verify, and render one module with every rank's function (what a
     training script renders at start-up and ``exec``s); an invalid schedule raises ``VerificationError``.
@@ -519,22 +602,24 @@ def codegen(schedule: Schedule, output: str | os.PathLike, *, locations: bool = 
     and a target file holding another schedule's module (or anything else) unless ``force``.
     ``semantics``: what the schedule is verified under (``generate``). The rank modules compile in ``jobs``
     worker processes (default: one per core this process may use but the one verifying; 0: here, after
-    verifying; ``pipeforge.bytecode``), each from when it is rendered, while the schedule is verified; this
-    process then compiles those no worker has started."""
+    verifying; ``pipeforge.bytecode``), each from when it is rendered, while the schedule is verified (a
+    large one in a forked child beside the rendering: ``Verifying``; with ``jobs=0`` here); this process
+    then compiles those no worker has started."""
     path = module_path(schedule, output, name)
     check_size(schedule)
     if not force:
         check_replaceable(path, schedule)
     lowered = _lowering(schedule, semantics)
-    with Compiling(jobs=jobs) as compiling:  # each rank compiles in the workers once rendered, while this verifies
+    # each rank compiles in the workers once rendered; the schedule is verified beside the rendering
+    with Compiling(jobs=jobs) as compiling, Verifying(schedule, lowered, semantics, apart=jobs != 0) as verifying:
         try:
             files = render_files(lowered.schedule, path.stem, locations=locations, origins=lowered.origins,
                                  rendered=compiling.add)
         except CodegenError:
-            _verified(schedule, lowered, semantics)  # an invalid schedule is reported as such first
+            verifying.verdict()  # an invalid schedule is reported as such first
             raise
         compiling.name(_rank_paths(path.parent / files.rank_folder, files))  # (the folder's digest: known now)
-        _verified(schedule, lowered, semantics)
+        verifying.verdict()
         codes = _rank_codes(compiling)
     write_files(path, files, codes=codes, replaceable=None if force else lambda target: check_replaceable(target,
                                                                                                          schedule))
