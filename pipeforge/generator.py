@@ -44,7 +44,7 @@ from pipeforge.passes.lower import Lowered, lower_with_origins
 from pipeforge.resources import templates_dir
 from pipeforge.semantics import (RUNTIME_METHODS, Semantics, effects_of, offload_waits, offloaded, recomputed,
                                  waited_offload)
-from pipeforge.verifier import verify
+from pipeforge.verifier import holds, verify
 
 TEMPLATE = "pipeline.py.j2"  # the module a user loads
 RANK_TEMPLATE = "rank.py.j2"  # one rank's module beside it (the body of each rank function: body_text)
@@ -491,16 +491,17 @@ def _verified(schedule: Schedule, lowered: Lowered, semantics: Semantics | str) 
                                 f"{_report_text(report)}", report=report)
 
 
-VERIFY_APART_FROM = 50_000  # lowered actions from which codegen verifies in a child beside its rendering
+VERIFY_APART_FROM = 50_000  # lowered actions from which codegen, writing no bytecode, verifies in halves (Verifying)
 
 
 class Verifying:
     """``codegen``'s verdict, made beside its rendering: from ``VERIFY_APART_FROM`` lowered actions, on Linux,
-    in a process of one thread with a second core, a forked child verifies (``os.fork``: the lowered
-    schedule is shared, not sent) and says only whether the schedule is valid; ``verdict()`` waits for it
-    and, for any answer but "valid" (an invalid schedule, a child that failed or was killed), runs
-    ``_verified`` here, which makes the report or raises what the child met. Otherwise ``verdict()`` is
-    ``_verified`` itself. Leaving the ``with`` block ends a child still running."""
+    in a process of one thread with a second core, a forked child (``os.fork``: the lowered schedule is
+    shared, not sent) decides one of verify's ``HALVES`` ("timing") and says only whether it holds, while
+    this process renders; ``verdict()`` decides the other half here and waits for the child. For any
+    answer but "valid" (a half that fails, a child that failed or was killed) it runs ``_verified`` here,
+    which makes the report or raises what the child met. Otherwise ``verdict()`` is ``_verified`` itself.
+    Leaving the ``with`` block ends a child still running."""
 
     def __init__(self, schedule: Schedule, lowered: Lowered, semantics: Semantics | str, *, apart: bool = True):
         self.schedule, self.lowered, self.semantics = schedule, lowered, semantics
@@ -516,29 +517,29 @@ class Verifying:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._end(kill=True)
+        self._end()
 
     def verdict(self) -> None:
         """Return once the schedule is known valid; raise ``VerificationError`` (with the report) if not."""
         if self.answer is not None:
             try:
-                answer = os.read(self.answer, 1)
+                valid = holds(self.schedule, "structure", semantics=self.semantics, lowered=self.lowered) \
+                    and os.read(self.answer, 1) == b"1"
             finally:
-                self._end(kill=False)
-            if answer == b"1":
+                self._end()  # (it has answered, or its answer is not needed)
+            if valid:
                 return
         _verified(self.schedule, self.lowered, self.semantics)
 
-    def _end(self, kill: bool) -> None:
+    def _end(self) -> None:
         if self.answer is not None:
             os.close(self.answer)
             self.answer = None
         if self.child is not None:
-            if kill:
-                try:
-                    os.kill(self.child, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            try:
+                os.kill(self.child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             os.waitpid(self.child, 0)
             self.child = None
 
@@ -550,8 +551,8 @@ def _can_fork() -> bool:
 
 
 def _verify_in_child(schedule: Schedule, lowered: Lowered, semantics: Semantics | str) -> tuple[int, int]:
-    """A forked child that writes b"1" (valid) or b"0" (invalid) on a pipe and exits; any error in it
-    ends it without an answer. Returns its pid and the pipe's reading end."""
+    """A forked child that writes b"1" (verify's "timing" half holds) or b"0" (it does not) on a pipe and exits;
+    any error in it ends it without an answer. Returns its pid and the pipe's reading end."""
     readable, writable = os.pipe()
     try:
         child = os.fork()
@@ -563,8 +564,7 @@ def _verify_in_child(schedule: Schedule, lowered: Lowered, semantics: Semantics 
         try:
             gc.disable()
             os.close(readable)
-            report = verify(schedule, semantics=semantics, certify=False, lowered=lowered)
-            os.write(writable, b"1" if report.valid else b"0")
+            os.write(writable, b"1" if holds(schedule, "timing", semantics=semantics, lowered=lowered) else b"0")
         finally:
             os._exit(0)
     os.close(writable)
@@ -600,30 +600,60 @@ def codegen(schedule: Schedule, output: str | os.PathLike, *, locations: bool = 
     ``.py``, else ``output/<name or schedule name>.py``. The rank modules go in the folder
     ``<name>_ranks_<digest>`` beside it. Refuses (``UsageError``) a name that is not a Python identifier,
     and a target file holding another schedule's module (or anything else) unless ``force``.
-    ``semantics``: what the schedule is verified under (``generate``). The rank modules compile in ``jobs``
-    worker processes (default: one per core this process may use but the one verifying; 0: here, after
-    verifying; ``pipeforge.bytecode``), each from when it is rendered, while the schedule is verified (a
-    large one in a forked child beside the rendering: ``Verifying``; with ``jobs=0`` here); this process
-    then compiles those no worker has started."""
+    ``semantics``: what the schedule is verified under (``generate``).
+
+    Up to ``BYTECODE_UP_TO`` lowered actions, where Python writes bytecode, each rank module's bytecode is
+    written beside it: the modules compile in ``jobs`` worker processes (default: one per core this process
+    may use but the one verifying; 0: here, after verifying; ``pipeforge.bytecode``), each from when it is
+    rendered, while the schedule is verified; this process then compiles those no worker has started.
+    Beyond it only the sources are written (each rank compiles its own module when it first imports it,
+    and Python caches it there: ``runtime.rank_modules``), and a large schedule is verified in a forked
+    child beside the rendering (``Verifying``; with ``jobs=0`` here)."""
     path = module_path(schedule, output, name)
     check_size(schedule)
     if not force:
         check_replaceable(path, schedule)
     lowered = _lowering(schedule, semantics)
-    # each rank compiles in the workers once rendered; the schedule is verified beside the rendering
-    with Compiling(jobs=jobs) as compiling, Verifying(schedule, lowered, semantics, apart=jobs != 0) as verifying:
+    replaceable = None if force else lambda target: check_replaceable(target, schedule)
+    if not with_bytecode(lowered.schedule):
+        with Verifying(schedule, lowered, semantics, apart=jobs != 0) as verifying:
+            try:
+                files = render_files(lowered.schedule, path.stem, locations=locations, origins=lowered.origins)
+            except CodegenError:
+                verifying.verdict()  # an invalid schedule is reported as such first
+                raise
+            verifying.verdict()
+        write_files(path, files, bytecode=False, replaceable=replaceable)
+        return path
+    with Compiling(jobs=jobs) as compiling:  # each rank compiles in the workers once rendered, while this verifies
         try:
             files = render_files(lowered.schedule, path.stem, locations=locations, origins=lowered.origins,
                                  rendered=compiling.add)
         except CodegenError:
-            verifying.verdict()  # an invalid schedule is reported as such first
+            _verified(schedule, lowered, semantics)  # an invalid schedule is reported as such first
             raise
         compiling.name(_rank_paths(path.parent / files.rank_folder, files))  # (the folder's digest: known now)
-        verifying.verdict()
+        _verified(schedule, lowered, semantics)
         codes = _rank_codes(compiling)
-    write_files(path, files, codes=codes, replaceable=None if force else lambda target: check_replaceable(target,
-                                                                                                         schedule))
+    write_files(path, files, codes=codes, replaceable=replaceable)
     return path
+
+
+# Lowered actions up to which codegen writes the rank modules' bytecode. Compiling them is the largest part
+# of codegen's CPU (6 of 17 s for ZBV at P=64, M=1024: 909,440 lowered actions), all ranks in codegen's
+# processes, while in a job each rank compiles only its own module, beside the others, when it first imports
+# it (0.12-0.18 s there, then cached). Up to here they compile in about 1.5 s of CPU (1F1B at P=32, M=256:
+# 48,160, in 0.3-0.5 s). Measured 2026-12-03 (benchmarks/runtime/codegen_scale.py).
+BYTECODE_UP_TO = 150_000
+
+
+def with_bytecode(lowered: Schedule) -> bool:
+    """Whether codegen compiles the rank modules of ``lowered`` and writes their bytecode: where Python
+    writes bytecode beside a source (not under ``PYTHONDONTWRITEBYTECODE`` or a ``pycache_prefix``, where
+    it would not be read), up to ``BYTECODE_UP_TO`` lowered actions."""
+    if sys.dont_write_bytecode or sys.pycache_prefix:
+        return False
+    return lowered.action_count() <= BYTECODE_UP_TO
 
 
 def _rank_paths(folder: Path, files: GeneratedFiles) -> list[str]:
@@ -638,17 +668,20 @@ def _rank_codes(compiling: Compiling) -> list[bytes]:
         raise CodegenError(f"generated code for rank {error.index} does not compile: {error.message}") from None
 
 
-def write_files(path: Path, files: GeneratedFiles, *, codes: list[bytes] | None = None, replaceable=None) -> None:
+def write_files(path: Path, files: GeneratedFiles, *, codes: list[bytes] | None = None, bytecode: bool = True,
+                replaceable=None) -> None:
     """All or nothing: the rank modules into a temporary folder renamed to ``files.rank_folder`` (a name
     no other output has), then the module itself atomically; then older rank folders of this module go.
     At every moment the module on disk names a complete folder. It all happens under the lock every
     pipeforge writer takes on the folder (``files.locked_output``; ``replaceable(path)`` runs under it).
-    Each rank module is compiled first (``codes``, its marshal'd code, when the caller compiled it; none
-    is written if one does not compile), and its bytecode is written to ``__pycache__`` beside it, so the
-    rank that imports it does not compile it again."""
+    With ``bytecode``, each rank module is compiled first (``codes``, its marshal'd code, when the caller
+    compiled it; none is written if one does not compile), and its bytecode is written to ``__pycache__``
+    beside it, so the rank that imports it does not compile it again."""
     directory = path.parent
     folder = directory / files.rank_folder
-    if codes is None:
+    if not bytecode:
+        codes = None
+    elif codes is None:
         with Compiling(list(zip(_rank_paths(folder, files), files.ranks, strict=True))) as compiling:
             codes = _rank_codes(compiling)
     with locked_output(path, make_dirs=True, replaceable=replaceable) as write_module:
@@ -667,17 +700,19 @@ def write_files(path: Path, files: GeneratedFiles, *, codes: list[bytes] | None 
                 shutil.rmtree(other, ignore_errors=True)
 
 
-def _write_folder(folder: Path, files: GeneratedFiles, codes: list[bytes]) -> None:
-    """The rank modules in a temporary folder beside ``folder``, renamed to it once complete."""
+def _write_folder(folder: Path, files: GeneratedFiles, codes: list[bytes] | None) -> None:
+    """The rank modules (with their bytecode, given ``codes``) in a temporary folder beside ``folder``,
+    renamed to it once complete."""
     try:
         staging = Path(tempfile.mkdtemp(prefix=f".{files.rank_folder}.", suffix=".tmp", dir=folder.parent))
     except OSError as error:
         raise UsageError(f"cannot write {str(folder)!r}: {error.strerror or error}") from None
     try:
-        for rank, (text, code) in enumerate(zip(files.ranks, codes, strict=True)):
+        for rank, text in enumerate(files.ranks):
             source = staging / f"rank_{rank}.py"
             source.write_bytes(text.encode("utf-8"))
-            write_cached(source, code)
+            if codes is not None:
+                write_cached(source, codes[rank])
         os.chmod(staging, 0o777 & ~umask())
         os.rename(staging, folder)
     except OSError as error:

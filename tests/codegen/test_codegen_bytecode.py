@@ -119,6 +119,7 @@ def test_codegen_writes_the_bytecode_python_imports(tmp_path, parallel, monkeypa
 
 
 def test_a_schedule_that_does_not_verify_stops_the_workers_and_leaves_nothing(tmp_path, parallel, monkeypatch):
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)  # (else codegen compiles nothing: no worker starts)
     temporary = tmp_path / "tmp"
     temporary.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temporary))  # the workers' folder goes here
@@ -136,3 +137,30 @@ def test_a_schedule_that_does_not_verify_stops_the_workers_and_leaves_nothing(tm
         codegen(schedule, tmp_path / "out", jobs=1)
     assert len(started) == 1 and started[0][0].poll() is not None  # the worker was started, and is gone
     assert list(temporary.iterdir()) == [] and not (tmp_path / "out").exists()
+
+
+def test_beyond_bytecode_up_to_codegen_writes_the_sources_alone(tmp_path, monkeypatch):
+    """A large schedule's rank modules are written without bytecode (no process compiles them: each rank
+    compiles its own when it first imports it), the same text as with it, and they run."""
+    from pipeforge import generator
+    from pipeforge.tools.generated import load_module
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    schedule = load("zbv", defines={"P": 2, "M": 4})
+    with_code = codegen(schedule, tmp_path / "with")
+    monkeypatch.setattr(generator, "BYTECODE_UP_TO", 0)
+    monkeypatch.setattr(Compiling, "__init__", lambda *args, **kwargs: pytest.fail("compiled"))
+    alone = codegen(schedule, tmp_path / "alone")
+    folders = [rank_folder(path) for path in (with_code, alone)]
+    assert (folders[0] / "__pycache__").is_dir() and not (folders[1] / "__pycache__").exists()
+    assert [p.read_bytes() for p in sorted(folders[0].glob("*.py"))] == \
+        [p.read_bytes() for p in sorted(folders[1].glob("*.py"))]
+    module = load_module(str(alone))
+    assert [module.PROGRAMS[rank].__name__ for rank in range(2)] == ["rank_0", "rank_1"]
+
+
+def test_codegen_compiles_nothing_where_python_writes_no_bytecode(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.setattr(Compiling, "__init__", lambda *args, **kwargs: pytest.fail("compiled"))
+    path = codegen(load("1f1b", defines={"P": 2, "M": 4}), tmp_path)
+    assert sorted(p.name for p in rank_folder(path).iterdir()) == ["rank_0.py", "rank_1.py"]
