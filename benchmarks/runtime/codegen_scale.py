@@ -15,7 +15,8 @@ written module the README's way and takes rank ``--rank``'s program as
 only), and reports the seconds and the growth of its resident memory beyond the
 baseline (the larger of the resident set's growth, ``/proc/self/statm``, and the
 peak's, ``VmHWM`` reset just before the import, else ``ru_maxrss``): once with the
-bytecode codegen wrote; once without it, as where ``__pycache__`` was not copied
+bytecode codegen wrote (none beyond ``generator.BYTECODE_UP_TO`` lowered actions: then the same as
+the next); once without it, as where ``__pycache__`` was not copied
 or cannot be written ("no-pyc": a module of ``rank_modules.COMPILE_APART_FROM``
 lines or more compiles in a child process, whose own peak RSS is "child MB",
 measured on its own after the import); and once compiling in the rank itself
@@ -30,10 +31,13 @@ default; the 64-rank one takes minutes).
 this tree to it: the two share the machine's load. ``--scaling`` times codegen of interleaved 1F1B
 at P=64, V=2 and M = 256, 512, 1024 (CPU microseconds per action: flat when it scales linearly).
 ``--phases`` times codegen's phases one by one in one process (CPU seconds: loading the schedule,
-lowering it, rendering the rank modules, verifying on that lowering as codegen does, and compiling the rank
-modules in a fresh process, as codegen's worker does), and the wall time they allow on this machine's
-cores: codegen's second core has nothing to compile until the schedule is loaded and lowered, so its wall
-is at least that prefix plus the rest shared by two cores (``prefix + (render + verify + compile) / 2``).
+lowering it, rendering the rank modules, verifying on that lowering as codegen does, each of verify's two
+halves alone where the tree verifies in halves (``verifier.holds``), and compiling the rank modules in a
+fresh process, as codegen's worker does), and the wall time they allow on this machine's cores: with
+bytecode, codegen's second core has nothing to compile until the schedule is loaded and lowered, so its
+wall is at least that prefix plus the rest shared by two cores (``prefix + (render + verify + compile) /
+2``); beyond ``generator.BYTECODE_UP_TO`` a child decides the timing half while codegen renders and then
+decides the structural half (``prefix + max(render + structure, timing)``).
 
 Targets (issue 23): codegen at most 10 s, a rank's import at most 0.3 s and
 60 MB. The script exits 1 when a rank's import (any of the three) grows the resident
