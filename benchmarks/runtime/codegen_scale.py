@@ -276,14 +276,14 @@ def phase_row(name: str, label: str, found: dict[str, float]) -> str:
     else:
         spent = ("load", "lower", "render", "structure", "timing")
         bound = prefix + max(found["render"] + found["structure"], found["timing"])
-    return (f"{name:<18} {label:>6} " + " ".join(f"{found[phase]:>7.2f}" if phase in found else f"{'-':>7}"
+    return (f"{name:<18} {label:>6} " + " ".join(f"{found[phase]:>9.2f}" if phase in found else f"{'-':>9}"
                                                  for phase in PHASES)
             + f" {sum(found[phase] for phase in spent):>7.2f} {bound:>10.2f}")
 
 
 def phase_table(cases, trees, repeat: int) -> None:
     """Each phase's CPU seconds (medians of ``repeat``, the trees alternating)."""
-    print(f"{'schedule':<18} {'tree':>6} " + " ".join(f"{phase:>7}" for phase in PHASES)
+    print(f"{'schedule':<18} {'tree':>6} " + " ".join(f"{phase:>9}" for phase in PHASES)
           + f" {'total':>7} {'wall >= s':>10}")
     for name, defines in cases:
         found: dict[str, list[dict[str, float]]] = {label: [] for label, _ in trees}
