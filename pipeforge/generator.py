@@ -13,6 +13,7 @@ printable one-line ``Comment`` and ``repr()`` of an int, finite float, str, bool
 from __future__ import annotations
 
 import ast
+import contextlib
 import gc
 import hashlib
 import itertools
@@ -607,35 +608,29 @@ def codegen(schedule: Schedule, output: str | os.PathLike, *, locations: bool = 
     may use but the one verifying; 0: here, after verifying; ``pipeforge.bytecode``), each from when it is
     rendered, while the schedule is verified; this process then compiles those no worker has started.
     Beyond it only the sources are written (each rank compiles its own module when it first imports it,
-    and Python caches it there: ``runtime.rank_modules``), and a large schedule is verified in a forked
-    child beside the rendering (``Verifying``; with ``jobs=0`` here)."""
+    and Python caches it there: ``runtime.rank_modules``), and a large schedule is verified in halves, one
+    in a forked child beside the rendering (``Verifying``; with ``jobs=0`` here)."""
     path = module_path(schedule, output, name)
     check_size(schedule)
     if not force:
         check_replaceable(path, schedule)
     lowered = _lowering(schedule, semantics)
     replaceable = None if force else lambda target: check_replaceable(target, schedule)
-    if not with_bytecode(lowered.schedule):
-        with Verifying(schedule, lowered, semantics, apart=jobs != 0) as verifying:
-            try:
-                files = render_files(lowered.schedule, path.stem, locations=locations, origins=lowered.origins)
-            except CodegenError:
-                verifying.verdict()  # an invalid schedule is reported as such first
-                raise
-            verifying.verdict()
-        write_files(path, files, bytecode=False, replaceable=replaceable)
-        return path
-    with Compiling(jobs=jobs) as compiling:  # each rank compiles in the workers once rendered, while this verifies
+    bytecode = with_bytecode(lowered.schedule)
+    compiling = Compiling(jobs=jobs) if bytecode else None  # each rank compiles in the workers once rendered
+    with contextlib.nullcontext() if compiling is None else compiling, \
+            Verifying(schedule, lowered, semantics, apart=not bytecode and jobs != 0) as verifying:
         try:
             files = render_files(lowered.schedule, path.stem, locations=locations, origins=lowered.origins,
-                                 rendered=compiling.add)
+                                 rendered=None if compiling is None else compiling.add)
         except CodegenError:
-            _verified(schedule, lowered, semantics)  # an invalid schedule is reported as such first
+            verifying.verdict()  # an invalid schedule is reported as such first
             raise
-        compiling.name(_rank_paths(path.parent / files.rank_folder, files))  # (the folder's digest: known now)
-        _verified(schedule, lowered, semantics)
-        codes = _rank_codes(compiling)
-    write_files(path, files, codes=codes, replaceable=replaceable)
+        if compiling is not None:
+            compiling.name(_rank_paths(path.parent / files.rank_folder, files))  # (the folder's digest: known now)
+        verifying.verdict()
+        codes = None if compiling is None else _rank_codes(compiling)
+    write_files(path, files, codes=codes, bytecode=bytecode, replaceable=replaceable)
     return path
 
 

@@ -135,17 +135,17 @@ def decide_timing(program: Program, pairing, semantics: Semantics, outcome) -> b
     return True
 
 
-def static_violations(program: Program, pairing, schedule: Schedule, memory_limit: float | None) -> list[Violation]:
-    """placement, duplicate, missing, order, mismatch and memory: plain Python passes."""
-    violations = check_structure(program)
-    violations += check_matching(pairing)
-    violations += memory_violations(program, schedule, memory_limit)
+def static_violations(program: Program, pairing, schedule: Schedule, memory_limit: float | None,
+                      parts: frozenset[str] | None = None) -> list[Violation]:
+    """placement, duplicate, missing, order, mismatch and memory: plain Python passes (or those of them in
+    ``parts``, one of the ``HALVES``; ``pairing`` may be None where it has no ``mismatch``)."""
+    violations = check_structure(program) if parts is None else check_structure(program, parts)
+    if parts is None or "mismatch" in parts:
+        violations += check_matching(pairing)
+    if parts is None or "memory" in parts:
+        memory = schedule.memory or MemorySpec()
+        violations += check_memory(program, memory_limit if memory_limit is not None else memory.limit, memory)
     return violations
-
-
-def memory_violations(program: Program, schedule: Schedule, memory_limit: float | None) -> list[Violation]:
-    memory = schedule.memory or MemorySpec()
-    return check_memory(program, memory_limit if memory_limit is not None else memory.limit, memory)
 
 
 # verify's checks in two halves of about equal work (ZBV at P=64, M=1024: 1.9 and 3.6 s with Program.of in
@@ -157,18 +157,17 @@ HALVES = {"structure": frozenset({"placement", "duplicate", "missing", "sharding
 
 def holds(schedule: Schedule, half: str, *, semantics: Semantics | str = Semantics.RENDEZVOUS,
           memory_limit: float | None = None, lowered: Lowered | None = None) -> bool:
-    """Whether ``schedule`` passes the checks of one of the ``HALVES`` of ``verify`` (the same checks, not
-    a report: where one fails, ``verify`` says what)."""
+    """Whether ``schedule`` passes the checks of one of the ``HALVES`` of ``verify`` (``verify_schedule``'s
+    own passes, without a report: where one fails, ``verify`` says what)."""
     parts = HALVES[half]
     if lowered is None:
         lowered = lower_with_origins(schedule)
     program = Program.of(lowered.schedule, lowered.origins, schedule)
-    if check_structure(program, parts) or ("memory" in parts and memory_violations(program, schedule, memory_limit)):
+    pairing = pair_ops(program) if "mismatch" in parts else None
+    if static_violations(program, pairing, schedule, memory_limit, parts):
         return False
-    if "deadlock" not in parts:
-        return True
-    pairing = pair_ops(program)
-    return not check_matching(pairing) and not isinstance(run(program, pairing, Semantics(semantics)), Stuck)
+    # (the half that pairs the ops, for mismatch, is the one with deadlock)
+    return pairing is None or not isinstance(run(program, pairing, Semantics(semantics)), Stuck)
 
 
 def check_timing(program: Program, pairing, semantics: Semantics, timing) -> bool:
